@@ -1,0 +1,79 @@
+// Io: the daemon's only path to the operating system's file APIs (the seam that fault tests wrap to
+// inject EIO, ENOSPC, short writes or lost unsynced data). Plugins are built against this header.
+//
+// Thread safety: every method may be called from several threads at once. Batched reads and
+// writes run on the calling thread (the daemon calls them from its flush/load executors, never
+// from an RPC reactor); the io_uring implementation keeps one ring per calling thread.
+//
+// Errors: ErrnoStatus() codes (NOT_FOUND, RESOURCE_EXHAUSTED for ENOSPC, DATA_LOSS for EIO, ...),
+// each message naming the path and the byte offset concerned.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace ckptd {
+
+// One transfer: `len` bytes between `buf` and the file at `offset`. For a file opened with
+// O_DIRECT, buf, len and offset must be multiples of 4 KiB (Io does not check; the kernel answers
+// EINVAL).
+struct IoSlice {
+  void* buf = nullptr;
+  uint64_t len = 0;
+  uint64_t offset = 0;
+};
+
+struct FileHandle {
+  int fd = -1;
+  std::string path;  // for error messages
+  bool direct = false;  // opened with O_DIRECT
+};
+
+class Io {
+ public:
+  virtual ~Io() = default;
+
+  // Opens `path` with open(2) flags. With `want_direct`, adds O_DIRECT and, where the file system
+  // refuses it (EINVAL), opens without it: FileHandle::direct says which happened.
+  virtual absl::StatusOr<FileHandle> Open(const std::string& path, int flags, mode_t mode,
+                                          bool want_direct) = 0;
+  virtual absl::Status Close(FileHandle& file) = 0;
+
+  // Performs every slice completely (retrying short transfers), keeping up to the queue depth in
+  // flight, splitting slices larger than limits::kIoChunkBytesMax. Returns the first failure.
+  // ReadAll fails with DATA_LOSS if the file ends before a slice does.
+  virtual absl::Status WriteAll(const FileHandle& file, std::span<const IoSlice> slices) = 0;
+  virtual absl::Status ReadAll(const FileHandle& file, std::span<const IoSlice> slices) = 0;
+
+  virtual absl::Status Fdatasync(const FileHandle& file) = 0;
+  virtual absl::Status Fsync(const FileHandle& file) = 0;
+  virtual absl::StatusOr<uint64_t> FileSize(const FileHandle& file) = 0;
+
+  // Namespace operations. FsyncDir opens the directory and fsyncs it (makes renames/creates in it
+  // durable). MkdirAll creates missing parents (mode 0700) and fsyncs each parent it changed.
+  virtual absl::Status Rename(const std::string& from, const std::string& to) = 0;
+  virtual absl::Status FsyncDir(const std::string& dir) = 0;
+  virtual absl::Status MkdirAll(const std::string& dir) = 0;
+  virtual absl::Status Unlink(const std::string& path) = 0;
+  // Removes a file or a directory tree; a missing path is OK.
+  virtual absl::Status RemoveAll(const std::string& path) = 0;
+  // Names (not paths) of the entries of `dir`, sorted, without "." and "..".
+  virtual absl::StatusOr<std::vector<std::string>> ListDir(const std::string& dir) = 0;
+  virtual absl::StatusOr<bool> Exists(const std::string& path) = 0;
+};
+
+// io_uring with up to `queue_depth` transfers in flight per call; where io_uring is refused
+// (ENOSYS, EPERM in a sandbox) it falls back to pread/pwrite and logs that once.
+std::unique_ptr<Io> NewUringIo(uint32_t queue_depth);
+// pread/pwrite only.
+std::unique_ptr<Io> NewPosixIo();
+
+}  // namespace ckptd

@@ -1,0 +1,71 @@
+// Storage: where checkpoint blobs and manifests live (local file system, S3-compatible store,
+// memory). Paths are relative to the storage root and use '/' ("job/0000000000000042/r00000.blob").
+// Plugins (plugins/storage/*) are built against daemon/include/ckptd only.
+//
+// Thread safety: a Storage may be used from several threads at once; a BlobWriter / BlobReader by
+// one thread at a time.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "ckptd/io.h"
+
+namespace ckptd {
+
+class BlobWriter {
+ public:
+  virtual ~BlobWriter() = default;
+  // Writes each slice at its offset. Slices whose buf, len and offset are 4 KiB multiples go
+  // straight from memory with O_DIRECT where the storage supports it.
+  virtual absl::Status Write(std::span<const IoSlice> slices) = 0;
+  // Makes everything written durable (fdatasync) and closes. Until Sync returns OK nothing
+  // written may be assumed to survive a crash.
+  virtual absl::Status Sync() = 0;
+};
+
+class BlobReader {
+ public:
+  virtual ~BlobReader() = default;
+  // Reads each slice completely (DATA_LOSS if the blob is shorter). Aligned slices use O_DIRECT.
+  virtual absl::Status Read(std::span<const IoSlice> slices) = 0;
+  virtual uint64_t size_bytes() const = 0;
+};
+
+class Storage {
+ public:
+  virtual ~Storage() = default;
+
+  // For logs and errors, e.g. "posix:/var/lib/ckptd/data".
+  virtual std::string Describe() const = 0;
+
+  // Creates (truncating) a blob, creating its parent directories durably.
+  virtual absl::StatusOr<std::unique_ptr<BlobWriter>> CreateBlob(const std::string& path) = 0;
+  virtual absl::StatusOr<std::unique_ptr<BlobReader>> OpenBlob(const std::string& path) = 0;
+
+  // Durably replaces `path` with `data`: write a temporary name, fsync, rename, fsync the
+  // directory. Readers see the old content or the new, never a torn one.
+  virtual absl::Status PutAtomic(const std::string& path, std::string_view data) = 0;
+  // NOT_FOUND if absent.
+  virtual absl::StatusOr<std::string> Get(const std::string& path) = 0;
+  virtual absl::StatusOr<bool> Exists(const std::string& path) = 0;
+  // Names of the entries directly under `dir` (sorted); an absent dir lists as empty.
+  virtual absl::StatusOr<std::vector<std::string>> List(const std::string& dir) = 0;
+  // Removes `path` and everything under it; absent is OK.
+  virtual absl::Status RemoveAll(const std::string& path) = 0;
+};
+
+// Local file system rooted at `root`, all I/O through `io` (which must outlive it).
+std::unique_ptr<Storage> NewPosixStorage(std::string root, Io* io);
+// In memory, for tests: Sync() marks data durable; DropUnsynced() forgets everything written or
+// created since the last Sync/PutAtomic, as a power loss would.
+class MemoryStorage;
+std::unique_ptr<MemoryStorage> NewMemoryStorage();
+
+}  // namespace ckptd

@@ -1,0 +1,55 @@
+// Every limit of ckptd in one place (STYLE.md). A breach is RESOURCE_EXHAUSTED or
+// INVALID_ARGUMENT naming the limit, never a crash. Units are last in each name.
+#pragma once
+
+#include <cstdint>
+
+namespace ckptd::limits {
+
+inline constexpr uint64_t kKiB = 1024;
+inline constexpr uint64_t kMiB = 1024 * kKiB;
+inline constexpr uint64_t kGiB = 1024 * kMiB;
+
+// Staging extents and blob offsets are aligned to this for O_DIRECT.
+inline constexpr uint64_t kAlignmentBytes = 4 * kKiB;
+// The arena's first page holds its header (magic, generation); extents come after it.
+inline constexpr uint64_t kArenaHeaderBytes = 4 * kKiB;
+inline constexpr uint64_t kStagingBytesMin = 16 * kMiB;
+inline constexpr uint64_t kStagingBytesMax = 1024 * kGiB;
+
+inline constexpr uint64_t kJobNameBytesMax = 128;
+inline constexpr uint64_t kItemNameBytesMax = 1024;
+inline constexpr uint32_t kWorldSizeMax = 65536;
+inline constexpr uint64_t kStepMax = (uint64_t{1} << 62);
+inline constexpr uint32_t kTensorDimsMax = 16;
+inline constexpr uint64_t kShardsPerSaveMax = 262144;
+inline constexpr uint64_t kExtentsPerReserveMax = 65536;
+inline constexpr uint64_t kExtentsPerSessionMax = 1 << 20;
+inline constexpr uint64_t kRegionsPerSessionMax = 64;
+inline constexpr uint64_t kSessionsMax = 4096;
+inline constexpr uint64_t kLoadRequestsMax = 262144;
+inline constexpr uint64_t kObjectBytesMax = 256 * kMiB;
+inline constexpr uint64_t kItemsPerCheckpointMax = 16 * 1024 * 1024;
+// A tensor's element count, so byte sizes never overflow uint64.
+inline constexpr uint64_t kTensorElementsMax = uint64_t{1} << 56;
+
+// gRPC: largest message either way (Save of kShardsPerSaveMax shards fits).
+inline constexpr int kRpcMessageBytesMax = 64 * 1024 * 1024;
+inline constexpr uint32_t kListPageSizeDefault = 100;
+inline constexpr uint32_t kListPageSizeMax = 1000;
+inline constexpr uint32_t kInspectPageSizeDefault = 1000;
+inline constexpr uint32_t kInspectPageSizeMax = 10000;
+inline constexpr uint32_t kWaitTimeoutMsMax = 24 * 3600 * 1000;
+
+// Manifest records are split so no segment exceeds this.
+inline constexpr uint64_t kManifestSegmentBytesTarget = 4 * kMiB;
+inline constexpr uint64_t kManifestRecordBytesMax = 64 * kMiB;
+inline constexpr uint64_t kManifestSegmentsMax = 1 << 20;
+// Shards carry one crc32c per block of this many bytes, so partial reads verify.
+inline constexpr uint32_t kChecksumBlockBytes = 1 * 1024 * 1024;
+
+// I/O: one request is at most this many bytes; larger ones are split.
+inline constexpr uint64_t kIoChunkBytesMax = 64 * kMiB;
+inline constexpr uint32_t kIoQueueDepthMax = 1024;
+
+}  // namespace ckptd::limits
