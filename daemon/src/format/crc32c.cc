@@ -1,0 +1,163 @@
+#include "format/crc32c.h"
+
+#include <array>
+#include <cstring>
+
+#if defined(__x86_64__)
+#include <nmmintrin.h>
+#endif
+
+#include "absl/strings/str_cat.h"
+#include "ckptd/status.h"
+#include "format/text.h"
+
+namespace ckptd {
+namespace {
+
+constexpr uint32_t kPolyReflected = 0x82F63B78;
+constexpr uint32_t kMaskDelta = 0xa282ead8;
+
+// Slicing-by-8 tables: table[k][b] is the crc of byte b followed by k zero bytes.
+struct Tables {
+  uint32_t t[8][256];
+};
+
+constexpr Tables MakeTables() {
+  Tables tables{};
+  for (uint32_t b = 0; b < 256; ++b) {
+    uint32_t crc = b;
+    for (int i = 0; i < 8; ++i) crc = (crc >> 1) ^ ((crc & 1) ? kPolyReflected : 0);
+    tables.t[0][b] = crc;
+  }
+  for (uint32_t b = 0; b < 256; ++b) {
+    for (int k = 1; k < 8; ++k) {
+      uint32_t prev = tables.t[k - 1][b];
+      tables.t[k][b] = (prev >> 8) ^ tables.t[0][prev & 0xff];
+    }
+  }
+  return tables;
+}
+
+constexpr Tables kTables = MakeTables();
+
+uint64_t LoadLe64(const uint8_t* p) {
+  uint64_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;  // x86-64 and aarch64 Linux are little-endian.
+}
+
+#if defined(__x86_64__)
+__attribute__((target("sse4.2"))) uint32_t HardwareImpl(const uint8_t* p, size_t n,
+                                                         uint32_t crc) {
+  uint64_t c = ~crc;
+  for (; n >= 8; n -= 8, p += 8) c = _mm_crc32_u64(c, LoadLe64(p));
+  auto c32 = static_cast<uint32_t>(c);
+  for (; n > 0; --n, ++p) c32 = _mm_crc32_u8(c32, *p);
+  return ~c32;
+}
+#endif
+
+bool DetectHardware() {
+#if defined(__x86_64__)
+  return __builtin_cpu_supports("sse4.2");
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+uint32_t Crc32cPortable(const void* data, size_t n, uint32_t crc) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  uint32_t c = ~crc;
+  const auto& t = kTables.t;
+  for (; n >= 8; n -= 8, p += 8) {
+    uint64_t v = LoadLe64(p) ^ c;
+    c = t[7][v & 0xff] ^ t[6][(v >> 8) & 0xff] ^ t[5][(v >> 16) & 0xff] ^
+        t[4][(v >> 24) & 0xff] ^ t[3][(v >> 32) & 0xff] ^ t[2][(v >> 40) & 0xff] ^
+        t[1][(v >> 48) & 0xff] ^ t[0][v >> 56];
+  }
+  for (; n > 0; --n, ++p) c = (c >> 8) ^ t[0][(c ^ *p) & 0xff];
+  return ~c;
+}
+
+bool Crc32cHardwareAvailable() {
+  static const bool available = DetectHardware();
+  return available;
+}
+
+uint32_t Crc32cHardware(const void* data, size_t n, uint32_t crc) {
+  CKPTD_CHECK(Crc32cHardwareAvailable());
+#if defined(__x86_64__)
+  return HardwareImpl(static_cast<const uint8_t*>(data), n, crc);
+#else
+  return Crc32cPortable(data, n, crc);
+#endif
+}
+
+uint32_t Crc32c(const void* data, size_t n, uint32_t crc) {
+#if defined(__x86_64__)
+  if (Crc32cHardwareAvailable()) return HardwareImpl(static_cast<const uint8_t*>(data), n, crc);
+#endif
+  return Crc32cPortable(data, n, crc);
+}
+
+uint32_t MaskCrc(uint32_t crc) { return ((crc >> 15) | (crc << 17)) + kMaskDelta; }
+
+uint32_t UnmaskCrc(uint32_t masked_crc) {
+  uint32_t rot = masked_crc - kMaskDelta;
+  return (rot >> 17) | (rot << 15);
+}
+
+uint64_t BlockCount(uint64_t bytes, uint32_t block_bytes) {
+  CKPTD_CHECK(block_bytes > 0);
+  return bytes / block_bytes + (bytes % block_bytes != 0 ? 1 : 0);
+}
+
+std::vector<uint32_t> BlockCrcs(const void* data, uint64_t n, uint32_t block_bytes) {
+  std::vector<uint32_t> crcs;
+  crcs.reserve(BlockCount(n, block_bytes));
+  const auto* p = static_cast<const uint8_t*>(data);
+  for (uint64_t off = 0; off < n; off += block_bytes) {
+    uint64_t len = std::min<uint64_t>(block_bytes, n - off);
+    crcs.push_back(Crc32c(p + off, len));
+  }
+  return crcs;
+}
+
+absl::Status VerifyBlocks(const void* data, uint64_t first_block, uint64_t n_bytes,
+                          uint64_t shard_bytes, std::span<const uint32_t> crcs,
+                          uint32_t block_bytes, std::string_view context) {
+  if (block_bytes == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(AbslView(context), ": checksum block size is 0"));
+  }
+  uint64_t blocks = BlockCount(shard_bytes, block_bytes);
+  if (crcs.size() != blocks) {
+    return absl::InvalidArgumentError(absl::StrCat(AbslView(context), ": ", crcs.size(),
+                                                   " block checksums for a shard of ",
+                                                   shard_bytes, " bytes (want ", blocks, ")"));
+  }
+  bool in_range = first_block <= blocks;
+  uint64_t start_bytes = in_range ? first_block * block_bytes : 0;
+  uint64_t end_bytes = start_bytes + n_bytes;
+  bool whole = in_range && n_bytes <= shard_bytes - std::min(start_bytes, shard_bytes) &&
+               (end_bytes == shard_bytes || n_bytes % block_bytes == 0);
+  if (!whole) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(AbslView(context), ": bytes [", first_block, "*", block_bytes, ", +", n_bytes,
+                     ") are not whole checksum blocks of a ", shard_bytes, "-byte shard"));
+  }
+  const auto* p = static_cast<const uint8_t*>(data);
+  for (uint64_t off = 0; off < n_bytes; off += block_bytes) {
+    uint64_t block = first_block + off / block_bytes;
+    uint32_t actual = Crc32c(p + off, std::min<uint64_t>(block_bytes, n_bytes - off));
+    if (actual != crcs[block]) {
+      return absl::DataLossError(absl::StrCat(
+          AbslView(context), ": block ", block, " crc32c mismatch: expected 0x",
+          absl::Hex(crcs[block], absl::kZeroPad8), ", actual 0x", absl::Hex(actual, absl::kZeroPad8)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ckptd

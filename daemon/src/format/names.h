@@ -1,0 +1,42 @@
+// Names of jobs, items and the files of a checkpoint directory. A checkpoint lives at
+// <root>/<job>/step-<20-digit step>/ with one blob per saving rank and the manifest:
+//   llama3-8b/step-00000000000000001000/r00003.blob
+//   llama3-8b/step-00000000000000001000/manifest.ckm
+// Job names become path components, so they are restricted to a safe character set; item names
+// never touch the file system and may be any printable UTF-8. Pure functions, thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace ckptd {
+
+inline constexpr char kManifestFileName[] = "manifest.ckm";
+inline constexpr char kStepDirPrefix[] = "step-";
+
+// OK iff `job` is 1..limits::kJobNameBytesMax bytes of [A-Za-z0-9._-] and does not start with
+// '.' (so "", ".", ".." and hidden names are out). INVALID_ARGUMENT naming the job and the rule.
+absl::Status ValidateJobName(std::string_view job);
+
+// OK iff `item` is 1..limits::kItemNameBytesMax bytes with no control characters (< 0x20, 0x7f).
+// INVALID_ARGUMENT naming the item (escaped) and the rule.
+absl::Status ValidateItemName(std::string_view item);
+
+// "step-%020d": zero-padded so directory listings sort by step.
+std::string StepDirName(uint64_t step);
+
+// "<job>/step-%020d", relative to the storage root.
+std::string CheckpointDir(std::string_view job, uint64_t step);
+
+// Inverse of StepDirName: exactly "step-" + 20 digits, value <= limits::kStepMax.
+// INVALID_ARGUMENT otherwise.
+absl::StatusOr<uint64_t> ParseStepDirName(std::string_view name);
+
+// "r%05d.blob": the blob written for one saving rank.
+std::string BlobName(uint32_t rank);
+
+}  // namespace ckptd
