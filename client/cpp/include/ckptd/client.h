@@ -1,0 +1,390 @@
+// libckptd-client: the C++ client of ckptd, the node-local checkpoint daemon, and the only public
+// C++ API of the project. Plain C++ types only: no generated protobuf/gRPC type appears here.
+//
+// A Client is one session with the daemon on this node (unix socket). Saving one rank's state:
+//
+//   auto client = ckptd::Client::Connect({});            // $CKPTD_SOCKET or the default socket
+//   std::vector<ckptd::TensorShard> shards = {...};      // item, dtype, shape, region, bytes
+//   auto saved = (*client)->Save("run42", step, rank, world_size, shards, objects);
+//   // Returns once the daemon has staged the bytes: the tensors may be changed again. The daemon
+//   // commits the checkpoint by itself once ranks 0..world_size-1 have saved.
+//   (*client)->WaitCommitted("run42", step, 600000);     // optional: block until durable
+//
+// Copies. Save() copies each shard's bytes exactly once, straight into the daemon's shared-memory
+// staging arena. Allocate()/SaveFromArena() and RegisterShm()/SaveInPlace() copy nothing. Load()
+// has the daemon write into arena extents and copies each byte once into the caller's buffer;
+// LoadInPlace() into arena buffers or registered regions copies nothing. copy_stats() counts the
+// library's copies so tests can check these claims.
+//
+// Threads. Every method of Client is thread-safe; RPCs of different threads run concurrently (the
+// internal mutex is held only around session state, and while re-connecting). copy_stats() is
+// process-wide and thread-safe.
+//
+// Errors. Every failing call returns a canonical absl::Status. Codes of the daemon's answers are
+// mapped 1:1 from gRPC, with the daemon's message (which names the job, step, item and region):
+//   INVALID_ARGUMENT   bad input (also detected locally before any RPC: size mismatches, unknown
+//                      handles, null buffers);
+//   NOT_FOUND          no such job / checkpoint / item / region;
+//   FAILED_PRECONDITION checkpoint in the wrong state (e.g. loading one not COMMITTED), an
+//                      ArenaBuffer from a previous daemon instance or already consumed;
+//   RESOURCE_EXHAUSTED arena full after the daemon's bounded wait, or a limit breached;
+//   PERMISSION_DENIED  the job belongs to another user;
+//   ABORTED            WaitCommitted() on a checkpoint that was aborted;
+//   DEADLINE_EXCEEDED  a per-RPC deadline (ClientOptions::rpc_timeout_ms) or a Wait timeout;
+//   UNAVAILABLE        the daemon is not reachable: "ckptd at unix:<path> is unavailable: <why>".
+//   INTERNAL           the daemon answered something inconsistent (e.g. an extent outside the
+//                      arena) or a local syscall (shm_open, mmap) failed unexpectedly.
+//
+// Daemon restarts. After any UNAVAILABLE answer the next call first says Hello again. If the
+// daemon is a new instance (it restarted), the client maps the new arena and re-registers every
+// shm region it had registered; region handles returned by RegisterShm() stay valid. ArenaBuffers
+// allocated from the old instance are invalid (saving from them is FAILED_PRECONDITION; their
+// memory stays mapped while any copy of the buffer exists, so stray writes are harmless).
+// Calls in flight during a restart fail (every RPC has a deadline); none hangs.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace ckptd {
+
+namespace internal {
+class ClientCore;
+}  // namespace internal
+
+// Element type of a tensor (ckptd.v1.DType).
+enum class DType {
+  kFloat32,
+  kFloat64,
+  kFloat16,
+  kBFloat16,
+  kFloat8E4M3FN,
+  kFloat8E5M2,
+  kInt8,
+  kUInt8,
+  kInt16,
+  kInt32,
+  kInt64,
+  kBool,
+  kUInt16,
+  kUInt32,
+  kUInt64,
+};
+
+// Bytes per element: 8, 4, 2 or 1.
+size_t DTypeSize(DType dtype);
+// "float32", "bfloat16", ... (lower case, as numpy/torch spell them).
+const char* DTypeName(DType dtype);
+
+// Which part of a tensor item a shard covers or a load asks for, in global coordinates.
+struct Region {
+  enum Kind { kWhole, kBox, kFlat };
+  Kind kind = kWhole;
+  // kBox: one entry per dimension of the global tensor.
+  std::vector<uint64_t> offsets;
+  std::vector<uint64_t> lengths;
+  // kFlat: elements [flat_start, flat_start + flat_count) in row-major order of the global tensor.
+  uint64_t flat_start = 0;
+  uint64_t flat_count = 0;
+
+  static Region Whole();
+  static Region Box(std::vector<uint64_t> offsets, std::vector<uint64_t> lengths);
+  static Region Flat(uint64_t start, uint64_t count);
+
+  // Elements this region covers in a tensor of `global_shape`, or INVALID_ARGUMENT when it does
+  // not fit in it (wrong rank, out of bounds, overflow).
+  absl::StatusOr<uint64_t> ElementCount(std::span<const uint64_t> global_shape) const;
+};
+
+// One tensor shard in the caller's memory. `data` holds the region's row-major bytes; `bytes` must
+// equal the region's element count * DTypeSize(dtype). The caller owns `data`; it is only read
+// during the call.
+struct TensorShard {
+  std::string item;
+  DType dtype = DType::kFloat32;
+  std::vector<uint64_t> global_shape;
+  Region region;
+  const void* data = nullptr;
+  uint64_t bytes = 0;
+};
+
+// An opaque object (pickled state, RNG, dataloader position). per_rank: one copy per saving rank;
+// otherwise replicated (one copy for the job; the lowest saving rank's is kept).
+struct ObjectShard {
+  std::string item;
+  bool per_rank = false;
+  std::string bytes;
+};
+
+// An extent of the daemon's staging arena, mapped into this process (see Allocate()). The data is
+// valid while any copy of this struct exists (it shares the mapping).
+struct ArenaBuffer {
+  uint64_t extent_id = 0;
+  void* data = nullptr;
+  uint64_t size = 0;        // usable bytes (the request rounded up to 4 KiB)
+  uint64_t generation = 0;  // which daemon instance's arena it belongs to
+  std::shared_ptr<const void> mapping;
+};
+
+// A registered shm region (RegisterShm()) at a byte offset.
+struct RegionRef {
+  uint64_t handle = 0;
+  uint64_t offset = 0;
+};
+
+// Daemon-visible memory for the zero-copy calls: an arena buffer or a registered region, at a byte
+// offset into it.
+struct BufferRef {
+  enum Kind { kArena, kRegion };
+  Kind kind = kArena;
+  uint64_t id = 0;      // kArena: ArenaBuffer::extent_id; kRegion: the RegisterShm() handle
+  uint64_t offset = 0;  // bytes from the start of the buffer or region
+  uint64_t generation = 0;  // kArena: ArenaBuffer::generation
+
+  static BufferRef InArena(const ArenaBuffer& buffer, uint64_t offset = 0);
+  static BufferRef InRegion(RegionRef region);
+};
+
+// Zero-copy shards: the bytes already are in daemon-visible memory.
+struct InPlaceTensorShard {
+  std::string item;
+  DType dtype = DType::kFloat32;
+  std::vector<uint64_t> global_shape;
+  Region region;
+  BufferRef data;
+  uint64_t bytes = 0;
+};
+struct InPlaceObjectShard {
+  std::string item;
+  bool per_rank = false;
+  BufferRef data;
+  uint64_t bytes = 0;
+};
+
+enum class CheckpointState { kUnspecified, kStaging, kPersisting, kCommitted, kAborted };
+const char* CheckpointStateName(CheckpointState state);  // "STAGING", ...
+
+enum class WaitFor { kAllStaged, kCommitted };
+
+struct SaveResult {
+  uint64_t bytes_staged = 0;
+  CheckpointState state = CheckpointState::kUnspecified;  // of the checkpoint after this rank
+};
+
+struct Tiers {
+  bool staged = false;  // some bytes are in the staging arena
+  bool local = false;   // durable on local storage
+  bool remote = false;  // durable on the remote store
+};
+
+struct RankProgress {
+  uint32_t rank = 0;
+  bool staged = false;
+  bool persisted = false;
+  uint64_t bytes_staged = 0;
+  uint64_t bytes_persisted = 0;
+  uint32_t shard_count = 0;
+};
+
+// A checkpoint's summary, plus per-rank progress where the call returns it (GetStatus, Wait,
+// Commit, Abort; empty in ListCheckpoints and once COMMITTED from a manifest).
+struct CheckpointInfo {
+  std::string job;
+  uint64_t step = 0;
+  CheckpointState state = CheckpointState::kUnspecified;
+  uint32_t world_size = 0;
+  uint64_t bytes = 0;  // tensor + object bytes (replicas counted once)
+  Tiers tiers;
+  uint64_t created_unix_ms = 0;
+  uint64_t committed_unix_ms = 0;
+  bool partial = false;
+  std::string error;  // why it was aborted
+  uint64_t item_count = 0;
+  std::vector<RankProgress> ranks;
+  std::vector<uint32_t> missing_ranks;
+  uint64_t bytes_staged = 0;
+  uint64_t bytes_persisted = 0;
+};
+
+struct JobInfo {
+  std::string job;
+  uint32_t owner_uid = 0;
+  uint64_t checkpoint_count = 0;
+  std::optional<uint64_t> latest_committed_step;
+};
+
+struct ItemInfo {
+  enum Kind { kTensor, kObject };
+  std::string name;
+  Kind kind = kTensor;
+  DType dtype = DType::kFloat32;  // tensors
+  std::vector<uint64_t> shape;    // tensors
+  bool per_rank = false;          // objects
+  uint64_t shard_count = 0;
+  uint64_t bytes = 0;                  // stored bytes (objects: all ranks' copies)
+  std::vector<uint32_t> object_ranks;  // per-rank objects: the saving ranks
+};
+
+// One item (or a region of a tensor item) to load into the caller's memory. Tensors: `bytes` must
+// equal the region's element count * dtype size. Objects: `bytes` is the capacity of `dest`.
+struct LoadTarget {
+  std::string item;
+  Region region;
+  void* dest = nullptr;
+  uint64_t bytes = 0;
+};
+// The same, into daemon-visible memory (no copy by the library).
+struct InPlaceLoadTarget {
+  std::string item;
+  Region region;
+  BufferRef dest;
+  uint64_t bytes = 0;
+};
+
+struct LoadResult {
+  uint64_t step = 0;                // the step loaded (resolves "latest")
+  uint64_t bytes_read = 0;          // bytes the daemon read from storage
+  std::vector<uint64_t> item_bytes; // bytes written per target, in the order given
+};
+
+struct LoadedTensor {
+  DType dtype = DType::kFloat32;
+  std::vector<uint64_t> shape;
+  std::vector<uint8_t> bytes;  // row-major
+};
+struct LoadedCheckpoint {
+  uint64_t step = 0;
+  std::map<std::string, LoadedTensor> tensors;
+  std::map<std::string, std::string> objects;
+};
+
+// Bytes and calls of memcpy done by the library, process-wide, since start or the last reset.
+struct CopyStats {
+  uint64_t save_bytes = 0;
+  uint64_t save_calls = 0;
+  uint64_t load_bytes = 0;
+  uint64_t load_calls = 0;
+};
+
+struct ClientOptions {
+  // Path of the daemon's unix socket. Empty: $CKPTD_SOCKET, else the default.
+  // Default: "/var/lib/ckptd/ckptd.sock"
+  std::string socket_path;
+  // Deadline of each RPC. Wait() uses its own timeout plus a margin instead. Default: 60000
+  int rpc_timeout_ms = 60000;
+  // How long Connect() and a re-check after UNAVAILABLE wait for the socket to accept.
+  // Default: 5000
+  int connect_timeout_ms = 5000;
+  // How long the daemon may wait for arena space before RESOURCE_EXHAUSTED; 0 = the daemon's
+  // reserve_timeout_ms. Must be below rpc_timeout_ms. Default: 0
+  int reserve_timeout_ms = 0;
+  // Free text for the daemon's logs. Empty: "ckptd-cpp/<pid>". Default: ""
+  std::string client_name;
+};
+
+class Client {
+ public:
+  // Opens a session (Hello) and maps the staging arena. UNAVAILABLE when the daemon is not there.
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(ClientOptions options);
+  // Ends the session (best effort, short deadline) and unmaps the arena.
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  // --- save -----------------------------------------------------------------------------------
+  // Stages one rank's shards: reserves one extent per non-empty shard, copies each shard into it
+  // once, and sends Save. Returns once staged; the caller's buffers may then be reused. On failure
+  // the extents reserved are released.
+  absl::StatusOr<SaveResult> Save(const std::string& job, uint64_t step, uint32_t rank,
+                                  uint32_t world_size, std::span<const TensorShard> tensors,
+                                  std::span<const ObjectShard> objects = {});
+
+  // Zero-copy: reserves an arena extent of at least `bytes` for the caller to fill.
+  absl::StatusOr<ArenaBuffer> Allocate(uint64_t bytes);
+  // Saves shards whose bytes are already in arena buffers or registered regions; copies nothing.
+  // On success every arena buffer referenced belongs to the daemon: do not write or Release it.
+  // Registered regions may be written again once this returns.
+  absl::StatusOr<SaveResult> SaveInPlace(const std::string& job, uint64_t step, uint32_t rank,
+                                         uint32_t world_size,
+                                         std::span<const InPlaceTensorShard> tensors,
+                                         std::span<const InPlaceObjectShard> objects = {});
+  // Alias of SaveInPlace() (the name used by the design notes).
+  absl::StatusOr<SaveResult> SaveFromArena(const std::string& job, uint64_t step, uint32_t rank,
+                                           uint32_t world_size,
+                                           std::span<const InPlaceTensorShard> tensors,
+                                           std::span<const InPlaceObjectShard> objects = {}) {
+    return SaveInPlace(job, step, rank, world_size, tensors, objects);
+  }
+  // Gives back an unused buffer. Buffers of a previous daemon instance are only forgotten.
+  // FAILED_PRECONDITION when it was consumed by a save or released already.
+  absl::Status Release(const ArenaBuffer& buffer);
+
+  // --- registered shared memory ---------------------------------------------------------------
+  // Lets the daemon read/write `size_bytes` of the POSIX shm object `shm_name` (created by the
+  // caller). Returns a handle that stays valid across daemon restarts.
+  absl::StatusOr<uint64_t> RegisterShm(const std::string& shm_name, uint64_t size_bytes);
+  absl::Status Unregister(uint64_t handle);
+
+  // --- commit ---------------------------------------------------------------------------------
+  // Waits until the checkpoint reaches `until`, is ABORTED, or `timeout_ms` passes; returns its
+  // status in every one of these cases (check .state).
+  absl::StatusOr<CheckpointInfo> Wait(const std::string& job, uint64_t step, WaitFor until,
+                                      uint32_t timeout_ms);
+  // OK once COMMITTED; ABORTED (with the reason) if it was aborted; DEADLINE_EXCEEDED naming the
+  // missing ranks after timeout_ms.
+  absl::Status WaitCommitted(const std::string& job, uint64_t step, uint32_t timeout_ms);
+  // Commits the ranks staged so far; `partial` must be true (an explicit partial checkpoint).
+  absl::StatusOr<CheckpointInfo> Commit(const std::string& job, uint64_t step, bool partial);
+  absl::StatusOr<CheckpointInfo> Abort(const std::string& job, uint64_t step,
+                                       const std::string& reason);
+
+  // --- load -----------------------------------------------------------------------------------
+  // Loads items (or regions of them) of a COMMITTED checkpoint (nullopt: the latest) into the
+  // caller's buffers, through arena extents (one copy per byte). The targets' bytes must fit in
+  // the arena at once; LoadAll() batches for you.
+  absl::StatusOr<LoadResult> Load(const std::string& job, std::optional<uint64_t> step,
+                                  uint32_t rank, std::span<const LoadTarget> targets);
+  // The same into arena buffers or registered regions; copies nothing.
+  absl::StatusOr<LoadResult> LoadInPlace(const std::string& job, std::optional<uint64_t> step,
+                                         uint32_t rank,
+                                         std::span<const InPlaceLoadTarget> targets);
+  // One object item (for per-rank objects, `rank`'s copy).
+  absl::StatusOr<std::string> LoadObject(const std::string& job, std::optional<uint64_t> step,
+                                         uint32_t rank, const std::string& item);
+  // Every tensor (whole) and every object visible to `rank`, batched to fit the arena.
+  absl::StatusOr<LoadedCheckpoint> LoadAll(const std::string& job, std::optional<uint64_t> step,
+                                           uint32_t rank);
+
+  // --- catalog --------------------------------------------------------------------------------
+  absl::StatusOr<std::vector<JobInfo>> ListJobs();                      // all pages
+  absl::StatusOr<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& job);
+  absl::StatusOr<CheckpointInfo> GetStatus(const std::string& job, uint64_t step);
+  absl::StatusOr<std::vector<ItemInfo>> Inspect(const std::string& job, uint64_t step);
+  // The newest COMMITTED step; NOT_FOUND when there is none.
+  absl::StatusOr<uint64_t> Latest(const std::string& job);
+  absl::Status Delete(const std::string& job, uint64_t step);
+
+  // --- introspection --------------------------------------------------------------------------
+  static CopyStats copy_stats();
+  static void reset_copy_stats();
+  // How many times this client found a new daemon instance and re-mapped / re-registered.
+  uint64_t reconnect_count() const;
+  bool reconnected() const { return reconnect_count() > 0; }
+  // "unix:<path>".
+  const std::string& target() const;
+
+ private:
+  explicit Client(std::unique_ptr<internal::ClientCore> core);
+  std::unique_ptr<internal::ClientCore> core_;
+};
+
+}  // namespace ckptd

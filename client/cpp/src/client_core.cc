@@ -1,0 +1,450 @@
+// The session with the daemon: Hello, arena mapping, re-connection, regions, extents.
+#include "client_core.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace ckptd::internal {
+
+namespace {
+
+constexpr const char* kDefaultSocket = "/var/lib/ckptd/ckptd.sock";
+constexpr int kRpcMessageBytesMax = 64 * 1024 * 1024;  // daemon's limits::kRpcMessageBytesMax
+constexpr uint64_t kExtentsPerReserveDefault = 65536;  // used if Hello's limits leave it 0
+constexpr int kGoodbyeTimeoutMs = 1000;
+constexpr auto kWatchPoll = std::chrono::milliseconds(100);
+
+std::string ResolveSocket(const ClientOptions& options) {
+  if (!options.socket_path.empty()) return options.socket_path;
+  const char* env = std::getenv("CKPTD_SOCKET");
+  if (env != nullptr && env[0] != '\0') return env;
+  return kDefaultSocket;
+}
+
+}  // namespace
+
+absl::Status ErrnoStatus(int err, const std::string& context) {
+  std::string msg = absl::StrCat(context, ": ", std::strerror(err), " (errno ", err, ")");
+  switch (err) {
+    case ENOENT:
+      return absl::NotFoundError(msg);
+    case EACCES:
+    case EPERM:
+      return absl::PermissionDeniedError(msg);
+    case ENOMEM:
+    case EMFILE:
+    case ENFILE:
+      return absl::ResourceExhaustedError(msg);
+    case EINVAL:
+      return absl::InvalidArgumentError(msg);
+    default:
+      return absl::InternalError(msg);
+  }
+}
+
+// --- ArenaMapping ------------------------------------------------------------------------------
+
+absl::StatusOr<std::shared_ptr<ArenaMapping>> ArenaMapping::Map(const std::string& shm_name,
+                                                                 uint64_t bytes) {
+  if (bytes == 0) {
+    return absl::InternalError(absl::StrCat("daemon announced an empty arena ", shm_name));
+  }
+  int fd = shm_open(shm_name.c_str(), O_RDWR, 0);
+  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("shm_open(", shm_name, ")"));
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    int err = errno;
+    (void)close(fd);  // already failing; the fstat error is the one to report
+    return ErrnoStatus(err, absl::StrCat("fstat(", shm_name, ")"));
+  }
+  if (static_cast<uint64_t>(st.st_size) < bytes) {
+    (void)close(fd);
+    return absl::InternalError(absl::StrCat("arena ", shm_name, " has ", st.st_size,
+                                            " bytes, the daemon announced ", bytes));
+  }
+  void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  int mmap_err = errno;
+  // The mapping keeps the object alive; the descriptor is not needed past mmap.
+  if (close(fd) != 0 && base != MAP_FAILED) {
+    int err = errno;
+    (void)munmap(base, bytes);
+    return ErrnoStatus(err, absl::StrCat("close(", shm_name, ")"));
+  }
+  if (base == MAP_FAILED) {
+    return ErrnoStatus(mmap_err, absl::StrCat("mmap(", shm_name, ", ", bytes, " bytes)"));
+  }
+  return std::shared_ptr<ArenaMapping>(
+      new ArenaMapping(shm_name, static_cast<uint8_t*>(base), bytes));
+}
+
+ArenaMapping::~ArenaMapping() {
+  if (munmap(base_, bytes_) != 0) {
+    // Nothing to return to; leaking the mapping is the only consequence.
+    std::fprintf(stderr, "ckptd client: munmap(%s): %s\n", name_.c_str(), std::strerror(errno));
+  }
+}
+
+absl::StatusOr<uint8_t*> ArenaMapping::At(uint64_t offset, uint64_t length) const {
+  if (offset > bytes_ || length > bytes_ - offset) {
+    return absl::InternalError(absl::StrCat("daemon named arena bytes [", offset, ", +", length,
+                                            ") outside the ", bytes_, "-byte arena ", name_));
+  }
+  return base_ + offset;
+}
+
+// --- ClientCore: creation, channel watch ----------------------------------------------------
+
+absl::StatusOr<std::unique_ptr<ClientCore>> ClientCore::Create(ClientOptions options) {
+  if (options.rpc_timeout_ms <= 0 || options.connect_timeout_ms <= 0 ||
+      options.reserve_timeout_ms < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ClientOptions: rpc_timeout_ms (", options.rpc_timeout_ms, ") and connect_timeout_ms (",
+        options.connect_timeout_ms, ") must be > 0, reserve_timeout_ms (",
+        options.reserve_timeout_ms, ") >= 0"));
+  }
+  std::string path = ResolveSocket(options);
+  std::string target = path.rfind("unix:", 0) == 0 ? path : absl::StrCat("unix:", path);
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kRpcMessageBytesMax);
+  args.SetMaxSendMessageSize(kRpcMessageBytesMax);
+  // A restarted daemon must be found again quickly, not after gRPC's default 1..120 s backoff.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  auto channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  std::unique_ptr<ClientCore> core(
+      new ClientCore(std::move(options), std::move(target), std::move(channel)));
+  absl::StatusOr<Session> session = core->EnsureSession();
+  if (!session.ok()) return session.status();
+  return core;
+}
+
+ClientCore::ClientCore(ClientOptions options, std::string target,
+                       std::shared_ptr<grpc::Channel> channel)
+    : options_(std::move(options)),
+      target_(std::move(target)),
+      channel_(std::move(channel)),
+      stub_(v1::Checkpoint::NewStub(channel_)) {
+  watcher_ = std::thread([this] { WatchChannel(); });
+}
+
+ClientCore::~ClientCore() {
+  stop_ = true;
+  watcher_.join();
+  std::string session_id;
+  {
+    absl::MutexLock l(&mu_);
+    session_id = session_.session_id;
+  }
+  if (!session_id.empty()) GoodbyeQuietly(session_id);
+}
+
+void ClientCore::WatchChannel() {
+  grpc_connectivity_state last = channel_->GetState(false);
+  while (!stop_.load()) {
+    if (channel_->WaitForStateChange(last, std::chrono::system_clock::now() + kWatchPoll)) {
+      // Leaving READY means the connection dropped: the daemon may be a new instance, even if
+      // the channel is READY again by now.
+      if (last == GRPC_CHANNEL_READY) need_hello_ = true;
+      last = channel_->GetState(false);
+    }
+  }
+}
+
+absl::Status ClientCore::Convert(const char* name, int64_t timeout_ms,
+                                 const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  // gRPC and absl share the canonical code numbers.
+  auto code = static_cast<absl::StatusCode>(status.error_code());
+  std::string msg = status.error_message();
+  if (code == absl::StatusCode::kUnavailable) {
+    need_hello_ = true;
+    msg = absl::StrCat("ckptd at ", target_, " is unavailable: ", msg);
+  } else if (code == absl::StatusCode::kDeadlineExceeded && msg == "Deadline Exceeded") {
+    msg = absl::StrCat("ckptd at ", target_, " did not answer ", name, " within ", timeout_ms,
+                       " ms");
+  }
+  return absl::Status(code, msg);
+}
+
+void ClientCore::GoodbyeQuietly(const std::string& session_id) {
+  v1::GoodbyeRequest req;
+  req.set_session_id(session_id);
+  v1::GoodbyeResponse resp;
+  (void)Call("Goodbye", kGoodbyeTimeoutMs,
+             [&](grpc::ClientContext* ctx) { return stub_->Goodbye(ctx, req, &resp); });
+}
+
+// --- session -----------------------------------------------------------------------------------
+
+absl::StatusOr<Session> ClientCore::EnsureSession() {
+  absl::MutexLock l(&mu_);
+  return EnsureSessionLocked();
+}
+
+absl::StatusOr<Session> ClientCore::EnsureSessionLocked() {
+  if (need_hello_.load() || session_.session_id.empty()) {
+    CKPTD_CLIENT_RETURN_IF_ERROR(HelloLocked());
+  }
+  return session_;
+}
+
+absl::Status ClientCore::HelloLocked() {
+  v1::HelloRequest req;
+  req.set_pid(static_cast<uint32_t>(getpid()));
+  req.set_client_name(options_.client_name.empty() ? absl::StrCat("ckptd-cpp/", getpid())
+                                                   : options_.client_name);
+  v1::HelloResponse resp;
+  need_hello_ = false;  // a drop noticed from here on marks it again
+  grpc::ClientContext ctx;
+  ctx.set_wait_for_ready(true);  // ride out a daemon restart, within connect_timeout_ms
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   std::chrono::milliseconds(options_.connect_timeout_ms));
+  grpc::Status gs = stub_->Hello(&ctx, req, &resp);
+  if (!gs.ok()) {
+    need_hello_ = true;
+    if (gs.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+      return absl::UnavailableError(absl::StrCat("ckptd at ", target_, " is unavailable: no answer to Hello within ",
+                                                 options_.connect_timeout_ms, " ms"));
+    }
+    return Convert("Hello", options_.connect_timeout_ms, gs);
+  }
+  if (!session_.session_id.empty() && resp.daemon_instance() == daemon_instance_) {
+    // Same daemon: the old session, its extents and regions are still valid.
+    GoodbyeQuietly(resp.session_id());
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::shared_ptr<ArenaMapping>> arena =
+      ArenaMapping::Map(resp.arena_shm_name(), resp.arena_bytes());
+  if (!arena.ok()) {
+    GoodbyeQuietly(resp.session_id());
+    need_hello_ = true;
+    return absl::Status(arena.status().code(),
+                        absl::StrCat("mapping the staging arena of ckptd at ", target_, ": ",
+                                     arena.status().message()));
+  }
+  const bool restarted = !session_.session_id.empty();
+  session_.session_id = resp.session_id();
+  session_.arena = *std::move(arena);
+  session_.generation += 1;
+  session_.limits = resp.limits();
+  daemon_instance_ = resp.daemon_instance();
+  outstanding_.clear();  // extents of the old instance mean nothing to the new one
+  ReregisterLocked();
+  if (restarted) reconnects_.fetch_add(1);
+  return absl::OkStatus();
+}
+
+void ClientCore::ReregisterLocked() {
+  for (auto& [handle, region] : regions_) {
+    v1::RegisterRegionRequest req;
+    req.set_session_id(session_.session_id);
+    req.set_kind(v1::SHM);
+    req.set_shm_name(region.shm_name);
+    req.set_size_bytes(region.size_bytes);
+    v1::RegisterRegionResponse resp;
+    absl::Status s = Call("RegisterRegion", options_.rpc_timeout_ms, [&](grpc::ClientContext* c) {
+      return stub_->RegisterRegion(c, req, &resp);
+    });
+    region.server_id = s.ok() ? resp.region_id() : 0;
+    region.error = s.ok() ? "" : s.ToString();
+  }
+}
+
+// --- extents -----------------------------------------------------------------------------------
+
+absl::StatusOr<std::vector<MappedExtent>> ClientCore::Reserve(const Session& session,
+                                                              const std::vector<uint64_t>& sizes) {
+  uint64_t chunk = session.limits.max_extents_per_reserve();
+  if (chunk == 0) chunk = kExtentsPerReserveDefault;
+  std::vector<MappedExtent> out;
+  out.reserve(sizes.size());
+  auto fail = [&](absl::Status s) {
+    std::vector<uint64_t> ids;
+    for (const MappedExtent& e : out) ids.push_back(e.id);
+    ReleaseQuietly(session, ids);
+    return s;
+  };
+  for (size_t begin = 0; begin < sizes.size(); begin += chunk) {
+    size_t end = std::min<size_t>(sizes.size(), begin + chunk);
+    v1::ReserveExtentsRequest req;
+    req.set_session_id(session.session_id);
+    req.mutable_sizes_bytes()->Add(sizes.begin() + begin, sizes.begin() + end);
+    req.set_timeout_ms(static_cast<uint32_t>(options_.reserve_timeout_ms));
+    v1::ReserveExtentsResponse resp;
+    absl::Status s = Call("ReserveExtents", options_.rpc_timeout_ms + options_.reserve_timeout_ms,
+                          [&](grpc::ClientContext* c) {
+                            return stub_->ReserveExtents(c, req, &resp);
+                          });
+    if (!s.ok()) return fail(s);
+    for (const v1::Extent& e : resp.extents()) {
+      out.push_back(MappedExtent{e.id(), nullptr, e.length()});
+    }
+    if (out.size() != end) {
+      return fail(absl::InternalError(absl::StrCat("ReserveExtents answered ",
+                                                   resp.extents_size(), " extents for ",
+                                                   end - begin, " sizes")));
+    }
+    for (size_t i = begin; i < end; ++i) {
+      const v1::Extent& e = resp.extents(static_cast<int>(i - begin));
+      absl::StatusOr<uint8_t*> p = session.arena->At(e.offset(), e.length());
+      if (!p.ok()) return fail(p.status());
+      if (e.length() < sizes[i]) {
+        return fail(absl::InternalError(absl::StrCat("extent ", e.id(), " has ", e.length(),
+                                                     " bytes, ", sizes[i], " were asked")));
+      }
+      out[i].data = *p;
+    }
+  }
+  return out;
+}
+
+void ClientCore::ReleaseQuietly(const Session& session, const std::vector<uint64_t>& ids) {
+  if (ids.empty()) return;
+  v1::ReleaseExtentsRequest req;
+  req.set_session_id(session.session_id);
+  req.mutable_extent_ids()->Add(ids.begin(), ids.end());
+  v1::ReleaseExtentsResponse resp;
+  // Failing here leaks nothing for long: the daemon frees a session's extents at Goodbye or exit.
+  (void)Call("ReleaseExtents", options_.rpc_timeout_ms,
+             [&](grpc::ClientContext* c) { return stub_->ReleaseExtents(c, req, &resp); });
+}
+
+void ClientCore::AddOutstanding(uint64_t generation, uint64_t extent_id, uint64_t bytes) {
+  absl::MutexLock l(&mu_);
+  if (generation == session_.generation) outstanding_[extent_id] = bytes;
+}
+
+absl::Status ClientCore::TakeOutstanding(uint64_t generation, uint64_t extent_id) {
+  absl::MutexLock l(&mu_);
+  if (generation != session_.generation) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "arena buffer ", extent_id, " belongs to a previous daemon instance (generation ",
+        generation, ", now ", session_.generation, ")"));
+  }
+  if (outstanding_.erase(extent_id) == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "arena buffer ", extent_id, " is not allocated: already saved or released"));
+  }
+  return absl::OkStatus();
+}
+
+// --- regions -----------------------------------------------------------------------------------
+
+absl::StatusOr<uint64_t> ClientCore::RegisterShm(const std::string& shm_name,
+                                                 uint64_t size_bytes) {
+  if (shm_name.empty() || size_bytes == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("RegisterShm(\"", shm_name, "\", ",
+                                                   size_bytes, "): need a name and a size"));
+  }
+  // Under mu_, so a re-connection cannot interleave and lose the registration.
+  absl::MutexLock l(&mu_);
+  absl::StatusOr<Session> session = EnsureSessionLocked();
+  if (!session.ok()) return session.status();
+  v1::RegisterRegionRequest req;
+  req.set_session_id(session->session_id);
+  req.set_kind(v1::SHM);
+  req.set_shm_name(shm_name);
+  req.set_size_bytes(size_bytes);
+  v1::RegisterRegionResponse resp;
+  CKPTD_CLIENT_RETURN_IF_ERROR(
+      Call("RegisterRegion", options_.rpc_timeout_ms,
+           [&](grpc::ClientContext* c) { return stub_->RegisterRegion(c, req, &resp); }));
+  uint64_t handle = next_handle_++;
+  regions_[handle] = ShmRegion{shm_name, size_bytes, resp.region_id(), ""};
+  return handle;
+}
+
+absl::Status ClientCore::Unregister(uint64_t handle) {
+  absl::MutexLock l(&mu_);
+  auto it = regions_.find(handle);
+  if (it == regions_.end()) {
+    return absl::NotFoundError(absl::StrCat("no registered region with handle ", handle));
+  }
+  ShmRegion region = it->second;
+  regions_.erase(it);
+  // A region the current instance never knew needs no RPC.
+  if (region.server_id == 0 || need_hello_.load()) return absl::OkStatus();
+  v1::UnregisterRegionRequest req;
+  req.set_session_id(session_.session_id);
+  req.set_region_id(region.server_id);
+  v1::UnregisterRegionResponse resp;
+  return Call("UnregisterRegion", options_.rpc_timeout_ms,
+              [&](grpc::ClientContext* c) { return stub_->UnregisterRegion(c, req, &resp); });
+}
+
+absl::StatusOr<uint64_t> ClientCore::RegionId(uint64_t handle, uint64_t offset, uint64_t length) {
+  absl::MutexLock l(&mu_);
+  auto it = regions_.find(handle);
+  if (it == regions_.end()) {
+    return absl::NotFoundError(absl::StrCat("no registered region with handle ", handle));
+  }
+  const ShmRegion& r = it->second;
+  if (r.server_id == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("region handle ", handle, " (shm ", r.shm_name,
+                     ") could not be registered again after the daemon restarted: ", r.error));
+  }
+  if (offset > r.size_bytes || length > r.size_bytes - offset) {
+    return absl::InvalidArgumentError(absl::StrCat("bytes [", offset, ", +", length,
+                                                   ") outside region handle ", handle, " (shm ",
+                                                   r.shm_name, ", ", r.size_bytes, " bytes)"));
+  }
+  return r.server_id;
+}
+
+absl::Status ClientCore::ToMemRef(const Session& session, const BufferRef& ref, uint64_t length,
+                                  v1::MemRef* out) {
+  out->Clear();
+  if (length == 0) return absl::OkStatus();  // no target: nothing to read or write
+  {
+    absl::MutexLock l(&mu_);
+    if (session.generation != session_.generation) {
+      return absl::UnavailableError(
+          absl::StrCat("ckptd at ", target_, " restarted during the call"));
+    }
+  }
+  if (ref.kind == BufferRef::kRegion) {
+    absl::StatusOr<uint64_t> id = RegionId(ref.id, ref.offset, length);
+    if (!id.ok()) return id.status();
+    out->set_region_id(*id);
+  } else {
+    CKPTD_CLIENT_RETURN_IF_ERROR(ArenaMemRef(session, ref, length, out));
+  }
+  out->set_offset(ref.offset);
+  out->set_length(length);
+  return absl::OkStatus();
+}
+
+absl::Status ClientCore::ArenaMemRef(const Session& session, const BufferRef& ref,
+                                     uint64_t length, v1::MemRef* out) {
+  absl::MutexLock l(&mu_);
+  if (ref.generation != session.generation) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "arena buffer ", ref.id, " belongs to a previous daemon instance (generation ",
+        ref.generation, ", now ", session.generation, ")"));
+  }
+  auto it = outstanding_.find(ref.id);
+  if (it == outstanding_.end()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "arena buffer ", ref.id, " is not allocated: already saved or released"));
+  }
+  if (ref.offset > it->second || length > it->second - ref.offset) {
+    return absl::InvalidArgumentError(absl::StrCat("bytes [", ref.offset, ", +", length,
+                                                   ") outside arena buffer ", ref.id, " of ",
+                                                   it->second, " bytes"));
+  }
+  out->set_extent_id(ref.id);
+  return absl::OkStatus();
+}
+
+}  // namespace ckptd::internal

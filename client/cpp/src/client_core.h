@@ -1,0 +1,172 @@
+// Internal to libckptd-client: the session with one daemon (Hello, arena mapping, re-connection
+// after a daemon restart, registered regions, outstanding arena buffers) and the RPC helper that
+// puts a deadline on every call and maps gRPC statuses onto absl ones.
+//
+// Threads: every method is thread-safe. mu_ guards the session state and is held across the
+// re-connection sequence (Hello, map, re-register), never across the data-path RPCs.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "ckptd/client.h"
+#include "ckptd/v1/ckptd.grpc.pb.h"
+#include "ckptd/v1/ckptd.pb.h"
+
+#define CKPTD_CLIENT_RETURN_IF_ERROR(expr)         \
+  do {                                             \
+    ::absl::Status ckptd_status_ = (expr);         \
+    if (!ckptd_status_.ok()) return ckptd_status_; \
+  } while (0)
+
+namespace ckptd::internal {
+
+namespace v1 = ::ckptd::v1;
+
+// "<context>: <strerror> (errno N)" with the canonical code for errno.
+absl::Status ErrnoStatus(int err, const std::string& context);
+
+// The staging arena of one daemon instance, mapped MAP_SHARED read/write. Unmapped when the last
+// shared_ptr goes (ArenaBuffers share it, so their memory never vanishes under the caller).
+class ArenaMapping {
+ public:
+  static absl::StatusOr<std::shared_ptr<ArenaMapping>> Map(const std::string& shm_name,
+                                                           uint64_t bytes);
+  ~ArenaMapping();
+  ArenaMapping(const ArenaMapping&) = delete;
+  ArenaMapping& operator=(const ArenaMapping&) = delete;
+
+  // [offset, offset + length) of the arena; INTERNAL when the daemon named bytes outside it.
+  absl::StatusOr<uint8_t*> At(uint64_t offset, uint64_t length) const;
+  const std::string& name() const { return name_; }
+  uint64_t size() const { return bytes_; }
+
+ private:
+  ArenaMapping(std::string name, uint8_t* base, uint64_t bytes)
+      : name_(std::move(name)), base_(base), bytes_(bytes) {}
+  std::string name_;
+  uint8_t* base_;
+  uint64_t bytes_;
+};
+
+// A consistent view of the session for one call.
+struct Session {
+  std::string session_id;
+  std::shared_ptr<ArenaMapping> arena;
+  uint64_t generation = 0;  // bumps on every new daemon instance
+  v1::Limits limits;
+};
+
+// An extent reserved for one call, mapped.
+struct MappedExtent {
+  uint64_t id = 0;
+  uint8_t* data = nullptr;
+  uint64_t length = 0;
+};
+
+class ClientCore {
+ public:
+  static absl::StatusOr<std::unique_ptr<ClientCore>> Create(ClientOptions options);
+  ~ClientCore();
+
+  const std::string& target() const { return target_; }
+  const ClientOptions& options() const { return options_; }
+  v1::Checkpoint::Stub& stub() { return *stub_; }
+  uint64_t reconnect_count() const { return reconnects_.load(); }
+
+  // The current session, saying Hello first when the daemon may have changed.
+  absl::StatusOr<Session> EnsureSession();
+
+  // Runs one RPC `name` with a deadline of timeout_ms: fn(ClientContext*) -> grpc::Status.
+  // UNAVAILABLE marks the session for a re-check and names the socket.
+  template <typename Fn>
+  absl::Status Call(const char* name, int64_t timeout_ms, Fn&& fn) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms));
+    return Convert(name, timeout_ms, fn(&ctx));
+  }
+  absl::Status Convert(const char* name, int64_t timeout_ms, const grpc::Status& status);
+
+  // Reserves extents of `sizes` (all non-zero) in as few ReserveExtents calls as the daemon's
+  // limit allows; all or none.
+  absl::StatusOr<std::vector<MappedExtent>> Reserve(const Session& session,
+                                                    const std::vector<uint64_t>& sizes);
+  // Best effort (the caller is already failing, or the extents are only scratch).
+  void ReleaseQuietly(const Session& session, const std::vector<uint64_t>& extent_ids);
+
+  // Zero-copy buffers handed to the caller (Allocate); consumed by SaveInPlace or Release.
+  void AddOutstanding(uint64_t generation, uint64_t extent_id, uint64_t bytes);
+  // Forgets it; FAILED_PRECONDITION if it was not outstanding in the current session.
+  absl::Status TakeOutstanding(uint64_t generation, uint64_t extent_id);
+
+  // Registered shm regions, by stable client handle.
+  absl::StatusOr<uint64_t> RegisterShm(const std::string& shm_name, uint64_t size_bytes);
+  absl::Status Unregister(uint64_t handle);
+  // The daemon's id for [offset, offset + length) of region `handle` in the current session.
+  absl::StatusOr<uint64_t> RegionId(uint64_t handle, uint64_t offset, uint64_t length);
+
+  // Translates a BufferRef into a MemRef of the current session (bounds-checked locally).
+  absl::Status ToMemRef(const Session& session, const BufferRef& ref, uint64_t length,
+                        v1::MemRef* out);
+
+  // The current session's generation (0 before the first Hello).
+  uint64_t generation() {
+    absl::MutexLock l(&mu_);
+    return session_.generation;
+  }
+
+  int64_t rpc_timeout_ms() const { return options_.rpc_timeout_ms; }
+
+ private:
+  struct ShmRegion {
+    std::string shm_name;
+    uint64_t size_bytes = 0;
+    uint64_t server_id = 0;  // 0: not registered with the current instance
+    std::string error;       // why re-registration failed
+  };
+
+  ClientCore(ClientOptions options, std::string target, std::shared_ptr<grpc::Channel> channel);
+  absl::Status HelloLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReregisterLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void GoodbyeQuietly(const std::string& session_id);
+  void WatchChannel();
+  absl::StatusOr<Session> EnsureSessionLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ArenaMemRef(const Session& session, const BufferRef& ref, uint64_t length,
+                           v1::MemRef* out);
+
+  const ClientOptions options_;
+  const std::string target_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Checkpoint::Stub> stub_;
+  std::atomic<uint64_t> reconnects_{0};
+
+  absl::Mutex mu_;
+  // Set on UNAVAILABLE and when the connection drops; the next EnsureSession says Hello.
+  std::atomic<bool> need_hello_{true};
+  std::string daemon_instance_ ABSL_GUARDED_BY(mu_);
+  Session session_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_handle_ ABSL_GUARDED_BY(mu_) = 1;
+  std::unordered_map<uint64_t, ShmRegion> regions_ ABSL_GUARDED_BY(mu_);
+  // Allocate()d extents of this session not yet consumed or released: id -> usable bytes.
+  std::unordered_map<uint64_t, uint64_t> outstanding_ ABSL_GUARDED_BY(mu_);
+
+  // Notices the connection dropping (a daemon restart may not fail any call of ours).
+  std::atomic<bool> stop_{false};
+  std::thread watcher_;
+};
+
+// Process-wide copy counters (Client::copy_stats).
+void CountedCopy(void* dst, const void* src, uint64_t bytes, bool is_load);
+
+}  // namespace ckptd::internal

@@ -1,0 +1,141 @@
+// Conversions between client.h types and ckptd.v1 messages. The enum orders of DType match the
+// proto's (proto value = C++ value + 1), but are spelled out so a reorder cannot go unnoticed.
+#include "convert.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace ckptd::internal {
+
+namespace v1 = ::ckptd::v1;
+
+v1::DType ToProto(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32: return v1::FLOAT32;
+    case DType::kFloat64: return v1::FLOAT64;
+    case DType::kFloat16: return v1::FLOAT16;
+    case DType::kBFloat16: return v1::BFLOAT16;
+    case DType::kFloat8E4M3FN: return v1::FLOAT8_E4M3FN;
+    case DType::kFloat8E5M2: return v1::FLOAT8_E5M2;
+    case DType::kInt8: return v1::INT8;
+    case DType::kUInt8: return v1::UINT8;
+    case DType::kInt16: return v1::INT16;
+    case DType::kInt32: return v1::INT32;
+    case DType::kInt64: return v1::INT64;
+    case DType::kBool: return v1::BOOL;
+    case DType::kUInt16: return v1::UINT16;
+    case DType::kUInt32: return v1::UINT32;
+    case DType::kUInt64: return v1::UINT64;
+  }
+  return v1::DTYPE_UNSPECIFIED;
+}
+
+absl::StatusOr<DType> FromProto(v1::DType dtype) {
+  switch (dtype) {
+    case v1::FLOAT32: return DType::kFloat32;
+    case v1::FLOAT64: return DType::kFloat64;
+    case v1::FLOAT16: return DType::kFloat16;
+    case v1::BFLOAT16: return DType::kBFloat16;
+    case v1::FLOAT8_E4M3FN: return DType::kFloat8E4M3FN;
+    case v1::FLOAT8_E5M2: return DType::kFloat8E5M2;
+    case v1::INT8: return DType::kInt8;
+    case v1::UINT8: return DType::kUInt8;
+    case v1::INT16: return DType::kInt16;
+    case v1::INT32: return DType::kInt32;
+    case v1::INT64: return DType::kInt64;
+    case v1::BOOL: return DType::kBool;
+    case v1::UINT16: return DType::kUInt16;
+    case v1::UINT32: return DType::kUInt32;
+    case v1::UINT64: return DType::kUInt64;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("dtype ", static_cast<int>(dtype), " is not known to this client"));
+  }
+}
+
+void ToProto(const Region& region, v1::Region* out) {
+  out->Clear();
+  switch (region.kind) {
+    case Region::kWhole:
+      return;  // unset oneof: the whole tensor
+    case Region::kBox: {
+      v1::Box* box = out->mutable_box();
+      box->mutable_offsets()->Add(region.offsets.begin(), region.offsets.end());
+      box->mutable_lengths()->Add(region.lengths.begin(), region.lengths.end());
+      return;
+    }
+    case Region::kFlat:
+      out->mutable_flat()->set_start(region.flat_start);
+      out->mutable_flat()->set_count(region.flat_count);
+      return;
+  }
+}
+
+CheckpointState FromProto(v1::CheckpointState state) {
+  switch (state) {
+    case v1::STAGING: return CheckpointState::kStaging;
+    case v1::PERSISTING: return CheckpointState::kPersisting;
+    case v1::COMMITTED: return CheckpointState::kCommitted;
+    case v1::ABORTED: return CheckpointState::kAborted;
+    default: return CheckpointState::kUnspecified;
+  }
+}
+
+CheckpointInfo FromProto(const v1::CheckpointSummary& s) {
+  CheckpointInfo info;
+  info.job = s.job();
+  info.step = s.step();
+  info.state = FromProto(s.state());
+  info.world_size = s.world_size();
+  info.bytes = s.bytes();
+  info.tiers.staged = s.tiers().staged();
+  info.tiers.local = s.tiers().local();
+  info.tiers.remote = s.tiers().remote();
+  info.created_unix_ms = s.created_unix_ms();
+  info.committed_unix_ms = s.committed_unix_ms();
+  info.partial = s.partial();
+  info.error = s.error();
+  info.item_count = s.item_count();
+  return info;
+}
+
+CheckpointInfo FromProto(const v1::CheckpointStatus& status) {
+  CheckpointInfo info = FromProto(status.summary());
+  for (const v1::RankStatus& r : status.ranks()) {
+    RankProgress p;
+    p.rank = r.rank();
+    p.staged = r.staged();
+    p.persisted = r.persisted();
+    p.bytes_staged = r.bytes_staged();
+    p.bytes_persisted = r.bytes_persisted();
+    p.shard_count = r.shard_count();
+    info.ranks.push_back(p);
+  }
+  info.missing_ranks.assign(status.missing_ranks().begin(), status.missing_ranks().end());
+  info.bytes_staged = status.bytes_staged();
+  info.bytes_persisted = status.bytes_persisted();
+  return info;
+}
+
+JobInfo FromProto(const v1::JobSummary& j) {
+  JobInfo info;
+  info.job = j.job();
+  info.owner_uid = j.owner_uid();
+  info.checkpoint_count = j.checkpoint_count();
+  if (j.has_committed()) info.latest_committed_step = j.latest_committed_step();
+  return info;
+}
+
+ItemInfo FromProto(const v1::ItemInfo& i) {
+  ItemInfo info;
+  info.name = i.name();
+  info.kind = i.kind() == v1::OBJECT ? ItemInfo::kObject : ItemInfo::kTensor;
+  if (absl::StatusOr<DType> d = FromProto(i.dtype()); d.ok()) info.dtype = *d;
+  info.shape.assign(i.shape().begin(), i.shape().end());
+  info.per_rank = i.scope() == v1::PER_RANK;
+  info.shard_count = i.shard_count();
+  info.bytes = i.bytes();
+  info.object_ranks.assign(i.object_ranks().begin(), i.object_ranks().end());
+  return info;
+}
+
+}  // namespace ckptd::internal

@@ -1,0 +1,24 @@
+// Internal to libckptd-client: local checks of shard sizes, so a mistake is reported before any
+// byte is copied or any extent reserved (the daemon checks again).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "ckptd/client.h"
+
+namespace ckptd::internal {
+
+// Bytes of `region` of a tensor of `shape`; INVALID_ARGUMENT naming `item` when it does not fit.
+absl::StatusOr<uint64_t> TensorBytes(const std::string& item, DType dtype,
+                                     const std::vector<uint64_t>& shape, const Region& region);
+
+// INVALID_ARGUMENT unless `bytes` equals TensorBytes(...) and the item is named.
+absl::Status CheckTensorBytes(const std::string& item, DType dtype,
+                              const std::vector<uint64_t>& shape, const Region& region,
+                              uint64_t bytes);
+
+}  // namespace ckptd::internal
