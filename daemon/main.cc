@@ -1,0 +1,178 @@
+// ckptd: flags/config → DaemonOptions::Validate() → recover → serve on the unix socket until
+// SIGTERM/SIGINT, then finish or journal in-flight work and exit.
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "ckptd/status.h"
+#include "ckptd/storage.h"
+#include "dataplane/arena.h"
+#include "dataplane/region_registry.h"
+#include "format/crc32c.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "index/meta_store.h"
+#include "limits.h"
+#include "options.h"
+#include "rpc/grpc_service.h"
+#include "service/checkpoint_service.h"
+#include "service/executor.h"
+#include "spdlog/spdlog.h"
+
+namespace ckptd {
+namespace {
+
+void SetUpLogging(const DaemonOptions& o) {
+  if (o.log_format == "json") {
+    spdlog::set_pattern(R"({"time":"%Y-%m-%dT%H:%M:%S.%e%z","level":"%l","thread":%t,"msg":"%v"})");
+  } else {
+    spdlog::set_pattern("%Y-%m-%d %H:%M:%S.%e %^%l%$ [%t] %v");
+  }
+  spdlog::set_level(spdlog::level::from_str(o.log_level));
+}
+
+// Shared-memory names carry a prefix derived from the state dir, so two daemons on one machine
+// never collide and a restarted daemon finds (and cleans up) what its predecessor left.
+std::string ShmPrefix(const std::string& state_dir) {
+  std::error_code ec;
+  std::string canon = std::filesystem::weakly_canonical(state_dir, ec).string();
+  if (ec) canon = state_dir;
+  return absl::StrFormat("ckptd-%08x-", Crc32c(canon.data(), canon.size()));
+}
+
+void RemoveOrphanSegments(const std::string& prefix, const std::string& keep) {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm", ec)) {
+    std::string name = entry.path().filename().string();
+    if (name.rfind(prefix, 0) != 0 || "/" + name == keep) continue;
+    if (shm_unlink(("/" + name).c_str()) == 0) {
+      spdlog::info("removed orphan shared-memory segment /{}", name);
+    }
+  }
+}
+
+absl::Status MakeDir(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return absl::FailedPreconditionError(absl::StrCat("creating ", dir, ": ", ec.message()));
+  if (chmod(dir.c_str(), 0700) != 0) return ErrnoStatus(errno, absl::StrCat("chmod ", dir));
+  return absl::OkStatus();
+}
+
+int Run(const DaemonOptions& o) {
+  SetUpLogging(o);
+  umask(077);
+  for (const std::string& d : {o.state_dir, o.data_dir}) {
+    absl::Status st = MakeDir(d);
+    if (!st.ok()) {
+      spdlog::critical("{}", st.ToString());
+      return 1;
+    }
+  }
+  absl::StatusOr<std::unique_ptr<MetaStore>> meta = OpenRocksDbMetaStore(o.state_dir + "/index");
+  if (!meta.ok()) {
+    spdlog::critical("opening the index: {}", meta.status().ToString());
+    return 1;
+  }
+  const std::string prefix = ShmPrefix(o.state_dir);
+  const std::string arena_name = "/" + prefix + "arena";
+  absl::StatusOr<std::unique_ptr<StagingArena>> arena =
+      StagingArena::Open(arena_name, o.staging_bytes_max, o.staging_prefault, o.staging_mlock);
+  if (!arena.ok()) {
+    spdlog::critical("staging arena: {}", arena.status().ToString());
+    return 1;
+  }
+  RemoveOrphanSegments(prefix, arena_name);
+  std::unique_ptr<Io> io = NewUringIo(o.io_queue_depth);
+  if (!o.direct_io) io = NewBufferedIo(std::move(io));
+  std::unique_ptr<Storage> storage = NewPosixStorage(o.data_dir, io.get());
+  RegionRegistry regions;
+  Executor flush_pool("flush", o.flush_threads, 1 << 20);
+  Executor quick_pool("rpc", o.rpc_threads, o.rpc_queue_max);
+  Executor wait_pool("wait", o.waiters_max, o.waiters_max);
+  Executor load_pool("load", o.load_threads, o.rpc_queue_max);
+  ServiceDeps deps{&o, meta->get(), storage.get(), arena->get(), &regions, &flush_pool};
+  CheckpointService svc(deps);
+  if (absl::Status st = svc.Recover(); !st.ok()) {
+    spdlog::critical("recovery failed: {}", st.ToString());
+    return 1;
+  }
+  svc.Start();
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  GrpcCheckpointService rpc(&svc, RpcPools{&quick_pool, &wait_pool, &load_pool});
+  std::filesystem::remove(o.socket_path);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("unix:" + o.socket_path, grpc::InsecureServerCredentials());
+  builder.RegisterService(&rpc);
+  builder.SetMaxReceiveMessageSize(limits::kRpcMessageBytesMax);
+  builder.SetMaxSendMessageSize(limits::kRpcMessageBytesMax);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server) {
+    spdlog::critical("cannot listen on unix:{}", o.socket_path);
+    return 1;
+  }
+  if (chmod(o.socket_path.c_str(), 0600) != 0) {
+    spdlog::critical("chmod 0600 {}: {}", o.socket_path, std::strerror(errno));
+    return 1;
+  }
+  spdlog::info("ckptd ready on unix:{} (data {}, arena {} of {} bytes{}, instance {})",
+               o.socket_path, o.data_dir, arena_name, o.staging_bytes_max,
+               (*arena)->adopted() ? ", adopted" : "", svc.instance_id());
+
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  int sig = 0;
+  sigwait(&set, &sig);
+  spdlog::info("signal {}: stopping (grace {} s)", sig, o.shutdown_grace_s);
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  bool nothing_staged = svc.Shutdown(absl::Seconds(o.shutdown_grace_s));
+  quick_pool.Stop();
+  wait_pool.Stop();
+  load_pool.Stop();
+  if (nothing_staged) {
+    (*arena)->Unlink();
+  } else {
+    spdlog::info("staged checkpoints stay journaled in {}; the next start resumes them",
+                 arena_name);
+  }
+  std::filesystem::remove(o.socket_path);
+  spdlog::info("stopped");
+  return 0;
+}
+
+}  // namespace
+}  // namespace ckptd
+
+int main(int argc, char** argv) {
+  // Signals are taken by sigwait in main; every thread created later inherits the mask.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+  std::vector<std::string> args(argv + 1, argv + argc);
+  absl::StatusOr<ckptd::DaemonOptions> o = ckptd::ParseOptions(args);
+  if (!o.ok()) {
+    if (o.status().code() == absl::StatusCode::kNotFound) {
+      std::fputs(std::string(o.status().message()).c_str(), stdout);
+      return 0;
+    }
+    std::fprintf(stderr, "ckptd: %s\n", std::string(o.status().message()).c_str());
+    return 2;
+  }
+  return ckptd::Run(*o);
+}

@@ -1,0 +1,128 @@
+#include "dataplane/region_registry.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+#include "ckptd/status.h"
+#include "limits.h"
+
+namespace ckptd {
+
+MappedRegion::~MappedRegion() {
+  if (base != nullptr) munmap(base, size_bytes);
+}
+
+absl::StatusOr<uint64_t> RegionRegistry::Register(const std::string& session,
+                                                  const v1::RegisterRegionRequest& req) {
+  if (req.kind() == v1::CUDA_IPC) {
+    return absl::UnimplementedError("CUDA IPC regions are not implemented in this build yet");
+  }
+  if (req.kind() != v1::SHM) {
+    return absl::InvalidArgumentError("region kind must be SHM or CUDA_IPC");
+  }
+  const std::string& name = req.shm_name();
+  if (name.size() < 2 || name[0] != '/' || name.find('/', 1) != std::string::npos ||
+      name.size() > 255) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "region shm name \"", name, "\" must be \"/name\" with no other '/' (at most 255 bytes)"));
+  }
+  if (req.size_bytes() == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("region ", name, ": size_bytes is 0"));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    size_t n = 0;
+    for (const auto& [id, r] : regions_) n += (r->session == session);
+    if (n >= limits::kRegionsPerSessionMax) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "session has ", n, " regions registered, the limit is ", limits::kRegionsPerSessionMax));
+    }
+  }
+  int fd = shm_open(name.c_str(), O_RDWR, 0);
+  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("region shm_open ", name));
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    int err = errno;
+    close(fd);
+    return ErrnoStatus(err, absl::StrCat("region fstat ", name));
+  }
+  if (static_cast<uint64_t>(st.st_size) < req.size_bytes()) {
+    close(fd);
+    return absl::InvalidArgumentError(absl::StrCat("region ", name, " is ", st.st_size,
+                                                   " bytes, smaller than size_bytes ",
+                                                   req.size_bytes()));
+  }
+  void* p = mmap(nullptr, req.size_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  int err = errno;
+  close(fd);
+  if (p == MAP_FAILED) return ErrnoStatus(err, absl::StrCat("region mmap ", name));
+  auto r = std::make_shared<MappedRegion>();
+  r->session = session;
+  r->shm_name = name;
+  r->base = static_cast<uint8_t*>(p);
+  r->size_bytes = req.size_bytes();
+  absl::MutexLock lock(&mu_);
+  r->id = next_id_++;
+  regions_[r->id] = r;
+  return r->id;
+}
+
+absl::Status RegionRegistry::Unregister(const std::string& session, uint64_t id,
+                                        absl::Duration timeout) {
+  absl::Time deadline = absl::Now() + timeout;
+  absl::MutexLock lock(&mu_);
+  auto it = regions_.find(id);
+  if (it == regions_.end() || it->second->session != session) {
+    return absl::NotFoundError(absl::StrCat("unknown region ", id));
+  }
+  while (it->second.use_count() > 1) {
+    if (released_.WaitWithDeadline(&mu_, deadline)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "region ", id, " (", it->second->shm_name, ") is still in use by a save or load"));
+    }
+    it = regions_.find(id);
+    if (it == regions_.end()) return absl::OkStatus();
+  }
+  regions_.erase(it);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RegionLease> RegionRegistry::Acquire(const std::string& session, uint64_t id,
+                                                    uint64_t offset, uint64_t length) const {
+  absl::MutexLock lock(&mu_);
+  auto it = regions_.find(id);
+  if (it == regions_.end() || it->second->session != session) {
+    return absl::NotFoundError(absl::StrCat("unknown region ", id, " (not registered by this "
+                                            "session)"));
+  }
+  const MappedRegion& r = *it->second;
+  if (offset > r.size_bytes || length > r.size_bytes - offset) {
+    return absl::OutOfRangeError(absl::StrCat("bytes [", offset, ", ", offset, "+", length,
+                                              ") are outside region ", id, " (", r.shm_name,
+                                              ", ", r.size_bytes, " bytes)"));
+  }
+  // The deleter signals Unregister once the lease is dropped.
+  std::shared_ptr<MappedRegion> keep = it->second;
+  auto* self = const_cast<RegionRegistry*>(this);
+  return RegionLease(keep.get(), [keep, self](const MappedRegion*) mutable {
+    absl::MutexLock l(&self->mu_);
+    keep.reset();
+    self->released_.SignalAll();
+  });
+}
+
+void RegionRegistry::DropSession(const std::string& session) {
+  absl::MutexLock lock(&mu_);
+  for (auto it = regions_.begin(); it != regions_.end();) {
+    if (it->second->session == session) {
+      regions_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+}
+
+}  // namespace ckptd

@@ -1,0 +1,225 @@
+#include "options.h"
+
+#include <fstream>
+#include <functional>
+#include <map>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/strip.h"
+#include "ckptd/status.h"
+#include "limits.h"
+
+namespace ckptd {
+namespace {
+
+using Setter = std::function<absl::Status(DaemonOptions&, std::string_view)>;
+
+struct OptionDef {
+  std::string help;
+  Setter set;
+};
+
+Setter StringSetter(std::string DaemonOptions::*field) {
+  return [field](DaemonOptions& o, std::string_view v) {
+    o.*field = std::string(v);
+    return absl::OkStatus();
+  };
+}
+
+template <typename T>
+Setter IntSetter(T DaemonOptions::*field, std::string name) {
+  return [field, name](DaemonOptions& o, std::string_view v) {
+    uint64_t parsed = 0;
+    if (!absl::SimpleAtoi(v, &parsed) || parsed > std::numeric_limits<T>::max()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("option ", name, ": \"", v, "\" is not a non-negative integer in range"));
+    }
+    o.*field = static_cast<T>(parsed);
+    return absl::OkStatus();
+  };
+}
+
+Setter BoolSetter(bool DaemonOptions::*field, std::string name) {
+  return [field, name](DaemonOptions& o, std::string_view v) {
+    std::string s = absl::AsciiStrToLower(v);
+    if (s == "true" || s == "1" || s == "yes" || s.empty()) {
+      o.*field = true;
+    } else if (s == "false" || s == "0" || s == "no") {
+      o.*field = false;
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("option ", name, ": \"", v, "\" is not true or false"));
+    }
+    return absl::OkStatus();
+  };
+}
+
+const std::map<std::string, OptionDef>& Defs() {
+  using O = DaemonOptions;
+  static const auto* defs = new std::map<std::string, OptionDef>{
+      {"state_dir", {"index, socket and default data dir", StringSetter(&O::state_dir)}},
+      {"data_dir", {"blobs and manifests (default <state_dir>/data)", StringSetter(&O::data_dir)}},
+      {"socket", {"unix socket path (default <state_dir>/ckptd.sock)",
+                  StringSetter(&O::socket_path)}},
+      {"staging_bytes_max", {"staging arena bytes",
+                             IntSetter(&O::staging_bytes_max, "staging_bytes_max")}},
+      {"staging_prefault", {"pre-fault the arena", BoolSetter(&O::staging_prefault,
+                                                              "staging_prefault")}},
+      {"staging_mlock", {"mlock the arena", BoolSetter(&O::staging_mlock, "staging_mlock")}},
+      {"stage_timeout_ms", {"abort checkpoints short of ranks after this",
+                            IntSetter(&O::stage_timeout_ms, "stage_timeout_ms")}},
+      {"reserve_timeout_ms", {"wait for arena space at most this",
+                              IntSetter(&O::reserve_timeout_ms, "reserve_timeout_ms")}},
+      {"reservation_ttl_ms", {"free unused reservations after this",
+                              IntSetter(&O::reservation_ttl_ms, "reservation_ttl_ms")}},
+      {"io_queue_depth", {"I/Os in flight per batch",
+                          IntSetter(&O::io_queue_depth, "io_queue_depth")}},
+      {"direct_io", {"use O_DIRECT", BoolSetter(&O::direct_io, "direct_io")}},
+      {"flush_threads", {"flush/commit threads", IntSetter(&O::flush_threads, "flush_threads")}},
+      {"load_threads", {"load threads", IntSetter(&O::load_threads, "load_threads")}},
+      {"rpc_threads", {"quick RPC threads", IntSetter(&O::rpc_threads, "rpc_threads")}},
+      {"rpc_queue_max", {"queued RPCs before RESOURCE_EXHAUSTED",
+                         IntSetter(&O::rpc_queue_max, "rpc_queue_max")}},
+      {"waiters_max", {"RPCs blocked at once", IntSetter(&O::waiters_max, "waiters_max")}},
+      {"shutdown_grace_s", {"SIGTERM waits this long for flushes",
+                            IntSetter(&O::shutdown_grace_s, "shutdown_grace_s")}},
+      {"log_format", {"text or json", StringSetter(&O::log_format)}},
+      {"log_level", {"trace|debug|info|warn|error", StringSetter(&O::log_level)}},
+      {"debug_flush_delay_ms", {"testing: delay every flush",
+                                IntSetter(&O::debug_flush_delay_ms, "debug_flush_delay_ms")}},
+  };
+  return *defs;
+}
+
+absl::Status SetOption(DaemonOptions& o, std::string name, std::string_view value,
+                       std::string_view where) {
+  absl::StrReplaceAll({{"-", "_"}}, &name);
+  auto it = Defs().find(name);
+  if (it == Defs().end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": unknown option \"", name, "\" (see --help)"));
+  }
+  return Annotate(it->second.set(o, value), where);
+}
+
+absl::Status LoadConfigFile(DaemonOptions& o, const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("config file ", path, " cannot be read"));
+  std::string line;
+  int lineno = 0;
+  while (std::getline(in, line)) {
+    ++lineno;
+    std::string_view l = absl::StripAsciiWhitespace(line);
+    if (l.empty() || l[0] == '#') continue;
+    size_t eq = l.find('=');
+    std::string where = absl::StrCat(path, ":", lineno);
+    if (eq == std::string_view::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": expected \"name = value\""));
+    }
+    std::string name(absl::StripAsciiWhitespace(l.substr(0, eq)));
+    std::string_view value = absl::StripAsciiWhitespace(l.substr(eq + 1));
+    if (value.size() >= 2 && value.front() == '"' && value.back() == '"') {
+      value = value.substr(1, value.size() - 2);
+    }
+    CKPTD_RETURN_IF_ERROR(SetOption(o, name, value, where));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Range(std::string_view name, uint64_t v, uint64_t lo, uint64_t hi) {
+  if (v < lo || v > hi) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("option ", name, " = ", v, " is outside [", lo, ", ", hi, "]"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status DaemonOptions::Validate() {
+  if (state_dir.empty()) return absl::InvalidArgumentError("option state_dir is empty");
+  while (state_dir.size() > 1 && state_dir.back() == '/') state_dir.pop_back();
+  if (data_dir.empty()) data_dir = state_dir + "/data";
+  if (socket_path.empty()) socket_path = state_dir + "/ckptd.sock";
+  // sockaddr_un.sun_path holds 108 bytes including the terminating NUL.
+  if (socket_path.size() > 107) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "option socket: path \"", socket_path, "\" is ", socket_path.size(),
+        " bytes; a unix socket path must fit in 107 bytes (set --socket to a shorter path)"));
+  }
+  CKPTD_RETURN_IF_ERROR(Range("staging_bytes_max", staging_bytes_max, limits::kStagingBytesMin,
+                              limits::kStagingBytesMax));
+  if (staging_bytes_max % limits::kAlignmentBytes != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("option staging_bytes_max = ",
+                                                   staging_bytes_max, " is not a multiple of 4096"));
+  }
+  CKPTD_RETURN_IF_ERROR(Range("stage_timeout_ms", stage_timeout_ms, 100, 7 * 24 * 3600 * 1000ull));
+  CKPTD_RETURN_IF_ERROR(Range("reserve_timeout_ms", reserve_timeout_ms, 0, 3600 * 1000));
+  CKPTD_RETURN_IF_ERROR(
+      Range("reservation_ttl_ms", reservation_ttl_ms, 1000, 7 * 24 * 3600 * 1000ull));
+  CKPTD_RETURN_IF_ERROR(Range("io_queue_depth", io_queue_depth, 1, limits::kIoQueueDepthMax));
+  CKPTD_RETURN_IF_ERROR(Range("flush_threads", flush_threads, 1, 256));
+  CKPTD_RETURN_IF_ERROR(Range("load_threads", load_threads, 1, 256));
+  CKPTD_RETURN_IF_ERROR(Range("rpc_threads", rpc_threads, 1, 256));
+  CKPTD_RETURN_IF_ERROR(Range("rpc_queue_max", rpc_queue_max, 1, 1 << 20));
+  CKPTD_RETURN_IF_ERROR(Range("waiters_max", waiters_max, 1, 4096));
+  CKPTD_RETURN_IF_ERROR(Range("shutdown_grace_s", shutdown_grace_s, 0, 3600));
+  CKPTD_RETURN_IF_ERROR(Range("debug_flush_delay_ms", debug_flush_delay_ms, 0, 3600 * 1000));
+  if (log_format != "text" && log_format != "json") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("option log_format = \"", log_format, "\": expected text or json"));
+  }
+  static const char* kLevels[] = {"trace", "debug", "info", "warn", "error"};
+  bool level_ok = false;
+  for (const char* l : kLevels) level_ok |= (log_level == l);
+  if (!level_ok) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "option log_level = \"", log_level, "\": expected trace, debug, info, warn or error"));
+  }
+  return absl::OkStatus();
+}
+
+std::string OptionsUsage() {
+  std::ostringstream out;
+  out << "usage: ckptd [--config=PATH] [--name=value ...]\n\noptions:\n";
+  for (const auto& [name, def] : Defs()) out << "  --" << name << "  " << def.help << "\n";
+  out << "  --config  file of \"name = value\" lines (flags override it)\n";
+  return out.str();
+}
+
+absl::StatusOr<DaemonOptions> ParseOptions(const std::vector<std::string>& args) {
+  DaemonOptions o;
+  std::vector<std::pair<std::string, std::string>> flags;
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string_view a = args[i];
+    if (a == "--help" || a == "-h") return absl::NotFoundError(OptionsUsage());
+    if (!absl::ConsumePrefix(&a, "--")) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unexpected argument \"", a, "\" (options are --name=value)"));
+    }
+    size_t eq = a.find('=');
+    std::string name(a.substr(0, eq));
+    std::string value;
+    if (eq != std::string_view::npos) {
+      value = std::string(a.substr(eq + 1));
+    } else if (i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0) {
+      value = args[++i];
+    }
+    flags.emplace_back(name, value);
+  }
+  for (const auto& [name, value] : flags) {
+    if (name == "config") CKPTD_RETURN_IF_ERROR(LoadConfigFile(o, value));
+  }
+  for (const auto& [name, value] : flags) {
+    if (name == "config") continue;
+    CKPTD_RETURN_IF_ERROR(SetOption(o, name, value, absl::StrCat("flag --", name)));
+  }
+  CKPTD_RETURN_IF_ERROR(o.Validate());
+  return o;
+}
+
+}  // namespace ckptd

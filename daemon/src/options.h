@@ -1,0 +1,71 @@
+// DaemonOptions: every setting of ckptd, from flags (--name=value) and an optional config file
+// (--config=PATH, lines "name = value", '#' comments; flags win). Validated once at start-up.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace ckptd {
+
+struct DaemonOptions {
+  // Directory for the RocksDB index, the socket and (by default) the data. Created if missing.
+  // Default: /var/lib/ckptd
+  std::string state_dir = "/var/lib/ckptd";
+  // Where blobs and manifests are written: <data_dir>/<job>/step-<20 digits>/.
+  // Default: <state_dir>/data
+  std::string data_dir;
+  // The unix socket clients connect to (mode 0600). At most 107 bytes.
+  // Default: <state_dir>/ckptd.sock
+  std::string socket_path;
+  // Size of the shared-memory staging arena, allocated and pre-faulted at start.
+  // Default: 1073741824 (1 GiB)
+  uint64_t staging_bytes_max = uint64_t{1} << 30;
+  // Touch every arena page at start so the first save does not fault. Default: true
+  bool staging_prefault = true;
+  // mlock() the arena so it is never swapped. Default: false
+  bool staging_mlock = false;
+  // A checkpoint still short of ranks this long after its first Save is ABORTED.
+  // Default: 600000 (10 minutes)
+  uint64_t stage_timeout_ms = 600000;
+  // How long a ReserveExtents waits for arena space before RESOURCE_EXHAUSTED. Default: 30000
+  uint64_t reserve_timeout_ms = 30000;
+  // Reserved extents not named by a Save within this time are freed. Default: 600000
+  uint64_t reservation_ttl_ms = 600000;
+  // Transfers in flight per I/O batch (io_uring queue depth). Default: 32
+  uint32_t io_queue_depth = 32;
+  // Use O_DIRECT where the file system accepts it. Default: true
+  bool direct_io = true;
+  // Threads that flush staged ranks and commit. Default: 2
+  uint32_t flush_threads = 2;
+  // Threads that serve loads. Default: 2
+  uint32_t load_threads = 2;
+  // Threads that run quick RPCs (catalog, reserve, save's journal write). Default: 4
+  uint32_t rpc_threads = 4;
+  // Queued RPCs beyond which new ones get RESOURCE_EXHAUSTED. Default: 4096
+  uint32_t rpc_queue_max = 4096;
+  // RPCs that may block at once (Wait, ReserveExtents on a full arena). Default: 64
+  uint32_t waiters_max = 64;
+  // Seconds SIGTERM waits for in-flight flushes before exiting (the rest stays journaled).
+  // Default: 30
+  uint32_t shutdown_grace_s = 30;
+  // "text" or "json". Default: text
+  std::string log_format = "text";
+  // trace, debug, info, warn, error. Default: info
+  std::string log_level = "info";
+  // Testing only: each flush waits this long before it starts, to make crash windows
+  // deterministic. Default: 0
+  uint64_t debug_flush_delay_ms = 0;
+
+  // Fills derived defaults and checks every field; INVALID_ARGUMENT naming the option.
+  absl::Status Validate();
+};
+
+// Parses argv (argv[0] skipped). --help returns NOT_FOUND with the usage text as message.
+absl::StatusOr<DaemonOptions> ParseOptions(const std::vector<std::string>& args);
+std::string OptionsUsage();
+
+}  // namespace ckptd

@@ -1,0 +1,86 @@
+// gRPC callback adapter for CheckpointService: each RPC is translated into a task posted to a
+// bounded executor, never run on gRPC's threads. Calls that may block (Wait, ReserveExtents on a
+// full arena) go to a separate, bounded waiter pool; the data-moving Load goes to the load pool.
+// A full pool answers RESOURCE_EXHAUSTED at once (backpressure, DESIGN.md invariant 5).
+// absl status codes map 1:1 onto gRPC codes.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "ckptd/v1/ckptd.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+#include "service/checkpoint_service.h"
+#include "service/executor.h"
+
+namespace ckptd {
+
+grpc::Status ToGrpcStatus(const absl::Status& s);
+
+struct RpcPools {
+  Executor* quick = nullptr;
+  Executor* waiters = nullptr;
+  Executor* loads = nullptr;
+};
+
+class GrpcCheckpointService final : public v1::Checkpoint::CallbackService {
+ public:
+  GrpcCheckpointService(CheckpointService* svc, RpcPools pools) : svc_(svc), pools_(pools) {}
+
+  grpc::ServerUnaryReactor* Hello(grpc::CallbackServerContext* ctx, const v1::HelloRequest* req,
+                                  v1::HelloResponse* resp) override;
+  grpc::ServerUnaryReactor* Goodbye(grpc::CallbackServerContext* ctx,
+                                    const v1::GoodbyeRequest* req,
+                                    v1::GoodbyeResponse* resp) override;
+  grpc::ServerUnaryReactor* ReserveExtents(grpc::CallbackServerContext* ctx,
+                                           const v1::ReserveExtentsRequest* req,
+                                           v1::ReserveExtentsResponse* resp) override;
+  grpc::ServerUnaryReactor* ReleaseExtents(grpc::CallbackServerContext* ctx,
+                                           const v1::ReleaseExtentsRequest* req,
+                                           v1::ReleaseExtentsResponse* resp) override;
+  grpc::ServerUnaryReactor* RegisterRegion(grpc::CallbackServerContext* ctx,
+                                           const v1::RegisterRegionRequest* req,
+                                           v1::RegisterRegionResponse* resp) override;
+  grpc::ServerUnaryReactor* UnregisterRegion(grpc::CallbackServerContext* ctx,
+                                             const v1::UnregisterRegionRequest* req,
+                                             v1::UnregisterRegionResponse* resp) override;
+  grpc::ServerUnaryReactor* Save(grpc::CallbackServerContext* ctx, const v1::SaveRequest* req,
+                                 v1::SaveResponse* resp) override;
+  grpc::ServerUnaryReactor* Wait(grpc::CallbackServerContext* ctx, const v1::WaitRequest* req,
+                                 v1::CheckpointStatus* resp) override;
+  grpc::ServerUnaryReactor* Commit(grpc::CallbackServerContext* ctx,
+                                   const v1::CommitRequest* req,
+                                   v1::CheckpointStatus* resp) override;
+  grpc::ServerUnaryReactor* Abort(grpc::CallbackServerContext* ctx, const v1::AbortRequest* req,
+                                  v1::CheckpointStatus* resp) override;
+  grpc::ServerUnaryReactor* Load(grpc::CallbackServerContext* ctx, const v1::LoadRequest* req,
+                                 v1::LoadResponse* resp) override;
+  grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* ctx,
+                                     const v1::ListJobsRequest* req,
+                                     v1::ListJobsResponse* resp) override;
+  grpc::ServerUnaryReactor* ListCheckpoints(grpc::CallbackServerContext* ctx,
+                                            const v1::ListCheckpointsRequest* req,
+                                            v1::ListCheckpointsResponse* resp) override;
+  grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* ctx,
+                                      const v1::GetStatusRequest* req,
+                                      v1::CheckpointStatus* resp) override;
+  grpc::ServerUnaryReactor* Inspect(grpc::CallbackServerContext* ctx,
+                                    const v1::InspectRequest* req,
+                                    v1::InspectResponse* resp) override;
+  grpc::ServerUnaryReactor* Delete(grpc::CallbackServerContext* ctx,
+                                   const v1::DeleteRequest* req,
+                                   v1::DeleteResponse* resp) override;
+  grpc::ServerUnaryReactor* Latest(grpc::CallbackServerContext* ctx,
+                                   const v1::LatestRequest* req,
+                                   v1::LatestResponse* resp) override;
+
+ private:
+  template <typename Fn>
+  grpc::ServerUnaryReactor* Dispatch(grpc::CallbackServerContext* ctx, Executor* pool,
+                                     const char* method, Fn fn);
+
+  CheckpointService* svc_;
+  RpcPools pools_;
+};
+
+}  // namespace ckptd

@@ -1,0 +1,199 @@
+// CheckpointService: save, commit, load, catalog and recovery logic as plain C++ over the
+// generated API messages (testable without gRPC; daemon/src/rpc adapts it). One instance per
+// daemon.
+//
+// Ownership: borrows every dependency in ServiceDeps (they outlive it).
+// Threads: every public method may be called from any thread, concurrently. Methods that wait
+// (Wait, ReserveExtents on a full arena) block the calling thread; the RPC layer runs them on
+// its bounded waiter pool. Flushes and commits run on deps.flush_pool, loads on the caller.
+//
+// The save path (DESIGN.md "Save", "Commit", "Durable"):
+//   Save → validate → take the extents → journal the RankRecord (synced) → answer "staged" →
+//   flush the rank's blob from the arena (O_DIRECT) → fdatasync → free the extents → once every
+//   rank is persisted: validate coverage, write the manifest durably, record COMMITTED (synced).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "ckptd/storage.h"
+#include "ckptd/v1/ckptd.pb.h"
+#include "ckptd/v1/index.pb.h"
+#include "dataplane/arena.h"
+#include "dataplane/region_registry.h"
+#include "format/manifest.h"
+#include "index/meta_store.h"
+#include "options.h"
+#include "service/executor.h"
+
+namespace ckptd {
+
+struct ServiceDeps {
+  const DaemonOptions* options = nullptr;
+  MetaStore* meta = nullptr;
+  Storage* storage = nullptr;
+  StagingArena* arena = nullptr;
+  RegionRegistry* regions = nullptr;
+  Executor* flush_pool = nullptr;
+};
+
+class CheckpointService {
+ public:
+  explicit CheckpointService(ServiceDeps deps);
+  ~CheckpointService();
+
+  // At start, before serving: adopts verified manifests without an index row, aborts rows
+  // without a manifest, resumes staged checkpoints from the arena (or aborts them when the arena
+  // was lost) and collects partial files of aborted checkpoints.
+  absl::Status Recover();
+  // Starts the housekeeping thread (stage timeouts, dead sessions, stale reservations).
+  void Start();
+  // Stops housekeeping and waits up to `grace` for in-flight flushes and commits. Returns true
+  // when nothing is left staged (the arena may be removed).
+  bool Shutdown(absl::Duration grace);
+
+  absl::Status Hello(const v1::HelloRequest& req, v1::HelloResponse* resp);
+  absl::Status Goodbye(const v1::GoodbyeRequest& req);
+  absl::Status ReserveExtents(const v1::ReserveExtentsRequest& req,
+                              v1::ReserveExtentsResponse* resp);
+  absl::Status ReleaseExtents(const v1::ReleaseExtentsRequest& req);
+  absl::Status RegisterRegion(const v1::RegisterRegionRequest& req,
+                              v1::RegisterRegionResponse* resp);
+  absl::Status UnregisterRegion(const v1::UnregisterRegionRequest& req);
+
+  absl::Status Save(const v1::SaveRequest& req, v1::SaveResponse* resp);
+  absl::Status Wait(const v1::WaitRequest& req, v1::CheckpointStatus* resp);
+  absl::Status Commit(const v1::CommitRequest& req, v1::CheckpointStatus* resp);
+  absl::Status Abort(const v1::AbortRequest& req, v1::CheckpointStatus* resp);
+  absl::Status Load(const v1::LoadRequest& req, v1::LoadResponse* resp);
+
+  absl::Status ListJobs(const v1::ListJobsRequest& req, v1::ListJobsResponse* resp);
+  absl::Status ListCheckpoints(const v1::ListCheckpointsRequest& req,
+                               v1::ListCheckpointsResponse* resp);
+  absl::Status GetStatus(const v1::GetStatusRequest& req, v1::CheckpointStatus* resp);
+  absl::Status Inspect(const v1::InspectRequest& req, v1::InspectResponse* resp);
+  absl::Status Delete(const v1::DeleteRequest& req);
+  absl::Status Latest(const v1::LatestRequest& req, v1::LatestResponse* resp);
+
+  const std::string& instance_id() const { return instance_id_; }
+
+ private:
+  using Key = std::pair<std::string, uint64_t>;  // (job, step)
+
+  struct ItemMeta {
+    v1::ItemKind kind = v1::ITEM_KIND_UNSPECIFIED;
+    v1::DType dtype = v1::DTYPE_UNSPECIFIED;
+    std::vector<uint64_t> shape;
+    v1::ObjectScope scope = v1::OBJECT_SCOPE_UNSPECIFIED;
+    uint32_t first_rank = 0;
+  };
+  struct PendingRank {
+    v1::RankRecord rec;
+    std::vector<RegionLease> leases;  // region-backed shards, held until persisted
+    std::vector<uint64_t> extent_ids;  // freed once persisted
+    bool persisted = false;
+    bool flushing = false;
+  };
+  struct Pending {
+    std::string job;
+    uint64_t step = 0;
+    uint32_t world_size = 0;
+    uint64_t created_unix_ms = 0;
+    std::map<uint32_t, PendingRank> ranks;
+    std::map<std::string, ItemMeta> items;
+    // item '\0' RegionKey → (rank, shard index) of the copy that is stored.
+    absl::flat_hash_map<std::string, std::pair<uint32_t, size_t>> stored_copy;
+    v1::CheckpointState state = v1::STAGING;
+    bool partial = false;
+    bool committing = false;
+    bool aborting = false;
+    int flushes_in_flight = 0;
+    std::string error;
+  };
+  struct Session {
+    uint32_t pid = 0;
+    std::string name;
+  };
+
+  // save.cc
+  absl::StatusOr<std::string> SessionOf(const std::string& id) const;
+  absl::Status ValidateSave(const v1::SaveRequest& req) const;
+  absl::Status CheckItemsLocked(const Pending& p, const v1::SaveRequest& req) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ResolveSaveData(const std::string& session, const v1::SaveRequest& req,
+                               PendingRank* rank) const;
+  absl::Status JournalLocked(const Pending& p, const std::vector<uint32_t>& ranks, bool sync)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  v1::CheckpointSummary SummaryLocked(const Pending& p) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FillStatusLocked(const Pending& p, v1::CheckpointStatus* out) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MaybeStartCommitLocked(Pending& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AbortLocked(Pending& p, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FinishAbortLocked(Pending& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PostFlush(const Key& key, uint32_t rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // flush.cc
+  void FlushRank(Key key, uint32_t rank);
+  absl::Status WriteRankBlob(const std::string& dir, const std::vector<RegionLease>& leases,
+                             v1::RankRecord* rec);
+  const uint8_t* ShardSource(const v1::StagedShard& s,
+                             const std::vector<RegionLease>& leases) const;
+
+  // commit.cc
+  void CommitCheckpoint(Key key);
+  absl::StatusOr<Manifest> BuildManifestLocked(const Pending& p) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status WriteCommitted(const Manifest& m, const std::string& dir);
+  // Records a durable manifest in the index (COMMITTED row, item rows, journal removed), synced.
+  absl::Status IndexCommitted(const Manifest& m, const std::string& dir);
+
+  // load.cc
+  absl::StatusOr<std::shared_ptr<const Manifest>> GetManifest(const std::string& job,
+                                                              uint64_t step);
+  absl::Status LoadItem(const std::string& session, const Manifest& m,
+                        const v1::LoadItemRequest& req, uint32_t rank, v1::LoadedItem* out,
+                        uint64_t* bytes_read);
+  absl::StatusOr<uint8_t*> ResolveDest(const std::string& session, const v1::MemRef& ref,
+                                       uint64_t need_bytes, std::vector<RegionLease>* leases,
+                                       const std::string& what) const;
+
+  // catalog.cc
+  absl::StatusOr<std::optional<v1::CheckpointRecord>> GetRecord(const std::string& job,
+                                                                uint64_t step);
+  absl::StatusOr<uint64_t> LatestCommitted(const std::string& job);
+  absl::Status PutRecordSync(const v1::CheckpointRecord& rec);
+
+  // recovery.cc
+  absl::Status AdoptManifests();
+  absl::Status CheckCommittedRows();
+  absl::Status ResumePending();
+  absl::Status ResumeOne(const v1::CheckpointRecord& rec,
+                         const std::vector<v1::RankRecord>& ranks);
+  void AbortRecovered(const v1::CheckpointRecord& rec, const std::string& reason);
+  void RemoveOrphanSegments();
+
+  void Housekeeping();
+
+  ServiceDeps deps_;
+  std::string instance_id_;
+
+  mutable absl::Mutex mu_;
+  absl::CondVar changed_;  // signalled on every checkpoint state change
+  std::map<Key, std::unique_ptr<Pending>> pending_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, Session> sessions_ ABSL_GUARDED_BY(mu_);
+  std::map<Key, std::shared_ptr<const Manifest>> manifest_cache_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread housekeeper_;
+};
+
+uint64_t NowUnixMs();
+
+}  // namespace ckptd

@@ -1,0 +1,195 @@
+// Commit: validate the staged set, write the manifest durably (that is the commit), then record
+// COMMITTED in the index with a synced write.
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "ckptd/status.h"
+#include "format/names.h"
+#include "format/region.h"
+#include "index/keys.h"
+#include "limits.h"
+#include "service/checkpoint_service.h"
+#include "spdlog/spdlog.h"
+
+namespace ckptd {
+namespace {
+
+uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+v1::ItemInfo ItemInfoOf(const v1::ItemEntry& item) {
+  v1::ItemInfo info;
+  info.set_name(item.name());
+  info.set_kind(item.kind());
+  info.set_dtype(item.dtype());
+  *info.mutable_shape() = item.shape();
+  info.set_scope(item.scope());
+  info.set_shard_count(item.shards_size());
+  uint64_t bytes = 0;
+  for (const v1::ShardEntry& s : item.shards()) {
+    bytes += s.length();
+    if (item.kind() == v1::OBJECT && item.scope() == v1::PER_RANK) {
+      info.add_object_ranks(s.saved_by_rank());
+    }
+  }
+  info.set_bytes(bytes);
+  return info;
+}
+
+}  // namespace
+
+absl::StatusOr<Manifest> CheckpointService::BuildManifestLocked(const Pending& p) const {
+  Manifest m;
+  v1::ManifestHeader& h = m.header;
+  h.set_format_version(kManifestFormatVersion);
+  h.set_job(p.job);
+  h.set_step(p.step);
+  h.set_world_size(p.world_size);
+  h.set_partial(p.partial);
+  h.set_created_unix_ms(p.created_unix_ms);
+  h.set_committed_unix_ms(NowUnixMs());
+  h.set_checksum_block_bytes(limits::kChecksumBlockBytes);
+  std::map<std::string, v1::ItemEntry> items;
+  // Owner shard of each stored region, to attach replicas: (rank, shard index) → entry.
+  std::map<std::pair<uint32_t, size_t>, std::pair<std::string, int>> where;
+  uint64_t total = 0;
+  for (const auto& [r, pr] : p.ranks) {
+    h.add_ranks_present(r);
+    uint64_t blob_bytes = 0;
+    for (size_t i = 0; i < static_cast<size_t>(pr.rec.shards_size()); ++i) {
+      const v1::StagedShard& s = pr.rec.shards(static_cast<int>(i));
+      if (s.replica()) continue;
+      const v1::ShardSpec& spec = s.spec();
+      v1::ItemEntry& item = items[spec.item()];
+      if (item.name().empty()) {
+        item.set_name(spec.item());
+        item.set_kind(spec.has_tensor() ? v1::TENSOR : v1::OBJECT);
+        if (spec.has_tensor()) {
+          item.set_dtype(spec.tensor().dtype());
+          *item.mutable_shape() = spec.tensor().global_shape();
+        } else {
+          item.set_scope(spec.object().scope());
+        }
+      }
+      where[{r, i}] = {spec.item(), item.shards_size()};
+      *item.add_shards() = s.stored();
+      total += s.stored().length();
+      if (s.stored().length() > 0) {
+        blob_bytes = std::max(blob_bytes, s.stored().offset() +
+                                              RoundUp(s.stored().length(), limits::kAlignmentBytes));
+      }
+    }
+    v1::BlobInfo* b = h.add_blobs();
+    b->set_id(r);
+    b->set_name(pr.rec.blob_name());
+    b->set_size_bytes(blob_bytes);
+  }
+  // Replicas: stored once; a tensor replica must carry the same bytes as the stored copy.
+  for (const auto& [r, pr] : p.ranks) {
+    for (const v1::StagedShard& s : pr.rec.shards()) {
+      if (!s.replica()) continue;
+      const v1::ShardSpec& spec = s.spec();
+      std::string rkey = spec.item();
+      rkey.push_back('\0');
+      if (spec.has_tensor()) {
+        std::vector<uint64_t> shape(spec.tensor().global_shape().begin(),
+                                    spec.tensor().global_shape().end());
+        rkey += RegionKey(spec.tensor().region(), shape);
+      }
+      auto owner = p.stored_copy.find(rkey);
+      CKPTD_CHECK(owner != p.stored_copy.end());
+      const auto& [item_name, idx] = where.at(owner->second);
+      v1::ShardEntry* stored = items.at(item_name).mutable_shards(idx);
+      if (spec.has_tensor() &&
+          !std::equal(stored->block_crc32c().begin(), stored->block_crc32c().end(),
+                      s.stored().block_crc32c().begin(), s.stored().block_crc32c().end())) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "item \"", spec.item(), "\" ", DescribeRegion(spec.tensor().region()), ": ranks ",
+            stored->saved_by_rank(), " and ", r,
+            " saved different bytes for the same region (replicas must match)"));
+      }
+      stored->add_replica_ranks(r);
+    }
+  }
+  h.set_total_bytes(total);
+  for (auto& [name, item] : items) m.items.push_back(std::move(item));
+  h.set_item_count(m.items.size());
+  return m;
+}
+
+absl::Status CheckpointService::IndexCommitted(const Manifest& m, const std::string& dir) {
+  const v1::ManifestHeader& h = m.header;
+  v1::CheckpointRecord rec;
+  v1::CheckpointSummary* s = rec.mutable_summary();
+  s->set_job(h.job());
+  s->set_step(h.step());
+  s->set_state(v1::COMMITTED);
+  s->set_world_size(h.world_size());
+  s->set_bytes(h.total_bytes());
+  s->mutable_tiers()->set_local(true);
+  s->set_created_unix_ms(h.created_unix_ms());
+  s->set_committed_unix_ms(h.committed_unix_ms());
+  s->set_partial(h.partial());
+  s->set_item_count(h.item_count());
+  rec.set_dir(dir);
+  std::vector<MetaStore::Write> writes;
+  CKPTD_ASSIGN_OR_RETURN(std::optional<std::string> job, deps_.meta->Get(keys::Job(h.job())));
+  if (!job) {
+    v1::JobRecord jr;
+    jr.set_owner_uid(getuid());
+    jr.set_created_unix_ms(h.created_unix_ms());
+    writes.push_back({keys::Job(h.job()), jr.SerializeAsString()});
+  }
+  writes.push_back({keys::Checkpoint(h.job(), h.step()), rec.SerializeAsString()});
+  for (const v1::ItemEntry& item : m.items) {
+    v1::ItemRecord ir;
+    *ir.mutable_info() = ItemInfoOf(item);
+    writes.push_back({keys::Item(h.job(), h.step(), item.name()), ir.SerializeAsString()});
+  }
+  for (uint32_t r : h.ranks_present()) {
+    writes.push_back({keys::Rank(h.job(), h.step(), r), std::nullopt});
+  }
+  for (const v1::BlobInfo& b : h.blobs()) {
+    writes.push_back({keys::Blob(h.job(), h.step(), b.name()), std::nullopt});
+  }
+  return deps_.meta->Commit(writes, /*sync=*/true);
+}
+
+absl::Status CheckpointService::WriteCommitted(const Manifest& m, const std::string& dir) {
+  CKPTD_ASSIGN_OR_RETURN(std::string bytes, EncodeManifest(m));
+  CKPTD_RETURN_IF_ERROR(
+      deps_.storage->PutAtomic(absl::StrCat(dir, "/", kManifestFileName), bytes));
+  return IndexCommitted(m, dir);
+}
+
+void CheckpointService::CommitCheckpoint(Key key) {
+  absl::StatusOr<Manifest> m;
+  const std::string dir = CheckpointDir(key.first, key.second);
+  {
+    absl::MutexLock lock(&mu_);
+    Pending& p = *pending_.at(key);
+    if (p.aborting) {
+      p.committing = false;
+      if (p.flushes_in_flight == 0) FinishAbortLocked(p);
+      return;
+    }
+    m = BuildManifestLocked(p);
+  }
+  absl::Status st = m.ok() ? WriteCommitted(*m, dir) : m.status();
+  absl::MutexLock lock(&mu_);
+  Pending& p = *pending_.at(key);
+  p.committing = false;
+  if (!st.ok()) {
+    AbortLocked(p, absl::StrCat("commit failed: ", st.message()));
+    return;
+  }
+  spdlog::info("checkpoint {}/{} COMMITTED ({} items, {} bytes, {} ranks{})", key.first,
+               key.second, m->items.size(), m->header.total_bytes(), p.ranks.size(),
+               p.partial ? ", partial" : "");
+  manifest_cache_[key] = std::make_shared<const Manifest>(*std::move(m));
+  while (manifest_cache_.size() > 8) manifest_cache_.erase(manifest_cache_.begin());
+  pending_.erase(key);
+  changed_.SignalAll();
+}
+
+}  // namespace ckptd

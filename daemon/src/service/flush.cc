@@ -1,0 +1,132 @@
+// Flush: one staged rank → one blob, written straight from the arena (or the client's region)
+// with O_DIRECT, checksummed per block, fdatasync'd; then its staging is freed.
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "ckptd/status.h"
+#include "format/crc32c.h"
+#include "format/names.h"
+#include "index/keys.h"
+#include "limits.h"
+#include "service/checkpoint_service.h"
+#include "spdlog/spdlog.h"
+
+namespace ckptd {
+namespace {
+
+uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+}  // namespace
+
+const uint8_t* CheckpointService::ShardSource(const v1::StagedShard& s,
+                                              const std::vector<RegionLease>& leases) const {
+  const v1::MemRef& m = s.spec().data();
+  if (m.length() == 0) return nullptr;
+  if (m.target_case() == v1::MemRef::kExtentId) {
+    return deps_.arena->base() + s.arena_offset() + m.offset();
+  }
+  for (const RegionLease& l : leases) {
+    if (l->id == m.region_id()) return l->base + m.offset();
+  }
+  CKPTD_CHECK(false);  // ResolveSaveData leased every region it accepted
+  return nullptr;
+}
+
+absl::Status CheckpointService::WriteRankBlob(const std::string& dir,
+                                              const std::vector<RegionLease>& leases,
+                                              v1::RankRecord* rec) {
+  const uint32_t block = limits::kChecksumBlockBytes;
+  std::vector<IoSlice> slices;
+  uint64_t blob_off = 0;
+  // Extents holding exactly one shard may be written whole (tail included, zeroed first), which
+  // keeps every write aligned for O_DIRECT.
+  absl::flat_hash_map<uint64_t, int> shards_per_extent;
+  for (const v1::StagedShard& s : rec->shards()) {
+    if (s.spec().data().target_case() == v1::MemRef::kExtentId && s.spec().data().length() > 0) {
+      ++shards_per_extent[s.extent_id()];
+    }
+  }
+  for (int i = 0; i < rec->shards_size(); ++i) {
+    v1::StagedShard* s = rec->mutable_shards(i);
+    const v1::MemRef& m = s->spec().data();
+    v1::ShardEntry* e = s->mutable_stored();
+    e->Clear();
+    e->set_saved_by_rank(rec->rank());
+    e->set_blob_id(rec->rank());
+    e->set_length(m.length());
+    if (s->spec().has_tensor() && s->spec().tensor().has_region()) {
+      *e->mutable_region() = s->spec().tensor().region();
+    }
+    const uint8_t* src = m.length() == 0 ? nullptr : ShardSource(*s, leases);
+    for (uint32_t c : BlockCrcs(src, m.length(), block)) e->add_block_crc32c(c);
+    if (s->replica() || m.length() == 0) continue;
+    e->set_offset(blob_off);
+    uint64_t len = m.length();
+    uint64_t rounded = RoundUp(len, limits::kAlignmentBytes);
+    if (m.target_case() == v1::MemRef::kExtentId && shards_per_extent[s->extent_id()] == 1 &&
+        m.offset() + rounded <= s->extent_length()) {
+      std::memset(const_cast<uint8_t*>(src) + len, 0, rounded - len);
+      len = rounded;
+    }
+    slices.push_back(IoSlice{const_cast<uint8_t*>(src), len, blob_off});
+    blob_off += rounded;
+  }
+  if (slices.empty()) return absl::OkStatus();
+  std::string path = absl::StrCat(dir, "/", rec->blob_name());
+  CKPTD_ASSIGN_OR_RETURN(std::unique_ptr<BlobWriter> w, deps_.storage->CreateBlob(path));
+  CKPTD_RETURN_IF_ERROR(Annotate(w->Write(slices), absl::StrCat("writing ", path)));
+  return Annotate(w->Sync(), absl::StrCat("syncing ", path));
+}
+
+void CheckpointService::FlushRank(Key key, uint32_t rank) {
+  if (deps_.options->debug_flush_delay_ms > 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(deps_.options->debug_flush_delay_ms));
+  }
+  v1::RankRecord rec;
+  std::vector<RegionLease> leases;
+  bool write = false;
+  {
+    absl::MutexLock lock(&mu_);
+    Pending& p = *pending_.at(key);
+    PendingRank& pr = p.ranks.at(rank);
+    if (!p.aborting) {
+      rec = pr.rec;
+      leases = pr.leases;
+      write = true;
+    }
+  }
+  absl::Status st = absl::OkStatus();
+  if (write) {
+    st = WriteRankBlob(CheckpointDir(key.first, key.second), leases, &rec);
+  }
+  leases.clear();
+  absl::MutexLock lock(&mu_);
+  Pending& p = *pending_.at(key);
+  PendingRank& pr = p.ranks.at(rank);
+  pr.flushing = false;
+  --p.flushes_in_flight;
+  if (!p.aborting && !st.ok()) {
+    AbortLocked(p, absl::StrCat("flushing rank ", rank, " failed: ", st.message()));
+    return;  // AbortLocked freed the rank's staging and may have erased p
+  }
+  if (!p.aborting) {
+    pr.rec = std::move(rec);
+    pr.rec.set_persisted(true);
+    pr.persisted = true;
+    // Unsynced: losing it only means the rank is flushed again from the arena after a crash.
+    absl::Status j = JournalLocked(p, {rank}, /*sync=*/false);
+    if (!j.ok()) spdlog::warn("journal of persisted rank {}: {}", rank, j.ToString());
+  }
+  deps_.arena->Free(pr.extent_ids);
+  pr.extent_ids.clear();
+  pr.leases.clear();  // "released": the client may write its region again
+  changed_.SignalAll();
+  if (p.aborting) {
+    if (p.flushes_in_flight == 0 && !p.committing) FinishAbortLocked(p);
+    return;
+  }
+  MaybeStartCommitLocked(p);
+}
+
+}  // namespace ckptd

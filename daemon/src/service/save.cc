@@ -1,0 +1,566 @@
+// Save, Wait, Commit, Abort and the session/extent/region calls of CheckpointService.
+#include <signal.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "ckptd/status.h"
+#include "format/dtype.h"
+#include "format/names.h"
+#include "format/region.h"
+#include "index/keys.h"
+#include "limits.h"
+#include "service/checkpoint_service.h"
+#include "spdlog/spdlog.h"
+
+namespace ckptd {
+
+uint64_t NowUnixMs() { return static_cast<uint64_t>(absl::ToUnixMillis(absl::Now())); }
+
+namespace {
+
+std::string CkptName(const std::string& job, uint64_t step) {
+  return absl::StrCat("checkpoint ", job, "/", step);
+}
+
+absl::Status ValidateJobStep(const std::string& job, uint64_t step) {
+  CKPTD_RETURN_IF_ERROR(ValidateJobName(job));
+  if (step > limits::kStepMax) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step ", step, " of job ", job, " exceeds the limit ", limits::kStepMax));
+  }
+  return absl::OkStatus();
+}
+
+std::string RanksList(const std::vector<uint32_t>& ranks) {
+  if (ranks.size() > 32) {
+    return absl::StrCat("[", absl::StrJoin(ranks.begin(), ranks.begin() + 32, ", "), ", ... (",
+                        ranks.size(), " ranks)]");
+  }
+  return absl::StrCat("[", absl::StrJoin(ranks, ", "), "]");
+}
+
+}  // namespace
+
+CheckpointService::CheckpointService(ServiceDeps deps)
+    : deps_(deps), instance_id_(RandomHexId()) {}
+
+CheckpointService::~CheckpointService() { Shutdown(absl::ZeroDuration()); }
+
+absl::StatusOr<std::string> CheckpointService::SessionOf(const std::string& id) const {
+  absl::MutexLock lock(&mu_);
+  if (!sessions_.contains(id)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "unknown session \"", id, "\" (call Hello first; the daemon may have restarted)"));
+  }
+  return id;
+}
+
+absl::Status CheckpointService::Hello(const v1::HelloRequest& req, v1::HelloResponse* resp) {
+  std::string id = RandomHexId();
+  {
+    absl::MutexLock lock(&mu_);
+    if (sessions_.size() >= limits::kSessionsMax) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "too many client sessions (", sessions_.size(), ", limit ", limits::kSessionsMax, ")"));
+    }
+    sessions_[id] = Session{req.pid(), req.client_name().substr(0, 256)};
+  }
+  resp->set_session_id(id);
+  resp->set_arena_shm_name(deps_.arena->shm_name());
+  resp->set_arena_bytes(deps_.arena->size_bytes());
+  resp->set_daemon_instance(instance_id_);
+  resp->set_manifest_format_version(kManifestFormatVersion);
+  v1::Limits* l = resp->mutable_limits();
+  l->set_extent_alignment_bytes(limits::kAlignmentBytes);
+  l->set_max_shards_per_save(limits::kShardsPerSaveMax);
+  l->set_max_extents_per_reserve(limits::kExtentsPerReserveMax);
+  l->set_max_regions_per_client(limits::kRegionsPerSessionMax);
+  l->set_max_job_name_bytes(limits::kJobNameBytesMax);
+  l->set_max_item_name_bytes(limits::kItemNameBytesMax);
+  l->set_max_load_requests(limits::kLoadRequestsMax);
+  l->set_max_object_bytes(limits::kObjectBytesMax);
+  spdlog::debug("session {} opened by pid {} ({})", id, req.pid(), req.client_name());
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointService::Goodbye(const v1::GoodbyeRequest& req) {
+  CKPTD_ASSIGN_OR_RETURN(std::string session, SessionOf(req.session_id()));
+  deps_.arena->ReleaseSession(session);
+  deps_.regions->DropSession(session);
+  absl::MutexLock lock(&mu_);
+  sessions_.erase(session);
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointService::ReserveExtents(const v1::ReserveExtentsRequest& req,
+                                               v1::ReserveExtentsResponse* resp) {
+  CKPTD_ASSIGN_OR_RETURN(std::string session, SessionOf(req.session_id()));
+  if (req.sizes_bytes_size() == 0) return absl::InvalidArgumentError("no extent sizes given");
+  if (static_cast<uint64_t>(req.sizes_bytes_size()) > limits::kExtentsPerReserveMax) {
+    return absl::InvalidArgumentError(absl::StrCat("asked for ", req.sizes_bytes_size(),
+                                                   " extents in one call; the limit is ",
+                                                   limits::kExtentsPerReserveMax));
+  }
+  uint64_t timeout_ms = req.timeout_ms() == 0 ? deps_.options->reserve_timeout_ms
+                                              : std::min<uint64_t>(req.timeout_ms(), 3600000);
+  CKPTD_ASSIGN_OR_RETURN(
+      std::vector<ExtentInfo> extents,
+      deps_.arena->Reserve(session, req.sizes_bytes(), absl::Milliseconds(timeout_ms)));
+  for (const ExtentInfo& e : extents) {
+    v1::Extent* out = resp->add_extents();
+    out->set_id(e.id);
+    out->set_offset(e.offset);
+    out->set_length(e.length);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointService::ReleaseExtents(const v1::ReleaseExtentsRequest& req) {
+  CKPTD_ASSIGN_OR_RETURN(std::string session, SessionOf(req.session_id()));
+  return deps_.arena->Release(session, req.extent_ids());
+}
+
+absl::Status CheckpointService::RegisterRegion(const v1::RegisterRegionRequest& req,
+                                               v1::RegisterRegionResponse* resp) {
+  CKPTD_ASSIGN_OR_RETURN(std::string session, SessionOf(req.session_id()));
+  CKPTD_ASSIGN_OR_RETURN(uint64_t id, deps_.regions->Register(session, req));
+  resp->set_region_id(id);
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointService::UnregisterRegion(const v1::UnregisterRegionRequest& req) {
+  CKPTD_ASSIGN_OR_RETURN(std::string session, SessionOf(req.session_id()));
+  return deps_.regions->Unregister(session, req.region_id(), absl::Seconds(30));
+}
+
+absl::Status CheckpointService::ValidateSave(const v1::SaveRequest& req) const {
+  CKPTD_RETURN_IF_ERROR(ValidateJobStep(req.job(), req.step()));
+  std::string what = CkptName(req.job(), req.step());
+  if (req.world_size() == 0 || req.world_size() > limits::kWorldSizeMax) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": world_size ", req.world_size(),
+                                                   " must be in [1, ", limits::kWorldSizeMax,
+                                                   "]"));
+  }
+  if (req.rank() >= req.world_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": rank ", req.rank(),
+                                                   " is not below world_size ",
+                                                   req.world_size()));
+  }
+  if (static_cast<uint64_t>(req.shards_size()) > limits::kShardsPerSaveMax) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", req.shards_size(),
+                                                   " shards in one Save; the limit is ",
+                                                   limits::kShardsPerSaveMax));
+  }
+  absl::flat_hash_map<std::string, int> seen;
+  for (int i = 0; i < req.shards_size(); ++i) {
+    const v1::ShardSpec& s = req.shards(i);
+    std::string where = absl::StrCat(what, " rank ", req.rank(), " item \"", s.item(), "\"");
+    CKPTD_RETURN_IF_ERROR(Annotate(ValidateItemName(s.item()), what));
+    uint64_t expect_bytes = 0;
+    std::string region_key;
+    if (s.has_tensor()) {
+      const v1::TensorShardSpec& t = s.tensor();
+      absl::StatusOr<uint32_t> elem = DTypeSize(t.dtype());
+      if (!elem.ok()) return Annotate(elem.status(), where);
+      std::vector<uint64_t> shape(t.global_shape().begin(), t.global_shape().end());
+      CKPTD_RETURN_IF_ERROR(Annotate(NumElements(shape).status(), where));
+      CKPTD_RETURN_IF_ERROR(Annotate(ValidateRegion(t.region(), shape), where));
+      expect_bytes = RegionElements(t.region(), shape) * *elem;
+      region_key = RegionKey(t.region(), shape);
+    } else if (s.has_object()) {
+      if (s.object().scope() != v1::REPLICATED && s.object().scope() != v1::PER_RANK) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": object scope must be REPLICATED or PER_RANK"));
+      }
+      if (s.data().length() > limits::kObjectBytesMax) {
+        return absl::InvalidArgumentError(absl::StrCat(where, ": object of ", s.data().length(),
+                                                       " bytes exceeds the limit ",
+                                                       limits::kObjectBytesMax));
+      }
+      expect_bytes = s.data().length();
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": neither tensor nor object"));
+    }
+    if (s.data().length() != expect_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(where, " ",
+                                                     s.has_tensor() ? DescribeRegion(
+                                                                          s.tensor().region())
+                                                                    : "",
+                                                     ": data is ", s.data().length(),
+                                                     " bytes but the region holds ",
+                                                     expect_bytes));
+    }
+    if (expect_bytes > 0 && s.data().target_case() == v1::MemRef::TARGET_NOT_SET) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": data names no extent or region"));
+    }
+    if (!seen.emplace(absl::StrCat(s.item(), std::string(1, '\0'), region_key), i).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": the same region is given twice in one Save"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointService::ResolveSaveData(const std::string& session,
+                                                const v1::SaveRequest& req,
+                                                PendingRank* rank) const {
+  for (const v1::ShardSpec& s : req.shards()) {
+    v1::StagedShard* st = rank->rec.add_shards();
+    *st->mutable_spec() = s;
+    const v1::MemRef& m = s.data();
+    std::string where = absl::StrCat(CkptName(req.job(), req.step()), " rank ", req.rank(),
+                                     " item \"", s.item(), "\"");
+    if (m.length() == 0) continue;
+    if (m.target_case() == v1::MemRef::kExtentId) {
+      absl::StatusOr<ExtentInfo> e = deps_.arena->Lookup(session, m.extent_id());
+      if (!e.ok()) return Annotate(e.status(), where);
+      if (m.offset() > e->length || m.length() > e->length - m.offset()) {
+        return absl::OutOfRangeError(absl::StrCat(where, ": bytes [", m.offset(), ", ",
+                                                  m.offset(), "+", m.length(),
+                                                  ") are outside extent ", e->id, " (",
+                                                  e->length, " bytes)"));
+      }
+      st->set_extent_id(e->id);
+      st->set_arena_offset(e->offset);
+      st->set_extent_length(e->length);
+      if (std::find(rank->extent_ids.begin(), rank->extent_ids.end(), e->id) ==
+          rank->extent_ids.end()) {
+        rank->extent_ids.push_back(e->id);
+      }
+    } else {
+      absl::StatusOr<RegionLease> lease =
+          deps_.regions->Acquire(session, m.region_id(), m.offset(), m.length());
+      if (!lease.ok()) return Annotate(lease.status(), where);
+      rank->leases.push_back(*std::move(lease));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointService::CheckItemsLocked(const Pending& p,
+                                                 const v1::SaveRequest& req) const {
+  for (const v1::ShardSpec& s : req.shards()) {
+    auto it = p.items.find(s.item());
+    if (it == p.items.end()) continue;
+    const ItemMeta& m = it->second;
+    std::string where = absl::StrCat(CkptName(req.job(), req.step()), " item \"", s.item(), "\"");
+    if (s.has_tensor()) {
+      std::vector<uint64_t> shape(s.tensor().global_shape().begin(),
+                                  s.tensor().global_shape().end());
+      if (m.kind != v1::TENSOR || m.dtype != s.tensor().dtype() || m.shape != shape) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ": rank ", req.rank(), " saves it as ", DTypeName(s.tensor().dtype()), " ",
+            DescribeShape(shape), " but rank ", m.first_rank, " saved it as ",
+            m.kind == v1::TENSOR ? absl::StrCat(DTypeName(m.dtype), " ", DescribeShape(m.shape))
+                                 : "an object"));
+      }
+    } else if (m.kind != v1::OBJECT || m.scope != s.object().scope()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": rank ", req.rank(),
+                                                     " saves it as an object of another scope "
+                                                     "or kind than rank ",
+                                                     m.first_rank));
+    }
+  }
+  return absl::OkStatus();
+}
+
+v1::CheckpointSummary CheckpointService::SummaryLocked(const Pending& p) const {
+  v1::CheckpointSummary s;
+  s.set_job(p.job);
+  s.set_step(p.step);
+  s.set_state(p.state);
+  s.set_world_size(p.world_size);
+  s.set_created_unix_ms(p.created_unix_ms);
+  s.set_partial(p.partial);
+  s.set_error(p.error);
+  s.set_item_count(p.items.size());
+  uint64_t bytes = 0;
+  bool staged = false;
+  for (const auto& [r, pr] : p.ranks) {
+    for (const v1::StagedShard& sh : pr.rec.shards()) {
+      if (!sh.replica()) bytes += sh.spec().data().length();
+    }
+    staged |= !pr.persisted;
+  }
+  s.set_bytes(bytes);
+  s.mutable_tiers()->set_staged(staged && p.state != v1::ABORTED);
+  return s;
+}
+
+void CheckpointService::FillStatusLocked(const Pending& p, v1::CheckpointStatus* out) const {
+  *out->mutable_summary() = SummaryLocked(p);
+  uint64_t staged = 0, persisted = 0;
+  for (const auto& [r, pr] : p.ranks) {
+    v1::RankStatus* rs = out->add_ranks();
+    rs->set_rank(r);
+    rs->set_staged(true);
+    rs->set_persisted(pr.persisted);
+    rs->set_bytes_staged(pr.rec.bytes());
+    rs->set_bytes_persisted(pr.persisted ? pr.rec.bytes() : 0);
+    rs->set_shard_count(pr.rec.shards_size());
+    staged += pr.rec.bytes();
+    persisted += pr.persisted ? pr.rec.bytes() : 0;
+  }
+  if (!p.partial) {
+    for (uint32_t r = 0; r < p.world_size; ++r) {
+      if (!p.ranks.contains(r)) out->add_missing_ranks(r);
+    }
+  }
+  out->set_bytes_staged(staged);
+  out->set_bytes_persisted(persisted);
+}
+
+absl::Status CheckpointService::JournalLocked(const Pending& p, const std::vector<uint32_t>& ranks,
+                                              bool sync) {
+  std::vector<MetaStore::Write> writes;
+  v1::CheckpointRecord rec;
+  *rec.mutable_summary() = SummaryLocked(p);
+  rec.set_dir(CheckpointDir(p.job, p.step));
+  writes.push_back({keys::Checkpoint(p.job, p.step), rec.SerializeAsString()});
+  for (uint32_t r : ranks) {
+    const PendingRank& pr = p.ranks.at(r);
+    writes.push_back({keys::Rank(p.job, p.step, r), pr.rec.SerializeAsString()});
+    v1::BlobRecord blob;
+    blob.set_path(absl::StrCat(rec.dir(), "/", pr.rec.blob_name()));
+    writes.push_back({keys::Blob(p.job, p.step, pr.rec.blob_name()), blob.SerializeAsString()});
+  }
+  return deps_.meta->Commit(writes, sync);
+}
+
+absl::Status CheckpointService::Save(const v1::SaveRequest& req, v1::SaveResponse* resp) {
+  CKPTD_ASSIGN_OR_RETURN(std::string session, SessionOf(req.session_id()));
+  CKPTD_RETURN_IF_ERROR(ValidateSave(req));
+  const std::string what = CkptName(req.job(), req.step());
+  PendingRank rank;
+  rank.rec.set_rank(req.rank());
+  rank.rec.set_arena_generation(deps_.arena->generation());
+  rank.rec.set_blob_name(BlobName(req.rank()));
+  CKPTD_RETURN_IF_ERROR(ResolveSaveData(session, req, &rank));
+
+  absl::MutexLock lock(&mu_);
+  Key key{req.job(), req.step()};
+  auto it = pending_.find(key);
+  if (it == pending_.end()) {
+    CKPTD_ASSIGN_OR_RETURN(std::optional<v1::CheckpointRecord> existing,
+                           GetRecord(req.job(), req.step()));
+    if (existing) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          what, " is already ", v1::CheckpointState_Name(existing->summary().state()),
+          "; delete it first or save another step"));
+    }
+    auto p = std::make_unique<Pending>();
+    p->job = req.job();
+    p->step = req.step();
+    p->world_size = req.world_size();
+    p->created_unix_ms = NowUnixMs();
+    it = pending_.emplace(key, std::move(p)).first;
+  }
+  Pending& p = *it->second;
+  if (p.state != v1::STAGING || p.aborting) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, " is ", v1::CheckpointState_Name(p.state), "; it takes no more ranks"));
+  }
+  if (p.world_size != req.world_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": rank ", req.rank(),
+                                                   " says world_size ", req.world_size(),
+                                                   " but earlier ranks said ", p.world_size));
+  }
+  if (p.ranks.contains(req.rank())) {
+    return absl::AlreadyExistsError(absl::StrCat(what, ": rank ", req.rank(),
+                                                 " is already staged"));
+  }
+  CKPTD_RETURN_IF_ERROR(CheckItemsLocked(p, req));
+  CKPTD_RETURN_IF_ERROR(deps_.arena->Take(session, rank.extent_ids));
+
+  // Replicas: the first rank to stage a region stores it; later identical regions only verify.
+  uint64_t bytes = 0;
+  for (int i = 0; i < rank.rec.shards_size(); ++i) {
+    v1::StagedShard* sh = rank.rec.mutable_shards(i);
+    const v1::ShardSpec& s = sh->spec();
+    std::string rkey = s.item();
+    rkey.push_back('\0');
+    if (s.has_tensor()) {
+      std::vector<uint64_t> shape(s.tensor().global_shape().begin(),
+                                  s.tensor().global_shape().end());
+      rkey += RegionKey(s.tensor().region(), shape);
+    } else if (s.object().scope() == v1::PER_RANK) {
+      rkey += absl::StrCat("rank", req.rank());
+    }
+    auto [owner, inserted] = p.stored_copy.emplace(rkey, std::make_pair(req.rank(), size_t(i)));
+    sh->set_replica(!inserted);
+    bytes += s.data().length();
+    if (!p.items.contains(s.item())) {
+      ItemMeta m;
+      m.kind = s.has_tensor() ? v1::TENSOR : v1::OBJECT;
+      if (s.has_tensor()) {
+        m.dtype = s.tensor().dtype();
+        m.shape.assign(s.tensor().global_shape().begin(), s.tensor().global_shape().end());
+      } else {
+        m.scope = s.object().scope();
+      }
+      m.first_rank = req.rank();
+      p.items.emplace(s.item(), std::move(m));
+    }
+  }
+  rank.rec.set_bytes(bytes);
+  uint32_t r = req.rank();
+  p.ranks.emplace(r, std::move(rank));
+  if (p.ranks.size() == p.world_size) p.state = v1::PERSISTING;
+
+  absl::Status journaled = JournalLocked(p, {r}, /*sync=*/true);
+  if (!journaled.ok()) {
+    // Not staged: give the extents back to the client's session is impossible (they were taken),
+    // so free them and forget the rank; the client retries with new extents.
+    deps_.arena->Free(p.ranks.at(r).extent_ids);
+    p.ranks.erase(r);
+    p.state = v1::STAGING;
+    return Annotate(journaled, absl::StrCat(what, ": journaling rank ", r));
+  }
+  PostFlush(key, r);
+  changed_.SignalAll();
+  resp->set_state(p.state);
+  resp->set_bytes_staged(bytes);
+  spdlog::debug("{} rank {} staged ({} shards, {} bytes)", what, r, req.shards_size(), bytes);
+  return absl::OkStatus();
+}
+
+void CheckpointService::PostFlush(const Key& key, uint32_t rank) {
+  Pending& p = *pending_.at(key);
+  p.ranks.at(rank).flushing = true;
+  ++p.flushes_in_flight;
+  if (!deps_.flush_pool->Post([this, key, rank] { FlushRank(key, rank); })) {
+    // The pool only refuses while shutting down: the rank stays journaled and resumes at start.
+    --p.flushes_in_flight;
+    p.ranks.at(rank).flushing = false;
+  }
+}
+
+void CheckpointService::MaybeStartCommitLocked(Pending& p) {
+  if (p.committing || p.aborting || p.ranks.empty()) return;
+  if (!p.partial && p.ranks.size() < p.world_size) return;
+  for (const auto& [r, pr] : p.ranks) {
+    if (!pr.persisted) return;
+  }
+  p.committing = true;
+  p.state = v1::PERSISTING;
+  Key key{p.job, p.step};
+  if (!deps_.flush_pool->Post([this, key] { CommitCheckpoint(key); })) p.committing = false;
+}
+
+void CheckpointService::AbortLocked(Pending& p, const std::string& reason) {
+  if (p.aborting) return;
+  spdlog::warn("{} aborted: {}", CkptName(p.job, p.step), reason);
+  p.aborting = true;
+  p.state = v1::ABORTED;
+  p.error = reason;
+  // Ranks not being flushed release their staging now; a flush in flight releases its own.
+  for (auto& [r, pr] : p.ranks) {
+    if (!pr.flushing && !pr.persisted) {
+      deps_.arena->Free(pr.extent_ids);
+      pr.extent_ids.clear();
+      pr.leases.clear();
+    }
+  }
+  if (p.flushes_in_flight == 0 && !p.committing) FinishAbortLocked(p);
+  changed_.SignalAll();
+}
+
+void CheckpointService::FinishAbortLocked(Pending& p) {
+  std::string dir = CheckpointDir(p.job, p.step);
+  absl::Status removed = deps_.storage->RemoveAll(dir);
+  if (!removed.ok()) spdlog::error("removing {}: {}", dir, removed.ToString());
+  v1::CheckpointRecord rec;
+  *rec.mutable_summary() = SummaryLocked(p);
+  rec.mutable_summary()->mutable_tiers()->Clear();
+  rec.set_dir(dir);
+  std::vector<MetaStore::Write> writes{{keys::Checkpoint(p.job, p.step), rec.SerializeAsString()}};
+  for (const auto& [r, pr] : p.ranks) {
+    writes.push_back({keys::Rank(p.job, p.step, r), std::nullopt});
+    writes.push_back({keys::Blob(p.job, p.step, pr.rec.blob_name()), std::nullopt});
+  }
+  absl::Status st = deps_.meta->Commit(writes, /*sync=*/true);
+  if (!st.ok()) spdlog::error("recording abort of {}: {}", CkptName(p.job, p.step), st.ToString());
+  pending_.erase(Key{p.job, p.step});  // p is gone after this line
+  changed_.SignalAll();
+}
+
+absl::Status CheckpointService::Wait(const v1::WaitRequest& req, v1::CheckpointStatus* resp) {
+  CKPTD_RETURN_IF_ERROR(ValidateJobStep(req.job(), req.step()));
+  const std::string what = CkptName(req.job(), req.step());
+  v1::WaitFor until = req.until() == v1::WAIT_FOR_UNSPECIFIED ? v1::COMMITTED : req.until();
+  absl::Time deadline =
+      absl::Now() + absl::Milliseconds(std::min(req.timeout_ms(), limits::kWaitTimeoutMsMax));
+  absl::MutexLock lock(&mu_);
+  while (true) {
+    auto it = pending_.find(Key{req.job(), req.step()});
+    if (it != pending_.end()) {
+      Pending& p = *it->second;
+      if (until == v1::ALL_STAGED && (p.ranks.size() == p.world_size || p.partial)) {
+        FillStatusLocked(p, resp);
+        return absl::OkStatus();
+      }
+    } else {
+      CKPTD_ASSIGN_OR_RETURN(std::optional<v1::CheckpointRecord> rec,
+                             GetRecord(req.job(), req.step()));
+      if (!rec) return absl::NotFoundError(absl::StrCat(what, " does not exist"));
+      *resp->mutable_summary() = rec->summary();
+      if (rec->summary().state() == v1::ABORTED) {
+        return absl::AbortedError(absl::StrCat(what, " was aborted: ", rec->summary().error()));
+      }
+      if (rec->summary().state() == v1::COMMITTED) return absl::OkStatus();
+    }
+    if (changed_.WaitWithDeadline(&mu_, deadline)) break;
+  }
+  auto it = pending_.find(Key{req.job(), req.step()});
+  if (it == pending_.end()) return absl::DeadlineExceededError(absl::StrCat(what, ": timed out"));
+  FillStatusLocked(*it->second, resp);
+  std::vector<uint32_t> missing(resp->missing_ranks().begin(), resp->missing_ranks().end());
+  return absl::DeadlineExceededError(absl::StrCat(
+      what, " is ", v1::CheckpointState_Name(it->second->state), " after ", req.timeout_ms(),
+      " ms", missing.empty() ? "" : absl::StrCat("; ranks missing: ", RanksList(missing))));
+}
+
+absl::Status CheckpointService::Commit(const v1::CommitRequest& req, v1::CheckpointStatus* resp) {
+  CKPTD_RETURN_IF_ERROR(ValidateJobStep(req.job(), req.step()));
+  const std::string what = CkptName(req.job(), req.step());
+  if (!req.partial()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": Commit is only for intentionally partial sets (partial=true); a complete "
+              "checkpoint commits by itself once all ranks are staged"));
+  }
+  absl::MutexLock lock(&mu_);
+  auto it = pending_.find(Key{req.job(), req.step()});
+  if (it == pending_.end()) {
+    return absl::FailedPreconditionError(absl::StrCat(what, " is not being saved"));
+  }
+  Pending& p = *it->second;
+  if (p.aborting) return absl::AbortedError(absl::StrCat(what, " was aborted: ", p.error));
+  p.partial = true;
+  p.state = v1::PERSISTING;
+  JournalLocked(p, {}, /*sync=*/true).IgnoreError();  // the partial flag; commit decides anyway
+  MaybeStartCommitLocked(p);
+  FillStatusLocked(p, resp);
+  changed_.SignalAll();
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointService::Abort(const v1::AbortRequest& req, v1::CheckpointStatus* resp) {
+  CKPTD_RETURN_IF_ERROR(ValidateJobStep(req.job(), req.step()));
+  const std::string what = CkptName(req.job(), req.step());
+  absl::MutexLock lock(&mu_);
+  auto it = pending_.find(Key{req.job(), req.step()});
+  if (it == pending_.end()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, " is not being saved (committed checkpoints are deleted, not aborted)"));
+  }
+  Pending& p = *it->second;
+  if (p.committing) {
+    return absl::FailedPreconditionError(absl::StrCat(what, " is already committing"));
+  }
+  FillStatusLocked(p, resp);
+  AbortLocked(p, req.reason().empty() ? "aborted by a client" : req.reason().substr(0, 1024));
+  resp->mutable_summary()->set_state(v1::ABORTED);
+  return absl::OkStatus();
+}
+
+}  // namespace ckptd
