@@ -15,6 +15,7 @@
 #include "ckptd/status.h"
 #include "ckptd/storage.h"
 #include "dataplane/arena.h"
+#include "dataplane/buffered_io.h"
 #include "dataplane/region_registry.h"
 #include "format/crc32c.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"

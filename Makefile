@@ -1,0 +1,41 @@
+# ckptd — the two commands: `make run` and `make test`.
+#   make run    install what is missing, build, start ckptd on ./state (unix socket state/ckptd.sock)
+#   make test   install what is missing, build (normal + ASan/UBSan), run every test
+#   make build  build only
+SHELL := /bin/bash
+ROOT := $(CURDIR)
+BUILD ?= $(ROOT)/build
+BUILD_ASAN ?= $(ROOT)/build-asan
+STATE ?= $(ROOT)/state
+CMAKE ?= /usr/bin/cmake
+JOBS ?= $(shell nproc)
+CMAKE_FLAGS ?= -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
+
+.PHONY: setup build build-asan run test test-cpp test-asan bench clean
+
+setup:
+	@bash deploy/setup.sh
+
+build: setup
+	@$(CMAKE) -S . -B $(BUILD) $(CMAKE_FLAGS) >/dev/null
+	@$(CMAKE) --build $(BUILD) -j $(JOBS)
+
+build-asan: setup
+	@$(CMAKE) -S . -B $(BUILD_ASAN) $(CMAKE_FLAGS) -DCKPTD_SANITIZE=ON >/dev/null
+	@$(CMAKE) --build $(BUILD_ASAN) -j $(JOBS)
+
+run: build
+	@mkdir -p $(STATE)
+	@echo "ckptd: state dir $(STATE); in another terminal: export CKPTD_SOCKET=$(STATE)/ckptd.sock"
+	@exec $(BUILD)/ckptd --state_dir=$(STATE) --staging_bytes_max=$${CKPTD_STAGING_BYTES:-1073741824}
+
+test-cpp: build
+	@cd $(BUILD) && ctest --output-on-failure -j 2 --timeout 600
+
+test-asan: build-asan
+	@cd $(BUILD_ASAN) && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j 2 --timeout 900 -L '' -E 'integration'
+
+test: test-cpp test-asan
+
+clean:
+	rm -rf $(BUILD) $(BUILD_ASAN)
