@@ -1,0 +1,184 @@
+// ckptctl: the operator CLI of ckptd. Parses the command line, connects to the daemon's unix
+// socket and runs one command (commands.cc). Exit codes: 0 ok, 1 the daemon (or the connection)
+// answered an error, 2 usage error.
+#include <cstdlib>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "commands.h"
+
+namespace {
+
+constexpr const char* kDefaultSocket = "/var/lib/ckptd/ckptd.sock";
+constexpr int kRpcMessageBytesMax = 64 * 1024 * 1024;
+constexpr uint32_t kWaitTimeoutMsDefault = 600000;
+
+constexpr const char* kUsage = R"(usage: ckptctl [--socket PATH] [--json] COMMAND [ARGS]
+
+commands:
+  ls [JOB]                 jobs (name, owner, checkpoints, latest committed step), or with JOB its
+                           checkpoints (step, state, size, tiers, world size, created, error)
+  status JOB STEP          state, per-rank progress (staged/persisted bytes), missing ranks, error
+  inspect JOB STEP         items: name, kind, dtype (or object scope), shape, shards, bytes
+  rm JOB STEP              delete a checkpoint
+  latest JOB               the newest committed step
+  wait JOB STEP [--timeout_ms N] [--until committed|staged]
+                           block until the checkpoint is committed (or all ranks staged); exit 1
+                           if it was aborted or the timeout (default 600000 ms) passed
+
+options:
+  --socket PATH   the daemon's socket (default: $CKPTD_SOCKET, else /var/lib/ckptd/ckptd.sock)
+  --json          print the daemon's answer as one JSON document
+  --help          this text
+
+exit codes: 0 ok, 1 daemon error ("ckptctl: CODE: message" on stderr), 2 usage error
+)";
+
+struct Args {
+  std::string socket;
+  bool json = false;
+  bool help = false;
+  uint32_t timeout_ms = kWaitTimeoutMsDefault;
+  bool timeout_given = false;
+  std::string until = "committed";
+  bool until_given = false;
+  std::vector<std::string> positional;
+};
+
+int Usage(const std::string& problem) {
+  if (!problem.empty()) std::cerr << "ckptctl: " << problem << "\n";
+  std::cerr << kUsage;
+  return 2;
+}
+
+// Flags may come before or after the command. Returns an error text, empty when fine.
+std::string Parse(int argc, char** argv, Args* args) {
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    std::string value;
+    bool has_value = false;
+    if (a.rfind("--", 0) == 0 && a.find('=') != std::string::npos) {
+      value = a.substr(a.find('=') + 1);
+      a = a.substr(0, a.find('='));
+      has_value = true;
+    }
+    auto take = [&](const char* flag) -> bool {
+      if (has_value) return true;
+      if (i + 1 >= argc) return false;
+      value = argv[++i];
+      (void)flag;
+      return true;
+    };
+    if (a == "--help" || a == "-h") {
+      args->help = true;
+    } else if (a == "--json") {
+      args->json = true;
+    } else if (a == "--socket") {
+      if (!take("--socket") || value.empty()) return "--socket needs a path";
+      args->socket = value;
+    } else if (a == "--timeout_ms") {
+      if (!take("--timeout_ms") || !absl::SimpleAtoi(value, &args->timeout_ms)) {
+        return "--timeout_ms needs a number of milliseconds";
+      }
+      args->timeout_given = true;
+    } else if (a == "--until") {
+      if (!take("--until") || (value != "committed" && value != "staged")) {
+        return "--until needs committed or staged";
+      }
+      args->until = value;
+      args->until_given = true;
+    } else if (a.size() > 1 && a[0] == '-') {
+      return "unknown flag " + a;
+    } else {
+      args->positional.push_back(a);
+    }
+  }
+  return "";
+}
+
+std::string SocketPath(const Args& args) {
+  if (!args.socket.empty()) return args.socket;
+  const char* env = std::getenv("CKPTD_SOCKET");
+  if (env != nullptr && env[0] != '\0') return env;
+  return kDefaultSocket;
+}
+
+ckptctl::Context MakeContext(const Args& args) {
+  ckptctl::Context ctx;
+  std::string path = SocketPath(args);
+  ctx.target = path.rfind("unix:", 0) == 0 ? path : "unix:" + path;
+  grpc::ChannelArguments channel_args;
+  channel_args.SetMaxReceiveMessageSize(kRpcMessageBytesMax);
+  channel_args.SetMaxSendMessageSize(kRpcMessageBytesMax);
+  ctx.stub = ckptd::v1::Checkpoint::NewStub(
+      grpc::CreateCustomChannel(ctx.target, grpc::InsecureChannelCredentials(), channel_args));
+  ctx.json = args.json;
+  return ctx;
+}
+
+// Runs the command; -1 for a usage error (already reported), else the status.
+int Run(const Args& args) {
+  const std::vector<std::string>& p = args.positional;
+  const std::string& cmd = p[0];
+  const size_t n = p.size() - 1;
+  uint64_t step = 0;
+  auto need = [&](size_t count, const char* shape) -> bool {
+    if (n != count) {
+      Usage(absl::StrCat(cmd, " takes ", shape));
+      return false;
+    }
+    if (count == 2 && !absl::SimpleAtoi(p[2], &step)) {
+      Usage(absl::StrCat("STEP must be a non-negative integer, got \"", p[2], "\""));
+      return false;
+    }
+    return true;
+  };
+  if ((args.timeout_given || args.until_given) && cmd != "wait") {
+    return Usage("--timeout_ms and --until apply to wait only");
+  }
+  absl::Status s;
+  ckptctl::Context ctx = MakeContext(args);
+  if (cmd == "ls") {
+    if (n > 1) return Usage("ls takes [JOB]");
+    s = n == 0 ? ckptctl::ListJobs(ctx) : ckptctl::ListCheckpoints(ctx, p[1]);
+  } else if (cmd == "status") {
+    if (!need(2, "JOB STEP")) return 2;
+    s = ckptctl::Status(ctx, p[1], step);
+  } else if (cmd == "inspect") {
+    if (!need(2, "JOB STEP")) return 2;
+    s = ckptctl::Inspect(ctx, p[1], step);
+  } else if (cmd == "rm") {
+    if (!need(2, "JOB STEP")) return 2;
+    s = ckptctl::Remove(ctx, p[1], step);
+  } else if (cmd == "latest") {
+    if (!need(1, "JOB")) return 2;
+    s = ckptctl::Latest(ctx, p[1]);
+  } else if (cmd == "wait") {
+    if (!need(2, "JOB STEP")) return 2;
+    s = ckptctl::Wait(ctx, p[1], step, args.timeout_ms, args.until == "staged");
+  } else {
+    return Usage("unknown command " + cmd);
+  }
+  if (s.ok()) return 0;
+  std::cerr << "ckptctl: " << absl::StatusCodeToString(s.code()) << ": " << s.message() << "\n";
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args args;
+  std::string problem = Parse(argc, argv, &args);
+  if (!problem.empty()) return Usage(problem);
+  if (args.help) {
+    std::cout << kUsage;
+    return 0;
+  }
+  if (args.positional.empty()) return Usage("missing command");
+  return Run(args);
+}

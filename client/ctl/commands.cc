@@ -1,0 +1,238 @@
+// ckptctl's commands: one RPC (or one paginated series) each, printed as a table or JSON.
+#include "commands.h"
+
+#include <google/protobuf/util/json_util.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "table.h"
+
+namespace ckptctl {
+
+namespace v1 = ::ckptd::v1;
+
+namespace {
+
+constexpr int64_t kWaitMarginMs = 10000;
+
+template <typename Fn>
+absl::Status Call(Context& ctx, int64_t timeout_ms, Fn&& fn) {
+  grpc::ClientContext cc;
+  cc.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms));
+  grpc::Status s = fn(&cc);
+  if (s.ok()) return absl::OkStatus();
+  auto code = static_cast<absl::StatusCode>(s.error_code());  // same canonical numbering
+  if (code == absl::StatusCode::kUnavailable) {
+    return absl::UnavailableError(
+        absl::StrCat("ckptd at ", ctx.target, " is unavailable: ", s.error_message()));
+  }
+  return absl::Status(code, s.error_message());
+}
+
+absl::Status PrintJson(const google::protobuf::Message& msg) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.always_print_primitive_fields = true;
+  options.preserve_proto_field_names = true;
+  std::string out;
+  auto s = google::protobuf::util::MessageToJsonString(msg, &out, options);
+  if (!s.ok()) {
+    return absl::InternalError(absl::StrCat("formatting JSON: ", s.ToString()));
+  }
+  std::cout << out;
+  if (out.empty() || out.back() != '\n') std::cout << "\n";
+  return absl::OkStatus();
+}
+
+std::string TiersString(const v1::Tiers& t) {
+  std::vector<std::string> parts;
+  if (t.staged()) parts.push_back("staged");
+  if (t.local()) parts.push_back("local");
+  if (t.remote()) parts.push_back("remote");
+  return parts.empty() ? "-" : absl::StrJoin(parts, ",");
+}
+
+std::string StateString(const v1::CheckpointSummary& s) {
+  std::string state = v1::CheckpointState_Name(s.state());
+  return s.partial() ? state + " (partial)" : state;
+}
+
+std::string Lower(const std::string& s) { return absl::AsciiStrToLower(s); }
+
+void PrintSummary(const v1::CheckpointSummary& s) {
+  std::cout << s.job() << "/" << s.step() << ": " << StateString(s) << "\n"
+            << "  world size: " << s.world_size() << "   items: " << s.item_count()
+            << "   bytes: " << HumanBytes(s.bytes()) << "\n"
+            << "  tiers: " << TiersString(s.tiers()) << "\n"
+            << "  created: " << FormatUnixMs(s.created_unix_ms())
+            << "   committed: " << FormatUnixMs(s.committed_unix_ms()) << "\n";
+  if (!s.error().empty()) std::cout << "  error: " << s.error() << "\n";
+}
+
+}  // namespace
+
+absl::Status ListJobs(Context& ctx) {
+  v1::ListJobsResponse all;
+  v1::ListJobsRequest req;
+  do {
+    v1::ListJobsResponse page;
+    absl::Status s = Call(ctx, ctx.rpc_timeout_ms,
+                          [&](grpc::ClientContext* c) { return ctx.stub->ListJobs(c, req, &page); });
+    if (!s.ok()) return s;
+    all.mutable_jobs()->MergeFrom(page.jobs());
+    req.set_page_token(page.next_page_token());
+  } while (!req.page_token().empty());
+  if (ctx.json) return PrintJson(all);
+  Table t({"JOB", ">OWNER", ">CHECKPOINTS", ">LATEST"});
+  for (const v1::JobSummary& j : all.jobs()) {
+    t.AddRow({j.job(), std::to_string(j.owner_uid()), std::to_string(j.checkpoint_count()),
+              j.has_committed() ? std::to_string(j.latest_committed_step()) : "-"});
+  }
+  std::cout << t.Render();
+  return absl::OkStatus();
+}
+
+absl::Status ListCheckpoints(Context& ctx, const std::string& job) {
+  v1::ListCheckpointsResponse all;
+  v1::ListCheckpointsRequest req;
+  req.set_job(job);
+  do {
+    v1::ListCheckpointsResponse page;
+    absl::Status s = Call(ctx, ctx.rpc_timeout_ms, [&](grpc::ClientContext* c) {
+      return ctx.stub->ListCheckpoints(c, req, &page);
+    });
+    if (!s.ok()) return s;
+    all.mutable_checkpoints()->MergeFrom(page.checkpoints());
+    req.set_page_token(page.next_page_token());
+  } while (!req.page_token().empty());
+  if (ctx.json) return PrintJson(all);
+  Table t({">STEP", "STATE", ">SIZE", "TIERS", ">WORLD", "CREATED", "ERROR"});
+  for (const v1::CheckpointSummary& c : all.checkpoints()) {
+    t.AddRow({std::to_string(c.step()), StateString(c), HumanBytes(c.bytes()),
+              TiersString(c.tiers()), std::to_string(c.world_size()),
+              FormatUnixMs(c.created_unix_ms()), c.error()});
+  }
+  std::cout << t.Render();
+  return absl::OkStatus();
+}
+
+absl::Status Status(Context& ctx, const std::string& job, uint64_t step) {
+  v1::GetStatusRequest req;
+  req.set_job(job);
+  req.set_step(step);
+  v1::CheckpointStatus resp;
+  absl::Status s = Call(ctx, ctx.rpc_timeout_ms,
+                        [&](grpc::ClientContext* c) { return ctx.stub->GetStatus(c, req, &resp); });
+  if (!s.ok()) return s;
+  if (ctx.json) return PrintJson(resp);
+  PrintSummary(resp.summary());
+  std::cout << "  staged: " << HumanBytes(resp.bytes_staged())
+            << "   persisted: " << HumanBytes(resp.bytes_persisted()) << "\n"
+            << "  ranks missing: "
+            << (resp.missing_ranks().empty() ? "none" : absl::StrJoin(resp.missing_ranks(), ","))
+            << "\n";
+  if (resp.ranks().empty()) return absl::OkStatus();
+  Table t({">RANK", "STAGED", "PERSISTED", ">BYTES_STAGED", ">BYTES_PERSISTED", ">SHARDS"});
+  for (const v1::RankStatus& r : resp.ranks()) {
+    t.AddRow({std::to_string(r.rank()), r.staged() ? "yes" : "no", r.persisted() ? "yes" : "no",
+              HumanBytes(r.bytes_staged()), HumanBytes(r.bytes_persisted()),
+              std::to_string(r.shard_count())});
+  }
+  std::cout << "\n" << t.Render();
+  return absl::OkStatus();
+}
+
+absl::Status Inspect(Context& ctx, const std::string& job, uint64_t step) {
+  v1::InspectResponse all;
+  v1::InspectRequest req;
+  req.set_job(job);
+  req.set_step(step);
+  do {
+    v1::InspectResponse page;
+    absl::Status s = Call(ctx, ctx.rpc_timeout_ms,
+                          [&](grpc::ClientContext* c) { return ctx.stub->Inspect(c, req, &page); });
+    if (!s.ok()) return s;
+    if (!all.has_summary()) *all.mutable_summary() = page.summary();
+    all.mutable_items()->MergeFrom(page.items());
+    req.set_page_token(page.next_page_token());
+  } while (!req.page_token().empty());
+  if (ctx.json) return PrintJson(all);
+  PrintSummary(all.summary());
+  Table t({"NAME", "KIND", "DTYPE", "SHAPE", ">SHARDS", ">BYTES"});
+  for (const v1::ItemInfo& i : all.items()) {
+    bool object = i.kind() == v1::OBJECT;
+    std::string dtype = object ? Lower(v1::ObjectScope_Name(i.scope())) : Lower(v1::DType_Name(i.dtype()));
+    std::string shape = object ? "-" : absl::StrCat("[", absl::StrJoin(i.shape(), ","), "]");
+    t.AddRow({i.name(), Lower(v1::ItemKind_Name(i.kind())), dtype, shape,
+              std::to_string(i.shard_count()), HumanBytes(i.bytes())});
+  }
+  std::cout << "\n" << t.Render();
+  return absl::OkStatus();
+}
+
+absl::Status Remove(Context& ctx, const std::string& job, uint64_t step) {
+  v1::DeleteRequest req;
+  req.set_job(job);
+  req.set_step(step);
+  v1::DeleteResponse resp;
+  absl::Status s = Call(ctx, ctx.rpc_timeout_ms,
+                        [&](grpc::ClientContext* c) { return ctx.stub->Delete(c, req, &resp); });
+  if (!s.ok()) return s;
+  if (ctx.json) return PrintJson(resp);
+  std::cout << "deleted " << job << "/" << step << "\n";
+  return absl::OkStatus();
+}
+
+absl::Status Latest(Context& ctx, const std::string& job) {
+  v1::LatestRequest req;
+  req.set_job(job);
+  v1::LatestResponse resp;
+  absl::Status s = Call(ctx, ctx.rpc_timeout_ms,
+                        [&](grpc::ClientContext* c) { return ctx.stub->Latest(c, req, &resp); });
+  if (!s.ok()) return s;
+  if (ctx.json) return PrintJson(resp);
+  std::cout << resp.step() << "\n";
+  return absl::OkStatus();
+}
+
+absl::Status Wait(Context& ctx, const std::string& job, uint64_t step, uint32_t timeout_ms,
+                  bool until_staged) {
+  v1::WaitRequest req;
+  req.set_job(job);
+  req.set_step(step);
+  // By number: the proto's names for these values clash with CheckpointState's.
+  req.set_until(static_cast<v1::WaitFor>(until_staged ? 1 : 2));
+  req.set_timeout_ms(timeout_ms);
+  v1::CheckpointStatus resp;
+  absl::Status s = Call(ctx, int64_t{timeout_ms} + kWaitMarginMs,
+                        [&](grpc::ClientContext* c) { return ctx.stub->Wait(c, req, &resp); });
+  if (!s.ok()) return s;
+  if (ctx.json) {
+    s = PrintJson(resp);
+  } else {
+    std::cout << job << "/" << step << ": " << StateString(resp.summary()) << "\n";
+  }
+  if (!s.ok()) return s;
+  const v1::CheckpointState state = resp.summary().state();
+  const bool reached = state == v1::CheckpointState::COMMITTED ||
+                       (until_staged && state == v1::CheckpointState::PERSISTING);
+  if (reached) return absl::OkStatus();
+  if (state == v1::CheckpointState::ABORTED) {
+    return absl::AbortedError(
+        absl::StrCat(job, "/", step, " was aborted: ", resp.summary().error()));
+  }
+  std::string missing = resp.missing_ranks().empty()
+                            ? ""
+                            : absl::StrCat("; ranks missing: ", absl::StrJoin(resp.missing_ranks(), ","));
+  return absl::DeadlineExceededError(absl::StrCat(job, "/", step, " is still ",
+                                                  v1::CheckpointState_Name(state), " after ",
+                                                  timeout_ms, " ms", missing));
+}
+
+}  // namespace ckptctl

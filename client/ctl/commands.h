@@ -1,0 +1,34 @@
+// ckptctl's commands. Each talks to the daemon through the generated stub, prints a table (or one
+// JSON document with --json) to stdout, and returns the daemon's status; main() turns a failure
+// into "ckptctl: <CODE>: <message>" and exit code 1.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "ckptd/v1/ckptd.grpc.pb.h"
+
+namespace ckptctl {
+
+struct Context {
+  std::string target;  // "unix:<path>"
+  std::unique_ptr<ckptd::v1::Checkpoint::Stub> stub;
+  bool json = false;
+  int rpc_timeout_ms = 30000;
+};
+
+absl::Status ListJobs(Context& ctx);
+absl::Status ListCheckpoints(Context& ctx, const std::string& job);
+absl::Status Status(Context& ctx, const std::string& job, uint64_t step);
+absl::Status Inspect(Context& ctx, const std::string& job, uint64_t step);
+absl::Status Remove(Context& ctx, const std::string& job, uint64_t step);
+absl::Status Latest(Context& ctx, const std::string& job);
+// FAILED until the checkpoint reached `until`: ABORTED, or DEADLINE_EXCEEDED naming the ranks
+// still missing.
+absl::Status Wait(Context& ctx, const std::string& job, uint64_t step, uint32_t timeout_ms,
+                  bool until_staged);
+
+}  // namespace ckptctl
