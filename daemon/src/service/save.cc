@@ -487,7 +487,7 @@ void CheckpointService::FinishAbortLocked(Pending& p) {
 absl::Status CheckpointService::Wait(const v1::WaitRequest& req, v1::CheckpointStatus* resp) {
   CKPTD_RETURN_IF_ERROR(ValidateJobStep(req.job(), req.step()));
   const std::string what = CkptName(req.job(), req.step());
-  v1::WaitFor until = req.until() == v1::WAIT_FOR_UNSPECIFIED ? v1::COMMITTED : req.until();
+  v1::WaitFor until = req.until() == v1::WAIT_FOR_UNSPECIFIED ? v1::WAIT_FOR_COMMITTED : req.until();
   absl::Time deadline =
       absl::Now() + absl::Milliseconds(std::min(req.timeout_ms(), limits::kWaitTimeoutMsMax));
   absl::MutexLock lock(&mu_);
@@ -495,7 +495,7 @@ absl::Status CheckpointService::Wait(const v1::WaitRequest& req, v1::CheckpointS
     auto it = pending_.find(Key{req.job(), req.step()});
     if (it != pending_.end()) {
       Pending& p = *it->second;
-      if (until == v1::ALL_STAGED && (p.ranks.size() == p.world_size || p.partial)) {
+      if (until == v1::WAIT_FOR_ALL_STAGED && (p.ranks.size() == p.world_size || p.partial)) {
         FillStatusLocked(p, resp);
         return absl::OkStatus();
       }
