@@ -22,7 +22,7 @@
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "index/meta_store.h"
-#include "limits.h"
+#include "common/limits.h"
 #include "options.h"
 #include "rpc/grpc_service.h"
 #include "service/checkpoint_service.h"

@@ -11,7 +11,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
 #include "ckptd/status.h"
-#include "limits.h"
+#include "common/limits.h"
 
 namespace ckptd {
 namespace {

@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "ckptd/status.h"
-#include "limits.h"
+#include "common/limits.h"
 #include "spdlog/spdlog.h"
 
 namespace ckptd {

@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "ckptd/status.h"
-#include "limits.h"
+#include "common/limits.h"
 
 namespace ckptd {
 

@@ -5,7 +5,7 @@
 #include "ckptd/status.h"
 #include "format/names.h"
 #include "index/keys.h"
-#include "limits.h"
+#include "common/limits.h"
 #include "service/checkpoint_service.h"
 #include "spdlog/spdlog.h"
 

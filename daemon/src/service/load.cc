@@ -8,7 +8,7 @@
 #include "format/dtype.h"
 #include "format/names.h"
 #include "format/region.h"
-#include "limits.h"
+#include "common/limits.h"
 #include "service/checkpoint_service.h"
 
 namespace ckptd {

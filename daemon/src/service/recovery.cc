@@ -14,7 +14,7 @@
 #include "format/names.h"
 #include "format/region.h"
 #include "index/keys.h"
-#include "limits.h"
+#include "common/limits.h"
 #include "service/checkpoint_service.h"
 #include "spdlog/spdlog.h"
 
