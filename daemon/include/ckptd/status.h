@@ -1,4 +1,6 @@
-// Status helpers shared by the daemon and its plugins. absl::Status / absl::StatusOr with the
+// Status helpers shared by the daemon and its plugins. Note: Debian's abseil has its own
+// absl::string_view (not std::string_view): convert before passing one to absl::StrCat.
+// absl::Status / absl::StatusOr with the
 // canonical codes end to end; no exceptions cross a module boundary. CKPTD_CHECK is for bugs only:
 // client input must never reach one.
 #pragma once
@@ -45,7 +47,7 @@ namespace ckptd {
 // Maps an errno value onto the canonical code that says what a caller can do about it, with a
 // message "<context>: <strerror> (errno N)".
 inline absl::Status ErrnoStatus(int err, std::string_view context) {
-  std::string msg = absl::StrCat(context, ": ", std::strerror(err), " (errno ", err, ")");
+  std::string msg = absl::StrCat(std::string(context), ": ", std::strerror(err), " (errno ", err, ")");
   switch (err) {
     case ENOENT:
       return absl::NotFoundError(msg);
@@ -78,7 +80,7 @@ inline absl::Status ErrnoStatus(int err, std::string_view context) {
 // Prefixes a status's message with context, keeping its code.
 inline absl::Status Annotate(const absl::Status& s, std::string_view context) {
   if (s.ok()) return s;
-  return absl::Status(s.code(), absl::StrCat(context, ": ", s.message()));
+  return absl::Status(s.code(), absl::StrCat(std::string(context), ": ", s.message()));
 }
 
 }  // namespace ckptd
