@@ -35,6 +35,7 @@ std::string Table::Render() const {
       if (c > 0) l += "  ";
       l += right_[c] ? pad + cells[c] : cells[c] + (c + 1 < cells.size() ? pad : "");
     }
+    l.erase(l.find_last_not_of(' ') + 1);  // an empty last cell leaves no trailing blanks
     out += l + "\n";
   };
   line(headers_);
