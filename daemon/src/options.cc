@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "ckptd/status.h"
 #include "common/limits.h"
@@ -16,7 +17,7 @@
 namespace ckptd {
 namespace {
 
-using Setter = std::function<absl::Status(DaemonOptions&, std::string_view)>;
+using Setter = std::function<absl::Status(DaemonOptions&, absl::string_view)>;
 
 struct OptionDef {
   std::string help;
@@ -24,7 +25,7 @@ struct OptionDef {
 };
 
 Setter StringSetter(std::string DaemonOptions::*field) {
-  return [field](DaemonOptions& o, std::string_view v) {
+  return [field](DaemonOptions& o, absl::string_view v) {
     o.*field = std::string(v);
     return absl::OkStatus();
   };
@@ -32,7 +33,7 @@ Setter StringSetter(std::string DaemonOptions::*field) {
 
 template <typename T>
 Setter IntSetter(T DaemonOptions::*field, std::string name) {
-  return [field, name](DaemonOptions& o, std::string_view v) {
+  return [field, name](DaemonOptions& o, absl::string_view v) {
     uint64_t parsed = 0;
     if (!absl::SimpleAtoi(v, &parsed) || parsed > std::numeric_limits<T>::max()) {
       return absl::InvalidArgumentError(
@@ -44,7 +45,7 @@ Setter IntSetter(T DaemonOptions::*field, std::string name) {
 }
 
 Setter BoolSetter(bool DaemonOptions::*field, std::string name) {
-  return [field, name](DaemonOptions& o, std::string_view v) {
+  return [field, name](DaemonOptions& o, absl::string_view v) {
     std::string s = absl::AsciiStrToLower(v);
     if (s == "true" || s == "1" || s == "yes" || s.empty()) {
       o.*field = true;
@@ -95,15 +96,15 @@ const std::map<std::string, OptionDef>& Defs() {
   return *defs;
 }
 
-absl::Status SetOption(DaemonOptions& o, std::string name, std::string_view value,
-                       std::string_view where) {
+absl::Status SetOption(DaemonOptions& o, std::string name, absl::string_view value,
+                       absl::string_view where) {
   absl::StrReplaceAll({{"-", "_"}}, &name);
   auto it = Defs().find(name);
   if (it == Defs().end()) {
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": unknown option \"", name, "\" (see --help)"));
   }
-  return Annotate(it->second.set(o, value), where);
+  return Annotate(it->second.set(o, value), std::string(where));
 }
 
 absl::Status LoadConfigFile(DaemonOptions& o, const std::string& path) {
@@ -113,15 +114,15 @@ absl::Status LoadConfigFile(DaemonOptions& o, const std::string& path) {
   int lineno = 0;
   while (std::getline(in, line)) {
     ++lineno;
-    std::string_view l = absl::StripAsciiWhitespace(line);
+    absl::string_view l = absl::StripAsciiWhitespace(line);
     if (l.empty() || l[0] == '#') continue;
     size_t eq = l.find('=');
     std::string where = absl::StrCat(path, ":", lineno);
-    if (eq == std::string_view::npos) {
+    if (eq == absl::string_view::npos) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": expected \"name = value\""));
     }
     std::string name(absl::StripAsciiWhitespace(l.substr(0, eq)));
-    std::string_view value = absl::StripAsciiWhitespace(l.substr(eq + 1));
+    absl::string_view value = absl::StripAsciiWhitespace(l.substr(eq + 1));
     if (value.size() >= 2 && value.front() == '"' && value.back() == '"') {
       value = value.substr(1, value.size() - 2);
     }
@@ -130,7 +131,7 @@ absl::Status LoadConfigFile(DaemonOptions& o, const std::string& path) {
   return absl::OkStatus();
 }
 
-absl::Status Range(std::string_view name, uint64_t v, uint64_t lo, uint64_t hi) {
+absl::Status Range(absl::string_view name, uint64_t v, uint64_t lo, uint64_t hi) {
   if (v < lo || v > hi) {
     return absl::InvalidArgumentError(
         absl::StrCat("option ", name, " = ", v, " is outside [", lo, ", ", hi, "]"));
@@ -195,7 +196,7 @@ absl::StatusOr<DaemonOptions> ParseOptions(const std::vector<std::string>& args)
   DaemonOptions o;
   std::vector<std::pair<std::string, std::string>> flags;
   for (size_t i = 0; i < args.size(); ++i) {
-    std::string_view a = args[i];
+    absl::string_view a = args[i];
     if (a == "--help" || a == "-h") return absl::NotFoundError(OptionsUsage());
     if (!absl::ConsumePrefix(&a, "--")) {
       return absl::InvalidArgumentError(
@@ -204,7 +205,7 @@ absl::StatusOr<DaemonOptions> ParseOptions(const std::vector<std::string>& args)
     size_t eq = a.find('=');
     std::string name(a.substr(0, eq));
     std::string value;
-    if (eq != std::string_view::npos) {
+    if (eq != absl::string_view::npos) {
       value = std::string(a.substr(eq + 1));
     } else if (i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0) {
       value = args[++i];
