@@ -1,0 +1,73 @@
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+
+#include "options.h"
+
+namespace ckptd {
+namespace {
+
+TEST_CASE("options: defaults derive from the state dir", "[unit]") {
+  auto o = ParseOptions({"--state_dir=/tmp/x/"});
+  REQUIRE(o.ok());
+  CHECK(o->state_dir == "/tmp/x");
+  CHECK(o->data_dir == "/tmp/x/data");
+  CHECK(o->socket_path == "/tmp/x/ckptd.sock");
+  CHECK(o->staging_bytes_max == (1u << 30));
+}
+
+TEST_CASE("options: flags override the config file, both validated", "[unit]") {
+  std::string path = std::string(getenv("CKPTD_TEST_TMP") ? getenv("CKPTD_TEST_TMP") : "/tmp") +
+                     "/ckptd-options-test.conf";
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+  {
+    std::ofstream f(path);
+    f << "# comment\nstate_dir = /srv/ckptd\nstaging_bytes_max = 33554432\nlog_format = \"json\"\n";
+  }
+  auto o = ParseOptions({"--config", path, "--staging-bytes-max=67108864"});
+  REQUIRE(o.ok());
+  CHECK(o->state_dir == "/srv/ckptd");
+  CHECK(o->staging_bytes_max == 67108864);
+  CHECK(o->log_format == "json");
+  {
+    std::ofstream f(path);
+    f << "no_such_option = 1\n";
+  }
+  auto bad = ParseOptions({"--config=" + path});
+  REQUIRE_FALSE(bad.ok());
+  CHECK(std::string(bad.status().message()).find(":1: unknown option \"no_such_option\"") !=
+        std::string::npos);
+}
+
+TEST_CASE("options: every invalid value is a clear error naming the option", "[unit]") {
+  struct Case {
+    std::vector<std::string> args;
+    std::string expect;
+  };
+  std::vector<Case> cases = {
+      {{"--staging_bytes_max=100"}, "staging_bytes_max"},
+      {{"--staging_bytes_max=16777217"}, "multiple of 4096"},
+      {{"--staging_bytes_max=lots"}, "not a non-negative integer"},
+      {{"--io_queue_depth=0"}, "io_queue_depth"},
+      {{"--log_format=xml"}, "log_format"},
+      {{"--log_level=loud"}, "log_level"},
+      {{"--direct_io=maybe"}, "not true or false"},
+      {{"--socket=/" + std::string(120, 'a')}, "107 bytes"},
+      {{"--bogus=1"}, "unknown option"},
+      {{"positional"}, "unexpected argument"},
+      {{"--stage_timeout_ms=1"}, "stage_timeout_ms"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.args[0]);
+    auto o = ParseOptions(c.args);
+    REQUIRE_FALSE(o.ok());
+    CHECK(o.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(std::string(o.status().message()).find(c.expect) != std::string::npos);
+  }
+  auto help = ParseOptions({"--help"});
+  CHECK(help.status().code() == absl::StatusCode::kNotFound);
+  CHECK(std::string(help.status().message()).find("--staging_bytes_max") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace ckptd
