@@ -10,7 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "ckptd/status.h"
-#include "limits.h"
+#include "common/limits.h"
 #include "spdlog/spdlog.h"
 
 namespace ckptd::io_internal {

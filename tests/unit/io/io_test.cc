@@ -14,7 +14,7 @@
 
 #include "ckptd/io.h"
 #include "io/posix_io.h"
-#include "limits.h"
+#include "common/limits.h"
 #include "test_dir.h"
 
 namespace ckptd {
