@@ -4,7 +4,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "format/text.h"
-#include "limits.h"
+#include "common/limits.h"
 
 namespace ckptd {
 namespace {

@@ -8,7 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "ckptd/status.h"
 #include "format/region_internal.h"
-#include "limits.h"
+#include "common/limits.h"
 
 namespace ckptd {
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "ckptd/v1/common.pb.h"
-#include "limits.h"
+#include "common/limits.h"
 
 namespace ckptd::region_internal {
 

@@ -3,7 +3,7 @@
 #include <catch2/catch.hpp>
 #include <string>
 
-#include "limits.h"
+#include "common/limits.h"
 
 namespace ckptd {
 namespace {

@@ -5,7 +5,7 @@
 #include <cstring>
 #include <string>
 
-#include "limits.h"
+#include "common/limits.h"
 #include "region_test_util.h"
 
 namespace ckptd {
