@@ -33,7 +33,7 @@ test-cpp: build
 	@cd $(BUILD) && ctest --output-on-failure -j 2 --timeout 600
 
 test-asan: build-asan
-	@cd $(BUILD_ASAN) && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j 2 --timeout 900 -L '' -E 'integration'
+	@cd $(BUILD_ASAN) && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j 2 --timeout 900
 
 test: test-cpp test-asan
 

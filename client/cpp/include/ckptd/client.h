@@ -312,7 +312,8 @@ class Client {
   absl::StatusOr<ArenaBuffer> Allocate(uint64_t bytes);
   // Saves shards whose bytes are already in arena buffers or registered regions; copies nothing.
   // On success every arena buffer referenced belongs to the daemon: do not write or Release it.
-  // Registered regions may be written again once this returns.
+  // Registered-region bytes are flushed from where they are: write them again only once the
+  // checkpoint is committed (WaitCommitted), when the daemon has released them.
   absl::StatusOr<SaveResult> SaveInPlace(const std::string& job, uint64_t step, uint32_t rank,
                                          uint32_t world_size,
                                          std::span<const InPlaceTensorShard> tensors,
