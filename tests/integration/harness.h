@@ -1,0 +1,127 @@
+// Integration-test harness: runs the real ckptd binary on a private temp state dir and socket,
+// and runs ckptctl / ckptd_testclient as child processes. Failures throw std::runtime_error
+// (Catch reports the message, including the daemon's log where it helps).
+#pragma once
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ckptd/client.h"
+
+namespace ckptd_it {
+
+// A unique directory /tmp/ckptd-it-XXXXXX (short: a unix socket path must fit in 107 bytes),
+// removed with everything under it when destroyed.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+struct DaemonConfig {
+  std::string state_dir;  // empty: a fresh temp dir owned by the Daemon
+  std::string data_dir;   // empty: the daemon's default (<state_dir>/data)
+  uint64_t staging_bytes_max = 64ull << 20;
+  std::vector<std::string> extra_flags;  // "--name=value"
+};
+
+class Daemon {
+ public:
+  // Starts the daemon and waits until a client can connect (20 s).
+  explicit Daemon(DaemonConfig config = {});
+  // Kills it (SIGKILL), removes its shm segments and its temp dir.
+  ~Daemon();
+  Daemon(const Daemon&) = delete;
+  Daemon& operator=(const Daemon&) = delete;
+
+  void Stop();   // SIGTERM and wait for exit
+  void Kill9();  // SIGKILL and reap
+  // Starts again on the same state dir with `extra_flags` replacing the previous extra flags.
+  void Restart(std::vector<std::string> extra_flags);
+  bool running() const { return pid_ > 0; }
+
+  const std::string& state_dir() const { return state_dir_; }
+  std::string data_dir() const;
+  std::string socket() const { return state_dir_ + "/ckptd.sock"; }
+  std::string log_path() const { return state_dir_ + "/ckptd.log"; }
+  std::string Log() const;
+  // "/ckptd-xxxxxxxx-arena" as the daemon logged it ("" before the first ready line).
+  std::string ArenaName() const;
+
+  std::unique_ptr<ckptd::Client> Connect(int rpc_timeout_ms = 30000) const;
+
+ private:
+  void Start();
+  void WaitReady();
+  void RemoveShmSegments();
+
+  DaemonConfig config_;
+  std::unique_ptr<TempDir> owned_dir_;
+  std::string state_dir_;
+  pid_t pid_ = -1;
+  std::vector<std::string> shm_seen_;
+};
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr together
+};
+// Runs argv[0] with the rest as arguments (no shell), collecting stdout+stderr.
+CommandResult RunCommand(const std::vector<std::string>& argv, int timeout_s = 60);
+CommandResult RunCtl(const Daemon& d, std::vector<std::string> args);
+CommandResult RunTestClient(const Daemon& d, const std::string& cmd, std::vector<std::string> args);
+
+// A child process whose stdout is read line by line (a rank saving in the background).
+class Child {
+ public:
+  explicit Child(const std::vector<std::string>& argv);
+  ~Child();  // SIGKILL if still running
+  Child(const Child&) = delete;
+  Child& operator=(const Child&) = delete;
+  // Reads output until a line starting with `prefix` appears; false on EOF or timeout.
+  bool WaitForLine(const std::string& prefix, int timeout_ms);
+  int Wait();  // exit status (128 + signal when killed)
+  void Kill9();
+  const std::string& output() const { return out_; }
+  pid_t pid() const { return pid_; }
+
+ private:
+  pid_t pid_ = -1;
+  int fd_ = -1;
+  std::string out_;
+  size_t scanned_ = 0;
+  int status_ = -1;
+};
+
+std::vector<std::string> TestClientArgs(const Daemon& d, const std::string& cmd,
+                                        std::vector<std::string> args);
+
+// 4 testclient ranks save (job, step) concurrently and wait until each printed "staged".
+// Returns the children (still running when `hold`).
+std::vector<std::unique_ptr<Child>> SaveRanksConcurrently(const Daemon& d, const std::string& job,
+                                                          uint64_t step, uint64_t seed,
+                                                          bool hold, uint32_t world = 4);
+
+// Verifies the whole state dict of (job, step) with a fresh client in this process; "" if
+// bit-exact, else the error.
+std::string VerifyInProcess(const Daemon& d, const std::string& job, uint64_t step, uint64_t seed,
+                            const std::vector<std::string>& items = {});
+
+// Saves all 4 ranks of (job, step) from this process and waits for COMMITTED; throws on error.
+void SaveCommitted(const Daemon& d, const std::string& job, uint64_t step, uint64_t seed);
+
+std::string ReadFile(const std::string& path);
+void CopyTree(const std::string& from, const std::string& to);
+bool PathExists(const std::string& path);
+std::string StepDir(uint64_t step);  // "step-%020d"
+
+}  // namespace ckptd_it
