@@ -206,8 +206,7 @@ absl::Status Wait(Context& ctx, const std::string& job, uint64_t step, uint32_t 
   v1::WaitRequest req;
   req.set_job(job);
   req.set_step(step);
-  // By number: the proto's names for these values clash with CheckpointState's.
-  req.set_until(static_cast<v1::WaitFor>(until_staged ? 1 : 2));
+  req.set_until(until_staged ? v1::WAIT_FOR_ALL_STAGED : v1::WAIT_FOR_COMMITTED);
   req.set_timeout_ms(timeout_ms);
   v1::CheckpointStatus resp;
   absl::Status s = Call(ctx, int64_t{timeout_ms} + kWaitMarginMs,

@@ -46,8 +46,7 @@ absl::StatusOr<CheckpointInfo> Client::Wait(const std::string& job, uint64_t ste
   v1::WaitRequest req;
   req.set_job(job);
   req.set_step(step);
-  // By number: the proto's names for these values clash with CheckpointState's (see ckptd.proto).
-  req.set_until(static_cast<v1::WaitFor>(until == WaitFor::kAllStaged ? 1 : 2));
+  req.set_until(until == WaitFor::kAllStaged ? v1::WAIT_FOR_ALL_STAGED : v1::WAIT_FOR_COMMITTED);
   req.set_timeout_ms(std::min(timeout_ms, kWaitTimeoutMsMax));
   v1::CheckpointStatus resp;
   int64_t deadline_ms =

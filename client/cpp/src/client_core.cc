@@ -169,6 +169,11 @@ absl::Status ClientCore::Convert(const char* name, int64_t timeout_ms,
   if (code == absl::StatusCode::kUnavailable) {
     need_hello_ = true;
     msg = absl::StrCat("ckptd at ", target_, " is unavailable: ", msg);
+  } else if (code == absl::StatusCode::kFailedPrecondition &&
+             msg.find("unknown session") != std::string::npos) {
+    // The daemon restarted between two of our calls without the drop being noticed: this call
+    // fails, the next one says Hello again.
+    need_hello_ = true;
   } else if (code == absl::StatusCode::kDeadlineExceeded && msg == "Deadline Exceeded") {
     msg = absl::StrCat("ckptd at ", target_, " did not answer ", name, " within ", timeout_ms,
                        " ms");
