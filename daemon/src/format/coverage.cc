@@ -110,8 +110,10 @@ absl::Status CoverageChecker::CheckBoxes(const std::vector<uint32_t>& general_bo
 absl::Status CoverageChecker::CoverDim(size_t d, std::vector<uint32_t> ids) {
   if (d + 1 == n_) return CoverLastDim(std::move(ids));
   std::vector<uint32_t> by_end = ids;
-  std::sort(ids.begin(), ids.end(), [&](uint32_t a, uint32_t b) { return Start(a, d) < Start(b, d); });
-  std::sort(by_end.begin(), by_end.end(), [&](uint32_t a, uint32_t b) { return End(a, d) < End(b, d); });
+  std::sort(ids.begin(), ids.end(),
+            [&](uint32_t a, uint32_t b) { return Start(a, d) < Start(b, d); });
+  std::sort(by_end.begin(), by_end.end(),
+            [&](uint32_t a, uint32_t b) { return End(a, d) < End(b, d); });
   std::vector<uint32_t> active;
   size_t next_start = 0;
   size_t next_end = 0;
@@ -142,7 +144,8 @@ absl::Status CoverageChecker::CoverDim(size_t d, std::vector<uint32_t> ids) {
 
 absl::Status CoverageChecker::CoverLastDim(std::vector<uint32_t> ids) const {
   const size_t d = n_ - 1;
-  std::sort(ids.begin(), ids.end(), [&](uint32_t a, uint32_t b) { return Start(a, d) < Start(b, d); });
+  std::sort(ids.begin(), ids.end(),
+            [&](uint32_t a, uint32_t b) { return Start(a, d) < Start(b, d); });
   uint64_t reach = 0;
   uint32_t reach_id = 0;
   for (uint32_t id : ids) {

@@ -129,7 +129,8 @@ absl::Status VerifyBlocks(const void* data, uint64_t first_block, uint64_t n_byt
                           uint64_t shard_bytes, std::span<const uint32_t> crcs,
                           uint32_t block_bytes, std::string_view context) {
   if (block_bytes == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(AbslView(context), ": checksum block size is 0"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(AbslView(context), ": checksum block size is 0"));
   }
   uint64_t blocks = BlockCount(shard_bytes, block_bytes);
   if (crcs.size() != blocks) {
@@ -154,7 +155,8 @@ absl::Status VerifyBlocks(const void* data, uint64_t first_block, uint64_t n_byt
     if (actual != crcs[block]) {
       return absl::DataLossError(absl::StrCat(
           AbslView(context), ": block ", block, " crc32c mismatch: expected 0x",
-          absl::Hex(crcs[block], absl::kZeroPad8), ", actual 0x", absl::Hex(actual, absl::kZeroPad8)));
+          absl::Hex(crcs[block], absl::kZeroPad8), ", actual 0x",
+          absl::Hex(actual, absl::kZeroPad8)));
     }
   }
   return absl::OkStatus();

@@ -143,7 +143,8 @@ absl::StatusOr<Manifest> DecodeManifest(std::string_view bytes, std::string_view
   size_t pos = sizeof(kManifestMagic);
   Manifest manifest;
   CKPTD_ASSIGN_OR_RETURN(manifest.header, ReadHeader(bytes, &pos, context));
-  manifest.items.reserve(std::min<uint64_t>(manifest.header.item_count(), 1 << 20));
+  // Bounded: the count is not trusted until the manifest validates.
+  manifest.items.reserve(std::min<uint64_t>(manifest.header.item_count(), 1 << 16));
   for (uint64_t i = 0; i < manifest.header.segment_count(); ++i) {
     CKPTD_ASSIGN_OR_RETURN(std::string_view payload, ReadRecord(bytes, &pos, i + 1, context));
     v1::ManifestSegment segment;

@@ -69,8 +69,8 @@ std::string CheckpointDir(std::string_view job, uint64_t step) {
 absl::StatusOr<uint64_t> ParseStepDirName(std::string_view name) {
   std::string_view prefix(kStepDirPrefix);
   auto bad = [&](std::string_view why) {
-    return absl::InvalidArgumentError(absl::StrCat("\"", EscapeName(name),
-                                                   "\" is not a step directory name: ", AbslView(why)));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "\"", EscapeName(name), "\" is not a step directory name: ", AbslView(why)));
   };
   if (name.size() != prefix.size() + kStepDigits || name.substr(0, prefix.size()) != prefix) {
     return bad("want \"step-\" followed by 20 digits");

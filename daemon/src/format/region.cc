@@ -118,7 +118,7 @@ absl::Status ValidateBox(const v1::Region& region, std::span<const uint64_t> sha
   const v1::Box& box = region.box();
   if (static_cast<size_t>(box.offsets_size()) != shape.size() ||
       static_cast<size_t>(box.lengths_size()) != shape.size()) {
-    return BoxError(region,  shape,
+    return BoxError(region, shape,
                     absl::StrFormat("has %d offsets and %d lengths; want %d dims for",
                                     box.offsets_size(), box.lengths_size(), shape.size()));
   }
@@ -146,7 +146,8 @@ absl::StatusOr<uint64_t> NumElements(std::span<const uint64_t> shape) {
   bool zero = false;
   for (uint64_t dim : shape) {
     zero = zero || dim == 0;
-    if (dim > limits::kTensorElementsMax || (dim != 0 && numel > limits::kTensorElementsMax / dim)) {
+    if (dim > limits::kTensorElementsMax ||
+        (dim != 0 && numel > limits::kTensorElementsMax / dim)) {
       return absl::InvalidArgumentError(
           absl::StrFormat("shape %s has more than %d elements (limits::kTensorElementsMax)",
                           DescribeShape(shape), limits::kTensorElementsMax));

@@ -178,7 +178,8 @@ TEST_CASE("Any flipped byte or truncation is DATA_LOSS", "[unit]") {
   CHECK(DecodeManifest(*bytes + "x", "tail").status().code() == absl::StatusCode::kDataLoss);
   std::string bad = *bytes;
   bad[8 + 8 + 3] ^= 0x10;  // inside the header record's payload
-  CHECK(Message(DecodeManifest(bad, "m.ckm").status()) == "manifest m.ckm: record 0 checksum mismatch");
+  CHECK(Message(DecodeManifest(bad, "m.ckm").status()) ==
+        "manifest m.ckm: record 0 checksum mismatch");
 }
 
 TEST_CASE("Manifest framing errors", "[unit]") {
@@ -188,7 +189,8 @@ TEST_CASE("Manifest framing errors", "[unit]") {
   std::string v99 = RawEncode(m.header, m.items);
   absl::Status s = DecodeManifest(v99, "ckpt/manifest.ckm").status();
   CHECK(s.code() == absl::StatusCode::kFailedPrecondition);
-  CHECK(Message(s) == "manifest ckpt/manifest.ckm has format version 99; this build reads version 1");
+  CHECK(Message(s) ==
+        "manifest ckpt/manifest.ckm has format version 99; this build reads version 1");
 
   std::string bad_magic = *EncodeManifest(Sample());
   bad_magic[7] = '2';

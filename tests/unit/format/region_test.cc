@@ -24,7 +24,9 @@ TEST_CASE("NumElements", "[unit]") {
         limits::kTensorElementsMax);
   CHECK(NumElements(std::vector<uint64_t>{limits::kTensorElementsMax, 2}).status().code() ==
         absl::StatusCode::kInvalidArgument);
-  CHECK(NumElements(std::vector<uint64_t>{uint64_t{1} << 32, uint64_t{1} << 32, 0}).status().code() ==
+  CHECK(NumElements(std::vector<uint64_t>{uint64_t{1} << 32, uint64_t{1} << 32, 0})
+            .status()
+            .code() ==
         absl::StatusCode::kInvalidArgument);
   CHECK(NumElements(std::vector<uint64_t>(limits::kTensorDimsMax, 2)).ok());
   CHECK(NumElements(std::vector<uint64_t>(limits::kTensorDimsMax + 1, 1)).status().code() ==
@@ -169,7 +171,8 @@ TEST_CASE("CheckCoverage agrees with brute force on random region sets", "[unit]
     CHECK(s.ok() == RefExactCover(shape, regions));
     exact += s.ok();
     for (const v1::Region& r : regions) {
-      if (r.has_box() && RegionElements(r, shape) != 0 && RegionKey(r, shape).rfind("box:", 0) == 0) {
+      if (r.has_box() && RegionElements(r, shape) != 0 &&
+          RegionKey(r, shape).rfind("box:", 0) == 0) {
         ++general;
         break;
       }

@@ -109,7 +109,9 @@ inline void AppendBoxGrid(std::mt19937_64& rng, const std::vector<uint64_t>& sha
 inline void AppendFlatSplit(std::mt19937_64& rng, uint64_t lo, uint64_t hi, int max_parts,
                             std::vector<v1::Region>* out) {
   std::vector<uint64_t> cuts = RandomCuts(rng, hi - lo, max_parts, rng() % 8 == 0);
-  for (size_t i = 0; i + 1 < cuts.size(); ++i) out->push_back(Flat(lo + cuts[i], cuts[i + 1] - cuts[i]));
+  for (size_t i = 0; i + 1 < cuts.size(); ++i) {
+    out->push_back(Flat(lo + cuts[i], cuts[i + 1] - cuts[i]));
+  }
 }
 
 // A random exact partition of the tensor: boxes, flat ranges, or slabs of dim 0 each split into
