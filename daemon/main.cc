@@ -1,6 +1,7 @@
 // ckptd: flags/config → DaemonOptions::Validate() → recover → serve on the unix socket until
 // SIGTERM/SIGINT, then finish or journal in-flight work and exit.
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 
 #include <cstdio>

@@ -188,7 +188,9 @@ absl::Status CheckpointService::LoadItem(const std::string& session, const Manif
       uint64_t off = b0 * block;
       uint64_t len = std::min<uint64_t>(b1 * block, s->length()) - off;
       CKPTD_RETURN_IF_ERROR(VerifyBlocks(buf.data() + off, b0, len, s->length(),
-                                         s->block_crc32c(), block,
+                                         std::span<const uint32_t>(s->block_crc32c().data(),
+                                                                   s->block_crc32c().size()),
+                                         block,
                                          absl::StrCat(what, " shard in ", path)));
     }
     if (item->kind() == v1::TENSOR) {

@@ -105,7 +105,7 @@ absl::Status CheckpointService::ReserveExtents(const v1::ReserveExtentsRequest& 
                                               : std::min<uint64_t>(req.timeout_ms(), 3600000);
   CKPTD_ASSIGN_OR_RETURN(
       std::vector<ExtentInfo> extents,
-      deps_.arena->Reserve(session, req.sizes_bytes(), absl::Milliseconds(timeout_ms)));
+      deps_.arena->Reserve(session, std::span<const uint64_t>(req.sizes_bytes().data(), req.sizes_bytes().size()), absl::Milliseconds(timeout_ms)));
   for (const ExtentInfo& e : extents) {
     v1::Extent* out = resp->add_extents();
     out->set_id(e.id);
@@ -117,7 +117,8 @@ absl::Status CheckpointService::ReserveExtents(const v1::ReserveExtentsRequest& 
 
 absl::Status CheckpointService::ReleaseExtents(const v1::ReleaseExtentsRequest& req) {
   CKPTD_ASSIGN_OR_RETURN(std::string session, SessionOf(req.session_id()));
-  return deps_.arena->Release(session, req.extent_ids());
+  return deps_.arena->Release(
+      session, std::span<const uint64_t>(req.extent_ids().data(), req.extent_ids().size()));
 }
 
 absl::Status CheckpointService::RegisterRegion(const v1::RegisterRegionRequest& req,
@@ -249,9 +250,9 @@ absl::Status CheckpointService::CheckItemsLocked(const Pending& p,
                                   s.tensor().global_shape().end());
       if (m.kind != v1::TENSOR || m.dtype != s.tensor().dtype() || m.shape != shape) {
         return absl::InvalidArgumentError(absl::StrCat(
-            where, ": rank ", req.rank(), " saves it as ", DTypeName(s.tensor().dtype()), " ",
+            where, ": rank ", req.rank(), " saves it as ", std::string(DTypeName(s.tensor().dtype())), " ",
             DescribeShape(shape), " but rank ", m.first_rank, " saved it as ",
-            m.kind == v1::TENSOR ? absl::StrCat(DTypeName(m.dtype), " ", DescribeShape(m.shape))
+            m.kind == v1::TENSOR ? absl::StrCat(std::string(DTypeName(m.dtype)), " ", DescribeShape(m.shape))
                                  : "an object"));
       }
     } else if (m.kind != v1::OBJECT || m.scope != s.object().scope()) {
