@@ -71,8 +71,9 @@ TEST_CASE("crash (b): kill -9 after staged and the arena removed; restart aborts
   REQUIRE(shm_unlink(arena.c_str()) == 0);
   d.Restart({});
   auto client = d.Connect();
-  auto st = client->Wait(kJob, 2, ckptd::WaitFor::kCommitted, 10000);
+  auto st = client->GetStatus(kJob, 2);
   INFO(d.Log());
+  INFO(st.status().ToString());
   REQUIRE(st.ok());
   INFO("state " << ckptd::CheckpointStateName(st->state) << " error " << st->error);
   REQUIRE(st->state == ckptd::CheckpointState::kAborted);
@@ -110,4 +111,24 @@ TEST_CASE("crash (c): kill -9 all four clients right after staged; the daemon co
   REQUIRE(w.ok());
   REQUIRE(VerifyInProcess(d, kJob, 2, kSeed2) == "");
   REQUIRE(VerifyInProcess(d, kJob, 1, kSeed1) == "");
+}
+
+// Client::Wait() is documented to return the checkpoint's status when it was ABORTED ("returns
+// its status in every one of these cases (check .state)"); the daemon answers an ABORTED gRPC
+// error instead. Hidden until that is settled; run with "[bug]".
+TEST_CASE("Client::Wait returns the status of an aborted checkpoint", "[.][bug][integration]") {
+  Daemon d;
+  auto client = d.Connect();
+  REQUIRE(SaveRank(*client, kJob, 3, 0, 2, 1).ok());
+  REQUIRE(client->Abort(kJob, 3, "test abort").ok());
+  auto st = client->Wait(kJob, 3, ckptd::WaitFor::kCommitted, 1000);
+  INFO(st.status().ToString());
+  REQUIRE(st.ok());
+  REQUIRE(st->state == ckptd::CheckpointState::kAborted);
+  // And on a timeout: the status with the missing ranks, not an error.
+  REQUIRE(SaveRank(*client, kJob, 4, 0, 2, 1).ok());
+  auto timed_out = client->Wait(kJob, 4, ckptd::WaitFor::kCommitted, 300);
+  INFO(timed_out.status().ToString());
+  REQUIRE(timed_out.ok());
+  REQUIRE(timed_out->missing_ranks == std::vector<uint32_t>{1});
 }

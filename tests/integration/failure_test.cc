@@ -321,20 +321,20 @@ TEST_CASE("failure paths answer clear errors and leave committed data intact",
 TEST_CASE("a full arena answers RESOURCE_EXHAUSTED stating bytes asked and free",
           "[integration]") {
   DaemonConfig cfg;
-  cfg.staging_bytes_max = 1 << 20;
+  cfg.staging_bytes_max = 16 << 20;  // the daemon's minimum
   cfg.extra_flags = {"--reserve_timeout_ms=200"};
   Daemon d(cfg);
   SaveCommitted(d, kBaseJob, 1, kBaseSeed);
   auto client = d.Connect();
-  auto held = client->Allocate(768 << 10);
+  auto held = client->Allocate(12 << 20);
   INFO(Describe(held.status()));
   REQUIRE(held.ok());
   auto t0 = std::chrono::steady_clock::now();
-  auto more = client->Allocate(512 << 10);
+  auto more = client->Allocate(8 << 20);
   auto waited = std::chrono::steady_clock::now() - t0;
   INFO(Describe(more.status()));
   REQUIRE(more.status().code() == absl::StatusCode::kResourceExhausted);
-  REQUIRE(HasNumber(std::string(more.status().message()), 512 << 10));
+  REQUIRE(HasNumber(std::string(more.status().message()), 8 << 20));
   REQUIRE_THAT(std::string(more.status().message()), Contains("free"));
   // It waited (bounded) before failing.
   REQUIRE(waited >= std::chrono::milliseconds(150));
@@ -342,7 +342,7 @@ TEST_CASE("a full arena answers RESOURCE_EXHAUSTED stating bytes asked and free"
 
   REQUIRE(client->Release(*held).ok());
   REQUIRE(VerifyInProcess(d, kBaseJob, 1, kBaseSeed) == "");
-  auto again = client->Allocate(512 << 10);
+  auto again = client->Allocate(8 << 20);
   REQUIRE(again.ok());
   REQUIRE(client->Release(*again).ok());
 }
