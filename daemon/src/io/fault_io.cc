@@ -30,6 +30,11 @@ void FaultIo::FailAfter(Op op, uint64_t n, int err) {
   faults_[static_cast<size_t>(op)] = Fault{true, false, n, err};
 }
 
+void FaultIo::FailOnceAfter(Op op, uint64_t n, int err) {
+  absl::MutexLock lock(&mu_);
+  faults_[static_cast<size_t>(op)] = Fault{true, true, n, err};
+}
+
 void FaultIo::Clear(Op op) {
   absl::MutexLock lock(&mu_);
   faults_[static_cast<size_t>(op)] = Fault{};

@@ -3,9 +3,9 @@
 // a failed write reaches the file). Errors carry ErrnoStatus() codes and messages naming the path
 // (and offset for transfers) with "(injected)" appended, exactly as a real failure would.
 //
-// Arming: FailNext(op, err) fails the next call of `op` once; FailAfter(op, n, err) lets the next
-// n calls of `op` through and fails every later one until Clear(op) / ClearAll(). Counters count
-// every call, failed or not.
+// Arming: FailNext(op, err) fails the next call of `op` once; FailOnceAfter(op, n, err) fails only
+// the (n+1)th call from now; FailAfter(op, n, err) lets the next n calls of `op` through and fails
+// every later one until Clear(op) / ClearAll(). Counters count every call, failed or not.
 //
 // Thread safety: every method may be called from several threads at once.
 #pragma once
@@ -35,6 +35,8 @@ class FaultIo : public Io {
 
   void FailNext(Op op, int err);
   void FailAfter(Op op, uint64_t n, int err);
+  // Lets the next n calls of `op` through and fails the one after them, once.
+  void FailOnceAfter(Op op, uint64_t n, int err);
   void Clear(Op op);
   void ClearAll();
   // Calls of `op` so far (including failed ones).

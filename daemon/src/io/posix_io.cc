@@ -51,6 +51,12 @@ absl::Status TransferSlice(bool is_write, const FileHandle& file, const IoSlice&
           absl::StrCat(TransferContext(is_write, file, offset, want), ": wrote 0 bytes"));
     }
     done += static_cast<uint64_t>(n);
+    // O_DIRECT reads stop short only at the end of the file; asking again for the unaligned
+    // remainder would fail with EINVAL instead of saying so.
+    if (!is_write && file.direct && done < slice.len &&
+        (slice.offset + done) % limits::kAlignmentBytes != 0) {
+      return ShortFileStatus(file, slice.offset + done, slice.len - done);
+    }
   }
   return absl::OkStatus();
 }

@@ -185,7 +185,12 @@ class Batch {
       op.buf += n;
       op.offset += n;
       op.len -= n;
-      if (op.len > 0 && status_.ok() && !broken_) return Prepare(slot);  // short transfer
+      if (op.len > 0 && !is_write_ && file_.direct && op.offset % limits::kAlignmentBytes != 0) {
+        // O_DIRECT reads stop short only at the end of the file (see posix_io.cc).
+        Fail(ShortFileStatus(file_, op.offset, op.len));
+      } else if (op.len > 0 && status_.ok() && !broken_) {
+        return Prepare(slot);  // short transfer: the remainder
+      }
     }
     free_.push_back(slot);
   }

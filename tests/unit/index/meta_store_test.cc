@@ -19,10 +19,11 @@ std::vector<std::pair<std::string, std::string>> ScanAll(MetaStore& store, std::
                                                          std::string_view start_after = "",
                                                          size_t limit = 0) {
   std::vector<std::pair<std::string, std::string>> out;
-  absl::Status s = store.Scan(prefix, start_after, limit, [&](std::string_view k, std::string_view v) {
+  auto collect = [&](std::string_view k, std::string_view v) {
     out.emplace_back(k, v);
     return true;
-  });
+  };
+  absl::Status s = store.Scan(prefix, start_after, limit, collect);
   REQUIRE(s.ok());
   return out;
 }
@@ -72,7 +73,8 @@ void RunContract(MetaStore& store) {
     CHECK(all[4].second == std::to_string(uint64_t{1} << 40));
 
     auto page1 = ScanAll(store, keys::CheckpointPrefix("a"), "", 2);
-    CHECK(Keys(page1) == std::vector<std::string>{keys::Checkpoint("a", 1), keys::Checkpoint("a", 2)});
+    CHECK(Keys(page1) ==
+          std::vector<std::string>{keys::Checkpoint("a", 1), keys::Checkpoint("a", 2)});
     auto page2 = ScanAll(store, keys::CheckpointPrefix("a"), page1.back().first, 2);
     CHECK(Keys(page2) ==
           std::vector<std::string>{keys::Checkpoint("a", 10), keys::Checkpoint("a", 100)});
@@ -88,9 +90,8 @@ void RunContract(MetaStore& store) {
     CHECK(ScanAll(store, "Z").empty());
 
     int calls = 0;
-    REQUIRE(store.Scan(keys::AllCheckpointsPrefix(), "", 0, [&](std::string_view, std::string_view) {
-                   return ++calls < 3;
-                 }).ok());
+    auto stop_at_3 = [&](std::string_view, std::string_view) { return ++calls < 3; };
+    REQUIRE(store.Scan(keys::AllCheckpointsPrefix(), "", 0, stop_at_3).ok());
     CHECK(calls == 3);
   }
   SECTION("DeletePrefix removes exactly the prefix") {

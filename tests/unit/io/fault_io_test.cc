@@ -54,6 +54,11 @@ TEST_CASE("FaultIo injects errors on chosen calls and counts every call", "[unit
   CHECK(io.rename_calls() == 2);
   CHECK(*io.Exists(path + "2"));
 
+  io.FailOnceAfter(FaultIo::Op::kRead, 1, EIO);
+  CHECK(io.ReadAll(*file, {&r, 1}).ok());
+  CHECK(absl::IsDataLoss(io.ReadAll(*file, {&r, 1})));
+  CHECK(io.ReadAll(*file, {&r, 1}).ok());
+
   io.FailNext(FaultIo::Op::kMkdir, EACCES);
   CHECK(absl::IsPermissionDenied(io.MkdirAll(dir.path() + "/d")));
   CHECK(io.MkdirAll(dir.path() + "/d").ok());

@@ -59,7 +59,9 @@ TEST_CASE("PosixStorage blob round trip with aligned and unaligned slices", "[un
     AlignedBuf src = Aligned(kTotal + 4096);
     Fill(src.get(), kTotal + 4096, 42);
     std::vector<IoSlice> slices;
-    for (uint64_t i = 0; i < 8; ++i) slices.push_back({src.get() + i * kExtent, kExtent, i * kExtent});
+    for (uint64_t i = 0; i < 8; ++i) {
+      slices.push_back({src.get() + i * kExtent, kExtent, i * kExtent});
+    }
     slices.push_back({src.get() + 8 * kExtent + 1, 4096, 8 * kExtent});  // misaligned address
     slices.push_back({src.get() + 8 * kExtent + 4096, 1000, 8 * kExtent + 4096});  // tail
     auto writer = storage->CreateBlob("job/0000000000000042/r00000.blob");
@@ -90,6 +92,12 @@ TEST_CASE("PosixStorage blob round trip with aligned and unaligned slices", "[un
     absl::Status s = (*reader)->Read({&beyond, 1});
     CHECK(absl::IsDataLoss(s));
     CHECK_THAT(Msg(s), Catch::Contains("r00000.blob"));
+
+    // An aligned (O_DIRECT) read running past the unaligned end of the blob.
+    IoSlice direct_past{dst.get(), 8192, 8 * kExtent};
+    absl::Status sd = (*reader)->Read({&direct_past, 1});
+    CHECK(absl::IsDataLoss(sd));
+    CHECK_THAT(Msg(sd), Catch::Contains("r00000.blob"));
 
     auto list = storage->List("job/0000000000000042");
     REQUIRE(list.ok());
