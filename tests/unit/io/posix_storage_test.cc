@@ -27,7 +27,10 @@ struct FreeDeleter {
 using AlignedBuf = std::unique_ptr<char, FreeDeleter>;
 
 AlignedBuf Aligned(uint64_t bytes) {
-  void* p = std::aligned_alloc(limits::kAlignmentBytes, bytes);
+  // aligned_alloc wants a size that is a multiple of the alignment.
+  uint64_t rounded = (bytes + limits::kAlignmentBytes - 1) / limits::kAlignmentBytes *
+                     limits::kAlignmentBytes;
+  void* p = std::aligned_alloc(limits::kAlignmentBytes, rounded);
   REQUIRE(p != nullptr);
   return AlignedBuf(static_cast<char*>(p));
 }
