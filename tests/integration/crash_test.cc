@@ -115,8 +115,9 @@ TEST_CASE("crash (c): kill -9 all four clients right after staged; the daemon co
 
 // Client::Wait() is documented to return the checkpoint's status when it was ABORTED ("returns
 // its status in every one of these cases (check .state)"); the daemon answers an ABORTED gRPC
-// error instead. Hidden until that is settled; run with "[bug]".
-TEST_CASE("Client::Wait returns the status of an aborted checkpoint", "[.][bug][integration]") {
+// error instead. [!mayfail] until that is settled (a failure is reported, not counted).
+TEST_CASE("Client::Wait returns the status of an aborted checkpoint",
+          "[integration][!mayfail][bug]") {
   Daemon d;
   auto client = d.Connect();
   REQUIRE(SaveRank(*client, kJob, 3, 0, 2, 1).ok());

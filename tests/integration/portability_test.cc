@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <filesystem>
+#include <iostream>
 
 #include "harness.h"
 #include "testclient/rank_io.h"
@@ -12,7 +13,7 @@ using namespace ckptd_it;
 using Catch::Matchers::Contains;
 
 namespace {
-// The golden checkpoint: written once by the hidden case below (ckptd_testclient golden-write),
+// The golden checkpoint: written once by WriteGolden() below (ckptd_testclient golden-write),
 // with the state dict of testclient/state_dict.h. Never change that state dict's items or
 // FillElements without regenerating it deliberately.
 const std::string kGoldenJob = "golden";
@@ -66,17 +67,26 @@ TEST_CASE("golden: the checkpoint under tests/data loads bit-exact", "[integrati
   REQUIRE(items->size() == StateDict().size() + 2);  // + the two objects
 }
 
-// Regenerates tests/data/golden (hidden; run deliberately when the format changes on purpose):
-//   ckptd_integration_tests "[golden-write]"
-TEST_CASE("golden-write: regenerate tests/data/golden", "[.][golden-write]") {
+namespace ckptd_it {
+// Regenerates tests/data/golden: `ckptd_integration_tests --write-golden` (not a test case, so
+// ctest never rewrites the golden data). Only for a deliberate format change.
+int WriteGolden() {
   Daemon d;
   CommandResult r = RunTestClient(d, "golden-write", {"--job", kGoldenJob, "--step",
                                                       std::to_string(kGoldenStep), "--seed",
                                                       std::to_string(kGoldenSeed)});
-  INFO(r.output << "\n" << d.Log());
-  REQUIRE(r.exit_code == 0);
+  if (r.exit_code != 0) {
+    std::cerr << r.output << "\n" << d.Log();
+    return 1;
+  }
   d.Stop();
   const std::string rel = kGoldenJob + "/" + StepDir(kGoldenStep);
   std::filesystem::remove_all(kGoldenDir);
   CopyTree(d.data_dir() + "/" + rel, kGoldenDir + "/" + rel);
+  for (const auto& e : std::filesystem::directory_iterator(kGoldenDir + "/" + rel)) {
+    std::filesystem::permissions(e.path(), std::filesystem::perms(0644));
+  }
+  std::cout << "wrote " << kGoldenDir << "/" << rel << "\n";
+  return 0;
 }
+}  // namespace ckptd_it
