@@ -195,5 +195,8 @@ class CheckpointService {
 };
 
 uint64_t NowUnixMs();
+// Identifies the stored copy of a shard within a checkpoint: item + region (tensors), item +
+// saving rank (per-rank objects), item (replicated objects). Equal keys are replicas.
+std::string StoredCopyKey(const v1::ShardSpec& spec, uint32_t rank);
 
 }  // namespace ckptd

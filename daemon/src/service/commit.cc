@@ -89,13 +89,7 @@ absl::StatusOr<Manifest> CheckpointService::BuildManifestLocked(const Pending& p
     for (const v1::StagedShard& s : pr.rec.shards()) {
       if (!s.replica()) continue;
       const v1::ShardSpec& spec = s.spec();
-      std::string rkey = spec.item();
-      rkey.push_back('\0');
-      if (spec.has_tensor()) {
-        std::vector<uint64_t> shape(spec.tensor().global_shape().begin(),
-                                    spec.tensor().global_shape().end());
-        rkey += RegionKey(spec.tensor().region(), shape);
-      }
+      std::string rkey = StoredCopyKey(spec, r);
       auto owner = p.stored_copy.find(rkey);
       CKPTD_CHECK(owner != p.stored_copy.end());
       const auto& [item_name, idx] = where.at(owner->second);

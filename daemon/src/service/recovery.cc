@@ -143,15 +143,7 @@ absl::Status CheckpointService::ResumeOne(const v1::CheckpointRecord& rec,
           pr.extent_ids.push_back(sh.extent_id());
         }
       }
-      std::string rkey = spec.item();
-      rkey.push_back('\0');
-      if (spec.has_tensor()) {
-        std::vector<uint64_t> shape(spec.tensor().global_shape().begin(),
-                                    spec.tensor().global_shape().end());
-        rkey += RegionKey(spec.tensor().region(), shape);
-      } else if (spec.object().scope() == v1::PER_RANK) {
-        rkey += absl::StrCat("rank", rr.rank());
-      }
+      std::string rkey = StoredCopyKey(spec, rr.rank());
       if (!sh.replica()) p->stored_copy[rkey] = {rr.rank(), static_cast<size_t>(i)};
       if (!p->items.contains(spec.item())) {
         ItemMeta m;

@@ -16,6 +16,19 @@ namespace ckptd {
 
 uint64_t NowUnixMs() { return static_cast<uint64_t>(absl::ToUnixMillis(absl::Now())); }
 
+std::string StoredCopyKey(const v1::ShardSpec& spec, uint32_t rank) {
+  std::string key = spec.item();
+  key.push_back('\0');
+  if (spec.has_tensor()) {
+    std::vector<uint64_t> shape(spec.tensor().global_shape().begin(),
+                                spec.tensor().global_shape().end());
+    key += RegionKey(spec.tensor().region(), shape);
+  } else if (spec.object().scope() == v1::PER_RANK) {
+    key += absl::StrCat("rank", rank);
+  }
+  return key;
+}
+
 namespace {
 
 std::string CkptName(const std::string& job, uint64_t step) {
@@ -378,15 +391,7 @@ absl::Status CheckpointService::Save(const v1::SaveRequest& req, v1::SaveRespons
   for (int i = 0; i < rank.rec.shards_size(); ++i) {
     v1::StagedShard* sh = rank.rec.mutable_shards(i);
     const v1::ShardSpec& s = sh->spec();
-    std::string rkey = s.item();
-    rkey.push_back('\0');
-    if (s.has_tensor()) {
-      std::vector<uint64_t> shape(s.tensor().global_shape().begin(),
-                                  s.tensor().global_shape().end());
-      rkey += RegionKey(s.tensor().region(), shape);
-    } else if (s.object().scope() == v1::PER_RANK) {
-      rkey += absl::StrCat("rank", req.rank());
-    }
+    std::string rkey = StoredCopyKey(s, req.rank());
     auto [owner, inserted] = p.stored_copy.emplace(rkey, std::make_pair(req.rank(), size_t(i)));
     sh->set_replica(!inserted);
     bytes += s.data().length();
