@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/prctl.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -64,6 +65,7 @@ pid_t SpawnPiped(const std::vector<std::string>& argv, int* read_fd) {
   pid_t pid = fork();
   if (pid < 0) Throw(absl::StrCat("fork: ", std::strerror(errno)));
   if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive a killed test process
     dup2(fds[1], 1);
     dup2(fds[1], 2);
     execv(cargv[0], cargv.data());
@@ -174,6 +176,7 @@ void Daemon::Start() {
   pid_t pid = fork();
   if (pid < 0) Throw(absl::StrCat("fork: ", std::strerror(errno)));
   if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive a killed test process
     int fd = open(log.c_str(), O_WRONLY | O_APPEND | O_CREAT, 0600);
     if (fd >= 0) {
       dup2(fd, 1);
