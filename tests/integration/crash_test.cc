@@ -113,6 +113,34 @@ TEST_CASE("crash (c): kill -9 all four clients right after staged; the daemon co
   REQUIRE(VerifyInProcess(d, kJob, 1, kSeed1) == "");
 }
 
+// [!mayfail]: the daemon does not exit within --shutdown_grace_s while a flush sleeps in
+// --debug_flush_delay_ms (CheckpointService::Shutdown -> flush_pool Drain/Stop wait for it).
+TEST_CASE("SIGTERM with a staged checkpoint journals it; the next start commits it",
+          "[integration][crash][!mayfail]") {
+  Daemon d;
+  SaveCommitted(d, kJob, 1, kSeed1);
+  d.Restart({"--debug_flush_delay_ms=60000", "--shutdown_grace_s=1"});
+  {
+    auto ranks = SaveRanksConcurrently(d, kJob, 2, kSeed2, /*hold=*/false);
+    for (auto& r : ranks) REQUIRE(r->Wait() == 0);
+  }
+  // SIGTERM: exits after the 1 s grace period; the staged step stays journaled.
+  auto t0 = std::chrono::steady_clock::now();
+  const bool exited = d.Stop(10000);
+  const auto took_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                           std::chrono::steady_clock::now() - t0)
+                           .count();
+  CHECK(exited);  // known daemon bug: shutdown waits for the in-flight flush, not the grace
+  INFO("SIGTERM to exit: " << took_ms << " ms");
+  d.Restart({});
+  auto client = d.Connect();
+  absl::Status w = client->WaitCommitted(kJob, 2, 30000);
+  INFO(w.ToString() << "\n" << d.Log());
+  REQUIRE(w.ok());
+  REQUIRE(VerifyInProcess(d, kJob, 2, kSeed2) == "");
+  REQUIRE(VerifyInProcess(d, kJob, 1, kSeed1) == "");
+}
+
 // Client::Wait() is documented to return the checkpoint's status when it was ABORTED ("returns
 // its status in every one of these cases (check .state)"); the daemon answers an ABORTED gRPC
 // error instead. [!mayfail] until that is settled (a failure is reported, not counted).

@@ -125,6 +125,9 @@ TEST_CASE("e2e: 4 ranks save, the daemon commits, a fresh client loads bit-exact
         REQUIRE(i.kind == ckptd::ItemInfo::kTensor);
         REQUIRE(i.dtype == t.dtype);
         REQUIRE(i.shape == t.shape);
+        // Row-sharded: one shard per rank; the replicated 0-d tensor is stored once.
+        if (t.sharded) REQUIRE(i.shard_count == 4);
+        if (!t.sharded) REQUIRE(i.shard_count == 1);
       }
       INFO(t.name);
       REQUIRE(found);

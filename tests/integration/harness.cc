@@ -213,17 +213,20 @@ void Daemon::WaitReady() {
   Throw(absl::StrCat("ckptd not ready after 20 s (", last, "); log:\n", Log()));
 }
 
-void Daemon::Stop() {
-  if (pid_ <= 0) return;
+bool Daemon::Stop(int timeout_ms) {
+  if (pid_ <= 0) return true;
   kill(pid_, SIGTERM);
-  int rc = WaitPid(pid_, 45000);
+  int rc = WaitPid(pid_, timeout_ms);
   if (rc < 0) {
+    std::ofstream(log_path(), std::ios::app)
+        << "=== harness: no exit " << timeout_ms << " ms after SIGTERM: SIGKILL\n";
     kill(pid_, SIGKILL);
     WaitPid(pid_, 10000);
     pid_ = -1;
-    Throw(absl::StrCat("ckptd did not exit within 45 s of SIGTERM; log:\n", Log()));
+    return false;
   }
   pid_ = -1;
+  return true;
 }
 
 void Daemon::Kill9() {
@@ -234,7 +237,9 @@ void Daemon::Kill9() {
 }
 
 void Daemon::Restart(std::vector<std::string> extra_flags) {
-  if (pid_ > 0) Stop();
+  if (pid_ > 0 && !Stop()) {
+    Throw(absl::StrCat("ckptd did not exit within 45 s of SIGTERM; log:\n", Log()));
+  }
   config_.extra_flags = std::move(extra_flags);
   Start();
 }

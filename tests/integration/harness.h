@@ -43,7 +43,8 @@ class Daemon {
   Daemon(const Daemon&) = delete;
   Daemon& operator=(const Daemon&) = delete;
 
-  void Stop();   // SIGTERM and wait for exit
+  // SIGTERM and wait up to timeout_ms for exit; past it SIGKILL and false (log kept).
+  bool Stop(int timeout_ms = 45000);
   void Kill9();  // SIGKILL and reap
   // Starts again on the same state dir with `extra_flags` replacing the previous extra flags.
   void Restart(std::vector<std::string> extra_flags);
