@@ -57,8 +57,10 @@ class CheckpointService {
   // Starts the housekeeping thread (stage timeouts, dead sessions, stale reservations).
   void Start();
   // Stops housekeeping and waits up to `grace` for in-flight flushes and commits. Returns true
-  // when nothing is left staged (the arena may be removed).
-  bool Shutdown(absl::Duration grace);
+  // when nothing is left staged (the arena may be removed). *drained says whether the flush
+  // threads finished; when false they are still running and the process should exit without
+  // joining them (what they were doing stays journaled and resumes at the next start).
+  bool Shutdown(absl::Duration grace, bool* drained = nullptr);
 
   absl::Status Hello(const v1::HelloRequest& req, v1::HelloResponse* resp);
   absl::Status Goodbye(const v1::GoodbyeRequest& req);

@@ -233,7 +233,7 @@ void CheckpointService::Housekeeping() {
   }
 }
 
-bool CheckpointService::Shutdown(absl::Duration grace) {
+bool CheckpointService::Shutdown(absl::Duration grace, bool* drained_out) {
   {
     absl::MutexLock lock(&mu_);
     if (stopping_ && !housekeeper_.joinable()) return pending_.empty();
@@ -242,10 +242,11 @@ bool CheckpointService::Shutdown(absl::Duration grace) {
   }
   if (housekeeper_.joinable()) housekeeper_.join();
   bool drained = deps_.flush_pool->Drain(grace);
-  deps_.flush_pool->Stop();
+  if (drained_out != nullptr) *drained_out = drained;
+  if (drained) deps_.flush_pool->Stop();
   absl::MutexLock lock(&mu_);
   if (!drained) spdlog::warn("shutdown: flushes still running after the grace period");
-  return pending_.empty();
+  return drained && pending_.empty();
 }
 
 }  // namespace ckptd

@@ -211,7 +211,7 @@ TEST_CASE("PosixStorage rejects paths that could leave the root", "[unit]") {
   CHECK(*storage->Get("a..b/..c") == "ok");
 }
 
-TEST_CASE("PosixStorage RemoveAll removes a tree; absent is OK", "[unit]") {
+TEST_CASE("PosixStorage RemoveAll removes a tree - absent is OK", "[unit]") {
   TestDir dir("storage_rm");
   auto io = NewPosixIo();
   auto storage = NewPosixStorage(dir.path(), io.get());

@@ -336,8 +336,9 @@ class Client {
   absl::Status Unregister(uint64_t handle);
 
   // --- commit ---------------------------------------------------------------------------------
-  // Waits until the checkpoint reaches `until`, is ABORTED, or `timeout_ms` passes; returns its
-  // status in every one of these cases (check .state).
+  // Waits until the checkpoint reaches `until` and returns its status. An ABORTED checkpoint is
+  // the error ABORTED carrying the reason; a timeout is DEADLINE_EXCEEDED naming the state and
+  // the ranks still missing (GetStatus() gives the full status at any time).
   absl::StatusOr<CheckpointInfo> Wait(const std::string& job, uint64_t step, WaitFor until,
                                       uint32_t timeout_ms);
   // OK once COMMITTED; ABORTED (with the reason) if it was aborted; DEADLINE_EXCEEDED naming the
