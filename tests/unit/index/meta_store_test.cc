@@ -7,7 +7,7 @@
 
 #include "index/keys.h"
 #include "index/meta_store.h"
-#include "test_dir.h"
+#include "../io/test_dir.h"
 
 namespace ckptd {
 namespace {
