@@ -11,6 +11,7 @@ namespace ckptd {
 
 namespace v1 = ::ckptd::v1;
 using internal::ClientCore;
+using internal::Session;
 
 namespace {
 
@@ -31,6 +32,11 @@ Client::~Client() = default;
 
 uint64_t Client::reconnect_count() const { return core_->reconnect_count(); }
 const std::string& Client::target() const { return core_->target(); }
+
+uint64_t Client::arena_bytes() const {
+  absl::StatusOr<Session> session = core_->EnsureSession();
+  return session.ok() && session->arena != nullptr ? session->arena->size() : 0;
+}
 
 absl::StatusOr<uint64_t> Client::RegisterShm(const std::string& shm_name, uint64_t size_bytes) {
   return core_->RegisterShm(shm_name, size_bytes);

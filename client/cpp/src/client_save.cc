@@ -130,6 +130,38 @@ absl::StatusOr<ArenaBuffer> Client::Allocate(uint64_t bytes) {
   return buffer;
 }
 
+absl::StatusOr<std::vector<ArenaBuffer>> Client::AllocateMany(std::span<const uint64_t> sizes) {
+  std::vector<uint64_t> asked(sizes.begin(), sizes.end());
+  for (uint64_t bytes : asked) {
+    if (bytes == 0) return absl::InvalidArgumentError("AllocateMany: a size is 0");
+  }
+  std::vector<ArenaBuffer> out;
+  if (asked.empty()) return out;
+  absl::StatusOr<Session> session = core_->EnsureSession();
+  if (!session.ok()) return session.status();
+  absl::StatusOr<std::vector<MappedExtent>> extents = core_->Reserve(*session, asked);
+  if (!extents.ok()) return extents.status();
+  out.reserve(extents->size());
+  for (const MappedExtent& e : *extents) {
+    core_->AddOutstanding(session->generation, e.id, e.length);
+    out.push_back(ArenaBuffer{e.id, e.data, e.length, session->generation, session->arena});
+  }
+  return out;
+}
+
+void Client::ReleaseMany(std::span<const ArenaBuffer> buffers) {
+  uint64_t generation = core_->generation();
+  std::vector<uint64_t> ids;
+  for (const ArenaBuffer& b : buffers) {
+    if (b.generation != generation) continue;  // died with its daemon
+    if (core_->TakeOutstanding(b.generation, b.extent_id).ok()) ids.push_back(b.extent_id);
+  }
+  if (ids.empty()) return;
+  absl::StatusOr<Session> session = core_->EnsureSession();
+  if (!session.ok() || session->generation != generation) return;
+  core_->ReleaseQuietly(*session, ids);
+}
+
 absl::Status Client::Release(const ArenaBuffer& buffer) {
   if (buffer.generation != core_->generation()) return absl::OkStatus();  // died with its daemon
   CKPTD_CLIENT_RETURN_IF_ERROR(core_->TakeOutstanding(buffer.generation, buffer.extent_id));

@@ -328,6 +328,12 @@ class Client {
   // Gives back an unused buffer. Buffers of a previous daemon instance are only forgotten.
   // FAILED_PRECONDITION when it was consumed by a save or released already.
   absl::Status Release(const ArenaBuffer& buffer);
+  // Allocate() for several buffers in one reservation (all or none); each size must be > 0.
+  // Used by bindings that gather strided tensors straight into the arena (their one copy).
+  absl::StatusOr<std::vector<ArenaBuffer>> AllocateMany(std::span<const uint64_t> sizes);
+  // Release() for several buffers in one call; buffers consumed or released already are skipped
+  // (best effort: the daemon also frees a session's extents when it ends).
+  void ReleaseMany(std::span<const ArenaBuffer> buffers);
 
   // --- registered shared memory ---------------------------------------------------------------
   // Lets the daemon read/write `size_bytes` of the POSIX shm object `shm_name` (created by the
@@ -383,6 +389,9 @@ class Client {
   bool reconnected() const { return reconnect_count() > 0; }
   // "unix:<path>".
   const std::string& target() const;
+  // Size of the daemon's staging arena in bytes (0 before the first session). Load() targets
+  // and one Save() must fit in it at once.
+  uint64_t arena_bytes() const;
 
  private:
   explicit Client(std::unique_ptr<internal::ClientCore> core);

@@ -1,0 +1,97 @@
+"""ckptd: Python client of the node-local checkpoint daemon.
+
+    import ckptd
+    client = ckptd.connect()                      # socket: argument or $CKPTD_SOCKET
+    h = client.save("run42", 100, {"w": array}, {"meta": {"lr": 0.1}})
+    h.committed().result()
+    out = client.load("run42", "latest")
+
+torch is not needed; ckptd.torch (the PyTorch DCP backend) imports it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ._client import (
+    DEFAULT_SOCKET,
+    Box,
+    Client,
+    Flat,
+    LoadResult,
+    Raw,
+    Region,
+    SaveHandle,
+    Shard,
+    copy_stats,
+    reset_copy_stats,
+)
+from ._errors import (
+    AbortedError,
+    AlreadyExistsError,
+    CkptdError,
+    DeadlineExceededError,
+    FailedPreconditionError,
+    InternalError,
+    InvalidArgumentError,
+    NotFoundError,
+    PermissionDeniedError,
+    ResourceExhaustedError,
+    UnavailableError,
+)
+
+__all__ = [
+    "DEFAULT_SOCKET",
+    "AbortedError",
+    "AlreadyExistsError",
+    "Box",
+    "CkptdError",
+    "Client",
+    "DeadlineExceededError",
+    "FailedPreconditionError",
+    "Flat",
+    "InternalError",
+    "InvalidArgumentError",
+    "LoadResult",
+    "NotFoundError",
+    "PermissionDeniedError",
+    "Raw",
+    "Region",
+    "ResourceExhaustedError",
+    "SaveHandle",
+    "Shard",
+    "UnavailableError",
+    "connect",
+    "copy_stats",
+    "default_client",
+    "empty",
+    "reset_copy_stats",
+]
+
+_default: Client | None = None
+_default_lock = threading.Lock()
+
+
+def connect(socket: str | os.PathLike[str] | None = None, **options: Any) -> Client:
+    """A new session with the local daemon. socket: a path, else $CKPTD_SOCKET, else the
+    default. UnavailableError (a ConnectionError) naming the socket when nobody answers."""
+    return Client(socket, **options)
+
+
+def default_client() -> Client:
+    """A process-wide client on $CKPTD_SOCKET, connected on first use."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = Client()
+        return _default
+
+
+def empty(shape: Sequence[int] | int, dtype: Any = np.float32, *, client: Client | None = None) -> Any:
+    """An array (torch dtype: a tensor) in memory the daemon reads in place; see Client.empty."""
+    return (client or default_client()).empty(shape, dtype)

@@ -1,0 +1,127 @@
+"""numpy arrays and torch tensors as the binding sees them: (address, shape, byte strides,
+itemsize) plus a ckptd dtype name. torch is never imported here unless the caller passed a
+tensor (so the package works without it)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+try:  # bfloat16 / float8 for numpy, only where the optional package is already installed
+    import ml_dtypes as _ml_dtypes  # type: ignore[import-not-found,unused-ignore]
+except ImportError:  # pragma: no cover - depends on the environment
+    _ml_dtypes = None
+
+# ckptd dtype name -> bytes per element
+ITEMSIZE: dict[str, int] = {
+    "float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1,
+    "float8_e5m2": 1, "int8": 1, "uint8": 1, "int16": 2, "int32": 4, "int64": 8, "bool": 1,
+    "uint16": 2, "uint32": 4, "uint64": 8,
+}  # fmt: skip
+
+_NUMPY_NATIVE = {
+    "float32", "float64", "float16", "int8", "uint8", "int16", "int32", "int64", "bool",
+    "uint16", "uint32", "uint64",
+}  # fmt: skip
+
+# Stand-ins when numpy has no such type and ml_dtypes is missing: same-size raw integers.
+_RAW_STANDIN = {"bfloat16": np.uint16, "float8_e4m3fn": np.uint8, "float8_e5m2": np.uint8}
+
+
+def is_torch_tensor(x: object) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def numpy_dtype(name: str) -> np.dtype[Any]:
+    """The numpy dtype for a ckptd dtype name (ml_dtypes types, else raw uint views)."""
+    if name in _NUMPY_NATIVE:
+        return np.dtype(name)
+    if _ml_dtypes is not None and hasattr(_ml_dtypes, name):
+        return np.dtype(getattr(_ml_dtypes, name))
+    if name in _RAW_STANDIN:
+        return np.dtype(_RAW_STANDIN[name])
+    raise ValueError(f"ckptd: unknown dtype {name!r}")
+
+
+def torch_dtype(name: str) -> Any:
+    import torch
+
+    return getattr(torch, "bool" if name == "bool" else name)
+
+
+def dtype_name(x: Any) -> str:
+    """ckptd's dtype name of an array, a tensor, a numpy dtype or a torch dtype."""
+    if is_torch_tensor(x):
+        x = x.dtype
+    elif isinstance(x, np.ndarray):
+        x = x.dtype
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(x, torch.dtype):
+        name = str(x).removeprefix("torch.")
+    else:
+        name = np.dtype(x).name
+    if name not in ITEMSIZE:
+        raise ValueError(f"ckptd: dtype {name} is not supported (supported: {sorted(ITEMSIZE)})")
+    return name
+
+
+def memory(x: Any) -> tuple[str, int, list[int], list[int], int]:
+    """("mem", address, shape, byte strides, itemsize) of a CPU array or tensor."""
+    if is_torch_tensor(x):
+        if x.device.type != "cpu":
+            raise ValueError(
+                f"ckptd: tensor on {x.device}: the Python client saves and loads CPU tensors "
+                "(move it with .cpu() first)"
+            )
+        if x.is_conj() or x.is_neg():
+            x = x.resolve_conj().resolve_neg()
+        itemsize = x.element_size()
+        return ("mem", x.data_ptr(), list(x.shape), [s * itemsize for s in x.stride()], itemsize)
+    if not isinstance(x, np.ndarray):
+        x = np.asarray(x)
+    if not x.dtype.isnative:
+        raise ValueError("ckptd: byte-swapped numpy arrays are not supported")
+    return ("mem", x.__array_interface__["data"][0], list(x.shape), list(x.strides), x.itemsize)
+
+
+def nbytes(x: Any) -> int:
+    if is_torch_tensor(x):
+        return int(x.numel()) * int(x.element_size())
+    return int(np.asarray(x).nbytes)
+
+
+def shape_of(x: Any) -> list[int]:
+    return [int(d) for d in x.shape]
+
+
+def is_contiguous(x: Any) -> bool:
+    if is_torch_tensor(x):
+        return bool(x.is_contiguous())
+    return bool(np.asarray(x).flags["C_CONTIGUOUS"])
+
+
+def address(x: Any) -> int:
+    if is_torch_tensor(x):
+        return int(x.data_ptr())
+    return int(np.asarray(x).__array_interface__["data"][0])
+
+
+def view_of(buffer: Any, offset: int, shape: Sequence[int], dtype: str, as_torch: bool) -> Any:
+    """A numpy array or torch tensor of `shape` over `buffer` (a writable buffer) at `offset`."""
+    count = 1
+    for d in shape:
+        count *= int(d)
+    if as_torch:
+        import torch
+
+        tdt = torch_dtype(dtype)
+        if count == 0:
+            return torch.empty(tuple(shape), dtype=tdt)
+        flat = torch.frombuffer(buffer, dtype=tdt, count=count, offset=offset)
+        return flat.view(tuple(shape))
+    arr = np.frombuffer(buffer, dtype=numpy_dtype(dtype), count=count, offset=offset)
+    return arr.reshape(tuple(shape))

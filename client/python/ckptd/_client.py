@@ -1,0 +1,459 @@
+"""The ckptd client: save, load, list, status, latest; arena-backed arrays (ckptd.empty)."""
+
+from __future__ import annotations
+
+import bisect
+import os
+import pickle
+import threading
+import weakref
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+import numpy as np
+
+from . import _arrays
+from . import _ckptd  # type: ignore[attr-defined]
+
+DEFAULT_SOCKET = "/var/lib/ckptd/ckptd.sock"
+_ALIGN = 4096
+# Load batches are kept to this fraction of the arena so other clients can still reserve.
+_LOAD_ARENA_FRACTION = 2
+
+
+@dataclass(frozen=True)
+class Box:
+    """A box of a tensor item in global coordinates (tensor/pipeline/row-wise shards)."""
+
+    offsets: Sequence[int]
+    lengths: Sequence[int]
+
+    def spec(self) -> tuple[str, list[int], list[int]]:
+        return ("box", [int(o) for o in self.offsets], [int(n) for n in self.lengths])
+
+
+@dataclass(frozen=True)
+class Flat:
+    """Elements [start, start + count) in row-major order of the global tensor (ZeRO/FSDP)."""
+
+    start: int
+    count: int
+
+    def spec(self) -> tuple[str, int, int]:
+        return ("flat", int(self.start), int(self.count))
+
+
+Region = Union[Box, Flat, None]  # None: the whole item
+
+
+def _region_spec(region: Region) -> tuple[Any, ...]:
+    return ("whole",) if region is None else region.spec()
+
+
+@dataclass
+class Shard:
+    """A shard of a tensor item to save: `data` holds `region` of a tensor of `global_shape`."""
+
+    data: Any
+    global_shape: Sequence[int]
+    region: Region = None
+
+
+@dataclass(frozen=True)
+class Raw:
+    """An object saved as these bytes, not pickled (for readers in other languages)."""
+
+    data: bytes
+
+
+@dataclass
+class LoadResult:
+    step: int
+    tensors: dict[str, Any] = field(default_factory=dict)
+    objects: dict[str, Any] = field(default_factory=dict)
+    bytes_read: int = 0  # bytes the daemon read from storage for this load
+
+
+class SaveHandle:
+    """What save() returns. staged(): the daemon owns the bytes (the caller's tensors may change;
+    for ckptd.empty memory, only once committed). committed(): the checkpoint is durable."""
+
+    def __init__(self, client: Client, job: str, step: int, staged: Future[dict[str, Any]]) -> None:
+        self.job = job
+        self.step = step
+        self._client = client
+        self._staged = staged
+        self._committed: Future[dict[str, Any]] | None = None
+        self._lock = threading.Lock()
+
+    def staged(self) -> Future[dict[str, Any]]:
+        """Resolves to {"bytes_staged", "state"} once this rank's save is staged."""
+        return self._staged
+
+    def committed(self, timeout_ms: int | None = None) -> Future[dict[str, Any]]:
+        """Resolves to the checkpoint's status once COMMITTED (AbortedError if aborted)."""
+        with self._lock:
+            if self._committed is None:
+                wait_ms = self._client.wait_timeout_ms if timeout_ms is None else timeout_ms
+
+                def wait() -> dict[str, Any]:
+                    self._staged.result()
+                    return self._client.wait(self.job, self.step, committed=True,
+                                             timeout_ms=wait_ms)
+
+                self._committed = self._client._executor.submit(wait)
+            return self._committed
+
+
+class _Ranges:
+    """Address ranges of daemon-visible buffers, to recognise arrays that live in them."""
+
+    def __init__(self, weak: bool) -> None:
+        self._weak = weak
+        self._lock = threading.Lock()
+        self._starts: list[int] = []
+        self._entries: dict[int, tuple[int, Any]] = {}  # start -> (end, buffer or weakref)
+
+    def add(self, start: int, size: int, buffer: Any) -> None:
+        with self._lock:
+            if self._weak:
+                for s in [s for s, (_, r) in self._entries.items() if r() is None]:
+                    self._drop(s)
+            if start not in self._entries:
+                bisect.insort(self._starts, start)
+            self._entries[start] = (start + size, weakref.ref(buffer) if self._weak else buffer)
+
+    def _drop(self, start: int) -> None:
+        del self._entries[start]
+        self._starts.pop(bisect.bisect_left(self._starts, start))
+
+    def pop(self, start: int) -> Any:
+        with self._lock:
+            entry = self._entries.get(start)
+            if entry is None:
+                return None
+            self._drop(start)
+            return entry[1]() if self._weak else entry[1]
+
+    def find(self, address: int, nbytes: int) -> tuple[Any, int] | None:
+        with self._lock:
+            i = bisect.bisect_right(self._starts, address) - 1
+            if i < 0:
+                return None
+            start = self._starts[i]
+            end, ref = self._entries[start]
+            buffer = ref() if self._weak else ref
+            if buffer is None or address + nbytes > end:
+                return None
+            return buffer, address - start
+
+
+class _Slabs:
+    """Registered shm slabs of one client, carved into 4 KiB-aligned arrays (ckptd.empty). A slab
+    lives while any array over it does; its memory is then unregistered and unlinked."""
+
+    def __init__(self, client: Client, slab_bytes: int) -> None:
+        self._client = client
+        self._slab_bytes = slab_bytes
+        self._lock = threading.Lock()
+        self._current: Any = None
+        self._used = 0
+        self.ranges = _Ranges(weak=True)
+
+    def allocate(self, nbytes: int) -> tuple[Any, int]:
+        size = max(_ALIGN, -(-nbytes // _ALIGN) * _ALIGN)
+        with self._lock:
+            if self._current is None or self._used + size > self._current.size:
+                slab = self._client._native.new_slab(max(size, self._slab_bytes))
+                self.ranges.add(slab.address, slab.size, slab)
+                self._current, self._used = slab, 0
+            offset = self._used
+            self._used += size
+            return self._current, offset
+
+
+class Client:
+    """One session with the local ckptd. Thread-safe. Create with ckptd.connect()."""
+
+    def __init__(
+        self,
+        socket: str | os.PathLike[str] | None = None,
+        *,
+        rpc_timeout_ms: int = 60000,
+        connect_timeout_ms: int = 5000,
+        wait_timeout_ms: int = 3600 * 1000,
+        slab_bytes: int = 64 << 20,
+        client_name: str = "",
+    ) -> None:
+        path = os.fspath(socket) if socket is not None else os.environ.get("CKPTD_SOCKET", "")
+        self.socket = path or DEFAULT_SOCKET
+        self.wait_timeout_ms = wait_timeout_ms
+        self._native = _ckptd.Client(self.socket, rpc_timeout_ms, connect_timeout_ms,
+                                     client_name or f"ckptd-py/{os.getpid()}")
+        self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ckptd")
+        self._slabs = _Slabs(self, slab_bytes)
+        self._arena = _Ranges(weak=False)  # staged buffers not yet handed to the daemon
+
+    # --- memory ---------------------------------------------------------------------------------
+    def empty(self, shape: Sequence[int] | int, dtype: Any = np.float32) -> Any:
+        """An uninitialised array in shared memory the daemon reads in place: saving it copies
+        nothing. A torch dtype gives a torch tensor, anything else a numpy array. After a save,
+        write it again only once the checkpoint is committed (handle.committed())."""
+        shape = [int(shape)] if isinstance(shape, int) else [int(d) for d in shape]
+        name = _arrays.dtype_name(dtype)
+        count = int(np.prod(shape)) if shape else 1
+        slab, offset = self._slabs.allocate(count * _arrays.ITEMSIZE[name])
+        return _arrays.view_of(slab, offset, shape, name, as_torch=_is_torch_dtype(dtype))
+
+    def stage(self, arrays: Sequence[Any]) -> list[Any]:
+        """Copies each array once into its own staging-arena buffer (GIL released) and returns
+        same-typed views of those buffers. Saving a view copies nothing and hands the buffer to
+        the daemon; a staged view must not be saved twice."""
+        bufs = self._native.stage([_arrays.memory(a) for a in arrays])
+        out = []
+        for a, b in zip(arrays, bufs):
+            self._arena.add(b.address, b.size, b)
+            out.append(_arrays.view_of(b, 0, _arrays.shape_of(a), _arrays.dtype_name(a),
+                                       as_torch=_arrays.is_torch_tensor(a)))
+        return out
+
+    def release(self, staged: Iterable[Any]) -> None:
+        """Gives back the arena buffers of stage() views that were not saved."""
+        bufs = []
+        for v in staged:
+            found = self._arena.find(_arrays.address(v), 0)
+            if found is not None and self._arena.pop(found[0].address) is not None:
+                bufs.append(found[0])
+        self._native.release(bufs)
+
+    def _memory_of(self, x: Any) -> tuple[Any, ...]:
+        """Where a save reads x from: daemon memory in place, else a gather from caller memory."""
+        if _arrays.is_contiguous(x):
+            addr, n = _arrays.address(x), _arrays.nbytes(x)
+            found = self._arena.find(addr, n)
+            if found is not None:
+                return ("arena", found[0], found[1])
+            found = self._slabs.ranges.find(addr, n)
+            if found is not None:
+                return ("region", found[0], found[1])
+        return _arrays.memory(x)
+
+    # --- save -----------------------------------------------------------------------------------
+    def save(
+        self,
+        job: str,
+        step: int,
+        tensors: Mapping[str, Any] | None = None,
+        objects: Mapping[str, Any] | None = None,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        per_rank_objects: Iterable[str] = (),
+        blocking: bool = True,
+    ) -> SaveHandle:
+        """Saves this rank's part of checkpoint (job, step).
+
+        tensors: name -> array/tensor (the whole item) or Shard (a region of it). Each is copied
+        once into the staging arena with the GIL released; ckptd.empty()/stage() memory is not
+        copied at all. objects: name -> any picklable value (Raw(bytes) is stored unpickled);
+        names in per_rank_objects are kept per rank, others once for the job.
+        blocking=True returns once staged; False returns at once and stages in a thread: then wait
+        for handle.staged() before changing the tensors. The daemon commits once ranks
+        0..world_size-1 have saved."""
+        specs: list[tuple[Any, ...]] = []
+        keep: list[Any] = []  # holds converted sources alive during the call
+        for name, value in (tensors or {}).items():
+            shard = value if isinstance(value, Shard) else Shard(value, _arrays.shape_of(value))
+            data = shard.data
+            if not _arrays.is_torch_tensor(data) and not isinstance(data, np.ndarray):
+                data = np.asarray(data)
+            keep.append(data)
+            specs.append((name, _arrays.dtype_name(data), [int(d) for d in shard.global_shape],
+                          _region_spec(shard.region), self._memory_of(data)))
+        per_rank = set(per_rank_objects)
+        objs = [(name, name in per_rank, _object_bytes(v)) for name, v in (objects or {}).items()]
+
+        def run() -> dict[str, Any]:
+            result: dict[str, Any] = self._native.save(job, step, rank, world_size, specs, objs)
+            for spec in specs:
+                if spec[4][0] == "arena":
+                    self._arena.pop(spec[4][1].address)
+            del keep[:]
+            return result
+
+        if blocking:
+            staged: Future[dict[str, Any]] = Future()
+            staged.set_result(run())
+        else:
+            staged = self._executor.submit(run)
+        return SaveHandle(self, job, step, staged)
+
+    def wait(self, job: str, step: int, *, committed: bool = True,
+             timeout_ms: int | None = None) -> dict[str, Any]:
+        """Blocks until (job, step) is COMMITTED (or all ranks staged) and returns its status."""
+        ms = self.wait_timeout_ms if timeout_ms is None else timeout_ms
+        return dict(self._native.wait(job, step, committed, ms))
+
+    def commit_partial(self, job: str, step: int) -> dict[str, Any]:
+        """Commits the ranks staged so far as an intentionally partial checkpoint."""
+        return dict(self._native.commit(job, step))
+
+    def abort(self, job: str, step: int, reason: str = "") -> dict[str, Any]:
+        return dict(self._native.abort(job, step, reason))
+
+    # --- load -----------------------------------------------------------------------------------
+    def load(
+        self,
+        job: str,
+        step: int | str = "latest",
+        into: Mapping[str, Any] | None = None,
+        *,
+        items: Iterable[str] | None = None,
+        objects: Iterable[str] | None = None,
+        rank: int = 0,
+        raw_objects: bool = False,
+        as_torch: bool = False,
+    ) -> LoadResult:
+        """Loads from a COMMITTED checkpoint (step "latest" or an int).
+
+        into: name -> destination array/tensor (the whole item) or (destination, Box/Flat) for a
+        region of it: that is resharding. The destination's bytes must match the item's dtype.
+        Without `into`, loads the tensors named in `items` (default: all) into new numpy arrays
+        (torch tensors with as_torch=True). Objects named in `objects` (default without `into`:
+        all) are unpickled unless raw_objects. Per-rank objects are this `rank`'s copy."""
+        resolved = self._resolve_step(job, step)
+        result = LoadResult(step=resolved)
+        targets: list[tuple[str, Any, Any]] = []  # (item, region, destination)
+        object_names = list(objects) if objects is not None else []
+        if into is not None:
+            for name, value in into.items():
+                dest, region = value if isinstance(value, tuple) else (value, None)
+                targets.append((name, region, dest))
+                result.tensors[name] = dest
+        else:
+            catalog = self._native.inspect(job, resolved)
+            wanted = set(items) if items is not None else None
+            for info in catalog:
+                if info["kind"] == "tensor" and (wanted is None or info["name"] in wanted):
+                    dest = _new_array(info["shape"], info["dtype"], as_torch)
+                    targets.append((info["name"], None, dest))
+                    result.tensors[info["name"]] = dest
+                elif info["kind"] == "object" and objects is None and items is None:
+                    object_names.append(info["name"])
+            if wanted is not None:
+                missing = wanted - set(result.tensors)
+                if missing:
+                    from ._errors import NotFoundError
+
+                    raise NotFoundError(f"job {job} step {resolved}: no tensor items {sorted(missing)}")
+        result.bytes_read = self.load_into(job, resolved, targets, rank=rank)
+        for name in object_names:
+            data = self._native.load_object(job, resolved, rank, name)
+            result.objects[name] = data if raw_objects else pickle.loads(data)
+        return result
+
+    def load_into(self, job: str, step: int, targets: Sequence[tuple[str, Region, Any]],
+                  *, rank: int = 0) -> int:
+        """Loads (item, region, destination) targets, batched to fit the staging arena; returns
+        the bytes the daemon read from storage."""
+        budget = max(_ALIGN, self._native.arena_bytes() // _LOAD_ARENA_FRACTION)
+        batch: list[tuple[Any, ...]] = []
+        batch_bytes = 0
+        bytes_read = 0
+        for item, region, dest in targets:
+            n = _arrays.nbytes(dest)
+            rounded = -(-n // _ALIGN) * _ALIGN
+            if batch and batch_bytes + rounded > budget:
+                bytes_read += int(self._native.load(job, step, rank, batch)["bytes_read"])
+                batch, batch_bytes = [], 0
+            batch.append((item, _region_spec(region), self._memory_of(dest), n))
+            batch_bytes += rounded
+        if batch:
+            bytes_read += int(self._native.load(job, step, rank, batch)["bytes_read"])
+        return bytes_read
+
+    def load_object(self, job: str, step: int | str, item: str, *, rank: int = 0,
+                    raw: bool = False) -> Any:
+        data = self._native.load_object(job, self._resolve_step(job, step), rank, item)
+        return data if raw else pickle.loads(data)
+
+    def _resolve_step(self, job: str, step: int | str) -> int:
+        if step == "latest":
+            latest = self._native.latest(job)
+            if latest is None:
+                from ._errors import NotFoundError
+
+                raise NotFoundError(f"job {job} has no committed checkpoint")
+            return int(latest)
+        if isinstance(step, str):
+            raise ValueError(f"step must be an int or 'latest', not {step!r}")
+        return int(step)
+
+    # --- catalog --------------------------------------------------------------------------------
+    def list(self, job: str | None = None) -> list[dict[str, Any]]:
+        """Without a job: every job. With one: its checkpoints, oldest first."""
+        if job is None:
+            return list(self._native.list_jobs())
+        return list(self._native.list_checkpoints(job))
+
+    def status(self, job: str, step: int) -> dict[str, Any]:
+        """State, tiers reached, bytes and per-rank progress of a checkpoint."""
+        return dict(self._native.status(job, step))
+
+    def latest(self, job: str) -> int | None:
+        """The newest COMMITTED step of a job, or None."""
+        latest = self._native.latest(job)
+        return None if latest is None else int(latest)
+
+    def inspect(self, job: str, step: int | str = "latest") -> list[dict[str, Any]]:
+        """The items of a committed checkpoint: name, kind, dtype, shape, shard count, bytes."""
+        return list(self._native.inspect(job, self._resolve_step(job, step)))
+
+    def delete(self, job: str, step: int) -> None:
+        self._native.delete(job, step)
+
+    @property
+    def target(self) -> str:
+        return str(self._native.target())
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _object_bytes(value: Any) -> bytes:
+    if isinstance(value, Raw):
+        return bytes(value.data)
+    return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _is_torch_dtype(dtype: Any) -> bool:
+    import sys
+
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(dtype, torch.dtype)
+
+
+def _new_array(shape: Sequence[int], dtype: str, as_torch: bool) -> Any:
+    if as_torch:
+        import torch
+
+        return torch.empty(tuple(shape), dtype=_arrays.torch_dtype(dtype))
+    return np.empty(tuple(shape), dtype=_arrays.numpy_dtype(dtype))
+
+
+def copy_stats() -> dict[str, int]:
+    """Bytes and calls of the copies made by the client, process-wide: save_bytes counts the one
+    copy into the staging arena, load_bytes the one copy out of it."""
+    return dict(_ckptd.copy_stats())
+
+
+def reset_copy_stats() -> None:
+    _ckptd.reset_copy_stats()

@@ -1,0 +1,30 @@
+// Gather/scatter between a strided array and a contiguous row-major buffer: the one copy of a
+// save (strided source -> arena extent) or of a load into a strided destination. Pure code, no
+// Python: callers run it with the GIL released.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace ckptd::pycopy {
+
+// A strided view: `data` is the address of element [0,...,0]; strides are in bytes and may be
+// negative (numpy) or zero (broadcast).
+struct StridedView {
+  uintptr_t data = 0;
+  std::vector<int64_t> shape;
+  std::vector<int64_t> strides;
+  int64_t itemsize = 1;
+
+  int64_t Elements() const;
+  int64_t Bytes() const { return Elements() * itemsize; }
+  // Row-major contiguous (size-1 dims ignored).
+  bool Contiguous() const;
+};
+
+// Copies the view's elements, in row-major order, to `dst` (view.Bytes() bytes).
+void Gather(const StridedView& view, void* dst);
+// Copies view.Bytes() row-major bytes from `src` into the view's elements.
+void Scatter(const void* src, const StridedView& view);
+
+}  // namespace ckptd::pycopy
