@@ -362,16 +362,28 @@ class Client:
         batch: list[tuple[Any, ...]] = []
         batch_bytes = 0
         bytes_read = 0
+
+        def flush() -> int:
+            out = self._native.load(job, step, rank, batch)
+            for (item, _, _, n), got in zip(batch, out["item_bytes"]):
+                if got != n:
+                    from ._errors import InvalidArgumentError
+
+                    raise InvalidArgumentError(
+                        f"job {job} step {step} item {item}: the destination has {n} bytes, the "
+                        f"checkpoint has {got} for the region asked (dtype or shape mismatch)")
+            return int(out["bytes_read"])
+
         for item, region, dest in targets:
             n = _arrays.nbytes(dest)
             rounded = -(-n // _ALIGN) * _ALIGN
             if batch and batch_bytes + rounded > budget:
-                bytes_read += int(self._native.load(job, step, rank, batch)["bytes_read"])
+                bytes_read += flush()
                 batch, batch_bytes = [], 0
             batch.append((item, _region_spec(region), self._memory_of(dest), n))
             batch_bytes += rounded
         if batch:
-            bytes_read += int(self._native.load(job, step, rank, batch)["bytes_read"])
+            bytes_read += flush()
         return bytes_read
 
     def load_object(self, job: str, step: int | str, item: str, *, rank: int = 0,

@@ -409,9 +409,10 @@ class PyClient {
   py::bytes LoadObject(const std::string& job, const py::object& step, uint32_t rank,
                        const std::string& item) {
     absl::StatusOr<std::string> r;
+    std::optional<uint64_t> s = StepArg(step);
     {
       py::gil_scoped_release release;
-      r = client_->LoadObject(job, StepArg(step), rank, item);
+      r = client_->LoadObject(job, s, rank, item);
     }
     return py::bytes(Check(std::move(r)));
   }

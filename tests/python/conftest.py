@@ -1,0 +1,86 @@
+"""Fixtures: a real ckptd per test module, on a short temp path (unix socket paths must fit in
+107 bytes), with a small staging arena; stopped (SIGTERM, then SIGKILL) after the module."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket as socketlib
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+STAGING_BYTES = 64 << 20
+
+
+def daemon_binary() -> str:
+    path = os.environ.get("CKPTD_BIN") or str(ROOT / "build" / "ckptd")
+    if not os.access(path, os.X_OK):
+        raise RuntimeError(f"no ckptd binary at {path}: run `make build` or set CKPTD_BIN")
+    return path
+
+
+@dataclass
+class Daemon:
+    state_dir: str
+    socket: str
+    proc: subprocess.Popen[bytes]
+    log: str
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def start_daemon(staging_bytes: int = STAGING_BYTES) -> Daemon:
+    state_dir = tempfile.mkdtemp(prefix="ckpy", dir="/tmp")
+    sock = os.path.join(state_dir, "ckptd.sock")
+    log = os.path.join(state_dir, "ckptd.log")
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [daemon_binary(), f"--state_dir={state_dir}", f"--staging_bytes_max={staging_bytes}"],
+            stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"ckptd exited with {proc.returncode}:\n{Path(log).read_text()}")
+        if os.path.exists(sock):
+            s = socketlib.socket(socketlib.AF_UNIX)
+            try:
+                s.connect(sock)
+                return Daemon(state_dir, sock, proc, log)
+            except OSError:
+                pass
+            finally:
+                s.close()
+        time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError(f"ckptd did not listen on {sock} within 30 s:\n{Path(log).read_text()}")
+
+
+@pytest.fixture(scope="module")
+def daemon() -> Iterator[Daemon]:
+    d = start_daemon()
+    try:
+        yield d
+    finally:
+        d.stop()
+        shutil.rmtree(d.state_dir, ignore_errors=True)
+
+
+def free_port() -> int:
+    with socketlib.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

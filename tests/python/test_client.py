@@ -1,0 +1,213 @@
+"""The plain Python client against a real daemon: round trips, copies, regions, catalog, errors."""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import Daemon
+
+import ckptd
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def client(daemon: Daemon) -> ckptd.Client:
+    return ckptd.connect(daemon.socket)
+
+
+def state() -> dict[str, Any]:
+    base = np.arange(4 * 6 * 5, dtype=np.float64).reshape(4, 6, 5)
+    return {
+        "f32": np.linspace(-1, 1, 1000, dtype=np.float32).reshape(10, 100),
+        "f16": np.arange(64, dtype=np.float16),
+        "i8": np.arange(-50, 50, dtype=np.int8),
+        "u64": np.array([0, 1, 2**64 - 1], dtype=np.uint64),
+        "bool": np.array([True, False, True]),
+        "transposed": base.transpose(2, 0, 1),  # non-contiguous
+        "strided": base[:, ::2, 1:4],
+        "reversed": base[::-1, :, ::-2],  # negative strides
+        "scalar": np.array(3.25, dtype=np.float32),  # 0-d
+        "empty": np.zeros((0, 7), dtype=np.int32),  # zero-size
+        "bf16": torch.arange(-8, 8, dtype=torch.float32).to(torch.bfloat16).reshape(4, 4).t(),
+        "t_i64": torch.arange(30, dtype=torch.int64).reshape(5, 6)[:, 1::2],
+    }
+
+
+def as_numpy(x: Any) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        if x.dtype == torch.bfloat16:
+            return x.contiguous().view(torch.int16).numpy().view(np.uint16)
+        return x.numpy()
+    return np.asarray(x)
+
+
+def tensor_bytes(d: dict[str, Any]) -> int:
+    return sum(as_numpy(v).nbytes for v in d.values())
+
+
+def test_round_trip_dtypes_views_objects_and_one_copy(client: ckptd.Client) -> None:
+    sd = state()
+    objects = {"meta": {"lr": 0.1, "tags": ["a", "b"]}, "raw": ckptd.Raw(b"\x00\x01bytes")}
+    ckptd.reset_copy_stats()
+    handle = client.save("py-roundtrip", 1, sd, objects)
+    staged = handle.staged()
+    assert staged.done()
+    stats = ckptd.copy_stats()
+    object_bytes = len(b"\x00\x01bytes") + len(__import__("pickle").dumps(
+        objects["meta"], protocol=__import__("pickle").HIGHEST_PROTOCOL))
+    # Exactly one copy of every tensor byte and object byte, into the arena.
+    assert stats["save_bytes"] == tensor_bytes(sd) + object_bytes
+    assert handle.committed().result(timeout=60)["state"] == "COMMITTED"
+
+    out = client.load("py-roundtrip", "latest", objects=["meta"])
+    assert out.step == 1 and out.objects == {"meta": objects["meta"]}
+    loaded_all = client.load("py-roundtrip", 1, raw_objects=True)
+    assert set(loaded_all.tensors) == set(sd)
+    for name, want in sd.items():
+        got = loaded_all.tensors[name]
+        np.testing.assert_array_equal(got.view(np.uint16) if name == "bf16" else got,
+                                      as_numpy(want), err_msg=name)
+        assert got.shape == tuple(want.shape)
+    assert loaded_all.objects["raw"] == b"\x00\x01bytes"
+    assert __import__("pickle").loads(loaded_all.objects["meta"]) == objects["meta"]
+    assert client.load_object("py-roundtrip", 1, "raw", raw=True) == b"\x00\x01bytes"
+
+
+def test_load_as_torch_with_bfloat16(client: ckptd.Client) -> None:
+    sd = {"bf16": torch.randn(33, 17).to(torch.bfloat16), "f32": torch.randn(5)}
+    client.save("py-torch", 3, sd).committed().result(timeout=60)
+    out = client.load("py-torch", 3, as_torch=True)
+    assert out.tensors["bf16"].dtype == torch.bfloat16
+    assert torch.equal(out.tensors["bf16"], sd["bf16"])
+    assert torch.equal(out.tensors["f32"], sd["f32"])
+
+
+def test_load_copies_once_into_given_buffers(client: ckptd.Client) -> None:
+    w = np.random.default_rng(0).standard_normal((64, 32)).astype(np.float32)
+    client.save("py-into", 5, {"w": w, "b": np.ones(32, np.float32)}).committed().result(60)
+    dest = np.empty_like(w)
+    ckptd.reset_copy_stats()
+    out = client.load("py-into", 5, {"w": dest})
+    assert out.tensors["w"] is dest
+    np.testing.assert_array_equal(dest, w)
+    assert ckptd.copy_stats()["load_bytes"] == w.nbytes
+    # A strided destination: scattered in the same single copy.
+    big = np.zeros((32, 64), np.float32)
+    client.load("py-into", 5, {"w": big.T})
+    np.testing.assert_array_equal(big.T, w)
+    # Only some items, and regions of them (resharding): rows 16..48, and a flat range.
+    rows = np.empty((32, 32), np.float32)
+    flat = np.empty(100, np.float32)
+    client.load("py-into", 5, {"w": (rows, ckptd.Box([16, 0], [32, 32]))})
+    np.testing.assert_array_equal(rows, w[16:48])
+    client.load("py-into", "latest", {"w": (flat, ckptd.Flat(1000, 100))})
+    np.testing.assert_array_equal(flat, w.reshape(-1)[1000:1100])
+
+
+def test_sharded_save_from_two_ranks(client: ckptd.Client) -> None:
+    full = np.arange(40 * 8, dtype=np.int32).reshape(40, 8)
+    shards = [ckptd.Shard(full[r * 20:(r + 1) * 20], full.shape, ckptd.Box([r * 20, 0], [20, 8]))
+              for r in range(2)]
+    h0 = client.save("py-shards", 7, {"w": shards[0]}, {"rng": 0}, rank=0, world_size=2,
+                     per_rank_objects=["rng"])
+    assert client.status("py-shards", 7)["state"] != "COMMITTED"
+    h1 = client.save("py-shards", 7, {"w": shards[1]}, {"rng": 1}, rank=1, world_size=2,
+                     per_rank_objects=["rng"])
+    h0.committed().result(60)
+    h1.committed().result(60)
+    np.testing.assert_array_equal(client.load("py-shards", 7).tensors["w"], full)
+    assert client.load_object("py-shards", 7, "rng", rank=1) == 1
+
+
+def test_empty_is_saved_without_a_copy(client: ckptd.Client) -> None:
+    a = client.empty((256, 256), np.float32)
+    a[:] = np.random.default_rng(1).standard_normal(a.shape)
+    t = client.empty((1000,), torch.bfloat16)
+    assert isinstance(t, torch.Tensor) and t.dtype == torch.bfloat16
+    t.copy_(torch.linspace(0, 1, 1000))
+    ckptd.reset_copy_stats()
+    h = client.save("py-zero-copy", 1, {"a": a, "t": t})
+    assert ckptd.copy_stats()["save_bytes"] == 0
+    h.committed().result(60)
+    # Reusable once committed.
+    want_a, want_t = a.copy(), t.clone()
+    a[:] = 0
+    out = client.load("py-zero-copy", 1, as_torch=True)
+    assert np.array_equal(out.tensors["a"].numpy(), want_a)
+    assert torch.equal(out.tensors["t"], want_t)
+    # Loading into daemon memory copies nothing either.
+    ckptd.reset_copy_stats()
+    client.load("py-zero-copy", 1, {"a": a})
+    assert ckptd.copy_stats()["load_bytes"] == 0
+    np.testing.assert_array_equal(a, want_a)
+
+
+def test_nonblocking_save_and_catalog(client: ckptd.Client) -> None:
+    x = np.ones((128, 128), np.float32)
+    h = client.save("py-catalog", 10, {"x": x}, blocking=False)
+    assert h.staged().result(60)["bytes_staged"] >= x.nbytes
+    h.committed().result(60)
+    client.save("py-catalog", 20, {"x": x * 2}).committed().result(60)
+    assert client.latest("py-catalog") == 20
+    assert [c["step"] for c in client.list("py-catalog")] == [10, 20]
+    assert any(j["job"] == "py-catalog" for j in client.list())
+    st = client.status("py-catalog", 10)
+    assert st["state"] == "COMMITTED" and st["tiers"]["local"]
+    items = client.inspect("py-catalog", 20)
+    assert [(i["name"], i["dtype"], i["shape"]) for i in items] == [("x", "float32", [128, 128])]
+    assert client.latest("py-nonexistent-job") is None
+
+
+def test_concurrent_saves_from_threads(client: ckptd.Client) -> None:
+    errors: list[BaseException] = []
+
+    def run(step: int) -> None:
+        try:
+            client.save("py-threads", step, {"x": np.full(1000, step)}).committed().result(60)
+        except BaseException as e:  # noqa: BLE001 - collected and re-raised below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(s,)) for s in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors
+    for s in range(4):
+        assert (client.load("py-threads", s).tensors["x"] == s).all()
+
+
+def test_errors_carry_the_daemon_message(client: ckptd.Client) -> None:
+    client.save("py-errors", 1, {"x": np.zeros(4)}).committed().result(60)
+    with pytest.raises(ckptd.NotFoundError) as e:
+        client.load("py-errors", 99)
+    assert "py-errors" in str(e.value)
+    with pytest.raises(ckptd.NotFoundError) as e:
+        client.load("py-errors", 1, {"nope": np.zeros(4)})
+    assert "nope" in str(e.value)
+    with pytest.raises(ckptd.InvalidArgumentError) as e:
+        client.save("bad/job", 1, {"x": np.zeros(4)})
+    assert "bad/job" in str(e.value)
+    with pytest.raises(ckptd.CkptdError) as e:
+        client.load("py-errors", 1, {"x": np.zeros(5)})  # wrong size
+    assert "x" in str(e.value)
+
+
+def test_no_daemon_is_a_clear_connection_error(tmp_path: Any) -> None:
+    path = str(tmp_path / "none.sock")
+    with pytest.raises(ConnectionError) as e:
+        ckptd.connect(path, connect_timeout_ms=300)
+    assert path in str(e.value)
+    assert isinstance(e.value, ckptd.UnavailableError)
+
+
+def test_socket_from_environment(daemon: Daemon, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CKPTD_SOCKET", daemon.socket)
+    c = ckptd.connect()
+    assert c.target == "unix:" + daemon.socket
+    assert os.environ["CKPTD_SOCKET"] == c.socket
