@@ -81,6 +81,10 @@ const std::map<std::string, OptionDef>& Defs() {
                           IntSetter(&O::io_queue_depth, "io_queue_depth")}},
       {"direct_io", {"use O_DIRECT", BoolSetter(&O::direct_io, "direct_io")}},
       {"flush_threads", {"flush/commit threads", IntSetter(&O::flush_threads, "flush_threads")}},
+      {"checksum_block_bytes", {"bytes per shard checksum block",
+                                IntSetter(&O::checksum_block_bytes, "checksum_block_bytes")}},
+      {"load_buffer_bytes", {"read buffer per load",
+                             IntSetter(&O::load_buffer_bytes, "load_buffer_bytes")}},
       {"load_threads", {"load threads", IntSetter(&O::load_threads, "load_threads")}},
       {"rpc_threads", {"quick RPC threads", IntSetter(&O::rpc_threads, "rpc_threads")}},
       {"rpc_queue_max", {"queued RPCs before RESOURCE_EXHAUSTED",
@@ -163,6 +167,18 @@ absl::Status DaemonOptions::Validate() {
   CKPTD_RETURN_IF_ERROR(
       Range("reservation_ttl_ms", reservation_ttl_ms, 1000, 7 * 24 * 3600 * 1000ull));
   CKPTD_RETURN_IF_ERROR(Range("io_queue_depth", io_queue_depth, 1, limits::kIoQueueDepthMax));
+  CKPTD_RETURN_IF_ERROR(Range("checksum_block_bytes", checksum_block_bytes, 4096, 16 << 20));
+  if ((checksum_block_bytes & (checksum_block_bytes - 1)) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("option checksum_block_bytes = ",
+                                                   checksum_block_bytes,
+                                                   " is not a power of two"));
+  }
+  CKPTD_RETURN_IF_ERROR(Range("load_buffer_bytes", load_buffer_bytes,
+                              uint64_t{2} * checksum_block_bytes, uint64_t{1} << 34));
+  if (load_buffer_bytes % limits::kAlignmentBytes != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("option load_buffer_bytes = ",
+                                                   load_buffer_bytes, " is not a multiple of 4096"));
+  }
   CKPTD_RETURN_IF_ERROR(Range("flush_threads", flush_threads, 1, 256));
   CKPTD_RETURN_IF_ERROR(Range("load_threads", load_threads, 1, 256));
   CKPTD_RETURN_IF_ERROR(Range("rpc_threads", rpc_threads, 1, 256));

@@ -41,6 +41,14 @@ struct DaemonOptions {
   bool direct_io = true;
   // Threads that flush staged ranks and commit. Default: 2
   uint32_t flush_threads = 2;
+  // Shards carry one crc32c per block of this many bytes (a power of two from 4 KiB to 16 MiB), so
+  // a load that reads part of a shard still verifies every byte it uses. Smaller blocks let
+  // resharded loads read less; larger ones make manifests smaller (4 bytes per block).
+  // Default: 4096
+  uint32_t checksum_block_bytes = 4096;
+  // Read buffer of one load: the runs of a load are read in batches of at most this many bytes
+  // (io_uring keeps the batch's runs in flight at once). Default: 67108864 (64 MiB)
+  uint64_t load_buffer_bytes = 64ull << 20;
   // Threads that serve loads. Default: 2
   uint32_t load_threads = 2;
   // Threads that run quick RPCs (catalog, reserve, save's journal write). Default: 4

@@ -28,10 +28,22 @@ void FillLoadHeader(const Session& session, const std::string& job, std::optiona
   req->set_rank(rank);
 }
 
-v1::LoadItemRequest* AddItem(const std::string& item, const Region& region, v1::LoadRequest* req) {
+v1::LoadItemRequest* AddItem(const std::string& item, const Region& region,
+                             std::optional<uint32_t> object_rank, v1::LoadRequest* req) {
   v1::LoadItemRequest* r = req->add_items();
   r->set_item(item);
   if (region.kind != Region::kWhole) internal::ToProto(region, r->mutable_region());
+  if (object_rank.has_value()) r->set_saved_by_rank(*object_rank);
+  return r;
+}
+
+LoadResult MakeResult(const v1::LoadResponse& resp, std::vector<uint64_t> item_bytes) {
+  LoadResult r;
+  r.step = resp.step();
+  r.bytes_read = resp.bytes_read();
+  r.item_bytes = std::move(item_bytes);
+  r.bytes_needed = resp.bytes_needed();
+  r.bytes_needed_aligned = resp.bytes_needed_aligned();
   return r;
 }
 
@@ -82,7 +94,7 @@ absl::StatusOr<LoadResult> Client::Load(const std::string& job, std::optional<ui
   std::vector<const MappedExtent*> extent_of;  // per target; null for empty ones
   size_t next = 0;
   for (const LoadTarget& t : targets) {
-    v1::LoadItemRequest* item = AddItem(t.item, t.region, &req);
+    v1::LoadItemRequest* item = AddItem(t.item, t.region, t.object_rank, &req);
     if (t.bytes == 0) {
       extent_of.push_back(nullptr);
       continue;
@@ -107,7 +119,7 @@ absl::StatusOr<LoadResult> Client::Load(const std::string& job, std::optional<ui
   }
   core_->ReleaseQuietly(*session, ids);  // scratch extents; the daemon frees them at Goodbye too
   if (!written.ok()) return written.status();
-  return LoadResult{resp.step(), resp.bytes_read(), *std::move(written)};
+  return MakeResult(resp, *std::move(written));
 }
 
 absl::StatusOr<LoadResult> Client::LoadInPlace(const std::string& job,
@@ -119,7 +131,7 @@ absl::StatusOr<LoadResult> Client::LoadInPlace(const std::string& job,
   FillLoadHeader(*session, job, step, rank, &req);
   for (const InPlaceLoadTarget& t : targets) {
     if (t.item.empty()) return absl::InvalidArgumentError("load target with an empty item name");
-    v1::LoadItemRequest* item = AddItem(t.item, t.region, &req);
+    v1::LoadItemRequest* item = AddItem(t.item, t.region, t.object_rank, &req);
     absl::Status s = core_->ToMemRef(*session, t.dest, t.bytes, item->mutable_dest());
     if (!s.ok()) return absl::Status(s.code(), absl::StrCat("item ", t.item, ": ", s.message()));
   }
@@ -130,7 +142,7 @@ absl::StatusOr<LoadResult> Client::LoadInPlace(const std::string& job,
                                            }));
   absl::StatusOr<std::vector<uint64_t>> written = ItemBytes(req, resp);
   if (!written.ok()) return written.status();
-  return LoadResult{resp.step(), resp.bytes_read(), *std::move(written)};
+  return MakeResult(resp, *std::move(written));
 }
 
 namespace {
@@ -164,36 +176,74 @@ bool ObjectVisibleTo(const ItemInfo& info, uint32_t rank) {
 
 }  // namespace
 
-absl::StatusOr<std::string> Client::LoadObject(const std::string& job,
-                                               std::optional<uint64_t> step, uint32_t rank,
-                                               const std::string& item) {
-  uint64_t resolved = 0;
-  if (step.has_value()) {
-    resolved = *step;
-  } else {
-    absl::StatusOr<uint64_t> latest = Latest(job);
-    if (!latest.ok()) return latest.status();
-    resolved = *latest;
-  }
-  CKPTD_CLIENT_RETURN_IF_ERROR(core_->EnsureSession().status());
-  absl::StatusOr<std::vector<ItemInfo>> items = InspectItems(*core_, job, resolved, {item});
+namespace {
+
+// The step `step` resolves to (nullopt: the latest committed).
+absl::StatusOr<uint64_t> ResolveStep(Client& client, const std::string& job,
+                                     std::optional<uint64_t> step) {
+  if (step.has_value()) return *step;
+  return client.Latest(job);
+}
+
+// The ItemInfo of object `item` of job/step.
+absl::StatusOr<ItemInfo> ObjectInfo(internal::ClientCore& core, const std::string& job,
+                                    uint64_t step, const std::string& item) {
+  CKPTD_CLIENT_RETURN_IF_ERROR(core.EnsureSession().status());
+  absl::StatusOr<std::vector<ItemInfo>> items = InspectItems(core, job, step, {item});
   if (!items.ok()) return items.status();
   auto it = std::find_if(items->begin(), items->end(),
                          [&](const ItemInfo& i) { return i.name == item; });
   if (it == items->end()) {
-    return absl::NotFoundError(absl::StrCat("no item ", item, " in checkpoint ", job, "/", resolved));
+    return absl::NotFoundError(absl::StrCat("no item ", item, " in checkpoint ", job, "/", step));
   }
   if (it->kind != ItemInfo::kObject) {
     return absl::InvalidArgumentError(
-        absl::StrCat("item ", item, " of checkpoint ", job, "/", resolved, " is a tensor"));
+        absl::StrCat("item ", item, " of checkpoint ", job, "/", step, " is a tensor"));
   }
+  return *it;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> Client::LoadObject(const std::string& job,
+                                               std::optional<uint64_t> step, uint32_t rank,
+                                               const std::string& item) {
+  absl::StatusOr<uint64_t> resolved = ResolveStep(*this, job, step);
+  if (!resolved.ok()) return resolved.status();
+  absl::StatusOr<ItemInfo> info = ObjectInfo(*core_, job, *resolved, item);
+  if (!info.ok()) return info.status();
   // ItemInfo.bytes counts every rank's copy of a per-rank object: an upper bound for one.
-  std::string bytes(it->bytes, '\0');
-  LoadTarget target{item, Region::Whole(), bytes.data(), bytes.size()};
-  absl::StatusOr<LoadResult> r = Load(job, resolved, rank, std::span<const LoadTarget>(&target, 1));
+  std::string bytes(info->bytes, '\0');
+  LoadTarget target{item, Region::Whole(), bytes.data(), bytes.size(), std::nullopt};
+  absl::StatusOr<LoadResult> r =
+      Load(job, *resolved, rank, std::span<const LoadTarget>(&target, 1));
   if (!r.ok()) return r.status();
   bytes.resize(r->item_bytes.front());
   return bytes;
+}
+
+absl::StatusOr<std::map<uint32_t, std::string>> Client::LoadObjects(
+    const std::string& job, std::optional<uint64_t> step, const std::string& item) {
+  absl::StatusOr<uint64_t> resolved = ResolveStep(*this, job, step);
+  if (!resolved.ok()) return resolved.status();
+  absl::StatusOr<ItemInfo> info = ObjectInfo(*core_, job, *resolved, item);
+  if (!info.ok()) return info.status();
+  std::vector<uint32_t> ranks = info->per_rank ? info->object_ranks : std::vector<uint32_t>{0};
+  std::vector<std::string> bytes(ranks.size(), std::string(info->bytes, '\0'));
+  std::vector<LoadTarget> targets;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    targets.push_back(LoadTarget{item, Region::Whole(), bytes[i].data(), bytes[i].size(),
+                                 info->per_rank ? std::optional<uint32_t>(ranks[i])
+                                                : std::nullopt});
+  }
+  absl::StatusOr<LoadResult> r = Load(job, *resolved, ranks.front(), targets);
+  if (!r.ok()) return r.status();
+  std::map<uint32_t, std::string> out;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    bytes[i].resize(r->item_bytes[i]);
+    out[ranks[i]] = std::move(bytes[i]);
+  }
+  return out;
 }
 
 absl::StatusOr<LoadedCheckpoint> Client::LoadAll(const std::string& job,

@@ -45,8 +45,11 @@ inline constexpr uint32_t kWaitTimeoutMsMax = 24 * 3600 * 1000;
 inline constexpr uint64_t kManifestSegmentBytesTarget = 4 * kMiB;
 inline constexpr uint64_t kManifestRecordBytesMax = 64 * kMiB;
 inline constexpr uint64_t kManifestSegmentsMax = 1 << 20;
-// Shards carry one crc32c per block of this many bytes, so partial reads verify.
-inline constexpr uint32_t kChecksumBlockBytes = 1 * 1024 * 1024;
+// Checksum block size of journal records written before it was recorded (RankRecord).
+inline constexpr uint32_t kLegacyChecksumBlockBytes = 1 * 1024 * 1024;
+
+// Decoded manifests the daemon keeps for loads (least recently used evicted).
+inline constexpr uint64_t kManifestCacheMax = 8;
 
 // I/O: one request is at most this many bytes; larger ones are split.
 inline constexpr uint64_t kIoChunkBytesMax = 64 * kMiB;

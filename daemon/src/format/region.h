@@ -19,6 +19,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "ckptd/v1/common.pb.h"
@@ -67,6 +68,14 @@ absl::Status CheckCoverage(std::span<const uint64_t> shape, std::span<const v1::
 uint64_t CopyRegion(std::span<const uint64_t> shape, uint32_t elem_bytes,
                     const v1::Region& src_region, const uint8_t* src,
                     const v1::Region& dst_region, uint8_t* dst);
+
+// Calls fn(src_pos, dst_pos, elems) for each run of elements of the intersection of src_region
+// and dst_region that is contiguous in both regions' buffers (positions in elements from the start
+// of each buffer). Runs come in the order of the destination's pieces, not sorted. Returns the
+// number of elements in the intersection.
+uint64_t ForEachCopyRun(std::span<const uint64_t> shape, const v1::Region& src_region,
+                        const v1::Region& dst_region,
+                        absl::FunctionRef<void(uint64_t, uint64_t, uint64_t)> fn);
 
 // A byte range [offset, offset + len).
 struct ByteRange {

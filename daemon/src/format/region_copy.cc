@@ -96,6 +96,12 @@ uint64_t ForEachRun(std::span<const uint64_t> shape, const v1::Region& src_regio
 
 }  // namespace
 
+uint64_t ForEachCopyRun(std::span<const uint64_t> shape, const v1::Region& src_region,
+                        const v1::Region& dst_region,
+                        absl::FunctionRef<void(uint64_t, uint64_t, uint64_t)> fn) {
+  return ForEachRun(shape, src_region, dst_region, fn);
+}
+
 uint64_t CopyRegion(std::span<const uint64_t> shape, uint32_t elem_bytes,
                     const v1::Region& src_region, const uint8_t* src,
                     const v1::Region& dst_region, uint8_t* dst) {

@@ -29,6 +29,8 @@
 #include "ckptd/v1/index.pb.h"
 #include "dataplane/arena.h"
 #include "dataplane/region_registry.h"
+#include "common/limits.h"
+#include "format/load_plan.h"
 #include "format/manifest.h"
 #include "index/meta_store.h"
 #include "options.h"
@@ -109,6 +111,9 @@ class CheckpointService {
     uint64_t step = 0;
     uint32_t world_size = 0;
     uint64_t created_unix_ms = 0;
+    // Fixed when the checkpoint is created (options.checksum_block_bytes) and journaled with
+    // every rank, so a restart with another option value does not mix block sizes.
+    uint32_t checksum_block_bytes = 0;
     std::map<uint32_t, PendingRank> ranks;
     std::map<std::string, ItemMeta> items;
     // item '\0' RegionKey → (rank, shard index) of the copy that is stored.
@@ -160,8 +165,19 @@ class CheckpointService {
   // load.cc
   absl::StatusOr<std::shared_ptr<const Manifest>> GetManifest(const std::string& job,
                                                               uint64_t step);
-  absl::Status LoadItem(const std::string& session, const Manifest& m,
-                        const v1::LoadItemRequest& req, uint32_t rank, v1::LoadedItem* out,
+  void CacheManifestLocked(const Key& key, std::shared_ptr<const Manifest> manifest)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Checks one requested item and its destination; fills the planner's request, the destination
+  // pointer (nullptr for 0 bytes) and the answer's entry.
+  absl::Status ResolveLoadItem(const std::string& session, const Manifest& m,
+                               const v1::LoadItemRequest& req, uint32_t rank,
+                               std::vector<RegionLease>* leases, PlanRequest* request,
+                               uint8_t** dst, v1::LoadedItem* out) const;
+  // Plan options for manifests with checksum blocks of `block_bytes`.
+  PlanOptions LoadPlanOptions(uint32_t block_bytes) const;
+  // Executes a plan of `m`: reads its runs in batches of at most options.load_buffer_bytes,
+  // verifies every block used and copies into dst[request] (each sized plan.request_bytes).
+  absl::Status ReadPlan(const Manifest& m, const LoadPlan& plan, std::span<uint8_t* const> dst,
                         uint64_t* bytes_read);
   absl::StatusOr<uint8_t*> ResolveDest(const std::string& session, const v1::MemRef& ref,
                                        uint64_t need_bytes, std::vector<RegionLease>* leases,
@@ -191,12 +207,23 @@ class CheckpointService {
   absl::CondVar changed_;  // signalled on every checkpoint state change
   std::map<Key, std::unique_ptr<Pending>> pending_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, Session> sessions_ ABSL_GUARDED_BY(mu_);
-  std::map<Key, std::shared_ptr<const Manifest>> manifest_cache_ ABSL_GUARDED_BY(mu_);
+  // Decoded manifests of recent loads, least recently used evicted first (kManifestCacheMax).
+  struct CachedManifest {
+    std::shared_ptr<const Manifest> manifest;
+    uint64_t last_used = 0;
+  };
+  std::map<Key, CachedManifest> manifest_cache_ ABSL_GUARDED_BY(mu_);
+  uint64_t manifest_cache_tick_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread housekeeper_;
 };
 
 uint64_t NowUnixMs();
+// The checksum block size a rank record was written with.
+inline uint32_t RankBlockBytes(const v1::RankRecord& rec) {
+  return rec.checksum_block_bytes() != 0 ? rec.checksum_block_bytes()
+                                         : limits::kLegacyChecksumBlockBytes;
+}
 // Identifies the stored copy of a shard within a checkpoint: item + region (tensors), item +
 // saving rank (per-rank objects), item (replicated objects). Equal keys are replicas.
 std::string StoredCopyKey(const v1::ShardSpec& spec, uint32_t rank);

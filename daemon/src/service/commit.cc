@@ -48,7 +48,7 @@ absl::StatusOr<Manifest> CheckpointService::BuildManifestLocked(const Pending& p
   h.set_partial(p.partial);
   h.set_created_unix_ms(p.created_unix_ms);
   h.set_committed_unix_ms(NowUnixMs());
-  h.set_checksum_block_bytes(limits::kChecksumBlockBytes);
+  h.set_checksum_block_bytes(p.checksum_block_bytes);
   std::map<std::string, v1::ItemEntry> items;
   // Owner shard of each stored region, to attach replicas: (rank, shard index) → entry.
   std::map<std::pair<uint32_t, size_t>, std::pair<std::string, int>> where;
@@ -180,8 +180,7 @@ void CheckpointService::CommitCheckpoint(Key key) {
   spdlog::info("checkpoint {}/{} COMMITTED ({} items, {} bytes, {} ranks{})", key.first,
                key.second, m->items.size(), m->header.total_bytes(), p.ranks.size(),
                p.partial ? ", partial" : "");
-  manifest_cache_[key] = std::make_shared<const Manifest>(*std::move(m));
-  while (manifest_cache_.size() > 8) manifest_cache_.erase(manifest_cache_.begin());
+  CacheManifestLocked(key, std::make_shared<const Manifest>(*std::move(m)));
   pending_.erase(key);
   changed_.SignalAll();
 }

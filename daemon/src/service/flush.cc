@@ -36,7 +36,7 @@ const uint8_t* CheckpointService::ShardSource(const v1::StagedShard& s,
 absl::Status CheckpointService::WriteRankBlob(const std::string& dir,
                                               const std::vector<RegionLease>& leases,
                                               v1::RankRecord* rec) {
-  const uint32_t block = limits::kChecksumBlockBytes;
+  const uint32_t block = RankBlockBytes(*rec);
   std::vector<IoSlice> slices;
   uint64_t blob_off = 0;
   // Extents holding exactly one shard may be written whole (tail included, zeroed first), which

@@ -1,12 +1,16 @@
-// Load: intersect the requested regions with the saved shards, read only the checksum blocks
-// that hold needed bytes, verify them, and write the bytes into the destination extent/region.
-#include <sys/mman.h>
+// Load: resolve the requested items and destinations, plan the reads (format/load_plan.h: only
+// the byte runs needed, coalesced), read them in bounded batches, verify every checksum block
+// used, and copy into the destination extents/regions.
+#include <cstdlib>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "ckptd/status.h"
 #include "format/crc32c.h"
 #include "format/dtype.h"
 #include "format/names.h"
+#include "format/load_plan.h"
 #include "format/region.h"
 #include "common/limits.h"
 #include "service/checkpoint_service.h"
@@ -16,42 +20,18 @@ namespace {
 
 uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
-// Anonymous memory the size of a shard: only the pages actually read are ever backed, so a load
-// that needs a sliver of a huge shard costs a sliver of memory.
-class SparseBuffer {
- public:
-  static absl::StatusOr<SparseBuffer> Map(uint64_t bytes) {
-    SparseBuffer b;
-    b.len_ = std::max<uint64_t>(RoundUp(bytes, limits::kAlignmentBytes), limits::kAlignmentBytes);
-    void* p = mmap(nullptr, b.len_, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (p == MAP_FAILED) return ErrnoStatus(errno, absl::StrCat("mmap ", bytes, " bytes"));
-    b.p_ = static_cast<uint8_t*>(p);
-    return b;
-  }
-  SparseBuffer() = default;
-  SparseBuffer(SparseBuffer&& o) noexcept : p_(o.p_), len_(o.len_) { o.p_ = nullptr; }
-  ~SparseBuffer() {
-    if (p_ != nullptr) munmap(p_, len_);
-  }
-  uint8_t* data() const { return p_; }
-
- private:
-  uint8_t* p_ = nullptr;
-  uint64_t len_ = 0;
+// An O_DIRECT-aligned read buffer.
+struct AlignedFree {
+  void operator()(uint8_t* p) const { std::free(p); }
 };
+using AlignedBuffer = std::unique_ptr<uint8_t, AlignedFree>;
 
-const v1::ItemEntry* FindItem(const Manifest& m, const std::string& name) {
-  auto it = std::lower_bound(m.items.begin(), m.items.end(), name,
-                             [](const v1::ItemEntry& e, const std::string& n) {
-                               return e.name() < n;
-                             });
-  return it != m.items.end() && it->name() == name ? &*it : nullptr;
-}
-
-const v1::BlobInfo* FindBlob(const Manifest& m, uint32_t id) {
-  for (const v1::BlobInfo& b : m.header.blobs()) {
-    if (b.id() == id) return &b;
+// The item holding shard `s`, for error messages only (a linear scan).
+const v1::ItemEntry* ItemOfShard(const Manifest& m, const v1::ShardEntry* s) {
+  for (const v1::ItemEntry& item : m.items) {
+    for (const v1::ShardEntry& e : item.shards()) {
+      if (&e == s) return &item;
+    }
   }
   return nullptr;
 }
@@ -63,7 +43,10 @@ absl::StatusOr<std::shared_ptr<const Manifest>> CheckpointService::GetManifest(
   {
     absl::MutexLock lock(&mu_);
     auto it = manifest_cache_.find(Key{job, step});
-    if (it != manifest_cache_.end()) return it->second;
+    if (it != manifest_cache_.end()) {
+      it->second.last_used = ++manifest_cache_tick_;
+      return it->second.manifest;
+    }
   }
   std::string path = absl::StrCat(CheckpointDir(job, step), "/", kManifestFileName);
   CKPTD_ASSIGN_OR_RETURN(std::string bytes, deps_.storage->Get(path));
@@ -74,9 +57,20 @@ absl::StatusOr<std::shared_ptr<const Manifest>> CheckpointService::GetManifest(
   }
   auto shared = std::make_shared<const Manifest>(std::move(m));
   absl::MutexLock lock(&mu_);
-  manifest_cache_[Key{job, step}] = shared;
-  while (manifest_cache_.size() > 8) manifest_cache_.erase(manifest_cache_.begin());
+  CacheManifestLocked(Key{job, step}, shared);
   return shared;
+}
+
+void CheckpointService::CacheManifestLocked(const Key& key,
+                                            std::shared_ptr<const Manifest> manifest) {
+  manifest_cache_[key] = CachedManifest{std::move(manifest), ++manifest_cache_tick_};
+  while (manifest_cache_.size() > limits::kManifestCacheMax) {
+    auto lru = std::min_element(manifest_cache_.begin(), manifest_cache_.end(),
+                                [](const auto& a, const auto& b) {
+                                  return a.second.last_used < b.second.last_used;
+                                });
+    manifest_cache_.erase(lru);
+  }
 }
 
 absl::StatusOr<uint8_t*> CheckpointService::ResolveDest(const std::string& session,
@@ -111,9 +105,11 @@ absl::StatusOr<uint8_t*> CheckpointService::ResolveDest(const std::string& sessi
   return absl::InvalidArgumentError(absl::StrCat(what, ": destination names no extent or region"));
 }
 
-absl::Status CheckpointService::LoadItem(const std::string& session, const Manifest& m,
-                                         const v1::LoadItemRequest& req, uint32_t rank,
-                                         v1::LoadedItem* out, uint64_t* bytes_read) {
+absl::Status CheckpointService::ResolveLoadItem(const std::string& session, const Manifest& m,
+                                                const v1::LoadItemRequest& req, uint32_t rank,
+                                                std::vector<RegionLease>* leases,
+                                                PlanRequest* request, uint8_t** dst,
+                                                v1::LoadedItem* out) const {
   const std::string ckpt = absl::StrCat(m.header.job(), "/", m.header.step());
   const v1::ItemEntry* item = FindItem(m, req.item());
   if (item == nullptr) {
@@ -121,86 +117,115 @@ absl::Status CheckpointService::LoadItem(const std::string& session, const Manif
         absl::StrCat("item \"", req.item(), "\" is not in checkpoint ", ckpt));
   }
   std::string what = absl::StrCat("checkpoint ", ckpt, " item \"", req.item(), "\"");
-  std::vector<RegionLease> leases;
-  const uint32_t block = m.header.checksum_block_bytes();
-  std::vector<uint64_t> shape(item->shape().begin(), item->shape().end());
-  uint32_t elem = 1;
-  v1::Region dst_region = req.region();
-  std::vector<const v1::ShardEntry*> shards;
+  request->item = item;
   uint64_t need = 0;
   if (item->kind() == v1::TENSOR) {
-    CKPTD_ASSIGN_OR_RETURN(elem, DTypeSize(item->dtype()));
-    CKPTD_RETURN_IF_ERROR(Annotate(ValidateRegion(dst_region, shape), what));
-    need = RegionElements(dst_region, shape) * elem;
-    for (const v1::ShardEntry& s : item->shards()) shards.push_back(&s);
+    std::vector<uint64_t> shape(item->shape().begin(), item->shape().end());
+    CKPTD_ASSIGN_OR_RETURN(uint32_t elem, DTypeSize(item->dtype()));
+    CKPTD_RETURN_IF_ERROR(Annotate(ValidateRegion(req.region(), shape), what));
+    request->region = req.region();
+    need = RegionElements(req.region(), shape) * elem;
   } else {
+    const uint32_t want = req.has_saved_by_rank() ? req.saved_by_rank() : rank;
+    std::vector<uint32_t> saved;
     for (const v1::ShardEntry& s : item->shards()) {
-      if (item->scope() == v1::REPLICATED || s.saved_by_rank() == rank) shards.push_back(&s);
-    }
-    if (shards.empty()) {
-      return absl::NotFoundError(absl::StrCat(what, ": no copy of this per-rank object was "
-                                                    "saved by rank ", rank));
-    }
-    need = shards[0]->length();
-    out->set_saved_by_rank(shards[0]->saved_by_rank());
-    shards.resize(1);
-  }
-  CKPTD_ASSIGN_OR_RETURN(uint8_t * dst, ResolveDest(session, req.dest(), need, &leases, what));
-  for (const v1::ShardEntry* s : shards) {
-    if (s->length() == 0) continue;
-    std::vector<ByteRange> ranges;
-    if (item->kind() == v1::TENSOR) {
-      ranges = NeededByteRanges(shape, elem, s->region(), dst_region);
-    } else {
-      ranges.push_back(ByteRange{0, s->length()});
-    }
-    if (ranges.empty()) continue;
-    const v1::BlobInfo* blob = FindBlob(m, s->blob_id());
-    CKPTD_CHECK(blob != nullptr);  // ValidateManifest checked it
-    std::string path = absl::StrCat(CheckpointDir(m.header.job(), m.header.step()), "/",
-                                    blob->name());
-    CKPTD_ASSIGN_OR_RETURN(SparseBuffer buf, SparseBuffer::Map(s->length()));
-    CKPTD_ASSIGN_OR_RETURN(std::unique_ptr<BlobReader> reader, deps_.storage->OpenBlob(path));
-    // Whole checksum blocks around each needed range, merged when adjacent.
-    std::vector<IoSlice> slices;
-    std::vector<std::pair<uint64_t, uint64_t>> blocks;  // [first block, end block)
-    for (const ByteRange& r : ranges) {
-      uint64_t b0 = r.offset / block, b1 = (r.offset + r.len + block - 1) / block;
-      if (!blocks.empty() && blocks.back().second >= b0) {
-        blocks.back().second = std::max(blocks.back().second, b1);
-      } else {
-        blocks.emplace_back(b0, b1);
+      saved.push_back(s.saved_by_rank());
+      if (item->scope() == v1::REPLICATED || s.saved_by_rank() == want) {
+        request->object_shard = &s;
+        break;
       }
     }
-    for (const auto& [b0, b1] : blocks) {
-      uint64_t off = b0 * block;
-      uint64_t len = std::min<uint64_t>(b1 * block, s->length()) - off;
-      // Whole pages where the blob has them (O_DIRECT), else exactly to its end (buffered).
-      uint64_t file_left = reader->size_bytes() > s->offset() + off
-                               ? reader->size_bytes() - s->offset() - off
-                               : 0;
-      uint64_t io_len = std::max(len, std::min(RoundUp(len, limits::kAlignmentBytes), file_left));
-      slices.push_back(IoSlice{buf.data() + off, io_len, s->offset() + off});
-      *bytes_read += io_len;
+    if (request->object_shard == nullptr) {
+      return absl::NotFoundError(absl::StrCat(what, ": no copy of this per-rank object was saved "
+                                                    "by rank ", want, " (saved by ranks ",
+                                              absl::StrJoin(saved, ", "), ")"));
     }
-    CKPTD_RETURN_IF_ERROR(Annotate(reader->Read(slices), what));
-    for (const auto& [b0, b1] : blocks) {
-      uint64_t off = b0 * block;
-      uint64_t len = std::min<uint64_t>(b1 * block, s->length()) - off;
-      CKPTD_RETURN_IF_ERROR(VerifyBlocks(buf.data() + off, b0, len, s->length(),
-                                         std::span<const uint32_t>(s->block_crc32c().data(),
-                                                                   s->block_crc32c().size()),
-                                         block,
-                                         absl::StrCat(what, " shard in ", path)));
-    }
-    if (item->kind() == v1::TENSOR) {
-      CopyRegion(shape, elem, s->region(), buf.data(), dst_region, dst);
-    } else {
-      std::memcpy(dst, buf.data(), s->length());
-    }
+    need = request->object_shard->length();
+    out->set_saved_by_rank(request->object_shard->saved_by_rank());
   }
+  CKPTD_ASSIGN_OR_RETURN(*dst, ResolveDest(session, req.dest(), need, leases, what));
   out->set_item(req.item());
   out->set_bytes(need);
+  return absl::OkStatus();
+}
+
+PlanOptions CheckpointService::LoadPlanOptions(uint32_t block_bytes) const {
+  PlanOptions o;
+  o.alignment_bytes = limits::kAlignmentBytes;
+  // Up to 4 runs per read batch keep several large reads in flight.
+  uint64_t quarter = deps_.options->load_buffer_bytes / 4 / limits::kAlignmentBytes *
+                     limits::kAlignmentBytes;
+  o.max_run_bytes = std::max<uint64_t>(2ull * block_bytes, std::min(o.max_run_bytes, quarter));
+  return o;
+}
+
+absl::Status CheckpointService::ReadPlan(const Manifest& m, const LoadPlan& plan,
+                                         std::span<uint8_t* const> dst, uint64_t* bytes_read) {
+  if (plan.runs.empty()) return absl::OkStatus();
+  const std::string dir = CheckpointDir(m.header.job(), m.header.step());
+  const uint32_t block = m.header.checksum_block_bytes();
+  uint64_t largest = 0;
+  for (const ReadRun& r : plan.runs) largest = std::max(largest, r.length);
+  const uint64_t cap = std::max(largest, std::min(deps_.options->load_buffer_bytes,
+                                                  RoundUp(plan.read_bytes,
+                                                          limits::kAlignmentBytes)));
+  AlignedBuffer buf(static_cast<uint8_t*>(
+      std::aligned_alloc(limits::kAlignmentBytes, RoundUp(cap, limits::kAlignmentBytes))));
+  if (buf == nullptr) {
+    return absl::ResourceExhaustedError(absl::StrCat("load buffer of ", cap, " bytes"));
+  }
+  std::unique_ptr<BlobReader> reader;
+  std::string path;
+  uint32_t open_blob = UINT32_MAX;
+  for (size_t i = 0; i < plan.runs.size();) {
+    // A batch: consecutive runs of one blob that fit the buffer.
+    const uint32_t blob_id = plan.runs[i].blob_id;
+    if (blob_id != open_blob) {
+      const v1::BlobInfo* blob = nullptr;
+      for (const v1::BlobInfo& b : m.header.blobs()) {
+        if (b.id() == blob_id) blob = &b;
+      }
+      CKPTD_CHECK(blob != nullptr);  // ValidateManifest checked it
+      path = absl::StrCat(dir, "/", blob->name());
+      CKPTD_ASSIGN_OR_RETURN(reader, deps_.storage->OpenBlob(path));
+      open_blob = blob_id;
+    }
+    std::vector<IoSlice> slices;
+    std::vector<uint64_t> at;  // buffer offset of each run of the batch
+    uint64_t used = 0;
+    size_t j = i;
+    for (; j < plan.runs.size() && plan.runs[j].blob_id == blob_id &&
+           (j == i || used + plan.runs[j].length <= cap);
+         ++j) {
+      slices.push_back(IoSlice{buf.get() + used, plan.runs[j].length, plan.runs[j].offset});
+      at.push_back(used);
+      used = RoundUp(used + plan.runs[j].length, limits::kAlignmentBytes);
+    }
+    CKPTD_RETURN_IF_ERROR(Annotate(reader->Read(slices), absl::StrCat("reading ", path)));
+    for (size_t k = i; k < j; ++k) {
+      const ReadRun& run = plan.runs[k];
+      const uint8_t* data = buf.get() + at[k - i];
+      *bytes_read += run.length;
+      for (uint32_t c = run.first_check; c < run.first_check + run.check_count; ++c) {
+        const BlockCheck& chk = plan.checks[c];
+        uint64_t n = std::min<uint64_t>(chk.end_block * block, chk.shard->length()) -
+                     chk.first_block * block;
+        absl::Status st = VerifyBlocks(
+            data + chk.run_offset, chk.first_block, n, chk.shard->length(),
+            std::span<const uint32_t>(chk.shard->block_crc32c().data(),
+                                      chk.shard->block_crc32c().size()),
+            block, absl::StrCat("checkpoint ", m.header.job(), "/", m.header.step(), " item \"",
+                                ItemOfShard(m, chk.shard)->name(), "\" (saved by rank ",
+                                chk.shard->saved_by_rank(), ") in ", path));
+        if (!st.ok()) return st;
+      }
+      for (uint64_t c = run.first_copy; c < run.first_copy + run.copy_count; ++c) {
+        const RunCopy& cp = plan.copies[c];
+        std::memcpy(dst[cp.request] + cp.dst_offset, data + cp.run_offset, cp.bytes);
+      }
+    }
+    i = j;
+  }
   return absl::OkStatus();
 }
 
@@ -229,12 +254,23 @@ absl::Status CheckpointService::Load(const v1::LoadRequest& req, v1::LoadRespons
   }
   CKPTD_ASSIGN_OR_RETURN(std::shared_ptr<const Manifest> m, GetManifest(req.job(), step));
   resp->set_step(step);
-  uint64_t bytes_read = 0;
-  for (const v1::LoadItemRequest& item : req.items()) {
-    CKPTD_RETURN_IF_ERROR(
-        LoadItem(session, *m, item, req.rank(), resp->add_items(), &bytes_read));
+  std::vector<RegionLease> leases;  // held until the copies are done
+  std::vector<PlanRequest> requests(req.items_size());
+  std::vector<uint8_t*> dst(req.items_size());
+  for (int i = 0; i < req.items_size(); ++i) {
+    CKPTD_RETURN_IF_ERROR(ResolveLoadItem(session, *m, req.items(i), req.rank(), &leases,
+                                          &requests[i], &dst[i], resp->add_items()));
   }
+  absl::StatusOr<LoadPlan> plan =
+      PlanLoad(*m, requests, LoadPlanOptions(m->header.checksum_block_bytes()));
+  if (!plan.ok()) {
+    return Annotate(plan.status(), absl::StrCat("checkpoint ", req.job(), "/", step));
+  }
+  uint64_t bytes_read = 0;
+  CKPTD_RETURN_IF_ERROR(ReadPlan(*m, *plan, dst, &bytes_read));
   resp->set_bytes_read(bytes_read);
+  resp->set_bytes_needed(plan->needed_bytes);
+  resp->set_bytes_needed_aligned(plan->needed_aligned_bytes);
   return absl::OkStatus();
 }
 

@@ -117,6 +117,8 @@ absl::Status CheckpointService::ResumeOne(const v1::CheckpointRecord& rec,
   p->world_size = s.world_size();
   p->created_unix_ms = s.created_unix_ms();
   p->partial = s.partial();
+  p->checksum_block_bytes = deps_.options->checksum_block_bytes;
+  if (!ranks.empty()) p->checksum_block_bytes = RankBlockBytes(ranks.front());
   for (const v1::RankRecord& rr : ranks) {
     PendingRank pr;
     pr.rec = rr;

@@ -367,9 +367,11 @@ absl::Status CheckpointService::Save(const v1::SaveRequest& req, v1::SaveRespons
     p->step = req.step();
     p->world_size = req.world_size();
     p->created_unix_ms = NowUnixMs();
+    p->checksum_block_bytes = deps_.options->checksum_block_bytes;
     it = pending_.emplace(key, std::move(p)).first;
   }
   Pending& p = *it->second;
+  rank.rec.set_checksum_block_bytes(p.checksum_block_bytes);
   if (p.state != v1::STAGING || p.aborting) {
     return absl::FailedPreconditionError(absl::StrCat(
         what, " is ", v1::CheckpointState_Name(p.state), "; it takes no more ranks"));

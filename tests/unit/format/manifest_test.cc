@@ -19,7 +19,7 @@ v1::ShardEntry TensorShard(const v1::Region& region, uint64_t length, uint64_t o
   shard.set_blob_id(0);
   shard.set_offset(offset);
   shard.set_length(length);
-  for (uint64_t i = 0; i < BlockCount(length, limits::kChecksumBlockBytes); ++i) {
+  for (uint64_t i = 0; i < BlockCount(length, limits::kLegacyChecksumBlockBytes); ++i) {
     shard.add_block_crc32c(0x1000 + static_cast<uint32_t>(i));
   }
   shard.set_saved_by_rank(rank);
@@ -71,7 +71,7 @@ Manifest Sample() {
   h.set_created_unix_ms(1700000000000);
   h.set_committed_unix_ms(1700000001000);
   h.set_total_bytes(456);
-  h.set_checksum_block_bytes(limits::kChecksumBlockBytes);
+  h.set_checksum_block_bytes(limits::kLegacyChecksumBlockBytes);
   v1::BlobInfo* blob = h.add_blobs();
   blob->set_id(0);
   blob->set_name(BlobName(0));

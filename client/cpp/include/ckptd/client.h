@@ -241,6 +241,8 @@ struct LoadTarget {
   Region region;
   void* dest = nullptr;
   uint64_t bytes = 0;
+  // Per-rank objects: load the copy saved by this rank instead of the loading rank's.
+  std::optional<uint32_t> object_rank;
 };
 // The same, into daemon-visible memory (no copy by the library).
 struct InPlaceLoadTarget {
@@ -248,12 +250,15 @@ struct InPlaceLoadTarget {
   Region region;
   BufferRef dest;
   uint64_t bytes = 0;
+  std::optional<uint32_t> object_rank;  // as in LoadTarget
 };
 
 struct LoadResult {
   uint64_t step = 0;                // the step loaded (resolves "latest")
   uint64_t bytes_read = 0;          // bytes the daemon read from storage
   std::vector<uint64_t> item_bytes; // bytes written per target, in the order given
+  uint64_t bytes_needed = 0;          // distinct stored bytes the targets use
+  uint64_t bytes_needed_aligned = 0;  // the same with each contiguous range rounded to 4 KiB
 };
 
 struct LoadedTensor {
@@ -368,6 +373,11 @@ class Client {
   // One object item (for per-rank objects, `rank`'s copy).
   absl::StatusOr<std::string> LoadObject(const std::string& job, std::optional<uint64_t> step,
                                          uint32_t rank, const std::string& item);
+  // Every saved copy of a per-rank object keyed by the rank that saved it (for a load with
+  // another world size: the framework redistributes them); a replicated object as {0: bytes}.
+  absl::StatusOr<std::map<uint32_t, std::string>> LoadObjects(const std::string& job,
+                                                              std::optional<uint64_t> step,
+                                                              const std::string& item);
   // Every tensor (whole) and every object visible to `rank`, batched to fit the arena.
   absl::StatusOr<LoadedCheckpoint> LoadAll(const std::string& job, std::optional<uint64_t> step,
                                            uint32_t rank);
