@@ -1,6 +1,7 @@
 # ckptd — the two commands: `make run` and `make test`.
 #   make run    install what is missing, build, start ckptd on ./state (unix socket state/ckptd.sock)
-#   make test   install what is missing, build, run every test; then the ASan/UBSan tier
+#   make test   install what is missing, build, run every test; then the ASan/UBSan tier and
+#               the Python tier (make test-python: the ckptd package, pytest against a real ckptd)
 #   make build  build only
 SHELL := /bin/bash
 ROOT := $(CURDIR)
@@ -10,8 +11,9 @@ STATE ?= $(ROOT)/state
 CMAKE ?= /usr/bin/cmake
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
+PYTHON ?= python3
 
-.PHONY: setup build build-asan run test test-cpp test-asan bench clean
+.PHONY: setup build build-asan run test test-cpp test-asan test-python python bench clean
 
 setup:
 	@bash deploy/setup.sh
@@ -38,7 +40,17 @@ test-cpp: build
 test-asan: build-asan
 	@cd $(BUILD_ASAN) && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j 2 --timeout 900 -R 'unit\.(format|io|index):' 
 
-test: test-cpp test-asan
+# The Python tier: builds the ckptd package (client/python, the extension compiled by this CMake
+# project in client/python/build/) into the current Python, then runs tests/python against
+# $(BUILD)/ckptd. Each test module starts its own daemon.
+python: setup
+	@CMAKE_EXECUTABLE=$(CMAKE) CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) \
+	  $(PYTHON) -m pip install --no-build-isolation --no-deps -q ./client/python
+
+test-python: build python
+	@cd tests/python && CKPTD_BIN=$(BUILD)/ckptd $(PYTHON) -m pytest -p no:cacheprovider -q .
+
+test: test-cpp test-asan test-python
 
 clean:
 	rm -rf $(BUILD) $(BUILD_ASAN)

@@ -23,3 +23,20 @@ if [ "${#missing[@]}" -gt 0 ]; then
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
+
+# Python tier (client/python, plugins/torch, tests/python): pip packages of the Python first on
+# PATH (override with PYTHON=...). torch is pinned to the CPU build; installed only when missing.
+PYTHON="${PYTHON:-python3}"
+TORCH_VERSION=2.13.0
+py_missing=()
+for spec in "numpy:numpy" "pybind11:pybind11" "pytest:pytest" "scikit_build_core:scikit-build-core"; do
+  "$PYTHON" -c "import ${spec%%:*}" 2>/dev/null || py_missing+=("${spec#*:}")
+done
+if [ "${#py_missing[@]}" -gt 0 ]; then
+  echo "setup: installing Python packages: ${py_missing[*]}"
+  "$PYTHON" -m pip install -q "${py_missing[@]}"
+fi
+if ! "$PYTHON" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION')" 2>/dev/null; then
+  echo "setup: installing torch==$TORCH_VERSION"
+  "$PYTHON" -m pip install -q torch==2.13.0
+fi
