@@ -51,7 +51,9 @@ def start_daemon(staging_bytes: int = STAGING_BYTES) -> Daemon:
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [daemon_binary(), f"--state_dir={state_dir}", f"--staging_bytes_max={staging_bytes}"],
-            stdout=out, stderr=subprocess.STDOUT)
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if proc.poll() is not None:

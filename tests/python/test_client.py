@@ -8,9 +8,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import Daemon
 
 import ckptd
+from conftest import Daemon
 
 torch = pytest.importorskip("torch")
 
@@ -58,8 +58,9 @@ def test_round_trip_dtypes_views_objects_and_one_copy(client: ckptd.Client) -> N
     staged = handle.staged()
     assert staged.done()
     stats = ckptd.copy_stats()
-    object_bytes = len(b"\x00\x01bytes") + len(__import__("pickle").dumps(
-        objects["meta"], protocol=__import__("pickle").HIGHEST_PROTOCOL))
+    object_bytes = len(b"\x00\x01bytes") + len(
+        __import__("pickle").dumps(objects["meta"], protocol=__import__("pickle").HIGHEST_PROTOCOL)
+    )
     # Exactly one copy of every tensor byte and object byte, into the arena.
     assert stats["save_bytes"] == tensor_bytes(sd) + object_bytes
     assert handle.committed().result(timeout=60)["state"] == "COMMITTED"
@@ -70,8 +71,9 @@ def test_round_trip_dtypes_views_objects_and_one_copy(client: ckptd.Client) -> N
     assert set(loaded_all.tensors) == set(sd)
     for name, want in sd.items():
         got = loaded_all.tensors[name]
-        np.testing.assert_array_equal(got.view(np.uint16) if name == "bf16" else got,
-                                      as_numpy(want), err_msg=name)
+        np.testing.assert_array_equal(
+            got.view(np.uint16) if name == "bf16" else got, as_numpy(want), err_msg=name
+        )
         assert got.shape == tuple(want.shape)
     assert loaded_all.objects["raw"] == b"\x00\x01bytes"
     assert __import__("pickle").loads(loaded_all.objects["meta"]) == objects["meta"]
@@ -111,13 +113,17 @@ def test_load_copies_once_into_given_buffers(client: ckptd.Client) -> None:
 
 def test_sharded_save_from_two_ranks(client: ckptd.Client) -> None:
     full = np.arange(40 * 8, dtype=np.int32).reshape(40, 8)
-    shards = [ckptd.Shard(full[r * 20:(r + 1) * 20], full.shape, ckptd.Box([r * 20, 0], [20, 8]))
-              for r in range(2)]
-    h0 = client.save("py-shards", 7, {"w": shards[0]}, {"rng": 0}, rank=0, world_size=2,
-                     per_rank_objects=["rng"])
+    shards = [
+        ckptd.Shard(full[r * 20 : (r + 1) * 20], full.shape, ckptd.Box([r * 20, 0], [20, 8]))
+        for r in range(2)
+    ]
+    h0 = client.save(
+        "py-shards", 7, {"w": shards[0]}, {"rng": 0}, rank=0, world_size=2, per_rank_objects=["rng"]
+    )
     assert client.status("py-shards", 7)["state"] != "COMMITTED"
-    h1 = client.save("py-shards", 7, {"w": shards[1]}, {"rng": 1}, rank=1, world_size=2,
-                     per_rank_objects=["rng"])
+    h1 = client.save(
+        "py-shards", 7, {"w": shards[1]}, {"rng": 1}, rank=1, world_size=2, per_rank_objects=["rng"]
+    )
     h0.committed().result(60)
     h1.committed().result(60)
     np.testing.assert_array_equal(client.load("py-shards", 7).tensors["w"], full)
@@ -169,7 +175,7 @@ def test_concurrent_saves_from_threads(client: ckptd.Client) -> None:
     def run(step: int) -> None:
         try:
             client.save("py-threads", step, {"x": np.full(1000, step)}).committed().result(60)
-        except BaseException as e:  # noqa: BLE001 - collected and re-raised below
+        except BaseException as e:
             errors.append(e)
 
     threads = [threading.Thread(target=run, args=(s,)) for s in range(4)]

@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import Daemon
 
 import ckptd
+from conftest import Daemon
 
 torch = pytest.importorskip("torch")
 dcp = pytest.importorskip("torch.distributed.checkpoint")
@@ -103,16 +103,18 @@ def test_same_as_filesystem_writer(daemon: Daemon, tmp_path: Path) -> None:
     dcp.save(sd, storage_writer=ct.StorageWriter("dcp/parity/step-7", socket=daemon.socket))
     from_fs, from_ckptd = zeros_like(sd), zeros_like(sd)
     dcp.load(from_fs, storage_reader=dcp.FileSystemReader(str(tmp_path / "fs")))
-    dcp.load(from_ckptd, storage_reader=ct.StorageReader("dcp/parity/step-7",
-                                                          socket=daemon.socket))
+    dcp.load(from_ckptd, storage_reader=ct.StorageReader("dcp/parity/step-7", socket=daemon.socket))
     want = {k: v.contiguous() for k, v in sd["model"].items()}
     assert_same(want, from_fs["model"])
     assert_same(from_fs, from_ckptd)
 
 
 def test_checkpoint_id_rules(daemon: Daemon, client: ckptd.Client) -> None:
-    assert ct.parse("ckptd://runs/a/step-5") == ct.parse("/runs/a/step-5") == ct.parse(
-        Path("runs/a/step-5"))
+    assert (
+        ct.parse("ckptd://runs/a/step-5")
+        == ct.parse("/runs/a/step-5")
+        == ct.parse(Path("runs/a/step-5"))
+    )
     assert ct.parse("runs/a/step-5").job == "runs.a" and ct.parse("runs/a/step-5").step == 5
     assert ct.parse("x_y/v1.2/ckpt").job == "x__y.v1_d2" and ct.parse("x_y/v1.2/ckpt").step is None
     assert ct.decode_job(ct.encode_job("a b/c_d/e.f")) == "a b/c_d/e.f"
@@ -128,8 +130,9 @@ def test_checkpoint_id_rules(daemon: Daemon, client: ckptd.Client) -> None:
     # Without a trailing integer: the next free step, and the name is recorded.
     sd = {"w": torch.arange(10.0)}
     dcp.save(sd, storage_writer=ct.StorageWriter("ids/named/step-3", socket=daemon.socket))
-    dcp.save({"w": sd["w"] * 2}, storage_writer=ct.StorageWriter("ids/named/best",
-                                                                   socket=daemon.socket))
+    dcp.save(
+        {"w": sd["w"] * 2}, storage_writer=ct.StorageWriter("ids/named/best", socket=daemon.socket)
+    )
     assert client.latest("ids.named") == 4
     out = {"w": torch.zeros(10)}
     dcp.load(out, storage_reader=ct.StorageReader("ckptd://ids/named/best", socket=daemon.socket))
@@ -139,14 +142,15 @@ def test_checkpoint_id_rules(daemon: Daemon, client: ckptd.Client) -> None:
     with pytest.raises(CheckpointException, match="no committed checkpoint named 'worst'"):
         dcp.load(out, storage_reader=ct.StorageReader("ids/named/worst", socket=daemon.socket))
     # dcp.save(checkpoint_id=...) goes through reset().
-    dcp.save(sd, checkpoint_id="ids/kw/step-9",
-             storage_writer=ct.StorageWriter(socket=daemon.socket))
+    dcp.save(
+        sd, checkpoint_id="ids/kw/step-9", storage_writer=ct.StorageWriter(socket=daemon.socket)
+    )
     assert client.latest("ids.kw") == 9
 
 
 def test_writer_and_reader_are_picklable(daemon: Daemon) -> None:
     w = ct.StorageWriter("pickle/a/step-1", socket=daemon.socket)
-    w.client  # connect, then pickle without the connection
+    assert w.client is not None  # connect, then pickle without the connection
     w2 = pickle.loads(pickle.dumps(w))
     dcp.save({"x": torch.ones(3)}, storage_writer=w2)
     r = pickle.loads(pickle.dumps(ct.StorageReader("pickle/a/step-1", socket=daemon.socket)))
@@ -169,8 +173,11 @@ def test_async_save_stages_then_commits(daemon: Daemon, client: ckptd.Client) ->
     sd["v"].fill_(-1)
     fut.result(timeout=120)
     assert client.status("async.one", 1)["state"] == "COMMITTED"
-    out = {"w": torch.zeros(256, 256), "v": torch.zeros(1000, dtype=torch.int64),
-           "meta": {"epoch": 0}}
+    out = {
+        "w": torch.zeros(256, 256),
+        "v": torch.zeros(1000, dtype=torch.int64),
+        "meta": {"epoch": 0},
+    }
     dcp.load(out, storage_reader=ct.StorageReader("async/one/step-1", socket=daemon.socket))
     assert torch.equal(out["w"], want["w"]) and torch.equal(out["v"], want["v"])
     assert out["meta"] == {"epoch": 1}
@@ -179,13 +186,13 @@ def test_async_save_stages_then_commits(daemon: Daemon, client: ckptd.Client) ->
 def test_async_save_without_step_in_id(daemon: Daemon, client: ckptd.Client) -> None:
     sd = {"w": torch.randn(64, 64)}
     want = sd["w"].clone()
-    fut = dcp.async_save(sd, storage_writer=ct.StorageWriter("async/named/latest-good",
-                                                             socket=daemon.socket))
+    fut = dcp.async_save(
+        sd, storage_writer=ct.StorageWriter("async/named/latest-good", socket=daemon.socket)
+    )
     sd["w"].zero_()  # the copy into the arena happened before async_save returned
     fut.result(timeout=120)
     out = {"w": torch.zeros(64, 64)}
-    dcp.load(out, storage_reader=ct.StorageReader("async/named/latest-good",
-                                                  socket=daemon.socket))
+    dcp.load(out, storage_reader=ct.StorageReader("async/named/latest-good", socket=daemon.socket))
     assert torch.equal(out["w"], want)
 
 
@@ -194,15 +201,25 @@ def test_reads_checkpoints_saved_by_the_plain_client(daemon: Daemon, client: ckp
     flat = full.reshape(-1)
     # Two "ranks" saving row boxes, one item saved as irregular flat (ZeRO-style) shards.
     for rank in range(2):
-        client.save("cpp-saved", 1, {
-            "rows": ckptd.Shard(full[rank * 24:(rank + 1) * 24], [48, 4],
-                                ckptd.Box([rank * 24, 0], [24, 4])),
-            "flat": ckptd.Shard(flat[:50] if rank == 0 else flat[50:], [48, 4],
-                                ckptd.Flat(0, 50) if rank == 0 else ckptd.Flat(50, 142)),
-        }, {"note": ckptd.Raw(b"hi")}, rank=rank, world_size=2).staged().result()
+        client.save(
+            "cpp-saved",
+            1,
+            {
+                "rows": ckptd.Shard(
+                    full[rank * 24 : (rank + 1) * 24], [48, 4], ckptd.Box([rank * 24, 0], [24, 4])
+                ),
+                "flat": ckptd.Shard(
+                    flat[:50] if rank == 0 else flat[50:],
+                    [48, 4],
+                    ckptd.Flat(0, 50) if rank == 0 else ckptd.Flat(50, 142),
+                ),
+            },
+            {"note": ckptd.Raw(b"hi")},
+            rank=rank,
+            world_size=2,
+        ).staged().result()
     client.wait("cpp-saved", 1)
-    out = {"rows": torch.zeros(48, 4, dtype=torch.float64), "flat": torch.zeros(48, 4),
-           "note": b""}
+    out = {"rows": torch.zeros(48, 4, dtype=torch.float64), "flat": torch.zeros(48, 4), "note": b""}
     r = ct.StorageReader("cpp-saved/step-1", socket=daemon.socket)
     meta = r.read_metadata()
     assert meta.state_dict_metadata["rows"].properties.dtype == torch.float32
@@ -237,12 +254,14 @@ def test_numpy_free_import() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, builtins\nreal = builtins.__import__\n"
-            "def imp(name, *a, **k):\n"
-            "    if name == 'torch' or name.startswith('torch.'): raise ImportError(name)\n"
-            "    return real(name, *a, **k)\n"
-            "builtins.__import__ = imp\nimport ckptd\nassert 'torch' not in sys.modules\n"
-            "print(ckptd.Client.__name__)")
+    code = (
+        "import sys, builtins\nreal = builtins.__import__\n"
+        "def imp(name, *a, **k):\n"
+        "    if name == 'torch' or name.startswith('torch.'): raise ImportError(name)\n"
+        "    return real(name, *a, **k)\n"
+        "builtins.__import__ = imp\nimport ckptd\nassert 'torch' not in sys.modules\n"
+        "print(ckptd.Client.__name__)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "Client"
     assert np is not None

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from conftest import Daemon, free_port
 
 torch = pytest.importorskip("torch")
@@ -35,15 +36,17 @@ def make_model(seed: int) -> nn.Module:
 
 
 def fake_grads(model: nn.Module) -> list[torch.Tensor]:
-    return [torch.linspace(-1, 1, p.numel()).reshape(p.shape) * (i + 1)
-            for i, p in enumerate(model.parameters())]
+    return [
+        torch.linspace(-1, 1, p.numel()).reshape(p.shape) * (i + 1)
+        for i, p in enumerate(model.parameters())
+    ]
 
 
 def reference() -> tuple[nn.Module, torch.optim.Optimizer]:
     """The model and Adam state every layout must load: plain full tensors."""
     model = make_model(0)
     opt = torch.optim.Adam(model.parameters(), lr=0.1)
-    for p, g in zip(model.parameters(), fake_grads(model)):
+    for p, g in zip(model.parameters(), fake_grads(model), strict=True):
         p.grad = g
     opt.step()
     return model, opt
@@ -51,16 +54,19 @@ def reference() -> tuple[nn.Module, torch.optim.Optimizer]:
 
 def two_d() -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(7)
-    return {"a": torch.arange(8 * 12, dtype=torch.float32).reshape(8, 12),
-            "b": torch.randn(16, 6, generator=g).to(torch.bfloat16)}
+    return {
+        "a": torch.arange(8 * 12, dtype=torch.float32).reshape(8, 12),
+        "b": torch.randn(16, 6, generator=g).to(torch.bfloat16),
+    }
 
 
 def big() -> torch.Tensor:
     return torch.randn(BIG_ROWS, BIG_COLS, generator=torch.Generator().manual_seed(3))
 
 
-def sharded_model(seed: int, mesh: Any, placement: Callable[[torch.Tensor], Any],
-                  step: bool) -> tuple[nn.Module, torch.optim.Optimizer]:
+def sharded_model(
+    seed: int, mesh: Any, placement: Callable[[torch.Tensor], Any], step: bool
+) -> tuple[nn.Module, torch.optim.Optimizer]:
     model = make_model(seed)
     for name, p in list(model.named_parameters()):
         owner, _, attr = name.rpartition(".")
@@ -68,7 +74,7 @@ def sharded_model(seed: int, mesh: Any, placement: Callable[[torch.Tensor], Any]
         setattr(model.get_submodule(owner), attr, nn.Parameter(dt))
     opt = torch.optim.Adam(model.parameters(), lr=0.1)
     if step:
-        for p, g in zip(model.parameters(), fake_grads(make_model(seed))):
+        for p, g in zip(model.parameters(), fake_grads(make_model(seed)), strict=True):
             p.grad = distribute_tensor(g, mesh, p.placements)
         opt.step()
     return model, opt
@@ -114,8 +120,10 @@ def save_4(rank: int, sock: str, fsdir: str) -> None:
         dcp.save(state, storage_writer=dcp.FileSystemWriter(fsdir))
         mesh2 = init_device_mesh("cpu", (2, 2))
         t = two_d()
-        sd2 = {"a": distribute_tensor(t["a"], mesh2, [Shard(0), Shard(1)]),
-               "b": distribute_tensor(t["b"], mesh2, [Replicate(), Shard(0)])}
+        sd2 = {
+            "a": distribute_tensor(t["a"], mesh2, [Shard(0), Shard(1)]),
+            "b": distribute_tensor(t["b"], mesh2, [Replicate(), Shard(0)]),
+        }
         dcp.save(sd2, storage_writer=ct.StorageWriter("dist/mesh2d/step-1", socket=sock))
         sd3 = {"big": distribute_tensor(big(), mesh, [Shard(0)])}
         dcp.save(sd3, storage_writer=ct.StorageWriter("dist/big/step-1", socket=sock))
@@ -158,14 +166,16 @@ def load_2(rank: int, sock: str, fsdir: str) -> None:
         msd2, osd2 = get_state_dict(model_fs, opt_fs)
         state2 = {"model": msd2, "optim": osd2}
         dcp.load(state2, storage_reader=dcp.FileSystemReader(fsdir))
-        set_state_dict(model_fs, opt_fs, model_state_dict=state2["model"],
-                       optim_state_dict=state2["optim"])
+        set_state_dict(
+            model_fs, opt_fs, model_state_dict=state2["model"], optim_state_dict=state2["optim"]
+        )
         assert_state_equal(model_fs, opt_fs)
         # 2-D mesh checkpoint into a 1-D mesh.
         t = two_d()
-        sd2 = {"a": distribute_tensor(torch.zeros(8, 12), mesh, [Shard(1)]),
-               "b": distribute_tensor(torch.zeros(16, 6, dtype=torch.bfloat16), mesh,
-                                      [Replicate()])}
+        sd2 = {
+            "a": distribute_tensor(torch.zeros(8, 12), mesh, [Shard(1)]),
+            "b": distribute_tensor(torch.zeros(16, 6, dtype=torch.bfloat16), mesh, [Replicate()]),
+        }
         dcp.load(sd2, storage_reader=ct.StorageReader("dist/mesh2d/step-1", socket=sock))
         assert torch.equal(sd2["a"].full_tensor(), t["a"])
         assert torch.equal(sd2["b"].full_tensor(), t["b"])
@@ -186,8 +196,12 @@ def spawn(fn: Callable[..., None], world: int, *args: Any) -> None:
 
 @pytest.fixture(scope="module")
 def saved(daemon: Daemon, tmp_path_factory: pytest.TempPathFactory) -> tuple[Daemon, str]:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
-                      GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(free_port()),
+        GLOO_SOCKET_IFNAME="lo",
+        OMP_NUM_THREADS="1",
+    )
     fsdir = str(tmp_path_factory.mktemp("fs") / "dcp")
     spawn(save_4, 4, daemon.socket, fsdir)
     return daemon, fsdir

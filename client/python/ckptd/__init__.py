@@ -92,6 +92,8 @@ def default_client() -> Client:
         return _default
 
 
-def empty(shape: Sequence[int] | int, dtype: Any = np.float32, *, client: Client | None = None) -> Any:
+def empty(
+    shape: Sequence[int] | int, dtype: Any = np.float32, *, client: Client | None = None
+) -> Any:
     """An array (torch dtype: a tensor) in memory the daemon reads in place; see Client.empty."""
     return (client or default_client()).empty(shape, dtype)

@@ -10,12 +10,14 @@ import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 
-from . import _arrays
-from . import _ckptd  # type: ignore[attr-defined]
+from . import (
+    _arrays,
+    _ckptd,  # type: ignore[attr-defined]
+)
 
 DEFAULT_SOCKET = "/var/lib/ckptd/ckptd.sock"
 _ALIGN = 4096
@@ -45,7 +47,7 @@ class Flat:
         return ("flat", int(self.start), int(self.count))
 
 
-Region = Union[Box, Flat, None]  # None: the whole item
+Region = Box | Flat | None  # None: the whole item
 
 
 def _region_spec(region: Region) -> tuple[Any, ...]:
@@ -100,8 +102,9 @@ class SaveHandle:
 
                 def wait() -> dict[str, Any]:
                     self._staged.result()
-                    return self._client.wait(self.job, self.step, committed=True,
-                                             timeout_ms=wait_ms)
+                    return self._client.wait(
+                        self.job, self.step, committed=True, timeout_ms=wait_ms
+                    )
 
                 self._committed = self._client._executor.submit(wait)
             return self._committed
@@ -190,8 +193,12 @@ class Client:
         path = os.fspath(socket) if socket is not None else os.environ.get("CKPTD_SOCKET", "")
         self.socket = path or DEFAULT_SOCKET
         self.wait_timeout_ms = wait_timeout_ms
-        self._native = _ckptd.Client(self.socket, rpc_timeout_ms, connect_timeout_ms,
-                                     client_name or f"ckptd-py/{os.getpid()}")
+        self._native = _ckptd.Client(
+            self.socket,
+            rpc_timeout_ms,
+            connect_timeout_ms,
+            client_name or f"ckptd-py/{os.getpid()}",
+        )
         self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ckptd")
         self._slabs = _Slabs(self, slab_bytes)
         self._arena = _Ranges(weak=False)  # staged buffers not yet handed to the daemon
@@ -213,10 +220,17 @@ class Client:
         the daemon; a staged view must not be saved twice."""
         bufs = self._native.stage([_arrays.memory(a) for a in arrays])
         out = []
-        for a, b in zip(arrays, bufs):
+        for a, b in zip(arrays, bufs, strict=True):
             self._arena.add(b.address, b.size, b)
-            out.append(_arrays.view_of(b, 0, _arrays.shape_of(a), _arrays.dtype_name(a),
-                                       as_torch=_arrays.is_torch_tensor(a)))
+            out.append(
+                _arrays.view_of(
+                    b,
+                    0,
+                    _arrays.shape_of(a),
+                    _arrays.dtype_name(a),
+                    as_torch=_arrays.is_torch_tensor(a),
+                )
+            )
         return out
 
     def release(self, staged: Iterable[Any]) -> None:
@@ -270,8 +284,15 @@ class Client:
             if not _arrays.is_torch_tensor(data) and not isinstance(data, np.ndarray):
                 data = np.asarray(data)
             keep.append(data)
-            specs.append((name, _arrays.dtype_name(data), [int(d) for d in shard.global_shape],
-                          _region_spec(shard.region), self._memory_of(data)))
+            specs.append(
+                (
+                    name,
+                    _arrays.dtype_name(data),
+                    [int(d) for d in shard.global_shape],
+                    _region_spec(shard.region),
+                    self._memory_of(data),
+                )
+            )
         per_rank = set(per_rank_objects)
         objs = [(name, name in per_rank, _object_bytes(v)) for name, v in (objects or {}).items()]
 
@@ -290,8 +311,9 @@ class Client:
             staged = self._executor.submit(run)
         return SaveHandle(self, job, step, staged)
 
-    def wait(self, job: str, step: int, *, committed: bool = True,
-             timeout_ms: int | None = None) -> dict[str, Any]:
+    def wait(
+        self, job: str, step: int, *, committed: bool = True, timeout_ms: int | None = None
+    ) -> dict[str, Any]:
         """Blocks until (job, step) is COMMITTED (or all ranks staged) and returns its status."""
         ms = self.wait_timeout_ms if timeout_ms is None else timeout_ms
         return dict(self._native.wait(job, step, committed, ms))
@@ -347,15 +369,18 @@ class Client:
                 if missing:
                     from ._errors import NotFoundError
 
-                    raise NotFoundError(f"job {job} step {resolved}: no tensor items {sorted(missing)}")
+                    raise NotFoundError(
+                        f"job {job} step {resolved}: no tensor items {sorted(missing)}"
+                    )
         result.bytes_read = self.load_into(job, resolved, targets, rank=rank)
         for name in object_names:
             data = self._native.load_object(job, resolved, rank, name)
             result.objects[name] = data if raw_objects else pickle.loads(data)
         return result
 
-    def load_into(self, job: str, step: int, targets: Sequence[tuple[str, Region, Any]],
-                  *, rank: int = 0) -> int:
+    def load_into(
+        self, job: str, step: int, targets: Sequence[tuple[str, Region, Any]], *, rank: int = 0
+    ) -> int:
         """Loads (item, region, destination) targets, batched to fit the staging arena; returns
         the bytes the daemon read from storage."""
         budget = max(_ALIGN, self._native.arena_bytes() // _LOAD_ARENA_FRACTION)
@@ -365,13 +390,14 @@ class Client:
 
         def flush() -> int:
             out = self._native.load(job, step, rank, batch)
-            for (item, _, _, n), got in zip(batch, out["item_bytes"]):
+            for (item, _, _, n), got in zip(batch, out["item_bytes"], strict=True):
                 if got != n:
                     from ._errors import InvalidArgumentError
 
                     raise InvalidArgumentError(
                         f"job {job} step {step} item {item}: the destination has {n} bytes, the "
-                        f"checkpoint has {got} for the region asked (dtype or shape mismatch)")
+                        f"checkpoint has {got} for the region asked (dtype or shape mismatch)"
+                    )
             return int(out["bytes_read"])
 
         for item, region, dest in targets:
@@ -386,8 +412,9 @@ class Client:
             bytes_read += flush()
         return bytes_read
 
-    def load_object(self, job: str, step: int | str, item: str, *, rank: int = 0,
-                    raw: bool = False) -> Any:
+    def load_object(
+        self, job: str, step: int | str, item: str, *, rank: int = 0, raw: bool = False
+    ) -> Any:
         data = self._native.load_object(job, self._resolve_step(job, step), rank, item)
         return data if raw else pickle.loads(data)
 

@@ -25,9 +25,9 @@ import os
 from collections.abc import Iterator
 from typing import Any, cast
 
+import ckptd
 import torch
 import torch.distributed as dist
-from torch.futures import Future
 from torch.distributed.checkpoint.metadata import (
     BytesStorageMetadata,
     ChunkStorageMetadata,
@@ -51,8 +51,7 @@ from torch.distributed.checkpoint.storage import StorageReader as _DcpReader
 from torch.distributed.checkpoint.storage import StorageWriter as _DcpWriter
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.distributed.tensor import DTensor
-
-import ckptd
+from torch.futures import Future
 
 from . import _ids
 
@@ -99,8 +98,9 @@ def _index_key(index: MetadataIndex) -> tuple[str, tuple[int, ...] | None]:
 
 def _write_results(items: list[WriteItem], staged: dict[Any, int]) -> list[WriteResult]:
     return [
-        WriteResult(index=i.index, size_in_bytes=staged.get(_index_key(i.index), 0),
-                    storage_data=None)
+        WriteResult(
+            index=i.index, size_in_bytes=staged.get(_index_key(i.index), 0), storage_data=None
+        )
         for i in items
     ]
 
@@ -167,12 +167,16 @@ class StorageWriter(_DcpWriter, AsyncStager):
                 self._clear()
                 raise ValueError(
                     "ckptd StorageWriter: with async_save, give the checkpoint_id to the writer "
-                    "(constructor or reset()), not to async_save: stage() ran with the old id")
+                    "(constructor or reset()), not to async_save: stage() ran with the old id"
+                )
             self._id = new_id
             self.checkpoint_id = new_id.raw
         self._clear()
-        if pending is not None and self._id is not None and pending[:2] == (self._id.job,
-                                                                             self._id.step):
+        if (
+            pending is not None
+            and self._id is not None
+            and pending[:2] == (self._id.job, self._id.step)
+        ):
             self._saved_at_stage = pending  # dcp.save after our own stage(): keep its shards
         if self._id is not None:
             self.step = self._id.step
@@ -190,8 +194,10 @@ class StorageWriter(_DcpWriter, AsyncStager):
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         if self._id is None:
-            raise ValueError("ckptd StorageWriter: no checkpoint_id (pass one to the constructor, "
-                             "to dcp.save, or to reset())")
+            raise ValueError(
+                "ckptd StorageWriter: no checkpoint_id (pass one to the constructor, "
+                "to dcp.save, or to reset())"
+            )
         self.is_coordinator = is_coordinator
         self.rank, self.world_size = _rank_world(kwargs.get("rank"))
         if kwargs.get("use_collectives") is False:
@@ -234,7 +240,8 @@ class StorageWriter(_DcpWriter, AsyncStager):
                 if missing:
                     raise RuntimeError(
                         f"ckptd: items {missing[:5]} were not staged by stage(); a custom "
-                        "SavePlanner with async_save needs a checkpoint_id without a step")
+                        "SavePlanner with async_save needs a checkpoint_id without a step"
+                    )
                 fut.set_result(_write_results(plan.items, saved[2]))
                 return fut
             sizes = self._save(plan.items, planner.resolve_data, pdata)
@@ -267,8 +274,9 @@ class StorageWriter(_DcpWriter, AsyncStager):
                 objects[_ids.PLANNER_DATA_ITEM] = pdata.planner_data
             if self._id.step is None:
                 objects[_ids.NAME_ITEM] = ckptd.Raw(self._id.name.encode())
-        self.client.save(self._id.job, pdata.step, tensors, objects, rank=self.rank,
-                         world_size=self.world_size)
+        self.client.save(
+            self._id.job, pdata.step, tensors, objects, rank=self.rank, world_size=self.world_size
+        )
         return sizes
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
@@ -301,8 +309,9 @@ class StorageWriter(_DcpWriter, AsyncStager):
         prev = (self.rank, self.world_size)
         self.rank, self.world_size = rank, world
         try:
-            sizes = self._save(plan.items, planner.resolve_data,
-                               _PlanData(self._id.step, plan.planner_data))
+            sizes = self._save(
+                plan.items, planner.resolve_data, _PlanData(self._id.step, plan.planner_data)
+            )
         finally:
             self.rank, self.world_size = prev
         self._saved_at_stage = (self._id.job, self._id.step, sizes)
@@ -337,8 +346,14 @@ def _rebuild(obj: Any, staged: Iterator[torch.Tensor]) -> Any:
     """The state dict with tensors replaced by their staged copies, taken in _collect_tensors'
     order (DTensors re-wrapped around theirs); other values deep-copied."""
     if isinstance(obj, DTensor):
-        return DTensor.from_local(next(staged), obj.device_mesh, obj.placements,
-                                  run_check=False, shape=obj.shape, stride=obj.stride())
+        return DTensor.from_local(
+            next(staged),
+            obj.device_mesh,
+            obj.placements,
+            run_check=False,
+            shape=obj.shape,
+            stride=obj.stride(),
+        )
     if isinstance(obj, torch.Tensor):
         return next(staged)
     if isinstance(obj, dict):
@@ -411,7 +426,8 @@ class StorageReader(_DcpReader):
                 self.step = int(info["step"])
                 return self.step
         raise ckptd.NotFoundError(
-            f"job {self._id.job}: no committed checkpoint named {self._id.name!r}")
+            f"job {self._id.job}: no committed checkpoint named {self._id.name!r}"
+        )
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         step = self._resolve_step()
@@ -444,13 +460,17 @@ class StorageReader(_DcpReader):
             storage_meta=StorageMeta(checkpoint_id=self.checkpoint_id),
         )
 
-    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any,
-                              **kwargs: Any) -> None:
+    def set_up_storage_reader(
+        self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any
+    ) -> None:
         if isinstance(metadata.storage_data, dict) and "step" in metadata.storage_data:
             self.step = int(metadata.storage_data["step"])
         self.rank, _ = _rank_world(kwargs.get("rank"))
-        tensors = {k: v for k, v in metadata.state_dict_metadata.items()
-                   if isinstance(v, TensorStorageMetadata)}
+        tensors = {
+            k: v
+            for k, v in metadata.state_dict_metadata.items()
+            if isinstance(v, TensorStorageMetadata)
+        }
         self._dtypes = {k: v.properties.dtype for k, v in tensors.items()}
         self._shapes = {k: [int(d) for d in v.size] for k, v in tensors.items()}
 
@@ -485,8 +505,9 @@ class StorageReader(_DcpReader):
             dest = planner.resolve_tensor(req).detach()
             lengths = [int(n) for n in req.lengths]
             if list(dest.shape) != lengths:
-                raise ValueError(f"ckptd: {fqn}: destination {list(dest.shape)} for a read of "
-                                 f"{lengths}")
+                raise ValueError(
+                    f"ckptd: {fqn}: destination {list(dest.shape)} for a read of {lengths}"
+                )
             saved = self._dtypes.get(fqn, dest.dtype)
             direct = dest.dtype == saved and dest.device.type == "cpu"
             buf = dest if direct else torch.empty(lengths, dtype=saved)
