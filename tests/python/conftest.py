@@ -44,6 +44,13 @@ class Daemon:
                 self.proc.wait()
 
 
+def _die_with_parent() -> None:
+    """In the child: SIGTERM when the test process dies (even by SIGKILL or a crash)."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 def start_daemon(staging_bytes: int = STAGING_BYTES) -> Daemon:
     state_dir = tempfile.mkdtemp(prefix="ckpy", dir="/tmp")
     sock = os.path.join(state_dir, "ckptd.sock")
@@ -53,6 +60,7 @@ def start_daemon(staging_bytes: int = STAGING_BYTES) -> Daemon:
             [daemon_binary(), f"--state_dir={state_dir}", f"--staging_bytes_max={staging_bytes}"],
             stdout=out,
             stderr=subprocess.STDOUT,
+            preexec_fn=_die_with_parent,
         )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
