@@ -14,15 +14,15 @@ from typing import Any
 
 import numpy as np
 
-from . import (
-    _arrays,
-    _ckptd,  # type: ignore[attr-defined]
-)
+from . import _arrays, _ckptd
 
 DEFAULT_SOCKET = "/var/lib/ckptd/ckptd.sock"
 _ALIGN = 4096
 # Load batches are kept to this fraction of the arena so other clients can still reserve.
 _LOAD_ARENA_FRACTION = 2
+
+
+Rows = list[dict[str, Any]]  # catalog answers: one dict per job / checkpoint / item
 
 
 @dataclass(frozen=True)
@@ -431,7 +431,7 @@ class Client:
         return int(step)
 
     # --- catalog --------------------------------------------------------------------------------
-    def list(self, job: str | None = None) -> list[dict[str, Any]]:
+    def list(self, job: str | None = None) -> Rows:
         """Without a job: every job. With one: its checkpoints, oldest first."""
         if job is None:
             return list(self._native.list_jobs())
@@ -446,7 +446,7 @@ class Client:
         latest = self._native.latest(job)
         return None if latest is None else int(latest)
 
-    def inspect(self, job: str, step: int | str = "latest") -> list[dict[str, Any]]:
+    def inspect(self, job: str, step: int | str = "latest") -> Rows:
         """The items of a committed checkpoint: name, kind, dtype, shape, shard count, bytes."""
         return list(self._native.inspect(job, self._resolve_step(job, step)))
 
