@@ -199,9 +199,9 @@ class StorageWriter(_DcpWriter, AsyncStager):
                 "to dcp.save, or to reset())"
             )
         self.is_coordinator = is_coordinator
+        # Every rank of the process group saves (possibly nothing): the daemon commits once ranks
+        # 0..world_size-1 have staged.
         self.rank, self.world_size = _rank_world(kwargs.get("rank"))
-        if kwargs.get("use_collectives") is False:
-            self.world_size = 1 if self.rank == 0 else self.world_size
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         return plan
