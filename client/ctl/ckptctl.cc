@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "commands.h"
+#include "export.h"
 
 namespace {
 
@@ -30,6 +31,12 @@ commands:
   wait JOB STEP [--timeout_ms N] [--until committed|staged]
                            block until the checkpoint is committed (or all ranks staged); exit 1
                            if it was aborted or the timeout (default 600000 ms) passed
+  export JOB STEP|latest [--format safetensors] [--max_file_bytes SIZE] [--force] DIR
+                           write the checkpoint's tensors, consolidated, as Hugging Face
+                           safetensors: model-0000i-of-0000N.safetensors (model.safetensors if
+                           one) of at most SIZE each (default 5GiB; units B KB MB GB KiB MiB GiB)
+                           plus model.safetensors.index.json; object items are skipped. DIR is
+                           created if missing; one holding an export is refused without --force
 
 options:
   --socket PATH   the daemon's socket (default: $CKPTD_SOCKET, else /var/lib/ckptd/ckptd.sock)
@@ -48,6 +55,11 @@ struct Args {
   std::string until = "committed";
   bool until_given = false;
   std::vector<std::string> positional;
+  // export
+  std::string format = "safetensors";
+  uint64_t max_file_bytes = ckptctl::safetensors::kMaxFileBytesDefault;
+  bool force = false;
+  bool export_flag_given = false;
 };
 
 int Usage(const std::string& problem) {
@@ -92,6 +104,25 @@ std::string Parse(int argc, char** argv, Args* args) {
       }
       args->until = value;
       args->until_given = true;
+    } else if (a == "--format") {
+      if (!take("--format") || value != "safetensors") {
+        return "--format needs safetensors (the only export format), got \"" + value + "\"";
+      }
+      args->format = value;
+      args->export_flag_given = true;
+    } else if (a == "--max_file_bytes") {
+      if (!take("--max_file_bytes")) return "--max_file_bytes needs a size";
+      auto size = ckptctl::safetensors::ParseByteSize(value);
+      if (!size.ok()) return "--max_file_bytes: " + std::string(size.status().message());
+      if (*size < ckptctl::safetensors::kMaxFileBytesMin) {
+        return absl::StrCat("--max_file_bytes must be at least ",
+                            ckptctl::safetensors::kMaxFileBytesMin, " bytes");
+      }
+      args->max_file_bytes = *size;
+      args->export_flag_given = true;
+    } else if (a == "--force") {
+      args->force = true;
+      args->export_flag_given = true;
     } else if (a.size() > 1 && a[0] == '-') {
       return "unknown flag " + a;
     } else {
@@ -141,6 +172,9 @@ int Run(const Args& args) {
   if ((args.timeout_given || args.until_given) && cmd != "wait") {
     return Usage("--timeout_ms and --until apply to wait only");
   }
+  if (args.export_flag_given && cmd != "export") {
+    return Usage("--format, --max_file_bytes and --force apply to export only");
+  }
   absl::Status s;
   ckptctl::Context ctx = MakeContext(args);
   if (cmd == "ls") {
@@ -161,6 +195,18 @@ int Run(const Args& args) {
   } else if (cmd == "wait") {
     if (!need(2, "JOB STEP")) return 2;
     s = ckptctl::Wait(ctx, p[1], step, args.timeout_ms, args.until == "staged");
+  } else if (cmd == "export") {
+    if (n != 3) return Usage("export takes JOB STEP|latest DIR");
+    ckptctl::ExportOptions o{.job = p[1], .format = args.format, .dir = p[3],
+                             .max_file_bytes = args.max_file_bytes, .force = args.force};
+    if (p[2] != "latest") {
+      if (!absl::SimpleAtoi(p[2], &step)) {
+        return Usage(absl::StrCat("STEP must be a non-negative integer or latest, got \"", p[2],
+                                  "\""));
+      }
+      o.step = step;
+    }
+    s = ckptctl::Export(ctx, o);
   } else {
     return Usage("unknown command " + cmd);
   }
