@@ -29,7 +29,8 @@ fi
 PYTHON="${PYTHON:-python3}"
 TORCH_VERSION=2.13.0
 py_missing=()
-for spec in "numpy:numpy" "pybind11:pybind11" "pytest:pytest" "scikit_build_core:scikit-build-core"; do
+for spec in "numpy:numpy" "pybind11:pybind11" "pytest:pytest" "scikit_build_core:scikit-build-core" \
+            "safetensors:safetensors"; do
   "$PYTHON" -c "import ${spec%%:*}" 2>/dev/null || py_missing+=("${spec#*:}")
 done
 if [ "${#py_missing[@]}" -gt 0 ]; then
