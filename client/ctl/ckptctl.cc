@@ -31,6 +31,12 @@ commands:
   wait JOB STEP [--timeout_ms N] [--until committed|staged]
                            block until the checkpoint is committed (or all ranks staged); exit 1
                            if it was aborted or the timeout (default 600000 ms) passed
+  reshard JOB STEP TARGET_STEP SPEC [--target_job JOB2]
+                           write a new checkpoint JOB2/TARGET_STEP (JOB2 defaults to JOB) holding
+                           JOB/STEP in the layout SPEC, e.g. "consolidated", "rows:4",
+                           "*.bias=consolidated; *=grid:2x4" (README: "Offline reshard"); runs in
+                           the daemon: follow it with status, cancel it with abort
+  abort JOB STEP [REASON]  abort a checkpoint being saved, or cancel a reshard writing it
   export JOB STEP|latest [--format safetensors] [--max_file_bytes SIZE] [--force] DIR
                            write the checkpoint's tensors, consolidated, as Hugging Face
                            safetensors: model-0000i-of-0000N.safetensors (model.safetensors if
@@ -60,6 +66,7 @@ struct Args {
   uint64_t max_file_bytes = ckptctl::safetensors::kMaxFileBytesDefault;
   bool force = false;
   bool export_flag_given = false;
+  std::string target_job;  // reshard
 };
 
 int Usage(const std::string& problem) {
@@ -120,6 +127,9 @@ std::string Parse(int argc, char** argv, Args* args) {
       }
       args->max_file_bytes = *size;
       args->export_flag_given = true;
+    } else if (a == "--target_job") {
+      if (!take("--target_job") || value.empty()) return "--target_job needs a job name";
+      args->target_job = value;
     } else if (a == "--force") {
       args->force = true;
       args->export_flag_given = true;
@@ -172,6 +182,9 @@ int Run(const Args& args) {
   if ((args.timeout_given || args.until_given) && cmd != "wait") {
     return Usage("--timeout_ms and --until apply to wait only");
   }
+  if (!args.target_job.empty() && cmd != "reshard") {
+    return Usage("--target_job applies to reshard only");
+  }
   if (args.export_flag_given && cmd != "export") {
     return Usage("--format, --max_file_bytes and --force apply to export only");
   }
@@ -195,6 +208,17 @@ int Run(const Args& args) {
   } else if (cmd == "wait") {
     if (!need(2, "JOB STEP")) return 2;
     s = ckptctl::Wait(ctx, p[1], step, args.timeout_ms, args.until == "staged");
+  } else if (cmd == "reshard") {
+    uint64_t target_step = 0;
+    if (n != 4) return Usage("reshard takes JOB STEP TARGET_STEP SPEC");
+    if (!absl::SimpleAtoi(p[2], &step) || !absl::SimpleAtoi(p[3], &target_step)) {
+      return Usage("STEP and TARGET_STEP must be non-negative integers");
+    }
+    s = ckptctl::Reshard(ctx, p[1], step, args.target_job, target_step, p[4]);
+  } else if (cmd == "abort") {
+    if (n != 2 && n != 3) return Usage("abort takes JOB STEP [REASON]");
+    if (!absl::SimpleAtoi(p[2], &step)) return Usage("STEP must be a non-negative integer");
+    s = ckptctl::Abort(ctx, p[1], step, n == 3 ? p[3] : "");
   } else if (cmd == "export") {
     if (n != 3) return Usage("export takes JOB STEP|latest DIR");
     ckptctl::ExportOptions o{.job = p[1], .format = args.format, .dir = p[3],

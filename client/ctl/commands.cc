@@ -72,6 +72,7 @@ void PrintSummary(const v1::CheckpointSummary& s) {
             << "  tiers: " << TiersString(s.tiers()) << "\n"
             << "  created: " << FormatUnixMs(s.created_unix_ms())
             << "   committed: " << FormatUnixMs(s.committed_unix_ms()) << "\n";
+  if (!s.origin().empty()) std::cout << "  origin: " << s.origin() << "\n";
   if (!s.error().empty()) std::cout << "  error: " << s.error() << "\n";
 }
 
@@ -132,6 +133,12 @@ absl::Status Status(Context& ctx, const std::string& job, uint64_t step) {
   if (!s.ok()) return s;
   if (ctx.json) return PrintJson(resp);
   PrintSummary(resp.summary());
+  if (!resp.summary().origin().empty() && resp.summary().state() == v1::PERSISTING) {
+    uint64_t total = std::max<uint64_t>(resp.summary().bytes(), 1);
+    std::cout << "  progress: " << HumanBytes(resp.bytes_persisted()) << " of "
+              << HumanBytes(resp.summary().bytes()) << " ("
+              << resp.bytes_persisted() * 100 / total << "%)\n";
+  }
   std::cout << "  staged: " << HumanBytes(resp.bytes_staged())
             << "   persisted: " << HumanBytes(resp.bytes_persisted()) << "\n"
             << "  ranks missing: "
@@ -232,6 +239,43 @@ absl::Status Wait(Context& ctx, const std::string& job, uint64_t step, uint32_t 
   return absl::DeadlineExceededError(absl::StrCat(job, "/", step, " is still ",
                                                   v1::CheckpointState_Name(state), " after ",
                                                   timeout_ms, " ms", missing));
+}
+
+absl::Status Reshard(Context& ctx, const std::string& job, uint64_t step,
+                     const std::string& target_job, uint64_t target_step,
+                     const std::string& spec) {
+  v1::ReshardRequest req;
+  req.set_job(job);
+  req.set_step(step);
+  req.set_target_job(target_job);
+  req.set_target_step(target_step);
+  req.set_spec(spec);
+  v1::CheckpointStatus resp;
+  absl::Status s = Call(ctx, ctx.rpc_timeout_ms,
+                        [&](grpc::ClientContext* c) { return ctx.stub->Reshard(c, req, &resp); });
+  if (!s.ok()) return s;
+  if (ctx.json) return PrintJson(resp);
+  const v1::CheckpointSummary& t = resp.summary();
+  std::cout << t.job() << "/" << t.step() << ": " << StateString(t) << " (" << t.origin()
+            << ", world size " << t.world_size() << ")\n"
+            << "follow it with: ckptctl status " << t.job() << " " << t.step()
+            << "; cancel with: ckptctl abort " << t.job() << " " << t.step() << "\n";
+  return absl::OkStatus();
+}
+
+absl::Status Abort(Context& ctx, const std::string& job, uint64_t step,
+                   const std::string& reason) {
+  v1::AbortRequest req;
+  req.set_job(job);
+  req.set_step(step);
+  req.set_reason(reason);
+  v1::CheckpointStatus resp;
+  absl::Status s = Call(ctx, ctx.rpc_timeout_ms,
+                        [&](grpc::ClientContext* c) { return ctx.stub->Abort(c, req, &resp); });
+  if (!s.ok()) return s;
+  if (ctx.json) return PrintJson(resp);
+  std::cout << job << "/" << step << ": " << StateString(resp.summary()) << "\n";
+  return absl::OkStatus();
 }
 
 }  // namespace ckptctl

@@ -30,5 +30,11 @@ absl::Status Latest(Context& ctx, const std::string& job);
 // still missing.
 absl::Status Wait(Context& ctx, const std::string& job, uint64_t step, uint32_t timeout_ms,
                   bool until_staged);
+// Starts an offline reshard of job/step into target_job (empty: job)/target_step.
+absl::Status Reshard(Context& ctx, const std::string& job, uint64_t step,
+                     const std::string& target_job, uint64_t target_step, const std::string& spec);
+// Aborts a checkpoint being saved, or cancels a reshard writing it.
+absl::Status Abort(Context& ctx, const std::string& job, uint64_t step,
+                   const std::string& reason);
 
 }  // namespace ckptctl

@@ -96,6 +96,8 @@ const std::map<std::string, OptionDef>& Defs() {
       {"log_level", {"trace|debug|info|warn|error", StringSetter(&O::log_level)}},
       {"debug_flush_delay_ms", {"testing: delay every flush",
                                 IntSetter(&O::debug_flush_delay_ms, "debug_flush_delay_ms")}},
+      {"debug_reshard_delay_ms", {"testing: delay every reshard chunk",
+                                  IntSetter(&O::debug_reshard_delay_ms, "debug_reshard_delay_ms")}},
   };
   return *defs;
 }
@@ -186,6 +188,7 @@ absl::Status DaemonOptions::Validate() {
   CKPTD_RETURN_IF_ERROR(Range("waiters_max", waiters_max, 1, 4096));
   CKPTD_RETURN_IF_ERROR(Range("shutdown_grace_s", shutdown_grace_s, 0, 3600));
   CKPTD_RETURN_IF_ERROR(Range("debug_flush_delay_ms", debug_flush_delay_ms, 0, 3600 * 1000));
+  CKPTD_RETURN_IF_ERROR(Range("debug_reshard_delay_ms", debug_reshard_delay_ms, 0, 60 * 1000));
   if (log_format != "text" && log_format != "json") {
     return absl::InvalidArgumentError(
         absl::StrCat("option log_format = \"", log_format, "\": expected text or json"));

@@ -67,6 +67,9 @@ struct DaemonOptions {
   // Testing only: each flush waits this long before it starts, to make crash windows
   // deterministic. Default: 0
   uint64_t debug_flush_delay_ms = 0;
+  // Testing only: an offline reshard waits this long before each chunk it copies, so tests can
+  // watch its progress, cancel it or crash the daemon during it. Default: 0
+  uint64_t debug_reshard_delay_ms = 0;
 
   // Fills derived defaults and checks every field; INVALID_ARGUMENT naming the option.
   absl::Status Validate();

@@ -48,6 +48,11 @@ inline constexpr uint64_t kManifestSegmentsMax = 1 << 20;
 // Checksum block size of journal records written before it was recorded (RankRecord).
 inline constexpr uint32_t kLegacyChecksumBlockBytes = 1 * 1024 * 1024;
 
+// Offline reshards running at once; more are RESOURCE_EXHAUSTED.
+inline constexpr uint64_t kReshardJobsMax = 2;
+// Offline reshards copy through buffers of this size.
+inline constexpr uint64_t kReshardChunkBytes = 16 * kMiB;
+
 // Decoded manifests the daemon keeps for loads (least recently used evicted).
 inline constexpr uint64_t kManifestCacheMax = 8;
 

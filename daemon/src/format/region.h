@@ -77,6 +77,14 @@ uint64_t ForEachCopyRun(std::span<const uint64_t> shape, const v1::Region& src_r
                         const v1::Region& dst_region,
                         absl::FunctionRef<void(uint64_t, uint64_t, uint64_t)> fn);
 
+// Splits a valid region into sub-regions of at most max_elems elements (max_elems >= 1) that are
+// each contiguous in the region's buffer and come in buffer order, so a large region can be
+// copied chunk by chunk through a bounded buffer. Flat ranges split into flat ranges; boxes into
+// boxes (blocks of the outermost dim that has room, recursing into single rows when one row is
+// too large). Empty for an empty region.
+std::vector<v1::Region> ContiguousChunks(std::span<const uint64_t> shape,
+                                         const v1::Region& region, uint64_t max_elems);
+
 // A byte range [offset, offset + len).
 struct ByteRange {
   uint64_t offset;

@@ -133,4 +133,66 @@ std::vector<ByteRange> NeededByteRanges(std::span<const uint64_t> shape, uint32_
   return merged;
 }
 
+namespace {
+
+void ChunkBox(std::vector<uint64_t>& off, std::vector<uint64_t>& len, size_t d,
+              uint64_t max_elems, std::vector<v1::Region>* out) {
+  const size_t n = len.size();
+  auto emit = [&]() {
+    v1::Region r;
+    for (size_t k = 0; k < n; ++k) {
+      r.mutable_box()->add_offsets(off[k]);
+      r.mutable_box()->add_lengths(len[k]);
+    }
+    out->push_back(std::move(r));
+  };
+  uint64_t below = 1;  // elements of one step along dim d
+  for (size_t k = d + 1; k < n; ++k) below *= len[k];
+  if (d == n || below * len[d] <= max_elems) {
+    emit();
+    return;
+  }
+  const uint64_t start = off[d], total = len[d];
+  if (below <= max_elems) {
+    const uint64_t step = max_elems / below;
+    for (uint64_t i = 0; i < total; i += step) {
+      off[d] = start + i;
+      len[d] = std::min(step, total - i);
+      emit();
+    }
+  } else {
+    for (uint64_t i = 0; i < total; ++i) {
+      off[d] = start + i;
+      len[d] = 1;
+      ChunkBox(off, len, d + 1, max_elems, out);
+    }
+  }
+  off[d] = start;
+  len[d] = total;
+}
+
+}  // namespace
+
+std::vector<v1::Region> ContiguousChunks(std::span<const uint64_t> shape,
+                                         const v1::Region& region, uint64_t max_elems) {
+  CKPTD_CHECK(max_elems >= 1);
+  std::vector<v1::Region> out;
+  if (RegionElements(region, shape) == 0) return out;
+  if (region.has_flat()) {
+    const uint64_t start = region.flat().start(), count = region.flat().count();
+    for (uint64_t i = 0; i < count; i += max_elems) {
+      v1::Region r;
+      r.mutable_flat()->set_start(start + i);
+      r.mutable_flat()->set_count(std::min(max_elems, count - i));
+      out.push_back(std::move(r));
+    }
+    return out;
+  }
+  v1::Region box = region.has_box() ? region : WholeBox(shape);
+  std::vector<uint64_t> off(box.box().offsets().begin(), box.box().offsets().end());
+  std::vector<uint64_t> len(box.box().lengths().begin(), box.box().lengths().end());
+  ChunkBox(off, len, 0, max_elems, &out);
+  return out;
+}
+
 }  // namespace ckptd

@@ -58,6 +58,7 @@ CKPTD_RPC(GetStatus, GetStatusRequest, CheckpointStatus, quick, svc_->GetStatus(
 CKPTD_RPC(Inspect, InspectRequest, InspectResponse, quick, svc_->Inspect(*req, resp))
 CKPTD_RPC(Delete, DeleteRequest, DeleteResponse, quick, svc_->Delete(*req))
 CKPTD_RPC(Latest, LatestRequest, LatestResponse, quick, svc_->Latest(*req, resp))
+CKPTD_RPC(Reshard, ReshardRequest, CheckpointStatus, quick, svc_->Reshard(*req, resp))
 
 #undef CKPTD_RPC
 

@@ -73,6 +73,9 @@ class GrpcCheckpointService final : public v1::Checkpoint::CallbackService {
   grpc::ServerUnaryReactor* Latest(grpc::CallbackServerContext* ctx,
                                    const v1::LatestRequest* req,
                                    v1::LatestResponse* resp) override;
+  grpc::ServerUnaryReactor* Reshard(grpc::CallbackServerContext* ctx,
+                                    const v1::ReshardRequest* req,
+                                    v1::CheckpointStatus* resp) override;
 
  private:
   template <typename Fn>

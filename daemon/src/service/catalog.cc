@@ -146,6 +146,7 @@ absl::Status CheckpointService::GetStatus(const v1::GetStatusRequest& req,
       FillStatusLocked(*it->second, resp);
       return absl::OkStatus();
     }
+    if (ReshardStatusLocked(Key{req.job(), req.step()}, resp)) return absl::OkStatus();
   }
   CKPTD_ASSIGN_OR_RETURN(std::optional<v1::CheckpointRecord> rec,
                          GetRecord(req.job(), req.step()));
@@ -217,10 +218,11 @@ absl::Status CheckpointService::Delete(const v1::DeleteRequest& req) {
   {
     absl::MutexLock lock(&mu_);
     auto it = pending_.find(Key{req.job(), req.step()});
-    if (it != pending_.end()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(what, " is being saved (", v1::CheckpointState_Name(it->second->state),
-                       "); abort it first"));
+    if (it != pending_.end() || reshards_.contains(Key{req.job(), req.step()})) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          what, " is being written (",
+          it != pending_.end() ? v1::CheckpointState_Name(it->second->state) : "a reshard",
+          "); abort it first"));
     }
     manifest_cache_.erase(Key{req.job(), req.step()});
   }

@@ -47,6 +47,8 @@ struct ServiceDeps {
   Executor* flush_pool = nullptr;
 };
 
+class BlobAppender;  // reshard.cc
+
 class CheckpointService {
  public:
   explicit CheckpointService(ServiceDeps deps);
@@ -86,6 +88,8 @@ class CheckpointService {
   absl::Status Inspect(const v1::InspectRequest& req, v1::InspectResponse* resp);
   absl::Status Delete(const v1::DeleteRequest& req);
   absl::Status Latest(const v1::LatestRequest& req, v1::LatestResponse* resp);
+  // Starts an offline reshard (reshard.cc); see the Reshard RPC.
+  absl::Status Reshard(const v1::ReshardRequest& req, v1::CheckpointStatus* resp);
 
   const std::string& instance_id() const { return instance_id_; }
 
@@ -207,6 +211,23 @@ class CheckpointService {
   absl::CondVar changed_;  // signalled on every checkpoint state change
   std::map<Key, std::unique_ptr<Pending>> pending_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, Session> sessions_ ABSL_GUARDED_BY(mu_);
+  // Offline reshards in progress, by target (reshard.cc). Each runs on its own thread.
+  struct ReshardJob;
+  std::map<Key, std::shared_ptr<ReshardJob>> reshards_ ABSL_GUARDED_BY(mu_);
+  // reshard.cc
+  void RunReshard(std::shared_ptr<ReshardJob> job);
+  absl::StatusOr<Manifest> WriteReshard(ReshardJob& job);
+  absl::Status CopyTensorShard(ReshardJob& job, const v1::ItemEntry& item,
+                               const v1::Region& region, BlobAppender& out,
+                               v1::ShardEntry* shard);
+  void FinishReshard(ReshardJob& job, const absl::Status& status);
+  // Abort / GetStatus of a reshard's target; false when `key` is no running reshard.
+  bool CancelReshardLocked(const Key& key, const std::string& reason, v1::CheckpointStatus* resp)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool ReshardStatusLocked(const Key& key, v1::CheckpointStatus* resp) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Cancels reshards and joins their threads (Shutdown).
+  void StopReshards();
   // Decoded manifests of recent loads, least recently used evicted first (kManifestCacheMax).
   struct CachedManifest {
     std::shared_ptr<const Manifest> manifest;
@@ -219,6 +240,10 @@ class CheckpointService {
 };
 
 uint64_t NowUnixMs();
+// "checkpoint job/7", for messages.
+std::string CkptName(const std::string& job, uint64_t step);
+// The job name is valid and the step within limits::kStepMax; INVALID_ARGUMENT otherwise.
+absl::Status ValidateJobStep(const std::string& job, uint64_t step);
 // The checksum block size a rank record was written with.
 inline uint32_t RankBlockBytes(const v1::RankRecord& rec) {
   return rec.checksum_block_bytes() != 0 ? rec.checksum_block_bytes()

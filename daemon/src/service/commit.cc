@@ -125,6 +125,7 @@ absl::Status CheckpointService::IndexCommitted(const Manifest& m, const std::str
   s->set_committed_unix_ms(h.committed_unix_ms());
   s->set_partial(h.partial());
   s->set_item_count(h.item_count());
+  s->set_origin(h.origin());
   rec.set_dir(dir);
   std::vector<MetaStore::Write> writes;
   CKPTD_ASSIGN_OR_RETURN(std::optional<std::string> job, deps_.meta->Get(keys::Job(h.job())));

@@ -5,7 +5,8 @@
 //      manifest rename and the COMMITTED row, or a checkpoint directory copied in from elsewhere);
 //   2. resumes checkpoints journaled as STAGING/PERSISTING from the arena when the arena is the
 //      one they were staged into (same generation), else ABORTs them and removes their files;
-//   3. ABORTs COMMITTED rows whose manifest is gone.
+//   3. ABORTs COMMITTED rows whose manifest is gone;
+//   4. ABORTs reshards that were running (their source is intact: they can simply run again).
 #include <signal.h>
 
 #include "absl/strings/str_cat.h"
@@ -94,6 +95,11 @@ absl::Status CheckpointService::ResumePending() {
         .IgnoreError();
   }
   for (const v1::CheckpointRecord& rec : open) {
+    if (!rec.summary().origin().empty()) {  // a reshard: not resumable, and the source remains
+      AbortRecovered(rec, absl::StrCat(rec.summary().origin(),
+                                       " was interrupted by a daemon restart; run it again"));
+      continue;
+    }
     std::vector<v1::RankRecord> ranks;
     CKPTD_RETURN_IF_ERROR(deps_.meta->Scan(
         keys::RankPrefix(rec.summary().job(), rec.summary().step()), "", 0,
@@ -243,6 +249,7 @@ bool CheckpointService::Shutdown(absl::Duration grace, bool* drained_out) {
     changed_.SignalAll();
   }
   if (housekeeper_.joinable()) housekeeper_.join();
+  StopReshards();
   bool drained = deps_.flush_pool->Drain(grace);
   if (drained_out != nullptr) *drained_out = drained;
   if (drained) deps_.flush_pool->Stop();

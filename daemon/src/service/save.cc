@@ -29,8 +29,6 @@ std::string StoredCopyKey(const v1::ShardSpec& spec, uint32_t rank) {
   return key;
 }
 
-namespace {
-
 std::string CkptName(const std::string& job, uint64_t step) {
   return absl::StrCat("checkpoint ", job, "/", step);
 }
@@ -43,6 +41,8 @@ absl::Status ValidateJobStep(const std::string& job, uint64_t step) {
   }
   return absl::OkStatus();
 }
+
+namespace {
 
 std::string RanksList(const std::vector<uint32_t>& ranks) {
   if (ranks.size() > 32) {
@@ -556,6 +556,7 @@ absl::Status CheckpointService::Abort(const v1::AbortRequest& req, v1::Checkpoin
   CKPTD_RETURN_IF_ERROR(ValidateJobStep(req.job(), req.step()));
   const std::string what = CkptName(req.job(), req.step());
   absl::MutexLock lock(&mu_);
+  if (CancelReshardLocked(Key{req.job(), req.step()}, req.reason(), resp)) return absl::OkStatus();
   auto it = pending_.find(Key{req.job(), req.step()});
   if (it == pending_.end()) {
     return absl::FailedPreconditionError(

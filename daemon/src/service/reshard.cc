@@ -1,0 +1,371 @@
+// Offline reshard: a background job that reads a COMMITTED checkpoint through the load planner
+// and writes a new checkpoint in the layout a spec describes (format/reshard_spec.h). The target
+// is recorded PERSISTING (synced) before any byte is written, so a crash leaves a row recovery
+// aborts and collects; the target's manifest is written last through the same durable path as a
+// save's, so the new checkpoint appears atomically. The source is never written.
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "ckptd/status.h"
+#include "format/crc32c.h"
+#include "format/dtype.h"
+#include "format/names.h"
+#include "format/region.h"
+#include "format/reshard_spec.h"
+#include "index/keys.h"
+#include "service/checkpoint_service.h"
+#include "spdlog/spdlog.h"
+
+namespace ckptd {
+
+struct CheckpointService::ReshardJob {
+  Key source;
+  Key target;
+  ReshardSpec spec;
+  std::shared_ptr<const Manifest> src;
+  v1::CheckpointRecord rec;  // the target's row (PERSISTING until done)
+  uint32_t world_size = 1;
+  std::atomic<uint64_t> bytes_done{0};
+  std::atomic<bool> cancel{false};
+  std::string cancel_reason;
+  std::thread thread;
+};
+
+// Appends shards to one blob through an aligned buffer: full buffers are written with O_DIRECT
+// at aligned offsets, each shard starts 4 KiB-aligned (zero padding), and every shard's block
+// checksums are computed as its bytes stream through.
+class BlobAppender {
+ public:
+  BlobAppender(std::unique_ptr<BlobWriter> w, uint32_t block_bytes)
+      : w_(std::move(w)), block_(block_bytes) {
+    buf_.reset(static_cast<uint8_t*>(
+        std::aligned_alloc(limits::kAlignmentBytes, limits::kReshardChunkBytes)));
+  }
+  bool ok() const { return buf_ != nullptr; }
+  // Starts a shard at the next aligned offset; returns that offset.
+  absl::StatusOr<uint64_t> BeginShard() {
+    uint64_t pad = (limits::kAlignmentBytes - used_ % limits::kAlignmentBytes) %
+                   limits::kAlignmentBytes;
+    std::memset(buf_.get() + used_, 0, pad);  // used_ + pad <= buffer: it is 4 KiB-aligned
+    used_ += pad;
+    if (used_ == limits::kReshardChunkBytes) CKPTD_RETURN_IF_ERROR(Spill());
+    crcs_.clear();
+    block_fill_ = 0;
+    crc_ = 0;
+    return written_ + used_;
+  }
+  absl::Status Append(const uint8_t* p, uint64_t n) {
+    for (uint64_t left = n; left > 0;) {
+      uint64_t take = std::min(left, limits::kReshardChunkBytes - used_);
+      std::memcpy(buf_.get() + used_, p, take);
+      Checksum(p, take);
+      used_ += take, p += take, left -= take;
+      if (used_ == limits::kReshardChunkBytes) CKPTD_RETURN_IF_ERROR(Spill());
+    }
+    return absl::OkStatus();
+  }
+  // The block crcs of the shard begun last (the short last block included).
+  std::vector<uint32_t> EndShard() {
+    if (block_fill_ > 0) crcs_.push_back(crc_);
+    block_fill_ = 0;
+    return std::move(crcs_);
+  }
+  // Writes the rest (padded to 4 KiB) and syncs; returns the blob's size.
+  absl::StatusOr<uint64_t> Finish() {
+    uint64_t size = written_ + used_;
+    uint64_t padded = (used_ + limits::kAlignmentBytes - 1) / limits::kAlignmentBytes *
+                      limits::kAlignmentBytes;
+    std::memset(buf_.get() + used_, 0, padded - used_);
+    used_ = padded;
+    if (used_ > 0) CKPTD_RETURN_IF_ERROR(Spill());
+    CKPTD_RETURN_IF_ERROR(w_->Sync());
+    return size;
+  }
+
+ private:
+  absl::Status Spill() {
+    IoSlice s{buf_.get(), used_, written_};
+    CKPTD_RETURN_IF_ERROR(w_->Write(std::span<const IoSlice>(&s, 1)));
+    written_ += used_;
+    used_ = 0;
+    return absl::OkStatus();
+  }
+  void Checksum(const uint8_t* p, uint64_t n) {
+    while (n > 0) {
+      uint64_t take = std::min<uint64_t>(n, block_ - block_fill_);
+      crc_ = Crc32c(p, take, crc_);
+      block_fill_ += take, p += take, n -= take;
+      if (block_fill_ == block_) {
+        crcs_.push_back(crc_);
+        crc_ = 0;
+        block_fill_ = 0;
+      }
+    }
+  }
+
+  struct Free {
+    void operator()(uint8_t* p) const { std::free(p); }
+  };
+  std::unique_ptr<BlobWriter> w_;
+  uint32_t block_;
+  std::unique_ptr<uint8_t, Free> buf_;
+  uint64_t used_ = 0;     // bytes in buf_
+  uint64_t written_ = 0;  // bytes written to the blob before buf_
+  std::vector<uint32_t> crcs_;
+  uint64_t block_fill_ = 0;
+  uint32_t crc_ = 0;
+};
+
+absl::Status CheckpointService::Reshard(const v1::ReshardRequest& req,
+                                        v1::CheckpointStatus* resp) {
+  const std::string target_job = req.target_job().empty() ? req.job() : req.target_job();
+  CKPTD_RETURN_IF_ERROR(ValidateJobStep(req.job(), req.step()));
+  CKPTD_RETURN_IF_ERROR(ValidateJobStep(target_job, req.target_step()));
+  const std::string src_name = CkptName(req.job(), req.step());
+  const std::string dst_name = CkptName(target_job, req.target_step());
+  CKPTD_ASSIGN_OR_RETURN(ReshardSpec spec, ParseReshardSpec(req.spec()));
+  CKPTD_ASSIGN_OR_RETURN(std::optional<v1::CheckpointRecord> src, GetRecord(req.job(), req.step()));
+  if (!src) return absl::NotFoundError(absl::StrCat(src_name, " does not exist"));
+  if (src->summary().state() != v1::COMMITTED) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        src_name, " is ", v1::CheckpointState_Name(src->summary().state()),
+        "; only COMMITTED checkpoints can be resharded"));
+  }
+  CKPTD_ASSIGN_OR_RETURN(std::shared_ptr<const Manifest> m, GetManifest(req.job(), req.step()));
+  if (m->header.partial()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        src_name, " was committed as partial; only complete checkpoints can be resharded"));
+  }
+  auto job = std::make_shared<ReshardJob>();
+  job->source = Key{req.job(), req.step()};
+  job->target = Key{target_job, req.target_step()};
+  job->spec = std::move(spec);
+  job->src = m;
+  for (const v1::ItemEntry& item : m->items) {
+    const ReshardRule* rule = item.kind() == v1::TENSOR ? MatchRule(job->spec, item.name())
+                                                        : nullptr;
+    if (rule != nullptr) job->world_size = std::max(job->world_size, RuleWorldSize(*rule));
+    // Per-rank objects keep their saving rank, which must stay below the world size.
+    for (const v1::ShardEntry& s : item.shards()) {
+      if (item.kind() == v1::OBJECT && item.scope() == v1::PER_RANK) {
+        job->world_size = std::max(job->world_size, s.saved_by_rank() + 1);
+      }
+    }
+  }
+  v1::CheckpointSummary* s = job->rec.mutable_summary();
+  s->set_job(target_job);
+  s->set_step(req.target_step());
+  s->set_state(v1::PERSISTING);
+  s->set_world_size(job->world_size);
+  s->set_bytes(m->header.total_bytes());
+  s->set_created_unix_ms(NowUnixMs());
+  s->set_item_count(m->items.size());
+  s->set_origin(absl::StrCat("reshard of ", src_name, " (", job->spec.text, ")"));
+  job->rec.set_dir(CheckpointDir(target_job, req.target_step()));
+
+  absl::MutexLock lock(&mu_);
+  if (stopping_) return absl::UnavailableError("the daemon is shutting down");
+  if (reshards_.size() >= limits::kReshardJobsMax) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        reshards_.size(), " reshards are running; the limit is ", limits::kReshardJobsMax));
+  }
+  CKPTD_ASSIGN_OR_RETURN(std::optional<v1::CheckpointRecord> existing,
+                         GetRecord(target_job, req.target_step()));
+  if (existing || pending_.contains(job->target) || reshards_.contains(job->target)) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        dst_name, " already exists; delete it first or choose another target step"));
+  }
+  CKPTD_RETURN_IF_ERROR(PutRecordSync(job->rec));
+  reshards_[job->target] = job;
+  *resp->mutable_summary() = job->rec.summary();
+  spdlog::info("{}: {} started", dst_name, s->origin());
+  job->thread = std::thread([this, job] { RunReshard(job); });
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointService::CopyTensorShard(ReshardJob& job, const v1::ItemEntry& item,
+                                                const v1::Region& region, BlobAppender& out,
+                                                v1::ShardEntry* shard) {
+  std::vector<uint64_t> shape(item.shape().begin(), item.shape().end());
+  CKPTD_ASSIGN_OR_RETURN(uint32_t elem, DTypeSize(item.dtype()));
+  std::vector<uint8_t> chunk;
+  for (const v1::Region& part :
+       ContiguousChunks(shape, region, limits::kReshardChunkBytes / elem)) {
+    if (deps_.options->debug_reshard_delay_ms > 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(deps_.options->debug_reshard_delay_ms));
+    }
+    if (job.cancel.load()) return absl::CancelledError(job.cancel_reason);
+    PlanRequest req{&item, part, nullptr};
+    CKPTD_ASSIGN_OR_RETURN(LoadPlan plan, PlanLoad(*job.src, std::span(&req, 1),
+                                                   LoadPlanOptions(
+                                                       job.src->header.checksum_block_bytes())));
+    chunk.resize(plan.request_bytes[0]);
+    uint8_t* dst = chunk.data();
+    uint64_t read = 0;
+    CKPTD_RETURN_IF_ERROR(ReadPlan(*job.src, plan, std::span(&dst, 1), &read));
+    CKPTD_RETURN_IF_ERROR(out.Append(chunk.data(), chunk.size()));
+    shard->set_length(shard->length() + chunk.size());
+    job.bytes_done += chunk.size();
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Manifest> CheckpointService::WriteReshard(ReshardJob& job) {
+  const Manifest& src = *job.src;
+  const std::string dir = CheckpointDir(job.target.first, job.target.second);
+  const uint32_t block = deps_.options->checksum_block_bytes;
+  Manifest m;
+  for (const v1::ItemEntry& item : src.items) {
+    v1::ItemEntry e = item;
+    e.clear_shards();
+    m.items.push_back(std::move(e));
+  }
+  for (uint32_t rank = 0; rank < job.world_size; ++rank) {
+    std::unique_ptr<BlobAppender> out;
+    for (size_t i = 0; i < src.items.size(); ++i) {
+      const v1::ItemEntry& item = src.items[i];
+      std::vector<std::pair<const v1::ShardEntry*, v1::Region>> mine;
+      if (item.kind() == v1::TENSOR) {
+        std::vector<uint64_t> shape(item.shape().begin(), item.shape().end());
+        for (auto& [r, region] : TargetRegions(job.spec, item.name(), shape)) {
+          if (r == rank) mine.emplace_back(nullptr, std::move(region));
+        }
+      } else {
+        for (const v1::ShardEntry& s : item.shards()) {
+          uint32_t owner = item.scope() == v1::PER_RANK ? s.saved_by_rank() : 0;
+          if (owner == rank) mine.emplace_back(&s, v1::Region());
+        }
+      }
+      for (auto& [object, region] : mine) {
+        if (out == nullptr) {
+          CKPTD_ASSIGN_OR_RETURN(std::unique_ptr<BlobWriter> w,
+                                 deps_.storage->CreateBlob(absl::StrCat(dir, "/", BlobName(rank))));
+          out = std::make_unique<BlobAppender>(std::move(w), block);
+          if (!out->ok()) return absl::ResourceExhaustedError("reshard write buffer");
+        }
+        v1::ShardEntry* shard = m.items[i].add_shards();
+        shard->set_blob_id(rank);
+        shard->set_saved_by_rank(object != nullptr ? object->saved_by_rank() : rank);
+        CKPTD_ASSIGN_OR_RETURN(uint64_t offset, out->BeginShard());
+        shard->set_offset(offset);
+        if (object == nullptr) {
+          *shard->mutable_region() = region;
+          CKPTD_RETURN_IF_ERROR(CopyTensorShard(job, item, region, *out, shard));
+        } else {
+          PlanRequest req{&item, {}, object};
+          CKPTD_ASSIGN_OR_RETURN(LoadPlan plan, PlanLoad(src, std::span(&req, 1),
+                                                         LoadPlanOptions(
+                                                             src.header.checksum_block_bytes())));
+          std::vector<uint8_t> bytes(object->length());
+          uint8_t* dst = bytes.data();
+          uint64_t read = 0;
+          CKPTD_RETURN_IF_ERROR(ReadPlan(src, plan, std::span(&dst, 1), &read));
+          CKPTD_RETURN_IF_ERROR(out->Append(bytes.data(), bytes.size()));
+          shard->set_length(bytes.size());
+          job.bytes_done += bytes.size();
+        }
+        for (uint32_t c : out->EndShard()) shard->add_block_crc32c(c);
+      }
+    }
+    if (out != nullptr) {
+      CKPTD_ASSIGN_OR_RETURN(uint64_t size, out->Finish());
+      v1::BlobInfo* b = m.header.add_blobs();
+      b->set_id(rank);
+      b->set_name(BlobName(rank));
+      b->set_size_bytes(size);
+    }
+    m.header.add_ranks_present(rank);
+  }
+  v1::ManifestHeader& h = m.header;
+  h.set_format_version(kManifestFormatVersion);
+  h.set_job(job.target.first);
+  h.set_step(job.target.second);
+  h.set_world_size(job.world_size);
+  h.set_partial(src.header.partial());
+  h.set_created_unix_ms(job.rec.summary().created_unix_ms());
+  h.set_committed_unix_ms(NowUnixMs());
+  h.set_checksum_block_bytes(block);
+  h.set_total_bytes(src.header.total_bytes());
+  h.set_item_count(m.items.size());
+  h.set_origin(job.rec.summary().origin());
+  return m;
+}
+
+void CheckpointService::RunReshard(std::shared_ptr<ReshardJob> job) {
+  absl::StatusOr<Manifest> m = WriteReshard(*job);
+  absl::Status st = m.status();
+  if (st.ok() && job->cancel.load()) st = absl::CancelledError(job->cancel_reason);
+  if (st.ok()) {
+    st = WriteCommitted(*m, CheckpointDir(job->target.first, job->target.second));
+  }
+  FinishReshard(*job, st);
+  if (st.ok()) {
+    absl::MutexLock lock(&mu_);
+    CacheManifestLocked(job->target, std::make_shared<const Manifest>(*std::move(m)));
+  }
+}
+
+void CheckpointService::FinishReshard(ReshardJob& job, const absl::Status& status) {
+  const std::string name = CkptName(job.target.first, job.target.second);
+  if (status.ok()) {
+    spdlog::info("{} COMMITTED ({})", name, job.rec.summary().origin());
+  } else {
+    spdlog::warn("{} ABORTED: {}", name, status.ToString());
+    absl::Status removed = deps_.storage->RemoveAll(job.rec.dir());
+    if (!removed.ok()) spdlog::error("removing {}: {}", job.rec.dir(), removed.ToString());
+    v1::CheckpointRecord rec = job.rec;
+    rec.mutable_summary()->set_state(v1::ABORTED);
+    rec.mutable_summary()->set_error(std::string(status.message()));
+    absl::Status put = PutRecordSync(rec);
+    if (!put.ok()) spdlog::error("recording abort of {}: {}", name, put.ToString());
+  }
+  absl::MutexLock lock(&mu_);
+  auto it = reshards_.find(job.target);
+  if (it != reshards_.end()) {
+    it->second->thread.detach();  // this thread; it ends right after
+    reshards_.erase(it);
+  }
+  changed_.SignalAll();
+}
+
+bool CheckpointService::CancelReshardLocked(const Key& key, const std::string& reason,
+                                            v1::CheckpointStatus* resp) {
+  auto it = reshards_.find(key);
+  if (it == reshards_.end()) return false;
+  ReshardJob& job = *it->second;
+  if (!job.cancel.load()) {
+    job.cancel_reason = absl::StrCat("cancelled: ", reason.empty() ? "aborted by a client"
+                                                                   : reason.substr(0, 1024));
+    job.cancel = true;
+  }
+  ReshardStatusLocked(key, resp);
+  resp->mutable_summary()->set_state(v1::ABORTED);
+  return true;
+}
+
+bool CheckpointService::ReshardStatusLocked(const Key& key, v1::CheckpointStatus* resp) const {
+  auto it = reshards_.find(key);
+  if (it == reshards_.end()) return false;
+  *resp->mutable_summary() = it->second->rec.summary();
+  resp->set_bytes_staged(it->second->bytes_done.load());
+  resp->set_bytes_persisted(it->second->bytes_done.load());
+  return true;
+}
+
+void CheckpointService::StopReshards() {
+  std::vector<std::shared_ptr<ReshardJob>> jobs;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [key, job] : reshards_) {
+      job->cancel_reason = "cancelled: the daemon is shutting down";
+      job->cancel = true;
+      jobs.push_back(job);
+    }
+  }
+  // Each job removes itself once its thread has cleaned up.
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(
+      +[](std::map<Key, std::shared_ptr<ReshardJob>>* r) { return r->empty(); }, &reshards_));
+}
+
+}  // namespace ckptd
