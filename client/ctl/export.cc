@@ -261,7 +261,8 @@ absl::StatusOr<Source> ReadSource(ckptd::Client& client, const ExportOptions& o)
     }
     uint64_t numel = 1;
     for (uint64_t d : item.shape) numel *= d;  // the daemon bounds it (kTensorElementsMax)
-    src.tensors.push_back({item.name, item.dtype, item.shape, numel * ckptd::DTypeSize(item.dtype)});
+    src.tensors.push_back(
+        {item.name, item.dtype, item.shape, numel * ckptd::DTypeSize(item.dtype)});
   }
   if (src.tensors.empty()) {
     return absl::FailedPreconditionError(

@@ -30,11 +30,14 @@ using google::protobuf::Value;
 // The safetensors dtype names, written out independently of ckptctl's table.
 const std::map<DType, std::string>& SafetensorsNames() {
   static const std::map<DType, std::string> names = {
-      {DType::kFloat32, "F32"},  {DType::kFloat64, "F64"},      {DType::kFloat16, "F16"},
-      {DType::kBFloat16, "BF16"}, {DType::kFloat8E4M3FN, "F8_E4M3"}, {DType::kFloat8E5M2, "F8_E5M2"},
-      {DType::kInt8, "I8"},      {DType::kUInt8, "U8"},         {DType::kInt16, "I16"},
-      {DType::kInt32, "I32"},    {DType::kInt64, "I64"},        {DType::kBool, "BOOL"},
-      {DType::kUInt16, "U16"},   {DType::kUInt32, "U32"},       {DType::kUInt64, "U64"}};
+      {DType::kFloat32, "F32"},          {DType::kFloat64, "F64"},
+      {DType::kFloat16, "F16"},          {DType::kBFloat16, "BF16"},
+      {DType::kFloat8E4M3FN, "F8_E4M3"}, {DType::kFloat8E5M2, "F8_E5M2"},
+      {DType::kInt8, "I8"},              {DType::kUInt8, "U8"},
+      {DType::kInt16, "I16"},            {DType::kInt32, "I32"},
+      {DType::kInt64, "I64"},            {DType::kBool, "BOOL"},
+      {DType::kUInt16, "U16"},           {DType::kUInt32, "U32"},
+      {DType::kUInt64, "U64"}};
   return names;
 }
 
