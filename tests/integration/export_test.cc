@@ -329,3 +329,23 @@ TEST_CASE("export: a failed export leaves no file that looks complete", "[integr
   std::vector<float> want(4096, 12.0f);
   CHECK(std::memcmp(c.at("c.w").bytes.data(), want.data(), 4096 * 4) == 0);
 }
+
+TEST_CASE("export: a busy staging arena makes the chunks smaller instead of failing",
+          "[integration]") {
+  // Chunks start at a quarter of the 16 MiB arena (4 MiB); with 13 MiB of it held by another
+  // client, a 4 MiB load is RESOURCE_EXHAUSTED after the short reserve wait, and the export
+  // goes on with 2 MiB chunks.
+  Daemon d({.staging_bytes_max = kDaemonArenaBytes, .extra_flags = {"--reserve_timeout_ms=200"}});
+  SaveForExport(d, "busy", 1, 5);
+  auto hog = d.Connect();
+  auto held = hog->Allocate(13ull << 20);
+  REQUIRE(held.ok());
+  TempDir out;
+  CommandResult r = RunCtl(d, {"export", "busy", "1", out.path() + "/e"});
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  std::vector<std::string> names;
+  auto all = ParseFile(out.path() + "/e/model.safetensors", 1, &names);
+  CHECK(all.at(kBig.name).bytes == GlobalBytes(kBig, 5));
+  CHECK(hog->Release(*held).ok());
+}
