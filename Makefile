@@ -52,5 +52,8 @@ test-python: build python
 
 test: test-cpp test-asan test-python
 
+bench: build
+	@bash bench/run.sh
+
 clean:
 	rm -rf $(BUILD) $(BUILD_ASAN)

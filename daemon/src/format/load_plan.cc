@@ -176,14 +176,19 @@ absl::Status Planner::AddTensor(const PlanRequest& r, uint32_t index, uint64_t* 
   const uint64_t want = RegionElements(r.region, shape);
   *bytes = want * elem;
   if (want == 0) return absl::OkStatus();
-  std::unique_ptr<ShardIndex>& index_of_item = indexes_[&item];
-  if (index_of_item == nullptr) index_of_item = std::make_unique<ShardIndex>(shape, item);
   std::vector<uint32_t> shards;
-  for (const Piece& q : region_internal::RegionPieces(shape, r.region)) {
-    index_of_item->Query(q, &shards);
+  if (static_cast<uint32_t>(item.shards_size()) <= o_.linear_shards_max) {
+    // A handful of shards: trying each is cheaper than building an index.
+    for (int s = 0; s < item.shards_size(); ++s) shards.push_back(static_cast<uint32_t>(s));
+  } else {
+    std::unique_ptr<ShardIndex>& index_of_item = indexes_[&item];
+    if (index_of_item == nullptr) index_of_item = std::make_unique<ShardIndex>(shape, item);
+    for (const Piece& q : region_internal::RegionPieces(shape, r.region)) {
+      index_of_item->Query(q, &shards);
+    }
+    std::sort(shards.begin(), shards.end());
+    shards.erase(std::unique(shards.begin(), shards.end()), shards.end());
   }
-  std::sort(shards.begin(), shards.end());
-  shards.erase(std::unique(shards.begin(), shards.end()), shards.end());
   uint64_t got = 0;
   for (uint32_t si : shards) {
     const v1::ShardEntry& s = item.shards(static_cast<int>(si));

@@ -47,6 +47,10 @@ struct PlanOptions {
   // Longer runs are split (at checksum-block boundaries). Must be >= 2 * the checksum block and a
   // multiple of alignment_bytes. Default: 16 MiB
   uint64_t max_run_bytes = 16 * 1024 * 1024;
+  // Items with at most this many shards are matched by trying each shard (bounded work per
+  // request, cheaper than building an index); larger ones through the interval index.
+  // Default: 16
+  uint32_t linear_shards_max = 16;
 };
 
 // Copy `bytes` from the run's buffer at `run_offset` to request `request`'s destination buffer at

@@ -38,6 +38,10 @@ absl::Status CheckpointService::WriteRankBlob(const std::string& dir,
                                               v1::RankRecord* rec) {
   const uint32_t block = RankBlockBytes(*rec);
   std::vector<IoSlice> slices;
+  struct FreePage {
+    void operator()(uint8_t* p) const { std::free(p); }
+  };
+  std::vector<std::unique_ptr<uint8_t, FreePage>> bounce;  // live until the write returns
   uint64_t blob_off = 0;
   // Extents holding exactly one shard may be written whole (tail included, zeroed first), which
   // keeps every write aligned for O_DIRECT.
@@ -69,7 +73,19 @@ absl::Status CheckpointService::WriteRankBlob(const std::string& dir,
       std::memset(const_cast<uint8_t*>(src) + len, 0, rounded - len);
       len = rounded;
     }
-    slices.push_back(IoSlice{const_cast<uint8_t*>(src), len, blob_off});
+    // Otherwise the partial last page goes through a zeroed bounce page, so the blob holds whole
+    // pages (its size is what the manifest says, and loads read it with O_DIRECT to the end).
+    uint64_t body = len / limits::kAlignmentBytes * limits::kAlignmentBytes;
+    if (body > 0) slices.push_back(IoSlice{const_cast<uint8_t*>(src), body, blob_off});
+    if (len > body) {
+      uint8_t* page = static_cast<uint8_t*>(
+          std::aligned_alloc(limits::kAlignmentBytes, limits::kAlignmentBytes));
+      if (page == nullptr) return absl::ResourceExhaustedError("flush bounce page");
+      bounce.emplace_back(page);
+      std::memset(page, 0, limits::kAlignmentBytes);
+      std::memcpy(page, src + body, len - body);
+      slices.push_back(IoSlice{page, limits::kAlignmentBytes, blob_off + body});
+    }
     blob_off += rounded;
   }
   if (slices.empty()) return absl::OkStatus();

@@ -197,11 +197,19 @@ absl::Status CheckpointService::ReadPlan(const Manifest& m, const LoadPlan& plan
     for (; j < plan.runs.size() && plan.runs[j].blob_id == blob_id &&
            (j == i || used + plan.runs[j].length <= cap);
          ++j) {
-      slices.push_back(IoSlice{buf.get() + used, plan.runs[j].length, plan.runs[j].offset});
+      // Blobs of older versions may end before their manifest's 4 KiB-rounded size (an unpadded
+      // last shard): read what the file has; the rest of the run is padding nobody uses.
+      const ReadRun& run = plan.runs[j];
+      uint64_t file_end = std::max(reader->size_bytes(), run.offset);
+      uint64_t len = std::min(run.length, file_end - run.offset);
+      std::memset(buf.get() + used + len, 0, run.length - len);
+      if (len > 0) slices.push_back(IoSlice{buf.get() + used, len, run.offset});
       at.push_back(used);
       used = RoundUp(used + plan.runs[j].length, limits::kAlignmentBytes);
     }
-    CKPTD_RETURN_IF_ERROR(Annotate(reader->Read(slices), absl::StrCat("reading ", path)));
+    if (!slices.empty()) {
+      CKPTD_RETURN_IF_ERROR(Annotate(reader->Read(slices), absl::StrCat("reading ", path)));
+    }
     for (size_t k = i; k < j; ++k) {
       const ReadRun& run = plan.runs[k];
       const uint8_t* data = buf.get() + at[k - i];

@@ -235,6 +235,7 @@ TEST_CASE("PlanLoad loads random layouts bit-exactly (property)", "[unit]") {
     o.alignment_bytes = align;
     o.max_run_bytes = RoundUp(2 * block + rng() % (8 * block), align);
     o.merge_gap_fraction = (rng() % 3) * 0.05;
+    o.linear_shards_max = rng() % 2 ? 0 : 16;  // the interval index on half of the cases
     Case c = RandomCase(rng, align, block);
     absl::StatusOr<LoadPlan> plan = PlanLoad(c.f.m, c.requests, o);
     REQUIRE(plan.ok());
