@@ -124,3 +124,30 @@ TEST_CASE("offline reshard: progress in status, cancel with abort, crash leaves 
   }
   CHECK(VerifyInProcess(d, "src", 1, kSeed) == "");
 }
+
+TEST_CASE("objects: a load with another world size gets every rank's copy keyed by saving rank",
+          "[integration]") {
+  Daemon d;
+  SaveCommitted(d, "obj", 1, kSeed);  // 4 ranks, each with its own extra.rng
+  auto client = d.Connect();
+  auto all = client->LoadObjects("obj", 1, kRankObject);
+  INFO(all.status().ToString());
+  REQUIRE(all.ok());
+  REQUIRE(all->size() == 4);
+  for (uint32_t rank = 0; rank < 4; ++rank) CHECK(all->at(rank) == RankObjectBytes(rank, kSeed));
+  auto rep = client->LoadObjects("obj", std::nullopt, kReplicatedObject);
+  REQUIRE(rep.ok());
+  REQUIRE(rep->size() == 1);
+  CHECK(rep->begin()->second == ReplicatedObjectBytes(kSeed));
+  // One saving rank's copy from a rank of a smaller world, and a rank that saved none.
+  std::string buf(4096, '\0');
+  ckptd::LoadTarget t{kRankObject, ckptd::Region::Whole(), buf.data(), buf.size(), 3u};
+  auto one = client->Load("obj", 1, 0, std::span(&t, 1));
+  REQUIRE(one.ok());
+  CHECK(buf.substr(0, one->item_bytes[0]) == RankObjectBytes(3, kSeed));
+  t.object_rank = 9;
+  auto none = client->Load("obj", 1, 0, std::span(&t, 1));
+  CHECK(none.status().code() == absl::StatusCode::kNotFound);
+  CHECK_THAT(std::string(none.status().message()),
+             Contains("saved by rank 9") && Contains("saved by ranks 0, 1, 2, 3"));
+}
