@@ -70,6 +70,24 @@ def _connect(socket: str | None) -> ckptd.Client:
     return ckptd.connect(socket) if socket else ckptd.default_client()
 
 
+class _LazyClient:
+    """Connects on first use; pickles without the connection (for process-based async_save)."""
+
+    socket: str | None
+    _client: ckptd.Client | None
+
+    @property
+    def client(self) -> ckptd.Client:
+        if self._client is None:
+            self._client = _connect(self.socket)
+        return self._client
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_client"] = None
+        return state
+
+
 def _rank_world(rank: int | None = None) -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return (dist.get_rank() if rank is None else rank), dist.get_world_size()
@@ -105,7 +123,7 @@ def _write_results(items: list[WriteItem], staged: dict[Any, int]) -> list[Write
     ]
 
 
-class StorageWriter(_DcpWriter, AsyncStager):
+class StorageWriter(_LazyClient, _DcpWriter, AsyncStager):
     """DCP StorageWriter (and AsyncStager) over ckptd.
 
     StorageWriter("runs/llama/step-100") or StorageWriter(checkpoint_id=...): see _ids for the
@@ -141,15 +159,8 @@ class StorageWriter(_DcpWriter, AsyncStager):
         self._saved_at_stage: tuple[str, int, dict[Any, int]] | None = None
         self._staged_views: list[torch.Tensor] = []
 
-    @property
-    def client(self) -> ckptd.Client:
-        if self._client is None:
-            self._client = _connect(self.socket)
-        return self._client
-
     def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_client"] = None
+        state = super().__getstate__()
         state["_staged_views"] = []
         return state
 
@@ -365,7 +376,7 @@ def _rebuild(obj: Any, staged: Iterator[torch.Tensor]) -> Any:
     return copy.deepcopy(obj)
 
 
-class StorageReader(_DcpReader):
+class StorageReader(_LazyClient, _DcpReader):
     """DCP StorageReader over ckptd: loads any ckptd checkpoint (also ones saved by the C++
     client) into any layout; tensors of another dtype are cast like FileSystemReader does.
     bytes_read: bytes the daemon read from storage for this reader's loads."""
@@ -385,17 +396,6 @@ class StorageReader(_DcpReader):
         self._shapes: dict[str, list[int]] = {}
         if checkpoint_id is not None:
             self.reset(checkpoint_id)
-
-    @property
-    def client(self) -> ckptd.Client:
-        if self._client is None:
-            self._client = _connect(self.socket)
-        return self._client
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_client"] = None
-        return state
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         if checkpoint_id is not None:
