@@ -57,7 +57,8 @@ class Storage {
   virtual absl::StatusOr<bool> Exists(const std::string& path) = 0;
   // Names of the entries directly under `dir` (sorted); an absent dir lists as empty.
   virtual absl::StatusOr<std::vector<std::string>> List(const std::string& dir) = 0;
-  // Removes `path` and everything under it; absent is OK.
+  // Removes `path` and everything under it, durably (the parent directory is synced); absent is
+  // OK.
   virtual absl::Status RemoveAll(const std::string& path) = 0;
 };
 

@@ -228,7 +228,11 @@ class PosixStorage : public Storage {
   absl::Status RemoveAll(const std::string& path) override {
     // Never the whole root: an empty path here is a caller's bug or bad input.
     CKPTD_ASSIGN_OR_RETURN(std::string full, Full(path, false));
-    return io_->RemoveAll(full);
+    CKPTD_RETURN_IF_ERROR(io_->RemoveAll(full));
+    // Durable removal: a deleted manifest must not reappear after a crash (recovery would adopt
+    // it and bring back a deleted checkpoint).
+    absl::Status synced = io_->FsyncDir(ParentOf(full));
+    return absl::IsNotFound(synced) ? absl::OkStatus() : synced;
   }
 
  private:

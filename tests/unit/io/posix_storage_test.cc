@@ -284,6 +284,15 @@ TEST_CASE("PosixStorage write and sync failures propagate with the path", "[unit
     io.FailNextFsyncDir(EIO);
     CHECK(absl::IsDataLoss(storage->PutAtomic("j/MANIFEST", "new")));
   }
+  SECTION("RemoveAll syncs the parent directory, and says so when that fails") {
+    REQUIRE(storage->PutAtomic("j/7/manifest", "m").ok());
+    io.FailNextFsyncDir(EIO);
+    absl::Status s = storage->RemoveAll("j/7/manifest");
+    CHECK(absl::IsDataLoss(s));
+    CHECK_FALSE(*storage->Exists("j/7/manifest"));
+    CHECK(storage->RemoveAll("j/7/manifest").ok());
+    CHECK(storage->RemoveAll("nowhere/at/all").ok());
+  }
   SECTION("EIO on read fails Read naming the blob") {
     REQUIRE(storage->PutAtomic("j/obj", data).ok());
     auto r = storage->OpenBlob("j/obj");
