@@ -46,8 +46,9 @@ struct DaemonOptions {
   // resharded loads read less; larger ones make manifests smaller (4 bytes per block).
   // Default: 4096
   uint32_t checksum_block_bytes = 4096;
-  // Read buffer of one load: the runs of a load are read in batches of at most this many bytes
-  // (io_uring keeps the batch's runs in flight at once). Default: 67108864 (64 MiB)
+  // Each of the two read buffers of one load: the runs of a load are read in batches of at most
+  // this many bytes (io_uring keeps a batch's runs in flight at once), the next batch while the
+  // last one is verified and copied. Default: 67108864 (64 MiB)
   uint64_t load_buffer_bytes = 64ull << 20;
   // Threads that serve loads. Default: 2
   uint32_t load_threads = 2;

@@ -179,8 +179,9 @@ class CheckpointService {
                                uint8_t** dst, v1::LoadedItem* out) const;
   // Plan options for manifests with checksum blocks of `block_bytes`.
   PlanOptions LoadPlanOptions(uint32_t block_bytes) const;
-  // Executes a plan of `m`: reads its runs in batches of at most options.load_buffer_bytes,
-  // verifies every block used and copies into dst[request] (each sized plan.request_bytes).
+  // Executes a plan of `m`: reads its runs in batches of at most options.load_buffer_bytes (the
+  // next batch on a second thread while this one is verified), verifies every block used and
+  // copies into dst[request] (each sized plan.request_bytes).
   absl::Status ReadPlan(const Manifest& m, const LoadPlan& plan, std::span<uint8_t* const> dst,
                         uint64_t* bytes_read);
   absl::StatusOr<uint8_t*> ResolveDest(const std::string& session, const v1::MemRef& ref,

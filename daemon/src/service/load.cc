@@ -3,6 +3,7 @@
 // used, and copy into the destination extents/regions.
 #include <cstdlib>
 #include <cstring>
+#include <future>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -159,82 +160,145 @@ PlanOptions CheckpointService::LoadPlanOptions(uint32_t block_bytes) const {
   return o;
 }
 
-absl::Status CheckpointService::ReadPlan(const Manifest& m, const LoadPlan& plan,
-                                         std::span<uint8_t* const> dst, uint64_t* bytes_read) {
-  if (plan.runs.empty()) return absl::OkStatus();
-  const std::string dir = CheckpointDir(m.header.job(), m.header.step());
-  const uint32_t block = m.header.checksum_block_bytes();
-  uint64_t largest = 0;
-  for (const ReadRun& r : plan.runs) largest = std::max(largest, r.length);
-  const uint64_t cap = std::max(largest, std::min(deps_.options->load_buffer_bytes,
-                                                  RoundUp(plan.read_bytes,
-                                                          limits::kAlignmentBytes)));
-  AlignedBuffer buf(static_cast<uint8_t*>(
-      std::aligned_alloc(limits::kAlignmentBytes, RoundUp(cap, limits::kAlignmentBytes))));
-  if (buf == nullptr) {
-    return absl::ResourceExhaustedError(absl::StrCat("load buffer of ", cap, " bytes"));
-  }
-  std::unique_ptr<BlobReader> reader;
-  std::string path;
-  uint32_t open_blob = UINT32_MAX;
-  for (size_t i = 0; i < plan.runs.size();) {
-    // A batch: consecutive runs of one blob that fit the buffer.
-    const uint32_t blob_id = plan.runs[i].blob_id;
-    if (blob_id != open_blob) {
+namespace {
+
+// Reads the runs of a plan batch by batch (consecutive runs of one blob that fit a buffer).
+// One BatchReader is used by one thread at a time; ReadPlan hands it from the prefetching thread
+// back to itself through a future, which orders the accesses.
+class BatchReader {
+ public:
+  BatchReader(Storage* storage, const Manifest& m, const LoadPlan& plan, uint64_t cap)
+      : storage_(storage), m_(m), plan_(plan), cap_(cap),
+        dir_(CheckpointDir(m.header.job(), m.header.step())) {}
+
+  struct Batch {
+    size_t first = 0, end = 0;  // runs [first, end)
+    std::vector<uint64_t> at;   // buffer offset of each run
+    std::string path;
+    absl::Status status;
+  };
+
+  // Reads the batch starting at run `first` into `buf` (cap bytes).
+  Batch Read(size_t first, uint8_t* buf) {
+    Batch b;
+    b.first = first;
+    const uint32_t blob_id = plan_.runs[first].blob_id;
+    if (blob_id != open_blob_) {
       const v1::BlobInfo* blob = nullptr;
-      for (const v1::BlobInfo& b : m.header.blobs()) {
-        if (b.id() == blob_id) blob = &b;
+      for (const v1::BlobInfo& info : m_.header.blobs()) {
+        if (info.id() == blob_id) blob = &info;
       }
       CKPTD_CHECK(blob != nullptr);  // ValidateManifest checked it
-      path = absl::StrCat(dir, "/", blob->name());
-      CKPTD_ASSIGN_OR_RETURN(reader, deps_.storage->OpenBlob(path));
-      open_blob = blob_id;
+      path_ = absl::StrCat(dir_, "/", blob->name());
+      absl::StatusOr<std::unique_ptr<BlobReader>> r = storage_->OpenBlob(path_);
+      if (!r.ok()) {
+        b.status = r.status();
+        return b;
+      }
+      reader_ = *std::move(r);
+      open_blob_ = blob_id;
     }
+    b.path = path_;
     std::vector<IoSlice> slices;
-    std::vector<uint64_t> at;  // buffer offset of each run of the batch
     uint64_t used = 0;
-    size_t j = i;
-    for (; j < plan.runs.size() && plan.runs[j].blob_id == blob_id &&
-           (j == i || used + plan.runs[j].length <= cap);
+    size_t j = first;
+    for (; j < plan_.runs.size() && plan_.runs[j].blob_id == blob_id &&
+           (j == first || used + plan_.runs[j].length <= cap_);
          ++j) {
       // Blobs of older versions may end before their manifest's 4 KiB-rounded size (an unpadded
       // last shard): read what the file has; the rest of the run is padding nobody uses.
-      const ReadRun& run = plan.runs[j];
-      uint64_t file_end = std::max(reader->size_bytes(), run.offset);
+      const ReadRun& run = plan_.runs[j];
+      uint64_t file_end = std::max(reader_->size_bytes(), run.offset);
       uint64_t len = std::min(run.length, file_end - run.offset);
-      std::memset(buf.get() + used + len, 0, run.length - len);
-      if (len > 0) slices.push_back(IoSlice{buf.get() + used, len, run.offset});
-      at.push_back(used);
-      used = RoundUp(used + plan.runs[j].length, limits::kAlignmentBytes);
+      std::memset(buf + used + len, 0, run.length - len);
+      if (len > 0) slices.push_back(IoSlice{buf + used, len, run.offset});
+      b.at.push_back(used);
+      used = RoundUp(used + run.length, limits::kAlignmentBytes);
     }
-    if (!slices.empty()) {
-      CKPTD_RETURN_IF_ERROR(Annotate(reader->Read(slices), absl::StrCat("reading ", path)));
+    b.end = j;
+    if (!slices.empty()) b.status = Annotate(reader_->Read(slices), "reading " + path_);
+    return b;
+  }
+
+ private:
+  Storage* storage_;
+  const Manifest& m_;
+  const LoadPlan& plan_;
+  const uint64_t cap_;
+  const std::string dir_;
+  std::unique_ptr<BlobReader> reader_;
+  std::string path_;
+  uint32_t open_blob_ = UINT32_MAX;
+};
+
+// Verifies the blocks of a read batch and copies its bytes to their destinations.
+absl::Status VerifyAndCopy(const Manifest& m, const LoadPlan& plan,
+                           const BatchReader::Batch& batch, const uint8_t* buf,
+                           std::span<uint8_t* const> dst) {
+  const uint32_t block = m.header.checksum_block_bytes();
+  for (size_t k = batch.first; k < batch.end; ++k) {
+    const ReadRun& run = plan.runs[k];
+    const uint8_t* data = buf + batch.at[k - batch.first];
+    for (uint32_t c = run.first_check; c < run.first_check + run.check_count; ++c) {
+      const BlockCheck& chk = plan.checks[c];
+      uint64_t n = std::min<uint64_t>(chk.end_block * block, chk.shard->length()) -
+                   chk.first_block * block;
+      CKPTD_RETURN_IF_ERROR(VerifyBlocks(
+          data + chk.run_offset, chk.first_block, n, chk.shard->length(),
+          std::span<const uint32_t>(chk.shard->block_crc32c().data(),
+                                    chk.shard->block_crc32c().size()),
+          block, absl::StrCat("checkpoint ", m.header.job(), "/", m.header.step(), " item \"",
+                              ItemOfShard(m, chk.shard)->name(), "\" (saved by rank ",
+                              chk.shard->saved_by_rank(), ") in ", batch.path)));
     }
-    for (size_t k = i; k < j; ++k) {
-      const ReadRun& run = plan.runs[k];
-      const uint8_t* data = buf.get() + at[k - i];
-      *bytes_read += run.length;
-      for (uint32_t c = run.first_check; c < run.first_check + run.check_count; ++c) {
-        const BlockCheck& chk = plan.checks[c];
-        uint64_t n = std::min<uint64_t>(chk.end_block * block, chk.shard->length()) -
-                     chk.first_block * block;
-        absl::Status st = VerifyBlocks(
-            data + chk.run_offset, chk.first_block, n, chk.shard->length(),
-            std::span<const uint32_t>(chk.shard->block_crc32c().data(),
-                                      chk.shard->block_crc32c().size()),
-            block, absl::StrCat("checkpoint ", m.header.job(), "/", m.header.step(), " item \"",
-                                ItemOfShard(m, chk.shard)->name(), "\" (saved by rank ",
-                                chk.shard->saved_by_rank(), ") in ", path));
-        if (!st.ok()) return st;
-      }
-      for (uint64_t c = run.first_copy; c < run.first_copy + run.copy_count; ++c) {
-        const RunCopy& cp = plan.copies[c];
-        std::memcpy(dst[cp.request] + cp.dst_offset, data + cp.run_offset, cp.bytes);
-      }
+    for (uint64_t c = run.first_copy; c < run.first_copy + run.copy_count; ++c) {
+      const RunCopy& cp = plan.copies[c];
+      std::memcpy(dst[cp.request] + cp.dst_offset, data + cp.run_offset, cp.bytes);
     }
-    i = j;
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CheckpointService::ReadPlan(const Manifest& m, const LoadPlan& plan,
+                                         std::span<uint8_t* const> dst, uint64_t* bytes_read) {
+  if (plan.runs.empty()) return absl::OkStatus();
+  uint64_t largest = 0;
+  for (const ReadRun& r : plan.runs) largest = std::max(largest, r.length);
+  const uint64_t cap = RoundUp(std::max(largest, std::min(deps_.options->load_buffer_bytes,
+                                                          plan.read_bytes)),
+                               limits::kAlignmentBytes);
+  // Two buffers, the second allocated once a second batch exists: the next batch is read while
+  // this one is verified and copied.
+  AlignedBuffer bufs[2];
+  auto allocate = [&](int b) -> absl::Status {
+    if (bufs[b] != nullptr) return absl::OkStatus();
+    bufs[b].reset(static_cast<uint8_t*>(std::aligned_alloc(limits::kAlignmentBytes, cap)));
+    if (bufs[b] == nullptr) {
+      return absl::ResourceExhaustedError(absl::StrCat("load buffer of ", cap, " bytes"));
+    }
+    return absl::OkStatus();
+  };
+  CKPTD_RETURN_IF_ERROR(allocate(0));
+  BatchReader reader(deps_.storage, m, plan, cap);
+  BatchReader::Batch batch = reader.Read(0, bufs[0].get());
+  for (int cur = 0;; cur ^= 1) {
+    CKPTD_RETURN_IF_ERROR(batch.status);
+    std::future<BatchReader::Batch> next;
+    if (batch.end < plan.runs.size()) {
+      CKPTD_RETURN_IF_ERROR(allocate(cur ^ 1));
+      next = std::async(std::launch::async, [&reader, &bufs, start = batch.end, cur] {
+        return reader.Read(start, bufs[cur ^ 1].get());
+      });
+    }
+    absl::Status copied = VerifyAndCopy(m, plan, batch, bufs[cur].get(), dst);
+    for (size_t k = batch.first; k < batch.end; ++k) *bytes_read += plan.runs[k].length;
+    if (!next.valid()) return copied;
+    BatchReader::Batch following = next.get();  // always joined before returning
+    CKPTD_RETURN_IF_ERROR(copied);
+    batch = std::move(following);
+  }
 }
 
 absl::Status CheckpointService::Load(const v1::LoadRequest& req, v1::LoadResponse* resp) {
