@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "ckptd/status.h"
+#include "common/align.h"
 #include "common/limits.h"
 #include "spdlog/spdlog.h"
 
@@ -25,7 +26,6 @@ struct ArenaHeader {
   char generation[33];
 };
 
-uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
 void RandomBytes(void* out, size_t n) {
   auto* p = static_cast<uint8_t*>(out);

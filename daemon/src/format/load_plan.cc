@@ -8,6 +8,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_format.h"
 #include "ckptd/status.h"
+#include "common/align.h"
 #include "format/dtype.h"
 #include "format/region.h"
 #include "format/region_internal.h"
@@ -17,8 +18,6 @@ namespace {
 
 using region_internal::Piece;
 
-uint64_t RoundDown(uint64_t v, uint64_t a) { return v / a * a; }
-uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
 // An interval index over the boxes of one item's shards along one dimension: the boxes sorted by
 // start, seen as an implicit balanced tree whose nodes carry the largest end in their subtree.

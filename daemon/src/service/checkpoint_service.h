@@ -218,9 +218,10 @@ class CheckpointService {
   // reshard.cc
   void RunReshard(std::shared_ptr<ReshardJob> job);
   absl::StatusOr<Manifest> WriteReshard(ReshardJob& job);
-  absl::Status CopyTensorShard(ReshardJob& job, const v1::ItemEntry& item,
-                               const v1::Region& region, BlobAppender& out,
-                               v1::ShardEntry* shard);
+  // Appends the bytes of `whole` (a target tensor region, or an object's copy) read from the
+  // source to `out`, growing shard->length() and the job's progress.
+  absl::Status CopyShard(ReshardJob& job, const PlanRequest& whole, BlobAppender& out,
+                         v1::ShardEntry* shard);
   void FinishReshard(ReshardJob& job, const absl::Status& status);
   // Abort / GetStatus of a reshard's target; false when `key` is no running reshard.
   bool CancelReshardLocked(const Key& key, const std::string& reason, v1::CheckpointStatus* resp)

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "ckptd/status.h"
+#include "common/align.h"
 #include "format/names.h"
 #include "format/region.h"
 #include "index/keys.h"
@@ -15,7 +16,6 @@
 namespace ckptd {
 namespace {
 
-uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
 v1::ItemInfo ItemInfoOf(const v1::ItemEntry& item) {
   v1::ItemInfo info;

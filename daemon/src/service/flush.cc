@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "ckptd/status.h"
+#include "common/align.h"
 #include "format/crc32c.h"
 #include "format/names.h"
 #include "index/keys.h"
@@ -15,7 +16,6 @@
 namespace ckptd {
 namespace {
 
-uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
 }  // namespace
 
@@ -38,10 +38,7 @@ absl::Status CheckpointService::WriteRankBlob(const std::string& dir,
                                               v1::RankRecord* rec) {
   const uint32_t block = RankBlockBytes(*rec);
   std::vector<IoSlice> slices;
-  struct FreePage {
-    void operator()(uint8_t* p) const { std::free(p); }
-  };
-  std::vector<std::unique_ptr<uint8_t, FreePage>> bounce;  // live until the write returns
+  std::vector<AlignedBuffer> bounce;  // live until the write returns
   uint64_t blob_off = 0;
   // Extents holding exactly one shard may be written whole (tail included, zeroed first), which
   // keeps every write aligned for O_DIRECT.
@@ -78,10 +75,9 @@ absl::Status CheckpointService::WriteRankBlob(const std::string& dir,
     uint64_t body = len / limits::kAlignmentBytes * limits::kAlignmentBytes;
     if (body > 0) slices.push_back(IoSlice{const_cast<uint8_t*>(src), body, blob_off});
     if (len > body) {
-      uint8_t* page = static_cast<uint8_t*>(
-          std::aligned_alloc(limits::kAlignmentBytes, limits::kAlignmentBytes));
-      if (page == nullptr) return absl::ResourceExhaustedError("flush bounce page");
-      bounce.emplace_back(page);
+      AlignedBuffer& held = bounce.emplace_back(AllocateAligned(limits::kAlignmentBytes));
+      if (held == nullptr) return absl::ResourceExhaustedError("flush bounce page");
+      uint8_t* page = held.get();
       std::memset(page, 0, limits::kAlignmentBytes);
       std::memcpy(page, src + body, len - body);
       slices.push_back(IoSlice{page, limits::kAlignmentBytes, blob_off + body});

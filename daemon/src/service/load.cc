@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "ckptd/status.h"
+#include "common/align.h"
 #include "format/crc32c.h"
 #include "format/dtype.h"
 #include "format/names.h"
@@ -19,13 +20,7 @@
 namespace ckptd {
 namespace {
 
-uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
-// An O_DIRECT-aligned read buffer.
-struct AlignedFree {
-  void operator()(uint8_t* p) const { std::free(p); }
-};
-using AlignedBuffer = std::unique_ptr<uint8_t, AlignedFree>;
 
 // The item holding shard `s`, for error messages only (a linear scan).
 const v1::ItemEntry* ItemOfShard(const Manifest& m, const v1::ShardEntry* s) {
@@ -274,7 +269,7 @@ absl::Status CheckpointService::ReadPlan(const Manifest& m, const LoadPlan& plan
   AlignedBuffer bufs[2];
   auto allocate = [&](int b) -> absl::Status {
     if (bufs[b] != nullptr) return absl::OkStatus();
-    bufs[b].reset(static_cast<uint8_t*>(std::aligned_alloc(limits::kAlignmentBytes, cap)));
+    bufs[b] = AllocateAligned(cap);
     if (bufs[b] == nullptr) {
       return absl::ResourceExhaustedError(absl::StrCat("load buffer of ", cap, " bytes"));
     }

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "ckptd/status.h"
+#include "common/align.h"
 #include "format/crc32c.h"
 #include "format/dtype.h"
 #include "format/names.h"
@@ -38,14 +39,12 @@ class BlobAppender {
  public:
   BlobAppender(std::unique_ptr<BlobWriter> w, uint32_t block_bytes)
       : w_(std::move(w)), block_(block_bytes) {
-    buf_.reset(static_cast<uint8_t*>(
-        std::aligned_alloc(limits::kAlignmentBytes, limits::kReshardChunkBytes)));
+    buf_ = AllocateAligned(limits::kReshardChunkBytes);
   }
   bool ok() const { return buf_ != nullptr; }
   // Starts a shard at the next aligned offset; returns that offset.
   absl::StatusOr<uint64_t> BeginShard() {
-    uint64_t pad = (limits::kAlignmentBytes - used_ % limits::kAlignmentBytes) %
-                   limits::kAlignmentBytes;
+    uint64_t pad = RoundUp(used_, limits::kAlignmentBytes) - used_;
     std::memset(buf_.get() + used_, 0, pad);  // used_ + pad <= buffer: it is 4 KiB-aligned
     used_ += pad;
     if (used_ == limits::kReshardChunkBytes) CKPTD_RETURN_IF_ERROR(Spill());
@@ -73,8 +72,7 @@ class BlobAppender {
   // Writes the rest (padded to 4 KiB) and syncs; returns the blob's size.
   absl::StatusOr<uint64_t> Finish() {
     uint64_t size = written_ + used_;
-    uint64_t padded = (used_ + limits::kAlignmentBytes - 1) / limits::kAlignmentBytes *
-                      limits::kAlignmentBytes;
+    uint64_t padded = RoundUp(used_, limits::kAlignmentBytes);
     std::memset(buf_.get() + used_, 0, padded - used_);
     used_ = padded;
     if (used_ > 0) CKPTD_RETURN_IF_ERROR(Spill());
@@ -103,12 +101,9 @@ class BlobAppender {
     }
   }
 
-  struct Free {
-    void operator()(uint8_t* p) const { std::free(p); }
-  };
   std::unique_ptr<BlobWriter> w_;
   uint32_t block_;
-  std::unique_ptr<uint8_t, Free> buf_;
+  AlignedBuffer buf_;
   uint64_t used_ = 0;     // bytes in buf_
   uint64_t written_ = 0;  // bytes written to the blob before buf_
   std::vector<uint32_t> crcs_;
@@ -183,22 +178,27 @@ absl::Status CheckpointService::Reshard(const v1::ReshardRequest& req,
   return absl::OkStatus();
 }
 
-absl::Status CheckpointService::CopyTensorShard(ReshardJob& job, const v1::ItemEntry& item,
-                                                const v1::Region& region, BlobAppender& out,
-                                                v1::ShardEntry* shard) {
-  std::vector<uint64_t> shape(item.shape().begin(), item.shape().end());
-  CKPTD_ASSIGN_OR_RETURN(uint32_t elem, DTypeSize(item.dtype()));
+absl::Status CheckpointService::CopyShard(ReshardJob& job, const PlanRequest& whole,
+                                          BlobAppender& out, v1::ShardEntry* shard) {
+  // Tensors go through the bounded buffer in chunks contiguous in the shard; objects whole.
+  std::vector<PlanRequest> parts = {whole};
+  if (whole.item->kind() == v1::TENSOR) {
+    std::vector<uint64_t> shape(whole.item->shape().begin(), whole.item->shape().end());
+    CKPTD_ASSIGN_OR_RETURN(uint32_t elem, DTypeSize(whole.item->dtype()));
+    parts.clear();
+    for (v1::Region& part :
+         ContiguousChunks(shape, whole.region, limits::kReshardChunkBytes / elem)) {
+      parts.push_back(PlanRequest{whole.item, std::move(part), nullptr});
+    }
+  }
+  const PlanOptions options = LoadPlanOptions(job.src->header.checksum_block_bytes());
   std::vector<uint8_t> chunk;
-  for (const v1::Region& part :
-       ContiguousChunks(shape, region, limits::kReshardChunkBytes / elem)) {
+  for (const PlanRequest& part : parts) {
     if (deps_.options->debug_reshard_delay_ms > 0) {
       std::this_thread::sleep_for(std::chrono::milliseconds(deps_.options->debug_reshard_delay_ms));
     }
     if (job.cancel.load()) return absl::CancelledError(job.cancel_reason);
-    PlanRequest req{&item, part, nullptr};
-    CKPTD_ASSIGN_OR_RETURN(LoadPlan plan, PlanLoad(*job.src, std::span(&req, 1),
-                                                   LoadPlanOptions(
-                                                       job.src->header.checksum_block_bytes())));
+    CKPTD_ASSIGN_OR_RETURN(LoadPlan plan, PlanLoad(*job.src, std::span(&part, 1), options));
     chunk.resize(plan.request_bytes[0]);
     uint8_t* dst = chunk.data();
     uint64_t read = 0;
@@ -248,22 +248,8 @@ absl::StatusOr<Manifest> CheckpointService::WriteReshard(ReshardJob& job) {
         shard->set_saved_by_rank(object != nullptr ? object->saved_by_rank() : rank);
         CKPTD_ASSIGN_OR_RETURN(uint64_t offset, out->BeginShard());
         shard->set_offset(offset);
-        if (object == nullptr) {
-          *shard->mutable_region() = region;
-          CKPTD_RETURN_IF_ERROR(CopyTensorShard(job, item, region, *out, shard));
-        } else {
-          PlanRequest req{&item, {}, object};
-          CKPTD_ASSIGN_OR_RETURN(LoadPlan plan, PlanLoad(src, std::span(&req, 1),
-                                                         LoadPlanOptions(
-                                                             src.header.checksum_block_bytes())));
-          std::vector<uint8_t> bytes(object->length());
-          uint8_t* dst = bytes.data();
-          uint64_t read = 0;
-          CKPTD_RETURN_IF_ERROR(ReadPlan(src, plan, std::span(&dst, 1), &read));
-          CKPTD_RETURN_IF_ERROR(out->Append(bytes.data(), bytes.size()));
-          shard->set_length(bytes.size());
-          job.bytes_done += bytes.size();
-        }
+        if (object == nullptr) *shard->mutable_region() = region;
+        CKPTD_RETURN_IF_ERROR(CopyShard(job, PlanRequest{&item, region, object}, *out, shard));
         for (uint32_t c : out->EndShard()) shard->add_block_crc32c(c);
       }
     }

@@ -5,31 +5,11 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "ckptd/status.h"
+#include "ckptd/storage_path.h"
 
 namespace ckptd {
 namespace {
-
-absl::Status ValidatePath(const std::string& path, bool allow_empty) {
-  if (path.empty()) {
-    if (allow_empty) return absl::OkStatus();
-    return absl::InvalidArgumentError("storage path is empty");
-  }
-  if (path.front() == '/') {
-    return absl::InvalidArgumentError(absl::StrCat("storage path \"", path, "\" is absolute"));
-  }
-  if (path.find('\0') != std::string::npos) {
-    return absl::InvalidArgumentError("storage path contains a NUL byte");
-  }
-  for (absl::string_view part : absl::StrSplit(path, '/')) {
-    if (part == "..") {
-      return absl::InvalidArgumentError(
-          absl::StrCat("storage path \"", path, "\" has a \"..\" component"));
-    }
-  }
-  return absl::OkStatus();
-}
 
 std::string DirPrefix(const std::string& dir) {
   if (dir.empty()) return "";
@@ -76,14 +56,14 @@ class MemoryBlobReader : public BlobReader {
 };
 
 absl::StatusOr<std::unique_ptr<BlobWriter>> MemoryStorage::CreateBlob(const std::string& path) {
-  CKPTD_RETURN_IF_ERROR(ValidatePath(path, false));
+  CKPTD_RETURN_IF_ERROR(ValidateStoragePath(path, false));
   absl::MutexLock lock(&mu_);
   files_[path].current = std::string();
   return std::make_unique<MemoryBlobWriter>(this, path);
 }
 
 absl::StatusOr<std::unique_ptr<BlobReader>> MemoryStorage::OpenBlob(const std::string& path) {
-  CKPTD_RETURN_IF_ERROR(ValidatePath(path, false));
+  CKPTD_RETURN_IF_ERROR(ValidateStoragePath(path, false));
   absl::MutexLock lock(&mu_);
   auto it = files_.find(path);
   if (it == files_.end() || !it->second.current) {
@@ -93,7 +73,7 @@ absl::StatusOr<std::unique_ptr<BlobReader>> MemoryStorage::OpenBlob(const std::s
 }
 
 absl::Status MemoryStorage::PutAtomic(const std::string& path, std::string_view data) {
-  CKPTD_RETURN_IF_ERROR(ValidatePath(path, false));
+  CKPTD_RETURN_IF_ERROR(ValidateStoragePath(path, false));
   absl::MutexLock lock(&mu_);
   File& f = files_[path];
   f.current = std::string(data);
@@ -102,7 +82,7 @@ absl::Status MemoryStorage::PutAtomic(const std::string& path, std::string_view 
 }
 
 absl::StatusOr<std::string> MemoryStorage::Get(const std::string& path) {
-  CKPTD_RETURN_IF_ERROR(ValidatePath(path, false));
+  CKPTD_RETURN_IF_ERROR(ValidateStoragePath(path, false));
   absl::MutexLock lock(&mu_);
   auto it = files_.find(path);
   if (it == files_.end() || !it->second.current) {
@@ -112,7 +92,7 @@ absl::StatusOr<std::string> MemoryStorage::Get(const std::string& path) {
 }
 
 absl::StatusOr<bool> MemoryStorage::Exists(const std::string& path) {
-  CKPTD_RETURN_IF_ERROR(ValidatePath(path, true));
+  CKPTD_RETURN_IF_ERROR(ValidateStoragePath(path, true));
   absl::MutexLock lock(&mu_);
   if (path.empty()) return true;
   auto it = files_.find(path);
@@ -127,7 +107,7 @@ absl::StatusOr<bool> MemoryStorage::Exists(const std::string& path) {
 }
 
 absl::StatusOr<std::vector<std::string>> MemoryStorage::List(const std::string& dir) {
-  CKPTD_RETURN_IF_ERROR(ValidatePath(dir, true));
+  CKPTD_RETURN_IF_ERROR(ValidateStoragePath(dir, true));
   absl::MutexLock lock(&mu_);
   std::string prefix = DirPrefix(dir);
   std::vector<std::string> names;
@@ -145,7 +125,7 @@ absl::StatusOr<std::vector<std::string>> MemoryStorage::List(const std::string& 
 }
 
 absl::Status MemoryStorage::RemoveAll(const std::string& path) {
-  CKPTD_RETURN_IF_ERROR(ValidatePath(path, false));
+  CKPTD_RETURN_IF_ERROR(ValidateStoragePath(path, false));
   absl::MutexLock lock(&mu_);
   files_.erase(path);
   std::string prefix = DirPrefix(path);

@@ -12,8 +12,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_split.h"
 #include "ckptd/status.h"
+#include "ckptd/storage_path.h"
 #include "ckptd/storage.h"
 #include "common/limits.h"
 #include "spdlog/spdlog.h"
@@ -25,27 +25,6 @@ bool IsAligned(const IoSlice& s) {
   constexpr uint64_t kAlign = limits::kAlignmentBytes;
   return reinterpret_cast<uintptr_t>(s.buf) % kAlign == 0 && s.len % kAlign == 0 &&
          s.offset % kAlign == 0;
-}
-
-// Relative, '/'-separated, no ".." and no NUL: a path can never leave the root.
-absl::Status ValidatePath(const std::string& path, bool allow_empty) {
-  if (path.empty()) {
-    if (allow_empty) return absl::OkStatus();
-    return absl::InvalidArgumentError("storage path is empty");
-  }
-  if (path.front() == '/') {
-    return absl::InvalidArgumentError(absl::StrCat("storage path \"", path, "\" is absolute"));
-  }
-  if (path.find('\0') != std::string::npos) {
-    return absl::InvalidArgumentError("storage path contains a NUL byte");
-  }
-  for (absl::string_view part : absl::StrSplit(path, '/')) {
-    if (part == "..") {
-      return absl::InvalidArgumentError(
-          absl::StrCat("storage path \"", path, "\" has a \"..\" component"));
-    }
-  }
-  return absl::OkStatus();
 }
 
 std::string ParentOf(const std::string& path) {
@@ -237,7 +216,7 @@ class PosixStorage : public Storage {
 
  private:
   absl::StatusOr<std::string> Full(const std::string& path, bool allow_empty) const {
-    CKPTD_RETURN_IF_ERROR(ValidatePath(path, allow_empty));
+    CKPTD_RETURN_IF_ERROR(ValidateStoragePath(path, allow_empty));
     if (path.empty()) return root_;
     return absl::StrCat(root_, "/", path);
   }

@@ -14,6 +14,7 @@
 #include "ckptd/storage.h"
 #include "io/fault_io.h"
 #include "common/limits.h"
+#include "test_buffers.h"
 #include "test_dir.h"
 
 namespace ckptd {
@@ -21,27 +22,9 @@ namespace {
 
 using testing::TestDir;
 
-struct FreeDeleter {
-  void operator()(void* p) const { std::free(p); }
-};
-using AlignedBuf = std::unique_ptr<char, FreeDeleter>;
-
-AlignedBuf Aligned(uint64_t bytes) {
-  // aligned_alloc wants a size that is a multiple of the alignment.
-  uint64_t rounded = (bytes + limits::kAlignmentBytes - 1) / limits::kAlignmentBytes *
-                     limits::kAlignmentBytes;
-  void* p = std::aligned_alloc(limits::kAlignmentBytes, rounded);
-  REQUIRE(p != nullptr);
-  return AlignedBuf(static_cast<char*>(p));
-}
-
-void Fill(char* buf, uint64_t len, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  for (uint64_t i = 0; i < len; i += 8) {
-    uint64_t v = rng();
-    std::memcpy(buf + i, &v, std::min<uint64_t>(8, len - i));
-  }
-}
+using testing::Aligned;
+using testing::AlignedBuf;
+using testing::Fill;
 
 std::string Msg(const absl::Status& s) { return std::string(s.message()); }
 
