@@ -6,13 +6,9 @@
 // same pass) with the GIL released, then saved with SaveInPlace: one copy per byte, counted in
 // copy_stats(). Sources already in daemon memory (arena buffers, registered shm slabs) are saved
 // without any copy.
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
-#include <cerrno>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -23,6 +19,7 @@
 #include <pybind11/stl.h>
 
 #include "ckptd/client.h"
+#include "convert.h"
 #include "strided_copy.h"
 
 namespace py = pybind11;
@@ -33,200 +30,6 @@ namespace {
 using ckptd::pycopy::StridedView;
 
 std::atomic<uint64_t> g_save_bytes{0}, g_save_calls{0}, g_load_bytes{0}, g_load_calls{0};
-
-// Raises the ckptd._errors class for the status code, with the daemon's message.
-[[noreturn]] void Throw(const absl::Status& s) {
-  py::object cls = py::module_::import("ckptd._errors").attr("error_class")(int(s.code()));
-  PyErr_SetString(cls.ptr(), std::string(s.message()).c_str());
-  throw py::error_already_set();
-}
-
-template <typename T>
-T Check(absl::StatusOr<T> v) {
-  if (!v.ok()) Throw(v.status());
-  return *std::move(v);
-}
-void Check(const absl::Status& s) {
-  if (!s.ok()) Throw(s);
-}
-
-DType ParseDType(const std::string& name) {
-  for (int i = 0; i <= static_cast<int>(DType::kUInt64); ++i) {
-    auto d = static_cast<DType>(i);
-    if (name == DTypeName(d)) return d;
-  }
-  throw py::value_error("ckptd: unsupported dtype \"" + name + "\"");
-}
-
-std::vector<uint64_t> ToU64(const py::handle& seq) {
-  std::vector<uint64_t> out;
-  for (py::handle h : seq) out.push_back(h.cast<uint64_t>());
-  return out;
-}
-std::vector<int64_t> ToI64(const py::handle& seq) {
-  std::vector<int64_t> out;
-  for (py::handle h : seq) out.push_back(h.cast<int64_t>());
-  return out;
-}
-
-// ("whole",) | ("box", offsets, lengths) | ("flat", start, count)
-Region ParseRegion(const py::handle& h) {
-  auto t = h.cast<py::tuple>();
-  auto kind = t[0].cast<std::string>();
-  if (kind == "whole") return Region::Whole();
-  if (kind == "box") return Region::Box(ToU64(t[1]), ToU64(t[2]));
-  if (kind == "flat") return Region::Flat(t[1].cast<uint64_t>(), t[2].cast<uint64_t>());
-  throw py::value_error("ckptd: unknown region kind \"" + kind + "\"");
-}
-
-// An extent of the staging arena handed to Python (a writable buffer).
-struct PyArenaBuffer {
-  ArenaBuffer buffer;
-};
-
-// A POSIX shm object created by this process and registered with the daemon: memory the daemon
-// reads and writes in place (ckptd.empty). Unregistered and unlinked when the last view goes.
-class ShmSlab {
- public:
-  ShmSlab(std::shared_ptr<Client> client, uint64_t bytes) : client_(std::move(client)), bytes_(bytes) {
-    static std::atomic<uint64_t> counter{0};
-    name_ = "/ckptd-py-" + std::to_string(getpid()) + "-" + std::to_string(counter++);
-    int fd = shm_open(name_.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
-    if (fd < 0) Throw(absl::InternalError("shm_open " + name_ + ": " + std::strerror(errno)));
-    if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-      int err = errno;
-      close(fd);
-      shm_unlink(name_.c_str());
-      Throw(absl::ResourceExhaustedError("ftruncate " + name_ + ": " + std::strerror(err)));
-    }
-    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    int err = errno;
-    close(fd);
-    if (p == MAP_FAILED) {
-      shm_unlink(name_.c_str());
-      Throw(absl::ResourceExhaustedError("mmap " + name_ + ": " + std::strerror(err)));
-    }
-    data_ = p;
-    absl::StatusOr<uint64_t> handle;
-    {
-      py::gil_scoped_release release;
-      handle = client_->RegisterShm(name_, bytes);
-    }
-    if (!handle.ok()) {
-      munmap(data_, bytes_);
-      shm_unlink(name_.c_str());
-      Throw(handle.status());
-    }
-    handle_ = *handle;
-  }
-  ~ShmSlab() {
-    {
-      py::gil_scoped_release release;
-      (void)client_->Unregister(handle_);
-    }
-    munmap(data_, bytes_);
-    shm_unlink(name_.c_str());
-  }
-  ShmSlab(const ShmSlab&) = delete;
-  ShmSlab& operator=(const ShmSlab&) = delete;
-
-  void* data() const { return data_; }
-  uint64_t bytes() const { return bytes_; }
-  uint64_t handle() const { return handle_; }
-  const std::string& name() const { return name_; }
-
- private:
-  std::shared_ptr<Client> client_;
-  std::string name_;
-  void* data_ = nullptr;
-  uint64_t bytes_ = 0;
-  uint64_t handle_ = 0;
-};
-
-// A source or destination of bytes, parsed from Python with the GIL held.
-//   ("mem", address, shape, strides_bytes, itemsize)   caller memory (numpy / torch)
-//   ("region", ShmSlab, offset)                         a registered shm slab
-//   ("arena", ArenaBuffer, offset)                      an arena buffer
-struct Memory {
-  enum Kind { kMem, kRegion, kArena } kind = kMem;
-  StridedView view;
-  BufferRef ref;
-  void* mapped = nullptr;  // kRegion / kArena: address of the bytes in this process
-};
-
-Memory ParseMemory(const py::handle& h) {
-  auto t = h.cast<py::tuple>();
-  auto kind = t[0].cast<std::string>();
-  Memory m;
-  if (kind == "mem") {
-    m.kind = Memory::kMem;
-    m.view.data = t[1].cast<uintptr_t>();
-    m.view.shape = ToI64(t[2]);
-    m.view.strides = ToI64(t[3]);
-    m.view.itemsize = t[4].cast<int64_t>();
-    if (m.view.shape.size() != m.view.strides.size()) throw py::value_error("shape/strides rank");
-    return m;
-  }
-  auto offset = t[2].cast<uint64_t>();
-  if (kind == "region") {
-    auto& slab = t[1].cast<ShmSlab&>();
-    m.kind = Memory::kRegion;
-    m.ref = BufferRef::InRegion(RegionRef{slab.handle(), offset});
-    m.mapped = static_cast<uint8_t*>(slab.data()) + offset;
-    return m;
-  }
-  if (kind == "arena") {
-    auto& buf = t[1].cast<PyArenaBuffer&>();
-    m.kind = Memory::kArena;
-    m.ref = BufferRef::InArena(buf.buffer, offset);
-    m.mapped = static_cast<uint8_t*>(buf.buffer.data) + offset;
-    return m;
-  }
-  throw py::value_error("ckptd: unknown memory kind \"" + kind + "\"");
-}
-
-struct TensorIn {
-  std::string item;
-  DType dtype;
-  std::vector<uint64_t> global_shape;
-  Region region;
-  Memory mem;
-  uint64_t bytes = 0;
-};
-
-py::dict InfoDict(const CheckpointInfo& c) {
-  py::dict d;
-  d["job"] = c.job;
-  d["step"] = c.step;
-  d["state"] = CheckpointStateName(c.state);
-  d["world_size"] = c.world_size;
-  d["bytes"] = c.bytes;
-  d["tiers"] = py::dict(py::arg("staged") = c.tiers.staged, py::arg("local") = c.tiers.local,
-                        py::arg("remote") = c.tiers.remote);
-  d["created_unix_ms"] = c.created_unix_ms;
-  d["committed_unix_ms"] = c.committed_unix_ms;
-  d["partial"] = c.partial;
-  d["error"] = c.error;
-  d["item_count"] = c.item_count;
-  py::list ranks;
-  for (const RankProgress& r : c.ranks) {
-    ranks.append(py::dict(py::arg("rank") = r.rank, py::arg("staged") = r.staged,
-                          py::arg("persisted") = r.persisted,
-                          py::arg("bytes_staged") = r.bytes_staged,
-                          py::arg("bytes_persisted") = r.bytes_persisted,
-                          py::arg("shard_count") = r.shard_count));
-  }
-  d["ranks"] = ranks;
-  d["missing_ranks"] = c.missing_ranks;
-  d["bytes_staged"] = c.bytes_staged;
-  d["bytes_persisted"] = c.bytes_persisted;
-  return d;
-}
-
-std::optional<uint64_t> StepArg(const py::object& step) {
-  if (step.is_none()) return std::nullopt;
-  return step.cast<uint64_t>();
-}
 
 class PyClient {
  public:

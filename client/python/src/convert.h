@@ -1,0 +1,95 @@
+// Conversions between Python values and libckptd-client types for the ckptd._ckptd binding:
+// errors, dtypes, regions, memory descriptors (caller memory, registered shm slabs, arena
+// buffers) and status dicts. Called with the GIL held.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <pybind11/pybind11.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "ckptd/client.h"
+#include "strided_copy.h"
+
+namespace ckptd::py_binding {
+
+namespace py = pybind11;
+
+// Raises the ckptd._errors class for the status code, with the daemon's message.
+[[noreturn]] void Throw(const absl::Status& s);
+
+template <typename T>
+T Check(absl::StatusOr<T> v) {
+  if (!v.ok()) Throw(v.status());
+  return *std::move(v);
+}
+inline void Check(const absl::Status& s) {
+  if (!s.ok()) Throw(s);
+}
+
+// "float32", "bfloat16", ... (DTypeName); ValueError otherwise.
+DType ParseDType(const std::string& name);
+std::vector<uint64_t> ToU64(const py::handle& seq);
+std::vector<int64_t> ToI64(const py::handle& seq);
+// ("whole",) | ("box", offsets, lengths) | ("flat", start, count)
+Region ParseRegion(const py::handle& h);
+
+// An extent of the staging arena handed to Python (a writable buffer).
+struct PyArenaBuffer {
+  ArenaBuffer buffer;
+};
+
+// A POSIX shm object created by this process and registered with the daemon: memory the daemon
+// reads and writes in place (ckptd.empty). Unregistered and unlinked when the last view goes.
+class ShmSlab {
+ public:
+  ShmSlab(std::shared_ptr<Client> client, uint64_t bytes);
+  ~ShmSlab();
+  ShmSlab(const ShmSlab&) = delete;
+  ShmSlab& operator=(const ShmSlab&) = delete;
+
+  void* data() const { return data_; }
+  uint64_t bytes() const { return bytes_; }
+  uint64_t handle() const { return handle_; }
+  const std::string& name() const { return name_; }
+
+ private:
+  std::shared_ptr<Client> client_;
+  std::string name_;
+  void* data_ = nullptr;
+  uint64_t bytes_ = 0;
+  uint64_t handle_ = 0;
+};
+
+// A source or destination of bytes, parsed from Python with the GIL held.
+//   ("mem", address, shape, strides_bytes, itemsize)   caller memory (numpy / torch)
+//   ("region", ShmSlab, offset)                         a registered shm slab
+//   ("arena", ArenaBuffer, offset)                      an arena buffer
+struct Memory {
+  enum Kind { kMem, kRegion, kArena } kind = kMem;
+  pycopy::StridedView view;
+  BufferRef ref;
+  void* mapped = nullptr;  // kRegion / kArena: address of the bytes in this process
+};
+Memory ParseMemory(const py::handle& h);
+
+struct TensorIn {
+  std::string item;
+  DType dtype;
+  std::vector<uint64_t> global_shape;
+  Region region;
+  Memory mem;
+  uint64_t bytes = 0;
+};
+
+// A checkpoint's status as the dict ckptd/_client.py documents.
+py::dict InfoDict(const CheckpointInfo& c);
+// None → latest, else the step.
+std::optional<uint64_t> StepArg(const py::object& step);
+
+}  // namespace ckptd::py_binding
