@@ -18,8 +18,11 @@ from . import _arrays, _ckptd
 
 DEFAULT_SOCKET = "/var/lib/ckptd/ckptd.sock"
 _ALIGN = 4096
-# Load batches are kept to this fraction of the arena so other clients can still reserve.
-_LOAD_ARENA_FRACTION = 2
+# Loads run in batches of at most this many bytes (or 1/4 of the arena, if less), two at once: the
+# daemon reads one batch while this process copies the other out of the arena. Together they
+# take at most half of the arena, so other clients can still reserve.
+_LOAD_BATCH_BYTES = 128 << 20
+_LOAD_BATCHES_IN_FLIGHT = 2
 
 
 Rows = list[dict[str, Any]]  # catalog answers: one dict per job / checkpoint / item
@@ -381,14 +384,24 @@ class Client:
     def load_into(
         self, job: str, step: int, targets: Sequence[tuple[str, Region, Any]], *, rank: int = 0
     ) -> int:
-        """Loads (item, region, destination) targets, batched to fit the staging arena; returns
-        the bytes the daemon read from storage."""
-        budget = max(_ALIGN, self._native.arena_bytes() // _LOAD_ARENA_FRACTION)
-        batch: list[tuple[Any, ...]] = []
+        """Loads (item, region, destination) targets and returns the bytes the daemon read from
+        storage. Targets are grouped in batches of at most _LOAD_BATCH_BYTES (a larger single
+        target is a batch of its own), and two batches are in flight at once, so the daemon's
+        reads overlap the copies out of the arena."""
+        arena = self._native.arena_bytes()
+        budget = max(_ALIGN, min(_LOAD_BATCH_BYTES, arena // (2 * _LOAD_BATCHES_IN_FLIGHT)))
+        batches: list[list[tuple[Any, ...]]] = [[]]
         batch_bytes = 0
-        bytes_read = 0
+        for item, region, dest in targets:
+            n = _arrays.nbytes(dest)
+            rounded = -(-n // _ALIGN) * _ALIGN
+            if batches[-1] and batch_bytes + rounded > budget:
+                batches.append([])
+                batch_bytes = 0
+            batches[-1].append((item, _region_spec(region), self._memory_of(dest), n))
+            batch_bytes += rounded
 
-        def flush() -> int:
+        def run(batch: list[tuple[Any, ...]]) -> int:
             out = self._native.load(job, step, rank, batch)
             for (item, _, _, n), got in zip(batch, out["item_bytes"], strict=True):
                 if got != n:
@@ -400,17 +413,13 @@ class Client:
                     )
             return int(out["bytes_read"])
 
-        for item, region, dest in targets:
-            n = _arrays.nbytes(dest)
-            rounded = -(-n // _ALIGN) * _ALIGN
-            if batch and batch_bytes + rounded > budget:
-                bytes_read += flush()
-                batch, batch_bytes = [], 0
-            batch.append((item, _region_spec(region), self._memory_of(dest), n))
-            batch_bytes += rounded
-        if batch:
-            bytes_read += flush()
-        return bytes_read
+        batches = [b for b in batches if b]
+        if len(batches) <= 1:
+            return sum(run(b) for b in batches)
+        with ThreadPoolExecutor(
+            max_workers=_LOAD_BATCHES_IN_FLIGHT, thread_name_prefix="ckptd-load"
+        ) as pool:
+            return sum(f.result() for f in [pool.submit(run, b) for b in batches])
 
     def load_object(
         self, job: str, step: int | str, item: str, *, rank: int = 0, raw: bool = False

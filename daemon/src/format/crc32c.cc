@@ -55,6 +55,30 @@ __attribute__((target("sse4.2"))) uint32_t HardwareImpl(const uint8_t* p, size_t
   for (; n > 0; --n, ++p) c32 = _mm_crc32_u8(c32, *p);
   return ~c32;
 }
+
+// Three equal-length blocks at once: the crc32 instruction has a latency of three cycles and a
+// throughput of one, so three independent chains run about three times as fast as one.
+__attribute__((target("sse4.2"))) void HardwareImpl3(const uint8_t* a, const uint8_t* b,
+                                                      const uint8_t* c, size_t n,
+                                                      uint32_t out[3]) {
+  uint64_t ca = 0xffffffffu, cb = 0xffffffffu, cc = 0xffffffffu;
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    ca = _mm_crc32_u64(ca, LoadLe64(a + i));
+    cb = _mm_crc32_u64(cb, LoadLe64(b + i));
+    cc = _mm_crc32_u64(cc, LoadLe64(c + i));
+  }
+  auto a32 = static_cast<uint32_t>(ca), b32 = static_cast<uint32_t>(cb),
+       c32 = static_cast<uint32_t>(cc);
+  for (; i < n; ++i) {
+    a32 = _mm_crc32_u8(a32, a[i]);
+    b32 = _mm_crc32_u8(b32, b[i]);
+    c32 = _mm_crc32_u8(c32, c[i]);
+  }
+  out[0] = ~a32;
+  out[1] = ~b32;
+  out[2] = ~c32;
+}
 #endif
 
 bool DetectHardware() {
@@ -114,14 +138,24 @@ uint64_t BlockCount(uint64_t bytes, uint32_t block_bytes) {
   return bytes / block_bytes + (bytes % block_bytes != 0 ? 1 : 0);
 }
 
-std::vector<uint32_t> BlockCrcs(const void* data, uint64_t n, uint32_t block_bytes) {
-  std::vector<uint32_t> crcs;
-  crcs.reserve(BlockCount(n, block_bytes));
+void BlockCrcsInto(const void* data, uint64_t n, uint32_t block_bytes, uint32_t* out) {
+  CKPTD_CHECK(block_bytes > 0);
   const auto* p = static_cast<const uint8_t*>(data);
-  for (uint64_t off = 0; off < n; off += block_bytes) {
-    uint64_t len = std::min<uint64_t>(block_bytes, n - off);
-    crcs.push_back(Crc32c(p + off, len));
+  uint64_t off = 0;
+#if defined(__x86_64__)
+  if (Crc32cHardwareAvailable()) {
+    for (; n - off >= 3ull * block_bytes; off += 3ull * block_bytes, out += 3) {
+      HardwareImpl3(p + off, p + off + block_bytes, p + off + 2ull * block_bytes, block_bytes,
+                    out);
+    }
   }
+#endif
+  for (; off < n; off += block_bytes) *out++ = Crc32c(p + off, std::min<uint64_t>(block_bytes, n - off));
+}
+
+std::vector<uint32_t> BlockCrcs(const void* data, uint64_t n, uint32_t block_bytes) {
+  std::vector<uint32_t> crcs(BlockCount(n, block_bytes));
+  BlockCrcsInto(data, n, block_bytes, crcs.data());
   return crcs;
 }
 
@@ -148,15 +182,22 @@ absl::Status VerifyBlocks(const void* data, uint64_t first_block, uint64_t n_byt
         absl::StrCat(AbslView(context), ": bytes [", first_block, "*", block_bytes, ", +", n_bytes,
                      ") are not whole checksum blocks of a ", shard_bytes, "-byte shard"));
   }
+  // In groups of blocks, so the three-way hardware path gets long runs.
+  constexpr uint64_t kGroupBlocks = 48;
+  uint32_t actual[kGroupBlocks];
   const auto* p = static_cast<const uint8_t*>(data);
-  for (uint64_t off = 0; off < n_bytes; off += block_bytes) {
-    uint64_t block = first_block + off / block_bytes;
-    uint32_t actual = Crc32c(p + off, std::min<uint64_t>(block_bytes, n_bytes - off));
-    if (actual != crcs[block]) {
-      return absl::DataLossError(absl::StrCat(
-          AbslView(context), ": block ", block, " crc32c mismatch: expected 0x",
-          absl::Hex(crcs[block], absl::kZeroPad8), ", actual 0x",
-          absl::Hex(actual, absl::kZeroPad8)));
+  const uint64_t group_bytes = kGroupBlocks * block_bytes;
+  for (uint64_t off = 0; off < n_bytes; off += group_bytes) {
+    uint64_t len = std::min<uint64_t>(group_bytes, n_bytes - off);
+    BlockCrcsInto(p + off, len, block_bytes, actual);
+    for (uint64_t i = 0; i < BlockCount(len, block_bytes); ++i) {
+      uint64_t block = first_block + off / block_bytes + i;
+      if (actual[i] != crcs[block]) {
+        return absl::DataLossError(absl::StrCat(
+            AbslView(context), ": block ", block, " crc32c mismatch: expected 0x",
+            absl::Hex(crcs[block], absl::kZeroPad8), ", actual 0x",
+            absl::Hex(actual[i], absl::kZeroPad8)));
+      }
     }
   }
   return absl::OkStatus();

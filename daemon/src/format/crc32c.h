@@ -32,6 +32,9 @@ uint64_t BlockCount(uint64_t bytes, uint32_t block_bytes);
 
 // One crc32c per block_bytes block of data[0, n) (the last block may be short); empty for n == 0.
 std::vector<uint32_t> BlockCrcs(const void* data, uint64_t n, uint32_t block_bytes);
+// The same into out[0, BlockCount(n, block_bytes)): three blocks at a time where the CPU has
+// crc32c instructions.
+void BlockCrcsInto(const void* data, uint64_t n, uint32_t block_bytes, uint32_t* out);
 
 // Verifies part of a shard. `data` holds n_bytes of the shard starting at shard byte offset
 // first_block * block_bytes; the shard is shard_bytes long and crcs[i] is the crc of its block i.

@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/align.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
@@ -184,6 +185,12 @@ class CheckpointService {
   // copies into dst[request] (each sized plan.request_bytes).
   absl::Status ReadPlan(const Manifest& m, const LoadPlan& plan, std::span<uint8_t* const> dst,
                         uint64_t* bytes_read);
+  // A read buffer of at least `bytes` for a load. Buffers of load_buffer_bytes are kept for
+  // reuse after their first use (touched once, so later loads do not fault them in page by
+  // page), at most two per load thread; larger ones are allocated for the one load. Null when
+  // memory is exhausted.
+  AlignedBuffer AcquireLoadBuffer(uint64_t bytes);
+  void ReturnLoadBuffer(AlignedBuffer buf, uint64_t bytes);
   absl::StatusOr<uint8_t*> ResolveDest(const std::string& session, const v1::MemRef& ref,
                                        uint64_t need_bytes, std::vector<RegionLease>* leases,
                                        const std::string& what) const;
@@ -209,6 +216,8 @@ class CheckpointService {
   std::string instance_id_;
 
   mutable absl::Mutex mu_;
+  absl::Mutex load_buffers_mu_;
+  std::vector<AlignedBuffer> load_buffers_ ABSL_GUARDED_BY(load_buffers_mu_);
   absl::CondVar changed_;  // signalled on every checkpoint state change
   std::map<Key, std::unique_ptr<Pending>> pending_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, Session> sessions_ ABSL_GUARDED_BY(mu_);

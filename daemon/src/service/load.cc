@@ -5,6 +5,7 @@
 #include <cstring>
 #include <future>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "ckptd/status.h"
@@ -277,6 +278,30 @@ absl::Status VerifyAndCopy(const Manifest& m, const LoadPlan& plan,
 
 }  // namespace
 
+AlignedBuffer CheckpointService::AcquireLoadBuffer(uint64_t bytes) {
+  const uint64_t pooled = deps_.options->load_buffer_bytes;
+  if (bytes > pooled) return AllocateAligned(bytes);
+  {
+    absl::MutexLock lock(&load_buffers_mu_);
+    if (!load_buffers_.empty()) {
+      AlignedBuffer b = std::move(load_buffers_.back());
+      load_buffers_.pop_back();
+      return b;
+    }
+  }
+  AlignedBuffer b = AllocateAligned(pooled);
+  if (b != nullptr) std::memset(b.get(), 0, pooled);  // fault it in once, here
+  return b;
+}
+
+void CheckpointService::ReturnLoadBuffer(AlignedBuffer buf, uint64_t bytes) {
+  if (buf == nullptr || bytes > deps_.options->load_buffer_bytes) return;
+  absl::MutexLock lock(&load_buffers_mu_);
+  if (load_buffers_.size() < 2ull * deps_.options->load_threads) {
+    load_buffers_.push_back(std::move(buf));
+  }
+}
+
 absl::Status CheckpointService::ReadPlan(const Manifest& m, const LoadPlan& plan,
                                          std::span<uint8_t* const> dst, uint64_t* bytes_read) {
   if (plan.runs.empty()) return absl::OkStatus();
@@ -288,9 +313,12 @@ absl::Status CheckpointService::ReadPlan(const Manifest& m, const LoadPlan& plan
   // Two buffers, the second allocated once a second batch exists: the next batch is read while
   // this one is verified and copied.
   AlignedBuffer bufs[2];
+  absl::Cleanup give_back = [&] {
+    for (AlignedBuffer& b : bufs) ReturnLoadBuffer(std::move(b), cap);
+  };
   auto allocate = [&](int b) -> absl::Status {
     if (bufs[b] != nullptr) return absl::OkStatus();
-    bufs[b] = AllocateAligned(cap);
+    bufs[b] = AcquireLoadBuffer(cap);
     if (bufs[b] == nullptr) {
       return absl::ResourceExhaustedError(absl::StrCat("load buffer of ", cap, " bytes"));
     }

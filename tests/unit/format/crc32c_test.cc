@@ -78,6 +78,35 @@ TEST_CASE("BlockCount and BlockCrcs", "[unit]") {
   CHECK(crcs[3] == Crc32c(data.data() + 96, 4));
 }
 
+TEST_CASE("BlockCrcs three blocks at a time equals one block at a time", "[unit]") {
+  // Lengths around multiples of three blocks, with and without a short last block, and blocks
+  // whose length is not a multiple of 8 (the byte tail of the three-way loop).
+  std::string data(3 * 4096 * 5 + 777, '\0');
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>((i * 2654435761u) >> 13);
+  for (uint32_t block : {13u, 64u, 4096u}) {
+    const uint64_t b = block;
+    for (uint64_t n : std::vector<uint64_t>{0, b, 3 * b, 3 * b + 1, 7 * b - 5, data.size()}) {
+      if (n > data.size()) continue;
+      std::vector<uint32_t> got = BlockCrcs(data.data(), n, block);
+      REQUIRE(got.size() == BlockCount(n, block));
+      for (size_t b = 0; b < got.size(); ++b) {
+        uint64_t len = std::min<uint64_t>(block, n - b * block);
+        INFO("block " << block << " n " << n << " index " << b);
+        CHECK(got[b] == Crc32cPortable(data.data() + b * block, len));
+      }
+      if (n > 0) CHECK(VerifyBlocks(data.data(), 0, n, n, got, block, "t").ok());
+    }
+  }
+  // A flipped byte past the first group of blocks VerifyBlocks checksums at once is named.
+  constexpr uint32_t kBlock = 64;
+  const uint64_t n = 100 * kBlock;
+  std::vector<uint32_t> crcs = BlockCrcs(data.data(), n, kBlock);
+  data[50 * kBlock + 3] ^= 1;
+  absl::Status s = VerifyBlocks(data.data(), 0, n, n, crcs, kBlock, "t");
+  CHECK(s.code() == absl::StatusCode::kDataLoss);
+  CHECK_THAT(std::string(s.message()), Catch::Contains("block 50 crc32c mismatch"));
+}
+
 TEST_CASE("VerifyBlocks checks whole blocks of a shard", "[unit]") {
   constexpr uint32_t kBlock = 16;
   std::string shard(70, '\0');  // blocks 0..3 of 16 bytes and block 4 of 6
