@@ -153,7 +153,7 @@ class RankState:
             got = loaded[name]
             for q in range(start // q_rows, (start + rows) // q_rows):
                 blk = got[q * q_rows - start : (q + 1) * q_rows - start]
-                s = float(blk.sum(dtype=torch.float64))
+                s = float(blk.detach().sum(dtype=torch.float64))
                 if s != self.sums[(t, q)]:
                     raise RuntimeError(f"{what}: {name} block {q} differs after load")
 
@@ -466,7 +466,59 @@ def _run_torch_save(rec: Recorder, st: RankState, cfg: Config, rank: int) -> Non
         del got
 
 
+def _bcp_model(st: RankState, world: int, fill: bool) -> tuple[Any, Any, dict[str, Any]]:
+    """An FSDP2 (fully_shard, rows over the ranks) module holding the workload's parameters and an
+    Adam optimizer holding its exp_avg/exp_avg_sq: the same bytes as the other systems save
+    (fill=True) or zeros to load into. Returns (model, optimizer, name -> local tensor)."""
+    import torch
+    from torch import nn
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor, Shard
+
+    params = [(n[len("model."):], s) for n, s in st.shapes if n.startswith("model.")]
+    with torch.device("meta"):
+        model = nn.Module()
+        for name, shape in params:
+            model.register_parameter(name.replace(".", "_"),
+                                     nn.Parameter(torch.empty(shape, dtype=st.dtype)))
+    mesh = init_device_mesh("cpu", (world,))
+    fully_shard(model, mesh=mesh)
+    model.to_empty(device="cpu")
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    local: dict[str, Any] = {}
+    with torch.no_grad():
+        for name, shape in params:
+            p = getattr(model, name.replace(".", "_"))
+            p.to_local().copy_(st.local[f"model.{name}"]) if fill else p.to_local().zero_()
+            local[f"model.{name}"] = p.to_local()
+            state: dict[str, Any] = {"step": torch.tensor(1.0)}
+            for key in ("exp_avg", "exp_avg_sq"):
+                t = st.local[f"optim.{name}.{key}"] if fill else \
+                    torch.zeros_like(st.local[f"optim.{name}.{key}"])
+                state[key] = DTensor.from_local(t, mesh, [Shard(0)], run_check=False,
+                                                shape=tuple(shape),
+                                                stride=tuple(_contiguous_stride(shape)))
+            optimizer.state[p] = state
+    return model, optimizer, local
+
+
+def _bcp_locals(model: Any, optimizer: Any, st: RankState) -> dict[str, Any]:
+    out = {}
+    for n, _ in st.shapes:
+        if n.startswith("model."):
+            name = n[len("model."):]
+            p = getattr(model, name.replace(".", "_"))
+            out[n] = p.to_local()
+            for key in ("exp_avg", "exp_avg_sq"):
+                out[f"optim.{name}.{key}"] = optimizer.state[p][key].to_local()
+    return out
+
+
 def _run_bytecheckpoint(rec: Recorder, st: RankState, cfg: Config, rank: int) -> None:
+    """ByteCheckpoint 0.0.2 (bench/peers/bytecheckpoint_peer.py states its options): an FSDP2
+    model + Adam holding the same bytes, saved with fast_saving=True, loaded with
+    fast_loading=True."""
     from peers import bytecheckpoint_peer as bcp
 
     ok, why = bcp.available()
@@ -476,7 +528,44 @@ def _run_bytecheckpoint(rec: Recorder, st: RankState, cfg: Config, rank: int) ->
                 f.write(json.dumps({"system": "bytecheckpoint", "phase": "unavailable",
                                     "dtype": cfg.dtype, "world": cfg.world, "why": why}) + "\n")
         return
-    bcp.run_phases(rec, st, cfg, rank)
+    system = "bytecheckpoint"
+
+    def path(world: int) -> str:
+        return os.path.join(cfg.data_dir, system, f"{cfg.dtype}-w{world}")
+
+    if cfg.save:
+        model, opt, _ = _bcp_model(st, cfg.world, fill=True)
+        bcp.save(path(cfg.world) + "-warmup", model, opt, async_save=True)  # coordinator start
+        if rank == 0:
+            shutil.rmtree(path(cfg.world) + "-warmup", ignore_errors=True)
+        times: dict[str, float] = {}
+
+        def stage() -> None:
+            times["stall"], times["committed"] = bcp.save(path(cfg.world), model, opt,
+                                                          async_save=True)
+
+        mark = rec.start()
+        stage()
+        rec.record(system, "save_stall", times["stall"], mark, nbytes=st.total_bytes,
+                   extra={"options": bcp.OPTIONS})
+        rec.record(system, "committed", times["committed"], mark, nbytes=st.total_bytes)
+        del model, opt
+        model, opt, _ = _bcp_model(st, cfg.world, fill=False)
+        for phase in ("load_cold", "load_warm"):
+            if phase == "load_cold":
+                _drop_caches(cfg, path(cfg.world))
+            rec.timed(system, phase, lambda: bcp.load(path(cfg.world), model, opt),
+                      nbytes=st.total_bytes)
+            if cfg.verify:
+                st.check(_bcp_locals(model, opt, st), cfg.world, rank, f"{system} {phase}")
+        del model, opt
+    if cfg.reshard_from is not None:
+        model, opt, _ = _bcp_model(st, cfg.world, fill=False)
+        _drop_caches(cfg, path(cfg.reshard_from))
+        rec.timed(system, "reshard_cold", lambda: bcp.load(path(cfg.reshard_from), model, opt),
+                  nbytes=st.total_bytes, extra={"from_world": cfg.reshard_from})
+        if cfg.verify:
+            st.check(_bcp_locals(model, opt, st), cfg.world, rank, f"{system} reshard")
 
 
 def rank_main(rank: int, cfg: Config) -> None:
