@@ -268,16 +268,26 @@ class Recorder:
             flush=True,
         )
 
-    def timed(self, system: str, phase: str, fn: Callable[[], Any], *, nbytes: int,
-              io_pid: int | None = None, extra: dict[str, Any] | None = None) -> Any:
+    def timed(
+        self,
+        system: str,
+        phase: str,
+        fn: Callable[[], Any],
+        *,
+        nbytes: int,
+        io_pid: int | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> Any:
         mark = self.start(io_pid)
         result = fn()
-        self.record(system, phase, time.perf_counter() - mark["t0"], mark, nbytes=nbytes,
-                    extra=extra)
+        self.record(
+            system, phase, time.perf_counter() - mark["t0"], mark, nbytes=nbytes, extra=extra
+        )
         return result
 
-    def save(self, system: str, stage: Callable[[], Any], persist: Callable[[Any], None],
-             nbytes: int) -> None:
+    def save(
+        self, system: str, stage: Callable[[], Any], persist: Callable[[Any], None], nbytes: int
+    ) -> None:
         """stage() returns when the caller may touch its tensors again (the stall); persist(x)
         returns when the checkpoint is durable (time to committed, from the same start)."""
         mark = self.start()
@@ -296,8 +306,7 @@ def _memcpy_limit(rec: Recorder, st: RankState) -> None:
 
     dst = {n: torch.zeros_like(t) for n, t in st.local.items()}  # pre-faulted
     pairs = [
-        (d.view(torch.uint8).numpy(), st.local[n].view(torch.uint8).numpy())
-        for n, d in dst.items()
+        (d.view(torch.uint8).numpy(), st.local[n].view(torch.uint8).numpy()) for n, d in dst.items()
     ]
 
     def copy() -> None:
@@ -305,8 +314,7 @@ def _memcpy_limit(rec: Recorder, st: RankState) -> None:
             np.copyto(d, s)
 
     copy()  # first touch of the sources' cache lines and TLB, as a training loop has
-    rec.timed("limit", "memcpy", copy, nbytes=st.total_bytes,
-              extra={"rank_bytes": st.local_bytes})
+    rec.timed("limit", "memcpy", copy, nbytes=st.total_bytes, extra={"rank_bytes": st.local_bytes})
 
 
 def _boxes(st: RankState, world: int, rank: int) -> dict[str, Any]:
@@ -331,12 +339,12 @@ def _run_ckptd(rec: Recorder, st: RankState, cfg: Config, rank: int) -> None:
         boxes = _boxes(st, cfg.world, rank)
         tensors = {n: ckptd.Shard(st.local[n], s, boxes[n]) for n, s in st.shapes}
         # Step 1 is a warm-up (first save maps the arena); step 2 is measured.
-        client.save(job.format(cfg.world), 1, tensors, rank=rank,
-                    world_size=cfg.world).committed().result()
+        client.save(
+            job.format(cfg.world), 1, tensors, rank=rank, world_size=cfg.world
+        ).committed().result()
         rec.save(
             system,
-            lambda: client.save(job.format(cfg.world), 2, tensors, rank=rank,
-                                world_size=cfg.world),
+            lambda: client.save(job.format(cfg.world), 2, tensors, rank=rank, world_size=cfg.world),
             lambda h: h.committed().result(),
             st.total_bytes,
         )
@@ -347,8 +355,13 @@ def _run_ckptd(rec: Recorder, st: RankState, cfg: Config, rank: int) -> None:
         for phase in ("load_cold", "load_warm"):
             if phase == "load_cold":
                 _drop_caches(cfg, cfg.data_dir)
-            rec.timed(system, phase, lambda: client.load(job.format(cfg.world), 2, into=into),
-                      nbytes=st.total_bytes, io_pid=cfg.daemon_pid)
+            rec.timed(
+                system,
+                phase,
+                lambda: client.load(job.format(cfg.world), 2, into=into),
+                nbytes=st.total_bytes,
+                io_pid=cfg.daemon_pid,
+            )
             if cfg.verify:
                 st.check(dest, cfg.world, rank, f"{system} {phase}")
         del dest, into
@@ -357,10 +370,14 @@ def _run_ckptd(rec: Recorder, st: RankState, cfg: Config, rank: int) -> None:
         dest = st.empty_like_layout(cfg.world, rank)
         into = {n: (dest[n], boxes[n]) for n, _ in st.shapes}
         _drop_caches(cfg, cfg.data_dir)
-        rec.timed(system, "reshard_cold",
-                  lambda: client.load(job.format(cfg.reshard_from), 2, into=into),
-                  nbytes=st.total_bytes, io_pid=cfg.daemon_pid,
-                  extra={"from_world": cfg.reshard_from})
+        rec.timed(
+            system,
+            "reshard_cold",
+            lambda: client.load(job.format(cfg.reshard_from), 2, into=into),
+            nbytes=st.total_bytes,
+            io_pid=cfg.daemon_pid,
+            extra={"from_world": cfg.reshard_from},
+        )
         if cfg.verify:
             st.check(dest, cfg.world, rank, f"{system} reshard")
     client.close()
@@ -405,13 +422,21 @@ def _run_dcp(rec: Recorder, st: RankState, cfg: Config, rank: int, system: str) 
     if cfg.save:
         sd = _mesh_dtensors(st.local, st.shapes, cfg.world)
         if system == "dcp":
-            rec.save(system, lambda: dcp.save(sd, storage_writer=writer(cfg.world)),
-                     lambda _: None, st.total_bytes)
+            rec.save(
+                system,
+                lambda: dcp.save(sd, storage_writer=writer(cfg.world)),
+                lambda _: None,
+                st.total_bytes,
+            )
         else:
             if use_ckptd:  # a warm-up save (maps the arena), as for the native client
                 _dcp_result(dcp.async_save(sd, storage_writer=writer(cfg.world, 1)))
-            rec.save(system, lambda: dcp.async_save(sd, storage_writer=writer(cfg.world)),
-                     _dcp_result, st.total_bytes)
+            rec.save(
+                system,
+                lambda: dcp.async_save(sd, storage_writer=writer(cfg.world)),
+                _dcp_result,
+                st.total_bytes,
+            )
         del sd
         if system != "dcp_async":  # dcp_async wrote the same files as dcp; loads are dcp's
             dest = st.empty_like_layout(cfg.world, rank)
@@ -419,9 +444,13 @@ def _run_dcp(rec: Recorder, st: RankState, cfg: Config, rank: int, system: str) 
             for phase in ("load_cold", "load_warm"):
                 if phase == "load_cold":
                     _drop_caches(cfg, cfg.data_dir)
-                rec.timed(system, phase,
-                          lambda: dcp.load(dsd, storage_reader=reader(cfg.world)),
-                          nbytes=st.total_bytes, io_pid=io_pid)
+                rec.timed(
+                    system,
+                    phase,
+                    lambda: dcp.load(dsd, storage_reader=reader(cfg.world)),
+                    nbytes=st.total_bytes,
+                    io_pid=io_pid,
+                )
                 if cfg.verify:
                     st.check(dest, cfg.world, rank, f"{system} {phase}")
             del dest, dsd
@@ -429,9 +458,14 @@ def _run_dcp(rec: Recorder, st: RankState, cfg: Config, rank: int, system: str) 
         dest = st.empty_like_layout(cfg.world, rank)
         dsd = _mesh_dtensors(dest, st.shapes, cfg.world)
         _drop_caches(cfg, cfg.data_dir)
-        rec.timed(system, "reshard_cold",
-                  lambda: dcp.load(dsd, storage_reader=reader(cfg.reshard_from)),
-                  nbytes=st.total_bytes, io_pid=io_pid, extra={"from_world": cfg.reshard_from})
+        rec.timed(
+            system,
+            "reshard_cold",
+            lambda: dcp.load(dsd, storage_reader=reader(cfg.reshard_from)),
+            nbytes=st.total_bytes,
+            io_pid=io_pid,
+            extra={"from_world": cfg.reshard_from},
+        )
         if cfg.verify:
             st.check(dest, cfg.world, rank, f"{system} reshard")
 
@@ -458,9 +492,12 @@ def _run_torch_save(rec: Recorder, st: RankState, cfg: Config, rank: int) -> Non
     for phase in ("load_cold", "load_warm"):
         if phase == "load_cold":
             _drop_caches(cfg, d)
-        got = rec.timed("torch_save", phase,
-                        lambda: torch.load(path, weights_only=True, map_location="cpu"),
-                        nbytes=st.total_bytes)
+        got = rec.timed(
+            "torch_save",
+            phase,
+            lambda: torch.load(path, weights_only=True, map_location="cpu"),
+            nbytes=st.total_bytes,
+        )
         if cfg.verify:
             st.check(got, cfg.world, rank, f"torch_save {phase}")
         del got
@@ -476,12 +513,13 @@ def _bcp_model(st: RankState, world: int, fill: bool) -> tuple[Any, Any, dict[st
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import DTensor, Shard
 
-    params = [(n[len("model."):], s) for n, s in st.shapes if n.startswith("model.")]
+    params = [(n[len("model.") :], s) for n, s in st.shapes if n.startswith("model.")]
     with torch.device("meta"):
         model = nn.Module()
         for name, shape in params:
-            model.register_parameter(name.replace(".", "_"),
-                                     nn.Parameter(torch.empty(shape, dtype=st.dtype)))
+            model.register_parameter(
+                name.replace(".", "_"), nn.Parameter(torch.empty(shape, dtype=st.dtype))
+            )
     mesh = init_device_mesh("cpu", (world,))
     fully_shard(model, mesh=mesh)
     model.to_empty(device="cpu")
@@ -494,11 +532,19 @@ def _bcp_model(st: RankState, world: int, fill: bool) -> tuple[Any, Any, dict[st
             local[f"model.{name}"] = p.to_local()
             state: dict[str, Any] = {"step": torch.tensor(1.0)}
             for key in ("exp_avg", "exp_avg_sq"):
-                t = st.local[f"optim.{name}.{key}"] if fill else \
-                    torch.zeros_like(st.local[f"optim.{name}.{key}"])
-                state[key] = DTensor.from_local(t, mesh, [Shard(0)], run_check=False,
-                                                shape=tuple(shape),
-                                                stride=tuple(_contiguous_stride(shape)))
+                t = (
+                    st.local[f"optim.{name}.{key}"]
+                    if fill
+                    else torch.zeros_like(st.local[f"optim.{name}.{key}"])
+                )
+                state[key] = DTensor.from_local(
+                    t,
+                    mesh,
+                    [Shard(0)],
+                    run_check=False,
+                    shape=tuple(shape),
+                    stride=tuple(_contiguous_stride(shape)),
+                )
             optimizer.state[p] = state
     return model, optimizer, local
 
@@ -507,7 +553,7 @@ def _bcp_locals(model: Any, optimizer: Any, st: RankState) -> dict[str, Any]:
     out = {}
     for n, _ in st.shapes:
         if n.startswith("model."):
-            name = n[len("model."):]
+            name = n[len("model.") :]
             p = getattr(model, name.replace(".", "_"))
             out[n] = p.to_local()
             for key in ("exp_avg", "exp_avg_sq"):
@@ -525,8 +571,18 @@ def _run_bytecheckpoint(rec: Recorder, st: RankState, cfg: Config, rank: int) ->
     if not ok:
         if rank == 0:
             with open(cfg.out_file, "a") as f:
-                f.write(json.dumps({"system": "bytecheckpoint", "phase": "unavailable",
-                                    "dtype": cfg.dtype, "world": cfg.world, "why": why}) + "\n")
+                f.write(
+                    json.dumps(
+                        {
+                            "system": "bytecheckpoint",
+                            "phase": "unavailable",
+                            "dtype": cfg.dtype,
+                            "world": cfg.world,
+                            "why": why,
+                        }
+                    )
+                    + "\n"
+                )
         return
     system = "bytecheckpoint"
 
@@ -541,29 +597,42 @@ def _run_bytecheckpoint(rec: Recorder, st: RankState, cfg: Config, rank: int) ->
         times: dict[str, float] = {}
 
         def stage() -> None:
-            times["stall"], times["committed"] = bcp.save(path(cfg.world), model, opt,
-                                                          async_save=True)
+            times["stall"], times["committed"] = bcp.save(
+                path(cfg.world), model, opt, async_save=True
+            )
 
         mark = rec.start()
         stage()
-        rec.record(system, "save_stall", times["stall"], mark, nbytes=st.total_bytes,
-                   extra={"options": bcp.OPTIONS})
+        rec.record(
+            system,
+            "save_stall",
+            times["stall"],
+            mark,
+            nbytes=st.total_bytes,
+            extra={"options": bcp.OPTIONS},
+        )
         rec.record(system, "committed", times["committed"], mark, nbytes=st.total_bytes)
         del model, opt
         model, opt, _ = _bcp_model(st, cfg.world, fill=False)
         for phase in ("load_cold", "load_warm"):
             if phase == "load_cold":
                 _drop_caches(cfg, path(cfg.world))
-            rec.timed(system, phase, lambda: bcp.load(path(cfg.world), model, opt),
-                      nbytes=st.total_bytes)
+            rec.timed(
+                system, phase, lambda: bcp.load(path(cfg.world), model, opt), nbytes=st.total_bytes
+            )
             if cfg.verify:
                 st.check(_bcp_locals(model, opt, st), cfg.world, rank, f"{system} {phase}")
         del model, opt
     if cfg.reshard_from is not None:
         model, opt, _ = _bcp_model(st, cfg.world, fill=False)
         _drop_caches(cfg, path(cfg.reshard_from))
-        rec.timed(system, "reshard_cold", lambda: bcp.load(path(cfg.reshard_from), model, opt),
-                  nbytes=st.total_bytes, extra={"from_world": cfg.reshard_from})
+        rec.timed(
+            system,
+            "reshard_cold",
+            lambda: bcp.load(path(cfg.reshard_from), model, opt),
+            nbytes=st.total_bytes,
+            extra={"from_world": cfg.reshard_from},
+        )
         if cfg.verify:
             st.check(_bcp_locals(model, opt, st), cfg.world, rank, f"{system} reshard")
 
@@ -572,16 +641,18 @@ def rank_main(rank: int, cfg: Config) -> None:
     import torch
     import torch.distributed as dist
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(cfg.port),
-                      GLOO_SOCKET_IFNAME="lo")
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(cfg.port), GLOO_SOCKET_IFNAME="lo")
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // cfg.world))
     dist.init_process_group("gloo", rank=rank, world_size=cfg.world)
     try:
         st = RankState(cfg, rank)
         rec = Recorder(cfg, rank)
         if rank == 0:
-            print(f"[{cfg.dtype} world={cfg.world}] state {st.total_bytes / GB:.2f} GB, "
-                  f"{len(st.shapes)} tensors, reshard from {cfg.reshard_from}", flush=True)
+            print(
+                f"[{cfg.dtype} world={cfg.world}] state {st.total_bytes / GB:.2f} GB, "
+                f"{len(st.shapes)} tensors, reshard from {cfg.reshard_from}",
+                flush=True,
+            )
         if cfg.save:
             _memcpy_limit(rec, st)
         for system in cfg.systems:
@@ -605,39 +676,69 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+FIO_SHAPES = [("1M", 8), ("16M", 4), ("64M", 4)]  # block size, I/Os in flight
+
+
 def fio_limits(data_dir: str, nbytes: int, out_file: str, drop: bool) -> None:
-    """Sequential O_DIRECT write (1 MiB blocks, 8 in flight, io_uring, fsync at the end) and
-    read of a file of nbytes in the data directory."""
+    """Sequential O_DIRECT write (io_uring, fsync at the end) and read of a file of nbytes in the
+    data directory, at each of FIO_SHAPES; the summary takes the best of them as the limit."""
     path = os.path.join(data_dir, "fio.dat")
     for rw in ("write", "read"):
-        os.sync()
-        if drop:
-            with open("/proc/sys/vm/drop_caches", "w") as f:
-                f.write("1\n")
-        out = subprocess.run(
-            ["fio", "--name=limit", f"--filename={path}", f"--rw={rw}", "--bs=1M",
-             "--iodepth=8", "--ioengine=io_uring", "--direct=1", f"--size={nbytes}",
-             "--end_fsync=1", "--output-format=json"],
-            check=True, capture_output=True, text=True,
-        ).stdout
-        job = json.loads(out[out.index("{"):])["jobs"][0][rw]
-        bw = job["io_bytes"] / (job["runtime"] / 1000.0)
-        row = {"system": "limit", "phase": f"odirect_{rw}", "bytes": job["io_bytes"],
-               "seconds_max": job["runtime"] / 1000.0, "bw_bytes_per_s": bw,
-               "options": "fio bs=1M iodepth=8 io_uring direct=1 end_fsync=1"}
-        with open(out_file, "a") as f:
-            f.write(json.dumps(row) + "\n")
-        print(f"  limit         odirect_{rw:<5}  {bw / GB:6.2f} GB/s", flush=True)
+        for bs, depth in FIO_SHAPES:
+            os.sync()
+            if drop:
+                with open("/proc/sys/vm/drop_caches", "w") as f:
+                    f.write("1\n")
+            out = subprocess.run(
+                [
+                    "fio",
+                    "--name=limit",
+                    f"--filename={path}",
+                    f"--rw={rw}",
+                    f"--bs={bs}",
+                    f"--iodepth={depth}",
+                    "--ioengine=io_uring",
+                    "--direct=1",
+                    f"--size={nbytes}",
+                    "--end_fsync=1",
+                    "--output-format=json",
+                ],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
+            job = json.loads(out[out.index("{") :])["jobs"][0][rw]
+            bw = job["io_bytes"] / (job["runtime"] / 1000.0)
+            row = {
+                "system": "limit",
+                "phase": f"odirect_{rw}",
+                "bytes": job["io_bytes"],
+                "seconds_max": job["runtime"] / 1000.0,
+                "bw_bytes_per_s": bw,
+                "block": bs,
+                "options": f"fio bs={bs} iodepth={depth} io_uring direct=1 end_fsync=1",
+            }
+            with open(out_file, "a") as f:
+                f.write(json.dumps(row) + "\n")
+            print(
+                f"  limit         odirect_{rw:<5} bs={bs:<4} qd={depth}  {bw / GB:6.2f} GB/s",
+                flush=True,
+            )
     os.unlink(path)
 
 
 def start_daemon(binary: str, state_dir: str, staging_bytes: int) -> subprocess.Popen[bytes]:
     sock = os.path.join(state_dir, "ckptd.sock")
-    log = open(os.path.join(state_dir, "ckptd.log"), "wb")  # noqa: SIM115 - lives with the daemon
+    log = open(os.path.join(state_dir, "ckptd.log"), "wb")  # lives as long as the daemon
     proc = subprocess.Popen(
-        [binary, f"--state_dir={state_dir}", f"--staging_bytes_max={staging_bytes}",
-         "--log_level=warn"],
-        stdout=log, stderr=subprocess.STDOUT,
+        [
+            binary,
+            f"--state_dir={state_dir}",
+            f"--staging_bytes_max={staging_bytes}",
+            "--log_level=warn",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     for _ in range(600):
         if os.path.exists(sock):
@@ -703,14 +804,24 @@ def main() -> None:
             if len(worlds) > 1:
                 runs.append((worlds[0], worlds[-1], False))  # e.g. 4 -> 1
             for world, src, save in runs:
-                cfg = Config(dtype=dtype, world=world, reshard_from=src, save=save,
-                             state_bytes=state_bytes, data_dir=str(state),
-                             socket=str(state / "ckptd" / "ckptd.sock"), daemon_pid=daemon.pid,
-                             port=_free_port(), out_file=out_file,
-                             systems=args.systems.split(","), verify=not args.no_verify,
-                             drop_caches=drop)
-                mp.start_processes(rank_main, args=(cfg,), nprocs=world, join=True,
-                                   start_method="spawn")
+                cfg = Config(
+                    dtype=dtype,
+                    world=world,
+                    reshard_from=src,
+                    save=save,
+                    state_bytes=state_bytes,
+                    data_dir=str(state),
+                    socket=str(state / "ckptd" / "ckptd.sock"),
+                    daemon_pid=daemon.pid,
+                    port=_free_port(),
+                    out_file=out_file,
+                    systems=args.systems.split(","),
+                    verify=not args.no_verify,
+                    drop_caches=drop,
+                )
+                mp.start_processes(
+                    rank_main, args=(cfg,), nprocs=world, join=True, start_method="spawn"
+                )
                 if src is not None:
                     cleanup(state, cfg.socket, dtype, src)
             cleanup(state, str(state / "ckptd" / "ckptd.sock"), dtype, worlds[-1])

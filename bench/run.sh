@@ -4,6 +4,10 @@
 # and the ratios taken from them).
 #   BENCH_TENSORS=32 BENCH_ROWS=1024  size of the reshard-load checkpoint (x 4096 float32 columns)
 #   BENCH_DIR=<dir>                    where the daemon keeps its state (default: bench/state)
+#   BENCH_STATE_GB=2 BENCH_DTYPES=fp32,bf16 BENCH_WORLDS=1,2,4     the checkpoint comparison
+#   BENCH_SYSTEMS=ckptd,ckptd_dcp,dcp,dcp_async,torch_save,bytecheckpoint
+#   BENCH_TRAIN_ROUNDS=3 BENCH_TRAIN_STEPS=40 BENCH_TRAIN_EVERY=5  the training-loop overhead
+#   BENCH_ONLY=all|planner|reshard|ckpt|train                      run one part only
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BUILD="${BUILD:-$ROOT/build}"
@@ -18,9 +22,16 @@ machine() {
 }
 machine > "$OUT/machine.json"
 
+ONLY="${BENCH_ONLY:-all}"
+bash "$ROOT/bench/setup_peers.sh"
+
+if [ "$ONLY" = all ] || [ "$ONLY" = planner ]; then
 echo "bench: planner (100k tensors / 1M shards; decode reported separately)"
 "$BUILD/ckptd_bench_planner" --reps 3 | tee "$OUT/planner.jsonl"
 
+fi
+
+if [ "$ONLY" = all ] || [ "$ONLY" = reshard ]; then
 echo "bench: resharded vs same-layout load through the daemon"
 rm -rf "$STATE" && mkdir -p "$STATE"
 "$BUILD/ckptd" --state_dir="$STATE" --staging_bytes_max=$((2048 << 20)) --log_level=warn \
@@ -31,4 +42,25 @@ for _ in $(seq 100); do [ -S "$STATE/ckptd.sock" ] && break; sleep 0.1; done
 "$BUILD/ckptd_bench_reshard_load" --socket "$STATE/ckptd.sock" --daemon_pid "$PID" \
   --tensors "${BENCH_TENSORS:-32}" --rows "${BENCH_ROWS:-1024}" --reps 3 \
   | tee "$OUT/reshard_load.jsonl"
+kill $PID; wait $PID 2>/dev/null || true; rm -rf "$STATE"; trap - EXIT
+fi
+
+if [ "$ONLY" = all ] || [ "$ONLY" = ckpt ]; then
+echo "bench: ckptd against torch.save, DCP and ByteCheckpoint (${BENCH_STATE_GB:-2} GB of state)"
+python3 "$ROOT/bench/ckpt_bench.py" --daemon "$BUILD/ckptd" --out "$OUT" --state-dir "$STATE" \
+  --state-gb "${BENCH_STATE_GB:-2}" --dtypes "${BENCH_DTYPES:-fp32,bf16}" \
+  --worlds "${BENCH_WORLDS:-1,2,4}" \
+  --systems "${BENCH_SYSTEMS:-ckptd,ckptd_dcp,dcp,dcp_async,torch_save,bytecheckpoint}"
+python3 "$ROOT/bench/plot.py" "$OUT/ckpt.jsonl" "$ROOT/bench/ckpt_phases.png"
+rm -rf "$STATE"
+fi
+
+if [ "$ONLY" = all ] || [ "$ONLY" = train ]; then
+echo "bench: training-loop overhead per checkpoint"
+python3 "$ROOT/bench/train_bench.py" --daemon "$BUILD/ckptd" --out "$OUT" \
+  --state-dir "$STATE-train" --rounds "${BENCH_TRAIN_ROUNDS:-3}" \
+  --steps "${BENCH_TRAIN_STEPS:-40}" --every "${BENCH_TRAIN_EVERY:-5}"
+rm -rf "$STATE-train"
+fi
+
 python3 "$ROOT/bench/summarize.py" "$OUT"

@@ -67,6 +67,14 @@ fi
 
 have matplotlib || pip_install matplotlib
 
+# fio measures the data directory's O_DIRECT limits (a Debian package).
+if ! command -v fio >/dev/null; then
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends fio
+fi
+
 check_torch
 BYTECHECKPOINT_LOGGING_LEVEL=ERROR "$PY" -c 'import bytecheckpoint, torch
 print("setup_peers: bytecheckpoint", bytecheckpoint.__version__, "torch", torch.__version__)'

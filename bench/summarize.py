@@ -44,11 +44,192 @@ def reshard(rows: list[dict]) -> None:
         print(f"| {layout} | {rs[0]['ranks']} | {s:.3f} | {ratios} |")
 
 
+PHASES = ["save_stall", "committed", "load_cold", "load_warm", "reshard_cold"]
+PEERS = ["ckptd_dcp", "dcp", "dcp_async", "torch_save", "bytecheckpoint"]
+GB = 1e9
+
+
+def _index(rows: list[dict]) -> dict[tuple, dict]:
+    """(system, phase, dtype, world, from_world) -> row."""
+    return {
+        (r["system"], r["phase"], r.get("dtype"), r.get("world"), r.get("from_world")): r
+        for r in rows
+    }
+
+
+def _fmt(v: float | None, spec: str = ".2f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def checkpoint(rows: list[dict]) -> None:
+    """Per-phase times (slowest rank) of every system, then the goals as ratios."""
+    if not rows:
+        return
+    ix = _index(rows)
+    wbw = max(r["bw_bytes_per_s"] for r in rows if r["phase"] == "odirect_write")
+    rbw = max(r["bw_bytes_per_s"] for r in rows if r["phase"] == "odirect_read")
+    print(
+        f"Limits: O_DIRECT write {wbw / GB:.2f} GB/s, read {rbw / GB:.2f} GB/s (fio, best of "
+        "the block sizes tried)."
+    )
+    print()
+    configs = sorted(
+        {(r["dtype"], r["world"]) for r in rows if r["system"] != "limit" or r["phase"] == "memcpy"}
+    )
+    systems = ["ckptd", *PEERS]
+
+    def sec(
+        system: str, phase: str, dtype: str, world: int, src: int | None = None
+    ) -> float | None:
+        r = ix.get((system, phase, dtype, world, src))
+        return None if r is None else r["seconds_max"]
+
+    def src_of(dtype: str, world: int) -> int | None:
+        froms = [
+            k[4]
+            for k in ix
+            if k[1] == "reshard_cold" and k[2] == dtype and k[3] == world and k[0] == "ckptd"
+        ]
+        return froms[0] if froms else None
+
+    print(
+        "| dtype | ranks | state GB | system | stall s | committed s | cold load s | warm load s "
+        "| resharded cold load s | cold device read / state |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for dtype, world in configs:
+        mc = ix.get(("limit", "memcpy", dtype, world, None))
+        if mc is None:
+            continue
+        nbytes = mc["bytes"]
+        print(
+            f"| {dtype} | {world} | {nbytes / GB:.2f} | memcpy (limit) | {mc['seconds_max']:.3f}"
+            " | | | | | |"
+        )
+        for system in systems:
+            vals = [sec(system, p, dtype, world) for p in PHASES[:4]]
+            src = src_of(dtype, world)
+            rs = sec(system, "reshard_cold", dtype, world, src)
+            if all(v is None for v in vals) and rs is None:
+                continue
+            cold = ix.get((system, "load_cold", dtype, world, None))
+            dev = _fmt(cold["read_bytes"] / nbytes, ".3f") if cold else "-"
+            cells = " | ".join(_fmt(v, ".3f") for v in vals)
+            label = f"{_fmt(rs, '.3f')} ({src}→{world})" if rs is not None else "-"
+            print(
+                f"| {dtype} | {world} | {nbytes / GB:.2f} | {system} | {cells} | {label} | {dev} |"
+            )
+    for r in rows:
+        if r.get("phase") == "unavailable":
+            print(f"\n{r['system']} did not run ({r['dtype']}, {r['world']} ranks): {r['why']}")
+    print()
+    print("Goals (ckptd, ratios within one run; ✓ met, ✗ missed):")
+    print()
+    print(
+        "| dtype | ranks | stall / memcpy (≤1.2) | stall / DCP async stall (≤1) "
+        "| DCP sync save / stall (≥10) | committed / (bytes÷write bw + stall) (≤1.15) "
+        "| cold load bw / read bw (≥0.85) | resharded / same-layout cold (≤1.25) "
+        "| resharded / DCP resharded (<1) |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+
+    def mark(v: float | None, ok: bool) -> str:
+        return "-" if v is None else f"{v:.2f} {'✓' if ok else '✗'}"
+
+    for dtype, world in configs:
+        mc = ix.get(("limit", "memcpy", dtype, world, None))
+        if mc is None:
+            continue
+        nbytes = mc["bytes"]
+        stall = sec("ckptd", "save_stall", dtype, world)
+        committed = sec("ckptd", "committed", dtype, world)
+        cold = sec("ckptd", "load_cold", dtype, world)
+        src = src_of(dtype, world)
+        rs = sec("ckptd", "reshard_cold", dtype, world, src)
+        dcp_rs = sec("dcp", "reshard_cold", dtype, world, src)
+        das = sec("dcp_async", "save_stall", dtype, world)
+        dss = sec("dcp", "save_stall", dtype, world)
+        if stall is None or committed is None or cold is None:
+            continue
+        a = stall / mc["seconds_max"]
+        b = stall / das if das else None
+        c = dss / stall if dss else None
+        d = committed / (nbytes / wbw + stall)
+        e = (nbytes / cold) / rbw
+        f = rs / cold if rs else None
+        g = rs / dcp_rs if rs and dcp_rs else None
+        print(
+            f"| {dtype} | {world} | {mark(a, a <= 1.2)} | {mark(b, b is not None and b <= 1)} "
+            f"| {mark(c, c is not None and c >= 10)} | {mark(d, d <= 1.15)} "
+            f"| {mark(e, e >= 0.85)} | {mark(f, f is not None and f <= 1.25)} "
+            f"| {mark(g, g is not None and g < 1)} |"
+        )
+    # The last resharded run (e.g. 4 -> 1) has no save of its own: against the first run's load.
+    print()
+    print("ckptd's speed-up over each peer (peer time / ckptd time; above 1: ckptd is faster):")
+    print()
+    print("| peer | phase | " + " | ".join(f"{d} x{w}" for d, w in configs) + " |")
+    print("|---|---|" + "---|" * len(configs))
+    for peer in PEERS:
+        for phase in PHASES:
+            cells = []
+            for dtype, world in configs:
+                src = src_of(dtype, world) if phase == "reshard_cold" else None
+                mine, theirs = (
+                    sec("ckptd", phase, dtype, world, src),
+                    sec(peer, phase, dtype, world, src),
+                )
+                cells.append(_fmt(theirs / mine if mine and theirs else None))
+            if any(c != "-" for c in cells):
+                print(f"| {peer} | {phase} | " + " | ".join(cells) + " |")
+
+
+def train(rows: list[dict]) -> None:
+    if not rows:
+        return
+    by: dict[str, list[dict]] = defaultdict(list)
+    for r in rows:
+        by[r["system"]].append(r)
+    base = statistics.median(r["loop_s"] for r in by["none"])
+    first = by["none"][0]
+    print(
+        f"Training loop: {first['steps']} steps, median of {len(by['none'])} rounds; no "
+        f"checkpoint: {base:.2f} s ({base / first['steps'] * 1000:.0f} ms/step); state "
+        f"{first['state_bytes'] / 1e6:.0f} MB."
+    )
+    print()
+    print(
+        "| system | checkpoints | median loop s | overhead per checkpoint ms "
+        "| overhead / DCP async's | drain after the loop s |"
+    )
+    print("|---|---|---|---|---|---|")
+    over = {}
+    for system, rs in by.items():
+        if system == "none":
+            continue
+        loop = statistics.median(r["loop_s"] for r in rs)
+        over[system] = (loop - base) / rs[0]["checkpoints"]
+    for system, rs in by.items():
+        if system == "none":
+            continue
+        loop = statistics.median(r["loop_s"] for r in rs)
+        drain = statistics.median(r["drain_s"] for r in rs)
+        rel = over[system] / over["dcp_async"] if over.get("dcp_async", 0) > 0 else None
+        print(
+            f"| {system} | {rs[0]['checkpoints']} | {loop:.2f} | {over[system] * 1000:.0f} "
+            f"| {_fmt(rel)} | {drain:.2f} |"
+        )
+
+
 def main() -> None:
     out = Path(sys.argv[1])
     planner(load(out / "planner.jsonl"))
     print()
     reshard(load(out / "reshard_load.jsonl"))
+    print()
+    checkpoint(load(out / "ckpt.jsonl"))
+    print()
+    train(load(out / "train.jsonl"))
 
 
 if __name__ == "__main__":

@@ -114,8 +114,9 @@ class Checkpointer:
             from ckptd.torch import StorageWriter
 
             self.pending = dcp.async_save(
-                self.state(), storage_writer=StorageWriter(f"train/dcp/step-{step}",
-                                                           socket=self.sock))
+                self.state(),
+                storage_writer=StorageWriter(f"train/dcp/step-{step}", socket=self.sock),
+            )
         elif self.system == "dcp_async":
             self.pending = dcp.async_save(self.state(), checkpoint_id=path)
         elif self.system == "dcp":
@@ -166,8 +167,6 @@ def run_loop(system: str, args: argparse.Namespace, sock: str, seed: int) -> dic
     for i in range(args.warmup):  # Adam state exists before the first checkpoint
         step(i)
     if ck is not None and system == "bytecheckpoint":
-        from peers import bytecheckpoint_peer  # noqa: F401 - sets its logging level first
-
         from bytecheckpoint.distributed.rpc_context import setup_rpc_service
 
         setup_rpc_service()
@@ -185,8 +184,14 @@ def run_loop(system: str, args: argparse.Namespace, sock: str, seed: int) -> dic
         ck.close()
         drain = time.perf_counter() - t1
     state_bytes = sum(p.numel() * p.element_size() for p in model.parameters()) * 3
-    return {"system": system, "loop_s": loop, "drain_s": drain, "checkpoints": checkpoints,
-            "steps": args.steps, "state_bytes": state_bytes}
+    return {
+        "system": system,
+        "loop_s": loop,
+        "drain_s": drain,
+        "checkpoints": checkpoints,
+        "steps": args.steps,
+        "state_bytes": state_bytes,
+    }
 
 
 def _free_port() -> int:
@@ -216,8 +221,10 @@ def main() -> None:
     import torch
     import torch.distributed as dist
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
-                      GLOO_SOCKET_IFNAME="lo")
+    os.environ.setdefault("BYTECHECKPOINT_LOGGING_LEVEL", "ERROR")
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), GLOO_SOCKET_IFNAME="lo"
+    )
     dist.init_process_group("gloo", rank=0, world_size=1)
     shutil.rmtree(args.state_dir, ignore_errors=True)
     os.makedirs(os.path.join(args.state_dir, "ckptd"))
@@ -235,9 +242,12 @@ def main() -> None:
                 row["step_s"] = row["loop_s"] / row["steps"]
                 with open(out, "a") as f:
                     f.write(json.dumps(row) + "\n")
-                print(f"  round {r} {system:<15} loop {row['loop_s']:7.3f} s  drain "
-                      f"{row['drain_s']:6.3f} s  ({row['checkpoints']} checkpoints of "
-                      f"{row['state_bytes'] / 1e6:.0f} MB)", flush=True)
+                print(
+                    f"  round {r} {system:<15} loop {row['loop_s']:7.3f} s  drain "
+                    f"{row['drain_s']:6.3f} s  ({row['checkpoints']} checkpoints of "
+                    f"{row['state_bytes'] / 1e6:.0f} MB)",
+                    flush=True,
+                )
                 for sub in os.listdir(args.state_dir):
                     if sub != "ckptd":
                         shutil.rmtree(os.path.join(args.state_dir, sub), ignore_errors=True)
