@@ -736,6 +736,7 @@ def start_daemon(binary: str, state_dir: str, staging_bytes: int) -> subprocess.
             f"--state_dir={state_dir}",
             f"--staging_bytes_max={staging_bytes}",
             "--log_level=warn",
+            *os.environ.get("BENCH_DAEMON_FLAGS", "").split(),  # e.g. an option to compare
         ],
         stdout=log,
         stderr=subprocess.STDOUT,

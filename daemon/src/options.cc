@@ -81,6 +81,8 @@ const std::map<std::string, OptionDef>& Defs() {
                           IntSetter(&O::io_queue_depth, "io_queue_depth")}},
       {"direct_io", {"use O_DIRECT", BoolSetter(&O::direct_io, "direct_io")}},
       {"flush_threads", {"flush/commit threads", IntSetter(&O::flush_threads, "flush_threads")}},
+      {"flush_gate_ms", {"max wait for a checkpoint's other ranks before flushing",
+                         IntSetter(&O::flush_gate_ms, "flush_gate_ms")}},
       {"checksum_block_bytes", {"bytes per shard checksum block",
                                 IntSetter(&O::checksum_block_bytes, "checksum_block_bytes")}},
       {"load_buffer_bytes", {"read buffer per load",
@@ -182,6 +184,7 @@ absl::Status DaemonOptions::Validate() {
                                                    load_buffer_bytes, " is not a multiple of 4096"));
   }
   CKPTD_RETURN_IF_ERROR(Range("flush_threads", flush_threads, 1, 256));
+  CKPTD_RETURN_IF_ERROR(Range("flush_gate_ms", flush_gate_ms, 0, 600000));
   CKPTD_RETURN_IF_ERROR(Range("load_threads", load_threads, 1, 256));
   CKPTD_RETURN_IF_ERROR(Range("rpc_threads", rpc_threads, 1, 256));
   CKPTD_RETURN_IF_ERROR(Range("rpc_queue_max", rpc_queue_max, 1, 1 << 20));

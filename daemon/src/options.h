@@ -35,10 +35,15 @@ struct DaemonOptions {
   uint64_t reserve_timeout_ms = 30000;
   // Reserved extents not named by a Save within this time are freed. Default: 600000
   uint64_t reservation_ttl_ms = 600000;
-  // Transfers in flight per I/O batch (io_uring queue depth). Default: 32
-  uint32_t io_queue_depth = 32;
+  // Transfers in flight per I/O batch (io_uring queue depth), each of at most 8 MiB: 64 MiB in
+  // flight saturates the disk without queueing a synced journal write behind gigabytes. Default: 8
+  uint32_t io_queue_depth = 8;
   // Use O_DIRECT where the file system accepts it. Default: true
   bool direct_io = true;
+  // A staged rank's flush waits until every rank of its checkpoint is staged, or at most this
+  // long after the first one staged: flushing beside ranks still copying slows their copies (the
+  // training stall). 0 flushes every rank as soon as it is staged. Default: 1000
+  uint64_t flush_gate_ms = 1000;
   // Threads that flush staged ranks and commit. Default: 2
   uint32_t flush_threads = 2;
   // Shards carry one crc32c per block of this many bytes (a power of two from 4 KiB to 16 MiB), so

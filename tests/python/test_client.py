@@ -111,6 +111,27 @@ def test_load_copies_once_into_given_buffers(client: ckptd.Client) -> None:
     np.testing.assert_array_equal(flat, w.reshape(-1)[1000:1100])
 
 
+def test_load_in_several_batches_in_flight(client: ckptd.Client) -> None:
+    """The test arena is 64 MiB, so loads go in 16 MiB batches, two at once: 40 MiB of tensors
+    (one larger than a batch) load bit-exact, each byte copied once, and a bad destination in a
+    later batch fails the load naming its item."""
+    rng = np.random.default_rng(5)
+    arrays = {f"t{i}": rng.standard_normal(1 << 20).astype(np.float32) for i in range(6)}
+    arrays["big"] = rng.standard_normal(5 << 20).astype(np.float32)  # 20 MiB: a batch alone
+    client.save("py-batches", 1, arrays).committed().result(60)
+    dest = {k: np.empty_like(v) for k, v in arrays.items()}
+    ckptd.reset_copy_stats()
+    out = client.load("py-batches", 1, dest)
+    for k, v in arrays.items():
+        np.testing.assert_array_equal(dest[k], v)
+    assert ckptd.copy_stats()["load_bytes"] == sum(v.nbytes for v in arrays.values())
+    assert out.bytes_read >= sum(v.nbytes for v in arrays.values())
+    bad = dict(dest)
+    bad["t5"] = np.empty(10, np.float32)
+    with pytest.raises(ckptd.InvalidArgumentError, match="t5"):
+        client.load("py-batches", 1, bad)
+
+
 def test_sharded_save_from_two_ranks(client: ckptd.Client) -> None:
     full = np.arange(40 * 8, dtype=np.int32).reshape(40, 8)
     shards = [

@@ -57,7 +57,7 @@ inline constexpr uint64_t kReshardChunkBytes = 16 * kMiB;
 inline constexpr uint64_t kManifestCacheMax = 8;
 
 // I/O: one request is at most this many bytes; larger ones are split.
-inline constexpr uint64_t kIoChunkBytesMax = 64 * kMiB;
+inline constexpr uint64_t kIoChunkBytesMax = 8 * kMiB;
 inline constexpr uint32_t kIoQueueDepthMax = 1024;
 
 }  // namespace ckptd::limits

@@ -116,6 +116,7 @@ class CheckpointService {
     uint64_t step = 0;
     uint32_t world_size = 0;
     uint64_t created_unix_ms = 0;
+    uint64_t first_staged_unix_ms = 0;  // when its first rank staged (the flush gate's start)
     // Fixed when the checkpoint is created (options.checksum_block_bytes) and journaled with
     // every rank, so a restart with another option value does not mix block sizes.
     uint32_t checksum_block_bytes = 0;
@@ -151,6 +152,9 @@ class CheckpointService {
   void AbortLocked(Pending& p, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishAbortLocked(Pending& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PostFlush(const Key& key, uint32_t rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Posts the flush of every staged rank of `p` not yet flushing or persisted: once all its
+  // ranks are staged, it is committed partial, or flush_gate_ms passed since its first staged.
+  void PostGatedFlushesLocked(Pending& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // flush.cc
   void FlushRank(Key key, uint32_t rank);

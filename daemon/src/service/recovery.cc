@@ -7,6 +7,7 @@
 //      one they were staged into (same generation), else ABORTs them and removes their files;
 //   3. ABORTs COMMITTED rows whose manifest is gone;
 //   4. ABORTs reshards that were running (their source is intact: they can simply run again).
+#include <algorithm>
 #include <signal.h>
 
 #include "absl/strings/str_cat.h"
@@ -205,7 +206,8 @@ void CheckpointService::Start() {
 void CheckpointService::Housekeeping() {
   absl::MutexLock lock(&mu_);
   while (!stopping_) {
-    changed_.WaitWithTimeout(&mu_, absl::Milliseconds(200));
+    changed_.WaitWithTimeout(
+        &mu_, absl::Milliseconds(std::clamp<uint64_t>(deps_.options->flush_gate_ms / 4, 10, 200)));
     if (stopping_) break;
     const uint64_t now = NowUnixMs();
     std::vector<Pending*> expired;
@@ -213,6 +215,12 @@ void CheckpointService::Housekeeping() {
       if (p->state == v1::STAGING && !p->aborting && !p->partial &&
           now - p->created_unix_ms > deps_.options->stage_timeout_ms) {
         expired.push_back(p.get());
+      }
+    }
+    for (auto& [key, p] : pending_) {
+      if (p->first_staged_unix_ms != 0 &&
+          now - p->first_staged_unix_ms >= deps_.options->flush_gate_ms) {
+        PostGatedFlushesLocked(*p);
       }
     }
     for (Pending* p : expired) {

@@ -424,7 +424,13 @@ absl::Status CheckpointService::Save(const v1::SaveRequest& req, v1::SaveRespons
     p.state = v1::STAGING;
     return Annotate(journaled, absl::StrCat(what, ": journaling rank ", r));
   }
-  PostFlush(key, r);
+  if (p.first_staged_unix_ms == 0) p.first_staged_unix_ms = NowUnixMs();
+  // The flush gate: flushing beside ranks still copying into the arena slows their copies (CPU
+  // for checksums, and the disk queue every rank's synced journal write waits behind), so flushes
+  // start once every rank is staged, or at the latest flush_gate_ms after the first one.
+  if (p.ranks.size() == p.world_size || deps_.options->flush_gate_ms == 0) {
+    PostGatedFlushesLocked(p);
+  }
   changed_.SignalAll();
   resp->set_state(p.state);
   resp->set_bytes_staged(bytes);
@@ -440,6 +446,13 @@ void CheckpointService::PostFlush(const Key& key, uint32_t rank) {
     // The pool only refuses while shutting down: the rank stays journaled and resumes at start.
     --p.flushes_in_flight;
     p.ranks.at(rank).flushing = false;
+  }
+}
+
+void CheckpointService::PostGatedFlushesLocked(Pending& p) {
+  if (p.aborting) return;
+  for (auto& [r, pr] : p.ranks) {
+    if (!pr.flushing && !pr.persisted) PostFlush(Key{p.job, p.step}, r);
   }
 }
 
@@ -546,6 +559,7 @@ absl::Status CheckpointService::Commit(const v1::CommitRequest& req, v1::Checkpo
   p.partial = true;
   p.state = v1::PERSISTING;
   JournalLocked(p, {}, /*sync=*/true).IgnoreError();  // the partial flag; commit decides anyway
+  PostGatedFlushesLocked(p);
   MaybeStartCommitLocked(p);
   FillStatusLocked(p, resp);
   changed_.SignalAll();
