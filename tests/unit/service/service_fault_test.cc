@@ -29,6 +29,9 @@ struct Rig {
   std::unique_ptr<Executor> pool;
   std::unique_ptr<CheckpointService> svc;
   std::string session;
+  // Rows of the saved [rows, 64] float32 tensor: 4096 rows (1 MiB) make the flush checksum on a
+  // second thread while writing; 64 rows checksum inline.
+  int rows = 64;
 
   Rig() {
     const char* tmp = getenv("CKPTD_TEST_TMP");
@@ -59,15 +62,15 @@ struct Rig {
     std::filesystem::remove_all(dir);
   }
 
-  // Saves a 1-rank checkpoint of one float32 [64, 64] tensor filled with `fill`.
+  // Saves a 1-rank checkpoint of one float32 [rows, 64] tensor filled with `fill`.
   absl::Status Save(uint64_t step, uint8_t fill) {
     v1::ReserveExtentsRequest rr;
     rr.set_session_id(session);
-    rr.add_sizes_bytes(64 * 64 * 4);
+    rr.add_sizes_bytes(rows * 64 * 4);
     v1::ReserveExtentsResponse ext;
     absl::Status st = svc->ReserveExtents(rr, &ext);
     if (!st.ok()) return st;
-    std::memset(arena->base() + ext.extents(0).offset(), fill, 64 * 64 * 4);
+    std::memset(arena->base() + ext.extents(0).offset(), fill, rows * 64 * 4);
     v1::SaveRequest req;
     req.set_session_id(session);
     req.set_job("fault-job");
@@ -77,10 +80,10 @@ struct Rig {
     v1::ShardSpec* s = req.add_shards();
     s->set_item("w");
     s->mutable_tensor()->set_dtype(v1::FLOAT32);
-    s->mutable_tensor()->add_global_shape(64);
+    s->mutable_tensor()->add_global_shape(rows);
     s->mutable_tensor()->add_global_shape(64);
     s->mutable_data()->set_extent_id(ext.extents(0).id());
-    s->mutable_data()->set_length(64 * 64 * 4);
+    s->mutable_data()->set_length(rows * 64 * 4);
     v1::SaveResponse resp;
     return svc->Save(req, &resp);
   }
@@ -98,12 +101,12 @@ struct Rig {
   absl::Status LoadCheck(uint64_t step, uint8_t fill) {
     v1::ReserveExtentsRequest rr;
     rr.set_session_id(session);
-    rr.add_sizes_bytes(64 * 64 * 4);
+    rr.add_sizes_bytes(rows * 64 * 4);
     v1::ReserveExtentsResponse ext;
     absl::Status st = svc->ReserveExtents(rr, &ext);
     if (!st.ok()) return st;
     uint8_t* p = arena->base() + ext.extents(0).offset();
-    std::memset(p, ~fill, 64 * 64 * 4);
+    std::memset(p, ~fill, rows * 64 * 4);
     v1::LoadRequest req;
     req.set_session_id(session);
     req.set_job("fault-job");
@@ -111,10 +114,10 @@ struct Rig {
     v1::LoadItemRequest* item = req.add_items();
     item->set_item("w");
     item->mutable_dest()->set_extent_id(ext.extents(0).id());
-    item->mutable_dest()->set_length(64 * 64 * 4);
+    item->mutable_dest()->set_length(rows * 64 * 4);
     v1::LoadResponse resp;
     st = svc->Load(req, &resp);
-    for (int i = 0; st.ok() && i < 64 * 64 * 4; ++i) {
+    for (int i = 0; st.ok() && i < rows * 64 * 4; ++i) {
       if (p[i] != fill) st = absl::DataLossError("byte " + std::to_string(i) + " differs");
     }
     v1::ReleaseExtentsRequest rel;
@@ -128,6 +131,7 @@ struct Rig {
 TEST_CASE("service: a committed checkpoint loads bit-exact and frees its staging",
           "[unit][fault]") {
   Rig rig;
+  rig.rows = GENERATE(64, 4096);
   REQUIRE(rig.Save(1, 0x11).ok());
   REQUIRE(rig.Wait(1).ok());
   CHECK(rig.arena->free_bytes() == rig.arena->capacity_bytes());
@@ -137,6 +141,7 @@ TEST_CASE("service: a committed checkpoint loads bit-exact and frees its staging
 TEST_CASE("service: EIO or ENOSPC while flushing aborts the checkpoint, the old one survives",
           "[unit][fault]") {
   Rig rig;
+  rig.rows = GENERATE(64, 4096);
   REQUIRE(rig.Save(1, 0x22).ok());
   REQUIRE(rig.Wait(1).ok());
   int err = GENERATE(EIO, ENOSPC);
