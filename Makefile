@@ -52,7 +52,7 @@ test-python: build python
 
 test: test-cpp test-asan test-python
 
-bench: build
+bench: build python
 	@bash bench/run.sh
 
 clean:
