@@ -238,3 +238,60 @@ def test_socket_from_environment(daemon: Daemon, monkeypatch: pytest.MonkeyPatch
     c = ckptd.connect()
     assert c.target == "unix:" + daemon.socket
     assert os.environ["CKPTD_SOCKET"] == c.socket
+
+
+# --- GPU tensors and a CUDA-pinned arena ----------------------------------------------------------
+def test_pin_cuda_without_a_gpu_fails_naming_the_cause(daemon: Daemon) -> None:
+    if torch.cuda.is_available():
+        with ckptd.connect(daemon.socket, pin_cuda=True) as c:
+            assert c.arena_pinned_for_cuda
+        return
+    with pytest.raises(ckptd.FailedPreconditionError, match=r"pinning arena .*for CUDA"):
+        ckptd.connect(daemon.socket, pin_cuda=True)
+    with ckptd.connect(daemon.socket) as c:  # the daemon still serves unpinned clients
+        assert not c.arena_pinned_for_cuda
+
+
+@pytest.fixture
+def cpu_as_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Routes CPU tensors through the path GPU tensors take (copy_ into arena buffers, saved in
+    place), so it runs on every machine; the GPU test below runs it with CUDA tensors."""
+    monkeypatch.setattr(ckptd._arrays, "is_device_tensor", ckptd._arrays.is_torch_tensor)
+
+
+@pytest.mark.usefixtures("cpu_as_device")
+def test_device_tensors_are_copied_once_into_the_arena(client: ckptd.Client) -> None:
+    src = {
+        "a": torch.arange(3000, dtype=torch.float32).reshape(30, 100).t(),  # non-contiguous
+        "b": torch.ones(5).bfloat16(),
+        "c": ckptd.Shard(torch.full((2, 4), 7.0), [2, 4], ckptd.Box([0, 0], [2, 4])),
+    }
+    ckptd.reset_copy_stats()
+    client.save("py-devstage", 1, src)
+    assert ckptd.copy_stats()["save_bytes"] == 0  # the copy_ was the one copy: saved in place
+    client.wait("py-devstage", 1)
+    got = client.load("py-devstage", 1, as_torch=True)
+    assert torch.equal(got.tensors["a"], src["a"]) and torch.equal(got.tensors["b"], src["b"])
+    assert torch.equal(got.tensors["c"], torch.full((2, 4), 7.0))
+    views = client.stage([torch.ones(3), torch.zeros(2)])  # stage() takes the same path
+    assert [v.tolist() for v in views] == [[1.0, 1.0, 1.0], [0.0, 0.0]]
+    client.release(views)
+
+
+@pytest.mark.usefixtures("cpu_as_device")
+def test_device_tensors_buffers_are_released_when_the_save_fails(client: ckptd.Client) -> None:
+    # 40 MiB of the 64 MiB arena each time: a buffer kept after a failed save would make the
+    # next reservation wait and fail with ResourceExhaustedError.
+    for _ in range(3):
+        with pytest.raises(ckptd.InvalidArgumentError, match="job"):
+            client.save("bad/job name", 1, {"a": torch.ones(10 << 20)})
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_tensors_save_device_to_pinned_arena_and_load(daemon: Daemon) -> None:
+    with ckptd.connect(daemon.socket, pin_cuda=True) as c:
+        sd = {"w": torch.randn(1024, 1024, device="cuda"), "b": torch.arange(7, device="cuda")}
+        c.save("py-gpu", 1, sd)
+        c.wait("py-gpu", 1)
+        got = c.load("py-gpu", 1, as_torch=True)
+        assert all(torch.equal(got.tensors[k], v.cpu()) for k, v in sd.items())

@@ -23,7 +23,13 @@ def test_readme_python_example(daemon: Daemon, tmp_path: Path) -> None:
     script = tmp_path / "example.py"
     script.write_text(blocks[0])
     env = dict(os.environ, CKPTD_SOCKET=daemon.socket)
-    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
-                         timeout=300, cwd=tmp_path)
+    out = subprocess.run(
+        [sys.executable, str(script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stderr
     assert "300 {'epoch': 3}" in out.stdout

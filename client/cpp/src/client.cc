@@ -38,6 +38,11 @@ uint64_t Client::arena_bytes() const {
   return session.ok() && session->arena != nullptr ? session->arena->size() : 0;
 }
 
+bool Client::arena_pinned_for_cuda() const {
+  absl::StatusOr<Session> session = core_->EnsureSession();
+  return session.ok() && session->arena != nullptr && session->arena->pinned_for_cuda();
+}
+
 absl::StatusOr<uint64_t> Client::RegisterShm(const std::string& shm_name, uint64_t size_bytes) {
   return core_->RegisterShm(shm_name, size_bytes);
 }

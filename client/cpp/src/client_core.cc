@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "cuda_host.h"
 
 namespace ckptd::internal {
 
@@ -54,7 +55,8 @@ absl::Status ErrnoStatus(int err, const std::string& context) {
 // --- ArenaMapping ------------------------------------------------------------------------------
 
 absl::StatusOr<std::shared_ptr<ArenaMapping>> ArenaMapping::Map(const std::string& shm_name,
-                                                                 uint64_t bytes) {
+                                                                 uint64_t bytes,
+                                                                 bool pin_for_cuda) {
   if (bytes == 0) {
     return absl::InternalError(absl::StrCat("daemon announced an empty arena ", shm_name));
   }
@@ -84,11 +86,19 @@ absl::StatusOr<std::shared_ptr<ArenaMapping>> ArenaMapping::Map(const std::strin
   if (base == MAP_FAILED) {
     return ErrnoStatus(mmap_err, absl::StrCat("mmap(", shm_name, ", ", bytes, " bytes)"));
   }
-  return std::shared_ptr<ArenaMapping>(
+  std::shared_ptr<ArenaMapping> mapping(
       new ArenaMapping(shm_name, static_cast<uint8_t*>(base), bytes));
+  if (pin_for_cuda) {
+    absl::Status pinned = CudaHostRegister(base, bytes, absl::StrCat("arena ", shm_name));
+    if (!pinned.ok()) return pinned;  // the mapping's destructor unmaps it
+    mapping->pinned_for_cuda_ = true;
+  }
+  return mapping;
 }
 
 ArenaMapping::~ArenaMapping() {
+  // Unpinned before unmapping: CUDA must not keep a registration of pages that are gone.
+  if (pinned_for_cuda_) CudaHostUnregister(base_, absl::StrCat("arena ", name_));
   if (munmap(base_, bytes_) != 0) {
     // Nothing to return to; leaking the mapping is the only consequence.
     std::fprintf(stderr, "ckptd client: munmap(%s): %s\n", name_.c_str(), std::strerror(errno));
@@ -231,7 +241,7 @@ absl::Status ClientCore::HelloLocked() {
     return absl::OkStatus();
   }
   absl::StatusOr<std::shared_ptr<ArenaMapping>> arena =
-      ArenaMapping::Map(resp.arena_shm_name(), resp.arena_bytes());
+      ArenaMapping::Map(resp.arena_shm_name(), resp.arena_bytes(), options_.pin_arena_for_cuda);
   if (!arena.ok()) {
     GoodbyeQuietly(resp.session_id());
     need_hello_ = true;

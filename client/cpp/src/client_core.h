@@ -41,8 +41,10 @@ absl::Status ErrnoStatus(int err, const std::string& context);
 // shared_ptr goes (ArenaBuffers share it, so their memory never vanishes under the caller).
 class ArenaMapping {
  public:
+  // pin_for_cuda: also page-lock the mapping for CUDA (cudaHostRegister); FAILED_PRECONDITION
+  // when that fails (nothing stays mapped then).
   static absl::StatusOr<std::shared_ptr<ArenaMapping>> Map(const std::string& shm_name,
-                                                           uint64_t bytes);
+                                                           uint64_t bytes, bool pin_for_cuda);
   ~ArenaMapping();
   ArenaMapping(const ArenaMapping&) = delete;
   ArenaMapping& operator=(const ArenaMapping&) = delete;
@@ -51,6 +53,7 @@ class ArenaMapping {
   absl::StatusOr<uint8_t*> At(uint64_t offset, uint64_t length) const;
   const std::string& name() const { return name_; }
   uint64_t size() const { return bytes_; }
+  bool pinned_for_cuda() const { return pinned_for_cuda_; }
 
  private:
   ArenaMapping(std::string name, uint8_t* base, uint64_t bytes)
@@ -58,6 +61,7 @@ class ArenaMapping {
   std::string name_;
   uint8_t* base_;
   uint64_t bytes_;
+  bool pinned_for_cuda_ = false;
 };
 
 // A consistent view of the session for one call.

@@ -36,6 +36,11 @@ def is_torch_tensor(x: object) -> bool:
     return torch is not None and isinstance(x, torch.Tensor)
 
 
+def is_device_tensor(x: object) -> bool:
+    """A torch tensor outside CPU memory (CUDA): saved by copying it into the arena with copy_."""
+    return is_torch_tensor(x) and x.device.type not in ("cpu", "meta")  # type: ignore[attr-defined]
+
+
 def numpy_dtype(name: str) -> np.dtype[Any]:
     """The numpy dtype for a ckptd dtype name (ml_dtypes types, else raw uint views)."""
     if name in _NUMPY_NATIVE:
@@ -74,8 +79,8 @@ def memory(x: Any) -> tuple[str, int, list[int], list[int], int]:
     if is_torch_tensor(x):
         if x.device.type != "cpu":
             raise ValueError(
-                f"ckptd: tensor on {x.device}: the Python client saves and loads CPU tensors "
-                "(move it with .cpu() first)"
+                f"ckptd: tensor on {x.device}: loads and stage() take CPU tensors (save() takes "
+                "GPU tensors too; load into CPU tensors and move them with .to())"
             )
         if x.is_conj() or x.is_neg():
             x = x.resolve_conj().resolve_neg()

@@ -192,6 +192,7 @@ class Client:
         wait_timeout_ms: int = 3600 * 1000,
         slab_bytes: int = 64 << 20,
         client_name: str = "",
+        pin_cuda: bool = False,
     ) -> None:
         path = os.fspath(socket) if socket is not None else os.environ.get("CKPTD_SOCKET", "")
         self.socket = path or DEFAULT_SOCKET
@@ -201,6 +202,7 @@ class Client:
             rpc_timeout_ms,
             connect_timeout_ms,
             client_name or f"ckptd-py/{os.getpid()}",
+            pin_cuda,
         )
         self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ckptd")
         self._slabs = _Slabs(self, slab_bytes)
@@ -218,23 +220,61 @@ class Client:
         return _arrays.view_of(slab, offset, shape, name, as_torch=_is_torch_dtype(dtype))
 
     def stage(self, arrays: Sequence[Any]) -> list[Any]:
-        """Copies each array once into its own staging-arena buffer (GIL released) and returns
-        same-typed views of those buffers. Saving a view copies nothing and hands the buffer to
-        the daemon; a staged view must not be saved twice."""
-        bufs = self._native.stage([_arrays.memory(a) for a in arrays])
-        out = []
-        for a, b in zip(arrays, bufs, strict=True):
+        """Copies each array once into its own staging-arena buffer (GIL released; GPU tensors
+        device to arena) and returns same-typed CPU views of those buffers. Saving a view copies
+        nothing and hands the buffer to the daemon; a staged view must not be saved twice."""
+        device = [i for i, a in enumerate(arrays) if _arrays.is_device_tensor(a)]
+        host = [i for i, a in enumerate(arrays) if not _arrays.is_device_tensor(a)]
+        out: list[Any] = [None] * len(arrays)
+        for i, view in zip(
+            device, self._stage_from_device([arrays[i] for i in device]), strict=True
+        ):
+            out[i] = view
+        try:
+            bufs = self._native.stage([_arrays.memory(arrays[i]) for i in host]) if host else []
+        except BaseException:
+            self.release([out[i] for i in device])
+            raise
+        for i, b in zip(host, bufs, strict=True):
+            a = arrays[i]
             self._arena.add(b.address, b.size, b)
-            out.append(
-                _arrays.view_of(
-                    b,
-                    0,
-                    _arrays.shape_of(a),
-                    _arrays.dtype_name(a),
-                    as_torch=_arrays.is_torch_tensor(a),
-                )
+            out[i] = _arrays.view_of(
+                b,
+                0,
+                _arrays.shape_of(a),
+                _arrays.dtype_name(a),
+                as_torch=_arrays.is_torch_tensor(a),
             )
         return out
+
+    def _stage_from_device(self, tensors: list[Any]) -> list[Any]:
+        """Copies each device (GPU) tensor once into its own staging-arena buffer with copy_
+        (DMA straight into the arena when it is pinned: pin_cuda=True) and returns arena-backed
+        CPU views of them, registered like stage()'s. Returns once the copies are done."""
+        import torch
+
+        bufs = self._native.allocate([max(1, _arrays.nbytes(t)) for t in tensors])
+        views = []
+        try:
+            for t, b in zip(tensors, bufs, strict=True):
+                view = _arrays.view_of(
+                    b, 0, _arrays.shape_of(t), _arrays.dtype_name(t), as_torch=True
+                )
+                view.copy_(t.resolve_conj().resolve_neg(), non_blocking=True)
+                views.append(view)
+            for device in {t.device for t in tensors if t.device.type == "cuda"}:
+                torch.cuda.synchronize(device)
+        except BaseException:
+            self._native.release(bufs)
+            raise
+        for b in bufs:
+            self._arena.add(b.address, b.size, b)
+        return views
+
+    @property
+    def arena_pinned_for_cuda(self) -> bool:
+        """Whether this process's mapping of the staging arena is pinned for CUDA (pin_cuda)."""
+        return bool(self._native.arena_pinned_for_cuda())
 
     def release(self, staged: Iterable[Any]) -> None:
         """Gives back the arena buffers of stage() views that were not saved."""
@@ -275,32 +315,50 @@ class Client:
         tensors: name -> array/tensor (the whole item) or Shard (a region of it). Each is copied
         once into the staging arena with the GIL released; ckptd.empty()/stage() memory is not
         copied at all. objects: name -> any picklable value (Raw(bytes) is stored unpickled);
-        names in per_rank_objects are kept per rank, others once for the job.
+        names in per_rank_objects are kept per rank, others once for the job. GPU tensors are
+        copied once, device to arena (DMA with pin_cuda=True), before save() returns, also with
+        blocking=False; that copy is their whole stall.
         blocking=True returns once staged; False returns at once and stages in a thread: then wait
         for handle.staged() before changing the tensors. The daemon commits once ranks
         0..world_size-1 have saved."""
         specs: list[tuple[Any, ...]] = []
         keep: list[Any] = []  # holds converted sources alive during the call
-        for name, value in (tensors or {}).items():
-            shard = value if isinstance(value, Shard) else Shard(value, _arrays.shape_of(value))
-            data = shard.data
-            if not _arrays.is_torch_tensor(data) and not isinstance(data, np.ndarray):
-                data = np.asarray(data)
-            keep.append(data)
-            specs.append(
-                (
-                    name,
-                    _arrays.dtype_name(data),
-                    [int(d) for d in shard.global_shape],
-                    _region_spec(shard.region),
-                    self._memory_of(data),
+        shards = {
+            name: value if isinstance(value, Shard) else Shard(value, _arrays.shape_of(value))
+            for name, value in (tensors or {}).items()
+        }
+        on_device = [n for n, s in shards.items() if _arrays.is_device_tensor(s.data)]
+        staged_views = self._stage_from_device([shards[n].data for n in on_device])
+        device_views = dict(zip(on_device, staged_views, strict=True))
+        try:  # the device copies' buffers stay ours until the daemon takes them
+            for name, shard in shards.items():
+                data = device_views.get(name, shard.data)
+                if not _arrays.is_torch_tensor(data) and not isinstance(data, np.ndarray):
+                    data = np.asarray(data)
+                keep.append(data)
+                specs.append(
+                    (
+                        name,
+                        _arrays.dtype_name(data),
+                        [int(d) for d in shard.global_shape],
+                        _region_spec(shard.region),
+                        self._memory_of(data),
+                    )
                 )
-            )
-        per_rank = set(per_rank_objects)
-        objs = [(name, name in per_rank, _object_bytes(v)) for name, v in (objects or {}).items()]
+            per_rank = set(per_rank_objects)
+            objs = [
+                (name, name in per_rank, _object_bytes(v)) for name, v in (objects or {}).items()
+            ]
+        except BaseException:
+            self.release(staged_views)
+            raise
 
         def run() -> dict[str, Any]:
-            result: dict[str, Any] = self._native.save(job, step, rank, world_size, specs, objs)
+            try:
+                result: dict[str, Any] = self._native.save(job, step, rank, world_size, specs, objs)
+            except BaseException:
+                self.release(staged_views)
+                raise
             for spec in specs:
                 if spec[4][0] == "arena":
                     self._arena.pop(spec[4][1].address)

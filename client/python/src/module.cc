@@ -34,8 +34,9 @@ std::atomic<uint64_t> g_save_bytes{0}, g_save_calls{0}, g_load_bytes{0}, g_load_
 class PyClient {
  public:
   PyClient(const std::string& socket_path, int rpc_timeout_ms, int connect_timeout_ms,
-           const std::string& client_name) {
+           const std::string& client_name, bool pin_cuda) {
     ClientOptions o;
+    o.pin_arena_for_cuda = pin_cuda;
     o.socket_path = socket_path;
     o.rpc_timeout_ms = rpc_timeout_ms;
     o.connect_timeout_ms = connect_timeout_ms;
@@ -67,6 +68,18 @@ class PyClient {
       if (got.ok()) {
         for (size_t i = 0; i < views.size(); ++i) CountedGather(views[i], (*got)[i].data);
       }
+    }
+    std::vector<PyArenaBuffer> out;
+    for (ArenaBuffer& b : Check(std::move(got))) out.push_back(PyArenaBuffer{std::move(b)});
+    return out;
+  }
+
+  // Reserves arena buffers without filling them (the caller copies into them, e.g. from a GPU).
+  std::vector<PyArenaBuffer> Allocate(const std::vector<uint64_t>& sizes) {
+    absl::StatusOr<std::vector<ArenaBuffer>> got;
+    {
+      py::gil_scoped_release release;
+      got = client_->AllocateMany(sizes);
     }
     std::vector<PyArenaBuffer> out;
     for (ArenaBuffer& b : Check(std::move(got))) out.push_back(PyArenaBuffer{std::move(b)});
@@ -403,11 +416,13 @@ PYBIND11_MODULE(_ckptd, m) {
       .def_property_readonly("name", &ShmSlab::name);
 
   py::class_<PyClient>(m, "Client")
-      .def(py::init<const std::string&, int, int, const std::string&>(), py::arg("socket_path"),
-           py::arg("rpc_timeout_ms"), py::arg("connect_timeout_ms"), py::arg("client_name"))
+      .def(py::init<const std::string&, int, int, const std::string&, bool>(),
+           py::arg("socket_path"), py::arg("rpc_timeout_ms"), py::arg("connect_timeout_ms"),
+           py::arg("client_name"), py::arg("pin_cuda"))
       .def("new_slab",
            [](PyClient& c, uint64_t bytes) { return std::make_shared<ShmSlab>(c.client(), bytes); })
       .def("stage", &PyClient::Stage)
+      .def("allocate", &PyClient::Allocate)
       .def("release", &PyClient::ReleaseBuffers)
       .def("save", &PyClient::Save)
       .def("load", &PyClient::Load)
@@ -436,6 +451,11 @@ PYBIND11_MODULE(_ckptd, m) {
       .def("latest", &PyClient::Latest)
       .def("delete", &PyClient::Delete)
       .def("arena_bytes", &PyClient::ArenaBytes)
+      .def("arena_pinned_for_cuda",
+           [](PyClient& c) {
+             py::gil_scoped_release release;
+             return c.client()->arena_pinned_for_cuda();
+           })
       .def("target", [](PyClient& c) { return c.client()->target(); })
       .def("reconnect_count", [](PyClient& c) { return c.client()->reconnect_count(); });
 

@@ -100,9 +100,7 @@ def _tensor_item(item: WriteItem, tensor: torch.Tensor) -> tuple[str, ckptd.Shar
     size = [int(d) for d in td.size]
     offsets = [int(o) for o in td.chunk.offsets]
     lengths = [int(n) for n in td.chunk.sizes]
-    tensor = tensor.detach()
-    if tensor.device.type != "cpu":
-        tensor = tensor.cpu()
+    tensor = tensor.detach()  # a GPU tensor is copied device to arena by Client.save
     if list(tensor.shape) != lengths:
         tensor = tensor.reshape(lengths)
     whole = lengths == size and not any(offsets)
@@ -301,8 +299,7 @@ class StorageWriter(_LazyClient, _DcpWriter, AsyncStager):
         self._release_staged()
         tensors: list[torch.Tensor] = []
         _collect_tensors(state_dict, tensors)
-        cpu = [t if t.device.type == "cpu" else t.cpu() for t in tensors]
-        views = self.client.stage(cpu) if cpu else []
+        views = self.client.stage(tensors) if tensors else []  # GPU tensors: device to arena
         self._staged_views = views
         staged = _rebuild(state_dict, iter(views))
         if self._id is not None and self._id.step is not None:
