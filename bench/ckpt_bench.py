@@ -41,6 +41,10 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 GB = 1000**3
 MiB = 1 << 20
+# ckptd's save, its cold loads and the memcpy limit are repeated (the median is reported); each
+# peer runs once (a 2 GB save takes 5-15 s).
+REPS = int(os.environ.get("BENCH_REPS", "3"))
+LOAD_STEP = 1 + REPS  # the step ckptd's loads read: the last one saved
 QUARTERS = 4  # every tensor's dim 0 is generated in 4 blocks: any 1/2/4-way row split is a union
 
 
@@ -314,7 +318,10 @@ def _memcpy_limit(rec: Recorder, st: RankState) -> None:
             np.copyto(d, s)
 
     copy()  # first touch of the sources' cache lines and TLB, as a training loop has
-    rec.timed("limit", "memcpy", copy, nbytes=st.total_bytes, extra={"rank_bytes": st.local_bytes})
+    for _ in range(REPS):
+        rec.timed(
+            "limit", "memcpy", copy, nbytes=st.total_bytes, extra={"rank_bytes": st.local_bytes}
+        )
 
 
 def _boxes(st: RankState, world: int, rank: int) -> dict[str, Any]:
@@ -338,27 +345,30 @@ def _run_ckptd(rec: Recorder, st: RankState, cfg: Config, rank: int) -> None:
     if cfg.save:
         boxes = _boxes(st, cfg.world, rank)
         tensors = {n: ckptd.Shard(st.local[n], s, boxes[n]) for n, s in st.shapes}
-        # Step 1 is a warm-up (first save maps the arena); step 2 is measured.
+        # Step 1 is a warm-up (first save maps the arena); steps 2.. are measured, each committed
+        # before the next. The last one (LOAD_STEP) is loaded.
         client.save(
             job.format(cfg.world), 1, tensors, rank=rank, world_size=cfg.world
         ).committed().result()
-        rec.save(
-            system,
-            lambda: client.save(job.format(cfg.world), 2, tensors, rank=rank, world_size=cfg.world),
-            lambda h: h.committed().result(),
-            st.total_bytes,
-        )
-        if rank == 0:
-            client.delete(job.format(cfg.world), 1)
+        name = job.format(cfg.world)
+        for step in range(2, LOAD_STEP + 1):
+            rec.save(
+                system,
+                lambda s=step: client.save(name, s, tensors, rank=rank, world_size=cfg.world),
+                lambda h: h.committed().result(),
+                st.total_bytes,
+            )
+            if rank == 0:
+                client.delete(name, step - 1)
         dest = st.empty_like_layout(cfg.world, rank)
         into = {n: (dest[n], boxes[n]) for n, _ in st.shapes}
-        for phase in ("load_cold", "load_warm"):
+        for phase in ["load_cold"] * REPS + ["load_warm"]:
             if phase == "load_cold":
                 _drop_caches(cfg, cfg.data_dir)
             rec.timed(
                 system,
                 phase,
-                lambda: client.load(job.format(cfg.world), 2, into=into),
+                lambda: client.load(job.format(cfg.world), LOAD_STEP, into=into),
                 nbytes=st.total_bytes,
                 io_pid=cfg.daemon_pid,
             )
@@ -369,17 +379,18 @@ def _run_ckptd(rec: Recorder, st: RankState, cfg: Config, rank: int) -> None:
         boxes = _boxes(st, cfg.world, rank)
         dest = st.empty_like_layout(cfg.world, rank)
         into = {n: (dest[n], boxes[n]) for n, _ in st.shapes}
-        _drop_caches(cfg, cfg.data_dir)
-        rec.timed(
-            system,
-            "reshard_cold",
-            lambda: client.load(job.format(cfg.reshard_from), 2, into=into),
-            nbytes=st.total_bytes,
-            io_pid=cfg.daemon_pid,
-            extra={"from_world": cfg.reshard_from},
-        )
-        if cfg.verify:
-            st.check(dest, cfg.world, rank, f"{system} reshard")
+        for _ in range(REPS):
+            _drop_caches(cfg, cfg.data_dir)
+            rec.timed(
+                system,
+                "reshard_cold",
+                lambda: client.load(job.format(cfg.reshard_from), LOAD_STEP, into=into),
+                nbytes=st.total_bytes,
+                io_pid=cfg.daemon_pid,
+                extra={"from_world": cfg.reshard_from},
+            )
+            if cfg.verify:
+                st.check(dest, cfg.world, rank, f"{system} reshard")
     client.close()
 
 
@@ -679,7 +690,7 @@ def _free_port() -> int:
 FIO_SHAPES = [("1M", 8), ("16M", 4), ("64M", 4)]  # block size, I/Os in flight
 
 
-def fio_limits(data_dir: str, nbytes: int, out_file: str, drop: bool) -> None:
+def fio_limits(data_dir: str, nbytes: int, out_file: str, drop: bool, when: str) -> None:
     """Sequential O_DIRECT write (io_uring, fsync at the end) and read of a file of nbytes in the
     data directory, at each of FIO_SHAPES; the summary takes the best of them as the limit."""
     path = os.path.join(data_dir, "fio.dat")
@@ -717,6 +728,7 @@ def fio_limits(data_dir: str, nbytes: int, out_file: str, drop: bool) -> None:
                 "bw_bytes_per_s": bw,
                 "block": bs,
                 "options": f"fio bs={bs} iodepth={depth} io_uring direct=1 end_fsync=1",
+                "when": when,
             }
             with open(out_file, "a") as f:
                 f.write(json.dumps(row) + "\n")
@@ -788,7 +800,7 @@ def main() -> None:
     state_bytes = int(args.state_gb * GB)
     drop = os.access("/proc/sys/vm/drop_caches", os.W_OK)
     print(f"bench: page cache dropped by {'drop_caches' if drop else 'fadvise'}", flush=True)
-    fio_limits(str(state), state_bytes, out_file, drop)
+    fio_limits(str(state), state_bytes, out_file, drop, "start")
 
     # Double-buffered: room for two whole checkpoints of the node (step N+1 stages while N
     # persists), plus slack for the extents' 4 KiB rounding.
@@ -826,6 +838,8 @@ def main() -> None:
                 if src is not None:
                     cleanup(state, cfg.socket, dtype, src)
             cleanup(state, str(state / "ckptd" / "ckptd.sock"), dtype, worlds[-1])
+        # Again at the end: the disk's speed drifts over a run; the summary takes the best.
+        fio_limits(str(state), state_bytes, out_file, drop, "end")
     finally:
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(timeout=60)

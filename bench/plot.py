@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -46,7 +47,7 @@ def main() -> None:
                     and r["dtype"] == dtype
                     and r["world"] == world
                 ]
-                ys.append(vals[0] if vals else 0.0)
+                ys.append(statistics.median(vals) if vals else 0.0)  # repeated: the median
             xs = [i + (k - len(PHASES) / 2 + 0.5) * width for i in range(len(SYSTEMS))]
             ax.bar(xs, ys, width, label=label)
         ax.set_xticks(range(len(SYSTEMS)))

@@ -6,7 +6,8 @@
 #   BENCH_DIR=<dir>                    where the daemon keeps its state (default: bench/state)
 #   BENCH_STATE_GB=2 BENCH_DTYPES=fp32,bf16 BENCH_WORLDS=1,2,4     the checkpoint comparison
 #   BENCH_SYSTEMS=ckptd,ckptd_dcp,dcp,dcp_async,torch_save,bytecheckpoint
-#   BENCH_TRAIN_ROUNDS=3 BENCH_TRAIN_STEPS=40 BENCH_TRAIN_EVERY=5  the training-loop overhead
+#   BENCH_TRAIN_ROUNDS=8 BENCH_TRAIN_EVERY=5    the training-loop overhead (blocks of 5 steps)
+#   BENCH_REPS=3                               repetitions of ckptd's saves/loads and of memcpy
 #   BENCH_ONLY=all|planner|reshard|ckpt|train                      run one part only
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -58,8 +59,7 @@ fi
 if [ "$ONLY" = all ] || [ "$ONLY" = train ]; then
 echo "bench: training-loop overhead per checkpoint"
 python3 "$ROOT/bench/train_bench.py" --daemon "$BUILD/ckptd" --out "$OUT" \
-  --state-dir "$STATE-train" --rounds "${BENCH_TRAIN_ROUNDS:-3}" \
-  --steps "${BENCH_TRAIN_STEPS:-40}" --every "${BENCH_TRAIN_EVERY:-5}"
+  --state-dir "$STATE-train" --rounds "${BENCH_TRAIN_ROUNDS:-8}" --every "${BENCH_TRAIN_EVERY:-5}"
 rm -rf "$STATE-train"
 fi
 

@@ -50,11 +50,39 @@ GB = 1e9
 
 
 def _index(rows: list[dict]) -> dict[tuple, dict]:
-    """(system, phase, dtype, world, from_world) -> row."""
-    return {
-        (r["system"], r["phase"], r.get("dtype"), r.get("world"), r.get("from_world")): r
-        for r in rows
-    }
+    """(system, phase, dtype, world, from_world) -> row; repeated measurements (ckptd, memcpy)
+    become one row holding the median of their times and their count in "reps"."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in rows:
+        key = (r["system"], r["phase"], r.get("dtype"), r.get("world"), r.get("from_world"))
+        groups[key].append(r)
+    out = {}
+    for key, rs in groups.items():
+        row = dict(rs[0])
+        for field in ("seconds_max", "seconds_mean"):
+            if field in row:
+                row[field] = statistics.median(r[field] for r in rs)
+        row["reps"] = len(rs)
+        out[key] = row
+    return out
+
+
+def _fio_table(rows: list[dict]) -> None:
+    """Every fio measurement: block size x queue depth, at the start and the end of the run."""
+    limits = [r for r in rows if r["system"] == "limit" and r["phase"].startswith("odirect_")]
+    shapes = list(dict.fromkeys(r["options"].split(" io_uring")[0] for r in limits))
+    print("| fio | when | " + " | ".join(shapes) + " |")
+    print("|---|---|" + "---|" * len(shapes))
+    for rw in ("write", "read"):
+        for when in ("start", "end"):
+            got = {
+                r["options"].split(" io_uring")[0]: r["bw_bytes_per_s"] / GB
+                for r in limits
+                if r["phase"] == f"odirect_{rw}" and r.get("when", "start") == when
+            }
+            if got:
+                cells = " | ".join(_fmt(got.get(shape)) for shape in shapes)
+                print(f"| {rw} GB/s | {when} | {cells} |")
 
 
 def _fmt(v: float | None, spec: str = ".2f") -> str:
@@ -70,8 +98,10 @@ def checkpoint(rows: list[dict]) -> None:
     rbw = max(r["bw_bytes_per_s"] for r in rows if r["phase"] == "odirect_read")
     print(
         f"Limits: O_DIRECT write {wbw / GB:.2f} GB/s, read {rbw / GB:.2f} GB/s (fio, best of "
-        "the block sizes tried)."
+        "the shapes tried, at the start and the end of the run)."
     )
+    print()
+    _fio_table(rows)
     print()
     configs = sorted(
         {(r["dtype"], r["world"]) for r in rows if r["system"] != "limit" or r["phase"] == "memcpy"}
@@ -187,37 +217,35 @@ def checkpoint(rows: list[dict]) -> None:
 def train(rows: list[dict]) -> None:
     if not rows:
         return
+    none = {r["round"]: r["block_s"] for r in rows if r["system"] == "none"}
     by: dict[str, list[dict]] = defaultdict(list)
     for r in rows:
-        by[r["system"]].append(r)
-    base = statistics.median(r["loop_s"] for r in by["none"])
-    first = by["none"][0]
+        if r["system"] != "none":
+            by[r["system"]].append(r)
+    base = statistics.median(none.values())
+    first = rows[0]
     print(
-        f"Training loop: {first['steps']} steps, median of {len(by['none'])} rounds; no "
+        f"Training loop: blocks of {first['steps']} steps, {len(none)} rounds; a block without a "
         f"checkpoint: {base:.2f} s ({base / first['steps'] * 1000:.0f} ms/step); state "
         f"{first['state_bytes'] / 1e6:.0f} MB."
     )
     print()
     print(
-        "| system | checkpoints | median loop s | overhead per checkpoint ms "
-        "| overhead / DCP async's | drain after the loop s |"
+        "| system | overhead per checkpoint ms (median of block - same round's none) "
+        "| overhead / DCP async's | call (stall) ms | wait after the steps ms |"
     )
-    print("|---|---|---|---|---|---|")
-    over = {}
+    print("|---|---|---|---|---|")
+    over = {
+        system: statistics.median(r["block_s"] - none[r["round"]] for r in rs)
+        for system, rs in by.items()
+    }
     for system, rs in by.items():
-        if system == "none":
-            continue
-        loop = statistics.median(r["loop_s"] for r in rs)
-        over[system] = (loop - base) / rs[0]["checkpoints"]
-    for system, rs in by.items():
-        if system == "none":
-            continue
-        loop = statistics.median(r["loop_s"] for r in rs)
-        drain = statistics.median(r["drain_s"] for r in rs)
         rel = over[system] / over["dcp_async"] if over.get("dcp_async", 0) > 0 else None
+        call = statistics.median(r["call_s"] for r in rs)
+        wait = statistics.median(r["wait_s"] for r in rs)
         print(
-            f"| {system} | {rs[0]['checkpoints']} | {loop:.2f} | {over[system] * 1000:.0f} "
-            f"| {_fmt(rel)} | {drain:.2f} |"
+            f"| {system} | {over[system] * 1000:.0f} | {_fmt(rel)} | {call * 1000:.0f} "
+            f"| {wait * 1000:.0f} |"
         )
 
 
