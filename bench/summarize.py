@@ -215,6 +215,7 @@ def checkpoint(rows: list[dict]) -> None:
 
 
 def train(rows: list[dict]) -> None:
+    rows = [r for r in rows if "block_s" in r]  # (files of older runs had whole loops)
     if not rows:
         return
     none = {r["round"]: r["block_s"] for r in rows if r["system"] == "none"}

@@ -20,6 +20,7 @@ import os
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,7 +31,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from ckpt_bench import start_daemon  # noqa: E402
 
-SYSTEMS = ["none", "ckptd", "ckptd_dcp", "dcp_async", "dcp", "torch_save", "bytecheckpoint"]
+SYSTEMS = [
+    "none", "io_floor", "ckptd", "ckptd_dcp", "dcp_async", "dcp", "torch_save", "bytecheckpoint"
+]  # fmt: skip
 
 
 def gpt(vocab: int, d: int, layers: int, heads: int, seq: int) -> Any:
@@ -129,6 +132,17 @@ class Checkpointer:
             fd = os.open(f, os.O_RDONLY)
             os.fsync(fd)
             os.close(fd)
+        elif self.system == "io_floor":
+            # Not a checkpoint system: the durable write every system must do (the state's bytes,
+            # O_DIRECT from another process, then fsync), to show what that alone costs the steps.
+            os.makedirs(path, exist_ok=True)
+            nbytes = sum(p.numel() * p.element_size() for p in self.model.parameters()) * 3
+            self.pending = subprocess.Popen(
+                ["fio", "--name=floor", f"--filename={path}/floor.dat", "--rw=write", "--bs=8M",
+                 "--iodepth=8", "--ioengine=io_uring", "--direct=1", f"--size={nbytes}",
+                 "--end_fsync=1"],
+                stdout=subprocess.DEVNULL,
+            )  # fmt: skip
         elif self.system == "bytecheckpoint":
             from peers import bytecheckpoint_peer as bcp
 
@@ -139,6 +153,9 @@ class Checkpointer:
             return
         if self.system == "ckptd":
             self.pending.committed().result()
+        elif self.system == "io_floor":
+            if self.pending.wait() != 0:
+                raise RuntimeError("fio failed")
         else:
             getattr(self.pending, "upload_completion", self.pending).result()
         self.pending = None
