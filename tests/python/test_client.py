@@ -265,6 +265,7 @@ def test_device_tensors_are_copied_once_into_the_arena(client: ckptd.Client) -> 
         "a": torch.arange(3000, dtype=torch.float32).reshape(30, 100).t(),  # non-contiguous
         "b": torch.ones(5).bfloat16(),
         "c": ckptd.Shard(torch.full((2, 4), 7.0), [2, 4], ckptd.Box([0, 0], [2, 4])),
+        "e": torch.zeros((0, 3)),  # empty: moved, not staged
     }
     ckptd.reset_copy_stats()
     client.save("py-devstage", 1, src)
@@ -273,8 +274,9 @@ def test_device_tensors_are_copied_once_into_the_arena(client: ckptd.Client) -> 
     got = client.load("py-devstage", 1, as_torch=True)
     assert torch.equal(got.tensors["a"], src["a"]) and torch.equal(got.tensors["b"], src["b"])
     assert torch.equal(got.tensors["c"], torch.full((2, 4), 7.0))
-    views = client.stage([torch.ones(3), torch.zeros(2)])  # stage() takes the same path
-    assert [v.tolist() for v in views] == [[1.0, 1.0, 1.0], [0.0, 0.0]]
+    assert got.tensors["e"].shape == (0, 3)
+    views = client.stage([torch.ones(3), torch.zeros(0), torch.zeros(2)])  # the same path
+    assert [v.tolist() for v in views] == [[1.0, 1.0, 1.0], [], [0.0, 0.0]]
     client.release(views)
 
 

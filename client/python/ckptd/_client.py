@@ -223,8 +223,11 @@ class Client:
         """Copies each array once into its own staging-arena buffer (GIL released; GPU tensors
         device to arena) and returns same-typed CPU views of those buffers. Saving a view copies
         nothing and hands the buffer to the daemon; a staged view must not be saved twice."""
-        device = [i for i, a in enumerate(arrays) if _arrays.is_device_tensor(a)]
-        host = [i for i, a in enumerate(arrays) if not _arrays.is_device_tensor(a)]
+        arrays = [
+            a.cpu() if _arrays.is_device_tensor(a) and not _on_device(a) else a for a in arrays
+        ]
+        device = [i for i, a in enumerate(arrays) if _on_device(a)]
+        host = [i for i, a in enumerate(arrays) if not _on_device(a)]
         out: list[Any] = [None] * len(arrays)
         for i, view in zip(
             device, self._stage_from_device([arrays[i] for i in device]), strict=True
@@ -327,12 +330,14 @@ class Client:
             name: value if isinstance(value, Shard) else Shard(value, _arrays.shape_of(value))
             for name, value in (tensors or {}).items()
         }
-        on_device = [n for n, s in shards.items() if _arrays.is_device_tensor(s.data)]
+        on_device = [n for n, s in shards.items() if _on_device(s.data)]
         staged_views = self._stage_from_device([shards[n].data for n in on_device])
         device_views = dict(zip(on_device, staged_views, strict=True))
         try:  # the device copies' buffers stay ours until the daemon takes them
             for name, shard in shards.items():
                 data = device_views.get(name, shard.data)
+                if _arrays.is_device_tensor(data):  # an empty one: nothing to copy
+                    data = data.cpu()
                 if not _arrays.is_torch_tensor(data) and not isinstance(data, np.ndarray):
                     data = np.asarray(data)
                 keep.append(data)
@@ -532,6 +537,12 @@ class Client:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _on_device(x: Any) -> bool:
+    """A non-empty tensor in device (GPU) memory: staged with one device-to-arena copy. (An empty
+    one is just moved to the CPU: there is nothing to copy.)"""
+    return _arrays.is_device_tensor(x) and _arrays.nbytes(x) > 0
 
 
 def _object_bytes(value: Any) -> bytes:
