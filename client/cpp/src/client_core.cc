@@ -230,8 +230,9 @@ absl::Status ClientCore::HelloLocked() {
   if (!gs.ok()) {
     need_hello_ = true;
     if (gs.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
-      return absl::UnavailableError(absl::StrCat("ckptd at ", target_, " is unavailable: no answer to Hello within ",
-                                                 options_.connect_timeout_ms, " ms"));
+      return absl::UnavailableError(
+          absl::StrCat("ckptd at ", target_, " is unavailable: no answer to Hello within ",
+                       options_.connect_timeout_ms, " ms"));
     }
     return Convert("Hello", options_.connect_timeout_ms, gs);
   }

@@ -69,9 +69,9 @@ absl::Status CudaHostRegister(void* base, size_t bytes, const std::string& what)
   }
   int err = rt.host_register(base, bytes, kCudaHostRegisterPortable);
   if (err != 0) {
-    return absl::FailedPreconditionError(absl::StrCat("pinning ", what, " for CUDA: cudaHostRegister(",
-                                                      bytes, " bytes) failed: ",
-                                                      rt.error_string(err), " (error ", err, ")"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("pinning ", what, " for CUDA: cudaHostRegister(", bytes,
+                     " bytes) failed: ", rt.error_string(err), " (error ", err, ")"));
   }
   return absl::OkStatus();
 }
