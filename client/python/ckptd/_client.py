@@ -223,11 +223,8 @@ class Client:
         """Copies each array once into its own staging-arena buffer (GIL released; GPU tensors
         device to arena) and returns same-typed CPU views of those buffers. Saving a view copies
         nothing and hands the buffer to the daemon; a staged view must not be saved twice."""
-        arrays = [
-            a.cpu() if _arrays.is_device_tensor(a) and not _on_device(a) else a for a in arrays
-        ]
-        device = [i for i, a in enumerate(arrays) if _on_device(a)]
-        host = [i for i, a in enumerate(arrays) if not _on_device(a)]
+        device = [i for i, a in enumerate(arrays) if _arrays.is_device_tensor(a)]
+        host = [i for i, a in enumerate(arrays) if not _arrays.is_device_tensor(a)]
         out: list[Any] = [None] * len(arrays)
         for i, view in zip(
             device, self._stage_from_device([arrays[i] for i in device]), strict=True
@@ -253,17 +250,23 @@ class Client:
     def _stage_from_device(self, tensors: list[Any]) -> list[Any]:
         """Copies each device (GPU) tensor once into its own staging-arena buffer with copy_
         (DMA straight into the arena when it is pinned: pin_cuda=True) and returns arena-backed
-        CPU views of them, registered like stage()'s. Returns once the copies are done."""
+        CPU views of them, registered like stage()'s (an empty tensor: just a CPU copy, no
+        buffer). Returns once the copies are done."""
         import torch
 
-        bufs = self._native.allocate([max(1, _arrays.nbytes(t)) for t in tensors])
+        sized = [t for t in tensors if _arrays.nbytes(t) > 0]
+        bufs = self._native.allocate([_arrays.nbytes(t) for t in sized]) if sized else []
         views = []
         try:
-            for t, b in zip(tensors, bufs, strict=True):
+            next_buf = iter(bufs)
+            for t in tensors:
+                if _arrays.nbytes(t) == 0:
+                    views.append(t.cpu())
+                    continue
                 view = _arrays.view_of(
-                    b, 0, _arrays.shape_of(t), _arrays.dtype_name(t), as_torch=True
+                    next(next_buf), 0, _arrays.shape_of(t), _arrays.dtype_name(t), as_torch=True
                 )
-                view.copy_(t.resolve_conj().resolve_neg(), non_blocking=True)
+                view.copy_(t, non_blocking=True)  # value semantics: conj/neg views resolved
                 views.append(view)
             for device in {t.device for t in tensors if t.device.type == "cuda"}:
                 torch.cuda.synchronize(device)
@@ -330,14 +333,12 @@ class Client:
             name: value if isinstance(value, Shard) else Shard(value, _arrays.shape_of(value))
             for name, value in (tensors or {}).items()
         }
-        on_device = [n for n, s in shards.items() if _on_device(s.data)]
+        on_device = [n for n, s in shards.items() if _arrays.is_device_tensor(s.data)]
         staged_views = self._stage_from_device([shards[n].data for n in on_device])
         device_views = dict(zip(on_device, staged_views, strict=True))
         try:  # the device copies' buffers stay ours until the daemon takes them
             for name, shard in shards.items():
                 data = device_views.get(name, shard.data)
-                if _arrays.is_device_tensor(data):  # an empty one: nothing to copy
-                    data = data.cpu()
                 if not _arrays.is_torch_tensor(data) and not isinstance(data, np.ndarray):
                     data = np.asarray(data)
                 keep.append(data)
@@ -537,12 +538,6 @@ class Client:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _on_device(x: Any) -> bool:
-    """A non-empty tensor in device (GPU) memory: staged with one device-to-arena copy. (An empty
-    one is just moved to the CPU: there is nothing to copy.)"""
-    return _arrays.is_device_tensor(x) and _arrays.nbytes(x) > 0
 
 
 def _object_bytes(value: Any) -> bytes:

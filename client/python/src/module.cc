@@ -51,6 +51,18 @@ class PyClient {
 
   std::shared_ptr<Client> client() const { return client_; }
 
+  // Reserves arena buffers without filling them (the caller copies into them, e.g. from a GPU).
+  std::vector<PyArenaBuffer> Allocate(const std::vector<uint64_t>& sizes) {
+    absl::StatusOr<std::vector<ArenaBuffer>> got;
+    {
+      py::gil_scoped_release release;
+      got = client_->AllocateMany(sizes);
+    }
+    std::vector<PyArenaBuffer> out;
+    for (ArenaBuffer& b : Check(std::move(got))) out.push_back(PyArenaBuffer{std::move(b)});
+    return out;
+  }
+
   // Reserves arena buffers and gathers each source into its own: the one copy of a save.
   std::vector<PyArenaBuffer> Stage(const py::list& sources) {
     std::vector<StridedView> views;
@@ -61,28 +73,9 @@ class PyClient {
       sizes.push_back(std::max<uint64_t>(m.view.Bytes(), 1));
       views.push_back(m.view);
     }
-    absl::StatusOr<std::vector<ArenaBuffer>> got;
-    {
-      py::gil_scoped_release release;
-      got = client_->AllocateMany(sizes);
-      if (got.ok()) {
-        for (size_t i = 0; i < views.size(); ++i) CountedGather(views[i], (*got)[i].data);
-      }
-    }
-    std::vector<PyArenaBuffer> out;
-    for (ArenaBuffer& b : Check(std::move(got))) out.push_back(PyArenaBuffer{std::move(b)});
-    return out;
-  }
-
-  // Reserves arena buffers without filling them (the caller copies into them, e.g. from a GPU).
-  std::vector<PyArenaBuffer> Allocate(const std::vector<uint64_t>& sizes) {
-    absl::StatusOr<std::vector<ArenaBuffer>> got;
-    {
-      py::gil_scoped_release release;
-      got = client_->AllocateMany(sizes);
-    }
-    std::vector<PyArenaBuffer> out;
-    for (ArenaBuffer& b : Check(std::move(got))) out.push_back(PyArenaBuffer{std::move(b)});
+    std::vector<PyArenaBuffer> out = Allocate(sizes);
+    py::gil_scoped_release release;
+    for (size_t i = 0; i < views.size(); ++i) CountedGather(views[i], out[i].buffer.data);
     return out;
   }
 
