@@ -690,6 +690,15 @@ def _free_port() -> int:
 FIO_SHAPES = [("1M", 8), ("16M", 4), ("64M", 4)]  # block size, I/Os in flight
 
 
+def fio_command(path: str, rw: str, bs: str, depth: int, nbytes: int) -> list[str]:
+    """fio: a sequential O_DIRECT `rw` of nbytes at `path` through io_uring, fsync at the end."""
+    return [
+        "fio", "--name=limit", f"--filename={path}", f"--rw={rw}", f"--bs={bs}",
+        f"--iodepth={depth}", "--ioengine=io_uring", "--direct=1", f"--size={nbytes}",
+        "--end_fsync=1",
+    ]  # fmt: skip
+
+
 def fio_limits(data_dir: str, nbytes: int, out_file: str, drop: bool, when: str) -> None:
     """Sequential O_DIRECT write (io_uring, fsync at the end) and read of a file of nbytes in the
     data directory, at each of FIO_SHAPES; the summary takes the best of them as the limit."""
@@ -701,19 +710,7 @@ def fio_limits(data_dir: str, nbytes: int, out_file: str, drop: bool, when: str)
                 with open("/proc/sys/vm/drop_caches", "w") as f:
                     f.write("1\n")
             out = subprocess.run(
-                [
-                    "fio",
-                    "--name=limit",
-                    f"--filename={path}",
-                    f"--rw={rw}",
-                    f"--bs={bs}",
-                    f"--iodepth={depth}",
-                    "--ioengine=io_uring",
-                    "--direct=1",
-                    f"--size={nbytes}",
-                    "--end_fsync=1",
-                    "--output-format=json",
-                ],
+                [*fio_command(path, rw, bs, depth, nbytes), "--output-format=json"],
                 check=True,
                 capture_output=True,
                 text=True,

@@ -29,11 +29,16 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from ckpt_bench import start_daemon  # noqa: E402
+from ckpt_bench import fio_command, start_daemon  # noqa: E402
 
 SYSTEMS = [
     "none", "io_floor", "ckptd", "ckptd_dcp", "dcp_async", "dcp", "torch_save", "bytecheckpoint"
 ]  # fmt: skip
+
+
+def state_bytes(model: Any) -> int:
+    """Bytes of a checkpoint: the parameters and Adam's two moments of each."""
+    return sum(p.numel() * p.element_size() for p in model.parameters()) * 3
 
 
 def gpt(vocab: int, d: int, layers: int, heads: int, seq: int) -> Any:
@@ -136,13 +141,10 @@ class Checkpointer:
             # Not a checkpoint system: the durable write every system must do (the state's bytes,
             # O_DIRECT from another process, then fsync), to show what that alone costs the steps.
             os.makedirs(path, exist_ok=True)
-            nbytes = sum(p.numel() * p.element_size() for p in self.model.parameters()) * 3
             self.pending = subprocess.Popen(
-                ["fio", "--name=floor", f"--filename={path}/floor.dat", "--rw=write", "--bs=8M",
-                 "--iodepth=8", "--ioengine=io_uring", "--direct=1", f"--size={nbytes}",
-                 "--end_fsync=1"],
+                fio_command(f"{path}/floor.dat", "write", "8M", 8, state_bytes(self.model)),
                 stdout=subprocess.DEVNULL,
-            )  # fmt: skip
+            )
         elif self.system == "bytecheckpoint":
             from peers import bytecheckpoint_peer as bcp
 
@@ -201,7 +203,6 @@ def run_blocks(args: argparse.Namespace, sock: str) -> list[dict[str, Any]]:
         ck.save(i)
         ck.drain()
         _cleanup(args.state_dir, sock, system)
-    state_bytes = sum(p.numel() * p.element_size() for p in model.parameters()) * 3
     rows = []
     for r in range(args.rounds):
         order = systems[r % len(systems) :] + systems[: r % len(systems)]
@@ -225,7 +226,7 @@ def run_blocks(args: argparse.Namespace, sock: str) -> list[dict[str, Any]]:
                 "call_s": call,
                 "wait_s": end - steps_end,
                 "steps": args.every,
-                "state_bytes": state_bytes,
+                "state_bytes": state_bytes(model),
             }
             rows.append(row)
             print(
