@@ -13,19 +13,23 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "ckptd/status.h"
 #include "ckptd/storage.h"
 #include "dataplane/arena.h"
 #include "dataplane/buffered_io.h"
+#include "dataplane/memory_guard.h"
 #include "dataplane/region_registry.h"
 #include "format/crc32c.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "index/keys.h"
 #include "index/meta_store.h"
 #include "common/limits.h"
 #include "options.h"
 #include "rpc/grpc_service.h"
+#include "rpc/peer_listener.h"
 #include "service/checkpoint_service.h"
 #include "service/executor.h"
 #include "spdlog/spdlog.h"
@@ -62,6 +66,33 @@ void RemoveOrphanSegments(const std::string& prefix, const std::string& keep) {
   }
 }
 
+// The staging arena: the segment the journal names, if it is still exactly what this daemon
+// created (arena.h: owner, mode, size, generation), else a new one under a fresh random name,
+// which is journaled (synced) before anyone can use it. A random name means nobody can
+// pre-create the segment a daemon will use.
+absl::StatusOr<std::unique_ptr<StagingArena>> OpenArena(const DaemonOptions& o, MetaStore& meta,
+                                                        const std::string& prefix) {
+  const uint32_t mode = 0600 | (o.socket_mode & 0060);  // the socket's group may map it too
+  CKPTD_ASSIGN_OR_RETURN(std::optional<std::string> journaled, meta.Get(keys::Meta("arena")));
+  if (journaled) {
+    std::vector<std::string> parts = absl::StrSplit(*journaled, ' ');
+    if (parts.size() == 2) {
+      auto adopted = StagingArena::Open(parts[0], o.staging_bytes_max, o.staging_prefault,
+                                        o.staging_mlock, parts[1], mode, o.socket_gid);
+      if (adopted.ok()) return adopted;
+      spdlog::warn("not adopting the journaled staging arena {}: {}", parts[0],
+                   adopted.status().ToString());
+    }
+  }
+  std::string name = absl::StrCat("/", prefix, "arena-", RandomHexId().substr(0, 16));
+  CKPTD_ASSIGN_OR_RETURN(std::unique_ptr<StagingArena> arena,
+                         StagingArena::Open(name, o.staging_bytes_max, o.staging_prefault,
+                                            o.staging_mlock, "", mode, o.socket_gid));
+  MetaStore::Write w{keys::Meta("arena"), absl::StrCat(name, " ", arena->generation())};
+  CKPTD_RETURN_IF_ERROR(meta.Commit({&w, 1}, /*sync=*/true));
+  return arena;
+}
+
 absl::Status MakeDir(const std::string& dir) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
@@ -86,21 +117,23 @@ int Run(const DaemonOptions& o) {
     return 1;
   }
   const std::string prefix = ShmPrefix(o.state_dir);
-  const std::string arena_name = "/" + prefix + "arena";
-  absl::StatusOr<std::unique_ptr<StagingArena>> arena =
-      StagingArena::Open(arena_name, o.staging_bytes_max, o.staging_prefault, o.staging_mlock);
+  absl::StatusOr<std::unique_ptr<StagingArena>> arena = OpenArena(o, **meta, prefix);
   if (!arena.ok()) {
     spdlog::critical("staging arena: {}", arena.status().ToString());
     return 1;
   }
+  const std::string arena_name = (*arena)->shm_name();
   RemoveOrphanSegments(prefix, arena_name);
   std::unique_ptr<Io> io = NewUringIo(o.io_queue_depth);
   if (!o.direct_io) io = NewBufferedIo(std::move(io));
   std::unique_ptr<Storage> storage = NewPosixStorage(o.data_dir, io.get());
-  RegionRegistry regions;
+  RegionRegistry regions(ForbiddenRegions{"/" + prefix, (*arena)->dev(), (*arena)->ino()});
   Executor flush_pool("flush", o.flush_threads, 1 << 20);
   Executor quick_pool("rpc", o.rpc_threads, o.rpc_queue_max);
+  // Waits and reservations on their own bounded pools: Waits that may last an hour can never
+  // starve the reservations (or anything else) a save needs.
   Executor wait_pool("wait", o.waiters_max, o.waiters_max);
+  Executor reserve_pool("reserve", o.waiters_max, o.waiters_max);
   Executor load_pool("load", o.load_threads, o.rpc_queue_max);
   ServiceDeps deps{&o, meta->get(), storage.get(), arena->get(), &regions, &flush_pool};
   CheckpointService svc(deps);
@@ -112,25 +145,28 @@ int Run(const DaemonOptions& o) {
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  GrpcCheckpointService rpc(&svc, RpcPools{&quick_pool, &wait_pool, &load_pool});
-  std::filesystem::remove(o.socket_path);
+  absl::StatusOr<std::unique_ptr<PeerListener>> listener = PeerListener::Listen(
+      ListenOptions{o.socket_path, o.socket_mode, o.socket_gid, o.admin_gid});
+  if (!listener.ok()) {
+    spdlog::critical("cannot listen on {}: {}", o.socket_path, listener.status().ToString());
+    return 1;
+  }
+  GrpcCheckpointService rpc(&svc, listener->get(),
+                            RpcPools{&quick_pool, &wait_pool, &reserve_pool, &load_pool});
   grpc::ServerBuilder builder;
-  builder.AddListeningPort("unix:" + o.socket_path, grpc::InsecureServerCredentials());
+  // No listening port: connections come from PeerListener, which asks the kernel who they are.
   builder.RegisterService(&rpc);
   builder.SetMaxReceiveMessageSize(limits::kRpcMessageBytesMax);
   builder.SetMaxSendMessageSize(limits::kRpcMessageBytesMax);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server) {
-    spdlog::critical("cannot listen on unix:{}", o.socket_path);
+    spdlog::critical("cannot start the gRPC server");
     return 1;
   }
-  if (chmod(o.socket_path.c_str(), 0600) != 0) {
-    spdlog::critical("chmod 0600 {}: {}", o.socket_path, std::strerror(errno));
-    return 1;
-  }
-  spdlog::info("ckptd ready on unix:{} (data {}, arena {} of {} bytes{}, instance {})",
-               o.socket_path, o.data_dir, arena_name, o.staging_bytes_max,
-               (*arena)->adopted() ? ", adopted" : "", svc.instance_id());
+  (*listener)->Start(server.get());
+  spdlog::info("ckptd ready on unix:{} (mode 0{:o}; data {}, arena {} of {} bytes{}, instance {})",
+               o.socket_path, o.socket_mode, o.data_dir, (*arena)->shm_name(),
+               o.staging_bytes_max, (*arena)->adopted() ? ", adopted" : "", svc.instance_id());
 
   sigset_t set;
   sigemptyset(&set);
@@ -139,6 +175,8 @@ int Run(const DaemonOptions& o) {
   int sig = 0;
   sigwait(&set, &sig);
   spdlog::info("signal {}: stopping (grace {} s)", sig, o.shutdown_grace_s);
+  (*listener)->Stop();
+  rpc.CloseSessions();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   bool drained = true;
   bool nothing_staged = svc.Shutdown(absl::Seconds(o.shutdown_grace_s), &drained);
@@ -153,6 +191,7 @@ int Run(const DaemonOptions& o) {
   }
   quick_pool.Stop();
   wait_pool.Stop();
+  reserve_pool.Stop();
   load_pool.Stop();
   if (nothing_staged) {
     (*arena)->Unlink();
@@ -176,6 +215,7 @@ int main(int argc, char** argv) {
   sigaddset(&set, SIGINT);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   signal(SIGPIPE, SIG_IGN);
+  ckptd::InstallMemoryGuard();
   std::vector<std::string> args(argv + 1, argv + argc);
   absl::StatusOr<ckptd::DaemonOptions> o = ckptd::ParseOptions(args);
   if (!o.ok()) {

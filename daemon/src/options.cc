@@ -1,5 +1,7 @@
 #include "options.h"
 
+#include <grp.h>
+
 #include <fstream>
 #include <functional>
 #include <map>
@@ -8,6 +10,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
@@ -44,6 +47,35 @@ Setter IntSetter(T DaemonOptions::*field, std::string name) {
   };
 }
 
+Setter OctalSetter(uint32_t DaemonOptions::*field) {
+  return [field](DaemonOptions& o, absl::string_view v) {
+    uint32_t parsed = 0;
+    if (v.empty() || v.size() > 4) parsed = 010000;
+    for (char c : v) parsed = (c >= '0' && c <= '7') ? parsed * 8 + (c - '0') : 010000;
+    if (parsed > 0777) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("option socket_mode: \"", v, "\" is not octal permission bits (e.g. 0660)"));
+    }
+    o.*field = parsed;
+    return absl::OkStatus();
+  };
+}
+
+// A group name or number; -1 for "".
+absl::StatusOr<int64_t> ResolveGroup(const std::string& name, const char* option) {
+  if (name.empty()) return -1;
+  uint32_t gid = 0;
+  if (absl::SimpleAtoi(name, &gid)) return gid;
+  struct group g;
+  struct group* found = nullptr;
+  std::vector<char> buf(16384);
+  if (getgrnam_r(name.c_str(), &g, buf.data(), buf.size(), &found) != 0 || found == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("option ", option, ": no group named \"", name, "\""));
+  }
+  return found->gr_gid;
+}
+
 Setter BoolSetter(bool DaemonOptions::*field, std::string name) {
   return [field, name](DaemonOptions& o, absl::string_view v) {
     std::string s = absl::AsciiStrToLower(v);
@@ -75,8 +107,6 @@ const std::map<std::string, OptionDef>& Defs() {
                             IntSetter(&O::stage_timeout_ms, "stage_timeout_ms")}},
       {"reserve_timeout_ms", {"wait for arena space at most this",
                               IntSetter(&O::reserve_timeout_ms, "reserve_timeout_ms")}},
-      {"reservation_ttl_ms", {"free unused reservations after this",
-                              IntSetter(&O::reservation_ttl_ms, "reservation_ttl_ms")}},
       {"io_queue_depth", {"I/Os in flight per batch",
                           IntSetter(&O::io_queue_depth, "io_queue_depth")}},
       {"direct_io", {"use O_DIRECT", BoolSetter(&O::direct_io, "direct_io")}},
@@ -95,6 +125,9 @@ const std::map<std::string, OptionDef>& Defs() {
       {"shutdown_grace_s", {"SIGTERM waits this long for flushes",
                             IntSetter(&O::shutdown_grace_s, "shutdown_grace_s")}},
       {"log_format", {"text or json", StringSetter(&O::log_format)}},
+      {"socket_mode", {"socket permission bits, octal (0600 or 0660)", OctalSetter(&O::socket_mode)}},
+      {"socket_group", {"group that may connect and map the arena", StringSetter(&O::socket_group)}},
+      {"admin_group", {"group that may read and delete every job", StringSetter(&O::admin_group)}},
       {"log_level", {"trace|debug|info|warn|error", StringSetter(&O::log_level)}},
       {"debug_flush_delay_ms", {"testing: delay every flush",
                                 IntSetter(&O::debug_flush_delay_ms, "debug_flush_delay_ms")}},
@@ -151,6 +184,13 @@ absl::Status Range(absl::string_view name, uint64_t v, uint64_t lo, uint64_t hi)
 
 absl::Status DaemonOptions::Validate() {
   if (state_dir.empty()) return absl::InvalidArgumentError("option state_dir is empty");
+  if ((socket_mode & 0600) != 0600 || (socket_mode & 0007) != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "option socket_mode = 0%o must give the owner read+write and others nothing (0600, "
+        "0660 ...)", socket_mode));
+  }
+  CKPTD_ASSIGN_OR_RETURN(socket_gid, ResolveGroup(socket_group, "socket_group"));
+  CKPTD_ASSIGN_OR_RETURN(admin_gid, ResolveGroup(admin_group, "admin_group"));
   while (state_dir.size() > 1 && state_dir.back() == '/') state_dir.pop_back();
   if (data_dir.empty()) data_dir = state_dir + "/data";
   if (socket_path.empty()) socket_path = state_dir + "/ckptd.sock";
@@ -168,8 +208,6 @@ absl::Status DaemonOptions::Validate() {
   }
   CKPTD_RETURN_IF_ERROR(Range("stage_timeout_ms", stage_timeout_ms, 100, 7 * 24 * 3600 * 1000ull));
   CKPTD_RETURN_IF_ERROR(Range("reserve_timeout_ms", reserve_timeout_ms, 0, 3600 * 1000));
-  CKPTD_RETURN_IF_ERROR(
-      Range("reservation_ttl_ms", reservation_ttl_ms, 1000, 7 * 24 * 3600 * 1000ull));
   CKPTD_RETURN_IF_ERROR(Range("io_queue_depth", io_queue_depth, 1, limits::kIoQueueDepthMax));
   CKPTD_RETURN_IF_ERROR(Range("checksum_block_bytes", checksum_block_bytes, 4096, 16 << 20));
   if ((checksum_block_bytes & (checksum_block_bytes - 1)) != 0) {

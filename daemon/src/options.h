@@ -21,6 +21,19 @@ struct DaemonOptions {
   // The unix socket clients connect to (mode 0600). At most 107 bytes.
   // Default: <state_dir>/ckptd.sock
   std::string socket_path;
+  // Permission bits of the unix socket (octal). 0600 lets only the daemon's uid connect; 0660
+  // with socket_group lets that group's members connect too. Default: 0600
+  uint32_t socket_mode = 0600;
+  // Group (name or number) given the socket and the staging arena, so its members can connect
+  // and map the arena. Everyone who may connect can read and write the whole arena: give it only
+  // to uids that trust each other with staged bytes. Empty: the daemon's own group. Default: ""
+  std::string socket_group;
+  // Members of this group (name or number), and root, may read, abort and delete every job;
+  // anyone else only the jobs they own. Empty: root only. Default: ""
+  std::string admin_group;
+  // Resolved by Validate() from socket_group / admin_group; -1 when empty.
+  int64_t socket_gid = -1;
+  int64_t admin_gid = -1;
   // Size of the shared-memory staging arena, allocated and pre-faulted at start.
   // Default: 1073741824 (1 GiB)
   uint64_t staging_bytes_max = uint64_t{1} << 30;
@@ -33,8 +46,6 @@ struct DaemonOptions {
   uint64_t stage_timeout_ms = 600000;
   // How long a ReserveExtents waits for arena space before RESOURCE_EXHAUSTED. Default: 30000
   uint64_t reserve_timeout_ms = 30000;
-  // Reserved extents not named by a Save within this time are freed. Default: 600000
-  uint64_t reservation_ttl_ms = 600000;
   // Transfers in flight per I/O batch (io_uring queue depth), each of at most 8 MiB: 64 MiB in
   // flight saturates the disk without queueing a synced journal write behind gigabytes. Default: 8
   uint32_t io_queue_depth = 8;

@@ -139,7 +139,7 @@ std::string Daemon::data_dir() const {
 std::string Daemon::Log() const { return ReadFile(log_path()); }
 
 std::string Daemon::ArenaName() const {
-  static const std::regex re("arena (/ckptd-[0-9a-f]+-arena)");
+  static const std::regex re("arena (/ckptd-[0-9a-f]+-arena-[0-9a-f]+)");
   std::string log = Log();
   std::string last;
   for (std::sregex_iterator it(log.begin(), log.end(), re), end; it != end; ++it) {
@@ -152,7 +152,7 @@ void Daemon::RemoveShmSegments() {
   std::string arena = ArenaName();
   if (arena.empty()) return;
   // Everything with this daemon's prefix ("ckptd-xxxxxxxx-"), the arena included.
-  std::string prefix = arena.substr(1, arena.size() - 1 - std::strlen("arena"));
+  std::string prefix = arena.substr(1, arena.rfind("arena-") - 1);
   std::error_code ec;
   for (const auto& e : fs::directory_iterator("/dev/shm", ec)) {
     std::string name = e.path().filename().string();

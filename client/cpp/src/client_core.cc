@@ -22,7 +22,6 @@ constexpr const char* kDefaultSocket = "/var/lib/ckptd/ckptd.sock";
 constexpr int kRpcMessageBytesMax = 64 * 1024 * 1024;  // daemon's limits::kRpcMessageBytesMax
 constexpr uint64_t kExtentsPerReserveDefault = 65536;  // used if Hello's limits leave it 0
 constexpr int kGoodbyeTimeoutMs = 1000;
-constexpr auto kWatchPoll = std::chrono::milliseconds(100);
 
 std::string ResolveSocket(const ClientOptions& options) {
   if (!options.socket_path.empty()) return options.socket_path;
@@ -145,31 +144,47 @@ ClientCore::ClientCore(ClientOptions options, std::string target,
     : options_(std::move(options)),
       target_(std::move(target)),
       channel_(std::move(channel)),
-      stub_(v1::Checkpoint::NewStub(channel_)) {
-  watcher_ = std::thread([this] { WatchChannel(); });
-}
+      stub_(v1::Checkpoint::NewStub(channel_)) {}
 
 ClientCore::~ClientCore() {
-  stop_ = true;
-  watcher_.join();
-  std::string session_id;
-  {
-    absl::MutexLock l(&mu_);
-    session_id = session_.session_id;
-  }
-  if (!session_id.empty()) GoodbyeQuietly(session_id);
+  absl::MutexLock l(&mu_);
+  if (!session_.session_id.empty() && !need_hello_.load()) GoodbyeQuietly(session_.session_id);
+  DetachLocked();
 }
 
-void ClientCore::WatchChannel() {
-  grpc_connectivity_state last = channel_->GetState(false);
-  while (!stop_.load()) {
-    if (channel_->WaitForStateChange(last, std::chrono::system_clock::now() + kWatchPoll)) {
-      // Leaving READY means the connection dropped: the daemon may be a new instance, even if
-      // the channel is READY again by now.
-      if (last == GRPC_CHANNEL_READY) need_hello_ = true;
-      last = channel_->GetState(false);
-    }
+absl::Status ClientCore::AttachLocked(const std::string& session_id) {
+  v1::AttachRequest req;
+  req.set_session_id(session_id);
+  attach_ctx_ = std::make_unique<grpc::ClientContext>();
+  attach_reader_ = stub_->Attach(attach_ctx_.get(), req);
+  v1::SessionEvent first;
+  if (!attach_reader_->Read(&first) || !first.attached()) {
+    grpc::Status gs = attach_reader_->Finish();
+    attach_reader_.reset();
+    attach_ctx_.reset();
+    return Convert("Attach", options_.connect_timeout_ms,
+                   gs.ok() ? grpc::Status(grpc::StatusCode::INTERNAL, "Attach ended at once")
+                           : gs);
   }
+  grpc::ClientReader<v1::SessionEvent>* reader = attach_reader_.get();
+  const uint64_t epoch = attach_epoch_.load();
+  attach_thread_ = std::thread([this, reader, epoch] {
+    v1::SessionEvent e;
+    while (reader->Read(&e)) {
+    }
+    // The stream ended: so did the session (connection dropped, daemon stopped or restarted).
+    if (attach_epoch_.load() == epoch) need_hello_ = true;
+  });
+  return absl::OkStatus();
+}
+
+void ClientCore::DetachLocked() {
+  attach_epoch_.fetch_add(1);
+  if (attach_ctx_ != nullptr) attach_ctx_->TryCancel();
+  if (attach_thread_.joinable()) attach_thread_.join();
+  if (attach_reader_ != nullptr) (void)attach_reader_->Finish();
+  attach_reader_.reset();
+  attach_ctx_.reset();
 }
 
 absl::Status ClientCore::Convert(const char* name, int64_t timeout_ms,
@@ -236,27 +251,34 @@ absl::Status ClientCore::HelloLocked() {
     }
     return Convert("Hello", options_.connect_timeout_ms, gs);
   }
-  if (!session_.session_id.empty() && resp.daemon_instance() == daemon_instance_) {
-    // Same daemon: the old session, its extents and regions are still valid.
-    GoodbyeQuietly(resp.session_id());
-    return absl::OkStatus();
-  }
-  absl::StatusOr<std::shared_ptr<ArenaMapping>> arena =
-      ArenaMapping::Map(resp.arena_shm_name(), resp.arena_bytes(), options_.pin_arena_for_cuda);
-  if (!arena.ok()) {
-    GoodbyeQuietly(resp.session_id());
+  // The old session (if any) is over: its stream ended, or a call found it unknown.
+  DetachLocked();
+  if (absl::Status attached = AttachLocked(resp.session_id()); !attached.ok()) {
     need_hello_ = true;
-    return absl::Status(arena.status().code(),
-                        absl::StrCat("mapping the staging arena of ckptd at ", target_, ": ",
-                                     arena.status().message()));
+    return attached;
+  }
+  std::shared_ptr<ArenaMapping> mapping = session_.arena;
+  if (mapping == nullptr || resp.daemon_instance() != daemon_instance_ ||
+      mapping->name() != resp.arena_shm_name()) {
+    absl::StatusOr<std::shared_ptr<ArenaMapping>> arena = ArenaMapping::Map(
+        resp.arena_shm_name(), resp.arena_bytes(), options_.pin_arena_for_cuda);
+    if (!arena.ok()) {
+      GoodbyeQuietly(resp.session_id());
+      DetachLocked();
+      need_hello_ = true;
+      return absl::Status(arena.status().code(),
+                          absl::StrCat("mapping the staging arena of ckptd at ", target_, ": ",
+                                       arena.status().message()));
+    }
+    mapping = *std::move(arena);
   }
   const bool restarted = !session_.session_id.empty();
   session_.session_id = resp.session_id();
-  session_.arena = *std::move(arena);
+  session_.arena = std::move(mapping);
   session_.generation += 1;
   session_.limits = resp.limits();
   daemon_instance_ = resp.daemon_instance();
-  outstanding_.clear();  // extents of the old instance mean nothing to the new one
+  outstanding_.clear();  // extents of the old session were released with it
   ReregisterLocked();
   if (restarted) reconnects_.fetch_add(1);
   return absl::OkStatus();

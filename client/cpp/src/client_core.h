@@ -1,9 +1,16 @@
-// Internal to libckptd-client: the session with one daemon (Hello, arena mapping, re-connection
-// after a daemon restart, registered regions, outstanding arena buffers) and the RPC helper that
-// puts a deadline on every call and maps gRPC statuses onto absl ones.
+// Internal to libckptd-client: the session with one daemon (Hello + Attach, arena mapping,
+// re-connection after a daemon restart or a dropped connection, registered regions, outstanding
+// arena buffers) and the RPC helper that puts a deadline on every call and maps gRPC statuses
+// onto absl ones.
+//
+// Session lifetime: the daemon binds a session to the connection and to our Attach stream (see
+// the proto). A thread reads that stream; when it ends (connection dropped, daemon stopped) the
+// session is over on the daemon's side — its extents and regions released — so the next call
+// opens a new session (a new generation: buffers of the old one are refused with
+// FAILED_PRECONDITION) and registers the regions again.
 //
 // Threads: every method is thread-safe. mu_ guards the session state and is held across the
-// re-connection sequence (Hello, map, re-register), never across the data-path RPCs.
+// re-connection sequence (Hello, Attach, map, re-register), never across the data-path RPCs.
 #pragma once
 
 #include <atomic>
@@ -142,9 +149,13 @@ class ClientCore {
 
   ClientCore(ClientOptions options, std::string target, std::shared_ptr<grpc::Channel> channel);
   absl::Status HelloLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Opens the Attach stream of `session_id` and waits for its first event; the reader thread
+  // then watches it end.
+  absl::Status AttachLocked(const std::string& session_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Cancels the current Attach stream (if any) and joins its reader.
+  void DetachLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReregisterLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void GoodbyeQuietly(const std::string& session_id);
-  void WatchChannel();
   absl::StatusOr<Session> EnsureSessionLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ArenaMemRef(const Session& session, const BufferRef& ref, uint64_t length,
                            v1::MemRef* out);
@@ -165,9 +176,12 @@ class ClientCore {
   // Allocate()d extents of this session not yet consumed or released: id -> usable bytes.
   std::unordered_map<uint64_t, uint64_t> outstanding_ ABSL_GUARDED_BY(mu_);
 
-  // Notices the connection dropping (a daemon restart may not fail any call of ours).
-  std::atomic<bool> stop_{false};
-  std::thread watcher_;
+  // The Attach stream of the current session and its reader thread.
+  std::unique_ptr<grpc::ClientContext> attach_ctx_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<grpc::ClientReader<v1::SessionEvent>> attach_reader_ ABSL_GUARDED_BY(mu_);
+  std::thread attach_thread_ ABSL_GUARDED_BY(mu_);
+  // Bumped whenever a stream is replaced, so an old reader ending does not flag the new session.
+  std::atomic<uint64_t> attach_epoch_{0};
 };
 
 // Process-wide copy counters (Client::copy_stats).

@@ -27,6 +27,9 @@ inline constexpr uint64_t kExtentsPerReserveMax = 65536;
 inline constexpr uint64_t kExtentsPerSessionMax = 1 << 20;
 inline constexpr uint64_t kRegionsPerSessionMax = 64;
 inline constexpr uint64_t kSessionsMax = 4096;
+inline constexpr uint64_t kSessionsPerUidMax = 1024;
+// A session must open its Attach stream within this long after Hello, or it ends.
+inline constexpr uint64_t kSessionAttachTimeoutMs = 10000;
 inline constexpr uint64_t kLoadRequestsMax = 262144;
 inline constexpr uint64_t kObjectBytesMax = 256 * kMiB;
 inline constexpr uint64_t kItemsPerCheckpointMax = 16 * 1024 * 1024;

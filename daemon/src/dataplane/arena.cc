@@ -56,52 +56,76 @@ uint64_t RandomExtentIdBase() {
   return (v & 0xffffffull) << 32 | 1;  // ids stay well below 2^63
 }
 
-absl::StatusOr<std::unique_ptr<StagingArena>> StagingArena::Open(const std::string& shm_name,
-                                                                 uint64_t size_bytes,
-                                                                 bool prefault, bool mlock_pages) {
+namespace {
+
+// The segment of a previous run of this daemon, only if it is exactly what that run created:
+// a regular file owned by the daemon's euid, with the daemon's mode, the size and the journaled
+// generation. Anything else is refused (never adopted, never touched).
+absl::Status CheckAdoptable(int fd, const std::string& what, uint64_t size_bytes, uint32_t mode,
+                            const std::string& generation) {
+  struct stat st;
+  if (fstat(fd, &st) != 0) return ErrnoStatus(errno, absl::StrCat("fstat ", what));
+  if (!S_ISREG(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 07777) != mode) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s is not the daemon's (owner uid %d, mode 0%o; expected uid %d, mode 0%o)", what,
+        st.st_uid, st.st_mode & 07777, geteuid(), mode));
+  }
+  ArenaHeader h{};
+  if (static_cast<uint64_t>(st.st_size) != size_bytes ||
+      pread(fd, &h, sizeof h, 0) != static_cast<ssize_t>(sizeof h) ||
+      std::memcmp(h.magic, kArenaMagic, 8) != 0 || h.size_bytes != size_bytes ||
+      std::string(h.generation, 32) != generation) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, " does not match the journal (size ", st.st_size, " vs ", size_bytes,
+        ", or another generation than ", generation, ")"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<StagingArena>> StagingArena::Open(
+    const std::string& shm_name, uint64_t size_bytes, bool prefault, bool mlock_pages,
+    const std::string& adopt_generation, uint32_t mode, int64_t gid) {
   std::unique_ptr<StagingArena> arena(new StagingArena());
   arena->shm_name_ = shm_name;
   arena->size_bytes_ = size_bytes;
   std::string what = absl::StrCat("staging arena shm ", shm_name);
 
-  int fd = shm_open(shm_name.c_str(), O_RDWR, 0600);
-  if (fd >= 0) {
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-      int err = errno;
+  int fd = -1;
+  if (!adopt_generation.empty()) {
+    fd = shm_open(shm_name.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC, 0);
+    if (fd < 0) return ErrnoStatus(errno, absl::StrCat("shm_open ", what));
+    absl::Status ok = CheckAdoptable(fd, what, size_bytes, mode, adopt_generation);
+    if (!ok.ok()) {
       close(fd);
-      return ErrnoStatus(err, absl::StrCat("fstat ", what));
+      return ok;
     }
-    ArenaHeader h{};
-    bool valid = static_cast<uint64_t>(st.st_size) == size_bytes &&
-                 pread(fd, &h, sizeof h, 0) == static_cast<ssize_t>(sizeof h) &&
-                 std::memcmp(h.magic, kArenaMagic, 8) == 0 && h.size_bytes == size_bytes;
-    if (valid) {
-      h.generation[32] = '\0';
-      arena->generation_ = h.generation;
-      arena->adopted_ = true;
-    } else {
-      spdlog::warn("{} exists but does not match (size {} vs {}): recreating it", what,
-                   st.st_size, size_bytes);
-      close(fd);
-      fd = -1;
-      if (shm_unlink(shm_name.c_str()) != 0 && errno != ENOENT) {
-        return ErrnoStatus(errno, absl::StrCat("shm_unlink ", what));
-      }
+    arena->generation_ = adopt_generation;
+    arena->adopted_ = true;
+  } else {
+    // O_EXCL: a segment someone else created under this name is never taken over.
+    fd = shm_open(shm_name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
+    if (fd < 0) return ErrnoStatus(errno, absl::StrCat("shm_open(O_CREAT|O_EXCL) ", what));
+    absl::Status set = absl::OkStatus();
+    if (fchmod(fd, mode) != 0) {
+      set = ErrnoStatus(errno, absl::StrCat("fchmod ", what));
+    } else if (gid >= 0 && fchown(fd, static_cast<uid_t>(-1), static_cast<gid_t>(gid)) != 0) {
+      set = ErrnoStatus(errno, absl::StrCat("fchown ", what, " to gid ", gid));
+    } else if (ftruncate(fd, static_cast<off_t>(size_bytes)) != 0) {
+      set = ErrnoStatus(errno, absl::StrCat("ftruncate ", what, " to ", size_bytes, " bytes"));
     }
-  } else if (errno != ENOENT) {
-    return ErrnoStatus(errno, absl::StrCat("shm_open ", what));
-  }
-  if (fd < 0) {
-    fd = shm_open(shm_name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
-    if (fd < 0) return ErrnoStatus(errno, absl::StrCat("shm_open(O_CREAT) ", what));
-    if (ftruncate(fd, static_cast<off_t>(size_bytes)) != 0) {
-      int err = errno;
+    if (!set.ok()) {
       close(fd);
       shm_unlink(shm_name.c_str());
-      return ErrnoStatus(err, absl::StrCat("ftruncate ", what, " to ", size_bytes, " bytes"));
+      return set;
     }
     arena->generation_ = RandomHexId();
+  }
+  struct stat st;
+  if (fstat(fd, &st) == 0) {
+    arena->dev_ = st.st_dev;
+    arena->ino_ = st.st_ino;
   }
   void* p = mmap(nullptr, size_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   int mmap_err = errno;
@@ -235,7 +259,7 @@ absl::StatusOr<std::vector<ExtentInfo>> StagingArena::Reserve(const std::string&
         ok = false;
         break;
       }
-      out.push_back(ExtentInfo{next_id_++, *off, len, session, false, absl::Now()});
+      out.push_back(ExtentInfo{next_id_++, *off, len, session, false, 0, false});
     }
     if (ok) {
       for (const ExtentInfo& e : out) extents_[e.id] = e;
@@ -258,19 +282,65 @@ absl::StatusOr<std::vector<ExtentInfo>> StagingArena::Reserve(const std::string&
 absl::StatusOr<ExtentInfo> StagingArena::Lookup(const std::string& session, uint64_t id) const {
   absl::MutexLock lock(&mu_);
   auto it = extents_.find(id);
-  if (it == extents_.end() || it->second.daemon_owned || it->second.session != session) {
+  if (it == extents_.end() || it->second.daemon_owned || it->second.released ||
+      it->second.session != session) {
     return absl::NotFoundError(
         absl::StrCat("unknown extent ", id, " (not reserved by this session, or already saved)"));
   }
   return it->second;
 }
 
+absl::StatusOr<ExtentLease> StagingArena::Lease(const std::string& session, uint64_t id) {
+  absl::MutexLock lock(&mu_);
+  auto it = extents_.find(id);
+  if (it == extents_.end() || it->second.daemon_owned || it->second.released ||
+      it->second.session != session) {
+    return absl::NotFoundError(
+        absl::StrCat("unknown extent ", id, " (not reserved by this session, or already saved)"));
+  }
+  ++it->second.leases;
+  // The copy handed out is a snapshot for reading offset/length; the deleter ends the lease.
+  return ExtentLease(new ExtentInfo(it->second), [this](const ExtentInfo* e) {
+    EndLease(e->id);
+    delete e;
+  });
+}
+
+void StagingArena::EndLease(uint64_t id) {
+  absl::MutexLock lock(&mu_);
+  auto it = extents_.find(id);
+  CKPTD_CHECK(it != extents_.end() && it->second.leases > 0);
+  if (--it->second.leases == 0 && it->second.released) {
+    FreeRangeLocked(it->second.offset, it->second.length);
+    free_bytes_ += it->second.length;
+    extents_.erase(it);
+  }
+}
+
+absl::Status StagingArena::CheckDistinct(std::span<const uint64_t> ids, const char* what) {
+  absl::flat_hash_map<uint64_t, size_t> seen;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (!seen.emplace(ids[i], i).second) {
+      return absl::InvalidArgumentError(absl::StrCat("extent ", ids[i], " is named twice (",
+                                                     seen[ids[i]], " and ", i, ") in one ", what));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status StagingArena::Take(const std::string& session, std::span<const uint64_t> ids) {
+  CKPTD_RETURN_IF_ERROR(CheckDistinct(ids, "save"));
   absl::MutexLock lock(&mu_);
   for (uint64_t id : ids) {
     auto it = extents_.find(id);
-    if (it == extents_.end() || it->second.daemon_owned || it->second.session != session) {
+    if (it == extents_.end() || it->second.daemon_owned || it->second.released ||
+        it->second.session != session) {
       return absl::NotFoundError(absl::StrCat("unknown extent ", id));
+    }
+    if (it->second.leases > 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "extent ", id, " is the destination of a load in progress; save it once that load "
+          "returned"));
     }
   }
   for (uint64_t id : ids) {
@@ -285,57 +355,51 @@ void StagingArena::Free(std::span<const uint64_t> ids) {
   absl::MutexLock lock(&mu_);
   for (uint64_t id : ids) {
     auto it = extents_.find(id);
-    CKPTD_CHECK(it != extents_.end() && it->second.daemon_owned);
+    CKPTD_CHECK(it != extents_.end() && it->second.daemon_owned && it->second.leases == 0);
     FreeRangeLocked(it->second.offset, it->second.length);
     free_bytes_ += it->second.length;
     extents_.erase(it);
   }
 }
 
+void StagingArena::ReleaseLocked(absl::flat_hash_map<uint64_t, ExtentInfo>::iterator it) {
+  if (it->second.leases > 0) {
+    it->second.released = true;  // EndLease frees it
+    it->second.session.clear();
+    return;
+  }
+  FreeRangeLocked(it->second.offset, it->second.length);
+  free_bytes_ += it->second.length;
+  extents_.erase(it);
+}
+
 absl::Status StagingArena::Release(const std::string& session, std::span<const uint64_t> ids) {
+  CKPTD_RETURN_IF_ERROR(CheckDistinct(ids, "release"));
   absl::MutexLock lock(&mu_);
   for (uint64_t id : ids) {
     auto it = extents_.find(id);
-    if (it == extents_.end() || it->second.daemon_owned || it->second.session != session) {
+    if (it == extents_.end() || it->second.daemon_owned || it->second.released ||
+        it->second.session != session) {
       return absl::NotFoundError(absl::StrCat("unknown extent ", id, " (cannot release it)"));
     }
   }
-  for (uint64_t id : ids) {
-    auto it = extents_.find(id);
-    FreeRangeLocked(it->second.offset, it->second.length);
-    free_bytes_ += it->second.length;
-    extents_.erase(it);
-  }
+  for (uint64_t id : ids) ReleaseLocked(extents_.find(id));
   return absl::OkStatus();
 }
 
 void StagingArena::ReleaseSession(const std::string& session) {
   absl::MutexLock lock(&mu_);
-  for (auto it = extents_.begin(); it != extents_.end();) {
-    if (!it->second.daemon_owned && it->second.session == session) {
-      FreeRangeLocked(it->second.offset, it->second.length);
-      free_bytes_ += it->second.length;
-      extents_.erase(it++);
-    } else {
-      ++it;
-    }
+  std::vector<uint64_t> ids;
+  for (const auto& [id, e] : extents_) {
+    if (!e.daemon_owned && !e.released && e.session == session) ids.push_back(id);
   }
+  for (uint64_t id : ids) ReleaseLocked(extents_.find(id));
 }
 
-size_t StagingArena::ExpireReservations(absl::Duration ttl) {
-  absl::Time cutoff = absl::Now() - ttl;
-  size_t n = 0;
+size_t StagingArena::reserved_count() const {
   absl::MutexLock lock(&mu_);
-  for (auto it = extents_.begin(); it != extents_.end();) {
-    if (!it->second.daemon_owned && it->second.reserved_at < cutoff) {
-      FreeRangeLocked(it->second.offset, it->second.length);
-      free_bytes_ += it->second.length;
-      extents_.erase(it++);
-      ++n;
-    } else {
-      ++it;
-    }
-  }
+  size_t n = 0;
+  for (const auto& [id, e] : extents_) n += !e.daemon_owned;
   return n;
 }
 
@@ -359,7 +423,7 @@ absl::Status StagingArena::Restore(uint64_t id, uint64_t offset, uint64_t length
   if (offset > f_off) free_[f_off] = offset - f_off;
   if (f_off + f_len > offset + length) free_[offset + length] = f_off + f_len - offset - length;
   free_bytes_ -= length;
-  extents_[id] = ExtentInfo{id, offset, length, "", true, absl::Now()};
+  extents_[id] = ExtentInfo{id, offset, length, "", true, 0, false};
   next_id_ = std::max(next_id_, id + 1);
   return absl::OkStatus();
 }

@@ -13,9 +13,10 @@ namespace ckptd {
 
 MappedRegion::~MappedRegion() {
   if (base != nullptr) munmap(base, size_bytes);
+  if (fd >= 0) close(fd);
 }
 
-absl::StatusOr<uint64_t> RegionRegistry::Register(const std::string& session,
+absl::StatusOr<uint64_t> RegionRegistry::Register(const std::string& session, uint32_t owner_uid,
                                                   const v1::RegisterRegionRequest& req) {
   if (req.kind() == v1::CUDA_IPC) {
     return absl::UnimplementedError("CUDA IPC regions are not implemented in this build yet");
@@ -41,29 +42,54 @@ absl::StatusOr<uint64_t> RegionRegistry::Register(const std::string& session,
           "session has ", n, " regions registered, the limit is ", limits::kRegionsPerSessionMax));
     }
   }
-  int fd = shm_open(name.c_str(), O_RDWR, 0);
-  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("region shm_open ", name));
+  if (!forbidden_.shm_prefix.empty() && name.rfind(forbidden_.shm_prefix, 0) == 0) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("region ", name, ": the daemon's own shared memory cannot be registered"));
+  }
+  int fd = shm_open(name.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC, 0);
+  if (fd < 0) {
+    if (errno == ELOOP) {
+      return absl::PermissionDeniedError(absl::StrCat("region ", name, " is a symlink"));
+    }
+    return ErrnoStatus(errno, absl::StrCat("region shm_open ", name));
+  }
   struct stat st;
   if (fstat(fd, &st) != 0) {
     int err = errno;
     close(fd);
     return ErrnoStatus(err, absl::StrCat("region fstat ", name));
   }
-  if (static_cast<uint64_t>(st.st_size) < req.size_bytes()) {
+  absl::Status refused;
+  if (!S_ISREG(st.st_mode)) {
+    refused = absl::PermissionDeniedError(absl::StrCat("region ", name, " is not a regular file"));
+  } else if (st.st_uid != owner_uid) {
+    refused = absl::PermissionDeniedError(absl::StrCat("region ", name, " is owned by uid ",
+                                                       st.st_uid, ", not by the caller's uid ",
+                                                       owner_uid));
+  } else if (st.st_dev == forbidden_.arena_dev && st.st_ino == forbidden_.arena_ino) {
+    refused = absl::PermissionDeniedError(
+        absl::StrCat("region ", name, " is the daemon's staging arena"));
+  } else if (static_cast<uint64_t>(st.st_size) < req.size_bytes()) {
+    refused = absl::InvalidArgumentError(absl::StrCat("region ", name, " is ", st.st_size,
+                                                      " bytes, smaller than size_bytes ",
+                                                      req.size_bytes()));
+  }
+  if (!refused.ok()) {
     close(fd);
-    return absl::InvalidArgumentError(absl::StrCat("region ", name, " is ", st.st_size,
-                                                   " bytes, smaller than size_bytes ",
-                                                   req.size_bytes()));
+    return refused;
   }
   void* p = mmap(nullptr, req.size_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  int err = errno;
-  close(fd);
-  if (p == MAP_FAILED) return ErrnoStatus(err, absl::StrCat("region mmap ", name));
+  if (p == MAP_FAILED) {
+    int err = errno;
+    close(fd);
+    return ErrnoStatus(err, absl::StrCat("region mmap ", name));
+  }
   auto r = std::make_shared<MappedRegion>();
   r->session = session;
   r->shm_name = name;
   r->base = static_cast<uint8_t*>(p);
   r->size_bytes = req.size_bytes();
+  r->fd = fd;
   absl::MutexLock lock(&mu_);
   r->id = next_id_++;
   regions_[r->id] = r;
@@ -103,6 +129,12 @@ absl::StatusOr<RegionLease> RegionRegistry::Acquire(const std::string& session, 
     return absl::OutOfRangeError(absl::StrCat("bytes [", offset, ", ", offset, "+", length,
                                               ") are outside region ", id, " (", r.shm_name,
                                               ", ", r.size_bytes, " bytes)"));
+  }
+  struct stat st;
+  if (fstat(r.fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < r.size_bytes) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "region ", id, " (", r.shm_name, ") shrank to ", st.st_size,
+        " bytes after it was registered with ", r.size_bytes, "; register it again"));
   }
   // The deleter signals Unregister once the lease is dropped.
   std::shared_ptr<MappedRegion> keep = it->second;

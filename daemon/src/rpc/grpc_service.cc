@@ -11,13 +11,105 @@ grpc::Status ToGrpcStatus(const absl::Status& s) {
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
 }
 
+// One session's Attach stream. Lifecycle: constructed by Attach (binds the session, writes the
+// "attached" event) → open, with no operation pending, until OnCancel (client cancelled, its
+// connection closed, or server shutdown) or Close (daemon stopping) → Finish once → OnDone
+// deletes it. Ending the stream ends the session.
+class AttachReactor : public grpc::ServerWriteReactor<v1::SessionEvent> {
+ public:
+  AttachReactor(GrpcCheckpointService* owner, std::string session)
+      : owner_(owner), session_(std::move(session)) {
+    event_.set_attached(true);
+    StartWrite(&event_);
+  }
+  void OnWriteDone(bool ok) override {
+    if (!ok) End(grpc::Status(grpc::StatusCode::CANCELLED, "attach stream broken"));
+  }
+  void OnCancel() override { End(grpc::Status(grpc::StatusCode::CANCELLED, "session ended")); }
+  void OnDone() override {
+    owner_->Forget(this);
+    delete this;
+  }
+  // The one caller that claims the reactor finishes it; nothing can delete it before then
+  // (OnDone follows Finish).
+  bool Claim() {
+    absl::MutexLock lock(&mu_);
+    if (finished_) return false;
+    finished_ = true;
+    return true;
+  }
+  void FinishClaimed(const grpc::Status& status) {
+    owner_->svc_->EndSession(session_);
+    Finish(status);
+  }
+
+ private:
+  void End(const grpc::Status& status) {
+    if (Claim()) FinishClaimed(status);
+  }
+  GrpcCheckpointService* owner_;
+  const std::string session_;
+  v1::SessionEvent event_;
+  absl::Mutex mu_;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+GrpcCheckpointService::~GrpcCheckpointService() { CloseSessions(); }
+
+void GrpcCheckpointService::CloseSessions() {
+  std::vector<AttachReactor*> claimed;
+  {
+    absl::MutexLock lock(&mu_);
+    closing_ = true;
+    for (AttachReactor* r : attached_) {
+      if (r->Claim()) claimed.push_back(r);
+    }
+  }
+  for (AttachReactor* r : claimed) {
+    r->FinishClaimed(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the daemon is stopping"));
+  }
+}
+
+void GrpcCheckpointService::Forget(AttachReactor* r) {
+  absl::MutexLock lock(&mu_);
+  attached_.erase(r);
+}
+
+grpc::ServerWriteReactor<v1::SessionEvent>* GrpcCheckpointService::Attach(
+    grpc::CallbackServerContext* ctx, const v1::AttachRequest* req) {
+  absl::StatusOr<Caller> caller = peers_->Lookup(ctx->peer());
+  absl::Status st = caller.ok() ? svc_->Attach(*caller, req->session_id()) : caller.status();
+  absl::MutexLock lock(&mu_);
+  if (st.ok() && closing_) {
+    svc_->EndSession(req->session_id());
+    st = absl::UnavailableError("the daemon is stopping");
+  }
+  if (!st.ok()) {
+    // A reactor that only reports the error.
+    class Refuse : public grpc::ServerWriteReactor<v1::SessionEvent> {
+     public:
+      explicit Refuse(const absl::Status& s) { Finish(ToGrpcStatus(s)); }
+      void OnDone() override { delete this; }
+    };
+    return new Refuse(st);
+  }
+  auto* r = new AttachReactor(this, req->session_id());
+  attached_.insert(r);
+  return r;
+}
+
 template <typename Fn>
 grpc::ServerUnaryReactor* GrpcCheckpointService::Dispatch(grpc::CallbackServerContext* ctx,
                                                           Executor* pool, const char* method,
                                                           Fn fn) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  bool posted = pool->Post([reactor, fn, method]() mutable {
-    absl::Status st = fn();
+  absl::StatusOr<Caller> caller = peers_->Lookup(ctx->peer());
+  if (!caller.ok()) {
+    reactor->Finish(ToGrpcStatus(caller.status()));
+    return reactor;
+  }
+  bool posted = pool->Post([reactor, fn, method, c = *caller]() mutable {
+    absl::Status st = fn(c);
     if (!st.ok()) spdlog::debug("{}: {}", method, st.ToString());
     reactor->Finish(ToGrpcStatus(st));
   });
@@ -33,32 +125,34 @@ grpc::ServerUnaryReactor* GrpcCheckpointService::Dispatch(grpc::CallbackServerCo
   grpc::ServerUnaryReactor* GrpcCheckpointService::Name(grpc::CallbackServerContext* ctx,  \
                                                         const v1::Req* req, v1::Resp* resp) { \
     (void)resp;                                                                             \
-    return Dispatch(ctx, pools_.pool, #Name, [this, req, resp] { return call; });          \
+    return Dispatch(ctx, pools_.pool, #Name,                                                \
+                    [this, req, resp](const Caller& caller) { return call; });             \
   }
 
-CKPTD_RPC(Hello, HelloRequest, HelloResponse, quick, svc_->Hello(*req, resp))
-CKPTD_RPC(Goodbye, GoodbyeRequest, GoodbyeResponse, quick, svc_->Goodbye(*req))
-CKPTD_RPC(ReserveExtents, ReserveExtentsRequest, ReserveExtentsResponse, waiters,
-          svc_->ReserveExtents(*req, resp))
+CKPTD_RPC(Hello, HelloRequest, HelloResponse, quick, svc_->Hello(caller, *req, resp))
+CKPTD_RPC(Goodbye, GoodbyeRequest, GoodbyeResponse, quick, svc_->Goodbye(caller, *req))
+CKPTD_RPC(ReserveExtents, ReserveExtentsRequest, ReserveExtentsResponse, reserves,
+          svc_->ReserveExtents(caller, *req, resp))
 CKPTD_RPC(ReleaseExtents, ReleaseExtentsRequest, ReleaseExtentsResponse, quick,
-          svc_->ReleaseExtents(*req))
+          svc_->ReleaseExtents(caller, *req))
 CKPTD_RPC(RegisterRegion, RegisterRegionRequest, RegisterRegionResponse, quick,
-          svc_->RegisterRegion(*req, resp))
-CKPTD_RPC(UnregisterRegion, UnregisterRegionRequest, UnregisterRegionResponse, waiters,
-          svc_->UnregisterRegion(*req))
-CKPTD_RPC(Save, SaveRequest, SaveResponse, quick, svc_->Save(*req, resp))
-CKPTD_RPC(Wait, WaitRequest, CheckpointStatus, waiters, svc_->Wait(*req, resp))
-CKPTD_RPC(Commit, CommitRequest, CheckpointStatus, quick, svc_->Commit(*req, resp))
-CKPTD_RPC(Abort, AbortRequest, CheckpointStatus, quick, svc_->Abort(*req, resp))
-CKPTD_RPC(Load, LoadRequest, LoadResponse, loads, svc_->Load(*req, resp))
-CKPTD_RPC(ListJobs, ListJobsRequest, ListJobsResponse, quick, svc_->ListJobs(*req, resp))
+          svc_->RegisterRegion(caller, *req, resp))
+CKPTD_RPC(UnregisterRegion, UnregisterRegionRequest, UnregisterRegionResponse, reserves,
+          svc_->UnregisterRegion(caller, *req))
+CKPTD_RPC(Save, SaveRequest, SaveResponse, quick, svc_->Save(caller, *req, resp))
+CKPTD_RPC(Wait, WaitRequest, CheckpointStatus, waiters, svc_->Wait(caller, *req, resp))
+CKPTD_RPC(Commit, CommitRequest, CheckpointStatus, quick, svc_->Commit(caller, *req, resp))
+CKPTD_RPC(Abort, AbortRequest, CheckpointStatus, quick, svc_->Abort(caller, *req, resp))
+CKPTD_RPC(Load, LoadRequest, LoadResponse, loads, svc_->Load(caller, *req, resp))
+CKPTD_RPC(ListJobs, ListJobsRequest, ListJobsResponse, quick, svc_->ListJobs(caller, *req, resp))
 CKPTD_RPC(ListCheckpoints, ListCheckpointsRequest, ListCheckpointsResponse, quick,
-          svc_->ListCheckpoints(*req, resp))
-CKPTD_RPC(GetStatus, GetStatusRequest, CheckpointStatus, quick, svc_->GetStatus(*req, resp))
-CKPTD_RPC(Inspect, InspectRequest, InspectResponse, quick, svc_->Inspect(*req, resp))
-CKPTD_RPC(Delete, DeleteRequest, DeleteResponse, quick, svc_->Delete(*req))
-CKPTD_RPC(Latest, LatestRequest, LatestResponse, quick, svc_->Latest(*req, resp))
-CKPTD_RPC(Reshard, ReshardRequest, CheckpointStatus, quick, svc_->Reshard(*req, resp))
+          svc_->ListCheckpoints(caller, *req, resp))
+CKPTD_RPC(GetStatus, GetStatusRequest, CheckpointStatus, quick,
+          svc_->GetStatus(caller, *req, resp))
+CKPTD_RPC(Inspect, InspectRequest, InspectResponse, quick, svc_->Inspect(caller, *req, resp))
+CKPTD_RPC(Delete, DeleteRequest, DeleteResponse, quick, svc_->Delete(caller, *req))
+CKPTD_RPC(Latest, LatestRequest, LatestResponse, quick, svc_->Latest(caller, *req, resp))
+CKPTD_RPC(Reshard, ReshardRequest, CheckpointStatus, quick, svc_->Reshard(caller, *req, resp))
 
 #undef CKPTD_RPC
 

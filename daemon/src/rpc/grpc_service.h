@@ -2,14 +2,19 @@
 // bounded executor, never run on gRPC's threads. Calls that may block (Wait, ReserveExtents on a
 // full arena) go to a separate, bounded waiter pool; the data-moving Load goes to the load pool.
 // A full pool answers RESOURCE_EXHAUSTED at once (backpressure, DESIGN.md invariant 5).
-// absl status codes map 1:1 onto gRPC codes.
+// absl status codes map 1:1 onto gRPC codes. Every call is attributed to the Caller the kernel
+// named for its connection (rpc/peer_listener.h); calls on connections the listener did not
+// accept are PERMISSION_DENIED. Attach streams are tracked so the daemon can close them at stop
+// (they never end by themselves).
 #pragma once
 
 #include <memory>
+#include <set>
 #include <string>
 
 #include "ckptd/v1/ckptd.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
+#include "rpc/peer_listener.h"
 #include "service/checkpoint_service.h"
 #include "service/executor.h"
 
@@ -19,16 +24,27 @@ grpc::Status ToGrpcStatus(const absl::Status& s);
 
 struct RpcPools {
   Executor* quick = nullptr;
-  Executor* waiters = nullptr;
+  Executor* waiters = nullptr;  // Wait: may block up to its timeout
+  Executor* reserves = nullptr;  // ReserveExtents / UnregisterRegion: may wait for space or leases
   Executor* loads = nullptr;
 };
 
+class AttachReactor;
+
 class GrpcCheckpointService final : public v1::Checkpoint::CallbackService {
  public:
-  GrpcCheckpointService(CheckpointService* svc, RpcPools pools) : svc_(svc), pools_(pools) {}
+  GrpcCheckpointService(CheckpointService* svc, const PeerListener* peers, RpcPools pools)
+      : svc_(svc), peers_(peers), pools_(pools) {}
+  ~GrpcCheckpointService() override;
+
+  // Ends every open Attach stream (UNAVAILABLE: the daemon is stopping) so server shutdown does
+  // not wait for them.
+  void CloseSessions();
 
   grpc::ServerUnaryReactor* Hello(grpc::CallbackServerContext* ctx, const v1::HelloRequest* req,
                                   v1::HelloResponse* resp) override;
+  grpc::ServerWriteReactor<v1::SessionEvent>* Attach(grpc::CallbackServerContext* ctx,
+                                                     const v1::AttachRequest* req) override;
   grpc::ServerUnaryReactor* Goodbye(grpc::CallbackServerContext* ctx,
                                     const v1::GoodbyeRequest* req,
                                     v1::GoodbyeResponse* resp) override;
@@ -82,8 +98,15 @@ class GrpcCheckpointService final : public v1::Checkpoint::CallbackService {
   grpc::ServerUnaryReactor* Dispatch(grpc::CallbackServerContext* ctx, Executor* pool,
                                      const char* method, Fn fn);
 
+  friend class AttachReactor;
+  void Forget(AttachReactor* r);
+
   CheckpointService* svc_;
+  const PeerListener* peers_;
   RpcPools pools_;
+  absl::Mutex mu_;
+  std::set<AttachReactor*> attached_ ABSL_GUARDED_BY(mu_);
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace ckptd

@@ -31,6 +31,27 @@ absl::StatusOr<std::optional<v1::CheckpointRecord>> CheckpointService::GetRecord
   return rec;
 }
 
+absl::StatusOr<std::optional<uint32_t>> CheckpointService::JobOwner(const std::string& job) {
+  CKPTD_ASSIGN_OR_RETURN(std::optional<std::string> raw, deps_.meta->Get(keys::Job(job)));
+  if (!raw) return std::nullopt;
+  v1::JobRecord rec;
+  if (!rec.ParseFromString(*raw)) {
+    return absl::DataLossError(absl::StrCat("index row of job ", job, " does not parse"));
+  }
+  return rec.owner_uid();
+}
+
+absl::Status CheckpointService::CheckAccess(const Caller& caller, const std::string& job,
+                                           Access access) {
+  CKPTD_ASSIGN_OR_RETURN(std::optional<uint32_t> owner, JobOwner(job));
+  if (!owner || *owner == caller.uid) return absl::OkStatus();
+  if (caller.admin && access != Access::kWrite) return absl::OkStatus();
+  const char* what = access == Access::kRead ? "read" : access == Access::kWrite ? "write" : "delete";
+  return absl::PermissionDeniedError(absl::StrCat("job ", job, " belongs to uid ", *owner, "; ",
+                                                  DescribeCaller(caller), " may not ", what,
+                                                  " it"));
+}
+
 absl::Status CheckpointService::PutRecordSync(const v1::CheckpointRecord& rec) {
   MetaStore::Write w{keys::Checkpoint(rec.summary().job(), rec.summary().step()),
                      rec.SerializeAsString()};
@@ -57,14 +78,15 @@ absl::StatusOr<uint64_t> CheckpointService::LatestCommitted(const std::string& j
   return *latest;
 }
 
-absl::Status CheckpointService::Latest(const v1::LatestRequest& req, v1::LatestResponse* resp) {
+absl::Status CheckpointService::Latest(const Caller& caller, const v1::LatestRequest& req, v1::LatestResponse* resp) {
   CKPTD_RETURN_IF_ERROR(ValidateJobName(req.job()));
+  CKPTD_RETURN_IF_ERROR(CheckAccess(caller, req.job(), Access::kRead));
   CKPTD_ASSIGN_OR_RETURN(uint64_t step, LatestCommitted(req.job()));
   resp->set_step(step);
   return absl::OkStatus();
 }
 
-absl::Status CheckpointService::ListJobs(const v1::ListJobsRequest& req,
+absl::Status CheckpointService::ListJobs(const Caller& /*caller: every uid may list jobs and owners*/, const v1::ListJobsRequest& req,
                                          v1::ListJobsResponse* resp) {
   uint32_t page = PageSize(req.page_size(), limits::kListPageSizeDefault, limits::kListPageSizeMax);
   std::string start_after = req.page_token().empty() ? "" : keys::Job(req.page_token());
@@ -103,9 +125,10 @@ absl::Status CheckpointService::ListJobs(const v1::ListJobsRequest& req,
   return absl::OkStatus();
 }
 
-absl::Status CheckpointService::ListCheckpoints(const v1::ListCheckpointsRequest& req,
+absl::Status CheckpointService::ListCheckpoints(const Caller& caller, const v1::ListCheckpointsRequest& req,
                                                 v1::ListCheckpointsResponse* resp) {
   CKPTD_RETURN_IF_ERROR(ValidateJobName(req.job()));
+  CKPTD_RETURN_IF_ERROR(CheckAccess(caller, req.job(), Access::kRead));
   uint32_t page = PageSize(req.page_size(), limits::kListPageSizeDefault, limits::kListPageSizeMax);
   std::string start_after;
   if (!req.page_token().empty()) {
@@ -136,9 +159,10 @@ absl::Status CheckpointService::ListCheckpoints(const v1::ListCheckpointsRequest
   return absl::OkStatus();
 }
 
-absl::Status CheckpointService::GetStatus(const v1::GetStatusRequest& req,
+absl::Status CheckpointService::GetStatus(const Caller& caller, const v1::GetStatusRequest& req,
                                           v1::CheckpointStatus* resp) {
   CKPTD_RETURN_IF_ERROR(ValidateJobName(req.job()));
+  CKPTD_RETURN_IF_ERROR(CheckAccess(caller, req.job(), Access::kRead));
   {
     absl::MutexLock lock(&mu_);
     auto it = pending_.find(Key{req.job(), req.step()});
@@ -162,9 +186,10 @@ absl::Status CheckpointService::GetStatus(const v1::GetStatusRequest& req,
   return absl::OkStatus();
 }
 
-absl::Status CheckpointService::Inspect(const v1::InspectRequest& req,
+absl::Status CheckpointService::Inspect(const Caller& caller, const v1::InspectRequest& req,
                                         v1::InspectResponse* resp) {
   CKPTD_RETURN_IF_ERROR(ValidateJobName(req.job()));
+  CKPTD_RETURN_IF_ERROR(CheckAccess(caller, req.job(), Access::kRead));
   const std::string what = absl::StrCat("checkpoint ", req.job(), "/", req.step());
   CKPTD_ASSIGN_OR_RETURN(std::optional<v1::CheckpointRecord> rec,
                          GetRecord(req.job(), req.step()));
@@ -211,8 +236,9 @@ absl::Status CheckpointService::Inspect(const v1::InspectRequest& req,
   return absl::OkStatus();
 }
 
-absl::Status CheckpointService::Delete(const v1::DeleteRequest& req) {
+absl::Status CheckpointService::Delete(const Caller& caller, const v1::DeleteRequest& req) {
   CKPTD_RETURN_IF_ERROR(ValidateJobName(req.job()));
+  CKPTD_RETURN_IF_ERROR(CheckAccess(caller, req.job(), Access::kDelete));
   const std::string what = absl::StrCat("checkpoint ", req.job(), "/", req.step());
   const std::string dir = CheckpointDir(req.job(), req.step());
   {

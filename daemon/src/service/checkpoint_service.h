@@ -36,6 +36,7 @@
 #include "index/meta_store.h"
 #include "options.h"
 #include "service/executor.h"
+#include "service/sessions.h"
 
 namespace ckptd {
 
@@ -49,6 +50,9 @@ struct ServiceDeps {
 };
 
 class BlobAppender;  // reshard.cc
+
+// A lease on client memory (RegionLease or ExtentLease) held for one operation.
+using MemoryLease = std::shared_ptr<const void>;
 
 class CheckpointService {
  public:
@@ -67,30 +71,37 @@ class CheckpointService {
   // joining them (what they were doing stays journaled and resumes at the next start).
   bool Shutdown(absl::Duration grace, bool* drained = nullptr);
 
-  absl::Status Hello(const v1::HelloRequest& req, v1::HelloResponse* resp);
-  absl::Status Goodbye(const v1::GoodbyeRequest& req);
-  absl::Status ReserveExtents(const v1::ReserveExtentsRequest& req,
+  // Every call names its Caller (sessions.h): the kernel's word on who is calling. Calls on a job
+  // are allowed to its owner (the uid whose Save created it); reads, Abort and Delete also to an
+  // admin caller; anyone else gets PERMISSION_DENIED naming the job and its owner.
+  absl::Status Hello(const Caller& caller, const v1::HelloRequest& req, v1::HelloResponse* resp);
+  // Binds session `id` to the caller's Attach stream (sessions.h); EndSession ends it when the
+  // stream ends.
+  absl::Status Attach(const Caller& caller, const std::string& id);
+  void EndSession(const std::string& id);
+  absl::Status Goodbye(const Caller& caller, const v1::GoodbyeRequest& req);
+  absl::Status ReserveExtents(const Caller& caller, const v1::ReserveExtentsRequest& req,
                               v1::ReserveExtentsResponse* resp);
-  absl::Status ReleaseExtents(const v1::ReleaseExtentsRequest& req);
-  absl::Status RegisterRegion(const v1::RegisterRegionRequest& req,
+  absl::Status ReleaseExtents(const Caller& caller, const v1::ReleaseExtentsRequest& req);
+  absl::Status RegisterRegion(const Caller& caller, const v1::RegisterRegionRequest& req,
                               v1::RegisterRegionResponse* resp);
-  absl::Status UnregisterRegion(const v1::UnregisterRegionRequest& req);
+  absl::Status UnregisterRegion(const Caller& caller, const v1::UnregisterRegionRequest& req);
 
-  absl::Status Save(const v1::SaveRequest& req, v1::SaveResponse* resp);
-  absl::Status Wait(const v1::WaitRequest& req, v1::CheckpointStatus* resp);
-  absl::Status Commit(const v1::CommitRequest& req, v1::CheckpointStatus* resp);
-  absl::Status Abort(const v1::AbortRequest& req, v1::CheckpointStatus* resp);
-  absl::Status Load(const v1::LoadRequest& req, v1::LoadResponse* resp);
+  absl::Status Save(const Caller& caller, const v1::SaveRequest& req, v1::SaveResponse* resp);
+  absl::Status Wait(const Caller& caller, const v1::WaitRequest& req, v1::CheckpointStatus* resp);
+  absl::Status Commit(const Caller& caller, const v1::CommitRequest& req, v1::CheckpointStatus* resp);
+  absl::Status Abort(const Caller& caller, const v1::AbortRequest& req, v1::CheckpointStatus* resp);
+  absl::Status Load(const Caller& caller, const v1::LoadRequest& req, v1::LoadResponse* resp);
 
-  absl::Status ListJobs(const v1::ListJobsRequest& req, v1::ListJobsResponse* resp);
-  absl::Status ListCheckpoints(const v1::ListCheckpointsRequest& req,
+  absl::Status ListJobs(const Caller& caller, const v1::ListJobsRequest& req, v1::ListJobsResponse* resp);
+  absl::Status ListCheckpoints(const Caller& caller, const v1::ListCheckpointsRequest& req,
                                v1::ListCheckpointsResponse* resp);
-  absl::Status GetStatus(const v1::GetStatusRequest& req, v1::CheckpointStatus* resp);
-  absl::Status Inspect(const v1::InspectRequest& req, v1::InspectResponse* resp);
-  absl::Status Delete(const v1::DeleteRequest& req);
-  absl::Status Latest(const v1::LatestRequest& req, v1::LatestResponse* resp);
+  absl::Status GetStatus(const Caller& caller, const v1::GetStatusRequest& req, v1::CheckpointStatus* resp);
+  absl::Status Inspect(const Caller& caller, const v1::InspectRequest& req, v1::InspectResponse* resp);
+  absl::Status Delete(const Caller& caller, const v1::DeleteRequest& req);
+  absl::Status Latest(const Caller& caller, const v1::LatestRequest& req, v1::LatestResponse* resp);
   // Starts an offline reshard (reshard.cc); see the Reshard RPC.
-  absl::Status Reshard(const v1::ReshardRequest& req, v1::CheckpointStatus* resp);
+  absl::Status Reshard(const Caller& caller, const v1::ReshardRequest& req, v1::CheckpointStatus* resp);
 
   const std::string& instance_id() const { return instance_id_; }
 
@@ -114,6 +125,8 @@ class CheckpointService {
   struct Pending {
     std::string job;
     uint64_t step = 0;
+    uint32_t owner_uid = 0;     // the uid of its first Save; only it may add ranks
+    bool job_recorded = false;  // the job's JobRecord (owner) is in the index
     uint32_t world_size = 0;
     uint64_t created_unix_ms = 0;
     uint64_t first_staged_unix_ms = 0;  // when its first rank staged (the flush gate's start)
@@ -131,13 +144,9 @@ class CheckpointService {
     int flushes_in_flight = 0;
     std::string error;
   };
-  struct Session {
-    uint32_t pid = 0;
-    std::string name;
-  };
-
   // save.cc
-  absl::StatusOr<std::string> SessionOf(const std::string& id) const;
+  // `id` if it is a live session of `caller` (SessionTable::Check).
+  absl::StatusOr<std::string> SessionOf(const Caller& caller, const std::string& id) const;
   absl::Status ValidateSave(const v1::SaveRequest& req) const;
   absl::Status CheckItemsLocked(const Pending& p, const v1::SaveRequest& req) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -180,7 +189,7 @@ class CheckpointService {
   // pointer (nullptr for 0 bytes) and the answer's entry.
   absl::Status ResolveLoadItem(const std::string& session, const Manifest& m,
                                const v1::LoadItemRequest& req, uint32_t rank,
-                               std::vector<RegionLease>* leases, PlanRequest* request,
+                               std::vector<MemoryLease>* leases, PlanRequest* request,
                                uint8_t** dst, v1::LoadedItem* out) const;
   // Plan options for manifests with checksum blocks of `block_bytes`.
   PlanOptions LoadPlanOptions(uint32_t block_bytes) const;
@@ -196,10 +205,16 @@ class CheckpointService {
   AlignedBuffer AcquireLoadBuffer(uint64_t bytes);
   void ReturnLoadBuffer(AlignedBuffer buf, uint64_t bytes);
   absl::StatusOr<uint8_t*> ResolveDest(const std::string& session, const v1::MemRef& ref,
-                                       uint64_t need_bytes, std::vector<RegionLease>* leases,
+                                       uint64_t need_bytes, std::vector<MemoryLease>* leases,
                                        const std::string& what) const;
 
   // catalog.cc
+  enum class Access { kRead, kWrite, kDelete };
+  // OK when `caller` may do `access` to `job` (see Hello's comment); OK for a job that does not
+  // exist yet. PERMISSION_DENIED naming the job, its owner and the caller otherwise.
+  absl::Status CheckAccess(const Caller& caller, const std::string& job, Access access);
+  // The owner of `job`, if it has a record.
+  absl::StatusOr<std::optional<uint32_t>> JobOwner(const std::string& job);
   absl::StatusOr<std::optional<v1::CheckpointRecord>> GetRecord(const std::string& job,
                                                                 uint64_t step);
   absl::StatusOr<uint64_t> LatestCommitted(const std::string& job);
@@ -224,7 +239,7 @@ class CheckpointService {
   std::vector<AlignedBuffer> load_buffers_ ABSL_GUARDED_BY(load_buffers_mu_);
   absl::CondVar changed_;  // signalled on every checkpoint state change
   std::map<Key, std::unique_ptr<Pending>> pending_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, Session> sessions_ ABSL_GUARDED_BY(mu_);
+  SessionTable sessions_;
   // Offline reshards in progress, by target (reshard.cc). Each runs on its own thread.
   struct ReshardJob;
   std::map<Key, std::shared_ptr<ReshardJob>> reshards_ ABSL_GUARDED_BY(mu_);

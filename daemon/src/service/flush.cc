@@ -11,6 +11,7 @@
 #include "format/names.h"
 #include "index/keys.h"
 #include "common/limits.h"
+#include "dataplane/memory_guard.h"
 #include "service/checkpoint_service.h"
 #include "spdlog/spdlog.h"
 
@@ -27,10 +28,28 @@ struct ChecksumJob {
   uint64_t length;
 };
 
-void ComputeChecksums(const std::vector<ChecksumJob>& jobs, uint32_t block) {
+struct CrcArgs {
+  const uint8_t* src;
+  uint64_t length;
+  uint32_t block;
+  uint32_t* out;
+};
+
+// Reads the staged bytes, which live in client-visible memory: guarded (memory_guard.h).
+absl::Status ComputeChecksums(const std::vector<ChecksumJob>& jobs, uint32_t block) {
   for (const ChecksumJob& j : jobs) {
-    for (uint32_t c : BlockCrcs(j.src, j.length, block)) j.entry->add_block_crc32c(c);
+    auto* crcs = j.entry->mutable_block_crc32c();
+    crcs->Resize(static_cast<int>(BlockCount(j.length, block)), 0);
+    if (j.length == 0) continue;
+    CrcArgs a{j.src, j.length, block, crcs->mutable_data()};
+    CKPTD_RETURN_IF_ERROR(GuardClientMemory(
+        [](void* p) {
+          auto* c = static_cast<CrcArgs*>(p);
+          BlockCrcsInto(c->src, c->length, c->block, c->out);
+        },
+        &a, "staged bytes being checksummed"));
   }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -86,7 +105,8 @@ absl::Status CheckpointService::WriteRankBlob(const std::string& dir,
     uint64_t rounded = RoundUp(len, limits::kAlignmentBytes);
     if (m.target_case() == v1::MemRef::kExtentId && shards_per_extent[s->extent_id()] == 1 &&
         m.offset() + rounded <= s->extent_length()) {
-      std::memset(const_cast<uint8_t*>(src) + len, 0, rounded - len);
+      CKPTD_RETURN_IF_ERROR(
+          GuardedZero(const_cast<uint8_t*>(src) + len, rounded - len, "staged extent tail"));
       len = rounded;
     }
     // Otherwise the partial last page goes through a zeroed bounce page, so the blob holds whole
@@ -98,18 +118,18 @@ absl::Status CheckpointService::WriteRankBlob(const std::string& dir,
       if (held == nullptr) return absl::ResourceExhaustedError("flush bounce page");
       uint8_t* page = held.get();
       std::memset(page, 0, limits::kAlignmentBytes);
-      std::memcpy(page, src + body, len - body);
+      CKPTD_RETURN_IF_ERROR(GuardedCopy(page, src + body, len - body, "staged bytes"));
       slices.push_back(IoSlice{page, limits::kAlignmentBytes, blob_off + body});
     }
     blob_off += rounded;
   }
   if (slices.empty() || checksum_bytes < kParallelChecksumBytesMin) {
-    ComputeChecksums(checksums, block);
+    CKPTD_RETURN_IF_ERROR(ComputeChecksums(checksums, block));
     if (slices.empty()) return absl::OkStatus();
     checksums.clear();
   }
-  // Each job appends to its own entry; `rec` is not touched by this thread until the join.
-  std::future<void> summing;
+  // Each job fills its own entry; `rec` is not touched by this thread until the join.
+  std::future<absl::Status> summing;
   if (!checksums.empty()) {
     summing = std::async(std::launch::async, ComputeChecksums, std::cref(checksums), block);
   }
@@ -119,8 +139,8 @@ absl::Status CheckpointService::WriteRankBlob(const std::string& dir,
     CKPTD_RETURN_IF_ERROR(Annotate(w->Write(slices), absl::StrCat("writing ", path)));
     return Annotate(w->Sync(), absl::StrCat("syncing ", path));
   }();
-  if (summing.valid()) summing.get();
-  return st;
+  absl::Status summed = summing.valid() ? summing.get() : absl::OkStatus();
+  return st.ok() ? summed : st;
 }
 
 void CheckpointService::FlushRank(Key key, uint32_t rank) {

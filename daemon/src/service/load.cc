@@ -16,12 +16,11 @@
 #include "format/load_plan.h"
 #include "format/region.h"
 #include "common/limits.h"
+#include "dataplane/memory_guard.h"
 #include "service/checkpoint_service.h"
 
 namespace ckptd {
 namespace {
-
-
 
 // The item holding shard `s`, for error messages only (a linear scan).
 const v1::ItemEntry* ItemOfShard(const Manifest& m, const v1::ShardEntry* s) {
@@ -73,7 +72,7 @@ void CheckpointService::CacheManifestLocked(const Key& key,
 absl::StatusOr<uint8_t*> CheckpointService::ResolveDest(const std::string& session,
                                                         const v1::MemRef& ref,
                                                         uint64_t need_bytes,
-                                                        std::vector<RegionLease>* leases,
+                                                        std::vector<MemoryLease>* leases,
                                                         const std::string& what) const {
   if (ref.length() < need_bytes) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": destination holds ", ref.length(),
@@ -81,15 +80,20 @@ absl::StatusOr<uint8_t*> CheckpointService::ResolveDest(const std::string& sessi
   }
   if (need_bytes == 0) return nullptr;
   if (ref.target_case() == v1::MemRef::kExtentId) {
-    absl::StatusOr<ExtentInfo> e = deps_.arena->Lookup(session, ref.extent_id());
+    // Leased for the whole load: a release or the session's end meanwhile cannot hand these
+    // bytes to another client while this load still writes them.
+    absl::StatusOr<ExtentLease> e = deps_.arena->Lease(session, ref.extent_id());
     if (!e.ok()) return Annotate(e.status(), what);
-    if (ref.offset() > e->length || ref.length() > e->length - ref.offset()) {
+    const ExtentInfo& x = **e;
+    if (ref.offset() > x.length || ref.length() > x.length - ref.offset()) {
       return absl::OutOfRangeError(absl::StrCat(what, ": bytes [", ref.offset(), ", ",
                                                 ref.offset(), "+", ref.length(),
-                                                ") are outside extent ", e->id, " (", e->length,
+                                                ") are outside extent ", x.id, " (", x.length,
                                                 " bytes)"));
     }
-    return deps_.arena->base() + e->offset + ref.offset();
+    uint8_t* p = deps_.arena->base() + x.offset + ref.offset();
+    leases->push_back(*std::move(e));
+    return p;
   }
   if (ref.target_case() == v1::MemRef::kRegionId) {
     absl::StatusOr<RegionLease> lease =
@@ -104,7 +108,7 @@ absl::StatusOr<uint8_t*> CheckpointService::ResolveDest(const std::string& sessi
 
 absl::Status CheckpointService::ResolveLoadItem(const std::string& session, const Manifest& m,
                                                 const v1::LoadItemRequest& req, uint32_t rank,
-                                                std::vector<RegionLease>* leases,
+                                                std::vector<MemoryLease>* leases,
                                                 PlanRequest* request, uint8_t** dst,
                                                 v1::LoadedItem* out) const {
   const std::string ckpt = absl::StrCat(m.header.job(), "/", m.header.step());
@@ -260,17 +264,24 @@ absl::Status VerifyAndCopy(const Manifest& m, const LoadPlan& plan,
       const BlockCheck& chk = plan.checks[c];
       uint64_t n = std::min<uint64_t>(chk.end_block * block, chk.shard->length()) -
                    chk.first_block * block;
-      CKPTD_RETURN_IF_ERROR(VerifyBlocks(
+      absl::Status ok = VerifyBlocks(
           data + chk.run_offset, chk.first_block, n, chk.shard->length(),
           std::span<const uint32_t>(chk.shard->block_crc32c().data(),
                                     chk.shard->block_crc32c().size()),
-          block, absl::StrCat("checkpoint ", m.header.job(), "/", m.header.step(), " item \"",
-                              ItemOfShard(m, chk.shard)->name(), "\" (saved by rank ",
-                              chk.shard->saved_by_rank(), ") in ", batch.path)));
+          block, "");
+      if (!ok.ok()) {
+        // The item's name is looked up only for the message (a scan of the manifest).
+        return absl::Status(ok.code(),
+                            absl::StrCat("checkpoint ", m.header.job(), "/", m.header.step(),
+                                         " item \"", ItemOfShard(m, chk.shard)->name(),
+                                         "\" (saved by rank ", chk.shard->saved_by_rank(),
+                                         ") in ", batch.path, ok.message()));
+      }
     }
     for (uint64_t c = run.first_copy; c < run.first_copy + run.copy_count; ++c) {
       const RunCopy& cp = plan.copies[c];
-      std::memcpy(dst[cp.request] + cp.dst_offset, data + cp.run_offset, cp.bytes);
+      CKPTD_RETURN_IF_ERROR(GuardedCopy(dst[cp.request] + cp.dst_offset, data + cp.run_offset,
+                                        cp.bytes, "load destination"));
     }
   }
   return absl::OkStatus();
@@ -355,9 +366,10 @@ absl::Status CheckpointService::ReadPlan(const Manifest& m, const LoadPlan& plan
   }
 }
 
-absl::Status CheckpointService::Load(const v1::LoadRequest& req, v1::LoadResponse* resp) {
-  CKPTD_ASSIGN_OR_RETURN(std::string session, SessionOf(req.session_id()));
+absl::Status CheckpointService::Load(const Caller& caller, const v1::LoadRequest& req, v1::LoadResponse* resp) {
+  CKPTD_ASSIGN_OR_RETURN(std::string session, SessionOf(caller, req.session_id()));
   CKPTD_RETURN_IF_ERROR(ValidateJobName(req.job()));
+  CKPTD_RETURN_IF_ERROR(CheckAccess(caller, req.job(), Access::kRead));
   if (static_cast<uint64_t>(req.items_size()) > limits::kLoadRequestsMax) {
     return absl::InvalidArgumentError(absl::StrCat("load of ", req.items_size(),
                                                    " items in one call; the limit is ",
@@ -380,7 +392,7 @@ absl::Status CheckpointService::Load(const v1::LoadRequest& req, v1::LoadRespons
   }
   CKPTD_ASSIGN_OR_RETURN(std::shared_ptr<const Manifest> m, GetManifest(req.job(), step));
   resp->set_step(step);
-  std::vector<RegionLease> leases;  // held until the copies are done
+  std::vector<MemoryLease> leases;  // held until the copies are done
   std::vector<PlanRequest> requests(req.items_size());
   std::vector<uint8_t*> dst(req.items_size());
   for (int i = 0; i < req.items_size(); ++i) {

@@ -233,19 +233,11 @@ void CheckpointService::Housekeeping() {
                                    " were not staged within ", deps_.options->stage_timeout_ms,
                                    " ms"));
     }
-    std::vector<std::string> dead;
-    for (const auto& [id, s] : sessions_) {
-      if (s.pid != 0 && kill(static_cast<pid_t>(s.pid), 0) != 0 && errno == ESRCH) {
-        dead.push_back(id);
-      }
-    }
-    for (const std::string& id : dead) {
-      spdlog::debug("session {} ended: pid {} exited", id, sessions_[id].pid);
-      sessions_.erase(id);
-      deps_.arena->ReleaseSession(id);
-      deps_.regions->DropSession(id);
-    }
-    deps_.arena->ExpireReservations(absl::Milliseconds(deps_.options->reservation_ttl_ms));
+    // Lock order: mu_, then the session table's and the arena's own locks (never the reverse).
+    size_t n = sessions_.ExpireUnattached(absl::Now(),
+                                          absl::Milliseconds(limits::kSessionAttachTimeoutMs));
+    if (n > 0) spdlog::info("{} sessions ended: not attached within {} ms", n,
+                            limits::kSessionAttachTimeoutMs);
   }
 }
 

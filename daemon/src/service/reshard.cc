@@ -111,11 +111,13 @@ class BlobAppender {
   uint32_t crc_ = 0;
 };
 
-absl::Status CheckpointService::Reshard(const v1::ReshardRequest& req,
+absl::Status CheckpointService::Reshard(const Caller& caller, const v1::ReshardRequest& req,
                                         v1::CheckpointStatus* resp) {
   const std::string target_job = req.target_job().empty() ? req.job() : req.target_job();
   CKPTD_RETURN_IF_ERROR(ValidateJobStep(req.job(), req.step()));
   CKPTD_RETURN_IF_ERROR(ValidateJobStep(target_job, req.target_step()));
+  CKPTD_RETURN_IF_ERROR(CheckAccess(caller, req.job(), Access::kRead));
+  CKPTD_RETURN_IF_ERROR(CheckAccess(caller, target_job, Access::kWrite));
   const std::string src_name = CkptName(req.job(), req.step());
   const std::string dst_name = CkptName(target_job, req.target_step());
   CKPTD_ASSIGN_OR_RETURN(ReshardSpec spec, ParseReshardSpec(req.spec()));

@@ -1,6 +1,4 @@
 // Save, Wait, Commit, Abort and the session/extent/region calls of CheckpointService.
-#include <signal.h>
-
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "ckptd/status.h"
@@ -55,29 +53,23 @@ std::string RanksList(const std::vector<uint32_t>& ranks) {
 }  // namespace
 
 CheckpointService::CheckpointService(ServiceDeps deps)
-    : deps_(deps), instance_id_(RandomHexId()) {}
+    : deps_(deps), instance_id_(RandomHexId()), sessions_([this](const std::string& id) {
+        // What the session held goes; leases of operations in flight keep their memory.
+        deps_.arena->ReleaseSession(id);
+        deps_.regions->DropSession(id);
+      }) {}
 
 CheckpointService::~CheckpointService() { Shutdown(absl::ZeroDuration()); }
 
-absl::StatusOr<std::string> CheckpointService::SessionOf(const std::string& id) const {
-  absl::MutexLock lock(&mu_);
-  if (!sessions_.contains(id)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "unknown session \"", id, "\" (call Hello first; the daemon may have restarted)"));
-  }
+absl::StatusOr<std::string> CheckpointService::SessionOf(const Caller& caller,
+                                                         const std::string& id) const {
+  CKPTD_RETURN_IF_ERROR(sessions_.Check(caller, id));
   return id;
 }
 
-absl::Status CheckpointService::Hello(const v1::HelloRequest& req, v1::HelloResponse* resp) {
-  std::string id = RandomHexId();
-  {
-    absl::MutexLock lock(&mu_);
-    if (sessions_.size() >= limits::kSessionsMax) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "too many client sessions (", sessions_.size(), ", limit ", limits::kSessionsMax, ")"));
-    }
-    sessions_[id] = Session{req.pid(), req.client_name().substr(0, 256)};
-  }
+absl::Status CheckpointService::Hello(const Caller& caller, const v1::HelloRequest& req,
+                                      v1::HelloResponse* resp) {
+  CKPTD_ASSIGN_OR_RETURN(std::string id, sessions_.Open(caller, req.client_name()));
   resp->set_session_id(id);
   resp->set_arena_shm_name(deps_.arena->shm_name());
   resp->set_arena_bytes(deps_.arena->size_bytes());
@@ -92,22 +84,26 @@ absl::Status CheckpointService::Hello(const v1::HelloRequest& req, v1::HelloResp
   l->set_max_item_name_bytes(limits::kItemNameBytesMax);
   l->set_max_load_requests(limits::kLoadRequestsMax);
   l->set_max_object_bytes(limits::kObjectBytesMax);
-  spdlog::debug("session {} opened by pid {} ({})", id, req.pid(), req.client_name());
+  spdlog::debug("session {} opened by {} on connection {} ({})", id, DescribeCaller(caller),
+                caller.connection, req.client_name().substr(0, 256));
   return absl::OkStatus();
 }
 
-absl::Status CheckpointService::Goodbye(const v1::GoodbyeRequest& req) {
-  CKPTD_ASSIGN_OR_RETURN(std::string session, SessionOf(req.session_id()));
-  deps_.arena->ReleaseSession(session);
-  deps_.regions->DropSession(session);
-  absl::MutexLock lock(&mu_);
-  sessions_.erase(session);
+absl::Status CheckpointService::Attach(const Caller& caller, const std::string& id) {
+  return sessions_.Attach(caller, id);
+}
+
+void CheckpointService::EndSession(const std::string& id) { sessions_.End(id); }
+
+absl::Status CheckpointService::Goodbye(const Caller& caller, const v1::GoodbyeRequest& req) {
+  CKPTD_ASSIGN_OR_RETURN(std::string session, SessionOf(caller, req.session_id()));
+  sessions_.End(session);
   return absl::OkStatus();
 }
 
-absl::Status CheckpointService::ReserveExtents(const v1::ReserveExtentsRequest& req,
+absl::Status CheckpointService::ReserveExtents(const Caller& caller, const v1::ReserveExtentsRequest& req,
                                                v1::ReserveExtentsResponse* resp) {
-  CKPTD_ASSIGN_OR_RETURN(std::string session, SessionOf(req.session_id()));
+  CKPTD_ASSIGN_OR_RETURN(std::string session, SessionOf(caller, req.session_id()));
   if (req.sizes_bytes_size() == 0) return absl::InvalidArgumentError("no extent sizes given");
   if (static_cast<uint64_t>(req.sizes_bytes_size()) > limits::kExtentsPerReserveMax) {
     return absl::InvalidArgumentError(absl::StrCat("asked for ", req.sizes_bytes_size(),
@@ -128,22 +124,22 @@ absl::Status CheckpointService::ReserveExtents(const v1::ReserveExtentsRequest& 
   return absl::OkStatus();
 }
 
-absl::Status CheckpointService::ReleaseExtents(const v1::ReleaseExtentsRequest& req) {
-  CKPTD_ASSIGN_OR_RETURN(std::string session, SessionOf(req.session_id()));
+absl::Status CheckpointService::ReleaseExtents(const Caller& caller, const v1::ReleaseExtentsRequest& req) {
+  CKPTD_ASSIGN_OR_RETURN(std::string session, SessionOf(caller, req.session_id()));
   return deps_.arena->Release(
       session, std::span<const uint64_t>(req.extent_ids().data(), req.extent_ids().size()));
 }
 
-absl::Status CheckpointService::RegisterRegion(const v1::RegisterRegionRequest& req,
+absl::Status CheckpointService::RegisterRegion(const Caller& caller, const v1::RegisterRegionRequest& req,
                                                v1::RegisterRegionResponse* resp) {
-  CKPTD_ASSIGN_OR_RETURN(std::string session, SessionOf(req.session_id()));
-  CKPTD_ASSIGN_OR_RETURN(uint64_t id, deps_.regions->Register(session, req));
+  CKPTD_ASSIGN_OR_RETURN(std::string session, SessionOf(caller, req.session_id()));
+  CKPTD_ASSIGN_OR_RETURN(uint64_t id, deps_.regions->Register(session, caller.uid, req));
   resp->set_region_id(id);
   return absl::OkStatus();
 }
 
-absl::Status CheckpointService::UnregisterRegion(const v1::UnregisterRegionRequest& req) {
-  CKPTD_ASSIGN_OR_RETURN(std::string session, SessionOf(req.session_id()));
+absl::Status CheckpointService::UnregisterRegion(const Caller& caller, const v1::UnregisterRegionRequest& req) {
+  CKPTD_ASSIGN_OR_RETURN(std::string session, SessionOf(caller, req.session_id()));
   return deps_.regions->Unregister(session, req.region_id(), absl::Seconds(30));
 }
 
@@ -331,6 +327,12 @@ absl::Status CheckpointService::JournalLocked(const Pending& p, const std::vecto
   *rec.mutable_summary() = SummaryLocked(p);
   rec.set_dir(CheckpointDir(p.job, p.step));
   writes.push_back({keys::Checkpoint(p.job, p.step), rec.SerializeAsString()});
+  if (!p.job_recorded) {
+    v1::JobRecord job;
+    job.set_owner_uid(p.owner_uid);
+    job.set_created_unix_ms(p.created_unix_ms);
+    writes.push_back({keys::Job(p.job), job.SerializeAsString()});
+  }
   for (uint32_t r : ranks) {
     const PendingRank& pr = p.ranks.at(r);
     writes.push_back({keys::Rank(p.job, p.step, r), pr.rec.SerializeAsString()});
@@ -341,8 +343,8 @@ absl::Status CheckpointService::JournalLocked(const Pending& p, const std::vecto
   return deps_.meta->Commit(writes, sync);
 }
 
-absl::Status CheckpointService::Save(const v1::SaveRequest& req, v1::SaveResponse* resp) {
-  CKPTD_ASSIGN_OR_RETURN(std::string session, SessionOf(req.session_id()));
+absl::Status CheckpointService::Save(const Caller& caller, const v1::SaveRequest& req, v1::SaveResponse* resp) {
+  CKPTD_ASSIGN_OR_RETURN(std::string session, SessionOf(caller, req.session_id()));
   CKPTD_RETURN_IF_ERROR(ValidateSave(req));
   const std::string what = CkptName(req.job(), req.step());
   PendingRank rank;
@@ -362,15 +364,24 @@ absl::Status CheckpointService::Save(const v1::SaveRequest& req, v1::SaveRespons
           what, " is already ", v1::CheckpointState_Name(existing->summary().state()),
           "; delete it first or save another step"));
     }
+    CKPTD_RETURN_IF_ERROR(CheckAccess(caller, req.job(), Access::kWrite));
+    CKPTD_ASSIGN_OR_RETURN(std::optional<uint32_t> owner, JobOwner(req.job()));
     auto p = std::make_unique<Pending>();
     p->job = req.job();
     p->step = req.step();
+    p->owner_uid = caller.uid;
+    p->job_recorded = owner.has_value();
     p->world_size = req.world_size();
     p->created_unix_ms = NowUnixMs();
     p->checksum_block_bytes = deps_.options->checksum_block_bytes;
     it = pending_.emplace(key, std::move(p)).first;
   }
   Pending& p = *it->second;
+  if (p.owner_uid != caller.uid) {
+    return absl::PermissionDeniedError(absl::StrCat(what, " is being saved by uid ", p.owner_uid,
+                                                    "; ", DescribeCaller(caller),
+                                                    " may not add ranks to it"));
+  }
   rank.rec.set_checksum_block_bytes(p.checksum_block_bytes);
   if (p.state != v1::STAGING || p.aborting) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -424,6 +435,7 @@ absl::Status CheckpointService::Save(const v1::SaveRequest& req, v1::SaveRespons
     p.state = v1::STAGING;
     return Annotate(journaled, absl::StrCat(what, ": journaling rank ", r));
   }
+  p.job_recorded = true;
   if (p.first_staged_unix_ms == 0) p.first_staged_unix_ms = NowUnixMs();
   // The flush gate: flushing beside ranks still copying into the arena slows their copies (CPU
   // for checksums, and the disk queue every rank's synced journal write waits behind), so flushes
@@ -505,8 +517,9 @@ void CheckpointService::FinishAbortLocked(Pending& p) {
   changed_.SignalAll();
 }
 
-absl::Status CheckpointService::Wait(const v1::WaitRequest& req, v1::CheckpointStatus* resp) {
+absl::Status CheckpointService::Wait(const Caller& caller, const v1::WaitRequest& req, v1::CheckpointStatus* resp) {
   CKPTD_RETURN_IF_ERROR(ValidateJobStep(req.job(), req.step()));
+  CKPTD_RETURN_IF_ERROR(CheckAccess(caller, req.job(), Access::kRead));
   const std::string what = CkptName(req.job(), req.step());
   v1::WaitFor until = req.until() == v1::WAIT_FOR_UNSPECIFIED ? v1::WAIT_FOR_COMMITTED : req.until();
   absl::Time deadline =
@@ -541,8 +554,9 @@ absl::Status CheckpointService::Wait(const v1::WaitRequest& req, v1::CheckpointS
       " ms", missing.empty() ? "" : absl::StrCat("; ranks missing: ", RanksList(missing))));
 }
 
-absl::Status CheckpointService::Commit(const v1::CommitRequest& req, v1::CheckpointStatus* resp) {
+absl::Status CheckpointService::Commit(const Caller& caller, const v1::CommitRequest& req, v1::CheckpointStatus* resp) {
   CKPTD_RETURN_IF_ERROR(ValidateJobStep(req.job(), req.step()));
+  CKPTD_RETURN_IF_ERROR(CheckAccess(caller, req.job(), Access::kWrite));
   const std::string what = CkptName(req.job(), req.step());
   if (!req.partial()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -566,8 +580,9 @@ absl::Status CheckpointService::Commit(const v1::CommitRequest& req, v1::Checkpo
   return absl::OkStatus();
 }
 
-absl::Status CheckpointService::Abort(const v1::AbortRequest& req, v1::CheckpointStatus* resp) {
+absl::Status CheckpointService::Abort(const Caller& caller, const v1::AbortRequest& req, v1::CheckpointStatus* resp) {
   CKPTD_RETURN_IF_ERROR(ValidateJobStep(req.job(), req.step()));
+  CKPTD_RETURN_IF_ERROR(CheckAccess(caller, req.job(), Access::kDelete));
   const std::string what = CkptName(req.job(), req.step());
   absl::MutexLock lock(&mu_);
   if (CancelReshardLocked(Key{req.job(), req.step()}, req.reason(), resp)) return absl::OkStatus();

@@ -1,5 +1,6 @@
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -8,6 +9,7 @@
 
 #include "common/limits.h"
 #include "dataplane/arena.h"
+#include "dataplane/memory_guard.h"
 #include "dataplane/region_registry.h"
 
 namespace ckptd {
@@ -110,7 +112,7 @@ TEST_CASE("arena: a restarted daemon adopts the segment and restores journaled e
     kept = (*ext)[0];
     std::memset((*arena)->base() + kept.offset, 0xab, 8192);
   }
-  auto again = StagingArena::Open(f.name, 16 << 20, true, false);
+  auto again = StagingArena::Open(f.name, 16 << 20, true, false, gen);
   REQUIRE(again.ok());
   CHECK((*again)->adopted());
   CHECK((*again)->generation() == gen);
@@ -119,12 +121,98 @@ TEST_CASE("arena: a restarted daemon adopts the segment and restores journaled e
   CHECK((*again)->Restore(kept.id + 1, kept.offset, kept.length).code() ==
         absl::StatusCode::kDataLoss);
   CHECK((*again)->free_bytes() == (*again)->capacity_bytes() - kept.length);
-  // Another size: recreated with a new generation.
   again->reset();
-  auto resized = StagingArena::Open(f.name, 32 << 20, false, false);
-  REQUIRE(resized.ok());
-  CHECK_FALSE((*resized)->adopted());
-  CHECK((*resized)->generation() != gen);
+  // Another size or generation: never adopted, never touched.
+  CHECK(StagingArena::Open(f.name, 32 << 20, false, false, gen).status().code() ==
+        absl::StatusCode::kFailedPrecondition);
+  CHECK(StagingArena::Open(f.name, 16 << 20, false, false, std::string(32, '0')).status().code() ==
+        absl::StatusCode::kFailedPrecondition);
+  // Another mode than the daemon's: refused.
+  CHECK(StagingArena::Open(f.name, 16 << 20, false, false, gen, 0660).status().code() ==
+        absl::StatusCode::kFailedPrecondition);
+  // Creating never takes over an existing segment.
+  CHECK(StagingArena::Open(f.name, 16 << 20, false, false).status().code() ==
+        absl::StatusCode::kAlreadyExists);
+}
+
+TEST_CASE("arena: a segment pre-created by someone else is never adopted", "[unit]") {
+  ArenaFixture f;
+  std::string gen;
+  {
+    auto arena = StagingArena::Open(f.name, 16 << 20, false, false);
+    REQUIRE(arena.ok());
+    gen = (*arena)->generation();
+  }
+  // Same bytes, same generation, but group/other may write it: not the daemon's segment.
+  REQUIRE(chmod(("/dev/shm" + f.name).c_str(), 0666) == 0);
+  auto adopted = StagingArena::Open(f.name, 16 << 20, false, false, gen);
+  REQUIRE(adopted.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(std::string(adopted.status().message()).find("is not the daemon's") != std::string::npos);
+  if (geteuid() == 0) {
+    // Owned by another uid: refused too.
+    REQUIRE(chmod(("/dev/shm" + f.name).c_str(), 0600) == 0);
+    REQUIRE(chown(("/dev/shm" + f.name).c_str(), 65534, 65534) == 0);
+    CHECK(StagingArena::Open(f.name, 16 << 20, false, false, gen).status().code() ==
+          absl::StatusCode::kFailedPrecondition);
+  }
+}
+
+TEST_CASE("arena: a leased extent is never re-issued while the lease lasts", "[unit]") {
+  ArenaFixture f;
+  auto arena = StagingArena::Open(f.name, 16 << 20, false, false);
+  REQUIRE(arena.ok());
+  StagingArena& a = **arena;
+  std::vector<uint64_t> all = {a.capacity_bytes()};
+  auto ext = a.Reserve("s1", all, absl::ZeroDuration());
+  REQUIRE(ext.ok());
+  const uint64_t id = (*ext)[0].id;
+  {
+    auto lease = a.Lease("s1", id);
+    REQUIRE(lease.ok());
+    CHECK(a.Lease("s2", id).status().code() == absl::StatusCode::kNotFound);
+    // A save cannot take what a load is writing.
+    std::vector<uint64_t> ids = {id};
+    CHECK(a.Take("s1", ids).code() == absl::StatusCode::kFailedPrecondition);
+    // The client releases it (or its session ends) mid-load: the bytes stay out of reach.
+    REQUIRE(a.Release("s1", ids).ok());
+    CHECK(a.Lookup("s1", id).status().code() == absl::StatusCode::kNotFound);
+    CHECK(a.free_bytes() == 0);
+    std::vector<uint64_t> one = {4096};
+    CHECK(a.Reserve("s2", one, absl::Milliseconds(20)).status().code() ==
+          absl::StatusCode::kResourceExhausted);
+  }
+  // The load finished: now the bytes are free.
+  CHECK(a.free_bytes() == a.capacity_bytes());
+  // Session end while leased behaves the same.
+  auto again = a.Reserve("s3", all, absl::ZeroDuration());
+  REQUIRE(again.ok());
+  {
+    auto lease = a.Lease("s3", (*again)[0].id);
+    REQUIRE(lease.ok());
+    a.ReleaseSession("s3");
+    CHECK(a.free_bytes() == 0);
+  }
+  CHECK(a.free_bytes() == a.capacity_bytes());
+}
+
+TEST_CASE("arena: an id named twice is a clear error, never a crash", "[unit]") {
+  ArenaFixture f;
+  auto arena = StagingArena::Open(f.name, 16 << 20, false, false);
+  REQUIRE(arena.ok());
+  StagingArena& a = **arena;
+  std::vector<uint64_t> sizes = {4096, 4096};
+  auto ext = a.Reserve("s", sizes, absl::ZeroDuration());
+  REQUIRE(ext.ok());
+  std::vector<uint64_t> twice = {(*ext)[0].id, (*ext)[0].id};
+  absl::Status st = a.Release("s", twice);
+  CHECK(st.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(st.message()).find("named twice") != std::string::npos);
+  CHECK(a.Take("s", twice).code() == absl::StatusCode::kInvalidArgument);
+  // Nothing was released by the refused call.
+  CHECK(a.Lookup("s", (*ext)[0].id).ok());
+  std::vector<uint64_t> once = {(*ext)[0].id};
+  CHECK(a.Release("s", once).ok());
+  CHECK(a.Release("s", once).code() == absl::StatusCode::kNotFound);
 }
 
 TEST_CASE("region registry bounds-checks every access", "[unit]") {
@@ -138,7 +226,7 @@ TEST_CASE("region registry bounds-checks every access", "[unit]") {
   req.set_kind(v1::SHM);
   req.set_shm_name(name);
   req.set_size_bytes(1 << 20);
-  auto id = reg.Register("s", req);
+  auto id = reg.Register("s", getuid(), req);
   REQUIRE(id.ok());
   CHECK(reg.Acquire("s", *id, 0, 1 << 20).ok());
   CHECK(reg.Acquire("s", *id, (1 << 20) - 1, 1).ok());
@@ -149,11 +237,11 @@ TEST_CASE("region registry bounds-checks every access", "[unit]") {
   CHECK(reg.Acquire("other", *id, 0, 1).status().code() == absl::StatusCode::kNotFound);
   CHECK(reg.Acquire("s", *id + 7, 0, 1).status().code() == absl::StatusCode::kNotFound);
   req.set_size_bytes(2 << 20);
-  CHECK(reg.Register("s", req).status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(reg.Register("s", getuid(), req).status().code() == absl::StatusCode::kInvalidArgument);
   req.set_shm_name("../etc/passwd");
-  CHECK(reg.Register("s", req).status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(reg.Register("s", getuid(), req).status().code() == absl::StatusCode::kInvalidArgument);
   req.set_kind(v1::CUDA_IPC);
-  CHECK(reg.Register("s", req).status().code() == absl::StatusCode::kUnimplemented);
+  CHECK(reg.Register("s", getuid(), req).status().code() == absl::StatusCode::kUnimplemented);
   {
     auto lease = reg.Acquire("s", *id, 0, 16);
     REQUIRE(lease.ok());
@@ -163,6 +251,76 @@ TEST_CASE("region registry bounds-checks every access", "[unit]") {
   }
   CHECK(reg.Unregister("s", *id, absl::Seconds(1)).ok());
   CHECK(reg.Unregister("s", *id, absl::Seconds(1)).code() == absl::StatusCode::kNotFound);
+  shm_unlink(name.c_str());
+}
+
+// An shm object of `bytes` named `name`; unlinked by the caller.
+void MakeShm(const std::string& name, uint64_t bytes) {
+  int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  REQUIRE(fd >= 0);
+  REQUIRE(ftruncate(fd, static_cast<off_t>(bytes)) == 0);
+  close(fd);
+}
+
+TEST_CASE("region registry refuses memory that is not the caller's", "[unit]") {
+  ArenaFixture f;
+  auto arena = StagingArena::Open(f.name, 16 << 20, false, false);
+  REQUIRE(arena.ok());
+  RegionRegistry reg(ForbiddenRegions{"/ckptd-unittest-daemon-", (*arena)->dev(), (*arena)->ino()});
+  v1::RegisterRegionRequest req;
+  req.set_kind(v1::SHM);
+  req.set_size_bytes(4096);
+  // The daemon's own arena, by inode under any name, and anything under its prefix.
+  req.set_shm_name(f.name);
+  CHECK(reg.Register("s", getuid(), req).status().code() == absl::StatusCode::kPermissionDenied);
+  req.set_shm_name("/ckptd-unittest-daemon-arena");
+  CHECK(reg.Register("s", getuid(), req).status().code() == absl::StatusCode::kPermissionDenied);
+  // An object of another uid.
+  std::string name = TestShmName();
+  MakeShm(name, 4096);
+  req.set_shm_name(name);
+  absl::StatusOr<uint64_t> other = reg.Register("s", getuid() + 1, req);
+  CHECK(other.status().code() == absl::StatusCode::kPermissionDenied);
+  CHECK(std::string(other.status().message()).find("owned by uid") != std::string::npos);
+  // A symlink in /dev/shm is not followed.
+  std::string link = TestShmName();
+  REQUIRE(symlink(("/dev/shm" + name).c_str(), ("/dev/shm" + link).c_str()) == 0);
+  req.set_shm_name(link);
+  CHECK(reg.Register("s", getuid(), req).status().code() == absl::StatusCode::kPermissionDenied);
+  unlink(("/dev/shm" + link).c_str());
+  shm_unlink(name.c_str());
+}
+
+TEST_CASE("a region shrunk after registration is a clear error, never a signal", "[unit]") {
+  InstallMemoryGuard();
+  std::string name = TestShmName();
+  MakeShm(name, 1 << 20);
+  RegionRegistry reg;
+  v1::RegisterRegionRequest req;
+  req.set_kind(v1::SHM);
+  req.set_shm_name(name);
+  req.set_size_bytes(1 << 20);
+  auto id = reg.Register("s", getuid(), req);
+  REQUIRE(id.ok());
+  auto lease = reg.Acquire("s", *id, 0, 1 << 20);
+  REQUIRE(lease.ok());
+  int fd = shm_open(name.c_str(), O_RDWR, 0);
+  REQUIRE(fd >= 0);
+  REQUIRE(ftruncate(fd, 4096) == 0);  // the owner shrinks it under a lease
+  // A new lease sees it at once.
+  absl::StatusOr<RegionLease> late = reg.Acquire("s", *id, 0, 1 << 20);
+  CHECK(late.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(std::string(late.status().message()).find("shrank") != std::string::npos);
+  // The access racing the shrink faults (SIGBUS) and is caught.
+  std::vector<uint8_t> out(1 << 20);
+  absl::Status read = GuardedCopy(out.data(), (*lease)->base, 1 << 20, "region 1");
+  CHECK(read.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(std::string(read.message()).find("vanished") != std::string::npos);
+  CHECK(GuardedZero((*lease)->base + 8192, 4096, "region 1").code() ==
+        absl::StatusCode::kFailedPrecondition);
+  // Bytes still backed work as before, and the guard is reusable on this thread.
+  CHECK(GuardedZero((*lease)->base, 4096, "region 1").ok());
+  close(fd);
   shm_unlink(name.c_str());
 }
 

@@ -29,6 +29,9 @@ struct Rig {
   std::unique_ptr<Executor> pool;
   std::unique_ptr<CheckpointService> svc;
   std::string session;
+  // The caller every request comes from: this process's uid on one connection.
+  Caller caller{static_cast<uint32_t>(getuid()), static_cast<uint32_t>(getgid()), getpid(), 1,
+                getuid() == 0};
   // Rows of the saved [rows, 64] float32 tensor: 4096 rows (1 MiB) make the flush checksum on a
   // second thread while writing; 64 rows checksum inline.
   int rows = 64;
@@ -53,7 +56,7 @@ struct Rig {
     v1::HelloRequest h;
     h.set_pid(getpid());
     v1::HelloResponse hr;
-    REQUIRE(svc->Hello(h, &hr).ok());
+    REQUIRE(svc->Hello(caller, h, &hr).ok());
     session = hr.session_id();
   }
   ~Rig() {
@@ -68,7 +71,7 @@ struct Rig {
     rr.set_session_id(session);
     rr.add_sizes_bytes(rows * 64 * 4);
     v1::ReserveExtentsResponse ext;
-    absl::Status st = svc->ReserveExtents(rr, &ext);
+    absl::Status st = svc->ReserveExtents(caller, rr, &ext);
     if (!st.ok()) return st;
     std::memset(arena->base() + ext.extents(0).offset(), fill, rows * 64 * 4);
     v1::SaveRequest req;
@@ -85,7 +88,7 @@ struct Rig {
     s->mutable_data()->set_extent_id(ext.extents(0).id());
     s->mutable_data()->set_length(rows * 64 * 4);
     v1::SaveResponse resp;
-    return svc->Save(req, &resp);
+    return svc->Save(caller, req, &resp);
   }
 
   absl::Status Wait(uint64_t step) {
@@ -94,7 +97,7 @@ struct Rig {
     w.set_step(step);
     w.set_timeout_ms(10000);
     v1::CheckpointStatus st;
-    return svc->Wait(w, &st);
+    return svc->Wait(caller, w, &st);
   }
 
   // Loads "w" of `step` and checks every byte is `fill`.
@@ -103,7 +106,7 @@ struct Rig {
     rr.set_session_id(session);
     rr.add_sizes_bytes(rows * 64 * 4);
     v1::ReserveExtentsResponse ext;
-    absl::Status st = svc->ReserveExtents(rr, &ext);
+    absl::Status st = svc->ReserveExtents(caller, rr, &ext);
     if (!st.ok()) return st;
     uint8_t* p = arena->base() + ext.extents(0).offset();
     std::memset(p, ~fill, rows * 64 * 4);
@@ -116,14 +119,14 @@ struct Rig {
     item->mutable_dest()->set_extent_id(ext.extents(0).id());
     item->mutable_dest()->set_length(rows * 64 * 4);
     v1::LoadResponse resp;
-    st = svc->Load(req, &resp);
+    st = svc->Load(caller, req, &resp);
     for (int i = 0; st.ok() && i < rows * 64 * 4; ++i) {
       if (p[i] != fill) st = absl::DataLossError("byte " + std::to_string(i) + " differs");
     }
     v1::ReleaseExtentsRequest rel;
     rel.set_session_id(session);
     rel.add_extent_ids(ext.extents(0).id());
-    svc->ReleaseExtents(rel).IgnoreError();
+    svc->ReleaseExtents(caller, rel).IgnoreError();
     return st;
   }
 };
@@ -172,7 +175,7 @@ TEST_CASE("service: a failing manifest rename aborts, never exposes a torn check
   v1::LatestRequest lr;
   lr.set_job("fault-job");
   v1::LatestResponse latest;
-  REQUIRE(rig.svc->Latest(lr, &latest).ok());
+  REQUIRE(rig.svc->Latest(rig.caller, lr, &latest).ok());
   CHECK(latest.step() == 1);
   CHECK(rig.LoadCheck(1, 0x44).ok());
 }

@@ -1,0 +1,70 @@
+// PeerListener: the daemon's own accept loop on its unix socket, so the kernel — not the client —
+// says who is calling. For each accepted connection it reads SO_PEERCRED (uid, gid, pid as seen
+// from the daemon's pid namespace) and SO_PEERGROUPS, records them, and hands the socket to gRPC
+// (grpc::AddInsecureChannelFromFd), which names that connection "fd:N" in
+// ServerContext::peer(). RPC handlers turn the peer string into a Caller with Lookup().
+//
+// Why "fd:N" is a sound key: gRPC closes a connection's socket only when its transport is
+// destroyed, which waits for every call on that connection to end; so while a handler runs,
+// fd N is still the connection the call arrived on. A number reused by a later accept replaces
+// the entry of the closed connection that had it (no call of that one is left).
+//
+// Ownership: owns the listening socket (removed at Stop) and the accept thread; accepted sockets
+// belong to gRPC once handed over. Resource bound: connections are bounded by the process's
+// RLIMIT_NOFILE; when accept fails for lack of descriptors the loop backs off instead of spinning.
+// Thread safety: Lookup may be called from any thread, concurrently with the accept loop.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "grpcpp/grpcpp.h"
+#include "service/sessions.h"
+
+namespace ckptd {
+
+struct ListenOptions {
+  std::string path;     // at most 107 bytes
+  uint32_t mode = 0600;  // permission bits of the socket file
+  int64_t gid = -1;      // group of the socket file; -1 keeps the daemon's
+  int64_t admin_gid = -1;  // members (and uid 0) are admin callers; -1: uid 0 only
+};
+
+class PeerListener {
+ public:
+  // Binds and listens. A stale socket file at `path` is replaced; any other kind of file there
+  // is FAILED_PRECONDITION (never removed). Errors name the path.
+  static absl::StatusOr<std::unique_ptr<PeerListener>> Listen(const ListenOptions& options);
+  ~PeerListener();
+
+  // Starts accepting; each connection is added to `server` (already started).
+  void Start(grpc::Server* server);
+  // Stops accepting, joins the thread and removes the socket file. Idempotent.
+  void Stop();
+
+  // The caller behind gRPC peer string "fd:N"; PERMISSION_DENIED for an unknown connection.
+  absl::StatusOr<Caller> Lookup(const std::string& peer) const;
+
+  uint64_t connections_accepted() const { return next_connection_.load() - 1; }
+
+ private:
+  PeerListener() = default;
+  void AcceptLoop(grpc::Server* server);
+  Caller Identify(int fd);
+
+  ListenOptions options_;
+  int listen_fd_ = -1;
+  int stop_fd_ = -1;  // eventfd that wakes the accept loop at Stop
+  std::thread thread_;
+  std::atomic<uint64_t> next_connection_{1};
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<int, Caller> by_fd_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace ckptd
