@@ -131,6 +131,8 @@ const std::map<std::string, OptionDef>& Defs() {
       {"log_level", {"trace|debug|info|warn|error", StringSetter(&O::log_level)}},
       {"debug_flush_delay_ms", {"testing: delay every flush",
                                 IntSetter(&O::debug_flush_delay_ms, "debug_flush_delay_ms")}},
+      {"debug_load_delay_ms", {"testing: delay every load after leasing its destinations",
+                               IntSetter(&O::debug_load_delay_ms, "debug_load_delay_ms")}},
       {"debug_reshard_delay_ms", {"testing: delay every reshard chunk",
                                   IntSetter(&O::debug_reshard_delay_ms, "debug_reshard_delay_ms")}},
   };
@@ -229,6 +231,7 @@ absl::Status DaemonOptions::Validate() {
   CKPTD_RETURN_IF_ERROR(Range("waiters_max", waiters_max, 1, 4096));
   CKPTD_RETURN_IF_ERROR(Range("shutdown_grace_s", shutdown_grace_s, 0, 3600));
   CKPTD_RETURN_IF_ERROR(Range("debug_flush_delay_ms", debug_flush_delay_ms, 0, 3600 * 1000));
+  CKPTD_RETURN_IF_ERROR(Range("debug_load_delay_ms", debug_load_delay_ms, 0, 3600 * 1000));
   CKPTD_RETURN_IF_ERROR(Range("debug_reshard_delay_ms", debug_reshard_delay_ms, 0, 60 * 1000));
   if (log_format != "text" && log_format != "json") {
     return absl::InvalidArgumentError(

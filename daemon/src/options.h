@@ -84,6 +84,9 @@ struct DaemonOptions {
   // Testing only: each flush waits this long before it starts, to make crash windows
   // deterministic. Default: 0
   uint64_t debug_flush_delay_ms = 0;
+  // Testing only: each load waits this long after its destinations are leased and before it
+  // reads, so tests can release or unregister them mid-load. Default: 0
+  uint64_t debug_load_delay_ms = 0;
   // Testing only: an offline reshard waits this long before each chunk it copies, so tests can
   // watch its progress, cancel it or crash the daemon during it. Default: 0
   uint64_t debug_reshard_delay_ms = 0;

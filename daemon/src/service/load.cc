@@ -404,6 +404,9 @@ absl::Status CheckpointService::Load(const Caller& caller, const v1::LoadRequest
   if (!plan.ok()) {
     return Annotate(plan.status(), absl::StrCat("checkpoint ", req.job(), "/", step));
   }
+  if (deps_.options->debug_load_delay_ms > 0) {
+    absl::SleepFor(absl::Milliseconds(deps_.options->debug_load_delay_ms));
+  }
   uint64_t bytes_read = 0;
   CKPTD_RETURN_IF_ERROR(ReadPlan(*m, *plan, dst, &bytes_read));
   resp->set_bytes_read(bytes_read);

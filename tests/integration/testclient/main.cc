@@ -5,6 +5,10 @@
 //                          once Save returns; --hold then sleeps until killed.
 //   load   --socket S --job J --step N|latest [--items a,b] [--world W] [--seed K] [--no-objects]
 //                          loads with a fresh client, verifies bit-exact; prints "verified".
+//          [--idle-ms T]   stays connected T ms before saving (its session must live on)
+//   allocate --socket S --bytes N
+//                          allocates an arena buffer of N bytes, prints "allocated", sleeps
+//                          until killed (the daemon must free it when this process dies).
 //   golden-write --socket S --job J --step N [--world W] [--seed K]
 //                          saves all ranks from this one process and waits for COMMITTED.
 // Exit codes: 0 ok, 1 the operation or the verification failed (message on stderr), 2 usage.
@@ -78,6 +82,16 @@ absl::StatusOr<std::unique_ptr<ckptd::Client>> Connect(const Args& a) {
   return ckptd::Client::Connect(o);
 }
 
+int Allocate(const Args& a) {
+  auto client = Connect(a);
+  if (!client.ok()) return Fail("connect", client.status());
+  auto buf = (*client)->Allocate(a.Num("bytes", 4096));
+  if (!buf.ok()) return Fail("allocate", buf.status());
+  std::printf("allocated\n");
+  std::fflush(stdout);
+  for (;;) pause();
+}
+
 int Save(const Args& a) {
   auto client = Connect(a);
   if (!client.ok()) return Fail("connect", client.status());
@@ -85,6 +99,7 @@ int Save(const Args& a) {
   const uint64_t step = a.Num("step", 1);
   const uint32_t rank = static_cast<uint32_t>(a.Num("rank", 0));
   const uint32_t world = static_cast<uint32_t>(a.Num("world", 4));
+  if (a.Num("idle-ms", 0) > 0) usleep(static_cast<useconds_t>(a.Num("idle-ms", 0) * 1000));
   auto r = ckptd_it::SaveRank(**client, job, step, rank, world, a.Num("seed", 1));
   if (!r.ok()) return Fail("save", r.status());
   std::printf("staged %s\n", ckptd::CheckpointStateName(r->state));
@@ -140,6 +155,7 @@ int main(int argc, char** argv) {
   if (a.Str("socket").empty() || a.Str("job").empty()) return Usage("--socket and --job needed");
   const std::string cmd = argv[1];
   if (cmd == "save") return Save(a);
+  if (cmd == "allocate") return Allocate(a);
   if (cmd == "load") return Load(a);
   if (cmd == "golden-write") return GoldenWrite(a);
   return Usage("unknown command " + cmd);
