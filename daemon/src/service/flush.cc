@@ -163,6 +163,14 @@ void CheckpointService::FlushRank(Key key, uint32_t rank) {
   absl::Status st = absl::OkStatus();
   if (write) {
     st = WriteRankBlob(CheckpointDir(key.first, key.second), leases, &rec);
+    if (st.ok()) {
+      // "Persisted" is journaled synced, outside the service lock, before the extents are freed:
+      // once they are reused, a restart must never flush this rank again from the arena (the
+      // bytes there would be another checkpoint's).
+      rec.set_persisted(true);
+      MetaStore::Write w{keys::Rank(key.first, key.second, rank), rec.SerializeAsString()};
+      st = Annotate(deps_.meta->Commit({&w, 1}, /*sync=*/true), "journaling a persisted rank");
+    }
   }
   leases.clear();
   absl::MutexLock lock(&mu_);
@@ -176,11 +184,7 @@ void CheckpointService::FlushRank(Key key, uint32_t rank) {
   }
   if (!p.aborting) {
     pr.rec = std::move(rec);
-    pr.rec.set_persisted(true);
     pr.persisted = true;
-    // Unsynced: losing it only means the rank is flushed again from the arena after a crash.
-    absl::Status j = JournalLocked(p, {rank}, /*sync=*/false);
-    if (!j.ok()) spdlog::warn("journal of persisted rank {}: {}", rank, j.ToString());
   }
   deps_.arena->Free(pr.extent_ids);
   pr.extent_ids.clear();
