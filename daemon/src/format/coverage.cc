@@ -3,7 +3,8 @@
 // becomes boxes (a flat range splits into at most 2 * dims - 1) and a recursive sweep checks
 // them: along dim d, between consecutive box boundaries the set of active boxes is fixed, and
 // those boxes must tile the remaining dims exactly; a set already checked is not checked again.
-// The sweep is exact, so no separate volume check is needed.
+// The sweep is exact, so no separate volume check is needed. CheckNoOverlap runs the same sweeps
+// stepping over gaps instead of reporting them.
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -28,8 +29,9 @@ struct Interval {
 class CoverageChecker {
  public:
   CoverageChecker(std::span<const uint64_t> shape, std::span<const v1::Region> regions,
-                  std::string_view item)
-      : shape_(shape), regions_(regions), item_(item), n_(shape.size()) {}
+                  std::string_view item, bool gaps_allowed)
+      : shape_(shape), regions_(regions), item_(item), n_(shape.size()),
+        gaps_allowed_(gaps_allowed) {}
 
   absl::Status CheckIntervals(std::vector<Interval> intervals, uint64_t numel) const;
   absl::Status CheckBoxes(const std::vector<uint32_t>& general_boxes,
@@ -57,6 +59,7 @@ class CoverageChecker {
   std::span<const v1::Region> regions_;
   std::string_view item_;
   size_t n_;
+  bool gaps_allowed_;
   std::vector<Piece> boxes_;     // piece.base holds the index of the region it came from
   Piece slab_;                   // the slab being checked, in dims before the current one
 };
@@ -69,12 +72,14 @@ absl::Status CoverageChecker::CheckIntervals(std::vector<Interval> intervals,
   uint64_t reach = 0;
   uint32_t reach_region = 0;
   for (const Interval& iv : intervals) {
-    if (iv.start > reach) return Gap(absl::StrFormat("flat[%d:%d)", reach, iv.start));
+    if (iv.start > reach && !gaps_allowed_) {
+      return Gap(absl::StrFormat("flat[%d:%d)", reach, iv.start));
+    }
     if (iv.start < reach) return Overlap(reach_region, iv.region);
     reach = iv.end;
     reach_region = iv.region;
   }
-  if (reach < numel) return Gap(absl::StrFormat("flat[%d:%d)", reach, numel));
+  if (reach < numel && !gaps_allowed_) return Gap(absl::StrFormat("flat[%d:%d)", reach, numel));
   return absl::OkStatus();
 }
 
@@ -132,11 +137,11 @@ absl::Status CoverageChecker::CoverDim(size_t d, std::vector<uint32_t> ids) {
     uint64_t next = shape_[d];
     if (next_start < ids.size()) next = std::min(next, Start(ids[next_start], d));
     if (next_end < by_end.size()) next = std::min(next, End(by_end[next_end], d));
-    if (active.empty()) return GapBox(d, pos, next);
+    if (active.empty() && !gaps_allowed_) return GapBox(d, pos, next);
     slab_.off[d] = pos;
     slab_.len[d] = next - pos;
     // An unchanged active set tiles the remaining dims exactly as it did for the last slab.
-    if (changed) CKPTD_RETURN_IF_ERROR(CoverDim(d + 1, active));
+    if (changed && !active.empty()) CKPTD_RETURN_IF_ERROR(CoverDim(d + 1, active));
     pos = next;
   }
   return absl::OkStatus();
@@ -149,7 +154,7 @@ absl::Status CoverageChecker::CoverLastDim(std::vector<uint32_t> ids) const {
   uint64_t reach = 0;
   uint32_t reach_id = 0;
   for (uint32_t id : ids) {
-    if (Start(id, d) > reach) return GapBox(d, reach, Start(id, d));
+    if (Start(id, d) > reach && !gaps_allowed_) return GapBox(d, reach, Start(id, d));
     if (Start(id, d) < reach) {
       return Overlap(static_cast<uint32_t>(boxes_[reach_id].base),
                      static_cast<uint32_t>(boxes_[id].base));
@@ -157,14 +162,12 @@ absl::Status CoverageChecker::CoverLastDim(std::vector<uint32_t> ids) const {
     reach = End(id, d);
     reach_id = id;
   }
-  if (reach < shape_[d]) return GapBox(d, reach, shape_[d]);
+  if (reach < shape_[d] && !gaps_allowed_) return GapBox(d, reach, shape_[d]);
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::Status CheckCoverage(std::span<const uint64_t> shape, std::span<const v1::Region> regions,
-                           std::string_view item) {
+absl::Status Check(std::span<const uint64_t> shape, std::span<const v1::Region> regions,
+                   std::string_view item, bool gaps_allowed) {
   auto numel = NumElements(shape);
   if (!numel.ok()) return Annotate(numel.status(), absl::StrFormat("item \"%s\"", item));
   std::vector<Interval> intervals;
@@ -181,9 +184,21 @@ absl::Status CheckCoverage(std::span<const uint64_t> shape, std::span<const v1::
       general_boxes.push_back(static_cast<uint32_t>(i));
     }
   }
-  CoverageChecker checker(shape, regions, item);
+  CoverageChecker checker(shape, regions, item, gaps_allowed);
   if (general_boxes.empty()) return checker.CheckIntervals(std::move(intervals), *numel);
   return checker.CheckBoxes(general_boxes, intervals);
+}
+
+}  // namespace
+
+absl::Status CheckCoverage(std::span<const uint64_t> shape, std::span<const v1::Region> regions,
+                           std::string_view item) {
+  return Check(shape, regions, item, /*gaps_allowed=*/false);
+}
+
+absl::Status CheckNoOverlap(std::span<const uint64_t> shape, std::span<const v1::Region> regions,
+                            std::string_view item) {
+  return Check(shape, regions, item, /*gaps_allowed=*/true);
 }
 
 }  // namespace ckptd

@@ -120,7 +120,7 @@ struct CheckRange {
 
 class Planner {
  public:
-  Planner(const Manifest& m, const PlanOptions& o) : m_(m), o_(o) {
+  Planner(const Manifest& m, const PlanOptions& o) : o_(o) {
     block_ = m.header.checksum_block_bytes();
     for (const v1::BlobInfo& b : m.header.blobs()) {
       blob_index_[b.id()] = static_cast<uint32_t>(blob_ids_.size());
@@ -142,7 +142,6 @@ class Planner {
              std::span<const CheckRange> checks) const;
   void NeededStats(LoadPlan* plan);
 
-  const Manifest& m_;
   const PlanOptions& o_;
   uint64_t block_ = 0;
   absl::flat_hash_map<uint32_t, uint32_t> blob_index_;
@@ -329,7 +328,10 @@ void Planner::MakeRuns(LoadPlan* plan) {
     std::vector<std::pair<uint64_t, uint64_t>> runs = MergedRuns(blob, bc);
     Split(&runs, bc);
     size_t k = 0;  // next check of this blob
-    for (auto [b, e] : runs) {
+    for (const auto& run_bounds : runs) {
+      // Named copies, not structured bindings: the lambda below uses them, which clang before 16
+      // does not accept (the fuzzing tier builds with clang 15).
+      const uint64_t b = run_bounds.first, e = run_bounds.second;
       ReadRun run{blob_ids_[blob], b, e - b};
       run.first_check = static_cast<uint32_t>(plan->checks.size());
       // Checks that start before this run ends; one cut by a split continues in the next run.

@@ -39,7 +39,7 @@ struct Manifest {
 //    offset + length <= blob size, block_crc32c.size() == BlockCount(length,
 //    checksum_block_bytes), saved_by_rank and replica_ranks < world_size;
 //  - tensors: dtype known, shape valid, each region valid with length == elements * dtype size,
-//    and unless header.partial the regions cover every element exactly once;
+//    and the regions cover every element exactly once (at most once if header.partial);
 //  - objects: no region, scope set, REPLICATED has exactly one shard, PER_RANK shards have
 //    distinct saved_by_rank, length <= limits::kObjectBytesMax.
 // header.total_bytes is not checked (its meaning belongs to the writer).

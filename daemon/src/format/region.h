@@ -62,6 +62,12 @@ std::string RegionKey(const v1::Region& region, std::span<const uint64_t> shape)
 absl::Status CheckCoverage(std::span<const uint64_t> shape, std::span<const v1::Region> regions,
                            std::string_view item);
 
+// OK iff no element of a tensor of `shape` is in two of `regions` (elements in none are fine): the
+// check of a partial checkpoint's shards. Validates each region; the errors of CheckCoverage except
+// the one for uncovered elements. Same cost.
+absl::Status CheckNoOverlap(std::span<const uint64_t> shape, std::span<const v1::Region> regions,
+                            std::string_view item);
+
 // Copies every element in the intersection of src_region and dst_region from `src` (the buffer
 // of src_region) to its place in `dst` (the buffer of dst_region), a memcpy per contiguous run.
 // Returns the number of elements copied. src and dst must not overlap.

@@ -309,5 +309,29 @@ TEST_CASE("A partial manifest may leave tensors uncovered", "[unit]") {
   CHECK(DecodeManifest(*bytes, "p").ok());
 }
 
+// Found by tests/fuzz/load_plan_fuzz (regressions/load_plan/): a partial manifest whose shards
+// held some elements twice validated, and the load planner, which counts delivered elements,
+// then refused loads the shards could serve — or, with as many duplicated as missing elements,
+// planned a load that left the missing ones unwritten.
+TEST_CASE("A partial manifest may not hold an element twice", "[unit]") {
+  Manifest m = Sample();
+  m.header.set_partial(true);
+  v1::ItemEntry& t = m.items[3];  // 8x8 float32 in two row halves; the second now rows 3..6
+  t.mutable_shards(1)->mutable_region()->mutable_box()->set_offsets(0, 3);
+  absl::Status s = ValidateManifest(m);
+  CHECK(s.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(Message(s) == "manifest of job \"llama3-8b\" step 1000: item \"model.layers.1.weight\": "
+                      "regions box[0:4, 0:8] and box[3:7, 0:8] overlap");
+  CHECK(!EncodeManifest(m).ok());
+  m.header.set_item_count(m.items.size());
+  m.header.set_segment_count(1);
+  m.header.set_format_version(kManifestFormatVersion);
+  CHECK(DecodeManifest(RawEncode(m.header, m.items), "p").status().code() ==
+        absl::StatusCode::kDataLoss);
+  // Elements in no shard are still fine.
+  t.mutable_shards()->RemoveLast();
+  CHECK(ValidateManifest(m).ok());
+}
+
 }  // namespace
 }  // namespace ckptd

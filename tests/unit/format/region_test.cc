@@ -130,6 +130,25 @@ TEST_CASE("CheckCoverage finds gaps and overlaps", "[unit]") {
                        std::vector<v1::Region>{Box({}, {}), Flat(0, 1)}, "w").ok());
 }
 
+TEST_CASE("CheckNoOverlap allows gaps, never overlaps", "[unit]") {
+  std::vector<uint64_t> shape = {8, 8};
+  CHECK(CheckNoOverlap(shape, std::vector<v1::Region>{}, "w").ok());
+  CHECK(CheckNoOverlap(shape, std::vector<v1::Region>{Flat(0, 32), Flat(40, 8)}, "w").ok());
+  CHECK(CheckNoOverlap(shape, std::vector<v1::Region>{Box({0, 0}, {8, 4}), Box({0, 4}, {5, 4})},
+                       "w").ok());
+  // A gap in a dim of the sweep, then boxes again.
+  CHECK(CheckNoOverlap(shape, std::vector<v1::Region>{Box({0, 0}, {2, 3}), Box({5, 2}, {3, 6})},
+                       "w").ok());
+  CHECK(Message(CheckNoOverlap(shape, std::vector<v1::Region>{Flat(0, 2), Flat(1, 2)}, "w")) ==
+        "item \"w\": regions flat[0:2) and flat[1:3) overlap");
+  CHECK(Message(CheckNoOverlap(shape, std::vector<v1::Region>{Box({0, 0}, {2, 3}),
+                                                               Box({5, 2}, {3, 6}),
+                                                               Box({6, 0}, {1, 3})},
+                               "w")) ==
+        "item \"w\": regions box[6:7, 0:3] and box[5:8, 2:8] overlap");
+  CHECK(!CheckNoOverlap(shape, std::vector<v1::Region>{Box({0, 0}, {9, 8})}, "w").ok());
+}
+
 // Brute force: does every element get covered exactly once?
 bool RefExactCover(const std::vector<uint64_t>& shape, const std::vector<v1::Region>& regions) {
   std::vector<int> counts(testing::RefNumel(shape), 0);
@@ -142,7 +161,19 @@ bool RefExactCover(const std::vector<uint64_t>& shape, const std::vector<v1::Reg
   return true;
 }
 
-TEST_CASE("CheckCoverage agrees with brute force on random region sets", "[unit]") {
+// Brute force: is no element covered twice?
+bool RefAtMostOnce(const std::vector<uint64_t>& shape, const std::vector<v1::Region>& regions) {
+  std::vector<int> counts(testing::RefNumel(shape), 0);
+  for (const v1::Region& r : regions) {
+    for (uint64_t g : testing::RefElements(shape, r)) {
+      if (++counts[g] > 1) return false;
+    }
+  }
+  return true;
+}
+
+TEST_CASE("CheckCoverage and CheckNoOverlap agree with brute force on random region sets",
+          "[unit]") {
   uint64_t seed = testing::TestSeed();
   CAPTURE(seed);
   std::mt19937_64 rng(seed);
@@ -169,6 +200,9 @@ TEST_CASE("CheckCoverage agrees with brute force on random region sets", "[unit]
     absl::Status s = CheckCoverage(shape, regions, "t");
     INFO(s.ToString());
     CHECK(s.ok() == RefExactCover(shape, regions));
+    absl::Status no_overlap = CheckNoOverlap(shape, regions, "t");
+    INFO(no_overlap.ToString());
+    CHECK(no_overlap.ok() == RefAtMostOnce(shape, regions));
     exact += s.ok();
     for (const v1::Region& r : regions) {
       if (r.has_box() && RegionElements(r, shape) != 0 &&
