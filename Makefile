@@ -1,19 +1,22 @@
 # ckptd — the two commands: `make run` and `make test`.
 #   make run    install what is missing, build, start ckptd on ./state (unix socket state/ckptd.sock)
-#   make test   install what is missing, build, run every test; then the ASan/UBSan tier and
-#               the Python tier (make test-python: the ckptd package, pytest against a real ckptd)
+#   make test   install what is missing, build, run every test; then the ASan/UBSan tier, the
+#               Python tier (make test-python: the ckptd package, pytest against a real ckptd) and
+#               the fuzzing smoke run (make test-fuzz: libFuzzer targets of tests/fuzz, build-fuzz/)
 #   make build  build only
 SHELL := /bin/bash
 ROOT := $(CURDIR)
 BUILD ?= $(ROOT)/build
 BUILD_ASAN ?= $(ROOT)/build-asan
+BUILD_FUZZ ?= $(ROOT)/build-fuzz
 STATE ?= $(ROOT)/state
 CMAKE ?= /usr/bin/cmake
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
 PYTHON ?= python3
 
-.PHONY: setup build build-asan run test test-cpp test-asan test-python python bench clean
+.PHONY: setup build build-asan build-fuzz run test test-cpp test-asan test-fuzz test-python \
+	python bench clean
 
 setup:
 	@bash deploy/setup.sh
@@ -28,6 +31,18 @@ ASAN_TARGETS ?= ckptd_unit_format ckptd_unit_io ckptd_unit_index
 build-asan: setup
 	@$(CMAKE) -S . -B $(BUILD_ASAN) $(CMAKE_FLAGS) -DCKPTD_SANITIZE=ON >/dev/null
 	@$(CMAKE) --build $(BUILD_ASAN) -j $(JOBS) --target $(ASAN_TARGETS)
+
+# The fuzzing tier (tests/fuzz): libFuzzer targets built by clang-15 with ASan + UBSan, against
+# only what they need (proto, format, index). Each runs FUZZ_SECONDS from its committed corpus
+# after replaying its regressions, two at a time; any crash fails the target.
+FUZZ_SECONDS ?= 20
+build-fuzz: setup
+	@CC=clang-15 CXX=clang++-15 $(CMAKE) -S . -B $(BUILD_FUZZ) $(CMAKE_FLAGS) \
+	  -DCMAKE_C_COMPILER=clang-15 -DCMAKE_CXX_COMPILER=clang++-15 -DCKPTD_FUZZ=ON >/dev/null
+	@$(CMAKE) --build $(BUILD_FUZZ) -j $(JOBS)
+
+test-fuzz: build-fuzz
+	@bash tests/fuzz/run.sh $(BUILD_FUZZ) $(FUZZ_SECONDS) 2
 
 run: build
 	@mkdir -p $(STATE)
@@ -50,10 +65,10 @@ python: setup
 test-python: build python
 	@cd tests/python && CKPTD_BIN=$(BUILD)/ckptd $(PYTHON) -m pytest -p no:cacheprovider -q .
 
-test: test-cpp test-asan test-python
+test: test-cpp test-asan test-python test-fuzz
 
 bench: build python
 	@bash bench/run.sh
 
 clean:
-	rm -rf $(BUILD) $(BUILD_ASAN)
+	rm -rf $(BUILD) $(BUILD_ASAN) $(BUILD_FUZZ)

@@ -9,6 +9,7 @@ DEB_PKGS=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   librocksdb-dev liburing-dev libspdlog-dev libfmt-dev catch2 libabsl-dev
   libcurl4-openssl-dev libssl-dev
+  clang-15 libfuzzer-15-dev
 )
 
 missing=()
