@@ -1,5 +1,32 @@
 // Catalog: list, status, inspect, latest and delete, answered from the index (and, for
 // checkpoints being saved, from the in-memory state, which is fresher).
+//
+// Delete is linearized with Save, Reshard and commit of the same (job, step) by a tombstone:
+//   1. under mu_: refused while the key is being written (pending_ or reshards_) or already being
+//      deleted; else its row is read and the key enters rewriting_ ("being deleted"). From here
+//      no Save or Reshard can create the key: the row exists until step 4, and Save also names
+//      the delete. The row is read under mu_ because Save checks it there: a Save cannot slip in
+//      between "no pending save" and "row read".
+//   2. outside mu_: the row is recorded DELETING with a synced write, so a crash at any later
+//      point leaves a tombstone recovery finishes (and never a manifest it would adopt back);
+//   3. the manifest is removed, then the directory: nothing else writes there now, so the
+//      removal cannot race a new save's files;
+//   4. the item/rank/blob rows go, then the checkpoint row itself (synced, last);
+//   5. under mu_: the key leaves rewriting_, and a Save of the step may start afresh.
+// Neither the synced writes nor the removal happen under mu_. A delete that fails half way
+// leaves the row DELETING (shown so); Delete again or a restart finishes it.
+//
+// Verification of manifests (DESIGN.md "Recovery": never expose a manifest that does not
+// verify). A manifest is verified (decoded: framing, checksums, and its job/step) when it is
+// adopted at start, for the newest COMMITTED checkpoint of every job at start, and whenever
+// Latest (or a Load of "latest") picks a candidate that is not in the manifest cache. One that
+// does not verify is recorded CORRUPT: Latest then answers the newest older checkpoint that
+// verifies, and a Load of the corrupt one by number is DATA_LOSS. Older checkpoints are not read
+// at start (that would read every manifest); one of them that is corrupt fails its load with
+// DATA_LOSS from the manifest decode and is marked once Latest or a restart reaches it. A CORRUPT
+// row whose manifest verifies again at a later start (restored by an operator) is adopted back.
+#include <algorithm>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "ckptd/status.h"
@@ -16,9 +43,15 @@ uint32_t PageSize(uint32_t asked, uint32_t def, uint32_t max) {
   return asked == 0 ? def : std::min(asked, max);
 }
 
+// What using a CORRUPT checkpoint answers.
+absl::Status CorruptError(const std::string& job, uint64_t step, const std::string& why) {
+  return absl::DataLossError(absl::StrCat(CkptName(job, step), " is CORRUPT: ", why,
+                                          "; load another step (latest skips it) or delete it"));
+}
+
 }  // namespace
 
-absl::StatusOr<std::optional<v1::CheckpointRecord>> CheckpointService::GetRecord(
+absl::StatusOr<std::optional<v1::CheckpointRecord>> CheckpointService::ReadRecord(
     const std::string& job, uint64_t step) {
   CKPTD_ASSIGN_OR_RETURN(std::optional<std::string> raw,
                          deps_.meta->Get(keys::Checkpoint(job, step)));
@@ -26,7 +59,16 @@ absl::StatusOr<std::optional<v1::CheckpointRecord>> CheckpointService::GetRecord
   v1::CheckpointRecord rec;
   if (!rec.ParseFromString(*raw)) {
     return absl::DataLossError(absl::StrCat("index row of checkpoint ", job, "/", step,
-                                            " does not parse"));
+                                            " does not parse (a restart repairs it)"));
+  }
+  return rec;
+}
+
+absl::StatusOr<std::optional<v1::CheckpointRecord>> CheckpointService::GetRecord(
+    const std::string& job, uint64_t step) {
+  CKPTD_ASSIGN_OR_RETURN(std::optional<v1::CheckpointRecord> rec, ReadRecord(job, step));
+  if (rec && rec->summary().state() == v1::CORRUPT) {
+    return CorruptError(job, step, rec->summary().error());
   }
   return rec;
 }
@@ -58,24 +100,69 @@ absl::Status CheckpointService::PutRecordSync(const v1::CheckpointRecord& rec) {
   return deps_.meta->Commit({&w, 1}, /*sync=*/true);
 }
 
-absl::StatusOr<uint64_t> CheckpointService::LatestCommitted(const std::string& job) {
-  std::optional<uint64_t> latest;
-  absl::Status parse = absl::OkStatus();
+absl::StatusOr<std::vector<uint64_t>> CheckpointService::CommittedSteps(const std::string& job) {
+  std::vector<uint64_t> steps;
   CKPTD_RETURN_IF_ERROR(deps_.meta->Scan(
-      keys::CheckpointPrefix(job), "", 0, [&](std::string_view key, std::string_view value) {
+      keys::CheckpointPrefix(job), "", 0, [&](std::string_view, std::string_view value) {
         v1::CheckpointRecord rec;
-        if (!rec.ParseFromArray(value.data(), static_cast<int>(value.size()))) {
-          parse = absl::DataLossError(absl::StrCat("index row ", key.size(), " does not parse"));
-          return false;
+        if (rec.ParseFromArray(value.data(), static_cast<int>(value.size())) &&
+            rec.summary().state() == v1::COMMITTED) {
+          steps.push_back(rec.summary().step());
         }
-        if (rec.summary().state() == v1::COMMITTED) latest = rec.summary().step();
         return true;
       }));
-  CKPTD_RETURN_IF_ERROR(parse);
-  if (!latest) {
-    return absl::NotFoundError(absl::StrCat("job ", job, " has no committed checkpoint"));
+  std::reverse(steps.begin(), steps.end());  // the scan is in step order
+  return steps;
+}
+
+absl::StatusOr<uint64_t> CheckpointService::LatestCommitted(const std::string& job) {
+  CKPTD_ASSIGN_OR_RETURN(std::vector<uint64_t> steps, CommittedSteps(job));
+  for (uint64_t step : steps) {
+    // From the manifest cache when it is there (every commit and verified load puts it there).
+    absl::StatusOr<std::shared_ptr<const Manifest>> m = GetManifest(job, step);
+    if (m.ok()) return step;
+    if (absl::IsDataLoss(m.status())) {
+      absl::Status marked = MarkCorrupt(job, step, m.status());
+      if (!marked.ok()) spdlog::error("{}", marked.ToString());
+      continue;
+    }
+    // Deleted meanwhile: the next older one. Otherwise the manifest could not be read at all.
+    CKPTD_ASSIGN_OR_RETURN(std::optional<v1::CheckpointRecord> rec, ReadRecord(job, step));
+    if (rec && rec->summary().state() == v1::COMMITTED) {
+      return Annotate(m.status(), absl::StrCat("reading the manifest of ", CkptName(job, step)));
+    }
   }
-  return *latest;
+  return absl::NotFoundError(absl::StrCat("job ", job, " has no committed checkpoint",
+                                          steps.empty() ? "" : " whose manifest verifies"));
+}
+
+absl::Status CheckpointService::MarkCorrupt(const std::string& job, uint64_t step,
+                                            const absl::Status& why) {
+  const Key key{job, step};
+  v1::CheckpointRecord rec;
+  {
+    // The row is read under mu_, as Delete does: while the key is in rewriting_ the row stays
+    // COMMITTED (Delete is refused), so no Save can create the key before the CORRUPT row lands.
+    absl::MutexLock lock(&mu_);
+    if (pending_.contains(key) || reshards_.contains(key) || rewriting_.contains(key)) {
+      return absl::OkStatus();
+    }
+    CKPTD_ASSIGN_OR_RETURN(std::optional<v1::CheckpointRecord> found, ReadRecord(job, step));
+    if (!found || found->summary().state() != v1::COMMITTED) return absl::OkStatus();
+    rec = *std::move(found);
+    rewriting_.emplace(key, "being marked CORRUPT");
+    manifest_cache_.erase(key);
+  }
+  rec.mutable_summary()->set_state(v1::CORRUPT);
+  rec.mutable_summary()->set_error(
+      absl::StrCat("its manifest does not verify: ", why.message()).substr(0, 4096));
+  spdlog::error("{} is CORRUPT (no longer visible to load and latest): {}", CkptName(job, step),
+                why.ToString());
+  absl::Status st = PutRecordSync(rec);
+  absl::MutexLock lock(&mu_);
+  rewriting_.erase(key);
+  changed_.SignalAll();
+  return Annotate(st, absl::StrCat("recording ", CkptName(job, step), " CORRUPT"));
 }
 
 absl::Status CheckpointService::Latest(const Caller& caller, const v1::LatestRequest& req, v1::LatestResponse* resp) {
@@ -95,8 +182,10 @@ absl::Status CheckpointService::ListJobs(const Caller& /*caller: every uid may l
                                          [&](std::string_view key, std::string_view value) {
                                            absl::StatusOr<std::string> job = keys::DecodeJob(key);
                                            v1::JobRecord jr;
-                                           jr.ParseFromArray(value.data(),
-                                                             static_cast<int>(value.size()));
+                                           if (!jr.ParseFromArray(value.data(),
+                                                                  static_cast<int>(value.size()))) {
+                                             jr.Clear();  // listed, owner unknown (0)
+                                           }
                                            if (job.ok()) jobs.emplace_back(*job, jr);
                                            return true;
                                          }));
@@ -112,9 +201,9 @@ absl::Status CheckpointService::ListJobs(const Caller& /*caller: every uid may l
     CKPTD_RETURN_IF_ERROR(deps_.meta->Scan(
         keys::CheckpointPrefix(job), "", 0, [&](std::string_view, std::string_view value) {
           v1::CheckpointRecord rec;
-          rec.ParseFromArray(value.data(), static_cast<int>(value.size()));
           ++count;
-          if (rec.summary().state() == v1::COMMITTED) {
+          if (rec.ParseFromArray(value.data(), static_cast<int>(value.size())) &&
+              rec.summary().state() == v1::COMMITTED) {
             s->set_has_committed(true);
             s->set_latest_committed_step(rec.summary().step());
           }
@@ -139,14 +228,24 @@ absl::Status CheckpointService::ListCheckpoints(const Caller& caller, const v1::
     }
     start_after = keys::Checkpoint(req.job(), step);
   }
+  // A row that does not parse is listed with no state and an error saying so (a restart repairs
+  // it); a key that does not decode is not a checkpoint of this job and is skipped.
   std::vector<v1::CheckpointRecord> recs;
-  CKPTD_RETURN_IF_ERROR(deps_.meta->Scan(keys::CheckpointPrefix(req.job()), start_after,
-                                         page + 1, [&](std::string_view, std::string_view v) {
-                                           recs.emplace_back();
-                                           recs.back().ParseFromArray(
-                                               v.data(), static_cast<int>(v.size()));
-                                           return true;
-                                         }));
+  CKPTD_RETURN_IF_ERROR(deps_.meta->Scan(
+      keys::CheckpointPrefix(req.job()), start_after, 0,
+      [&](std::string_view key, std::string_view v) {
+        absl::StatusOr<std::pair<std::string, uint64_t>> id = keys::DecodeCheckpoint(key);
+        if (!id.ok() || id->first != req.job()) return true;
+        v1::CheckpointRecord& rec = recs.emplace_back();
+        if (!rec.ParseFromArray(v.data(), static_cast<int>(v.size())) ||
+            rec.summary().job() != req.job() || rec.summary().step() != id->second) {
+          rec.Clear();
+          rec.mutable_summary()->set_error("its index row does not parse (a restart repairs it)");
+        }
+        rec.mutable_summary()->set_job(req.job());
+        rec.mutable_summary()->set_step(id->second);
+        return recs.size() <= page;  // one more than a page says whether another follows
+      }));
   if (recs.size() > page) {
     recs.resize(page);
     resp->set_next_page_token(absl::StrCat(recs.back().summary().step()));
@@ -173,7 +272,7 @@ absl::Status CheckpointService::GetStatus(const Caller& caller, const v1::GetSta
     if (ReshardStatusLocked(Key{req.job(), req.step()}, resp)) return absl::OkStatus();
   }
   CKPTD_ASSIGN_OR_RETURN(std::optional<v1::CheckpointRecord> rec,
-                         GetRecord(req.job(), req.step()));
+                         ReadRecord(req.job(), req.step()));
   if (!rec) {
     return absl::NotFoundError(
         absl::StrCat("checkpoint ", req.job(), "/", req.step(), " does not exist"));
@@ -192,9 +291,12 @@ absl::Status CheckpointService::Inspect(const Caller& caller, const v1::InspectR
   CKPTD_RETURN_IF_ERROR(CheckAccess(caller, req.job(), Access::kRead));
   const std::string what = absl::StrCat("checkpoint ", req.job(), "/", req.step());
   CKPTD_ASSIGN_OR_RETURN(std::optional<v1::CheckpointRecord> rec,
-                         GetRecord(req.job(), req.step()));
+                         ReadRecord(req.job(), req.step()));
   if (!rec) return absl::NotFoundError(absl::StrCat(what, " does not exist"));
   *resp->mutable_summary() = rec->summary();
+  if (rec->summary().state() == v1::CORRUPT) {  // as a load of it: clients inspect first
+    return CorruptError(req.job(), req.step(), rec->summary().error());
+  }
   if (rec->summary().state() != v1::COMMITTED) {
     return absl::FailedPreconditionError(
         absl::StrCat(what, " is ", v1::CheckpointState_Name(rec->summary().state()),
@@ -236,34 +338,78 @@ absl::Status CheckpointService::Inspect(const Caller& caller, const v1::InspectR
   return absl::OkStatus();
 }
 
+absl::Status CheckpointService::CheckDeletableLocked(const Key& key) const {
+  const std::string what = CkptName(key.first, key.second);
+  auto it = pending_.find(key);
+  if (it != pending_.end() || reshards_.contains(key)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, " is being written (",
+        it != pending_.end() ? v1::CheckpointState_Name(it->second->state) : "a reshard",
+        "); abort it first"));
+  }
+  auto busy = rewriting_.find(key);
+  if (busy != rewriting_.end()) {
+    return absl::AbortedError(
+        absl::StrCat(what, " is already ", busy->second, "; retry once that has finished"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckpointService::Delete(const Caller& caller, const v1::DeleteRequest& req) {
   CKPTD_RETURN_IF_ERROR(ValidateJobName(req.job()));
   CKPTD_RETURN_IF_ERROR(CheckAccess(caller, req.job(), Access::kDelete));
-  const std::string what = absl::StrCat("checkpoint ", req.job(), "/", req.step());
-  const std::string dir = CheckpointDir(req.job(), req.step());
+  const std::string what = CkptName(req.job(), req.step());
+  const Key key{req.job(), req.step()};
+  v1::CheckpointRecord rec;
   {
     absl::MutexLock lock(&mu_);
-    auto it = pending_.find(Key{req.job(), req.step()});
-    if (it != pending_.end() || reshards_.contains(Key{req.job(), req.step()})) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          what, " is being written (",
-          it != pending_.end() ? v1::CheckpointState_Name(it->second->state) : "a reshard",
-          "); abort it first"));
+    CKPTD_RETURN_IF_ERROR(CheckDeletableLocked(key));
+    absl::StatusOr<std::optional<v1::CheckpointRecord>> found = ReadRecord(req.job(), req.step());
+    if (!found.ok() && !absl::IsDataLoss(found.status())) return found.status();
+    if (found.ok() && !*found) return absl::NotFoundError(absl::StrCat(what, " does not exist"));
+    if (found.ok()) {
+      rec = **found;
+    } else {  // a row that does not parse is deleted all the same
+      rec.mutable_summary()->set_job(req.job());
+      rec.mutable_summary()->set_step(req.step());
+      rec.set_dir(CheckpointDir(req.job(), req.step()));
     }
-    manifest_cache_.erase(Key{req.job(), req.step()});
+    rewriting_.emplace(key, "being deleted");
+    manifest_cache_.erase(key);
   }
-  CKPTD_ASSIGN_OR_RETURN(std::optional<v1::CheckpointRecord> rec,
-                         GetRecord(req.job(), req.step()));
-  if (!rec) return absl::NotFoundError(absl::StrCat(what, " does not exist"));
-  // The manifest goes first: a crash after this leaves an index row without a manifest, which
-  // recovery aborts — never a deleted checkpoint that comes back.
-  CKPTD_RETURN_IF_ERROR(deps_.storage->RemoveAll(absl::StrCat(dir, "/", kManifestFileName)));
-  std::vector<MetaStore::Write> writes{{keys::Checkpoint(req.job(), req.step()), std::nullopt}};
-  CKPTD_RETURN_IF_ERROR(deps_.meta->Commit(writes, /*sync=*/false));
-  CKPTD_RETURN_IF_ERROR(deps_.meta->DeletePrefix(keys::ItemPrefix(req.job(), req.step()), true));
-  CKPTD_RETURN_IF_ERROR(deps_.storage->RemoveAll(dir));
+  absl::Status st = RemoveCheckpoint(req.job(), req.step(), std::move(rec));
+  {
+    absl::MutexLock lock(&mu_);
+    rewriting_.erase(key);
+    manifest_cache_.erase(key);  // a load that raced the delete may have cached it again
+    changed_.SignalAll();
+  }
+  if (!st.ok()) {
+    spdlog::error("deleting {}: {}", what, st.ToString());
+    return Annotate(st, absl::StrCat("deleting ", what, " (if it shows DELETING now, delete it "
+                                     "again or restart the daemon to finish)"));
+  }
   spdlog::info("{} deleted", what);
   return absl::OkStatus();
+}
+
+absl::Status CheckpointService::RemoveCheckpoint(const std::string& job, uint64_t step,
+                                                 v1::CheckpointRecord rec) {
+  const std::string dir = CheckpointDir(job, step);
+  if (rec.summary().state() != v1::DELETING) {
+    rec.mutable_summary()->set_state(v1::DELETING);
+    rec.mutable_summary()->mutable_tiers()->Clear();
+    CKPTD_RETURN_IF_ERROR(
+        Annotate(PutRecordSync(rec), "recording DELETING (the tombstone) in the index"));
+  }
+  // The manifest first: should the index be lost, no directory with a manifest is left to adopt.
+  CKPTD_RETURN_IF_ERROR(deps_.storage->RemoveAll(absl::StrCat(dir, "/", kManifestFileName)));
+  CKPTD_RETURN_IF_ERROR(deps_.storage->RemoveAll(dir));
+  CKPTD_RETURN_IF_ERROR(deps_.meta->DeletePrefix(keys::ItemPrefix(job, step), /*sync=*/false));
+  CKPTD_RETURN_IF_ERROR(deps_.meta->DeletePrefix(keys::RankPrefix(job, step), /*sync=*/false));
+  CKPTD_RETURN_IF_ERROR(deps_.meta->DeletePrefix(keys::BlobPrefix(job, step), /*sync=*/false));
+  MetaStore::Write row{keys::Checkpoint(job, step), std::nullopt};
+  return deps_.meta->Commit({&row, 1}, /*sync=*/true);
 }
 
 }  // namespace ckptd

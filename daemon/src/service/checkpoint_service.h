@@ -219,6 +219,26 @@ class CheckpointService {
                                                                 uint64_t step);
   absl::StatusOr<uint64_t> LatestCommitted(const std::string& job);
   absl::Status PutRecordSync(const v1::CheckpointRecord& rec);
+  // The index row of (job, step) in any state; DATA_LOSS when it does not parse. GetRecord is
+  // the same except that a CORRUPT checkpoint is DATA_LOSS naming why, so every caller that would
+  // use the checkpoint (Load, Save, Reshard, Wait) stops there; the catalog shows and deletes
+  // CORRUPT ones through ReadRecord.
+  absl::StatusOr<std::optional<v1::CheckpointRecord>> ReadRecord(const std::string& job,
+                                                                 uint64_t step);
+  // Steps of `job` whose row is COMMITTED, newest first (rows that do not parse are skipped).
+  absl::StatusOr<std::vector<uint64_t>> CommittedSteps(const std::string& job);
+  // FAILED_PRECONDITION while (job, step) is being written (a save or a reshard), ABORTED while
+  // another Delete or a CORRUPT marking owns it (see rewriting_).
+  absl::Status CheckDeletableLocked(const Key& key) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The delete itself, outside mu_, with the key in rewriting_ (or from recovery): records the
+  // row DELETING (synced: the tombstone), removes the manifest, then the directory, then the
+  // index rows (the checkpoint row last, synced). Each step is idempotent, so a delete that
+  // failed or crashed is finished by the next Delete or by recovery.
+  absl::Status RemoveCheckpoint(const std::string& job, uint64_t step, v1::CheckpointRecord rec);
+  // Records a COMMITTED checkpoint whose manifest does not verify as CORRUPT (synced, outside
+  // mu_), with `why` as its error. Does nothing when the row is no longer COMMITTED or the key is
+  // being saved, resharded, deleted or marked already.
+  absl::Status MarkCorrupt(const std::string& job, uint64_t step, const absl::Status& why);
 
   // recovery.cc
   absl::Status AdoptManifests();
@@ -228,6 +248,18 @@ class CheckpointService {
                          const std::vector<v1::RankRecord>& ranks);
   void AbortRecovered(const v1::CheckpointRecord& rec, const std::string& reason);
   void RemoveOrphanSegments();
+  // Logs one entry recovery could not use (naming its path or index key) and keeps it for the
+  // summary logged when recovery ends.
+  void RecoveryProblem(std::string what);
+  // Rows that do not parse: a checkpoint row is rebuilt from its manifest when that verifies,
+  // recorded CORRUPT when a manifest is there but does not verify, else ABORTED (and its partial
+  // files collected); job rows and keys that do not decode are reported and left alone.
+  absl::Status RepairIndexRows();
+  // Finishes every delete a crash interrupted (rows left DELETING).
+  absl::Status FinishDeletes();
+  // Per job, verifies the manifest of the newest COMMITTED checkpoint; one that does not verify
+  // is marked CORRUPT and the next older one is verified, until one does.
+  absl::Status VerifyNewestCommitted();
 
   void Housekeeping();
 
@@ -266,6 +298,14 @@ class CheckpointService {
   std::map<Key, CachedManifest> manifest_cache_ ABSL_GUARDED_BY(mu_);
   uint64_t manifest_cache_tick_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // Keys whose row and files a catalog operation rewrites outside mu_, with what it does ("being
+  // deleted": Delete's in-memory tombstone; "being marked CORRUPT"). Inserted under mu_ only
+  // while the key is neither in pending_ nor in reshards_ and its row exists, so no Save or
+  // Reshard can create it meanwhile (they see the row, or, in Save, this entry), and a second
+  // Delete or marking is refused. Removed when the operation ends, after its last write.
+  std::map<Key, std::string> rewriting_ ABSL_GUARDED_BY(mu_);
+  // What recovery skipped or repaired (Recover only, before the service is used).
+  std::vector<std::string> recovery_problems_;
   std::thread housekeeper_;
 };
 

@@ -163,6 +163,10 @@ void CheckpointService::CommitCheckpoint(Key key) {
   {
     absl::MutexLock lock(&mu_);
     Pending& p = *pending_.at(key);
+    // A key being saved is never being deleted or marked (Delete and MarkCorrupt refuse keys in
+    // pending_, and Save refuses keys in rewriting_): the manifest written below cannot be
+    // removed by a delete.
+    CKPTD_CHECK(!rewriting_.contains(key));
     if (p.aborting) {
       p.committing = false;
       if (p.flushes_in_flight == 0) FinishAbortLocked(p);

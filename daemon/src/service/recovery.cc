@@ -1,15 +1,25 @@
 // Recovery at start, housekeeping while running, and shutdown.
 //
 // The manifest on storage is the truth; the index is the node's journal. Recovery:
-//   1. adopts every verified manifest whose index row is not COMMITTED (a crash between the
+//   1. repairs index rows that do not parse (RepairIndexRows);
+//   2. finishes deletes a crash interrupted: rows left DELETING (catalog.cc, the tombstone);
+//   3. adopts every verified manifest whose index row is not COMMITTED (a crash between the
 //      manifest rename and the COMMITTED row, or a checkpoint directory copied in from elsewhere);
-//   2. resumes checkpoints journaled as STAGING/PERSISTING from the arena when the arena is the
+//   4. resumes checkpoints journaled as STAGING/PERSISTING from the arena when the arena is the
 //      one they were staged into (same generation), else ABORTs them and removes their files;
-//   3. ABORTs COMMITTED rows whose manifest is gone;
-//   4. ABORTs reshards that were running (their source is intact: they can simply run again).
+//   5. ABORTs COMMITTED rows whose manifest is gone;
+//   6. ABORTs reshards that were running (their source is intact: they can simply run again);
+//   7. verifies the newest COMMITTED manifest of every job; one that does not verify is CORRUPT
+//      and the next older one is verified, so `latest` is always a checkpoint that loads.
+// What it cannot use it skips, names (path or index key) in the log, and counts in a summary
+// line; the daemon starts and serves everything else: a stray file or directory in the data dir
+// (data/notes.txt, data/job/notes, a step directory with a bad name), a row that does not parse,
+// a manifest that does not verify. Only failures of the index itself or of listing the data
+// dir's root stop the start.
 #include <algorithm>
 #include <signal.h>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "ckptd/status.h"
@@ -21,41 +31,203 @@
 #include "spdlog/spdlog.h"
 
 namespace ckptd {
+namespace {
+
+// At most this many problems are repeated in the summary line (each was logged already).
+constexpr size_t kRecoverySummaryProblemsMax = 16;
+
+// Reads and verifies the manifest of (job, step): decodes it (framing, checksums) and checks it
+// names that checkpoint. DATA_LOSS when it does not verify; other codes when it cannot be read.
+absl::StatusOr<Manifest> ReadManifest(Storage& storage, const std::string& job, uint64_t step) {
+  const std::string path = absl::StrCat(CheckpointDir(job, step), "/", kManifestFileName);
+  CKPTD_ASSIGN_OR_RETURN(std::string bytes, storage.Get(path));
+  CKPTD_ASSIGN_OR_RETURN(Manifest m, DecodeManifest(bytes, path));
+  if (m.header.job() != job || m.header.step() != step) {
+    return absl::DataLossError(absl::StrCat("manifest ", path, " names ", m.header.job(), "/",
+                                            m.header.step()));
+  }
+  return m;
+}
+
+// An index key for a message (keys hold '\0' and big-endian numbers).
+std::string EscapeKey(std::string_view key) {
+  return absl::CHexEscape(absl::string_view(key.data(), key.size()));
+}
+
+v1::CheckpointRecord BareRecord(const std::string& job, uint64_t step) {
+  v1::CheckpointRecord rec;
+  rec.mutable_summary()->set_job(job);
+  rec.mutable_summary()->set_step(step);
+  rec.set_dir(CheckpointDir(job, step));
+  return rec;
+}
+
+}  // namespace
 
 absl::Status CheckpointService::Recover() {
+  recovery_problems_.clear();
+  CKPTD_RETURN_IF_ERROR(RepairIndexRows());
+  CKPTD_RETURN_IF_ERROR(FinishDeletes());
   CKPTD_RETURN_IF_ERROR(AdoptManifests());
   CKPTD_RETURN_IF_ERROR(ResumePending());
-  return CheckCommittedRows();
+  CKPTD_RETURN_IF_ERROR(CheckCommittedRows());
+  CKPTD_RETURN_IF_ERROR(VerifyNewestCommitted());
+  const size_t n = recovery_problems_.size();
+  if (n > 0) {
+    std::vector<std::string> shown(
+        recovery_problems_.begin(),
+        recovery_problems_.begin() + static_cast<long>(std::min(n, kRecoverySummaryProblemsMax)));
+    spdlog::warn("recovery: {} entr{} skipped or repaired; serving everything else: {}{}", n,
+                 n == 1 ? "y" : "ies", absl::StrJoin(shown, " | "),
+                 n > shown.size() ? " | ..." : "");
+  }
+  return absl::OkStatus();
+}
+
+void CheckpointService::RecoveryProblem(std::string what) {
+  spdlog::warn("recovery: {}", what);
+  recovery_problems_.push_back(std::move(what));
+}
+
+absl::Status CheckpointService::RepairIndexRows() {
+  CKPTD_RETURN_IF_ERROR(deps_.meta->Scan(
+      keys::JobPrefix(), "", 0, [&](std::string_view key, std::string_view v) {
+        v1::JobRecord jr;
+        if (!jr.ParseFromArray(v.data(), static_cast<int>(v.size()))) {
+          RecoveryProblem(absl::StrCat(
+              "index row \"", EscapeKey(key),
+              "\" (a job's owner) does not parse; calls on that job answer DATA_LOSS"));
+        }
+        return true;
+      }));
+  std::vector<std::string> broken;
+  CKPTD_RETURN_IF_ERROR(deps_.meta->Scan(
+      keys::AllCheckpointsPrefix(), "", 0, [&](std::string_view key, std::string_view v) {
+        v1::CheckpointRecord rec;
+        if (!rec.ParseFromArray(v.data(), static_cast<int>(v.size()))) broken.emplace_back(key);
+        return true;
+      }));
+  for (const std::string& key : broken) {
+    absl::StatusOr<std::pair<std::string, uint64_t>> id = keys::DecodeCheckpoint(key);
+    if (!id.ok() || !ValidateJobStep(id->first, id->second).ok()) {
+      RecoveryProblem(absl::StrCat("index row \"", EscapeKey(key),
+                                   "\" does not parse and names no checkpoint; skipped"));
+      continue;
+    }
+    const auto& [job, step] = *id;
+    const std::string dir = CheckpointDir(job, step);
+    const std::string what =
+        absl::StrCat("the index row of ", CkptName(job, step), " (", deps_.storage->Describe(),
+                     "/", dir, ") does not parse");
+    absl::StatusOr<bool> has_manifest =
+        deps_.storage->Exists(absl::StrCat(dir, "/", kManifestFileName));
+    if (!has_manifest.ok()) {
+      RecoveryProblem(absl::StrCat(what, "; left as is: ", has_manifest.status().ToString()));
+      continue;
+    }
+    if (!*has_manifest) {
+      AbortRecovered(BareRecord(job, step), absl::StrCat(what, " and it has no manifest"));
+      RecoveryProblem(absl::StrCat(what, "; it has no manifest: ABORTED"));
+      continue;
+    }
+    absl::StatusOr<Manifest> m = ReadManifest(*deps_.storage, job, step);
+    if (m.ok()) {
+      CKPTD_RETURN_IF_ERROR(IndexCommitted(*m, dir));
+      RecoveryProblem(absl::StrCat(what, "; rebuilt from its manifest (COMMITTED)"));
+      continue;
+    }
+    v1::CheckpointRecord rec = BareRecord(job, step);
+    rec.mutable_summary()->set_state(v1::CORRUPT);
+    rec.mutable_summary()->set_error(absl::StrCat(
+        "its index row did not parse and its manifest does not verify: ", m.status().message()));
+    CKPTD_RETURN_IF_ERROR(PutRecordSync(rec));
+    RecoveryProblem(absl::StrCat(what, " and its manifest does not verify (", m.status().ToString(),
+                                 "): CORRUPT"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointService::FinishDeletes() {
+  std::vector<v1::CheckpointRecord> deleting;
+  CKPTD_RETURN_IF_ERROR(deps_.meta->Scan(
+      keys::AllCheckpointsPrefix(), "", 0, [&](std::string_view, std::string_view v) {
+        v1::CheckpointRecord rec;
+        if (rec.ParseFromArray(v.data(), static_cast<int>(v.size())) &&
+            rec.summary().state() == v1::DELETING) {
+          deleting.push_back(std::move(rec));
+        }
+        return true;
+      }));
+  for (v1::CheckpointRecord& rec : deleting) {
+    const std::string job = rec.summary().job();
+    const uint64_t step = rec.summary().step();
+    absl::Status st = RemoveCheckpoint(job, step, std::move(rec));
+    if (st.ok()) {
+      spdlog::info("recovery: finished the interrupted delete of {}", CkptName(job, step));
+    } else {
+      RecoveryProblem(absl::StrCat("could not finish the delete of ", CkptName(job, step),
+                                   " (it stays DELETING; delete it again): ", st.ToString()));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CheckpointService::AdoptManifests() {
+  const std::string root = deps_.storage->Describe();
   CKPTD_ASSIGN_OR_RETURN(std::vector<std::string> jobs, deps_.storage->List(""));
   for (const std::string& job : jobs) {
-    if (!ValidateJobName(job).ok()) continue;
-    CKPTD_ASSIGN_OR_RETURN(std::vector<std::string> steps, deps_.storage->List(job));
-    for (const std::string& step_dir : steps) {
+    if (absl::Status valid = ValidateJobName(job); !valid.ok()) {
+      RecoveryProblem(absl::StrCat(root, "/", job, " is not a job directory (",
+                                   valid.message(), "); skipped"));
+      continue;
+    }
+    absl::StatusOr<std::vector<std::string>> steps = deps_.storage->List(job);
+    if (!steps.ok()) {
+      RecoveryProblem(absl::StrCat(root, "/", job, " is not a job directory (",
+                                   steps.status().ToString(), "); skipped"));
+      continue;
+    }
+    for (const std::string& step_dir : *steps) {
       absl::StatusOr<uint64_t> step = ParseStepDirName(step_dir);
-      if (!step.ok()) continue;
+      if (!step.ok()) {
+        RecoveryProblem(absl::StrCat(root, "/", job, "/", step_dir,
+                                     " is not a checkpoint directory (", step.status().message(),
+                                     "); skipped"));
+        continue;
+      }
       std::string dir = CheckpointDir(job, *step);
       std::string path = absl::StrCat(dir, "/", kManifestFileName);
-      CKPTD_ASSIGN_OR_RETURN(bool exists, deps_.storage->Exists(path));
-      if (!exists) continue;
-      CKPTD_ASSIGN_OR_RETURN(std::optional<v1::CheckpointRecord> rec, GetRecord(job, *step));
-      if (rec && rec->summary().state() == v1::COMMITTED) continue;
-      absl::StatusOr<std::string> bytes = deps_.storage->Get(path);
-      absl::StatusOr<Manifest> m =
-          bytes.ok() ? DecodeManifest(*bytes, path) : absl::StatusOr<Manifest>(bytes.status());
-      if (m.ok() && (m->header.job() != job || m->header.step() != *step)) {
-        m = absl::DataLossError(absl::StrCat("manifest names ", m->header.job(), "/",
-                                             m->header.step()));
+      absl::StatusOr<bool> exists = deps_.storage->Exists(path);
+      if (!exists.ok()) {
+        RecoveryProblem(absl::StrCat(root, "/", path, " cannot be checked (",
+                                     exists.status().ToString(), "); skipped"));
+        continue;
       }
+      if (!*exists) continue;
+      absl::StatusOr<std::optional<v1::CheckpointRecord>> rec = ReadRecord(job, *step);
+      if (!rec.ok()) {
+        if (!absl::IsDataLoss(rec.status())) return rec.status();
+        RecoveryProblem(absl::StrCat(rec.status().message(), "; ", root, "/", dir, " skipped"));
+        continue;
+      }
+      const v1::CheckpointState state =
+          *rec ? (*rec)->summary().state() : v1::CHECKPOINT_STATE_UNSPECIFIED;
+      if (state == v1::COMMITTED || state == v1::DELETING) continue;
+      absl::StatusOr<Manifest> m = ReadManifest(*deps_.storage, job, *step);
       if (!m.ok()) {
-        spdlog::error("recovery: not exposing {}: its manifest does not verify: {}", dir,
-                      m.status().ToString());
+        if (state != v1::CORRUPT) {
+          RecoveryProblem(absl::StrCat(root, "/", path, " does not verify; ",
+                                       CkptName(job, *step), " not exposed: ",
+                                       m.status().ToString()));
+        } else {
+          spdlog::warn("recovery: {} stays CORRUPT: {}", CkptName(job, *step),
+                       m.status().ToString());
+        }
         continue;
       }
       CKPTD_RETURN_IF_ERROR(IndexCommitted(*m, dir));
-      spdlog::info("recovery: adopted {}/{} from its manifest", job, *step);
+      spdlog::info("recovery: adopted {} from its manifest{}", CkptName(job, *step),
+                   state == v1::CORRUPT ? " (it was CORRUPT; the manifest verifies again)" : "");
     }
   }
   return absl::OkStatus();
@@ -102,13 +274,23 @@ absl::Status CheckpointService::ResumePending() {
       continue;
     }
     std::vector<v1::RankRecord> ranks;
+    std::string bad_row;
     CKPTD_RETURN_IF_ERROR(deps_.meta->Scan(
         keys::RankPrefix(rec.summary().job(), rec.summary().step()), "", 0,
-        [&](std::string_view, std::string_view v) {
-          ranks.emplace_back();
-          ranks.back().ParseFromArray(v.data(), static_cast<int>(v.size()));
+        [&](std::string_view key, std::string_view v) {
+          if (!ranks.emplace_back().ParseFromArray(v.data(), static_cast<int>(v.size()))) {
+            bad_row = EscapeKey(key);
+            return false;
+          }
           return true;
         }));
+    if (!bad_row.empty()) {
+      std::string why = absl::StrCat("its journal row \"", bad_row, "\" does not parse");
+      RecoveryProblem(absl::StrCat(CkptName(rec.summary().job(), rec.summary().step()),
+                                   " cannot resume: ", why, "; ABORTED"));
+      AbortRecovered(rec, why);
+      continue;
+    }
     absl::Status st = ResumeOne(rec, ranks);
     if (!st.ok()) AbortRecovered(rec, std::string(st.message()));
   }
@@ -193,8 +375,47 @@ absl::Status CheckpointService::CheckCommittedRows() {
   for (const v1::CheckpointRecord& rec : committed) {
     std::string path = absl::StrCat(CheckpointDir(rec.summary().job(), rec.summary().step()), "/",
                                     kManifestFileName);
-    CKPTD_ASSIGN_OR_RETURN(bool exists, deps_.storage->Exists(path));
-    if (!exists) AbortRecovered(rec, "recovery: its manifest is missing from storage");
+    absl::StatusOr<bool> exists = deps_.storage->Exists(path);
+    if (!exists.ok()) {
+      RecoveryProblem(absl::StrCat(deps_.storage->Describe(), "/", path, " cannot be checked (",
+                                   exists.status().ToString(), "); left COMMITTED"));
+      continue;
+    }
+    if (!*exists) AbortRecovered(rec, "recovery: its manifest is missing from storage");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointService::VerifyNewestCommitted() {
+  std::map<std::string, std::vector<uint64_t>> committed;  // job → steps, oldest first
+  CKPTD_RETURN_IF_ERROR(deps_.meta->Scan(
+      keys::AllCheckpointsPrefix(), "", 0, [&](std::string_view, std::string_view v) {
+        v1::CheckpointRecord rec;
+        if (rec.ParseFromArray(v.data(), static_cast<int>(v.size())) &&
+            rec.summary().state() == v1::COMMITTED) {
+          committed[rec.summary().job()].push_back(rec.summary().step());
+        }
+        return true;
+      }));
+  for (const auto& [job, steps] : committed) {
+    for (auto step = steps.rbegin(); step != steps.rend(); ++step) {
+      // GetManifest keeps what verifies in the manifest cache: the first load of the latest
+      // checkpoint after a restart does not read it again.
+      absl::StatusOr<std::shared_ptr<const Manifest>> m = GetManifest(job, *step);
+      if (m.ok()) break;
+      const std::string path =
+          absl::StrCat(deps_.storage->Describe(), "/", CheckpointDir(job, *step), "/",
+                       kManifestFileName);
+      if (!absl::IsDataLoss(m.status())) {
+        RecoveryProblem(absl::StrCat(path, " cannot be read to verify it (", m.status().ToString(),
+                                     "); ", CkptName(job, *step), " left COMMITTED"));
+        break;
+      }
+      CKPTD_RETURN_IF_ERROR(MarkCorrupt(job, *step, m.status()));
+      RecoveryProblem(absl::StrCat(path, " does not verify: ", CkptName(job, *step),
+                                   " is CORRUPT, latest falls back to an older one: ",
+                                   m.status().ToString()));
+    }
   }
   return absl::OkStatus();
 }

@@ -357,6 +357,10 @@ absl::Status CheckpointService::Save(const Caller& caller, const v1::SaveRequest
   Key key{req.job(), req.step()};
   auto it = pending_.find(key);
   if (it == pending_.end()) {
+    if (auto busy = rewriting_.find(key); busy != rewriting_.end()) {
+      return absl::AbortedError(
+          absl::StrCat(what, " is ", busy->second, "; retry once that has finished"));
+    }
     CKPTD_ASSIGN_OR_RETURN(std::optional<v1::CheckpointRecord> existing,
                            GetRecord(req.job(), req.step()));
     if (existing) {
