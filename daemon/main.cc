@@ -27,6 +27,7 @@
 #include "index/keys.h"
 #include "index/meta_store.h"
 #include "common/limits.h"
+#include "common/sync_point.h"
 #include "options.h"
 #include "rpc/grpc_service.h"
 #include "rpc/peer_listener.h"
@@ -101,8 +102,22 @@ absl::Status MakeDir(const std::string& dir) {
   return absl::OkStatus();
 }
 
+// --debug_crash_at (test builds): armed before recovery, so recovery's crash points count too.
+absl::Status ArmCrashPoint(const DaemonOptions& o) {
+  if (o.debug_crash_at.empty()) return absl::OkStatus();
+  CKPTD_ASSIGN_OR_RETURN(SyncPointCrash crash, ParseSyncPointCrash(o.debug_crash_at));
+  CKPTD_RETURN_IF_ERROR(ArmSyncPointCrash(crash));
+  spdlog::warn("debug_crash_at = {}: this daemon kills itself (SIGKILL) at that crash point",
+               o.debug_crash_at);
+  return absl::OkStatus();
+}
+
 int Run(const DaemonOptions& o) {
   SetUpLogging(o);
+  if (absl::Status st = ArmCrashPoint(o); !st.ok()) {
+    spdlog::critical("debug_crash_at: {}", st.ToString());
+    return 2;
+  }
   umask(077);
   for (const std::string& d : {o.state_dir, o.data_dir}) {
     absl::Status st = MakeDir(d);

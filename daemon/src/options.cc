@@ -16,6 +16,7 @@
 #include "absl/strings/strip.h"
 #include "ckptd/status.h"
 #include "common/limits.h"
+#include "common/sync_point.h"
 
 namespace ckptd {
 namespace {
@@ -131,10 +132,14 @@ const std::map<std::string, OptionDef>& Defs() {
       {"log_level", {"trace|debug|info|warn|error", StringSetter(&O::log_level)}},
       {"debug_flush_delay_ms", {"testing: delay every flush",
                                 IntSetter(&O::debug_flush_delay_ms, "debug_flush_delay_ms")}},
+      {"index_reserve_bytes", {"free bytes kept on the index volume; saves refused below",
+                               IntSetter(&O::index_reserve_bytes, "index_reserve_bytes")}},
       {"debug_load_delay_ms", {"testing: delay every load after leasing its destinations",
                                IntSetter(&O::debug_load_delay_ms, "debug_load_delay_ms")}},
       {"debug_reshard_delay_ms", {"testing: delay every reshard chunk",
                                   IntSetter(&O::debug_reshard_delay_ms, "debug_reshard_delay_ms")}},
+      {"debug_crash_at", {"testing: <point>[:<nth>] kills the daemon at a crash point (test "
+                          "builds only)", StringSetter(&O::debug_crash_at)}},
   };
   return *defs;
 }
@@ -233,6 +238,15 @@ absl::Status DaemonOptions::Validate() {
   CKPTD_RETURN_IF_ERROR(Range("debug_flush_delay_ms", debug_flush_delay_ms, 0, 3600 * 1000));
   CKPTD_RETURN_IF_ERROR(Range("debug_load_delay_ms", debug_load_delay_ms, 0, 3600 * 1000));
   CKPTD_RETURN_IF_ERROR(Range("debug_reshard_delay_ms", debug_reshard_delay_ms, 0, 60 * 1000));
+  if (!debug_crash_at.empty()) {
+    if (!kTestHooks) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "option debug_crash_at = \"", debug_crash_at, "\": this ckptd was built without test "
+          "hooks (CKPTD_TEST_HOOKS=OFF, a release build), so it has no crash points"));
+    }
+    CKPTD_RETURN_IF_ERROR(
+        Annotate(ParseSyncPointCrash(debug_crash_at).status(), "option debug_crash_at"));
+  }
   if (log_format != "text" && log_format != "json") {
     return absl::InvalidArgumentError(
         absl::StrCat("option log_format = \"", log_format, "\": expected text or json"));

@@ -46,6 +46,10 @@ struct DaemonOptions {
   uint64_t stage_timeout_ms = 600000;
   // How long a ReserveExtents waits for arena space before RESOURCE_EXHAUSTED. Default: 30000
   uint64_t reserve_timeout_ms = 30000;
+  // Free bytes kept in reserve on the index's volume: a Save (new work) is refused with
+  // RESOURCE_EXHAUSTED when less is free, so commits, aborts and deletes of work already
+  // journaled can still be written. Default: 16777216 (16 MiB)
+  uint64_t index_reserve_bytes = 16ull << 20;
   // Transfers in flight per I/O batch (io_uring queue depth), each of at most 8 MiB: 64 MiB in
   // flight saturates the disk without queueing a synced journal write behind gigabytes. Default: 8
   uint32_t io_queue_depth = 8;
@@ -90,6 +94,11 @@ struct DaemonOptions {
   // Testing only: an offline reshard waits this long before each chunk it copies, so tests can
   // watch its progress, cancel it or crash the daemon during it. Default: 0
   uint64_t debug_reshard_delay_ms = 0;
+  // Testing only: "<point>[:<nth>]" kills the daemon (SIGKILL to itself, nothing flushed) the nth
+  // time (default 1) it reaches the named crash point (daemon/src/common/sync_point.h lists them;
+  // the crash-point matrix of tests/integration/crash_matrix_test.cc drives them). Refused by a
+  // build without test hooks (CKPTD_TEST_HOOKS=OFF, the release build). Default: "" (none)
+  std::string debug_crash_at;
 
   // Fills derived defaults and checks every field; INVALID_ARGUMENT naming the option.
   absl::Status Validate();

@@ -160,7 +160,7 @@ void Daemon::RemoveShmSegments() {
   }
 }
 
-void Daemon::Start() {
+void Daemon::Start(bool wait_ready) {
   std::vector<std::string> argv = {CKPTD_BIN, "--state_dir=" + state_dir_,
                                    absl::StrCat("--staging_bytes_max=", config_.staging_bytes_max)};
   if (!config_.data_dir.empty()) argv.push_back("--data_dir=" + config_.data_dir);
@@ -186,7 +186,7 @@ void Daemon::Start() {
     _exit(127);
   }
   pid_ = pid;
-  WaitReady();
+  if (wait_ready) WaitReady();
 }
 
 void Daemon::WaitReady() {
@@ -236,12 +236,19 @@ void Daemon::Kill9() {
   pid_ = -1;
 }
 
-void Daemon::Restart(std::vector<std::string> extra_flags) {
+void Daemon::Restart(std::vector<std::string> extra_flags, bool wait_ready) {
   if (pid_ > 0 && !Stop()) {
     Throw(absl::StrCat("ckptd did not exit within 45 s of SIGTERM; log:\n", Log()));
   }
   config_.extra_flags = std::move(extra_flags);
-  Start();
+  Start(wait_ready);
+}
+
+int Daemon::WaitExit(int timeout_ms) {
+  if (pid_ <= 0) return -1;
+  int rc = WaitPid(pid_, timeout_ms);
+  if (rc >= 0) pid_ = -1;
+  return rc;
 }
 
 std::unique_ptr<ckptd::Client> Daemon::Connect(int rpc_timeout_ms) const {

@@ -47,7 +47,12 @@ class Daemon {
   bool Stop(int timeout_ms = 45000);
   void Kill9();  // SIGKILL and reap
   // Starts again on the same state dir with `extra_flags` replacing the previous extra flags.
-  void Restart(std::vector<std::string> extra_flags);
+  // With wait_ready false it returns once the process is started (a daemon expected to die
+  // before it serves, e.g. at a crash point of recovery: see WaitExit).
+  void Restart(std::vector<std::string> extra_flags, bool wait_ready = true);
+  // Waits up to timeout_ms for the daemon to exit by itself (e.g. at its --debug_crash_at
+  // point): its exit status (128 + signal when killed), or -1 when it is still running.
+  int WaitExit(int timeout_ms);
   bool running() const { return pid_ > 0; }
 
   const std::string& state_dir() const { return state_dir_; }
@@ -61,7 +66,7 @@ class Daemon {
   std::unique_ptr<ckptd::Client> Connect(int rpc_timeout_ms = 30000) const;
 
  private:
-  void Start();
+  void Start(bool wait_ready = true);
   void WaitReady();
   void RemoveShmSegments();
 

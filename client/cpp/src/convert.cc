@@ -76,6 +76,8 @@ CheckpointState FromProto(v1::CheckpointState state) {
     case v1::PERSISTING: return CheckpointState::kPersisting;
     case v1::COMMITTED: return CheckpointState::kCommitted;
     case v1::ABORTED: return CheckpointState::kAborted;
+    case v1::DELETING: return CheckpointState::kDeleting;
+    case v1::CORRUPT: return CheckpointState::kCorrupt;
     default: return CheckpointState::kUnspecified;
   }
 }

@@ -63,6 +63,8 @@ const char* CheckpointStateName(CheckpointState state) {
     case CheckpointState::kPersisting: return "PERSISTING";
     case CheckpointState::kCommitted: return "COMMITTED";
     case CheckpointState::kAborted: return "ABORTED";
+    case CheckpointState::kDeleting: return "DELETING";
+    case CheckpointState::kCorrupt: return "CORRUPT";
   }
   return "UNKNOWN";
 }

@@ -25,7 +25,8 @@ class BlobWriter {
   // Writes each slice at its offset. Slices whose buf, len and offset are 4 KiB multiples go
   // straight from memory with O_DIRECT where the storage supports it.
   virtual absl::Status Write(std::span<const IoSlice> slices) = 0;
-  // Makes everything written durable (fdatasync) and closes. Until Sync returns OK nothing
+  // Makes everything written durable — the data (fdatasync) and the blob's name in its directory
+  // (a new file's entry needs its directory synced) — and closes. Until Sync returns OK nothing
   // written may be assumed to survive a crash.
   virtual absl::Status Sync() = 0;
 };

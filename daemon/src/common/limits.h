@@ -51,6 +51,14 @@ inline constexpr uint64_t kManifestSegmentsMax = 1 << 20;
 // Checksum block size of journal records written before it was recorded (RankRecord).
 inline constexpr uint32_t kLegacyChecksumBlockBytes = 1 * 1024 * 1024;
 
+// Checkpoints being saved (staging or persisting) at once, per job and in all; a Save that
+// would open one more is RESOURCE_EXHAUSTED naming the limit (commit or abort older ones).
+inline constexpr uint64_t kOpenCheckpointsPerJobMax = 16;
+inline constexpr uint64_t kOpenCheckpointsMax = 256;
+// Zeroed bounce pages one flush holds for the partial last pages of its shards; a rank with more
+// such shards is written in batches reusing them.
+inline constexpr uint64_t kFlushBounceBytesMax = 4 * kMiB;
+
 // Offline reshards running at once; more are RESOURCE_EXHAUSTED.
 inline constexpr uint64_t kReshardJobsMax = 2;
 // Offline reshards copy through buffers of this size.

@@ -11,6 +11,7 @@
 // errors — each naming the database directory and carrying RocksDB's message.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -36,6 +37,9 @@ class MetaStore {
   virtual absl::Status Commit(std::span<const Write> writes, bool sync) = 0;
   // Deletes every key starting with `prefix`, atomically.
   virtual absl::Status DeletePrefix(std::string_view prefix, bool sync) = 0;
+  // Bytes free on the volume holding the index (for the reserve checked before journaling new
+  // work). The default — a store not on a volume — has no limit.
+  virtual absl::StatusOr<uint64_t> AvailableBytes() const { return UINT64_MAX; }
   // Calls fn(key, value) for keys starting with `prefix` in key order, strictly after
   // `start_after` when non-empty, at most `limit` entries (0: no limit), until fn returns false.
   virtual absl::Status Scan(
@@ -45,7 +49,8 @@ class MetaStore {
 
 // Opens (creating if missing) the RocksDB database in `dir`.
 absl::StatusOr<std::unique_ptr<MetaStore>> OpenRocksDbMetaStore(const std::string& dir);
-// A std::map under a mutex, for tests (nothing is persisted; `sync` is ignored).
+// A std::map under a mutex, for tests (nothing is persisted; memory_meta_store.h models what a
+// power loss would keep of it).
 std::unique_ptr<MetaStore> NewMemoryMetaStore();
 
 }  // namespace ckptd

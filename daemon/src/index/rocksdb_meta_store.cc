@@ -1,9 +1,14 @@
 // MetaStore over RocksDB. One default column family; every write is one WriteBatch, so a state
 // change spanning several keys is atomic. Synced writes fsync the WAL before returning.
+#include <sys/statvfs.h>
+
+#include <atomic>
 #include <memory>
 #include <string>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "ckptd/status.h"
 #include "index/meta_store.h"
 #include "rocksdb/db.h"
 #include "rocksdb/options.h"
@@ -135,17 +140,45 @@ class RocksDbMetaStore : public MetaStore {
     return absl::OkStatus();
   }
 
+  absl::StatusOr<uint64_t> AvailableBytes() const override {
+    struct statvfs v;
+    if (statvfs(dir_.c_str(), &v) != 0) return ErrnoStatus(errno, "statvfs " + dir_);
+    return static_cast<uint64_t>(v.f_bavail) * v.f_frsize;
+  }
+
  private:
   absl::Status Apply(rocksdb::WriteBatch& batch, bool sync, const std::string& what) {
+    // A failed write (a full volume, an I/O error) puts RocksDB into a background-error state in
+    // which every later write fails; once the cause is gone, Resume() clears it. Never abort:
+    // the caller gets RESOURCE_EXHAUSTED (no space) or UNAVAILABLE until the index recovers.
+    if (needs_resume_.load()) {
+      rocksdb::Status r = db_->Resume();
+      if (r.IsBusy()) {  // RocksDB's own recovery runs (it polls for free space)
+        return absl::UnavailableError(absl::StrCat(
+            what, ": the index (", dir_, ") is recovering from an earlier failed write; it "
+            "resumes by itself once its volume has space again, retry"));
+      }
+      if (!r.ok()) {
+        absl::Status st = FromRocks(r, what + ": the index is read-only until it recovers", dir_);
+        return st.code() == absl::StatusCode::kResourceExhausted
+                   ? st
+                   : absl::UnavailableError(st.message());
+      }
+      needs_resume_ = false;
+    }
     rocksdb::WriteOptions options;
     options.sync = sync;
     rocksdb::Status s = db_->Write(options, &batch);
-    if (!s.ok()) return FromRocks(s, what, dir_);
+    if (!s.ok()) {
+      needs_resume_ = true;
+      return FromRocks(s, what, dir_);
+    }
     return absl::OkStatus();
   }
 
   std::unique_ptr<rocksdb::DB> db_;
   std::string dir_;
+  std::atomic<bool> needs_resume_{false};
 };
 
 bool IsLockHeld(const rocksdb::Status& s) {

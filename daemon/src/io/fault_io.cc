@@ -1,5 +1,7 @@
 #include "io/fault_io.h"
 
+#include <fcntl.h>
+
 #include "absl/strings/str_cat.h"
 #include "ckptd/status.h"
 
@@ -68,6 +70,12 @@ int FaultIo::Check(Op op) {
 absl::StatusOr<FileHandle> FaultIo::Open(const std::string& path, int flags, mode_t mode,
                                          bool want_direct) {
   if (int err = Check(Op::kOpen)) return ErrnoStatus(err, Injected(absl::StrCat("open ", path)));
+  const bool writes = (flags & O_ACCMODE) != O_RDONLY || (flags & (O_CREAT | O_TRUNC)) != 0;
+  if (!writes) return base_->Open(path, flags, mode, want_direct);
+  CKPTD_RETURN_IF_ERROR(CheckCrashed(absl::StrCat("open ", path, " for writing")));
+  if (!tracking()) return base_->Open(path, flags, mode, want_direct);
+  absl::MutexLock lock(&pl_mu_);
+  CKPTD_RETURN_IF_ERROR(TrackOpenLocked(path));
   return base_->Open(path, flags, mode, want_direct);
 }
 
@@ -77,6 +85,7 @@ absl::Status FaultIo::WriteAll(const FileHandle& file, std::span<const IoSlice> 
   if (int err = Check(Op::kWrite)) {
     return ErrnoStatus(err, Injected(TransferWhat("write", file, slices)));
   }
+  CKPTD_RETURN_IF_ERROR(CheckCrashed(TransferWhat("write", file, slices)));
   return base_->WriteAll(file, slices);
 }
 
@@ -91,14 +100,22 @@ absl::Status FaultIo::Fdatasync(const FileHandle& file) {
   if (int err = Check(Op::kSync)) {
     return ErrnoStatus(err, Injected(absl::StrCat("fdatasync ", file.path)));
   }
-  return base_->Fdatasync(file);
+  CKPTD_RETURN_IF_ERROR(CheckCrashed(absl::StrCat("fdatasync ", file.path)));
+  CKPTD_RETURN_IF_ERROR(base_->Fdatasync(file));
+  if (!tracking()) return absl::OkStatus();
+  absl::MutexLock lock(&pl_mu_);
+  return TrackSyncLocked(file.path);
 }
 
 absl::Status FaultIo::Fsync(const FileHandle& file) {
   if (int err = Check(Op::kSync)) {
     return ErrnoStatus(err, Injected(absl::StrCat("fsync ", file.path)));
   }
-  return base_->Fsync(file);
+  CKPTD_RETURN_IF_ERROR(CheckCrashed(absl::StrCat("fsync ", file.path)));
+  CKPTD_RETURN_IF_ERROR(base_->Fsync(file));
+  if (!tracking()) return absl::OkStatus();
+  absl::MutexLock lock(&pl_mu_);
+  return TrackSyncLocked(file.path);
 }
 
 absl::StatusOr<uint64_t> FaultIo::FileSize(const FileHandle& file) {
@@ -109,29 +126,52 @@ absl::Status FaultIo::Rename(const std::string& from, const std::string& to) {
   if (int err = Check(Op::kRename)) {
     return ErrnoStatus(err, Injected(absl::StrCat("rename ", from, " -> ", to)));
   }
-  return base_->Rename(from, to);
+  CKPTD_RETURN_IF_ERROR(CheckCrashed(absl::StrCat("rename ", from, " -> ", to)));
+  if (!tracking()) return base_->Rename(from, to);
+  absl::MutexLock lock(&pl_mu_);
+  return TrackRenameLocked(from, to);
 }
 
 absl::Status FaultIo::FsyncDir(const std::string& dir) {
   if (int err = Check(Op::kFsyncDir)) {
     return ErrnoStatus(err, Injected(absl::StrCat("fsync directory ", dir)));
   }
-  return base_->FsyncDir(dir);
+  CKPTD_RETURN_IF_ERROR(CheckCrashed(absl::StrCat("fsync directory ", dir)));
+  CKPTD_RETURN_IF_ERROR(base_->FsyncDir(dir));
+  if (!tracking()) return absl::OkStatus();
+  absl::MutexLock lock(&pl_mu_);
+  CommitDirLocked(dir);
+  return absl::OkStatus();
 }
 
 absl::Status FaultIo::MkdirAll(const std::string& dir) {
   if (int err = Check(Op::kMkdir)) return ErrnoStatus(err, Injected(absl::StrCat("mkdir ", dir)));
-  return base_->MkdirAll(dir);
+  CKPTD_RETURN_IF_ERROR(CheckCrashed(absl::StrCat("mkdir ", dir)));
+  if (!tracking()) return base_->MkdirAll(dir);
+  absl::MutexLock lock(&pl_mu_);
+  return TrackMkdirLocked(dir);
 }
 
 absl::Status FaultIo::Unlink(const std::string& path) {
   if (int err = Check(Op::kUnlink)) {
     return ErrnoStatus(err, Injected(absl::StrCat("unlink ", path)));
   }
-  return base_->Unlink(path);
+  CKPTD_RETURN_IF_ERROR(CheckCrashed(absl::StrCat("unlink ", path)));
+  if (!tracking()) return base_->Unlink(path);
+  absl::MutexLock lock(&pl_mu_);
+  CKPTD_ASSIGN_OR_RETURN(bool exists, base_->Exists(path));
+  if (!exists) return base_->Unlink(path);  // NOT_FOUND, as the real call says
+  return TrackRemoveLocked(path);
 }
 
-absl::Status FaultIo::RemoveAll(const std::string& path) { return base_->RemoveAll(path); }
+absl::Status FaultIo::RemoveAll(const std::string& path) {
+  CKPTD_RETURN_IF_ERROR(CheckCrashed(absl::StrCat("remove ", path)));
+  if (!tracking()) return base_->RemoveAll(path);
+  absl::MutexLock lock(&pl_mu_);
+  CKPTD_ASSIGN_OR_RETURN(bool exists, base_->Exists(path));
+  if (!exists) return absl::OkStatus();
+  return TrackRemoveLocked(path);
+}
 
 absl::StatusOr<std::vector<std::string>> FaultIo::ListDir(const std::string& dir) {
   return base_->ListDir(dir);

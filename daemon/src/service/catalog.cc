@@ -33,6 +33,7 @@
 #include "format/names.h"
 #include "index/keys.h"
 #include "common/limits.h"
+#include "common/sync_point.h"
 #include "service/checkpoint_service.h"
 #include "spdlog/spdlog.h"
 
@@ -121,11 +122,7 @@ absl::StatusOr<uint64_t> CheckpointService::LatestCommitted(const std::string& j
     // From the manifest cache when it is there (every commit and verified load puts it there).
     absl::StatusOr<std::shared_ptr<const Manifest>> m = GetManifest(job, step);
     if (m.ok()) return step;
-    if (absl::IsDataLoss(m.status())) {
-      absl::Status marked = MarkCorrupt(job, step, m.status());
-      if (!marked.ok()) spdlog::error("{}", marked.ToString());
-      continue;
-    }
+    if (absl::IsDataLoss(m.status())) continue;  // GetManifest marked it CORRUPT
     // Deleted meanwhile: the next older one. Otherwise the manifest could not be read at all.
     CKPTD_ASSIGN_OR_RETURN(std::optional<v1::CheckpointRecord> rec, ReadRecord(job, step));
     if (rec && rec->summary().state() == v1::COMMITTED) {
@@ -347,6 +344,11 @@ absl::Status CheckpointService::CheckDeletableLocked(const Key& key) const {
         it != pending_.end() ? v1::CheckpointState_Name(it->second->state) : "a reshard",
         "); abort it first"));
   }
+  if (std::optional<Key> target = ReshardReadingLocked(key)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, " is the source of a running reshard to ", CkptName(target->first, target->second),
+        "; wait for it or abort it first"));
+  }
   auto busy = rewriting_.find(key);
   if (busy != rewriting_.end()) {
     return absl::AbortedError(
@@ -401,15 +403,21 @@ absl::Status CheckpointService::RemoveCheckpoint(const std::string& job, uint64_
     rec.mutable_summary()->mutable_tiers()->Clear();
     CKPTD_RETURN_IF_ERROR(
         Annotate(PutRecordSync(rec), "recording DELETING (the tombstone) in the index"));
+    CKPTD_SYNC_POINT("delete.tombstone_written");
   }
   // The manifest first: should the index be lost, no directory with a manifest is left to adopt.
   CKPTD_RETURN_IF_ERROR(deps_.storage->RemoveAll(absl::StrCat(dir, "/", kManifestFileName)));
+  CKPTD_SYNC_POINT("delete.manifest_removed");
   CKPTD_RETURN_IF_ERROR(deps_.storage->RemoveAll(dir));
+  CKPTD_SYNC_POINT("delete.dir_removed");
   CKPTD_RETURN_IF_ERROR(deps_.meta->DeletePrefix(keys::ItemPrefix(job, step), /*sync=*/false));
   CKPTD_RETURN_IF_ERROR(deps_.meta->DeletePrefix(keys::RankPrefix(job, step), /*sync=*/false));
   CKPTD_RETURN_IF_ERROR(deps_.meta->DeletePrefix(keys::BlobPrefix(job, step), /*sync=*/false));
+  CKPTD_SYNC_POINT("delete.rows_removed");
   MetaStore::Write row{keys::Checkpoint(job, step), std::nullopt};
-  return deps_.meta->Commit({&row, 1}, /*sync=*/true);
+  CKPTD_RETURN_IF_ERROR(deps_.meta->Commit({&row, 1}, /*sync=*/true));
+  CKPTD_SYNC_POINT("delete.done");
+  return absl::OkStatus();
 }
 
 }  // namespace ckptd

@@ -59,9 +59,11 @@ class CheckpointService {
   explicit CheckpointService(ServiceDeps deps);
   ~CheckpointService();
 
-  // At start, before serving: adopts verified manifests without an index row, aborts rows
-  // without a manifest, resumes staged checkpoints from the arena (or aborts them when the arena
-  // was lost) and collects partial files of aborted checkpoints.
+  // At start, before serving (recovery.cc lists the steps): repairs rows that do not parse,
+  // finishes interrupted deletes, adopts verified manifests without a COMMITTED row, resumes
+  // staged checkpoints from the arena (or aborts them when the arena was lost), aborts rows
+  // without a manifest and verifies each job's newest manifest (CORRUPT ones are never latest).
+  // What it cannot use is skipped and reported; only a failing index stops the start.
   absl::Status Recover();
   // Starts the housekeeping thread (stage timeouts, dead sessions, stale reservations).
   void Start();
@@ -142,24 +144,47 @@ class CheckpointService {
     bool committing = false;
     bool aborting = false;
     int flushes_in_flight = 0;
+    // Journal writes running with mu_ released (JournalUnlocked): they pin the Pending — no
+    // commit starts and no abort finishes while one is in flight — and run one at a time per
+    // checkpoint (journal_busy), so its rows land in the order they were built.
+    int journals_in_flight = 0;
+    bool journal_busy = false;
     std::string error;
   };
   // save.cc
   // `id` if it is a live session of `caller` (SessionTable::Check).
   absl::StatusOr<std::string> SessionOf(const Caller& caller, const std::string& id) const;
   absl::Status ValidateSave(const v1::SaveRequest& req) const;
+  // RESOURCE_EXHAUSTED when opening one more checkpoint of `job` would pass
+  // kOpenCheckpointsPerJobMax or kOpenCheckpointsMax.
+  absl::Status CheckOpenLimitsLocked(const std::string& job, const std::string& what) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // RESOURCE_EXHAUSTED when the index volume has less than index_reserve_bytes free.
+  absl::Status CheckIndexReserve(const std::string& what) const;
   absl::Status CheckItemsLocked(const Pending& p, const v1::SaveRequest& req) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ResolveSaveData(const std::string& session, const v1::SaveRequest& req,
                                PendingRank* rank) const;
-  absl::Status JournalLocked(const Pending& p, const std::vector<uint32_t>& ranks, bool sync)
+  // The index rows journaling `p` (its summary, its owner once, and `ranks`' rows).
+  std::vector<MetaStore::Write> JournalWritesLocked(const Pending& p,
+                                                    const std::vector<uint32_t>& ranks) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes JournalWritesLocked(p, ranks) synced, with mu_ released around the write (LevelDB's
+  // unlock around the log write); p stays valid (journals_in_flight). Held on entry and exit.
+  absl::Status JournalUnlocked(Pending& p, const std::vector<uint32_t>& ranks)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // No flush, journal write or commit of `p` is in flight (an abort may finish).
+  static bool IdleLocked(const Pending& p);
   v1::CheckpointSummary SummaryLocked(const Pending& p) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FillStatusLocked(const Pending& p, v1::CheckpointStatus* out) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeStartCommitLocked(Pending& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AbortLocked(Pending& p, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets an aborted, idle `p` (it is gone on return): the key enters rewriting_ ("being
+  // aborted") until RecordAbort, posted to the flush pool, removed its files and wrote the
+  // ABORTED row outside mu_.
   void FinishAbortLocked(Pending& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RecordAbort(const Key& key, const std::vector<MetaStore::Write>& writes);
   void PostFlush(const Key& key, uint32_t rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Posts the flush of every staged rank of `p` not yet flushing or persisted: once all its
   // ranks are staged, it is committed partial, or flush_gate_ms passed since its first staged.
@@ -181,6 +206,8 @@ class CheckpointService {
   absl::Status IndexCommitted(const Manifest& m, const std::string& dir);
 
   // load.cc
+  // The verified manifest of (job, step), from the cache or storage. One that does not verify
+  // (DATA_LOSS) marks a COMMITTED checkpoint CORRUPT.
   absl::StatusOr<std::shared_ptr<const Manifest>> GetManifest(const std::string& job,
                                                               uint64_t step);
   void CacheManifestLocked(const Key& key, std::shared_ptr<const Manifest> manifest)
@@ -287,6 +314,9 @@ class CheckpointService {
   bool CancelReshardLocked(const Key& key, const std::string& reason, v1::CheckpointStatus* resp)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool ReshardStatusLocked(const Key& key, v1::CheckpointStatus* resp) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The target of a running reshard reading `source`, if any (Delete refuses such a source).
+  std::optional<Key> ReshardReadingLocked(const Key& source) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Cancels reshards and joins their threads (Shutdown).
   void StopReshards();

@@ -10,6 +10,7 @@
 #include "format/region.h"
 #include "index/keys.h"
 #include "common/limits.h"
+#include "common/sync_point.h"
 #include "service/checkpoint_service.h"
 #include "spdlog/spdlog.h"
 
@@ -154,7 +155,10 @@ absl::Status CheckpointService::WriteCommitted(const Manifest& m, const std::str
   CKPTD_ASSIGN_OR_RETURN(std::string bytes, EncodeManifest(m));
   CKPTD_RETURN_IF_ERROR(
       deps_.storage->PutAtomic(absl::StrCat(dir, "/", kManifestFileName), bytes));
-  return IndexCommitted(m, dir);
+  CKPTD_SYNC_POINT("commit.manifest_durable");
+  CKPTD_RETURN_IF_ERROR(IndexCommitted(m, dir));
+  CKPTD_SYNC_POINT("commit.indexed");
+  return absl::OkStatus();
 }
 
 void CheckpointService::CommitCheckpoint(Key key) {
@@ -169,11 +173,12 @@ void CheckpointService::CommitCheckpoint(Key key) {
     CKPTD_CHECK(!rewriting_.contains(key));
     if (p.aborting) {
       p.committing = false;
-      if (p.flushes_in_flight == 0) FinishAbortLocked(p);
+      if (IdleLocked(p)) FinishAbortLocked(p);
       return;
     }
     m = BuildManifestLocked(p);
   }
+  CKPTD_SYNC_POINT("commit.manifest_built");
   absl::Status st = m.ok() ? WriteCommitted(*m, dir) : m.status();
   absl::MutexLock lock(&mu_);
   Pending& p = *pending_.at(key);

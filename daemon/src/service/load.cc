@@ -18,6 +18,7 @@
 #include "common/limits.h"
 #include "dataplane/memory_guard.h"
 #include "service/checkpoint_service.h"
+#include "spdlog/spdlog.h"
 
 namespace ckptd {
 namespace {
@@ -46,12 +47,21 @@ absl::StatusOr<std::shared_ptr<const Manifest>> CheckpointService::GetManifest(
   }
   std::string path = absl::StrCat(CheckpointDir(job, step), "/", kManifestFileName);
   CKPTD_ASSIGN_OR_RETURN(std::string bytes, deps_.storage->Get(path));
-  CKPTD_ASSIGN_OR_RETURN(Manifest m, DecodeManifest(bytes, path));
-  if (m.header.job() != job || m.header.step() != step) {
-    return absl::DataLossError(absl::StrCat("manifest ", path, " belongs to ", m.header.job(),
-                                            "/", m.header.step()));
+  absl::StatusOr<Manifest> m = DecodeManifest(bytes, path);
+  if (m.ok() && (m->header.job() != job || m->header.step() != step)) {
+    m = absl::DataLossError(absl::StrCat("manifest ", path, " belongs to ", m->header.job(), "/",
+                                         m->header.step()));
   }
-  auto shared = std::make_shared<const Manifest>(std::move(m));
+  if (!m.ok()) {
+    // A committed checkpoint whose manifest does not verify is CORRUPT from here on: never
+    // latest, DATA_LOSS on load (MarkCorrupt leaves checkpoints in flight alone).
+    if (absl::IsDataLoss(m.status())) {
+      absl::Status marked = MarkCorrupt(job, step, m.status());
+      if (!marked.ok()) spdlog::error("{}", marked.ToString());
+    }
+    return m.status();
+  }
+  auto shared = std::make_shared<const Manifest>(*std::move(m));
   absl::MutexLock lock(&mu_);
   CacheManifestLocked(Key{job, step}, shared);
   return shared;

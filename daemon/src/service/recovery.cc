@@ -27,6 +27,7 @@
 #include "format/region.h"
 #include "index/keys.h"
 #include "common/limits.h"
+#include "common/sync_point.h"
 #include "service/checkpoint_service.h"
 #include "spdlog/spdlog.h"
 
@@ -54,6 +55,15 @@ std::string EscapeKey(std::string_view key) {
   return absl::CHexEscape(absl::string_view(key.data(), key.size()));
 }
 
+// Parses the index row at `key` into *rec; false when it does not parse or does not name the
+// checkpoint its key names (a valid job and step): such a row is never trusted for a path.
+bool ParseRow(std::string_view key, std::string_view v, v1::CheckpointRecord* rec) {
+  if (!rec->ParseFromArray(v.data(), static_cast<int>(v.size()))) return false;
+  absl::StatusOr<std::pair<std::string, uint64_t>> id = keys::DecodeCheckpoint(key);
+  return id.ok() && ValidateJobStep(id->first, id->second).ok() &&
+         rec->summary().job() == id->first && rec->summary().step() == id->second;
+}
+
 v1::CheckpointRecord BareRecord(const std::string& job, uint64_t step) {
   v1::CheckpointRecord rec;
   rec.mutable_summary()->set_job(job);
@@ -67,11 +77,17 @@ v1::CheckpointRecord BareRecord(const std::string& job, uint64_t step) {
 absl::Status CheckpointService::Recover() {
   recovery_problems_.clear();
   CKPTD_RETURN_IF_ERROR(RepairIndexRows());
+  CKPTD_SYNC_POINT("recovery.rows_repaired");
   CKPTD_RETURN_IF_ERROR(FinishDeletes());
+  CKPTD_SYNC_POINT("recovery.deletes_finished");
   CKPTD_RETURN_IF_ERROR(AdoptManifests());
+  CKPTD_SYNC_POINT("recovery.manifests_adopted");
   CKPTD_RETURN_IF_ERROR(ResumePending());
+  CKPTD_SYNC_POINT("recovery.pending_resumed");
   CKPTD_RETURN_IF_ERROR(CheckCommittedRows());
+  CKPTD_SYNC_POINT("recovery.committed_rows_checked");
   CKPTD_RETURN_IF_ERROR(VerifyNewestCommitted());
+  CKPTD_SYNC_POINT("recovery.newest_verified");
   const size_t n = recovery_problems_.size();
   if (n > 0) {
     std::vector<std::string> shown(
@@ -104,21 +120,21 @@ absl::Status CheckpointService::RepairIndexRows() {
   CKPTD_RETURN_IF_ERROR(deps_.meta->Scan(
       keys::AllCheckpointsPrefix(), "", 0, [&](std::string_view key, std::string_view v) {
         v1::CheckpointRecord rec;
-        if (!rec.ParseFromArray(v.data(), static_cast<int>(v.size()))) broken.emplace_back(key);
+        if (!ParseRow(key, v, &rec)) broken.emplace_back(key);
         return true;
       }));
   for (const std::string& key : broken) {
     absl::StatusOr<std::pair<std::string, uint64_t>> id = keys::DecodeCheckpoint(key);
     if (!id.ok() || !ValidateJobStep(id->first, id->second).ok()) {
       RecoveryProblem(absl::StrCat("index row \"", EscapeKey(key),
-                                   "\" does not parse and names no checkpoint; skipped"));
+                                   "\" does not parse or names no checkpoint; skipped"));
       continue;
     }
     const auto& [job, step] = *id;
     const std::string dir = CheckpointDir(job, step);
     const std::string what =
         absl::StrCat("the index row of ", CkptName(job, step), " (", deps_.storage->Describe(),
-                     "/", dir, ") does not parse");
+                     "/", dir, ") does not parse or names another checkpoint");
     absl::StatusOr<bool> has_manifest =
         deps_.storage->Exists(absl::StrCat(dir, "/", kManifestFileName));
     if (!has_manifest.ok()) {
@@ -150,9 +166,9 @@ absl::Status CheckpointService::RepairIndexRows() {
 absl::Status CheckpointService::FinishDeletes() {
   std::vector<v1::CheckpointRecord> deleting;
   CKPTD_RETURN_IF_ERROR(deps_.meta->Scan(
-      keys::AllCheckpointsPrefix(), "", 0, [&](std::string_view, std::string_view v) {
+      keys::AllCheckpointsPrefix(), "", 0, [&](std::string_view key, std::string_view v) {
         v1::CheckpointRecord rec;
-        if (rec.ParseFromArray(v.data(), static_cast<int>(v.size())) &&
+        if (ParseRow(key, v, &rec) &&
             rec.summary().state() == v1::DELETING) {
           deleting.push_back(std::move(rec));
         }
@@ -239,6 +255,7 @@ void CheckpointService::AbortRecovered(const v1::CheckpointRecord& rec,
   spdlog::warn("recovery: checkpoint {}/{} ABORTED: {}", s.job(), s.step(), reason);
   absl::Status st = deps_.storage->RemoveAll(CheckpointDir(s.job(), s.step()));
   if (!st.ok()) spdlog::error("recovery: removing files: {}", st.ToString());
+  CKPTD_SYNC_POINT("recovery.aborted_files_removed");
   v1::CheckpointRecord out = rec;
   out.mutable_summary()->set_state(v1::ABORTED);
   out.mutable_summary()->set_error(reason);
@@ -254,9 +271,9 @@ absl::Status CheckpointService::ResumePending() {
   std::vector<v1::CheckpointRecord> open;
   std::vector<v1::CheckpointRecord> aborted;
   CKPTD_RETURN_IF_ERROR(deps_.meta->Scan(
-      keys::AllCheckpointsPrefix(), "", 0, [&](std::string_view, std::string_view v) {
+      keys::AllCheckpointsPrefix(), "", 0, [&](std::string_view key, std::string_view v) {
         v1::CheckpointRecord rec;
-        if (!rec.ParseFromArray(v.data(), static_cast<int>(v.size()))) return true;
+        if (!ParseRow(key, v, &rec)) return true;
         auto state = rec.summary().state();
         if (state == v1::STAGING || state == v1::PERSISTING) open.push_back(rec);
         if (state == v1::ABORTED) aborted.push_back(rec);
@@ -364,9 +381,9 @@ absl::Status CheckpointService::ResumeOne(const v1::CheckpointRecord& rec,
 absl::Status CheckpointService::CheckCommittedRows() {
   std::vector<v1::CheckpointRecord> committed;
   CKPTD_RETURN_IF_ERROR(deps_.meta->Scan(
-      keys::AllCheckpointsPrefix(), "", 0, [&](std::string_view, std::string_view v) {
+      keys::AllCheckpointsPrefix(), "", 0, [&](std::string_view key, std::string_view v) {
         v1::CheckpointRecord rec;
-        if (rec.ParseFromArray(v.data(), static_cast<int>(v.size())) &&
+        if (ParseRow(key, v, &rec) &&
             rec.summary().state() == v1::COMMITTED) {
           committed.push_back(rec);
         }
@@ -389,9 +406,9 @@ absl::Status CheckpointService::CheckCommittedRows() {
 absl::Status CheckpointService::VerifyNewestCommitted() {
   std::map<std::string, std::vector<uint64_t>> committed;  // job → steps, oldest first
   CKPTD_RETURN_IF_ERROR(deps_.meta->Scan(
-      keys::AllCheckpointsPrefix(), "", 0, [&](std::string_view, std::string_view v) {
+      keys::AllCheckpointsPrefix(), "", 0, [&](std::string_view key, std::string_view v) {
         v1::CheckpointRecord rec;
-        if (rec.ParseFromArray(v.data(), static_cast<int>(v.size())) &&
+        if (ParseRow(key, v, &rec) &&
             rec.summary().state() == v1::COMMITTED) {
           committed[rec.summary().job()].push_back(rec.summary().step());
         }
@@ -411,7 +428,6 @@ absl::Status CheckpointService::VerifyNewestCommitted() {
                                      "); ", CkptName(job, *step), " left COMMITTED"));
         break;
       }
-      CKPTD_RETURN_IF_ERROR(MarkCorrupt(job, *step, m.status()));
       RecoveryProblem(absl::StrCat(path, " does not verify: ", CkptName(job, *step),
                                    " is CORRUPT, latest falls back to an older one: ",
                                    m.status().ToString()));

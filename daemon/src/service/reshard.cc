@@ -14,6 +14,7 @@
 #include "format/region.h"
 #include "format/reshard_spec.h"
 #include "index/keys.h"
+#include "common/sync_point.h"
 #include "service/checkpoint_service.h"
 #include "spdlog/spdlog.h"
 
@@ -168,12 +169,27 @@ absl::Status CheckpointService::Reshard(const Caller& caller, const v1::ReshardR
   }
   CKPTD_ASSIGN_OR_RETURN(std::optional<v1::CheckpointRecord> existing,
                          GetRecord(target_job, req.target_step()));
-  if (existing || pending_.contains(job->target) || reshards_.contains(job->target)) {
+  if (auto busy = rewriting_.find(job->source); busy != rewriting_.end()) {
+    return absl::AbortedError(absl::StrCat(src_name, " is ", busy->second,
+                                           "; it cannot be resharded"));
+  }
+  if (existing || pending_.contains(job->target) || reshards_.contains(job->target) ||
+      rewriting_.contains(job->target)) {
     return absl::AlreadyExistsError(absl::StrCat(
         dst_name, " already exists; delete it first or choose another target step"));
   }
-  CKPTD_RETURN_IF_ERROR(PutRecordSync(job->rec));
+  // The target is claimed in reshards_ first, so the synced row is written without mu_; an
+  // Abort meanwhile sets job->cancel and the thread, once started, finishes it as ABORTED.
   reshards_[job->target] = job;
+  mu_.Unlock();
+  absl::Status put = PutRecordSync(job->rec);
+  if (put.ok()) CKPTD_SYNC_POINT("reshard.target_recorded");
+  mu_.Lock();
+  if (!put.ok()) {
+    reshards_.erase(job->target);
+    changed_.SignalAll();
+    return Annotate(put, absl::StrCat(dst_name, ": recording the reshard"));
+  }
   *resp->mutable_summary() = job->rec.summary();
   spdlog::info("{}: {} started", dst_name, s->origin());
   job->thread = std::thread([this, job] { RunReshard(job); });
@@ -257,6 +273,7 @@ absl::StatusOr<Manifest> CheckpointService::WriteReshard(ReshardJob& job) {
     }
     if (out != nullptr) {
       CKPTD_ASSIGN_OR_RETURN(uint64_t size, out->Finish());
+      CKPTD_SYNC_POINT("reshard.blob_written");
       v1::BlobInfo* b = m.header.add_blobs();
       b->set_id(rank);
       b->set_name(BlobName(rank));
@@ -286,6 +303,7 @@ void CheckpointService::RunReshard(std::shared_ptr<ReshardJob> job) {
   if (st.ok()) {
     st = WriteCommitted(*m, CheckpointDir(job->target.first, job->target.second));
   }
+  if (st.ok()) CKPTD_SYNC_POINT("reshard.committed");
   FinishReshard(*job, st);
   if (st.ok()) {
     absl::MutexLock lock(&mu_);
@@ -301,6 +319,7 @@ void CheckpointService::FinishReshard(ReshardJob& job, const absl::Status& statu
     spdlog::warn("{} ABORTED: {}", name, status.ToString());
     absl::Status removed = deps_.storage->RemoveAll(job.rec.dir());
     if (!removed.ok()) spdlog::error("removing {}: {}", job.rec.dir(), removed.ToString());
+    CKPTD_SYNC_POINT("reshard.abort_files_removed");
     v1::CheckpointRecord rec = job.rec;
     rec.mutable_summary()->set_state(v1::ABORTED);
     rec.mutable_summary()->set_error(std::string(status.message()));
@@ -329,6 +348,14 @@ bool CheckpointService::CancelReshardLocked(const Key& key, const std::string& r
   ReshardStatusLocked(key, resp);
   resp->mutable_summary()->set_state(v1::ABORTED);
   return true;
+}
+
+std::optional<CheckpointService::Key> CheckpointService::ReshardReadingLocked(
+    const Key& source) const {
+  for (const auto& [target, job] : reshards_) {
+    if (job->source == source) return target;
+  }
+  return std::nullopt;
 }
 
 bool CheckpointService::ReshardStatusLocked(const Key& key, v1::CheckpointStatus* resp) const {

@@ -1,4 +1,6 @@
 // Save, Wait, Commit, Abort and the session/extent/region calls of CheckpointService.
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "ckptd/status.h"
@@ -7,6 +9,7 @@
 #include "format/region.h"
 #include "index/keys.h"
 #include "common/limits.h"
+#include "common/sync_point.h"
 #include "service/checkpoint_service.h"
 #include "spdlog/spdlog.h"
 
@@ -143,6 +146,38 @@ absl::Status CheckpointService::UnregisterRegion(const Caller& caller, const v1:
   return deps_.regions->Unregister(session, req.region_id(), absl::Seconds(30));
 }
 
+absl::Status CheckpointService::CheckIndexReserve(const std::string& what) const {
+  CKPTD_ASSIGN_OR_RETURN(uint64_t free_bytes, deps_.meta->AvailableBytes());
+  if (free_bytes < deps_.options->index_reserve_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        what, ": the index volume of ", deps_.options->state_dir, " has ", free_bytes,
+        " bytes free, below index_reserve_bytes = ", deps_.options->index_reserve_bytes,
+        "; free space there (staged checkpoints are kept)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointService::CheckOpenLimitsLocked(const std::string& job,
+                                                      const std::string& what) const {
+  if (pending_.size() >= limits::kOpenCheckpointsMax) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        what, ": ", pending_.size(), " checkpoints are being saved; the limit is ",
+        limits::kOpenCheckpointsMax, " (kOpenCheckpointsMax); wait for them to commit"));
+  }
+  uint64_t open = 0;
+  for (auto it = pending_.lower_bound(Key{job, 0}); it != pending_.end() && it->first.first == job;
+       ++it) {
+    ++open;
+  }
+  if (open >= limits::kOpenCheckpointsPerJobMax) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        what, ": job ", job, " has ", open, " checkpoints being saved; the limit is ",
+        limits::kOpenCheckpointsPerJobMax,
+        " (kOpenCheckpointsPerJobMax); wait for them to commit or abort them"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckpointService::ValidateSave(const v1::SaveRequest& req) const {
   CKPTD_RETURN_IF_ERROR(ValidateJobStep(req.job(), req.step()));
   std::string what = CkptName(req.job(), req.step());
@@ -162,6 +197,7 @@ absl::Status CheckpointService::ValidateSave(const v1::SaveRequest& req) const {
                                                    limits::kShardsPerSaveMax));
   }
   absl::flat_hash_map<std::string, int> seen;
+  absl::flat_hash_map<std::string, int> items;  // item -> its first shard in this Save
   for (int i = 0; i < req.shards_size(); ++i) {
     const v1::ShardSpec& s = req.shards(i);
     std::string where = absl::StrCat(what, " rank ", req.rank(), " item \"", s.item(), "\"");
@@ -207,6 +243,40 @@ absl::Status CheckpointService::ValidateSave(const v1::SaveRequest& req) const {
       return absl::InvalidArgumentError(
           absl::StrCat(where, ": the same region is given twice in one Save"));
     }
+    // Every shard of one item in one Save agrees on what the item is (kind, dtype, shape,
+    // scope) — CheckItemsLocked compares against other ranks only.
+    auto [first, fresh] = items.emplace(s.item(), i);
+    if (!fresh) {
+      const v1::ShardSpec& f = req.shards(first->second);
+      bool same = f.has_tensor() == s.has_tensor();
+      if (same && s.has_tensor()) {
+        same = f.tensor().dtype() == s.tensor().dtype() &&
+               std::equal(f.tensor().global_shape().begin(), f.tensor().global_shape().end(),
+                          s.tensor().global_shape().begin(), s.tensor().global_shape().end());
+      } else if (same) {
+        same = f.object().scope() == s.object().scope();
+      }
+      if (!same) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ": shard ", i, " describes the item differently (kind, dtype, global shape "
+            "or scope) than shard ", first->second, " of the same Save"));
+      }
+    }
+  }
+  // Distinct regions of one item in one Save may not overlap: which bytes would an element
+  // overlapped take? (Identical regions were refused above.)
+  for (const auto& [item, first] : items) {
+    const v1::ShardSpec& f = req.shards(first);
+    if (!f.has_tensor()) continue;
+    std::vector<v1::Region> regions;
+    for (const v1::ShardSpec& s : req.shards()) {
+      if (s.item() == item) regions.push_back(s.tensor().region());
+    }
+    if (regions.size() < 2) continue;
+    std::vector<uint64_t> shape(f.tensor().global_shape().begin(),
+                                f.tensor().global_shape().end());
+    CKPTD_RETURN_IF_ERROR(Annotate(CheckNoOverlap(shape, regions, item),
+                                   absl::StrCat(what, " rank ", req.rank())));
   }
   return absl::OkStatus();
 }
@@ -320,8 +390,8 @@ void CheckpointService::FillStatusLocked(const Pending& p, v1::CheckpointStatus*
   out->set_bytes_persisted(persisted);
 }
 
-absl::Status CheckpointService::JournalLocked(const Pending& p, const std::vector<uint32_t>& ranks,
-                                              bool sync) {
+std::vector<MetaStore::Write> CheckpointService::JournalWritesLocked(
+    const Pending& p, const std::vector<uint32_t>& ranks) const {
   std::vector<MetaStore::Write> writes;
   v1::CheckpointRecord rec;
   *rec.mutable_summary() = SummaryLocked(p);
@@ -340,13 +410,34 @@ absl::Status CheckpointService::JournalLocked(const Pending& p, const std::vecto
     blob.set_path(absl::StrCat(rec.dir(), "/", pr.rec.blob_name()));
     writes.push_back({keys::Blob(p.job, p.step, pr.rec.blob_name()), blob.SerializeAsString()});
   }
-  return deps_.meta->Commit(writes, sync);
+  return writes;
+}
+
+absl::Status CheckpointService::JournalUnlocked(Pending& p, const std::vector<uint32_t>& ranks) {
+  ++p.journals_in_flight;
+  mu_.Await(absl::Condition(
+      +[](Pending* q) { return !q->journal_busy; }, &p));
+  p.journal_busy = true;
+  // Built after waiting, so the summary written last is the newest.
+  std::vector<MetaStore::Write> writes = JournalWritesLocked(p, ranks);
+  mu_.Unlock();
+  absl::Status st = deps_.meta->Commit(writes, /*sync=*/true);
+  mu_.Lock();
+  p.journal_busy = false;
+  --p.journals_in_flight;
+  if (st.ok()) p.job_recorded = true;
+  return st;
+}
+
+bool CheckpointService::IdleLocked(const Pending& p) {
+  return p.flushes_in_flight == 0 && p.journals_in_flight == 0 && !p.committing;
 }
 
 absl::Status CheckpointService::Save(const Caller& caller, const v1::SaveRequest& req, v1::SaveResponse* resp) {
   CKPTD_ASSIGN_OR_RETURN(std::string session, SessionOf(caller, req.session_id()));
   CKPTD_RETURN_IF_ERROR(ValidateSave(req));
   const std::string what = CkptName(req.job(), req.step());
+  CKPTD_RETURN_IF_ERROR(CheckIndexReserve(what));
   PendingRank rank;
   rank.rec.set_rank(req.rank());
   rank.rec.set_arena_generation(deps_.arena->generation());
@@ -369,6 +460,7 @@ absl::Status CheckpointService::Save(const Caller& caller, const v1::SaveRequest
           "; delete it first or save another step"));
     }
     CKPTD_RETURN_IF_ERROR(CheckAccess(caller, req.job(), Access::kWrite));
+    CKPTD_RETURN_IF_ERROR(CheckOpenLimitsLocked(req.job(), what));
     CKPTD_ASSIGN_OR_RETURN(std::optional<uint32_t> owner, JobOwner(req.job()));
     auto p = std::make_unique<Pending>();
     p->job = req.job();
@@ -430,16 +522,23 @@ absl::Status CheckpointService::Save(const Caller& caller, const v1::SaveRequest
   p.ranks.emplace(r, std::move(rank));
   if (p.ranks.size() == p.world_size) p.state = v1::PERSISTING;
 
-  absl::Status journaled = JournalLocked(p, {r}, /*sync=*/true);
-  if (!journaled.ok()) {
-    // Not staged: give the extents back to the client's session is impossible (they were taken),
-    // so free them and forget the rank; the client retries with new extents.
-    deps_.arena->Free(p.ranks.at(r).extent_ids);
-    p.ranks.erase(r);
-    p.state = v1::STAGING;
-    return Annotate(journaled, absl::StrCat(what, ": journaling rank ", r));
+  CKPTD_SYNC_POINT("save.before_journal");
+  absl::Status journaled = JournalUnlocked(p, {r});
+  if (!journaled.ok() && !p.aborting) {
+    // The rank cannot be forgotten alone: while the lock was released other ranks may have
+    // staged replicas of its shards (stored_copy) and been journaled so. The checkpoint is
+    // aborted (its extents freed); the client gets the index's error.
+    AbortLocked(p, absl::StrCat("journaling rank ", r, " failed: ", journaled.message()));
+    return Annotate(journaled, absl::StrCat(what, ": journaling rank ", r, " (the checkpoint "
+                                            "is aborted; save the next step)"));
   }
-  p.job_recorded = true;
+  if (p.aborting) {
+    // Aborted while the journal was written: the abort finishes now if nothing else runs.
+    std::string why = absl::StrCat(what, " was aborted: ", p.error);
+    if (IdleLocked(p)) FinishAbortLocked(p);  // p is gone after this line
+    return absl::AbortedError(why);
+  }
+  CKPTD_SYNC_POINT("save.journaled");
   if (p.first_staged_unix_ms == 0) p.first_staged_unix_ms = NowUnixMs();
   // The flush gate: flushing beside ranks still copying into the arena slows their copies (CPU
   // for checksums, and the disk queue every rank's synced journal write waits behind), so flushes
@@ -473,7 +572,7 @@ void CheckpointService::PostGatedFlushesLocked(Pending& p) {
 }
 
 void CheckpointService::MaybeStartCommitLocked(Pending& p) {
-  if (p.committing || p.aborting || p.ranks.empty()) return;
+  if (p.committing || p.aborting || p.ranks.empty() || p.journals_in_flight > 0) return;
   if (!p.partial && p.ranks.size() < p.world_size) return;
   for (const auto& [r, pr] : p.ranks) {
     if (!pr.persisted) return;
@@ -498,26 +597,57 @@ void CheckpointService::AbortLocked(Pending& p, const std::string& reason) {
       pr.leases.clear();
     }
   }
-  if (p.flushes_in_flight == 0 && !p.committing) FinishAbortLocked(p);
+  if (IdleLocked(p)) FinishAbortLocked(p);
   changed_.SignalAll();
 }
 
 void CheckpointService::FinishAbortLocked(Pending& p) {
-  std::string dir = CheckpointDir(p.job, p.step);
-  absl::Status removed = deps_.storage->RemoveAll(dir);
-  if (!removed.ok()) spdlog::error("removing {}: {}", dir, removed.ToString());
+  CKPTD_CHECK(p.aborting && IdleLocked(p));
+  const Key key{p.job, p.step};
   v1::CheckpointRecord rec;
   *rec.mutable_summary() = SummaryLocked(p);
   rec.mutable_summary()->mutable_tiers()->Clear();
-  rec.set_dir(dir);
+  rec.set_dir(CheckpointDir(p.job, p.step));
   std::vector<MetaStore::Write> writes{{keys::Checkpoint(p.job, p.step), rec.SerializeAsString()}};
   for (const auto& [r, pr] : p.ranks) {
     writes.push_back({keys::Rank(p.job, p.step, r), std::nullopt});
     writes.push_back({keys::Blob(p.job, p.step, pr.rec.blob_name()), std::nullopt});
   }
+  pending_.erase(key);  // p is gone after this line
+  // Until the ABORTED row is written, a Save, Delete or reshard of the key is refused (ABORTED,
+  // retry) rather than racing the removal of its files.
+  rewriting_.emplace(key, "being aborted");
+  changed_.SignalAll();
+  if (!deps_.flush_pool->Post([this, key, writes] { RecordAbort(key, writes); })) {
+    // Shutting down (the pool drains what it took): a restart sees the journal rows of an
+    // unfinished checkpoint and aborts or resumes it; record the abort now, under the lock.
+    // Recorded first, files after (see RecordAbort).
+    absl::Status st = deps_.meta->Commit(writes, /*sync=*/true);
+    if (!st.ok()) spdlog::error("recording abort of {}: {}", CkptName(key.first, key.second),
+                                st.ToString());
+    absl::Status removed = st.ok() ? deps_.storage->RemoveAll(rec.dir()) : absl::OkStatus();
+    if (!removed.ok()) spdlog::error("removing {}: {}", rec.dir(), removed.ToString());
+    rewriting_.erase(key);
+  }
+}
+
+void CheckpointService::RecordAbort(const Key& key, const std::vector<MetaStore::Write>& writes) {
+  // The ABORTED row first, the files after it (and only once it is recorded): a crash between
+  // the two leaves an ABORTED row whose files recovery collects. The other order let a restart
+  // resume the aborted checkpoint from its journal rows, its persisted ranks' blobs gone (found
+  // by the crash-point matrix: a later commit would name blobs that no longer exist).
+  const std::string dir = CheckpointDir(key.first, key.second);
   absl::Status st = deps_.meta->Commit(writes, /*sync=*/true);
-  if (!st.ok()) spdlog::error("recording abort of {}: {}", CkptName(p.job, p.step), st.ToString());
-  pending_.erase(Key{p.job, p.step});  // p is gone after this line
+  if (!st.ok()) {
+    spdlog::error("recording abort of {}: {}", CkptName(key.first, key.second), st.ToString());
+  } else {
+    CKPTD_SYNC_POINT("abort.recorded");
+    absl::Status removed = deps_.storage->RemoveAll(dir);
+    if (!removed.ok()) spdlog::error("removing {}: {}", dir, removed.ToString());
+    CKPTD_SYNC_POINT("abort.files_removed");
+  }
+  absl::MutexLock lock(&mu_);
+  rewriting_.erase(key);
   changed_.SignalAll();
 }
 
@@ -576,7 +706,13 @@ absl::Status CheckpointService::Commit(const Caller& caller, const v1::CommitReq
   if (p.aborting) return absl::AbortedError(absl::StrCat(what, " was aborted: ", p.error));
   p.partial = true;
   p.state = v1::PERSISTING;
-  JournalLocked(p, {}, /*sync=*/true).IgnoreError();  // the partial flag; commit decides anyway
+  // The partial flag; the commit decides anyway. p stays valid across the write (pinned).
+  JournalUnlocked(p, {}).IgnoreError();
+  if (p.aborting) {
+    std::string why = absl::StrCat(what, " was aborted: ", p.error);
+    if (IdleLocked(p)) FinishAbortLocked(p);
+    return absl::AbortedError(why);
+  }
   PostGatedFlushesLocked(p);
   MaybeStartCommitLocked(p);
   FillStatusLocked(p, resp);

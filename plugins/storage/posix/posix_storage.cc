@@ -16,6 +16,7 @@
 #include "ckptd/storage_path.h"
 #include "ckptd/storage.h"
 #include "common/limits.h"
+#include "common/sync_point.h"
 #include "spdlog/spdlog.h"
 
 namespace ckptd {
@@ -107,19 +108,27 @@ class DualFile {
 
 class PosixBlobWriter : public BlobWriter {
  public:
-  PosixBlobWriter(Io* io, FileHandle file) : file_(io, std::move(file), O_WRONLY) {}
+  PosixBlobWriter(Io* io, FileHandle file, std::string dir)
+      : io_(io), file_(io, std::move(file), O_WRONLY), dir_(std::move(dir)) {}
 
   absl::Status Write(std::span<const IoSlice> slices) override {
     if (!file_.open()) return absl::FailedPreconditionError("blob writer already synced");
     return file_.Transfer(true, slices);
   }
+  // The data, then the directory: the blob was just created, and fdatasync alone does not make
+  // its directory entry durable (POSIX). Without it a power loss could keep a "persisted" rank
+  // whose blob is gone, and recovery would commit a manifest naming it (found by the power-loss
+  // crash matrix).
   absl::Status Sync() override {
     if (!file_.open()) return absl::FailedPreconditionError("blob writer already synced");
-    return file_.SyncAndClose();
+    CKPTD_RETURN_IF_ERROR(file_.SyncAndClose());
+    return io_->FsyncDir(dir_);
   }
 
  private:
+  Io* io_;
   DualFile file_;
+  std::string dir_;
 };
 
 class PosixBlobReader : public BlobReader {
@@ -150,7 +159,7 @@ class PosixStorage : public Storage {
     CKPTD_RETURN_IF_ERROR(io_->MkdirAll(ParentOf(full)));
     CKPTD_ASSIGN_OR_RETURN(FileHandle file,
                            io_->Open(full, O_WRONLY | O_CREAT | O_TRUNC, 0600, true));
-    return std::make_unique<PosixBlobWriter>(io_, std::move(file));
+    return std::make_unique<PosixBlobWriter>(io_, std::move(file), ParentOf(full));
   }
 
   absl::StatusOr<std::unique_ptr<BlobReader>> OpenBlob(const std::string& path) override {
@@ -172,13 +181,19 @@ class PosixStorage : public Storage {
     CKPTD_ASSIGN_OR_RETURN(FileHandle file,
                            io_->Open(tmp, O_WRONLY | O_CREAT | O_EXCL, 0600, false));
     absl::Status status = WriteTemp(file, data);
-    if (status.ok()) status = io_->Rename(tmp, full);
+    if (status.ok()) {
+      CKPTD_SYNC_POINT("put_atomic.tmp_synced");
+      status = io_->Rename(tmp, full);
+    }
     if (!status.ok()) {
       absl::Status removed = io_->Unlink(tmp);
       if (!removed.ok() && !absl::IsNotFound(removed)) spdlog::warn("{}", removed.ToString());
       return status;
     }
-    return io_->FsyncDir(parent);
+    CKPTD_SYNC_POINT("put_atomic.renamed");
+    CKPTD_RETURN_IF_ERROR(io_->FsyncDir(parent));
+    CKPTD_SYNC_POINT("put_atomic.dir_synced");
+    return absl::OkStatus();
   }
 
   absl::StatusOr<std::string> Get(const std::string& path) override {

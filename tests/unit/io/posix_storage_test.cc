@@ -252,6 +252,17 @@ TEST_CASE("PosixStorage write and sync failures propagate with the path", "[unit
     CHECK_THAT(Msg(s), Catch::Contains("r2.blob"));
     CHECK(io.sync_calls() == syncs + 1);
   }
+  SECTION("Sync of a new blob syncs its directory too, and says so when that fails") {
+    auto w = storage->CreateBlob("j/1/r3.blob");
+    REQUIRE(w.ok());
+    REQUIRE((*w)->Write({&slice, 1}).ok());
+    const uint64_t dir_syncs = io.calls(FaultIo::Op::kFsyncDir);
+    io.FailNextFsyncDir(EIO);
+    absl::Status s = (*w)->Sync();
+    CHECK(absl::IsDataLoss(s));
+    CHECK_THAT(Msg(s), Catch::Contains("fsync directory"));
+    CHECK(io.calls(FaultIo::Op::kFsyncDir) == dir_syncs + 1);
+  }
   SECTION("a failed PutAtomic keeps the old content and leaves no temporary file") {
     REQUIRE(storage->PutAtomic("j/MANIFEST", "old").ok());
     io.FailNextRename(EIO);

@@ -170,7 +170,11 @@ struct InPlaceObjectShard {
   uint64_t bytes = 0;
 };
 
-enum class CheckpointState { kUnspecified, kStaging, kPersisting, kCommitted, kAborted };
+// kDeleting: a Delete is removing it (gone once the Delete returns; a crash mid-delete leaves it
+// here until the Delete is repeated or the daemon restarts). kCorrupt: committed, but its manifest
+// no longer verifies — never `latest`, and a load is DATA_LOSS.
+enum class CheckpointState { kUnspecified, kStaging, kPersisting, kCommitted, kAborted, kDeleting,
+                             kCorrupt };
 const char* CheckpointStateName(CheckpointState state);  // "STAGING", ...
 
 enum class WaitFor { kAllStaged, kCommitted };

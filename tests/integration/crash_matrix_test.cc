@@ -1,0 +1,336 @@
+// The crash-point matrix (issue 10), against the real daemon: for every named crash point of
+// daemon/src/common/sync_point.h in turn, a daemon started over a copy of a state dir holding
+// two committed checkpoints (known bytes) is armed with --debug_crash_at=<point>[:<nth>] and
+// driven through a workload that reaches the point (a 4-rank save, an abort, a delete, an offline
+// reshard, a cancelled reshard, or a restart with work to recover). It must kill itself there
+// (SIGKILL: a kill -9 at exactly that step). It is then restarted without a crash armed, and:
+//   - it starts;
+//   - every checkpoint committed before still loads bit-exact (the one being deleted may instead
+//     be absent, with its directory gone — never DELETING, never half there);
+//   - the checkpoint in flight is COMMITTED and loads bit-exact, or is ABORTED / absent with its
+//     directory gone from the data dir;
+//   - `ckptctl ls` shows only COMMITTED and ABORTED checkpoints once recovery has settled them.
+// Every point of kSyncPoints must appear in the matrix and be reached (a point no workload reaches
+// fails the test), so the list stays honest. Prints "crash matrix: N crash points x M
+// checkpoints checked". The power-loss variant (unsynced writes dropped) runs in-process:
+// tests/unit/service/power_loss_test.cc.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <regex>
+#include <set>
+#include <thread>
+
+#include "common/sync_point.h"
+#include "harness.h"
+#include "testclient/rank_io.h"
+
+using namespace ckptd_it;
+
+namespace {
+
+constexpr char kJob[] = "matrix";
+constexpr uint32_t kWorld = 4;  // VerifyInProcess checks 4 ranks' objects
+constexpr uint64_t kSeed1 = 61;
+constexpr uint64_t kSeed2 = 62;
+constexpr uint64_t kSeed3 = 63;
+constexpr uint64_t kNewStep = 3;      // saved (or aborted) by the workload
+constexpr uint64_t kReshardStep = 9;  // the reshard target (a copy of step 1)
+
+// What runs while the crash point is armed.
+enum class Workload {
+  kSave,          // all 4 ranks of step 3 save; the daemon flushes and commits it
+  kAbort,         // 3 ranks of step 3 stage and persist, then a client aborts it
+  kDelete,        // ckptctl rm of step 2
+  kReshard,       // ckptctl reshard step 1 -> 9 (rows:2)
+  kReshardAbort,  // the same, slowed down, then cancelled with ckptctl abort
+  kRecovery,      // a delete crashes with a reshard running and step 3 staged; the restart
+                  // (which has the point armed) then has every kind of work to recover
+};
+
+struct Case {
+  const char* point;
+  uint64_t nth;
+  Workload workload;
+};
+
+// nth > 1 where the 1st and the last hit leave different states (first rank vs all ranks).
+const Case kCases[] = {
+    {"save.before_journal", 1, Workload::kSave},
+    {"save.before_journal", 4, Workload::kSave},
+    {"save.journaled", 1, Workload::kSave},
+    {"save.journaled", 4, Workload::kSave},
+    {"flush.blob_written", 1, Workload::kSave},
+    {"flush.blob_synced", 1, Workload::kSave},
+    {"flush.rank_persisted", 1, Workload::kSave},
+    {"flush.rank_persisted", 4, Workload::kSave},
+    {"flush.extents_freed", 4, Workload::kSave},
+    {"commit.manifest_built", 1, Workload::kSave},
+    {"put_atomic.tmp_synced", 1, Workload::kSave},
+    {"put_atomic.renamed", 1, Workload::kSave},
+    {"put_atomic.dir_synced", 1, Workload::kSave},
+    {"commit.manifest_durable", 1, Workload::kSave},
+    {"commit.indexed", 1, Workload::kSave},
+    {"abort.recorded", 1, Workload::kAbort},
+    {"abort.files_removed", 1, Workload::kAbort},
+    {"delete.tombstone_written", 1, Workload::kDelete},
+    {"delete.manifest_removed", 1, Workload::kDelete},
+    {"delete.dir_removed", 1, Workload::kDelete},
+    {"delete.rows_removed", 1, Workload::kDelete},
+    {"delete.done", 1, Workload::kDelete},
+    {"reshard.target_recorded", 1, Workload::kReshard},
+    {"reshard.blob_written", 1, Workload::kReshard},
+    {"put_atomic.renamed", 1, Workload::kReshard},
+    {"commit.manifest_durable", 1, Workload::kReshard},
+    {"commit.indexed", 1, Workload::kReshard},
+    {"reshard.committed", 1, Workload::kReshard},
+    {"reshard.abort_files_removed", 1, Workload::kReshardAbort},
+    {"recovery.rows_repaired", 1, Workload::kRecovery},
+    {"recovery.deletes_finished", 1, Workload::kRecovery},
+    {"recovery.manifests_adopted", 1, Workload::kRecovery},
+    {"recovery.aborted_files_removed", 1, Workload::kRecovery},
+    {"recovery.pending_resumed", 1, Workload::kRecovery},
+    {"recovery.committed_rows_checked", 1, Workload::kRecovery},
+    {"recovery.newest_verified", 1, Workload::kRecovery},
+};
+
+// How a checkpoint may look after the restart.
+enum class May {
+  kStayCommitted,  // committed before: COMMITTED and bit-exact
+  kBeDeleted,      // being deleted: COMMITTED and bit-exact, or absent with its directory gone
+  kBeInFlight,     // being written: COMMITTED and bit-exact, or ABORTED / absent, files gone
+};
+
+struct Expect {
+  uint64_t step;
+  uint64_t seed;
+  May may;
+};
+
+std::string CrashFlag(const Case& c) {
+  return absl::StrCat("--debug_crash_at=", c.point, ":", c.nth);
+}
+
+std::string CrashLine(const Case& c) {
+  return absl::StrCat("crash point ", c.point, " reached (hit ", c.nth, ")");
+}
+
+std::string StepPath(const Daemon& d, uint64_t step) {
+  return d.data_dir() + "/" + kJob + "/" + StepDir(step);
+}
+
+// Saves ranks [0, ranks) of step 3 from this process; stops at the first error (the daemon died).
+void SaveRanks(const Daemon& d, uint32_t ranks) {
+  auto client = d.Connect();
+  for (uint32_t r = 0; r < ranks; ++r) {
+    if (!SaveRank(*client, kJob, kNewStep, r, kWorld, kSeed3).ok()) return;
+  }
+}
+
+// 3 of 4 ranks of step 3 staged and persisted (flush_gate_ms=0), then aborted by a client.
+void StageThenAbort(const Daemon& d) {
+  SaveRanks(d, 3);
+  auto client = d.Connect();
+  for (int i = 0; i < 200; ++i) {
+    auto st = client->GetStatus(kJob, kNewStep);
+    if (!st.ok() || (st->bytes_staged > 0 && st->bytes_persisted == st->bytes_staged)) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  client->Abort(kJob, kNewStep, "crash matrix").IgnoreError();
+}
+
+void StartReshard(const Daemon& d) {
+  RunCtl(d, {"reshard", kJob, "1", std::to_string(kReshardStep), "rows:2"});
+}
+
+// Runs the workload on `d` (started with the case's flags). For kRecovery it also restarts the
+// daemon with the point armed; it returns with the daemon started for that last crash.
+void RunWorkload(Daemon& d, const Case& c) {
+  switch (c.workload) {
+    case Workload::kSave:
+      SaveRanks(d, kWorld);
+      return;
+    case Workload::kAbort:
+      StageThenAbort(d);
+      return;
+    case Workload::kDelete:
+      RunCtl(d, {"rm", kJob, "2"});
+      return;
+    case Workload::kReshard:
+      StartReshard(d);
+      return;
+    case Workload::kReshardAbort:
+      StartReshard(d);
+      RunCtl(d, {"abort", kJob, std::to_string(kReshardStep)});
+      return;
+    case Workload::kRecovery:
+      StartReshard(d);  // slowed by --debug_reshard_delay_ms: still running at the crash
+      SaveRanks(d, kWorld);  // staged; flushes held by --debug_flush_delay_ms
+      RunCtl(d, {"rm", kJob, "2"});  // crashes at delete.tombstone_written
+      if (d.WaitExit(20000) < 0) throw std::runtime_error("the first crash did not happen");
+      d.Restart({CrashFlag(c)}, /*wait_ready=*/false);
+      return;
+  }
+}
+
+std::vector<std::string> WorkloadFlags(const Case& c) {
+  switch (c.workload) {
+    case Workload::kAbort:
+      return {CrashFlag(c), "--flush_gate_ms=0"};
+    case Workload::kReshardAbort:
+      return {CrashFlag(c), "--debug_reshard_delay_ms=200"};
+    case Workload::kRecovery:
+      return {"--debug_crash_at=delete.tombstone_written", "--debug_flush_delay_ms=60000",
+              "--debug_reshard_delay_ms=300"};
+    default:
+      return {CrashFlag(c)};
+  }
+}
+
+std::vector<Expect> Expectations(Workload w) {
+  std::vector<Expect> out = {{1, kSeed1, May::kStayCommitted}, {2, kSeed2, May::kStayCommitted}};
+  if (w == Workload::kDelete || w == Workload::kRecovery) out[1].may = May::kBeDeleted;
+  if (w == Workload::kSave || w == Workload::kAbort || w == Workload::kRecovery) {
+    out.push_back({kNewStep, kSeed3, May::kBeInFlight});
+  }
+  if (w == Workload::kReshard || w == Workload::kReshardAbort || w == Workload::kRecovery) {
+    out.push_back({kReshardStep, kSeed1, May::kBeInFlight});  // a copy of step 1's bytes
+  }
+  return out;
+}
+
+// Waits until `step` is settled — COMMITTED, or ABORTED / absent with its directory gone — and
+// checks it against `e`. "" when it holds, else what is wrong. A save that recovery resumed
+// still short of ranks gets them again, as a trainer retrying its step would: it must then commit
+// bit-exact (or abort).
+std::string Check(const Daemon& d, const Expect& e) {
+  const std::string name = absl::StrCat(kJob, "/", e.step);
+  const std::string dir = StepPath(d, e.step);
+  auto client = d.Connect();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  std::string seen;
+  bool completed = false;
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto st = client->GetStatus(kJob, e.step);
+    if (st.ok() && st->state == ckptd::CheckpointState::kStaging && e.step == kNewStep &&
+        !completed) {
+      for (uint32_t r = 0; r < kWorld; ++r) {
+        SaveRank(*client, kJob, kNewStep, r, kWorld, kSeed3).status().IgnoreError();
+      }
+      completed = true;
+      continue;
+    }
+    if (st.ok() && st->state == ckptd::CheckpointState::kCommitted) {
+      std::string verified = VerifyInProcess(d, kJob, e.step, e.seed);
+      return verified.empty() ? "" : absl::StrCat(name, " is COMMITTED but: ", verified);
+    }
+    const bool gone = !st.ok() && st.status().code() == absl::StatusCode::kNotFound;
+    const bool aborted = st.ok() && st->state == ckptd::CheckpointState::kAborted;
+    seen = st.ok() ? ckptd::CheckpointStateName(st->state) : st.status().ToString();
+    if ((gone || aborted) && !PathExists(dir)) {
+      if (e.may == May::kBeInFlight || (gone && e.may == May::kBeDeleted)) return "";
+      return absl::StrCat(name, " was committed before the crash and is now ", seen);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return absl::StrCat(name, " did not settle within 20 s: ", seen,
+                      PathExists(dir) ? " (its directory is still there)" : "");
+}
+
+// States `ckptctl --json ls` shows that are neither COMMITTED nor ABORTED.
+std::string UnsettledInLs(const Daemon& d) {
+  CommandResult ls = RunCtl(d, {"--json", "ls", kJob});
+  if (ls.exit_code != 0) return absl::StrCat("ckptctl ls failed: ", ls.output);
+  static const std::regex state_re("\"state\": \"([A-Z_]+)\"");
+  std::string bad;
+  for (std::sregex_iterator it(ls.output.begin(), ls.output.end(), state_re), end; it != end;
+       ++it) {
+    const std::string s = (*it)[1];
+    if (s != "COMMITTED" && s != "ABORTED") bad += " " + s;
+  }
+  return bad.empty() ? "" : absl::StrCat("ckptctl ls shows", bad, ":\n", ls.output);
+}
+
+// One case over a copy of `base_state`; appends what went wrong to *problems and returns the
+// number of checkpoints checked.
+int RunCase(const std::string& base_state, const Case& c, std::vector<std::string>* problems) {
+  const std::string label = absl::StrCat(c.point, ":", c.nth);
+  TempDir dir;
+  const std::string state = dir.path() + "/state";
+  CopyTree(base_state + "/index", state + "/index");
+  CopyTree(base_state + "/data", state + "/data");
+  Daemon d(DaemonConfig{.state_dir = state, .staging_bytes_max = 16ull << 20,
+                        .extra_flags = WorkloadFlags(c)});
+  RunWorkload(d, c);
+  const int rc = d.WaitExit(30000);
+  if (rc < 0 || d.Log().find(CrashLine(c)) == std::string::npos) {
+    problems->push_back(absl::StrCat(label, ": the daemon did not die there (exit ", rc,
+                                     "): the point was never reached; log:\n", d.Log()));
+    d.Kill9();
+    return 0;
+  }
+  d.Restart({"--stage_timeout_ms=10000"});
+  int checked = 0;
+  for (const Expect& e : Expectations(c.workload)) {
+    std::string wrong = Check(d, e);
+    ++checked;
+    if (!wrong.empty()) problems->push_back(absl::StrCat(label, ": ", wrong));
+  }
+  if (std::string bad = UnsettledInLs(d); !bad.empty()) {
+    problems->push_back(absl::StrCat(label, ": ", bad));
+  }
+  if (!problems->empty() && problems->back().rfind(label, 0) == 0) {
+    problems->back() += absl::StrCat("\nlog:\n", d.Log());
+  }
+  return checked;
+}
+
+}  // namespace
+
+#if CKPTD_TEST_HOOKS
+
+TEST_CASE("crash matrix: kill -9 at every named crash point, restart, nothing torn or lost",
+          "[integration][crash][crash-matrix]") {
+  std::set<std::string> covered;
+  for (const Case& c : kCases) covered.insert(c.point);
+  for (std::string_view p : ckptd::kSyncPoints) {
+    INFO("crash point " << p << " is in kSyncPoints but no case of the matrix reaches it");
+    CHECK(covered.contains(std::string(p)));
+  }
+  CHECK(covered.size() == ckptd::kSyncPointCount);
+
+  TempDir base;
+  {
+    Daemon d(DaemonConfig{.state_dir = base.path() + "/state", .staging_bytes_max = 16ull << 20});
+    SaveCommitted(d, kJob, 1, kSeed1);
+    SaveCommitted(d, kJob, 2, kSeed2);
+    REQUIRE(d.Stop());
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::string> problems;
+  int checked = 0;
+  for (const Case& c : kCases) checked += RunCase(base.path() + "/state", c, &problems);
+  const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(
+                           std::chrono::steady_clock::now() - t0).count();
+  std::cout << "crash matrix: " << std::size(kCases) << " crash points (" << covered.size()
+            << " named points, kill -9 each) x 3-4 checkpoints: " << checked
+            << " checkpoints checked in " << seconds << " s, " << problems.size()
+            << " problems\n";
+  for (const std::string& p : problems) FAIL_CHECK(p);
+}
+
+#else
+
+TEST_CASE("crash matrix: a build without test hooks refuses --debug_crash_at",
+          "[integration][crash][crash-matrix]") {
+  CommandResult r = RunCommand({CKPTD_BIN, "--state_dir=/nonexistent",
+                                "--debug_crash_at=save.journaled"});
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("without test hooks") != std::string::npos);
+}
+
+#endif
