@@ -54,6 +54,7 @@ class Daemon {
   // point): its exit status (128 + signal when killed), or -1 when it is still running.
   int WaitExit(int timeout_ms);
   bool running() const { return pid_ > 0; }
+  pid_t pid() const { return pid_; }
 
   const std::string& state_dir() const { return state_dir_; }
   std::string data_dir() const;

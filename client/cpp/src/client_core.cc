@@ -131,6 +131,10 @@ absl::StatusOr<std::unique_ptr<ClientCore>> ClientCore::Create(ClientOptions opt
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  // One Client, one connection: gRPC would otherwise share one connection among every channel
+  // of the process to the same socket, and the daemon binds sessions to connections (its peer
+  // credentials are read per connection), so a Client's lifetime is its connection's.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   auto channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
   std::unique_ptr<ClientCore> core(
       new ClientCore(std::move(options), std::move(target), std::move(channel)));
