@@ -360,3 +360,74 @@ TEST_CASE("trust: a job belongs to the uid that created it", "[integration]") {
   CHECK_THAT(ls.output, Contains("65534"));
   CHECK(RunCtl(d, {"status", "nobody-job", "2"}).exit_code == 0);
 }
+
+// A load into a sparse region (ftruncate'd, never written: what ckptd.empty() hands out) while
+// /dev/shm is full: the daemon's first touch of each page must allocate it, which fails with
+// SIGBUS. Runs in a private mount namespace whose /dev/shm is a 96 MiB tmpfs (the daemon's
+// 64 MiB arena is prefaulted there first), as a child run of this binary; needs root.
+TEST_CASE("trust: a load into a sparse region on a full /dev/shm fails cleanly",
+          "[integration]") {
+  if (geteuid() != 0 || access("/usr/bin/unshare", X_OK) != 0) {
+    WARN("not run: needs root and /usr/bin/unshare for a private /dev/shm");
+    return;
+  }
+  char self[4096];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  REQUIRE(n > 0);
+  self[n] = '\0';
+  CommandResult r = RunCommand(
+      {"/usr/bin/unshare", "--mount", "--propagation", "private", "/bin/sh", "-c",
+       "mount -t tmpfs -o size=96m,mode=1777 tmpfs /dev/shm && "
+       "CKPTD_IT_SPARSE_CHILD=1 exec \"$0\" '[sparse-child]'",
+       self},
+      180);
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.output, Contains("All tests passed"));
+}
+
+TEST_CASE("trust (child of the case above): sparse region, full /dev/shm", "[.][sparse-child]") {
+  REQUIRE(getenv("CKPTD_IT_SPARSE_CHILD") != nullptr);  // only inside the private /dev/shm
+  Daemon d;
+  Raw raw(d);
+  raw.Attach();
+  SaveOneRank(raw, "sparse", 1, "w", 1 << 20);  // 16 MiB, committed before /dev/shm fills
+  TestShm shm(16 << 20, "sparse");              // sparse: no page allocated yet
+  v1::RegisterRegionRequest reg;
+  reg.set_session_id(raw.hello.session_id());
+  reg.set_kind(v1::SHM);
+  reg.set_shm_name(shm.name);
+  reg.set_size_bytes(16 << 20);
+  v1::RegisterRegionResponse rr;
+  REQUIRE(raw.Call([&](grpc::ClientContext* c) { return raw.stub->RegisterRegion(c, reg, &rr); })
+              .ok());
+  // Fill what is left of /dev/shm.
+  {
+    int fd = open("/dev/shm/filler", O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    REQUIRE(fd >= 0);
+    std::vector<char> chunk(1 << 20, 'x');
+    while (write(fd, chunk.data(), chunk.size()) > 0) {
+    }
+    while (write(fd, chunk.data(), 4096) > 0) {
+    }
+    close(fd);
+  }
+  v1::MemRef dest;
+  dest.set_region_id(rr.region_id());
+  dest.set_length(16 << 20);
+  v1::LoadRequest load = LoadInto(raw, "sparse", 1, "w", dest);
+  v1::LoadResponse resp;
+  grpc::Status loaded =
+      raw.Call([&](grpc::ClientContext* c) { return raw.stub->Load(c, load, &resp); });
+  INFO(loaded.error_message());
+  CHECK(loaded.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
+  CHECK_THAT(loaded.error_message(), Contains("full tmpfs"));
+  // The daemon is up; with space back the same load succeeds.
+  unlink("/dev/shm/filler");
+  grpc::Status again =
+      raw.Call([&](grpc::ClientContext* c) { return raw.stub->Load(c, load, &resp); });
+  INFO(again.error_message());
+  CHECK(again.ok());
+  SaveCommitted(d, "alive", 1, 3);
+  CHECK(VerifyInProcess(d, "alive", 1, 3).empty());
+}
