@@ -25,12 +25,12 @@ build: setup
 	@$(CMAKE) -S . -B $(BUILD) $(CMAKE_FLAGS) >/dev/null
 	@$(CMAKE) --build $(BUILD) -j $(JOBS)
 
-# The sanitizer tier: unit binaries of the modules verified clean under ASan+UBSan so far
-# (format, io, index); dataplane, service and integration join once verified there.
-ASAN_TARGETS ?= ckptd_unit_format ckptd_unit_io ckptd_unit_index
+# The sanitizer tier: everything built with ASan + UBSan (build-asan/), and every C++ test run
+# there — unit binaries of every module and the integration tests, whose daemon, ckptctl and
+# test clients are then sanitized too. Any report fails the test that caused it.
 build-asan: setup
 	@$(CMAKE) -S . -B $(BUILD_ASAN) $(CMAKE_FLAGS) -DCKPTD_SANITIZE=ON >/dev/null
-	@$(CMAKE) --build $(BUILD_ASAN) -j $(JOBS) --target $(ASAN_TARGETS)
+	@$(CMAKE) --build $(BUILD_ASAN) -j $(JOBS)
 
 # The fuzzing tier (tests/fuzz): libFuzzer targets built by clang-15 with ASan + UBSan, against
 # only what they need (proto, format, index). Each runs FUZZ_SECONDS from its committed corpus
@@ -44,6 +44,16 @@ build-fuzz: setup
 test-fuzz: build-fuzz
 	@bash tests/fuzz/run.sh $(BUILD_FUZZ) $(FUZZ_SECONDS) 2
 
+# The deployable build (deploy/ckptd.service runs /usr/local/bin/ckptd): optimized, without tests
+# and without test hooks (CKPTD_TEST_HOOKS=OFF: no crash points, --debug_crash_at refused).
+BUILD_RELEASE ?= $(ROOT)/build-release
+.PHONY: release
+release: setup
+	@$(CMAKE) -S . -B $(BUILD_RELEASE) -G Ninja -DCMAKE_BUILD_TYPE=Release -DCKPTD_TEST_HOOKS=OFF \
+	  -DCKPTD_BUILD_TESTS=OFF >/dev/null
+	@$(CMAKE) --build $(BUILD_RELEASE) -j $(JOBS) --target ckptd ckptctl
+	@echo "release: $(BUILD_RELEASE)/ckptd and ckptctl (install them to /usr/local/bin)"
+
 run: build
 	@mkdir -p $(STATE)
 	@echo "ckptd: state dir $(STATE); in another terminal: export CKPTD_SOCKET=$(STATE)/ckptd.sock"
@@ -52,8 +62,18 @@ run: build
 test-cpp: build
 	@cd $(BUILD) && ctest --output-on-failure -j 2 --timeout 600
 
+# Reports of every process (test binaries, and the daemons, ckptctl and clients they start) go
+# to $(BUILD_ASAN)/sanitizer/: any file there fails the tier, even from a process whose test
+# passed (a daemon's report at its clean exit).
+SAN_LOG = $(BUILD_ASAN)/sanitizer/report
 test-asan: build-asan
-	@cd $(BUILD_ASAN) && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j 2 --timeout 900 -R 'unit\.(format|io|index):' 
+	@rm -rf $(BUILD_ASAN)/sanitizer && mkdir -p $(BUILD_ASAN)/sanitizer
+	@cd $(BUILD_ASAN) && ASAN_OPTIONS=detect_leaks=1:log_path=$(SAN_LOG) \
+	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:log_path=$(SAN_LOG) \
+	  LSAN_OPTIONS=suppressions=$(ROOT)/tests/lsan.supp \
+	  ctest --output-on-failure -j 2 --timeout 900
+	@if compgen -G "$(SAN_LOG).*" >/dev/null; then \
+	  echo "sanitizer reports:"; cat $(SAN_LOG).*; exit 1; fi
 
 # The Python tier: builds the ckptd package (client/python, the extension compiled by this CMake
 # project in client/python/build/) into the current Python, then runs tests/python against
@@ -78,4 +98,4 @@ soak: build
 	  --durations yes
 
 clean:
-	rm -rf $(BUILD) $(BUILD_ASAN) $(BUILD_FUZZ)
+	rm -rf $(BUILD) $(BUILD_ASAN) $(BUILD_FUZZ) $(BUILD_RELEASE)

@@ -48,7 +48,7 @@ absl::StatusOr<Manifest> CheckpointService::BuildManifestLocked(const Pending& p
   h.set_world_size(p.world_size);
   h.set_partial(p.partial);
   h.set_created_unix_ms(p.created_unix_ms);
-  h.set_committed_unix_ms(NowUnixMs());
+  h.set_committed_unix_ms(NowMs());
   h.set_checksum_block_bytes(p.checksum_block_bytes);
   std::map<std::string, v1::ItemEntry> items;
   // Owner shard of each stored region, to attach replicas: (rank, shard index) → entry.
@@ -191,6 +191,9 @@ void CheckpointService::CommitCheckpoint(Key key) {
                key.second, m->items.size(), m->header.total_bytes(), p.ranks.size(),
                p.partial ? ", partial" : "");
   CacheManifestLocked(key, std::make_shared<const Manifest>(*std::move(m)));
+  // No journal write can be in flight: a committing checkpoint takes no ranks and no partial
+  // commit, and the commit started with none in flight.
+  CKPTD_CHECK(p.journals_in_flight == 0);
   pending_.erase(key);
   changed_.SignalAll();
 }
