@@ -1,9 +1,10 @@
 # ckptd — the two commands: `make run` and `make test`.
 #   make run    install what is missing, build, start ckptd on ./state (unix socket state/ckptd.sock)
-#   make test   install what is missing, build, run every test; then the ASan/UBSan tier, the
-#               Python tier (make test-python: the ckptd package, pytest against a real ckptd) and
-#               the fuzzing smoke run (make test-fuzz: libFuzzer targets of tests/fuzz, build-fuzz/)
-#   make build  build only
+#   make test   install what is missing, build with ASan + UBSan (build-asan/) and run every C++
+#               test there, the Python tier against that sanitized daemon (the ckptd package,
+#               pytest) and the fuzzing smoke run (make test-fuzz: libFuzzer targets, build-fuzz/)
+#   make build  build only (build/, optimized, no sanitizers: what make run and make bench use)
+#   make soak   64 clients for SOAK_SECONDS against the daemon (hidden from make test)
 SHELL := /bin/bash
 ROOT := $(CURDIR)
 BUILD ?= $(ROOT)/build
@@ -16,7 +17,7 @@ CMAKE_FLAGS ?= -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
 PYTHON ?= python3
 
 .PHONY: setup build build-asan build-fuzz run test test-cpp test-asan test-fuzz test-python \
-	python bench soak clean
+	test-python-asan python bench soak clean
 
 setup:
 	@bash deploy/setup.sh
@@ -85,7 +86,22 @@ python: setup
 test-python: build python
 	@cd tests/python && CKPTD_BIN=$(BUILD)/ckptd $(PYTHON) -m pytest -p no:cacheprovider -q .
 
-test: test-cpp test-asan test-python test-fuzz
+# make test's Python tier: the same tests against the sanitized daemon and ckptctl of build-asan
+# (the extension itself is the normal build: a sanitized one cannot load into this Python).
+test-python-asan: build-asan python
+	@mkdir -p $(BUILD_ASAN)/sanitizer
+	@cd tests/python && CKPTD_BIN=$(BUILD_ASAN)/ckptd \
+	  ASAN_OPTIONS=detect_leaks=1:log_path=$(SAN_LOG) \
+	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:log_path=$(SAN_LOG) \
+	  LSAN_OPTIONS=suppressions=$(ROOT)/tests/lsan.supp \
+	  $(PYTHON) -m pytest -p no:cacheprovider -q .
+	@if compgen -G "$(SAN_LOG).*" >/dev/null; then \
+	  echo "sanitizer reports:"; cat $(SAN_LOG).*; exit 1; fi
+
+# Every C++ test runs in the sanitized build only (the plain build is `make build` / `make run`
+# / `make bench`; `make test-cpp` runs the C++ tests there too): one full build instead of two
+# keeps a fresh clone's `make test` within CI's time.
+test: test-asan test-python-asan test-fuzz
 
 bench: build python
 	@bash bench/run.sh

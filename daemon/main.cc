@@ -94,12 +94,28 @@ absl::StatusOr<std::unique_ptr<StagingArena>> OpenArena(const DaemonOptions& o, 
   return arena;
 }
 
-absl::Status MakeDir(const std::string& dir) {
+// Creates `dir` if missing and sets its mode (and group, when gid >= 0).
+absl::Status MakeDir(const std::string& dir, mode_t mode, int64_t gid) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return absl::FailedPreconditionError(absl::StrCat("creating ", dir, ": ", ec.message()));
-  if (chmod(dir.c_str(), 0700) != 0) return ErrnoStatus(errno, absl::StrCat("chmod ", dir));
+  if (gid >= 0 && chown(dir.c_str(), static_cast<uid_t>(-1), static_cast<gid_t>(gid)) != 0) {
+    return ErrnoStatus(errno, absl::StrCat("chown ", dir, " to gid ", gid));
+  }
+  if (chmod(dir.c_str(), mode) != 0) return ErrnoStatus(errno, absl::StrCat("chmod ", dir));
   return absl::OkStatus();
+}
+
+// The state dir is private (0700). When the socket lies in it and is opened to a group
+// (socket_mode 0660), that group may pass through the directory to reach it (0710, group
+// socket_group) — never list it; the index and data dirs under it stay 0700.
+absl::Status MakeStateDirs(const DaemonOptions& o) {
+  const bool socket_inside = std::filesystem::path(o.socket_path).parent_path() ==
+                             std::filesystem::path(o.state_dir);
+  const bool group_socket = socket_inside && (o.socket_mode & 0060) != 0;
+  CKPTD_RETURN_IF_ERROR(MakeDir(o.state_dir, group_socket ? 0710 : 0700,
+                                group_socket ? o.socket_gid : -1));
+  return MakeDir(o.data_dir, 0700, -1);
 }
 
 // --debug_crash_at (test builds): armed before recovery, so recovery's crash points count too.
@@ -119,12 +135,9 @@ int Run(const DaemonOptions& o) {
     return 2;
   }
   umask(077);
-  for (const std::string& d : {o.state_dir, o.data_dir}) {
-    absl::Status st = MakeDir(d);
-    if (!st.ok()) {
-      spdlog::critical("{}", st.ToString());
-      return 1;
-    }
+  if (absl::Status st = MakeStateDirs(o); !st.ok()) {
+    spdlog::critical("{}", st.ToString());
+    return 1;
   }
   absl::StatusOr<std::unique_ptr<MetaStore>> meta = OpenRocksDbMetaStore(o.state_dir + "/index");
   if (!meta.ok()) {

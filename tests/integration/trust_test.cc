@@ -324,13 +324,18 @@ TEST_CASE("trust: a job belongs to the uid that created it", "[integration]") {
     WARN("not run: needs root to act as a second uid");
     return;
   }
-  // The socket open to group 65534 (nogroup), in a directory other uids can traverse.
+  // The socket open to group 65534 (nogroup): the daemon lets that group pass through its state
+  // dir (0710) to the socket, and nothing more. (The test's temp dir above it is opened here.)
   Daemon d({.extra_flags = {"--socket_mode=0660", "--socket_group=65534"}});
-  REQUIRE(chmod(d.state_dir().c_str(), 0711) == 0);
   const std::string parent = d.state_dir().substr(0, d.state_dir().rfind('/'));
   REQUIRE(chmod(parent.c_str(), 0711) == 0);
   const std::string sock = d.socket();
   struct stat st;
+  REQUIRE(stat(d.state_dir().c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0710);
+  CHECK(st.st_gid == 65534);
+  REQUIRE(stat(d.data_dir().c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0700);
   REQUIRE(stat(sock.c_str(), &st) == 0);
   CHECK((st.st_mode & 0777) == 0660);
   CHECK(st.st_gid == 65534);
