@@ -30,6 +30,8 @@
 
 using namespace ckptd_it;
 
+#if CKPTD_TEST_HOOKS
+
 namespace {
 
 constexpr char kJob[] = "matrix";
@@ -206,7 +208,7 @@ std::vector<Expect> Expectations(Workload w) {
 // checks it against `e`. "" when it holds, else what is wrong. A save that recovery resumed
 // still short of ranks gets them again, as a trainer retrying its step would: it must then commit
 // bit-exact (or abort).
-std::string Check(const Daemon& d, const Expect& e) {
+std::string Check(const Daemon& d, const Expect& e, std::map<std::string, int>* outcomes) {
   const std::string name = absl::StrCat(kJob, "/", e.step);
   const std::string dir = StepPath(d, e.step);
   auto client = d.Connect();
@@ -224,6 +226,7 @@ std::string Check(const Daemon& d, const Expect& e) {
       continue;
     }
     if (st.ok() && st->state == ckptd::CheckpointState::kCommitted) {
+      if (e.may != May::kStayCommitted) ++(*outcomes)["COMMITTED"];
       std::string verified = VerifyInProcess(d, kJob, e.step, e.seed);
       return verified.empty() ? "" : absl::StrCat(name, " is COMMITTED but: ", verified);
     }
@@ -231,6 +234,7 @@ std::string Check(const Daemon& d, const Expect& e) {
     const bool aborted = st.ok() && st->state == ckptd::CheckpointState::kAborted;
     seen = st.ok() ? ckptd::CheckpointStateName(st->state) : st.status().ToString();
     if ((gone || aborted) && !PathExists(dir)) {
+      ++(*outcomes)[gone ? "absent" : "ABORTED"];
       if (e.may == May::kBeInFlight || (gone && e.may == May::kBeDeleted)) return "";
       return absl::StrCat(name, " was committed before the crash and is now ", seen);
     }
@@ -256,7 +260,8 @@ std::string UnsettledInLs(const Daemon& d) {
 
 // One case over a copy of `base_state`; appends what went wrong to *problems and returns the
 // number of checkpoints checked.
-int RunCase(const std::string& base_state, const Case& c, std::vector<std::string>* problems) {
+int RunCase(const std::string& base_state, const Case& c, std::vector<std::string>* problems,
+            std::map<std::string, int>* outcomes) {
   const std::string label = absl::StrCat(c.point, ":", c.nth);
   TempDir dir;
   const std::string state = dir.path() + "/state";
@@ -275,7 +280,7 @@ int RunCase(const std::string& base_state, const Case& c, std::vector<std::strin
   d.Restart({"--stage_timeout_ms=10000"});
   int checked = 0;
   for (const Expect& e : Expectations(c.workload)) {
-    std::string wrong = Check(d, e);
+    std::string wrong = Check(d, e, outcomes);
     ++checked;
     if (!wrong.empty()) problems->push_back(absl::StrCat(label, ": ", wrong));
   }
@@ -289,8 +294,6 @@ int RunCase(const std::string& base_state, const Case& c, std::vector<std::strin
 }
 
 }  // namespace
-
-#if CKPTD_TEST_HOOKS
 
 TEST_CASE("crash matrix: kill -9 at every named crash point, restart, nothing torn or lost",
           "[integration][crash][crash-matrix]") {
@@ -312,13 +315,18 @@ TEST_CASE("crash matrix: kill -9 at every named crash point, restart, nothing to
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<std::string> problems;
   int checked = 0;
-  for (const Case& c : kCases) checked += RunCase(base.path() + "/state", c, &problems);
+  std::map<std::string, int> outcomes;  // of the checkpoints in flight or being deleted
+  for (const Case& c : kCases) {
+    checked += RunCase(base.path() + "/state", c, &problems, &outcomes);
+  }
   const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(
                            std::chrono::steady_clock::now() - t0).count();
   std::cout << "crash matrix: " << std::size(kCases) << " crash points (" << covered.size()
             << " named points, kill -9 each) x 3-4 checkpoints: " << checked
             << " checkpoints checked in " << seconds << " s, " << problems.size()
-            << " problems\n";
+            << " problems; in flight or being deleted at the crash, afterwards:";
+  for (const auto& [outcome, n] : outcomes) std::cout << " " << outcome << " " << n;
+  std::cout << "\n";
   for (const std::string& p : problems) FAIL_CHECK(p);
 }
 

@@ -672,7 +672,10 @@ absl::Status CheckpointService::Wait(const Caller& caller, const v1::WaitRequest
                              GetRecord(req.job(), req.step()));
       if (!rec) return absl::NotFoundError(absl::StrCat(what, " does not exist"));
       *resp->mutable_summary() = rec->summary();
-      if (rec->summary().state() == v1::ABORTED) {
+      // An abort records ABORTED before it removes the files (RecordAbort): answer once they
+      // are gone too (RecordAbort signals when it is done).
+      if (rec->summary().state() == v1::ABORTED &&
+          !rewriting_.contains(Key{req.job(), req.step()})) {
         return absl::AbortedError(absl::StrCat(what, " was aborted: ", rec->summary().error()));
       }
       if (rec->summary().state() == v1::COMMITTED) return absl::OkStatus();

@@ -100,6 +100,7 @@ TEST_CASE("FaultIo Crash() fences every change, reads still work", "[unit][fault
   FaultIo io(NewPosixIo());
   REQUIRE(io.EnablePowerLoss(root + "/trash").ok());
   Write(io, root + "/f", "f", true);
+  REQUIRE(io.FsyncDir(root).ok());
   io.Crash();
   CHECK(io.crashed());
   CHECK_FALSE(io.Open(root + "/g", O_WRONLY | O_CREAT, 0600, false).ok());

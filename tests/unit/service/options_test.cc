@@ -2,6 +2,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "common/sync_point.h"
 #include "options.h"
 
 namespace ckptd {
@@ -67,6 +68,29 @@ TEST_CASE("options: every invalid value is a clear error naming the option", "[u
   auto help = ParseOptions({"--help"});
   CHECK(help.status().code() == absl::StatusCode::kNotFound);
   CHECK(std::string(help.status().message()).find("--staging_bytes_max") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace ckptd
+
+namespace ckptd {
+namespace {
+
+TEST_CASE("options: debug_crash_at names a crash point, and needs a build with test hooks",
+          "[unit]") {
+  auto o = ParseOptions({"--state_dir=/tmp/x", "--debug_crash_at=flush.rank_persisted:2"});
+  if (kTestHooks) {
+    REQUIRE(o.ok());
+    CHECK(o->debug_crash_at == "flush.rank_persisted:2");
+    auto unknown = ParseOptions({"--state_dir=/tmp/x", "--debug_crash_at=flush.nowhere"});
+    REQUIRE_FALSE(unknown.ok());
+    CHECK(std::string(unknown.status().message()).find("no crash point") != std::string::npos);
+    auto zeroth = ParseOptions({"--state_dir=/tmp/x", "--debug_crash_at=save.journaled:0"});
+    CHECK_FALSE(zeroth.ok());
+  } else {
+    REQUIRE_FALSE(o.ok());
+    CHECK(std::string(o.status().message()).find("without test hooks") != std::string::npos);
+  }
 }
 
 }  // namespace
