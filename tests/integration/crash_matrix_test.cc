@@ -204,6 +204,17 @@ std::vector<Expect> Expectations(Workload w) {
   return out;
 }
 
+// Files an interrupted write left in a committed checkpoint's directory ("" when none).
+std::string StrayTemps(const std::string& dir) {
+  std::string found;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.find(".tmp.") != std::string::npos) found += " " + name;
+  }
+  return found.empty() ? "" : absl::StrCat(dir, " holds leftovers:", found);
+}
+
 // Waits until `step` is settled — COMMITTED, or ABORTED / absent with its directory gone — and
 // checks it against `e`. "" when it holds, else what is wrong. A save that recovery resumed
 // still short of ranks gets them again, as a trainer retrying its step would: it must then commit
@@ -228,7 +239,8 @@ std::string Check(const Daemon& d, const Expect& e, std::map<std::string, int>* 
     if (st.ok() && st->state == ckptd::CheckpointState::kCommitted) {
       if (e.may != May::kStayCommitted) ++(*outcomes)["COMMITTED"];
       std::string verified = VerifyInProcess(d, kJob, e.step, e.seed);
-      return verified.empty() ? "" : absl::StrCat(name, " is COMMITTED but: ", verified);
+      if (!verified.empty()) return absl::StrCat(name, " is COMMITTED but: ", verified);
+      return StrayTemps(dir);
     }
     const bool gone = !st.ok() && st.status().code() == absl::StatusCode::kNotFound;
     const bool aborted = st.ok() && st->state == ckptd::CheckpointState::kAborted;

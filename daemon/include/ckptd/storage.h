@@ -51,7 +51,9 @@ class Storage {
   virtual absl::StatusOr<std::unique_ptr<BlobReader>> OpenBlob(const std::string& path) = 0;
 
   // Durably replaces `path` with `data`: write a temporary name, fsync, rename, fsync the
-  // directory. Readers see the old content or the new, never a torn one.
+  // directory. Readers see the old content or the new, never a torn one. Temporary files that a
+  // crashed PutAtomic of the same path left are removed; callers never run two PutAtomic of one
+  // path at once.
   virtual absl::Status PutAtomic(const std::string& path, std::string_view data) = 0;
   // NOT_FOUND if absent.
   virtual absl::StatusOr<std::string> Get(const std::string& path) = 0;

@@ -177,6 +177,7 @@ class PosixStorage : public Storage {
     CKPTD_ASSIGN_OR_RETURN(std::string full, Full(path, false));
     std::string parent = ParentOf(full);
     CKPTD_RETURN_IF_ERROR(io_->MkdirAll(parent));
+    CKPTD_RETURN_IF_ERROR(RemoveStaleTemps(parent, full.substr(parent.size() + 1)));
     std::string tmp = full + TempSuffix();
     CKPTD_ASSIGN_OR_RETURN(FileHandle file,
                            io_->Open(tmp, O_WRONLY | O_CREAT | O_EXCL, 0600, false));
@@ -234,6 +235,24 @@ class PosixStorage : public Storage {
     CKPTD_RETURN_IF_ERROR(ValidateStoragePath(path, allow_empty));
     if (path.empty()) return root_;
     return absl::StrCat(root_, "/", path);
+  }
+
+  // Temporary files of an earlier PutAtomic of `name` in `dir` that a crash cut short (no writer
+  // is left: PutAtomic of one path never runs twice at once, storage.h). Without this a crash
+  // after the temporary manifest was written left it for good beside the manifest the restart
+  // commits (found by the crash-point matrix). Not made durable: a power loss may bring one
+  // back, and the next PutAtomic of the path removes it again.
+  absl::Status RemoveStaleTemps(const std::string& dir, const std::string& name) {
+    absl::StatusOr<std::vector<std::string>> entries = io_->ListDir(dir);
+    if (!entries.ok()) return entries.status();
+    const std::string prefix = name + ".tmp.";
+    for (const std::string& e : *entries) {
+      if (e.rfind(prefix, 0) != 0) continue;
+      absl::Status removed = io_->Unlink(absl::StrCat(dir, "/", e));
+      if (!removed.ok() && !absl::IsNotFound(removed)) return removed;
+      spdlog::info("removed {}/{}, left by an interrupted write of {}", dir, e, name);
+    }
+    return absl::OkStatus();
   }
 
   // Writes, fsyncs and closes the temporary file (closing it even on failure).

@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <random>
 #include <thread>
@@ -262,6 +263,16 @@ TEST_CASE("PosixStorage write and sync failures propagate with the path", "[unit
     CHECK(absl::IsDataLoss(s));
     CHECK_THAT(Msg(s), Catch::Contains("fsync directory"));
     CHECK(io.calls(FaultIo::Op::kFsyncDir) == dir_syncs + 1);
+  }
+  SECTION("PutAtomic removes the temporary files a crashed PutAtomic of the same path left") {
+    REQUIRE(storage->PutAtomic("j/9/manifest", "old").ok());
+    const std::string step_dir = dir.path() + "/j/9";
+    std::ofstream(step_dir + "/manifest.tmp.0123456789abcdef") << "torn";
+    std::ofstream(step_dir + "/other.tmp.0123456789abcdef") << "not ours";
+    REQUIRE(storage->PutAtomic("j/9/manifest", "new").ok());
+    CHECK(*storage->Get("j/9/manifest") == "new");
+    CHECK(*storage->List("j/9") ==
+          std::vector<std::string>{"manifest", "other.tmp.0123456789abcdef"});
   }
   SECTION("a failed PutAtomic keeps the old content and leaves no temporary file") {
     REQUIRE(storage->PutAtomic("j/MANIFEST", "old").ok());

@@ -402,7 +402,14 @@ std::string Check(PowerRig& rig, const Expect& e, std::map<std::string, int>* ou
     if (state == v1::COMMITTED) {
       if (e.may != May::kStayCommitted) ++(*outcomes)["COMMITTED"];
       absl::Status loaded = rig.LoadCheck(e.step, e.fill);
-      return loaded.ok() ? "" : absl::StrCat(name, " is COMMITTED but: ", loaded.ToString());
+      if (!loaded.ok()) return absl::StrCat(name, " is COMMITTED but: ", loaded.ToString());
+      std::string stray;  // files an interrupted write left beside the manifest
+      std::error_code ec;
+      for (const auto& f : std::filesystem::directory_iterator(rig.StepDirOnDisk(e.step), ec)) {
+        const std::string file = f.path().filename().string();
+        if (file.find(".tmp.") != std::string::npos) stray += " " + file;
+      }
+      return stray.empty() ? "" : absl::StrCat(name, " holds leftovers:", stray);
     }
     const bool gone = absl::IsNotFound(st.status());
     seen = st.ok() ? v1::CheckpointState_Name(state) : st.status().ToString();
