@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "common/align.h"
+#include "common/clock.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
@@ -47,6 +48,10 @@ struct ServiceDeps {
   StagingArena* arena = nullptr;
   RegionRegistry* regions = nullptr;
   Executor* flush_pool = nullptr;
+  // The time of housekeeping decisions (stage timeouts, the flush gate, unattached sessions) and
+  // of recorded timestamps; see common/clock.h for what stays on real time. Default: the real
+  // clock.
+  const Clock* clock = RealClock();
 };
 
 class BlobAppender;  // reshard.cc
@@ -121,6 +126,9 @@ class CheckpointService {
     v1::RankRecord rec;
     std::vector<RegionLease> leases;  // region-backed shards, held until persisted
     std::vector<uint64_t> extent_ids;  // freed once persisted
+    // Its journal row is durable. Only then is it flushed: a flush journals "persisted" over the
+    // same row, which the rank's own journal write, landing later, would overwrite.
+    bool journaled = false;
     bool persisted = false;
     bool flushing = false;
   };
@@ -151,6 +159,8 @@ class CheckpointService {
     bool journal_busy = false;
     std::string error;
   };
+  // The time on deps_.clock, in Unix milliseconds.
+  uint64_t NowMs() const { return deps_.clock->NowUnixMs(); }
   // save.cc
   // `id` if it is a live session of `caller` (SessionTable::Check).
   absl::StatusOr<std::string> SessionOf(const Caller& caller, const std::string& id) const;
@@ -181,12 +191,22 @@ class CheckpointService {
   void MaybeStartCommitLocked(Pending& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AbortLocked(Pending& p, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Forgets an aborted, idle `p` (it is gone on return): the key enters rewriting_ ("being
-  // aborted") until RecordAbort, posted to the flush pool, removed its files and wrote the
-  // ABORTED row outside mu_.
+  // aborted") until RecordAbort, posted to the flush pool, wrote the ABORTED row outside mu_,
+  // then freed the extents of its unpersisted ranks and removed its files.
   void FinishAbortLocked(Pending& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RecordAbort(const Key& key, const std::vector<MetaStore::Write>& writes);
+  // An abort to record: the ABORTED row and the journal rows it removes (one synced write), and
+  // the arena extents the checkpoint still holds (freed once that write is durable).
+  struct AbortRecord {
+    Key key;
+    std::vector<MetaStore::Write> writes;
+    std::vector<uint64_t> extent_ids;
+    uint64_t attempts = 0;  // failed writes so far
+  };
+  // Writes `a`; on failure keeps it in unrecorded_aborts_ for housekeeping to post again (the
+  // key stays in rewriting_, its extents allocated).
+  void RecordAbort(AbortRecord a);
   void PostFlush(const Key& key, uint32_t rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Posts the flush of every staged rank of `p` not yet flushing or persisted: once all its
+  // Posts the flush of every journaled rank of `p` not yet flushing or persisted: once all its
   // ranks are staged, it is committed partial, or flush_gate_ms passed since its first staged.
   void PostGatedFlushesLocked(Pending& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -334,12 +354,13 @@ class CheckpointService {
   // Reshard can create it meanwhile (they see the row, or, in Save, this entry), and a second
   // Delete or marking is refused. Removed when the operation ends, after its last write.
   std::map<Key, std::string> rewriting_ ABSL_GUARDED_BY(mu_);
+  // Aborts whose synced ABORTED row failed (an index error), retried by Housekeeping.
+  std::vector<AbortRecord> unrecorded_aborts_ ABSL_GUARDED_BY(mu_);
   // What recovery skipped or repaired (Recover only, before the service is used).
   std::vector<std::string> recovery_problems_;
   std::thread housekeeper_;
 };
 
-uint64_t NowUnixMs();
 // "checkpoint job/7", for messages.
 std::string CkptName(const std::string& job, uint64_t step);
 // The job name is valid and the step within limits::kStepMax; INVALID_ARGUMENT otherwise.

@@ -223,6 +223,7 @@ void CheckpointService::FlushRank(Key key, uint32_t rank) {
       if (st.ok()) CKPTD_SYNC_POINT("flush.rank_persisted");
     }
   }
+  const bool persisted = write && st.ok();
   leases.clear();
   absl::MutexLock lock(&mu_);
   Pending& p = *pending_.at(key);
@@ -231,14 +232,18 @@ void CheckpointService::FlushRank(Key key, uint32_t rank) {
   --p.flushes_in_flight;
   if (!p.aborting && !st.ok()) {
     AbortLocked(p, absl::StrCat("flushing rank ", rank, " failed: ", st.message()));
-    return;  // AbortLocked freed the rank's staging and may have erased p
+    return;  // the abort frees the rank's staging (and may have erased p)
   }
   if (!p.aborting) {
     pr.rec = std::move(rec);
     pr.persisted = true;
   }
-  deps_.arena->Free(pr.extent_ids);
-  pr.extent_ids.clear();
+  // The extents go once "persisted" is journaled; those of a rank aborted unpersisted go with
+  // its checkpoint's ABORTED row (RecordAbort).
+  if (persisted) {
+    deps_.arena->Free(pr.extent_ids);
+    pr.extent_ids.clear();
+  }
   pr.leases.clear();  // "released": the client may write its region again
   CKPTD_SYNC_POINT("flush.extents_freed");
   changed_.SignalAll();

@@ -323,11 +323,17 @@ absl::Status CheckpointService::ResumeOne(const v1::CheckpointRecord& rec,
   p->world_size = s.world_size();
   p->created_unix_ms = s.created_unix_ms();
   p->partial = s.partial();
+  // Its owner is its job's: only that uid may add ranks, and the job's row, already written, is
+  // not journaled again (with another owner).
+  CKPTD_ASSIGN_OR_RETURN(std::optional<uint32_t> owner, JobOwner(s.job()));
+  p->owner_uid = owner.value_or(0);
+  p->job_recorded = owner.has_value();
   p->checksum_block_bytes = deps_.options->checksum_block_bytes;
   if (!ranks.empty()) p->checksum_block_bytes = RankBlockBytes(ranks.front());
   for (const v1::RankRecord& rr : ranks) {
     PendingRank pr;
     pr.rec = rr;
+    pr.journaled = true;
     pr.persisted = rr.persisted();
     for (int i = 0; i < rr.shards_size(); ++i) {
       const v1::StagedShard& sh = rr.shards(i);
@@ -446,7 +452,7 @@ void CheckpointService::Housekeeping() {
     changed_.WaitWithTimeout(
         &mu_, absl::Milliseconds(std::clamp<uint64_t>(deps_.options->flush_gate_ms / 4, 10, 200)));
     if (stopping_) break;
-    const uint64_t now = NowUnixMs();
+    const uint64_t now = NowMs();
     std::vector<Pending*> expired;
     for (auto& [key, p] : pending_) {
       if (p->state == v1::STAGING && !p->aborting && !p->partial &&
@@ -470,9 +476,16 @@ void CheckpointService::Housekeeping() {
                                    " were not staged within ", deps_.options->stage_timeout_ms,
                                    " ms"));
     }
+    // Aborts whose ABORTED row failed: written again (RecordAbort).
+    std::vector<AbortRecord> retry;
+    retry.swap(unrecorded_aborts_);
+    for (AbortRecord& a : retry) {
+      if (!deps_.flush_pool->Post([this, a] { RecordAbort(a); })) {
+        unrecorded_aborts_.push_back(std::move(a));
+      }
+    }
     // Lock order: mu_, then the session table's and the arena's own locks (never the reverse).
-    size_t n = sessions_.ExpireUnattached(absl::Now(),
-                                          absl::Milliseconds(limits::kSessionAttachTimeoutMs));
+    size_t n = sessions_.ExpireUnattached(absl::Milliseconds(limits::kSessionAttachTimeoutMs));
     if (n > 0) spdlog::info("{} sessions ended: not attached within {} ms", n,
                             limits::kSessionAttachTimeoutMs);
   }

@@ -156,7 +156,7 @@ absl::Status CheckpointService::Reshard(const Caller& caller, const v1::ReshardR
   s->set_state(v1::PERSISTING);
   s->set_world_size(job->world_size);
   s->set_bytes(m->header.total_bytes());
-  s->set_created_unix_ms(NowUnixMs());
+  s->set_created_unix_ms(NowMs());
   s->set_item_count(m->items.size());
   s->set_origin(absl::StrCat("reshard of ", src_name, " (", job->spec.text, ")"));
   job->rec.set_dir(CheckpointDir(target_job, req.target_step()));
@@ -263,7 +263,10 @@ absl::StatusOr<Manifest> CheckpointService::WriteReshard(ReshardJob& job) {
         }
         v1::ShardEntry* shard = m.items[i].add_shards();
         shard->set_blob_id(rank);
-        shard->set_saved_by_rank(object != nullptr ? object->saved_by_rank() : rank);
+        // The target rank writing it: a per-rank object keeps its saving rank (owner == rank);
+        // a replicated one belongs to rank 0 of the target, whatever rank stored it in the
+        // source (which may be beyond the target's world size).
+        shard->set_saved_by_rank(rank);
         CKPTD_ASSIGN_OR_RETURN(uint64_t offset, out->BeginShard());
         shard->set_offset(offset);
         if (object == nullptr) *shard->mutable_region() = region;
@@ -288,7 +291,7 @@ absl::StatusOr<Manifest> CheckpointService::WriteReshard(ReshardJob& job) {
   h.set_world_size(job.world_size);
   h.set_partial(src.header.partial());
   h.set_created_unix_ms(job.rec.summary().created_unix_ms());
-  h.set_committed_unix_ms(NowUnixMs());
+  h.set_committed_unix_ms(NowMs());
   h.set_checksum_block_bytes(block);
   h.set_total_bytes(src.header.total_bytes());
   h.set_item_count(m.items.size());

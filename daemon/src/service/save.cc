@@ -15,8 +15,6 @@
 
 namespace ckptd {
 
-uint64_t NowUnixMs() { return static_cast<uint64_t>(absl::ToUnixMillis(absl::Now())); }
-
 std::string StoredCopyKey(const v1::ShardSpec& spec, uint32_t rank) {
   std::string key = spec.item();
   key.push_back('\0');
@@ -56,11 +54,17 @@ std::string RanksList(const std::vector<uint32_t>& ranks) {
 }  // namespace
 
 CheckpointService::CheckpointService(ServiceDeps deps)
-    : deps_(deps), instance_id_(RandomHexId()), sessions_([this](const std::string& id) {
-        // What the session held goes; leases of operations in flight keep their memory.
-        deps_.arena->ReleaseSession(id);
-        deps_.regions->DropSession(id);
-      }) {}
+    : deps_(deps),
+      instance_id_(RandomHexId()),
+      sessions_(
+          [this](const std::string& id) {
+            // What the session held goes; leases of operations in flight keep their memory.
+            deps_.arena->ReleaseSession(id);
+            deps_.regions->DropSession(id);
+          },
+          deps.clock) {
+  CKPTD_CHECK(deps_.clock != nullptr);
+}
 
 CheckpointService::~CheckpointService() { Shutdown(absl::ZeroDuration()); }
 
@@ -468,7 +472,7 @@ absl::Status CheckpointService::Save(const Caller& caller, const v1::SaveRequest
     p->owner_uid = caller.uid;
     p->job_recorded = owner.has_value();
     p->world_size = req.world_size();
-    p->created_unix_ms = NowUnixMs();
+    p->created_unix_ms = NowMs();
     p->checksum_block_bytes = deps_.options->checksum_block_bytes;
     it = pending_.emplace(key, std::move(p)).first;
   }
@@ -539,7 +543,8 @@ absl::Status CheckpointService::Save(const Caller& caller, const v1::SaveRequest
     return absl::AbortedError(why);
   }
   CKPTD_SYNC_POINT("save.journaled");
-  if (p.first_staged_unix_ms == 0) p.first_staged_unix_ms = NowUnixMs();
+  p.ranks.at(r).journaled = true;
+  if (p.first_staged_unix_ms == 0) p.first_staged_unix_ms = NowMs();
   // The flush gate: flushing beside ranks still copying into the arena slows their copies (CPU
   // for checksums, and the disk queue every rank's synced journal write waits behind), so flushes
   // start once every rank is staged, or at the latest flush_gate_ms after the first one.
@@ -567,7 +572,7 @@ void CheckpointService::PostFlush(const Key& key, uint32_t rank) {
 void CheckpointService::PostGatedFlushesLocked(Pending& p) {
   if (p.aborting) return;
   for (auto& [r, pr] : p.ranks) {
-    if (!pr.flushing && !pr.persisted) PostFlush(Key{p.job, p.step}, r);
+    if (pr.journaled && !pr.flushing && !pr.persisted) PostFlush(Key{p.job, p.step}, r);
   }
 }
 
@@ -589,13 +594,12 @@ void CheckpointService::AbortLocked(Pending& p, const std::string& reason) {
   p.aborting = true;
   p.state = v1::ABORTED;
   p.error = reason;
-  // Ranks not being flushed release their staging now; a flush in flight releases its own.
+  // Client regions are released now (a restart never resumes a rank staged from one; a flush in
+  // flight releases its own). Arena extents stay the checkpoint's until its ABORTED row is
+  // durable (RecordAbort): until then the journal names them, and a restart must never resume a
+  // rank from bytes already handed to another client.
   for (auto& [r, pr] : p.ranks) {
-    if (!pr.flushing && !pr.persisted) {
-      deps_.arena->Free(pr.extent_ids);
-      pr.extent_ids.clear();
-      pr.leases.clear();
-    }
+    if (!pr.flushing) pr.leases.clear();
   }
   if (IdleLocked(p)) FinishAbortLocked(p);
   changed_.SignalAll();
@@ -608,46 +612,57 @@ void CheckpointService::FinishAbortLocked(Pending& p) {
   *rec.mutable_summary() = SummaryLocked(p);
   rec.mutable_summary()->mutable_tiers()->Clear();
   rec.set_dir(CheckpointDir(p.job, p.step));
-  std::vector<MetaStore::Write> writes{{keys::Checkpoint(p.job, p.step), rec.SerializeAsString()}};
+  AbortRecord a{key, {{keys::Checkpoint(p.job, p.step), rec.SerializeAsString()}}, {}, 0};
   for (const auto& [r, pr] : p.ranks) {
-    writes.push_back({keys::Rank(p.job, p.step, r), std::nullopt});
-    writes.push_back({keys::Blob(p.job, p.step, pr.rec.blob_name()), std::nullopt});
+    a.writes.push_back({keys::Rank(p.job, p.step, r), std::nullopt});
+    a.writes.push_back({keys::Blob(p.job, p.step, pr.rec.blob_name()), std::nullopt});
+    a.extent_ids.insert(a.extent_ids.end(), pr.extent_ids.begin(), pr.extent_ids.end());
   }
   pending_.erase(key);  // p is gone after this line
   // Until the ABORTED row is written, a Save, Delete or reshard of the key is refused (ABORTED,
   // retry) rather than racing the removal of its files.
   rewriting_.emplace(key, "being aborted");
   changed_.SignalAll();
-  if (!deps_.flush_pool->Post([this, key, writes] { RecordAbort(key, writes); })) {
+  if (!deps_.flush_pool->Post([this, a] { RecordAbort(a); })) {
     // Shutting down (the pool drains what it took): a restart sees the journal rows of an
     // unfinished checkpoint and aborts or resumes it; record the abort now, under the lock.
-    // Recorded first, files after (see RecordAbort).
-    absl::Status st = deps_.meta->Commit(writes, /*sync=*/true);
+    // Recorded first, extents and files after (see RecordAbort).
+    absl::Status st = deps_.meta->Commit(a.writes, /*sync=*/true);
     if (!st.ok()) spdlog::error("recording abort of {}: {}", CkptName(key.first, key.second),
                                 st.ToString());
+    if (st.ok()) deps_.arena->Free(a.extent_ids);
     absl::Status removed = st.ok() ? deps_.storage->RemoveAll(rec.dir()) : absl::OkStatus();
     if (!removed.ok()) spdlog::error("removing {}: {}", rec.dir(), removed.ToString());
     rewriting_.erase(key);
   }
 }
 
-void CheckpointService::RecordAbort(const Key& key, const std::vector<MetaStore::Write>& writes) {
-  // The ABORTED row first, the files after it (and only once it is recorded): a crash between
-  // the two leaves an ABORTED row whose files recovery collects. The other order let a restart
-  // resume the aborted checkpoint from its journal rows, its persisted ranks' blobs gone (found
-  // by the crash-point matrix: a later commit would name blobs that no longer exist).
-  const std::string dir = CheckpointDir(key.first, key.second);
-  absl::Status st = deps_.meta->Commit(writes, /*sync=*/true);
+void CheckpointService::RecordAbort(AbortRecord a) {
+  // The ABORTED row first, the extents and files after it (and only once it is recorded): a
+  // crash between the two leaves an ABORTED row whose files recovery collects. The other order
+  // let a restart resume the aborted checkpoint from its journal rows, its persisted ranks' blobs
+  // gone (found by the crash-point matrix: a later commit would name blobs that no longer exist),
+  // or its staged ranks' extents reused by another checkpoint (found by the simulation: it
+  // committed with that checkpoint's bytes, its checksums computed over them).
+  const std::string dir = CheckpointDir(a.key.first, a.key.second);
+  absl::Status st = deps_.meta->Commit(a.writes, /*sync=*/true);
   if (!st.ok()) {
-    spdlog::error("recording abort of {}: {}", CkptName(key.first, key.second), st.ToString());
-  } else {
-    CKPTD_SYNC_POINT("abort.recorded");
-    absl::Status removed = deps_.storage->RemoveAll(dir);
-    if (!removed.ok()) spdlog::error("removing {}: {}", dir, removed.ToString());
-    CKPTD_SYNC_POINT("abort.files_removed");
+    // Retried by every housekeeping pass; logged on the first failure and now and then.
+    if (a.attempts++ % 100 == 0) {
+      spdlog::error("recording abort of {} (attempt {}, retried): {}",
+                    CkptName(a.key.first, a.key.second), a.attempts, st.ToString());
+    }
+    absl::MutexLock lock(&mu_);
+    unrecorded_aborts_.push_back(std::move(a));
+    return;
   }
+  CKPTD_SYNC_POINT("abort.recorded");
+  deps_.arena->Free(a.extent_ids);  // the journal no longer names them
+  absl::Status removed = deps_.storage->RemoveAll(dir);
+  if (!removed.ok()) spdlog::error("removing {}: {}", dir, removed.ToString());
+  CKPTD_SYNC_POINT("abort.files_removed");
   absl::MutexLock lock(&mu_);
-  rewriting_.erase(key);
+  rewriting_.erase(a.key);
   changed_.SignalAll();
 }
 
@@ -670,15 +685,17 @@ absl::Status CheckpointService::Wait(const Caller& caller, const v1::WaitRequest
     } else {
       CKPTD_ASSIGN_OR_RETURN(std::optional<v1::CheckpointRecord> rec,
                              GetRecord(req.job(), req.step()));
-      if (!rec) return absl::NotFoundError(absl::StrCat(what, " does not exist"));
-      *resp->mutable_summary() = rec->summary();
+      // Being aborted before its first journal write landed (that write failed): no row yet,
+      // the ABORTED one is on its way — not "does not exist".
+      const bool rewriting = rewriting_.contains(Key{req.job(), req.step()});
+      if (!rec && !rewriting) return absl::NotFoundError(absl::StrCat(what, " does not exist"));
+      if (rec) *resp->mutable_summary() = rec->summary();
       // An abort records ABORTED before it removes the files (RecordAbort): answer once they
       // are gone too (RecordAbort signals when it is done).
-      if (rec->summary().state() == v1::ABORTED &&
-          !rewriting_.contains(Key{req.job(), req.step()})) {
+      if (rec && rec->summary().state() == v1::ABORTED && !rewriting) {
         return absl::AbortedError(absl::StrCat(what, " was aborted: ", rec->summary().error()));
       }
-      if (rec->summary().state() == v1::COMMITTED) return absl::OkStatus();
+      if (rec && rec->summary().state() == v1::COMMITTED) return absl::OkStatus();
     }
     if (changed_.WaitWithDeadline(&mu_, deadline)) break;
   }
@@ -707,6 +724,10 @@ absl::Status CheckpointService::Commit(const Caller& caller, const v1::CommitReq
   }
   Pending& p = *it->second;
   if (p.aborting) return absl::AbortedError(absl::StrCat(what, " was aborted: ", p.error));
+  if (p.committing) {  // already being committed: nothing to journal (and no row to race)
+    FillStatusLocked(p, resp);
+    return absl::OkStatus();
+  }
   p.partial = true;
   p.state = v1::PERSISTING;
   // The partial flag; the commit decides anyway. p stays valid across the write (pinned).

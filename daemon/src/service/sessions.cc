@@ -28,7 +28,8 @@ absl::StatusOr<std::string> SessionTable::Open(const Caller& caller, std::string
   }
   ++n;
   client_name.resize(std::min<size_t>(client_name.size(), 256));
-  sessions_[id] = Session{caller.uid, caller.connection, std::move(client_name), absl::Now(), false};
+  sessions_[id] = Session{caller.uid, caller.connection, std::move(client_name), clock_->Now(),
+                          false};
   return id;
 }
 
@@ -73,7 +74,8 @@ void SessionTable::End(const std::string& id) {
   on_end_(id);
 }
 
-size_t SessionTable::ExpireUnattached(absl::Time now, absl::Duration timeout) {
+size_t SessionTable::ExpireUnattached(absl::Duration timeout) {
+  const absl::Time now = clock_->Now();
   std::vector<std::string> expired;
   {
     absl::MutexLock lock(&mu_);

@@ -10,7 +10,8 @@
 // reports (pids mean nothing across pid namespaces, e.g. a sidecar): the client opens the Attach
 // stream right after Hello and the session ends when that stream ends — Goodbye, the client
 // cancelling it, the client process dying (the kernel closes its socket), or the daemon stopping.
-// A session never attached ends kSessionAttachTimeoutMs after Hello. Ending a session releases
+// A session never attached ends kSessionAttachTimeoutMs after Hello, as the table's Clock counts
+// (the daemon's housekeeping calls ExpireUnattached). Ending a session releases
 // what it holds through the on_end callback (its reserved extents and regions; leases held by
 // operations in flight keep their memory until those operations finish — see arena.h and
 // region_registry.h).
@@ -32,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 
 namespace ckptd {
 
@@ -49,7 +51,9 @@ std::string DescribeCaller(const Caller& c);
 class SessionTable {
  public:
   using EndFn = std::function<void(const std::string& session_id)>;
-  explicit SessionTable(EndFn on_end) : on_end_(std::move(on_end)) {}
+  // `clock` (borrowed, must outlive the table) stamps when each session was opened.
+  explicit SessionTable(EndFn on_end, const Clock* clock = RealClock())
+      : on_end_(std::move(on_end)), clock_(clock) {}
 
   // Opens a session for `caller`. RESOURCE_EXHAUSTED beyond the per-uid or total limit.
   absl::StatusOr<std::string> Open(const Caller& caller, std::string client_name);
@@ -62,8 +66,9 @@ class SessionTable {
   absl::Status Check(const Caller& caller, const std::string& id) const;
   // Ends the session (idempotent) and calls on_end for it.
   void End(const std::string& id);
-  // Ends every session opened more than `timeout` ago and never attached. Returns how many.
-  size_t ExpireUnattached(absl::Time now, absl::Duration timeout);
+  // Ends every session opened more than `timeout` ago (on the table's clock) and never attached.
+  // Returns how many.
+  size_t ExpireUnattached(absl::Duration timeout);
   // Ends every session (daemon shutdown).
   void EndAll();
   size_t size() const;
@@ -77,6 +82,7 @@ class SessionTable {
     bool attached = false;
   };
   EndFn on_end_;
+  const Clock* clock_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, Session> sessions_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint32_t, uint32_t> per_uid_ ABSL_GUARDED_BY(mu_);

@@ -5,8 +5,10 @@
 //     and the end state is "absent" or "COMMITTED and loads bit-exact";
 //   - a delete that failed half way is finished by the next Delete or by recovery;
 //   - recovery skips stray files, repairs rows that do not parse, and marks a COMMITTED
-//     checkpoint whose manifest does not verify CORRUPT (latest falls back to an older one).
+//     checkpoint whose manifest does not verify CORRUPT (latest falls back to an older one);
+//   - a checkpoint resumed at a restart keeps its owner.
 #include <catch2/catch.hpp>
+#include <cstring>
 #include <future>
 
 #include "service_rig.h"
@@ -118,6 +120,85 @@ TEST_CASE("recovery: a delete that failed half way is finished by Delete or by a
   CHECK(rig.LoadCheck(1, 0x11).ok());
   REQUIRE(rig.SaveCommitted(2, 0x33).ok());
   CHECK(rig.LoadCheck(2, 0x33).ok());
+}
+
+// A client of uid 4321 (not the test's, which may be root) on connection `connection`.
+std::pair<Caller, std::string> UserSession(Rig& rig, uint64_t connection) {
+  Caller user{4321, 4321, 0, connection, false};
+  v1::HelloRequest h;
+  v1::HelloResponse hr;
+  REQUIRE(rig.svc->Hello(user, h, &hr).ok());
+  REQUIRE(rig.svc->Attach(user, hr.session_id()).ok());
+  return {user, hr.session_id()};
+}
+
+// Rank `rank` of 2 of `step` as `user`: rows [32 * rank, 32 * rank + 32) of "w", every byte
+// `fill`.
+absl::Status SaveHalf(Rig& rig, const std::pair<Caller, std::string>& user, uint64_t step,
+                      uint32_t rank, uint8_t fill) {
+  v1::ReserveExtentsRequest rr;
+  rr.set_session_id(user.second);
+  rr.add_sizes_bytes(32 * 64 * 4);
+  v1::ReserveExtentsResponse ext;
+  CKPTD_RETURN_IF_ERROR(rig.svc->ReserveExtents(user.first, rr, &ext));
+  std::memset(rig.arena->base() + ext.extents(0).offset(), fill, 32 * 64 * 4);
+  v1::SaveRequest req;
+  req.set_session_id(user.second);
+  req.set_job(kJob);
+  req.set_step(step);
+  req.set_rank(rank);
+  req.set_world_size(2);
+  v1::ShardSpec* s = req.add_shards();
+  s->set_item("w");
+  s->mutable_tensor()->set_dtype(v1::FLOAT32);
+  s->mutable_tensor()->add_global_shape(64);
+  s->mutable_tensor()->add_global_shape(64);
+  v1::Box* box = s->mutable_tensor()->mutable_region()->mutable_box();
+  box->add_offsets(32 * rank);
+  box->add_offsets(0);
+  box->add_lengths(32);
+  box->add_lengths(64);
+  s->mutable_data()->set_extent_id(ext.extents(0).id());
+  s->mutable_data()->set_length(32 * 64 * 4);
+  v1::SaveResponse resp;
+  return rig.svc->Save(user.first, req, &resp);
+}
+
+uint32_t JobOwnerUid(Rig& rig) {
+  v1::ListJobsRequest req;
+  v1::ListJobsResponse resp;
+  REQUIRE(rig.svc->ListJobs(rig.caller, req, &resp).ok());
+  for (const v1::JobSummary& j : resp.jobs()) {
+    if (j.job() == kJob) return j.owner_uid();
+  }
+  FAIL("job not listed");
+  return 0;
+}
+
+// Found by the simulation (simulation_test.cc): a checkpoint resumed at a restart had no owner
+// (uid 0), so its owner could not add the missing ranks (PERMISSION_DENIED), and its next journal
+// write (a partial commit) recorded uid 0 as the job's owner, locking the owner out of the job.
+TEST_CASE("recovery: a checkpoint resumed at a restart keeps its owner", "[unit][fault]") {
+  Rig rig;
+  auto user = UserSession(rig, 77);
+  REQUIRE(SaveHalf(rig, user, 1, 0, 0x11).ok());
+  REQUIRE(SaveHalf(rig, user, 2, 0, 0x22).ok());
+  rig.Restart(/*keep_arena=*/true);  // a crash: both resume from the arena
+  REQUIRE(rig.recovered.ok());
+  user = UserSession(rig, 78);
+  absl::Status st = SaveHalf(rig, user, 1, 1, 0x11);
+  INFO(st.ToString());
+  REQUIRE(st.ok());
+  REQUIRE(rig.Wait(1).ok());
+  CHECK(rig.LoadCheck(1, 0x11).ok());
+  v1::CommitRequest commit;
+  commit.set_job(kJob);
+  commit.set_step(2);
+  commit.set_partial(true);
+  v1::CheckpointStatus resp;
+  REQUIRE(rig.svc->Commit(user.first, commit, &resp).ok());
+  REQUIRE(rig.Wait(2).ok());
+  CHECK(JobOwnerUid(rig) == 4321);
 }
 
 TEST_CASE("recovery: stray files and directories in the data dir are skipped, the daemon starts",

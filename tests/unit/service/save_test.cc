@@ -4,9 +4,13 @@
 //     checkpoint cleanly; an abort during it ends ABORTED with nothing left;
 //   - open checkpoints per job are capped (RESOURCE_EXHAUSTED naming the limit);
 //   - a rank of more partial-page shards than the flush's bounce pages is written in batches
-//     and loads bit-exact.
+//     and loads bit-exact;
+//   - an abort whose ABORTED row fails is written again, and its staged extents are held until
+//     then (a restart never resumes it from bytes handed to another save);
+//   - a rank is flushed only once its journal row is written.
 #include <catch2/catch.hpp>
 #include <future>
+#include <thread>
 
 #include "common/limits.h"
 #include "service_rig.h"
@@ -62,6 +66,18 @@ absl::Status Abort(Rig& rig, uint64_t step) {
   req.set_step(step);
   v1::CheckpointStatus resp;
   return rig.svc->Abort(rig.caller, req, &resp);
+}
+
+// Stages rank `rank` of `world` of `step`: rows [64 * rank / world, 64 * (rank + 1) / world) of
+// "w" (float32 [64, 64]), every byte `fill`.
+absl::Status SaveRows(Rig& rig, uint64_t step, uint32_t rank, uint32_t world, uint8_t fill) {
+  const uint64_t r0 = 64 * rank / world, r1 = 64 * (rank + 1) / world;
+  CKPTD_ASSIGN_OR_RETURN(v1::Extent e, Reserve(rig, (r1 - r0) * 64 * 4));
+  std::memset(rig.arena->base() + e.offset(), fill, (r1 - r0) * 64 * 4);
+  v1::SaveRequest req = BareSave(rig, step, rank, world);
+  AddRows(&req, "w", 64, 64, r0, r1 - r0, e.id(), 0);
+  v1::SaveResponse resp;
+  return rig.svc->Save(rig.caller, req, &resp);
 }
 
 // Polls until `step` of kJob is in `state` (10 s at most).
@@ -177,6 +193,94 @@ TEST_CASE("save: an abort during a rank's journal write ends ABORTED with nothin
   rig.Restart();
   REQUIRE(rig.recovered.ok());
   CHECK(rig.State(7) == v1::ABORTED);
+}
+
+// Found by the simulation (simulation_test.cc): an abort freed the staged extents before its
+// ABORTED row was written; when that write failed, the checkpoint stayed STAGING for good (Wait
+// timed out) and a restart resumed it from extents another checkpoint had reused meanwhile.
+TEST_CASE("save: an abort whose ABORTED row fails is written again; its staging is held until "
+          "then", "[unit][fault]") {
+  Rig rig;
+  REQUIRE(SaveRows(rig, 1, 0, 2, 0x11).ok());  // rank 0 of 2: stays open
+  rig.meta_gate.Arm(keys::Checkpoint(kJob, 1), absl::UnavailableError("index down (test)"));
+  REQUIRE(Abort(rig, 1).ok());
+  // Housekeeping writes the row again; Wait answers once it is written and the files are gone.
+  CHECK(rig.Wait(1).code() == absl::StatusCode::kAborted);
+  CHECK(rig.meta_gate.reached());
+  CHECK(rig.State(1) == v1::ABORTED);
+  CHECK_FALSE(std::filesystem::exists(rig.StepDirOnDisk(1)));
+  CHECK(rig.arena->free_bytes() == rig.arena->capacity_bytes());
+  rig.Restart(/*keep_arena=*/true);
+  REQUIRE(rig.recovered.ok());
+  CHECK(rig.State(1) == v1::ABORTED);
+}
+
+// Found by the simulation: a Wait between an abort and its ABORTED row, for a checkpoint whose
+// first journal write failed (so it had no row yet), answered NOT_FOUND.
+TEST_CASE("save: a Wait on a checkpoint being aborted before it had a row answers ABORTED",
+          "[unit][fault]") {
+  Rig rig;
+  // Rank 0's journal write fails, and so does every try at the ABORTED row until disarmed.
+  rig.meta_gate.Arm(keys::Checkpoint(kJob, 1), absl::UnavailableError("index down (test)"),
+                    1 << 30);
+  CHECK(SaveRows(rig, 1, 0, 1, 0x11).code() == absl::StatusCode::kUnavailable);
+  v1::WaitRequest w;
+  w.set_job(kJob);
+  w.set_step(1);
+  w.set_timeout_ms(300);
+  v1::CheckpointStatus resp;
+  absl::Status st = rig.svc->Wait(rig.caller, w, &resp);
+  INFO(st.ToString());
+  CHECK(st.code() == absl::StatusCode::kDeadlineExceeded);  // still being aborted
+  rig.meta_gate.Disarm();
+  CHECK(rig.Wait(1).code() == absl::StatusCode::kAborted);
+  CHECK(rig.arena->free_bytes() == rig.arena->capacity_bytes());
+}
+
+TEST_CASE("save: a crash before an abort is recorded resumes the checkpoint from its own bytes, "
+          "never from extents handed out again", "[unit][fault]") {
+  Rig rig;
+  REQUIRE(SaveRows(rig, 1, 0, 2, 0x11).ok());
+  // The ABORTED row cannot be written (the index keeps failing): the journal still says rank 0
+  // is staged in its extent, which must not be handed to the next save.
+  rig.meta_gate.Arm(keys::Checkpoint(kJob, 1), absl::UnavailableError("index down (test)"),
+                    1 << 30);
+  REQUIRE(Abort(rig, 1).ok());
+  REQUIRE(rig.meta_gate.WaitReached());
+  REQUIRE(rig.SaveCommitted(2, 0x22).ok());
+  CHECK(rig.State(1) == v1::STAGING);  // not recorded
+  rig.Restart(/*keep_arena=*/true);    // the daemon dies before the abort is recorded
+  REQUIRE(rig.recovered.ok());
+  rig.meta_gate.Disarm();
+  // The state before the abort: rank 0 staged, from its own bytes.
+  REQUIRE(rig.State(1) == v1::STAGING);
+  REQUIRE(SaveRows(rig, 1, 1, 2, 0x11).ok());
+  REQUIRE(rig.Wait(1).ok());
+  CHECK(rig.LoadCheck(1, 0x11).ok());
+  CHECK(rig.LoadCheck(2, 0x22).ok());
+}
+
+// Found by the simulation: housekeeping posted the flush of a rank whose journal write was still
+// in flight (the flush gate had passed). When the flush ended first, the commit was never started
+// (a journal write was in flight) and nothing started it later: the checkpoint stayed PERSISTING
+// for good. And the rank's journal row, landing after the flush's "persisted" row, could erase it.
+TEST_CASE("save: a rank is flushed only once its journal row is written", "[unit][fault]") {
+  Rig rig;
+  rig.Stop();
+  rig.options.flush_gate_ms = 0;  // housekeeping posts flushes at every pass (10 ms)
+  rig.Start();
+  REQUIRE(SaveRows(rig, 1, 0, 2, 0x11).ok());
+  rig.meta_gate.Arm(keys::Checkpoint(kJob, 1));  // hold rank 1's journal write
+  auto save = std::async(std::launch::async, [&] { return SaveRows(rig, 1, 1, 2, 0x11); });
+  REQUIRE(rig.meta_gate.WaitReached());
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // several housekeeping passes
+  CHECK_FALSE(std::filesystem::exists(rig.StepDirOnDisk(1) + "/" + BlobName(1)));
+  rig.meta_gate.Release();
+  REQUIRE(save.get().ok());
+  absl::Status st = rig.Wait(1);
+  INFO(st.ToString());
+  REQUIRE(st.ok());
+  CHECK(rig.LoadCheck(1, 0x11).ok());
 }
 
 TEST_CASE("save: open checkpoints per job are capped", "[unit]") {

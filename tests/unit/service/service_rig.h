@@ -1,7 +1,9 @@
-// A CheckpointService in-process for unit tests (recovery_test.cc, save_test.cc): posix
-// storage wrapped so a test can hold or fail one RemoveAll, an in-memory or RocksDB index
-// wrapped so a test can hold or fail one synced write, a real arena and flush pool; Restart()
-// starts a fresh service over the same index and data dir.
+// A CheckpointService in-process for unit tests (recovery_test.cc, save_test.cc,
+// simulation_test.cc): posix storage over a FaultIo, wrapped so a test can hold or fail one
+// RemoveAll, an in-memory or RocksDB index wrapped so a test can hold or fail one synced write, a
+// real arena and flush pool, and a Clock (the real one, or a test's FakeClock); Restart() starts
+// a fresh service over the same index and data dir, with a new arena (a power loss or reboot: the
+// staged bytes are gone) or the same one adopted (a daemon crash: the segment survives).
 #pragma once
 
 #include <sys/mman.h>
@@ -30,13 +32,15 @@ namespace ckptd::testing {
 inline constexpr char kJob[] = "rec-job";
 inline constexpr auto kPatience = std::chrono::seconds(10);
 
-// Holds one call at a chosen point until Release(), or fails it. Thread-safe.
+// Holds one call at a chosen point until Release(), or fails it (the next `times` calls there).
+// Thread-safe.
 class Gate {
  public:
-  void Arm(std::string target, absl::Status fail = absl::OkStatus()) {
+  void Arm(std::string target, absl::Status fail = absl::OkStatus(), int times = 1) {
     absl::MutexLock lock(&mu_);
     target_ = std::move(target);
     fail_ = std::move(fail);
+    times_ = fail_.ok() ? 1 : times;
     armed_ = true;
     reached_ = released_ = false;
   }
@@ -44,7 +48,7 @@ class Gate {
   absl::Status Pass(const std::string& what) {
     absl::MutexLock lock(&mu_);
     if (!armed_ || what != target_) return absl::OkStatus();
-    armed_ = false;
+    armed_ = --times_ > 0;
     reached_ = true;
     if (!fail_.ok()) return fail_;
     mu_.Await(absl::Condition(&released_));
@@ -58,11 +62,22 @@ class Gate {
     absl::MutexLock lock(&mu_);
     released_ = true;
   }
+  // Whether the armed target was reached, without waiting.
+  bool reached() {
+    absl::MutexLock lock(&mu_);
+    return reached_;
+  }
+  // Forgets an armed target not reached yet.
+  void Disarm() {
+    absl::MutexLock lock(&mu_);
+    armed_ = false;
+  }
 
  private:
   absl::Mutex mu_;
   std::string target_;
   absl::Status fail_;
+  int times_ = 0;
   bool armed_ = false;
   bool reached_ = false;
   bool released_ = false;
@@ -136,6 +151,8 @@ struct Rig {
   Gate storage_gate;
   std::unique_ptr<GatedStorage> storage;
   std::unique_ptr<StagingArena> arena;
+  std::string kept_generation;  // set by Stop(true): the next Start adopts the arena
+  const Clock* clock = RealClock();
   RegionRegistry regions;
   std::unique_ptr<Executor> pool;
   std::unique_ptr<CheckpointService> svc;
@@ -145,7 +162,11 @@ struct Rig {
                 getuid() == 0};
   static constexpr int kRows = 64;
 
-  explicit Rig(bool use_rocks = false) : rocks(use_rocks) {
+  static constexpr uint64_t kArenaBytes = 8 << 20;
+
+  // `test_clock` (borrowed; nullptr: the real clock) is the service's clock.
+  explicit Rig(bool use_rocks = false, const Clock* test_clock = nullptr) : rocks(use_rocks) {
+    if (test_clock != nullptr) clock = test_clock;
     const char* tmp = getenv("CKPTD_TEST_TMP");
     dir = std::string(tmp ? tmp : "/tmp") + "/svcrec-" + RandomHexId().substr(0, 8);
     std::filesystem::create_directories(dir + "/data");
@@ -164,11 +185,17 @@ struct Rig {
     std::filesystem::remove_all(dir);
   }
 
-  void Stop() {
+  // Stops the service as a crash would, as far as a process can stop itself: queued flush and
+  // commit tasks are dropped, running ones finish (the pool is stopped before the service is
+  // destroyed, so none outlives it). `keep_arena`: the segment is left for the next Start to
+  // adopt (a daemon crash) instead of being removed (a power loss).
+  void Stop(bool keep_arena = false) {
+    if (pool) pool->Stop();
     svc.reset();
     pool.reset();
+    kept_generation = keep_arena && arena ? arena->generation() : "";
     arena.reset();
-    if (!shm.empty()) shm_unlink(shm.c_str());
+    if (!shm.empty() && !keep_arena) shm_unlink(shm.c_str());
     if (rocks) {
       gated_meta.reset();
       meta.reset();
@@ -183,13 +210,17 @@ struct Rig {
       meta = std::move(*m);
     }
     gated_meta = std::make_unique<GatedMeta>(meta.get(), &meta_gate);
-    shm = "/ckptd-svcrec-" + std::to_string(getpid()) + "-" + RandomHexId().substr(0, 6);
-    auto a = StagingArena::Open(shm, 8 << 20, true, false);
+    if (kept_generation.empty()) {
+      shm = "/ckptd-svcrec-" + std::to_string(getpid()) + "-" + RandomHexId().substr(0, 6);
+    }
+    auto a = StagingArena::Open(shm, kArenaBytes, true, false, kept_generation);
     REQUIRE(a.ok());
+    kept_generation.clear();
     arena = std::move(*a);
     pool = std::make_unique<Executor>("flush", 2, 1024);
-    svc = std::make_unique<CheckpointService>(ServiceDeps{
-        &options, gated_meta.get(), storage.get(), arena.get(), &regions, pool.get()});
+    ServiceDeps deps{&options, gated_meta.get(), storage.get(), arena.get(), &regions, pool.get()};
+    deps.clock = clock;
+    svc = std::make_unique<CheckpointService>(deps);
     recovered = svc->Recover();
     if (!recovered.ok()) return;
     svc->Start();
@@ -198,9 +229,10 @@ struct Rig {
     v1::HelloResponse hr;
     REQUIRE(svc->Hello(caller, h, &hr).ok());
     session = hr.session_id();
+    REQUIRE(svc->Attach(caller, session).ok());  // as the client does: it never expires
   }
-  void Restart() {
-    Stop();
+  void Restart(bool keep_arena = false) {
+    Stop(keep_arena);
     Start();
   }
 
