@@ -160,6 +160,18 @@ absl::Status CheckpointService::Reshard(const Caller& caller, const v1::ReshardR
   s->set_item_count(m->items.size());
   s->set_origin(absl::StrCat("reshard of ", src_name, " (", job->spec.text, ")"));
   job->rec.set_dir(CheckpointDir(target_job, req.target_step()));
+  // The target's row, and its job's owner when the job is new: the caller, as a Save's first
+  // journal write records it (found by the simulation: the job was left to the commit, which
+  // records the daemon's own uid, and the caller could not read what it had resharded).
+  CKPTD_ASSIGN_OR_RETURN(std::optional<uint32_t> target_owner, JobOwner(target_job));
+  std::vector<MetaStore::Write> first{
+      {keys::Checkpoint(target_job, req.target_step()), job->rec.SerializeAsString()}};
+  if (!target_owner) {
+    v1::JobRecord jr;
+    jr.set_owner_uid(caller.uid);
+    jr.set_created_unix_ms(s->created_unix_ms());
+    first.push_back({keys::Job(target_job), jr.SerializeAsString()});
+  }
 
   absl::MutexLock lock(&mu_);
   if (stopping_) return absl::UnavailableError("the daemon is shutting down");
@@ -182,7 +194,7 @@ absl::Status CheckpointService::Reshard(const Caller& caller, const v1::ReshardR
   // Abort meanwhile sets job->cancel and the thread, once started, finishes it as ABORTED.
   reshards_[job->target] = job;
   mu_.Unlock();
-  absl::Status put = PutRecordSync(job->rec);
+  absl::Status put = deps_.meta->Commit(first, /*sync=*/true);
   if (put.ok()) CKPTD_SYNC_POINT("reshard.target_recorded");
   mu_.Lock();
   if (!put.ok()) {
@@ -306,12 +318,15 @@ void CheckpointService::RunReshard(std::shared_ptr<ReshardJob> job) {
   if (st.ok()) {
     st = WriteCommitted(*m, CheckpointDir(job->target.first, job->target.second));
   }
-  if (st.ok()) CKPTD_SYNC_POINT("reshard.committed");
-  FinishReshard(*job, st);
   if (st.ok()) {
+    CKPTD_SYNC_POINT("reshard.committed");
     absl::MutexLock lock(&mu_);
     CacheManifestLocked(job->target, std::make_shared<const Manifest>(*std::move(m)));
   }
+  // Last: once the job has left reshards_, Shutdown no longer waits for this thread and the
+  // service may be destroyed (found by the simulation: caching the manifest after this touched a
+  // destroyed service — heap corruption after a restart that followed a reshard).
+  FinishReshard(*job, st);
 }
 
 void CheckpointService::FinishReshard(ReshardJob& job, const absl::Status& status) {

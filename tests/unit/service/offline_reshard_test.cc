@@ -1,5 +1,7 @@
-// Offline reshard of CheckpointService in-process (service_rig.h); the end-to-end cases against
-// the real daemon are tests/integration/offline_reshard_test.cc.
+// Offline reshard of CheckpointService in-process (service_rig.h): a replicated object stored by
+// a rank beyond the target's world, a new target job's owner, and a service destroyed right after
+// a reshard commits. The end-to-end cases against the real daemon are
+// tests/integration/offline_reshard_test.cc.
 #include <catch2/catch.hpp>
 #include <cstring>
 
@@ -13,19 +15,38 @@ using namespace ckptd::testing;
 constexpr char kObject[] = "extra.optim";  // a REPLICATED object, 1000 bytes
 constexpr uint64_t kObjectBytes = 1000;
 
-// Rank `rank` of 2 of `step`: rows [32 * rank, 32 * rank + 32) of "w" (float32 [64, 64]) and the
-// replicated object, every byte `fill`.
-absl::Status SaveRank(Rig& rig, uint64_t step, uint32_t rank, uint8_t fill) {
+// A client: its caller and session.
+struct User {
+  Caller caller;
+  std::string session;
+};
+
+User RigUser(const Rig& rig) { return User{rig.caller, rig.session}; }
+
+// A client of uid 4321 (not the test's, which may be root, the daemon's own uid).
+User OtherUser(Rig& rig) {
+  User u{Caller{4321, 4321, 0, 99, false}, ""};
+  v1::HelloRequest h;
+  v1::HelloResponse hr;
+  REQUIRE(rig.svc->Hello(u.caller, h, &hr).ok());
+  REQUIRE(rig.svc->Attach(u.caller, hr.session_id()).ok());
+  u.session = hr.session_id();
+  return u;
+}
+
+// Rank `rank` of 2 of `step` by `u`: rows [32 * rank, 32 * rank + 32) of "w" (float32 [64, 64])
+// and the replicated object, every byte `fill`.
+absl::Status SaveRank(Rig& rig, const User& u, uint64_t step, uint32_t rank, uint8_t fill) {
   v1::ReserveExtentsRequest rr;
-  rr.set_session_id(rig.session);
+  rr.set_session_id(u.session);
   rr.add_sizes_bytes(32 * 64 * 4);
   rr.add_sizes_bytes(kObjectBytes);
   v1::ReserveExtentsResponse ext;
-  CKPTD_RETURN_IF_ERROR(rig.svc->ReserveExtents(rig.caller, rr, &ext));
+  CKPTD_RETURN_IF_ERROR(rig.svc->ReserveExtents(u.caller, rr, &ext));
   std::memset(rig.arena->base() + ext.extents(0).offset(), fill, 32 * 64 * 4);
   std::memset(rig.arena->base() + ext.extents(1).offset(), fill, kObjectBytes);
   v1::SaveRequest req;
-  req.set_session_id(rig.session);
+  req.set_session_id(u.session);
   req.set_job(kJob);
   req.set_step(step);
   req.set_rank(rank);
@@ -48,7 +69,46 @@ absl::Status SaveRank(Rig& rig, uint64_t step, uint32_t rank, uint8_t fill) {
   o->mutable_data()->set_extent_id(ext.extents(1).id());
   o->mutable_data()->set_length(kObjectBytes);
   v1::SaveResponse resp;
-  return rig.svc->Save(rig.caller, req, &resp);
+  return rig.svc->Save(u.caller, req, &resp);
+}
+
+// Loads the object of (job, step) as `u` and checks every byte is `fill`.
+absl::Status LoadObject(Rig& rig, const User& u, const std::string& job, uint64_t step,
+                        uint8_t fill) {
+  v1::ReserveExtentsRequest rr;
+  rr.set_session_id(u.session);
+  rr.add_sizes_bytes(kObjectBytes);
+  v1::ReserveExtentsResponse ext;
+  CKPTD_RETURN_IF_ERROR(rig.svc->ReserveExtents(u.caller, rr, &ext));
+  uint8_t* dst = rig.arena->base() + ext.extents(0).offset();
+  std::memset(dst, ~fill, kObjectBytes);
+  v1::LoadRequest load;
+  load.set_session_id(u.session);
+  load.set_job(job);
+  load.set_step(step);
+  v1::LoadItemRequest* item = load.add_items();
+  item->set_item(kObject);
+  item->mutable_dest()->set_extent_id(ext.extents(0).id());
+  item->mutable_dest()->set_length(kObjectBytes);
+  v1::LoadResponse resp;
+  CKPTD_RETURN_IF_ERROR(rig.svc->Load(u.caller, load, &resp));
+  if (resp.items(0).saved_by_rank() != 0) return absl::InternalError("not saved by rank 0");
+  for (uint64_t i = 0; i < kObjectBytes; ++i) {
+    if (dst[i] != fill) return absl::DataLossError(absl::StrCat("byte ", i, " differs"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Reshard(Rig& rig, const User& u, uint64_t step, const std::string& target_job,
+                     uint64_t target_step, const std::string& spec) {
+  v1::ReshardRequest req;
+  req.set_job(kJob);
+  req.set_step(step);
+  req.set_target_job(target_job);
+  req.set_target_step(target_step);
+  req.set_spec(spec);
+  v1::CheckpointStatus resp;
+  return rig.svc->Reshard(u.caller, req, &resp);
 }
 
 // Found by the simulation (simulation_test.cc): the copy of a replicated object kept the rank
@@ -57,42 +117,61 @@ absl::Status SaveRank(Rig& rig, uint64_t step, uint32_t rank, uint8_t fill) {
 TEST_CASE("offline reshard: a replicated object stored by a rank beyond the target's world",
           "[unit]") {
   Rig rig;
-  REQUIRE(SaveRank(rig, 1, 1, 0x11).ok());  // rank 1 first: it stores the object
-  REQUIRE(SaveRank(rig, 1, 0, 0x11).ok());
+  const User u = RigUser(rig);
+  REQUIRE(SaveRank(rig, u, 1, 1, 0x11).ok());  // rank 1 first: it stores the object
+  REQUIRE(SaveRank(rig, u, 1, 0, 0x11).ok());
   REQUIRE(rig.Wait(1).ok());
-  v1::ReshardRequest req;
-  req.set_job(kJob);
-  req.set_step(1);
-  req.set_target_step(2);
-  req.set_spec("consolidated");  // a world of 1
-  v1::CheckpointStatus resp;
-  REQUIRE(rig.svc->Reshard(rig.caller, req, &resp).ok());
+  REQUIRE(Reshard(rig, u, 1, kJob, 2, "consolidated").ok());  // a world of 1
   absl::Status done = rig.Wait(2);
   INFO(done.ToString());
   REQUIRE(done.ok());
   CHECK(rig.LoadCheck(2, 0x11).ok());
+  absl::Status loaded = LoadObject(rig, u, kJob, 2, 0x11);
+  INFO(loaded.ToString());
+  CHECK(loaded.ok());
+}
 
-  v1::ReserveExtentsRequest rr;
-  rr.set_session_id(rig.session);
-  rr.add_sizes_bytes(kObjectBytes);
-  v1::ReserveExtentsResponse ext;
-  REQUIRE(rig.svc->ReserveExtents(rig.caller, rr, &ext).ok());
-  uint8_t* dst = rig.arena->base() + ext.extents(0).offset();
-  std::memset(dst, 0, kObjectBytes);
-  v1::LoadRequest load;
-  load.set_session_id(rig.session);
-  load.set_job(kJob);
-  load.set_step(2);
-  v1::LoadItemRequest* item = load.add_items();
-  item->set_item(kObject);
-  item->mutable_dest()->set_extent_id(ext.extents(0).id());
-  item->mutable_dest()->set_length(kObjectBytes);
-  v1::LoadResponse lresp;
-  REQUIRE(rig.svc->Load(rig.caller, load, &lresp).ok());
-  CHECK(lresp.items(0).saved_by_rank() == 0);
-  uint64_t wrong = 0;
-  for (uint64_t i = 0; i < kObjectBytes; ++i) wrong += dst[i] != 0x11;
-  CHECK(wrong == 0);
+// Found by the simulation: a reshard into a job that did not exist left the job's owner to the
+// commit, which records the daemon's own uid; the caller could not read its own reshard.
+TEST_CASE("offline reshard: a new target job belongs to the caller", "[unit]") {
+  Rig rig;
+  const User u = OtherUser(rig);
+  REQUIRE(SaveRank(rig, u, 1, 0, 0x22).ok());
+  REQUIRE(SaveRank(rig, u, 1, 1, 0x22).ok());
+  REQUIRE(rig.Wait(1).ok());
+  REQUIRE(Reshard(rig, u, 1, "new-job", 5, "rows:4").ok());
+  v1::WaitRequest w;
+  w.set_job("new-job");
+  w.set_step(5);
+  w.set_timeout_ms(10000);
+  v1::CheckpointStatus st;
+  REQUIRE(rig.svc->Wait(u.caller, w, &st).ok());
+  absl::Status loaded = LoadObject(rig, u, "new-job", 5, 0x22);
+  INFO(loaded.ToString());
+  CHECK(loaded.ok());
+  v1::ListJobsResponse jobs;
+  REQUIRE(rig.svc->ListJobs(u.caller, v1::ListJobsRequest(), &jobs).ok());
+  for (const v1::JobSummary& j : jobs.jobs()) {
+    if (j.job() == "new-job") CHECK(j.owner_uid() == 4321);
+  }
+}
+
+// Found by the simulation: the reshard's thread cached the target's manifest after it had left
+// the running reshards, so Shutdown did not wait for it and a service destroyed right after a
+// reshard committed could be written to (heap corruption; ASan names it).
+TEST_CASE("offline reshard: the service may be destroyed as soon as a reshard commits", "[unit]") {
+  Rig rig;
+  const User u = RigUser(rig);
+  REQUIRE(SaveRank(rig, u, 1, 0, 0x33).ok());
+  REQUIRE(SaveRank(rig, u, 1, 1, 0x33).ok());
+  REQUIRE(rig.Wait(1).ok());
+  for (uint64_t target = 2; target < 22; ++target) {
+    REQUIRE(Reshard(rig, RigUser(rig), 1, kJob, target, "rows:2").ok());
+    REQUIRE(rig.Wait(target).ok());
+    rig.Restart();  // at once
+    REQUIRE(rig.recovered.ok());
+  }
+  CHECK(LoadObject(rig, RigUser(rig), kJob, 21, 0x33).ok());
 }
 
 }  // namespace

@@ -164,11 +164,15 @@ struct Rig {
 
   static constexpr uint64_t kArenaBytes = 8 << 20;
 
-  // `test_clock` (borrowed; nullptr: the real clock) is the service's clock.
-  explicit Rig(bool use_rocks = false, const Clock* test_clock = nullptr) : rocks(use_rocks) {
+  // `test_clock` (borrowed; nullptr: the real clock) is the service's clock. The state dir is
+  // made under `tmp_root` (empty: $CKPTD_TEST_TMP, else /tmp).
+  explicit Rig(bool use_rocks = false, const Clock* test_clock = nullptr,
+               std::string tmp_root = "")
+      : rocks(use_rocks) {
     if (test_clock != nullptr) clock = test_clock;
     const char* tmp = getenv("CKPTD_TEST_TMP");
-    dir = std::string(tmp ? tmp : "/tmp") + "/svcrec-" + RandomHexId().substr(0, 8);
+    if (tmp_root.empty()) tmp_root = tmp != nullptr ? tmp : "/tmp";
+    dir = tmp_root + "/svcrec-" + RandomHexId().substr(0, 8);
     std::filesystem::create_directories(dir + "/data");
     options.state_dir = dir;
     options.stage_timeout_ms = 60000;
