@@ -2,7 +2,8 @@
 #   make run    install what is missing, build, start ckptd on ./state (unix socket state/ckptd.sock)
 #   make test   install what is missing, build with ASan + UBSan (build-asan/) and run every C++
 #               test there, the Python tier against that sanitized daemon (the ckptd package,
-#               pytest) and the fuzzing smoke run (make test-fuzz: libFuzzer targets, build-fuzz/)
+#               pytest), the ThreadSanitizer tier (make test-tsan: service and dataplane tests,
+#               build-tsan/) and the fuzzing smoke run (make test-fuzz: libFuzzer, build-fuzz/)
 #   make build  build only (build/, optimized, no sanitizers: what make run and make bench use)
 #   make soak   64 clients for SOAK_SECONDS against the daemon (hidden from make test)
 SHELL := /bin/bash
@@ -17,7 +18,7 @@ CMAKE_FLAGS ?= -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
 PYTHON ?= python3
 
 .PHONY: setup build build-asan build-fuzz run test test-cpp test-asan test-fuzz test-python \
-	test-python-asan python bench soak clean
+	test-python-asan build-tsan test-tsan python bench soak clean
 
 setup:
 	@bash deploy/setup.sh
@@ -32,6 +33,27 @@ build: setup
 build-asan: setup
 	@$(CMAKE) -S . -B $(BUILD_ASAN) $(CMAKE_FLAGS) -DCKPTD_SANITIZE=ON >/dev/null
 	@$(CMAKE) --build $(BUILD_ASAN) -j $(JOBS)
+
+# The ThreadSanitizer tier: the service and dataplane unit tests (the daemon's concurrent core,
+# in-process, with its real flush pool, arena and locks) built with TSan against an abseil built
+# from Debian's source with TSan (tests/tsan/build_absl.sh; once per build dir). Any report
+# fails the tier.
+BUILD_TSAN ?= $(ROOT)/build-tsan
+TSAN_TARGETS ?= ckptd_unit_service ckptd_unit_dataplane
+build-tsan: setup
+	@bash tests/tsan/build_absl.sh $(BUILD_TSAN)/absl
+	@$(CMAKE) -S . -B $(BUILD_TSAN) $(CMAKE_FLAGS) -DCKPTD_TSAN=ON \
+	  -DCMAKE_PREFIX_PATH=$(BUILD_TSAN)/absl/install >/dev/null
+	@$(CMAKE) --build $(BUILD_TSAN) -j $(JOBS) --target $(TSAN_TARGETS)
+
+TSAN_LOG = $(BUILD_TSAN)/sanitizer/report
+test-tsan: build-tsan
+	@rm -rf $(BUILD_TSAN)/sanitizer && mkdir -p $(BUILD_TSAN)/sanitizer
+	@cd $(BUILD_TSAN) && \
+	  TSAN_OPTIONS=second_deadlock_stack=1:log_path=$(TSAN_LOG):suppressions=$(ROOT)/tests/tsan/tsan.supp \
+	  ctest --output-on-failure -j 2 --timeout 1200 -R 'unit\.(service|dataplane):'
+	@if compgen -G "$(TSAN_LOG).*" >/dev/null; then \
+	  echo "ThreadSanitizer reports:"; cat $(TSAN_LOG).*; exit 1; fi
 
 # The fuzzing tier (tests/fuzz): libFuzzer targets built by clang-15 with ASan + UBSan, against
 # only what they need (proto, format, index). Each runs FUZZ_SECONDS from its committed corpus
@@ -101,7 +123,7 @@ test-python-asan: build-asan python
 # Every C++ test runs in the sanitized build only (the plain build is `make build` / `make run`
 # / `make bench`; `make test-cpp` runs the C++ tests there too): one full build instead of two
 # keeps a fresh clone's `make test` within CI's time.
-test: test-asan test-python-asan test-fuzz
+test: test-asan test-python-asan test-tsan test-fuzz
 
 bench: build python
 	@bash bench/run.sh

@@ -10,6 +10,7 @@ DEB_PKGS=(
   librocksdb-dev liburing-dev libspdlog-dev libfmt-dev catch2 libabsl-dev
   libcurl4-openssl-dev libssl-dev
   clang-15 libfuzzer-15-dev
+  dpkg-dev
 )
 
 missing=()
