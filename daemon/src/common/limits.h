@@ -59,6 +59,10 @@ inline constexpr uint64_t kOpenCheckpointsMax = 256;
 // such shards is written in batches reusing them.
 inline constexpr uint64_t kFlushBounceBytesMax = 4 * kMiB;
 
+// How long Abort waits for the abort to be durable (its ABORTED row written) before answering
+// DEADLINE_EXCEEDED.
+inline constexpr uint64_t kAbortDurableWaitMs = 30000;
+
 // Offline reshards running at once; more are RESOURCE_EXHAUSTED.
 inline constexpr uint64_t kReshardJobsMax = 2;
 // Offline reshards copy through buffers of this size.

@@ -356,6 +356,8 @@ class CheckpointService {
   std::map<Key, std::string> rewriting_ ABSL_GUARDED_BY(mu_);
   // Aborts whose synced ABORTED row failed (an index error), retried by Housekeeping.
   std::vector<AbortRecord> unrecorded_aborts_ ABSL_GUARDED_BY(mu_);
+  // The last failure of each abort whose ABORTED row is not written yet (Abort answers it).
+  std::map<Key, absl::Status> abort_write_failed_ ABSL_GUARDED_BY(mu_);
   // What recovery skipped or repaired (Recover only, before the service is used).
   std::vector<std::string> recovery_problems_;
   std::thread housekeeper_;

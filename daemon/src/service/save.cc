@@ -653,7 +653,9 @@ void CheckpointService::RecordAbort(AbortRecord a) {
                     CkptName(a.key.first, a.key.second), a.attempts, st.ToString());
     }
     absl::MutexLock lock(&mu_);
+    abort_write_failed_[a.key] = st;
     unrecorded_aborts_.push_back(std::move(a));
+    changed_.SignalAll();  // an Abort waiting for durability answers now
     return;
   }
   CKPTD_SYNC_POINT("abort.recorded");
@@ -662,6 +664,7 @@ void CheckpointService::RecordAbort(AbortRecord a) {
   if (!removed.ok()) spdlog::error("removing {}: {}", dir, removed.ToString());
   CKPTD_SYNC_POINT("abort.files_removed");
   absl::MutexLock lock(&mu_);
+  abort_write_failed_.erase(a.key);
   rewriting_.erase(a.key);
   changed_.SignalAll();
 }
@@ -685,17 +688,19 @@ absl::Status CheckpointService::Wait(const Caller& caller, const v1::WaitRequest
     } else {
       CKPTD_ASSIGN_OR_RETURN(std::optional<v1::CheckpointRecord> rec,
                              GetRecord(req.job(), req.step()));
-      // Being aborted before its first journal write landed (that write failed): no row yet,
-      // the ABORTED one is on its way — not "does not exist".
-      const bool rewriting = rewriting_.contains(Key{req.job(), req.step()});
-      if (!rec && !rewriting) return absl::NotFoundError(absl::StrCat(what, " does not exist"));
+      // While an abort, a delete, a CORRUPT marking or a reshard still works on the key, its
+      // row is not final: the answer waits for it (each signals when done). So an abort is
+      // answered once its files are gone (RecordAbort writes ABORTED first), one whose first
+      // journal write failed (no row yet) is not "does not exist", and a reshard's target is
+      // answered once the reshard is over (a Delete right after is not refused as running).
+      const Key key{req.job(), req.step()};
+      const bool busy = rewriting_.contains(key) || reshards_.contains(key);
+      if (!rec && !busy) return absl::NotFoundError(absl::StrCat(what, " does not exist"));
       if (rec) *resp->mutable_summary() = rec->summary();
-      // An abort records ABORTED before it removes the files (RecordAbort): answer once they
-      // are gone too (RecordAbort signals when it is done).
-      if (rec && rec->summary().state() == v1::ABORTED && !rewriting) {
+      if (rec && rec->summary().state() == v1::ABORTED && !busy) {
         return absl::AbortedError(absl::StrCat(what, " was aborted: ", rec->summary().error()));
       }
-      if (rec && rec->summary().state() == v1::COMMITTED) return absl::OkStatus();
+      if (rec && rec->summary().state() == v1::COMMITTED && !busy) return absl::OkStatus();
     }
     if (changed_.WaitWithDeadline(&mu_, deadline)) break;
   }
@@ -762,6 +767,24 @@ absl::Status CheckpointService::Abort(const Caller& caller, const v1::AbortReque
   FillStatusLocked(p, resp);
   AbortLocked(p, req.reason().empty() ? "aborted by a client" : req.reason().substr(0, 1024));
   resp->mutable_summary()->set_state(v1::ABORTED);
+  // Answered once the abort is durable — its ABORTED row written (after a flush in flight ends)
+  // — so a daemon killed right after never resumes what a client was told is aborted.
+  const Key key{req.job(), req.step()};
+  const absl::Time deadline = absl::Now() + absl::Milliseconds(limits::kAbortDurableWaitMs);
+  while (pending_.contains(key) || rewriting_.contains(key)) {
+    if (auto failed = abort_write_failed_.find(key); failed != abort_write_failed_.end()) {
+      return absl::UnavailableError(absl::StrCat(
+          what, " is aborted but its ABORTED row could not be written (it is retried; a daemon "
+          "restart before it is could still resume the checkpoint): ", failed->second.message()));
+    }
+    if (changed_.WaitWithDeadline(&mu_, deadline)) break;
+  }
+  if (pending_.contains(key) || rewriting_.contains(key)) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        what, " is aborted but its ABORTED row is not yet durable after ",
+        limits::kAbortDurableWaitMs, " ms (a flush still running, or the index refusing writes; "
+        "it is retried): a daemon restart now could still resume it"));
+  }
   return absl::OkStatus();
 }
 

@@ -183,8 +183,11 @@ TEST_CASE("save: an abort during a rank's journal write ends ABORTED with nothin
     return rig.svc->Save(rig.caller, req, &resp);
   });
   REQUIRE(rig.meta_gate.WaitReached());
-  CHECK(Abort(rig, 7).ok());
+  // The abort is durable only after the journal write: answered once it is released.
+  auto abort = std::async(std::launch::async, [&] { return Abort(rig, 7); });
+  CHECK(abort.wait_for(std::chrono::milliseconds(200)) == std::future_status::timeout);
   rig.meta_gate.Release();
+  CHECK(abort.get().ok());
   CHECK(save.get().code() == absl::StatusCode::kAborted);
   CHECK(EventuallyIn(rig, 7, v1::ABORTED));
   CHECK_FALSE(std::filesystem::exists(rig.StepDirOnDisk(7)));
@@ -203,8 +206,9 @@ TEST_CASE("save: an abort whose ABORTED row fails is written again; its staging 
   Rig rig;
   REQUIRE(SaveRows(rig, 1, 0, 2, 0x11).ok());  // rank 0 of 2: stays open
   rig.meta_gate.Arm(keys::Checkpoint(kJob, 1), absl::UnavailableError("index down (test)"));
-  REQUIRE(Abort(rig, 1).ok());
-  // Housekeeping writes the row again; Wait answers once it is written and the files are gone.
+  // The first write fails: Abort says so (UNAVAILABLE, not durable yet)...
+  CHECK(Abort(rig, 1).code() == absl::StatusCode::kUnavailable);
+  // ...and housekeeping writes the row again; Wait answers once it is written and the files are gone.
   CHECK(rig.Wait(1).code() == absl::StatusCode::kAborted);
   CHECK(rig.meta_gate.reached());
   CHECK(rig.State(1) == v1::ABORTED);
@@ -245,7 +249,10 @@ TEST_CASE("save: a crash before an abort is recorded resumes the checkpoint from
   // is staged in its extent, which must not be handed to the next save.
   rig.meta_gate.Arm(keys::Checkpoint(kJob, 1), absl::UnavailableError("index down (test)"),
                     1 << 30);
-  REQUIRE(Abort(rig, 1).ok());
+  // Abort says the abort is not durable.
+  absl::Status aborted = Abort(rig, 1);
+  CHECK(aborted.code() == absl::StatusCode::kUnavailable);
+  CHECK(Contains(aborted, "could not be written"));
   REQUIRE(rig.meta_gate.WaitReached());
   REQUIRE(rig.SaveCommitted(2, 0x22).ok());
   CHECK(rig.State(1) == v1::STAGING);  // not recorded
@@ -281,6 +288,27 @@ TEST_CASE("save: a rank is flushed only once its journal row is written", "[unit
   INFO(st.ToString());
   REQUIRE(st.ok());
   CHECK(rig.LoadCheck(1, 0x11).ok());
+}
+
+TEST_CASE("save: Abort answers once the abort is durable", "[unit][fault]") {
+  Rig rig;
+  absl::StatusOr<v1::Extent> e = Reserve(rig, 64 * 64 * 4);
+  REQUIRE(e.ok());
+  v1::SaveRequest req = BareSave(rig, 8, 0, 2);  // rank 0 of 2: stays open
+  AddRows(&req, "w", 64, 64, 0, 64, e->id(), 0);
+  v1::SaveResponse resp;
+  REQUIRE(rig.svc->Save(rig.caller, req, &resp).ok());
+  rig.meta_gate.Arm(keys::Checkpoint(kJob, 8));  // hold the ABORTED row's synced write
+  auto abort = std::async(std::launch::async, [&] { return Abort(rig, 8); });
+  REQUIRE(rig.meta_gate.WaitReached());
+  // Not answered while the row is not durable.
+  CHECK(abort.wait_for(std::chrono::milliseconds(300)) == std::future_status::timeout);
+  rig.meta_gate.Release();
+  CHECK(abort.get().ok());
+  // Durable: a restart right after the answer finds it ABORTED, not STAGING.
+  rig.Restart();
+  REQUIRE(rig.recovered.ok());
+  CHECK(rig.State(8) == v1::ABORTED);
 }
 
 TEST_CASE("save: open checkpoints per job are capped", "[unit]") {
