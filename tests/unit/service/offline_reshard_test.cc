@@ -1,9 +1,11 @@
 // Offline reshard of CheckpointService in-process (service_rig.h): a replicated object stored by
-// a rank beyond the target's world, a new target job's owner, and a service destroyed right after
-// a reshard commits. The end-to-end cases against the real daemon are
+// a rank beyond the target's world, a new target job's owner, a service destroyed right after a
+// reshard commits, and Wait answering a target only once its reshard is over. The end-to-end cases against the real daemon are
 // tests/integration/offline_reshard_test.cc.
 #include <catch2/catch.hpp>
+#include <atomic>
 #include <cstring>
+#include <thread>
 
 #include "service_rig.h"
 
@@ -172,6 +174,43 @@ TEST_CASE("offline reshard: the service may be destroyed as soon as a reshard co
     REQUIRE(rig.recovered.ok());
   }
   CHECK(LoadObject(rig, RigUser(rig), kJob, 21, 0x33).ok());
+}
+
+// Found by the simulation: Wait answered a reshard's target (COMMITTED, or ABORTED) while the
+// reshard was still registered as running, so a Delete right after was refused as "being
+// written (a reshard)" and an Abort "cancelled" a committed checkpoint.
+TEST_CASE("offline reshard: once Wait answers the target, the reshard is over", "[unit]") {
+  Rig rig(false, nullptr, "/dev/shm");  // fast storage: the reshard ends right as Wait starts
+  const User u = RigUser(rig);
+  REQUIRE(SaveRank(rig, u, 1, 0, 0x44).ok());
+  REQUIRE(SaveRank(rig, u, 1, 1, 0x44).ok());
+  REQUIRE(rig.Wait(1).ok());
+  // Other checkpoints commit meanwhile: each wakes every Wait, also between a reshard's last row
+  // and its end.
+  std::atomic<bool> stop{false};
+  std::thread others([&] {
+    for (uint64_t step = 1000; !stop.load(); ++step) {
+      if (!rig.SaveCommitted(step, 0x55).ok()) break;
+    }
+  });
+  for (uint64_t target = 2; target < 102; ++target) {
+    REQUIRE(Reshard(rig, u, 1, kJob, target, "consolidated").ok());
+    if (target % 2 == 0) {  // cancelled: it ends ABORTED (or COMMITTED, when it was done)
+      v1::AbortRequest req;
+      req.set_job(kJob);
+      req.set_step(target);
+      v1::CheckpointStatus resp;
+      CHECK(rig.svc->Abort(rig.caller, req, &resp).ok());
+    }
+    absl::Status waited = rig.Wait(target);
+    CHECK((waited.ok() || absl::IsAborted(waited)));
+    absl::Status deleted = rig.Delete(target);
+    INFO("target " << target << ": " << deleted.ToString());
+    CHECK(deleted.ok());
+    if (!deleted.ok()) break;
+  }
+  stop = true;
+  others.join();
 }
 
 }  // namespace
