@@ -1,9 +1,9 @@
 // Offline reshard of CheckpointService in-process (service_rig.h): a replicated object stored by
 // a rank beyond the target's world, a new target job's owner, a service destroyed right after a
-// reshard commits, and Wait answering a target only once its reshard is over. The end-to-end cases against the real daemon are
-// tests/integration/offline_reshard_test.cc.
-#include <catch2/catch.hpp>
+// reshard commits, and Wait answering a target only once its reshard is over. The end-to-end
+// cases against the real daemon are tests/integration/offline_reshard_test.cc.
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <cstring>
 #include <thread>
 

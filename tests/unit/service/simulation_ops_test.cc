@@ -23,8 +23,9 @@ bool Sim::OpSave() {
   Ckpt& c = NewCkpt(job, static_cast<uint32_t>(Uniform(rng_, 1, 4)));
   const uint32_t world = c.plan->world;
   const bool all = world == 1 || Chance(rng_, 0.7);
-  const bool replicated = std::any_of(c.plan->items.begin(), c.plan->items.end(),
-                                      [](const sim::Item& it) { return it.kind == sim::Item::kReplicated; });
+  const bool replicated =
+      std::any_of(c.plan->items.begin(), c.plan->items.end(),
+                  [](const sim::Item& it) { return it.kind == sim::Item::kReplicated; });
   c.bad_replica = all && world > 1 && replicated && Chance(rng_, 0.15);
   std::vector<uint32_t> ranks(world);
   std::iota(ranks.begin(), ranks.end(), 0);

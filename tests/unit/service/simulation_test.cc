@@ -290,7 +290,9 @@ bool Sim::AwaitPersisted(const Ckpt& c) {
     const v1::CheckpointState state = s->summary().state();
     if (state != v1::STAGING && state != v1::PERSISTING) return true;  // judged by Resolve
     size_t persisted = 0;
-    for (const v1::RankStatus& r : s->ranks()) persisted += r.persisted() && c.due.contains(r.rank());
+    for (const v1::RankStatus& r : s->ranks()) {
+      persisted += r.persisted() && c.due.contains(r.rank());
+    }
     if (persisted == c.due.size()) return true;
     if (std::chrono::steady_clock::now() > deadline) {
       return Fail(absl::StrCat(c.name(), ": ", persisted, " of the ", c.due.size(),
