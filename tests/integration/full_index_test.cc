@@ -114,6 +114,8 @@ TEST_CASE("fault: a full index volume refuses saves cleanly and recovers when sp
       std::this_thread::sleep_for(std::chrono::milliseconds(500));
     }
     INFO(r.output);
+    const std::string log = d.Log();
+    INFO("daemon log (end): " << log.substr(log.size() > 6000 ? log.size() - 6000 : 0));
     REQUIRE(r.exit_code == 0);
     SaveCommitted(d, "full", step + 1, 5);
     CHECK(VerifyInProcess(d, "full", step + 1, 5).empty());

@@ -62,6 +62,8 @@ inline constexpr uint64_t kFlushBounceBytesMax = 4 * kMiB;
 // How long Abort waits for the abort to be durable (its ABORTED row written) before answering
 // DEADLINE_EXCEEDED.
 inline constexpr uint64_t kAbortDurableWaitMs = 30000;
+// An abort whose ABORTED row could not be written is tried again this often.
+inline constexpr uint64_t kAbortRetryMs = 250;
 
 // Offline reshards running at once; more are RESOURCE_EXHAUSTED.
 inline constexpr uint64_t kReshardJobsMax = 2;

@@ -358,6 +358,7 @@ class CheckpointService {
   std::vector<AbortRecord> unrecorded_aborts_ ABSL_GUARDED_BY(mu_);
   // The last failure of each abort whose ABORTED row is not written yet (Abort answers it).
   std::map<Key, absl::Status> abort_write_failed_ ABSL_GUARDED_BY(mu_);
+  absl::Time last_abort_retry_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // What recovery skipped or repaired (Recover only, before the service is used).
   std::vector<std::string> recovery_problems_;
   std::thread housekeeper_;

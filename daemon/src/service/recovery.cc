@@ -476,9 +476,14 @@ void CheckpointService::Housekeeping() {
                                    " were not staged within ", deps_.options->stage_timeout_ms,
                                    " ms"));
     }
-    // Aborts whose ABORTED row failed: written again (RecordAbort).
+    // Aborts whose ABORTED row failed: written again (RecordAbort), at most every
+    // kAbortRetryMs (changed_ wakes this loop at every failure; retrying at once would spin
+    // against an index that is recovering).
     std::vector<AbortRecord> retry;
-    retry.swap(unrecorded_aborts_);
+    if (absl::Now() - last_abort_retry_ >= absl::Milliseconds(limits::kAbortRetryMs)) {
+      last_abort_retry_ = absl::Now();
+      retry.swap(unrecorded_aborts_);
+    }
     for (AbortRecord& a : retry) {
       if (!deps_.flush_pool->Post([this, a] { RecordAbort(a); })) {
         unrecorded_aborts_.push_back(std::move(a));
