@@ -161,7 +161,7 @@ class CheckpointService {
   };
   // The time on deps_.clock, in Unix milliseconds.
   uint64_t NowMs() const { return deps_.clock->NowUnixMs(); }
-  // save.cc
+  // save.cc (AbortLocked, FinishAbortLocked, RecordAbort: abort.cc)
   // `id` if it is a live session of `caller` (SessionTable::Check).
   absl::StatusOr<std::string> SessionOf(const Caller& caller, const std::string& id) const;
   absl::Status ValidateSave(const v1::SaveRequest& req) const;

@@ -1,4 +1,5 @@
-// Save, Wait, Commit, Abort and the session/extent/region calls of CheckpointService.
+// Save, Wait and Commit of CheckpointService (Abort: abort.cc; sessions, extents, regions:
+// session_calls.cc).
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -67,88 +68,6 @@ CheckpointService::CheckpointService(ServiceDeps deps)
 }
 
 CheckpointService::~CheckpointService() { Shutdown(absl::ZeroDuration()); }
-
-absl::StatusOr<std::string> CheckpointService::SessionOf(const Caller& caller,
-                                                         const std::string& id) const {
-  CKPTD_RETURN_IF_ERROR(sessions_.Check(caller, id));
-  return id;
-}
-
-absl::Status CheckpointService::Hello(const Caller& caller, const v1::HelloRequest& req,
-                                      v1::HelloResponse* resp) {
-  CKPTD_ASSIGN_OR_RETURN(std::string id, sessions_.Open(caller, req.client_name()));
-  resp->set_session_id(id);
-  resp->set_arena_shm_name(deps_.arena->shm_name());
-  resp->set_arena_bytes(deps_.arena->size_bytes());
-  resp->set_daemon_instance(instance_id_);
-  resp->set_manifest_format_version(kManifestFormatVersion);
-  v1::Limits* l = resp->mutable_limits();
-  l->set_extent_alignment_bytes(limits::kAlignmentBytes);
-  l->set_max_shards_per_save(limits::kShardsPerSaveMax);
-  l->set_max_extents_per_reserve(limits::kExtentsPerReserveMax);
-  l->set_max_regions_per_client(limits::kRegionsPerSessionMax);
-  l->set_max_job_name_bytes(limits::kJobNameBytesMax);
-  l->set_max_item_name_bytes(limits::kItemNameBytesMax);
-  l->set_max_load_requests(limits::kLoadRequestsMax);
-  l->set_max_object_bytes(limits::kObjectBytesMax);
-  spdlog::debug("session {} opened by {} on connection {} ({})", id, DescribeCaller(caller),
-                caller.connection, req.client_name().substr(0, 256));
-  return absl::OkStatus();
-}
-
-absl::Status CheckpointService::Attach(const Caller& caller, const std::string& id) {
-  return sessions_.Attach(caller, id);
-}
-
-void CheckpointService::EndSession(const std::string& id) { sessions_.End(id); }
-
-absl::Status CheckpointService::Goodbye(const Caller& caller, const v1::GoodbyeRequest& req) {
-  CKPTD_ASSIGN_OR_RETURN(std::string session, SessionOf(caller, req.session_id()));
-  sessions_.End(session);
-  return absl::OkStatus();
-}
-
-absl::Status CheckpointService::ReserveExtents(const Caller& caller, const v1::ReserveExtentsRequest& req,
-                                               v1::ReserveExtentsResponse* resp) {
-  CKPTD_ASSIGN_OR_RETURN(std::string session, SessionOf(caller, req.session_id()));
-  if (req.sizes_bytes_size() == 0) return absl::InvalidArgumentError("no extent sizes given");
-  if (static_cast<uint64_t>(req.sizes_bytes_size()) > limits::kExtentsPerReserveMax) {
-    return absl::InvalidArgumentError(absl::StrCat("asked for ", req.sizes_bytes_size(),
-                                                   " extents in one call; the limit is ",
-                                                   limits::kExtentsPerReserveMax));
-  }
-  uint64_t timeout_ms = req.timeout_ms() == 0 ? deps_.options->reserve_timeout_ms
-                                              : std::min<uint64_t>(req.timeout_ms(), 3600000);
-  CKPTD_ASSIGN_OR_RETURN(
-      std::vector<ExtentInfo> extents,
-      deps_.arena->Reserve(session, std::span<const uint64_t>(req.sizes_bytes().data(), req.sizes_bytes().size()), absl::Milliseconds(timeout_ms)));
-  for (const ExtentInfo& e : extents) {
-    v1::Extent* out = resp->add_extents();
-    out->set_id(e.id);
-    out->set_offset(e.offset);
-    out->set_length(e.length);
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CheckpointService::ReleaseExtents(const Caller& caller, const v1::ReleaseExtentsRequest& req) {
-  CKPTD_ASSIGN_OR_RETURN(std::string session, SessionOf(caller, req.session_id()));
-  return deps_.arena->Release(
-      session, std::span<const uint64_t>(req.extent_ids().data(), req.extent_ids().size()));
-}
-
-absl::Status CheckpointService::RegisterRegion(const Caller& caller, const v1::RegisterRegionRequest& req,
-                                               v1::RegisterRegionResponse* resp) {
-  CKPTD_ASSIGN_OR_RETURN(std::string session, SessionOf(caller, req.session_id()));
-  CKPTD_ASSIGN_OR_RETURN(uint64_t id, deps_.regions->Register(session, caller.uid, req));
-  resp->set_region_id(id);
-  return absl::OkStatus();
-}
-
-absl::Status CheckpointService::UnregisterRegion(const Caller& caller, const v1::UnregisterRegionRequest& req) {
-  CKPTD_ASSIGN_OR_RETURN(std::string session, SessionOf(caller, req.session_id()));
-  return deps_.regions->Unregister(session, req.region_id(), absl::Seconds(30));
-}
 
 absl::Status CheckpointService::CheckIndexReserve(const std::string& what) const {
   CKPTD_ASSIGN_OR_RETURN(uint64_t free_bytes, deps_.meta->AvailableBytes());
@@ -588,87 +507,6 @@ void CheckpointService::MaybeStartCommitLocked(Pending& p) {
   if (!deps_.flush_pool->Post([this, key] { CommitCheckpoint(key); })) p.committing = false;
 }
 
-void CheckpointService::AbortLocked(Pending& p, const std::string& reason) {
-  if (p.aborting) return;
-  spdlog::warn("{} aborted: {}", CkptName(p.job, p.step), reason);
-  p.aborting = true;
-  p.state = v1::ABORTED;
-  p.error = reason;
-  // Client regions are released now (a restart never resumes a rank staged from one; a flush in
-  // flight releases its own). Arena extents stay the checkpoint's until its ABORTED row is
-  // durable (RecordAbort): until then the journal names them, and a restart must never resume a
-  // rank from bytes already handed to another client.
-  for (auto& [r, pr] : p.ranks) {
-    if (!pr.flushing) pr.leases.clear();
-  }
-  if (IdleLocked(p)) FinishAbortLocked(p);
-  changed_.SignalAll();
-}
-
-void CheckpointService::FinishAbortLocked(Pending& p) {
-  CKPTD_CHECK(p.aborting && IdleLocked(p));
-  const Key key{p.job, p.step};
-  v1::CheckpointRecord rec;
-  *rec.mutable_summary() = SummaryLocked(p);
-  rec.mutable_summary()->mutable_tiers()->Clear();
-  rec.set_dir(CheckpointDir(p.job, p.step));
-  AbortRecord a{key, {{keys::Checkpoint(p.job, p.step), rec.SerializeAsString()}}, {}, 0};
-  for (const auto& [r, pr] : p.ranks) {
-    a.writes.push_back({keys::Rank(p.job, p.step, r), std::nullopt});
-    a.writes.push_back({keys::Blob(p.job, p.step, pr.rec.blob_name()), std::nullopt});
-    a.extent_ids.insert(a.extent_ids.end(), pr.extent_ids.begin(), pr.extent_ids.end());
-  }
-  pending_.erase(key);  // p is gone after this line
-  // Until the ABORTED row is written, a Save, Delete or reshard of the key is refused (ABORTED,
-  // retry) rather than racing the removal of its files.
-  rewriting_.emplace(key, "being aborted");
-  changed_.SignalAll();
-  if (!deps_.flush_pool->Post([this, a] { RecordAbort(a); })) {
-    // Shutting down (the pool drains what it took): a restart sees the journal rows of an
-    // unfinished checkpoint and aborts or resumes it; record the abort now, under the lock.
-    // Recorded first, extents and files after (see RecordAbort).
-    absl::Status st = deps_.meta->Commit(a.writes, /*sync=*/true);
-    if (!st.ok()) spdlog::error("recording abort of {}: {}", CkptName(key.first, key.second),
-                                st.ToString());
-    if (st.ok()) deps_.arena->Free(a.extent_ids);
-    absl::Status removed = st.ok() ? deps_.storage->RemoveAll(rec.dir()) : absl::OkStatus();
-    if (!removed.ok()) spdlog::error("removing {}: {}", rec.dir(), removed.ToString());
-    rewriting_.erase(key);
-  }
-}
-
-void CheckpointService::RecordAbort(AbortRecord a) {
-  // The ABORTED row first, the extents and files after it (and only once it is recorded): a
-  // crash between the two leaves an ABORTED row whose files recovery collects. The other order
-  // let a restart resume the aborted checkpoint from its journal rows, its persisted ranks' blobs
-  // gone (found by the crash-point matrix: a later commit would name blobs that no longer exist),
-  // or its staged ranks' extents reused by another checkpoint (found by the simulation: it
-  // committed with that checkpoint's bytes, its checksums computed over them).
-  const std::string dir = CheckpointDir(a.key.first, a.key.second);
-  absl::Status st = deps_.meta->Commit(a.writes, /*sync=*/true);
-  if (!st.ok()) {
-    // Retried by every housekeeping pass; logged on the first failure and now and then.
-    if (a.attempts++ % 100 == 0) {
-      spdlog::error("recording abort of {} (attempt {}, retried): {}",
-                    CkptName(a.key.first, a.key.second), a.attempts, st.ToString());
-    }
-    absl::MutexLock lock(&mu_);
-    abort_write_failed_[a.key] = st;
-    unrecorded_aborts_.push_back(std::move(a));
-    changed_.SignalAll();  // an Abort waiting for durability answers now
-    return;
-  }
-  CKPTD_SYNC_POINT("abort.recorded");
-  deps_.arena->Free(a.extent_ids);  // the journal no longer names them
-  absl::Status removed = deps_.storage->RemoveAll(dir);
-  if (!removed.ok()) spdlog::error("removing {}: {}", dir, removed.ToString());
-  CKPTD_SYNC_POINT("abort.files_removed");
-  absl::MutexLock lock(&mu_);
-  abort_write_failed_.erase(a.key);
-  rewriting_.erase(a.key);
-  changed_.SignalAll();
-}
-
 absl::Status CheckpointService::Wait(const Caller& caller, const v1::WaitRequest& req, v1::CheckpointStatus* resp) {
   CKPTD_RETURN_IF_ERROR(ValidateJobStep(req.job(), req.step()));
   CKPTD_RETURN_IF_ERROR(CheckAccess(caller, req.job(), Access::kRead));
@@ -746,45 +584,6 @@ absl::Status CheckpointService::Commit(const Caller& caller, const v1::CommitReq
   MaybeStartCommitLocked(p);
   FillStatusLocked(p, resp);
   changed_.SignalAll();
-  return absl::OkStatus();
-}
-
-absl::Status CheckpointService::Abort(const Caller& caller, const v1::AbortRequest& req, v1::CheckpointStatus* resp) {
-  CKPTD_RETURN_IF_ERROR(ValidateJobStep(req.job(), req.step()));
-  CKPTD_RETURN_IF_ERROR(CheckAccess(caller, req.job(), Access::kDelete));
-  const std::string what = CkptName(req.job(), req.step());
-  absl::MutexLock lock(&mu_);
-  if (CancelReshardLocked(Key{req.job(), req.step()}, req.reason(), resp)) return absl::OkStatus();
-  auto it = pending_.find(Key{req.job(), req.step()});
-  if (it == pending_.end()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(what, " is not being saved (committed checkpoints are deleted, not aborted)"));
-  }
-  Pending& p = *it->second;
-  if (p.committing) {
-    return absl::FailedPreconditionError(absl::StrCat(what, " is already committing"));
-  }
-  FillStatusLocked(p, resp);
-  AbortLocked(p, req.reason().empty() ? "aborted by a client" : req.reason().substr(0, 1024));
-  resp->mutable_summary()->set_state(v1::ABORTED);
-  // Answered once the abort is durable — its ABORTED row written (after a flush in flight ends)
-  // — so a daemon killed right after never resumes what a client was told is aborted.
-  const Key key{req.job(), req.step()};
-  const absl::Time deadline = absl::Now() + absl::Milliseconds(limits::kAbortDurableWaitMs);
-  while (pending_.contains(key) || rewriting_.contains(key)) {
-    if (auto failed = abort_write_failed_.find(key); failed != abort_write_failed_.end()) {
-      return absl::UnavailableError(absl::StrCat(
-          what, " is aborted but its ABORTED row could not be written (it is retried; a daemon "
-          "restart before it is could still resume the checkpoint): ", failed->second.message()));
-    }
-    if (changed_.WaitWithDeadline(&mu_, deadline)) break;
-  }
-  if (pending_.contains(key) || rewriting_.contains(key)) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        what, " is aborted but its ABORTED row is not yet durable after ",
-        limits::kAbortDurableWaitMs, " ms (a flush still running, or the index refusing writes; "
-        "it is retried): a daemon restart now could still resume it"));
-  }
   return absl::OkStatus();
 }
 

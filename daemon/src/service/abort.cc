@@ -1,0 +1,136 @@
+// Aborting a checkpoint being saved: AbortLocked decides (the staging stays held), the ABORTED
+// row is written durably outside the service lock (RecordAbort, retried while the index refuses),
+// and only then are its extents freed and its files removed; the Abort RPC answers once that is
+// done.
+#include "absl/strings/str_cat.h"
+#include "ckptd/status.h"
+#include "common/limits.h"
+#include "common/sync_point.h"
+#include "format/names.h"
+#include "index/keys.h"
+#include "service/checkpoint_service.h"
+#include "spdlog/spdlog.h"
+
+namespace ckptd {
+
+void CheckpointService::AbortLocked(Pending& p, const std::string& reason) {
+  if (p.aborting) return;
+  spdlog::warn("{} aborted: {}", CkptName(p.job, p.step), reason);
+  p.aborting = true;
+  p.state = v1::ABORTED;
+  p.error = reason;
+  // Client regions are released now (a restart never resumes a rank staged from one; a flush in
+  // flight releases its own). Arena extents stay the checkpoint's until its ABORTED row is
+  // durable (RecordAbort): until then the journal names them, and a restart must never resume a
+  // rank from bytes already handed to another client.
+  for (auto& [r, pr] : p.ranks) {
+    if (!pr.flushing) pr.leases.clear();
+  }
+  if (IdleLocked(p)) FinishAbortLocked(p);
+  changed_.SignalAll();
+}
+
+void CheckpointService::FinishAbortLocked(Pending& p) {
+  CKPTD_CHECK(p.aborting && IdleLocked(p));
+  const Key key{p.job, p.step};
+  v1::CheckpointRecord rec;
+  *rec.mutable_summary() = SummaryLocked(p);
+  rec.mutable_summary()->mutable_tiers()->Clear();
+  rec.set_dir(CheckpointDir(p.job, p.step));
+  AbortRecord a{key, {{keys::Checkpoint(p.job, p.step), rec.SerializeAsString()}}, {}, 0};
+  for (const auto& [r, pr] : p.ranks) {
+    a.writes.push_back({keys::Rank(p.job, p.step, r), std::nullopt});
+    a.writes.push_back({keys::Blob(p.job, p.step, pr.rec.blob_name()), std::nullopt});
+    a.extent_ids.insert(a.extent_ids.end(), pr.extent_ids.begin(), pr.extent_ids.end());
+  }
+  pending_.erase(key);  // p is gone after this line
+  // Until the ABORTED row is written, a Save, Delete or reshard of the key is refused (ABORTED,
+  // retry) rather than racing the removal of its files.
+  rewriting_.emplace(key, "being aborted");
+  changed_.SignalAll();
+  if (!deps_.flush_pool->Post([this, a] { RecordAbort(a); })) {
+    // Shutting down (the pool drains what it took): a restart sees the journal rows of an
+    // unfinished checkpoint and aborts or resumes it; record the abort now, under the lock.
+    // Recorded first, extents and files after (see RecordAbort).
+    absl::Status st = deps_.meta->Commit(a.writes, /*sync=*/true);
+    if (!st.ok()) spdlog::error("recording abort of {}: {}", CkptName(key.first, key.second),
+                                st.ToString());
+    if (st.ok()) deps_.arena->Free(a.extent_ids);
+    absl::Status removed = st.ok() ? deps_.storage->RemoveAll(rec.dir()) : absl::OkStatus();
+    if (!removed.ok()) spdlog::error("removing {}: {}", rec.dir(), removed.ToString());
+    rewriting_.erase(key);
+  }
+}
+
+void CheckpointService::RecordAbort(AbortRecord a) {
+  // The ABORTED row first, the extents and files after it (and only once it is recorded): a
+  // crash between the two leaves an ABORTED row whose files recovery collects. The other order
+  // let a restart resume the aborted checkpoint from its journal rows, its persisted ranks' blobs
+  // gone (found by the crash-point matrix: a later commit would name blobs that no longer exist),
+  // or its staged ranks' extents reused by another checkpoint (found by the simulation: it
+  // committed with that checkpoint's bytes, its checksums computed over them).
+  const std::string dir = CheckpointDir(a.key.first, a.key.second);
+  absl::Status st = deps_.meta->Commit(a.writes, /*sync=*/true);
+  if (!st.ok()) {
+    // Retried by every housekeeping pass; logged on the first failure and now and then.
+    if (a.attempts++ % 100 == 0) {
+      spdlog::error("recording abort of {} (attempt {}, retried): {}",
+                    CkptName(a.key.first, a.key.second), a.attempts, st.ToString());
+    }
+    absl::MutexLock lock(&mu_);
+    abort_write_failed_[a.key] = st;
+    unrecorded_aborts_.push_back(std::move(a));
+    changed_.SignalAll();  // an Abort waiting for durability answers now
+    return;
+  }
+  CKPTD_SYNC_POINT("abort.recorded");
+  deps_.arena->Free(a.extent_ids);  // the journal no longer names them
+  absl::Status removed = deps_.storage->RemoveAll(dir);
+  if (!removed.ok()) spdlog::error("removing {}: {}", dir, removed.ToString());
+  CKPTD_SYNC_POINT("abort.files_removed");
+  absl::MutexLock lock(&mu_);
+  abort_write_failed_.erase(a.key);
+  rewriting_.erase(a.key);
+  changed_.SignalAll();
+}
+
+absl::Status CheckpointService::Abort(const Caller& caller, const v1::AbortRequest& req, v1::CheckpointStatus* resp) {
+  CKPTD_RETURN_IF_ERROR(ValidateJobStep(req.job(), req.step()));
+  CKPTD_RETURN_IF_ERROR(CheckAccess(caller, req.job(), Access::kDelete));
+  const std::string what = CkptName(req.job(), req.step());
+  absl::MutexLock lock(&mu_);
+  if (CancelReshardLocked(Key{req.job(), req.step()}, req.reason(), resp)) return absl::OkStatus();
+  auto it = pending_.find(Key{req.job(), req.step()});
+  if (it == pending_.end()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, " is not being saved (committed checkpoints are deleted, not aborted)"));
+  }
+  Pending& p = *it->second;
+  if (p.committing) {
+    return absl::FailedPreconditionError(absl::StrCat(what, " is already committing"));
+  }
+  FillStatusLocked(p, resp);
+  AbortLocked(p, req.reason().empty() ? "aborted by a client" : req.reason().substr(0, 1024));
+  resp->mutable_summary()->set_state(v1::ABORTED);
+  // Answered once the abort is durable — its ABORTED row written (after a flush in flight ends)
+  // — so a daemon killed right after never resumes what a client was told is aborted.
+  const Key key{req.job(), req.step()};
+  const absl::Time deadline = absl::Now() + absl::Milliseconds(limits::kAbortDurableWaitMs);
+  while (pending_.contains(key) || rewriting_.contains(key)) {
+    if (auto failed = abort_write_failed_.find(key); failed != abort_write_failed_.end()) {
+      return absl::UnavailableError(absl::StrCat(
+          what, " is aborted but its ABORTED row could not be written (it is retried; a daemon "
+          "restart before it is could still resume the checkpoint): ", failed->second.message()));
+    }
+    if (changed_.WaitWithDeadline(&mu_, deadline)) break;
+  }
+  if (pending_.contains(key) || rewriting_.contains(key)) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        what, " is aborted but its ABORTED row is not yet durable after ",
+        limits::kAbortDurableWaitMs, " ms (a flush still running, or the index refusing writes; "
+        "it is retried): a daemon restart now could still resume it"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ckptd
