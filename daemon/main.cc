@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
@@ -29,6 +31,7 @@
 #include "common/limits.h"
 #include "common/sync_point.h"
 #include "options.h"
+#include "rpc/arena_fd_server.h"
 #include "rpc/grpc_service.h"
 #include "rpc/peer_listener.h"
 #include "service/checkpoint_service.h"
@@ -56,41 +59,55 @@ std::string ShmPrefix(const std::string& state_dir) {
   return absl::StrFormat("ckptd-%08x-", Crc32c(canon.data(), canon.size()));
 }
 
-void RemoveOrphanSegments(const std::string& prefix, const std::string& keep) {
+void RemoveOrphanSegments(const std::string& prefix, const StagingArena& arena) {
+  absl::flat_hash_set<std::string> keep;
+  for (const ArenaSegmentInfo& s : arena.segments()) keep.insert(s.name);
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator("/dev/shm", ec)) {
     std::string name = entry.path().filename().string();
-    if (name.rfind(prefix, 0) != 0 || "/" + name == keep) continue;
+    if (name.rfind(prefix, 0) != 0 || keep.contains("/" + name)) continue;
     if (shm_unlink(("/" + name).c_str()) == 0) {
       spdlog::info("removed orphan shared-memory segment /{}", name);
     }
   }
 }
 
-// The staging arena: the segment the journal names, if it is still exactly what this daemon
-// created (arena.h: owner, mode, size, generation), else a new one under a fresh random name,
-// which is journaled (synced) before anyone can use it. A random name means nobody can
-// pre-create the segment a daemon will use.
+// The staging arena (dataplane/arena.h): segments the journal names are adopted if each is
+// still exactly what this daemon created (owner, mode, size, uid, generation); a uid without one
+// gets a new segment under a fresh random name when it first connects, journaled (synced)
+// before anyone can use it. A random name means nobody can pre-create the segment a daemon will
+// use.
 absl::StatusOr<std::unique_ptr<StagingArena>> OpenArena(const DaemonOptions& o, MetaStore& meta,
                                                         const std::string& prefix) {
-  const uint32_t mode = 0600 | (o.socket_mode & 0060);  // the socket's group may map it too
-  CKPTD_ASSIGN_OR_RETURN(std::optional<std::string> journaled, meta.Get(keys::Meta("arena")));
-  if (journaled) {
-    std::vector<std::string> parts = absl::StrSplit(*journaled, ' ');
-    if (parts.size() == 2) {
-      auto adopted = StagingArena::Open(parts[0], o.staging_bytes_max, o.staging_prefault,
-                                        o.staging_mlock, parts[1], mode, o.socket_gid);
-      if (adopted.ok()) return adopted;
-      spdlog::warn("not adopting the journaled staging arena {}: {}", parts[0],
-                   adopted.status().ToString());
+  auto journal = [&meta](const ArenaSegmentInfo& s) {
+    MetaStore::Write w{keys::Meta(absl::StrCat("arena.u", s.uid)),
+                       absl::StrCat(s.name, " ", s.generation)};
+    return meta.Commit({&w, 1}, /*sync=*/true);
+  };
+  CKPTD_ASSIGN_OR_RETURN(
+      std::unique_ptr<StagingArena> arena,
+      StagingArena::Create(ArenaOptions{"/" + prefix, o.staging_bytes_max, o.staging_prefault,
+                                        o.staging_mlock},
+                           journal));
+  std::vector<std::pair<std::string, std::string>> rows;
+  CKPTD_RETURN_IF_ERROR(meta.Scan(keys::Meta("arena.u"), "", 0,
+                                  [&rows](std::string_view k, std::string_view v) {
+                                    rows.emplace_back(k, v);
+                                    return true;
+                                  }));
+  const std::string key_prefix = keys::Meta("arena.u");
+  for (const auto& [key, value] : rows) {
+    std::vector<std::string> parts = absl::StrSplit(value, ' ');
+    uint32_t uid = 0;
+    absl::Status st = absl::DataLossError(absl::StrCat("unparsable row \"", value, "\""));
+    if (parts.size() == 2 && absl::SimpleAtoi(key.substr(key_prefix.size()), &uid)) {
+      st = arena->Adopt(uid, parts[0], parts[1]);
+    }
+    if (!st.ok()) {
+      spdlog::warn("not adopting the journaled staging arena segment {}: {}", value,
+                   st.ToString());
     }
   }
-  std::string name = absl::StrCat("/", prefix, "arena-", RandomHexId().substr(0, 16));
-  CKPTD_ASSIGN_OR_RETURN(std::unique_ptr<StagingArena> arena,
-                         StagingArena::Open(name, o.staging_bytes_max, o.staging_prefault,
-                                            o.staging_mlock, "", mode, o.socket_gid));
-  MetaStore::Write w{keys::Meta("arena"), absl::StrCat(name, " ", arena->generation())};
-  CKPTD_RETURN_IF_ERROR(meta.Commit({&w, 1}, /*sync=*/true));
   return arena;
 }
 
@@ -150,12 +167,15 @@ int Run(const DaemonOptions& o) {
     spdlog::critical("staging arena: {}", arena.status().ToString());
     return 1;
   }
-  const std::string arena_name = (*arena)->shm_name();
-  RemoveOrphanSegments(prefix, arena_name);
+  RemoveOrphanSegments(prefix, **arena);
   std::unique_ptr<Io> io = NewUringIo(o.io_queue_depth);
   if (!o.direct_io) io = NewBufferedIo(std::move(io));
   std::unique_ptr<Storage> storage = NewPosixStorage(o.data_dir, io.get());
-  RegionRegistry regions(ForbiddenRegions{"/" + prefix, (*arena)->dev(), (*arena)->ino()});
+  StagingArena* arena_ptr = arena->get();
+  RegionRegistry regions(ForbiddenRegions{
+      "/" + prefix, [arena_ptr](uint64_t dev, uint64_t ino) {
+        return arena_ptr->IsSegment(dev, ino);
+      }});
   Executor flush_pool("flush", o.flush_threads, 1 << 20);
   Executor quick_pool("rpc", o.rpc_threads, o.rpc_queue_max);
   // Waits and reservations on their own bounded pools: Waits that may last an hour can never
@@ -179,6 +199,14 @@ int Run(const DaemonOptions& o) {
     spdlog::critical("cannot listen on {}: {}", o.socket_path, listener.status().ToString());
     return 1;
   }
+  absl::StatusOr<std::unique_ptr<ArenaFdServer>> arena_fds = ArenaFdServer::Listen(
+      o.socket_path + ArenaFdServer::kPathSuffix, o.socket_mode, o.socket_gid,
+      [&svc](uint32_t uid, const std::string& session) { return svc.ArenaFd(uid, session); });
+  if (!arena_fds.ok()) {
+    spdlog::critical("cannot listen on {}{}: {}", o.socket_path, ArenaFdServer::kPathSuffix,
+                     arena_fds.status().ToString());
+    return 1;
+  }
   GrpcCheckpointService rpc(&svc, listener->get(),
                             RpcPools{&quick_pool, &wait_pool, &reserve_pool, &load_pool});
   grpc::ServerBuilder builder;
@@ -191,10 +219,12 @@ int Run(const DaemonOptions& o) {
     spdlog::critical("cannot start the gRPC server");
     return 1;
   }
+  (*arena_fds)->Start();
   (*listener)->Start(server.get());
-  spdlog::info("ckptd ready on unix:{} (mode 0{:o}; data {}, arena {} of {} bytes{}, instance {})",
-               o.socket_path, o.socket_mode, o.data_dir, (*arena)->shm_name(),
-               o.staging_bytes_max, (*arena)->adopted() ? ", adopted" : "", svc.instance_id());
+  spdlog::info("ckptd ready on unix:{} (mode 0{:o}; data {}, staging arena of {} bytes, {} "
+               "segment(s) adopted, instance {})",
+               o.socket_path, o.socket_mode, o.data_dir, o.staging_bytes_max,
+               (*arena)->segments().size(), svc.instance_id());
 
   sigset_t set;
   sigemptyset(&set);
@@ -204,6 +234,7 @@ int Run(const DaemonOptions& o) {
   sigwait(&set, &sig);
   spdlog::info("signal {}: stopping (grace {} s)", sig, o.shutdown_grace_s);
   (*listener)->Stop();
+  (*arena_fds)->Stop();
   rpc.CloseSessions();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   bool drained = true;
@@ -212,8 +243,8 @@ int Run(const DaemonOptions& o) {
     // Flush threads are still inside a write: leave them (their work is journaled and resumes
     // from the arena at the next start) rather than overrun the grace period.
     std::filesystem::remove(o.socket_path);
-    spdlog::warn("exiting with flushes in flight; they resume from {} at the next start",
-                 arena_name);
+    spdlog::warn("exiting with flushes in flight; they resume from the staging arena at the "
+                 "next start");
     spdlog::shutdown();
     std::_Exit(0);
   }
@@ -224,8 +255,8 @@ int Run(const DaemonOptions& o) {
   if (nothing_staged) {
     (*arena)->Unlink();
   } else {
-    spdlog::info("staged checkpoints stay journaled in {}; the next start resumes them",
-                 arena_name);
+    spdlog::info("staged checkpoints stay journaled in the staging arena's segments; the next "
+                 "start resumes them");
   }
   std::filesystem::remove(o.socket_path);
   spdlog::info("stopped");

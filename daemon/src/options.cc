@@ -201,11 +201,13 @@ absl::Status DaemonOptions::Validate() {
   while (state_dir.size() > 1 && state_dir.back() == '/') state_dir.pop_back();
   if (data_dir.empty()) data_dir = state_dir + "/data";
   if (socket_path.empty()) socket_path = state_dir + "/ckptd.sock";
-  // sockaddr_un.sun_path holds 108 bytes including the terminating NUL.
-  if (socket_path.size() > 107) {
+  // sockaddr_un.sun_path holds 108 bytes including the terminating NUL, and the arena socket
+  // beside it appends ".arena" (rpc/arena_fd_server.h).
+  if (socket_path.size() > 101) {
     return absl::InvalidArgumentError(absl::StrCat(
         "option socket: path \"", socket_path, "\" is ", socket_path.size(),
-        " bytes; a unix socket path must fit in 107 bytes (set --socket to a shorter path)"));
+        " bytes; it must fit in 101 bytes (a unix socket path holds 107, and the arena socket "
+        "beside it appends \".arena\"; set --socket to a shorter path)"));
   }
   CKPTD_RETURN_IF_ERROR(Range("staging_bytes_max", staging_bytes_max, limits::kStagingBytesMin,
                               limits::kStagingBytesMax));

@@ -18,7 +18,8 @@ struct DaemonOptions {
   // Where blobs and manifests are written: <data_dir>/<job>/step-<20 digits>/.
   // Default: <state_dir>/data
   std::string data_dir;
-  // The unix socket clients connect to (mode 0600). At most 107 bytes.
+  // The unix socket clients connect to (mode 0600). At most 101 bytes: beside it the daemon
+  // listens on the same path with ".arena" appended, where clients fetch their arena segment.
   // Default: <state_dir>/ckptd.sock
   std::string socket_path;
   // Permission bits of the unix socket (octal). 0600 lets only the daemon's uid connect; 0660

@@ -3,6 +3,8 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -53,28 +55,102 @@ absl::Status ErrnoStatus(int err, const std::string& context) {
 
 // --- ArenaMapping ------------------------------------------------------------------------------
 
-absl::StatusOr<std::shared_ptr<ArenaMapping>> ArenaMapping::Map(const std::string& shm_name,
-                                                                 uint64_t bytes,
+namespace {
+
+// Connects to the daemon's arena socket, sends the session id and receives the segment's
+// descriptor (the caller owns it).
+absl::StatusOr<int> FetchArenaFd(const std::string& arena_socket, const std::string& session_id) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (arena_socket.size() >= sizeof addr.sun_path) {
+    return absl::InvalidArgumentError(absl::StrCat("arena socket path ", arena_socket, " is ",
+                                                   arena_socket.size(), " bytes, longer than ",
+                                                   sizeof addr.sun_path - 1));
+  }
+  std::memcpy(addr.sun_path, arena_socket.c_str(), arena_socket.size() + 1);
+  int sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (sock < 0) return ErrnoStatus(errno, "socket(AF_UNIX)");
+  auto fail = [sock](absl::Status st) {
+    (void)close(sock);  // already failing
+    return st;
+  };
+  timeval tv{5, 0};  // the daemon answers within its own 1 s limits
+  if (setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) != 0 ||
+      setsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) != 0) {
+    return fail(ErrnoStatus(errno, "setsockopt(SO_RCVTIMEO)"));
+  }
+  if (connect(sock, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    int err = errno;
+    return fail(absl::UnavailableError(absl::StrCat("connecting to the arena socket ",
+                                                    arena_socket, ": ", std::strerror(err))));
+  }
+  if (send(sock, session_id.data(), session_id.size(), MSG_NOSIGNAL) !=
+          static_cast<ssize_t>(session_id.size()) ||
+      shutdown(sock, SHUT_WR) != 0) {
+    return fail(ErrnoStatus(errno, absl::StrCat("sending the session id to ", arena_socket)));
+  }
+  char reply[1100];
+  iovec iov{reply, sizeof reply};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr mh{};
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  mh.msg_control = control;
+  mh.msg_controllen = sizeof control;
+  ssize_t n = recvmsg(sock, &mh, MSG_CMSG_CLOEXEC);
+  if (n < 0) return fail(ErrnoStatus(errno, absl::StrCat("reading from ", arena_socket)));
+  int fd = -1;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&mh); c != nullptr; c = CMSG_NXTHDR(&mh, c)) {
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
+        c->cmsg_len == CMSG_LEN(sizeof(int))) {
+      std::memcpy(&fd, CMSG_DATA(c), sizeof(int));
+    }
+  }
+  (void)close(sock);  // the exchange is complete
+  const bool truncated = (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0;
+  if (n < 1 || truncated || (reply[0] == 0) != (fd >= 0) || reply[0] > 16) {
+    if (fd >= 0) (void)close(fd);
+    return absl::InternalError(absl::StrCat("malformed answer from the arena socket ",
+                                            arena_socket));
+  }
+  if (reply[0] != 0) {
+    return absl::Status(static_cast<absl::StatusCode>(reply[0]),
+                        absl::StrCat("the daemon refused the arena: ",
+                                     std::string(reply + 1, static_cast<size_t>(n - 1))));
+  }
+  return fd;
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<ArenaMapping>> ArenaMapping::Map(const std::string& arena_socket,
+                                                                 const std::string& session_id,
+                                                                 const std::string& shm_name,
+                                                                 const std::string& generation,
+                                                                 uint64_t bytes, bool populate,
                                                                  bool pin_for_cuda) {
   if (bytes == 0) {
     return absl::InternalError(absl::StrCat("daemon announced an empty arena ", shm_name));
   }
-  int fd = shm_open(shm_name.c_str(), O_RDWR, 0);
-  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("shm_open(", shm_name, ")"));
+  absl::StatusOr<int> got = FetchArenaFd(arena_socket, session_id);
+  if (!got.ok()) return got.status();
+  int fd = *got;
   struct stat st;
   if (fstat(fd, &st) != 0) {
     int err = errno;
     (void)close(fd);  // already failing; the fstat error is the one to report
     return ErrnoStatus(err, absl::StrCat("fstat(", shm_name, ")"));
   }
-  if (static_cast<uint64_t>(st.st_size) < bytes) {
+  if (!S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) < bytes) {
     (void)close(fd);
     return absl::InternalError(absl::StrCat("arena ", shm_name, " has ", st.st_size,
                                             " bytes, the daemon announced ", bytes));
   }
-  // MAP_POPULATE: the daemon faulted the arena in at start; this maps its pages into this process
-  // now, so the first save's copy does not take a page fault per 4 KiB (a stall of its own).
-  void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  // MAP_POPULATE when the daemon faulted the whole segment in: this maps its pages into this
+  // process now, so the first save's copy does not take a page fault per 4 KiB (a stall of its
+  // own). Not otherwise: populating would allocate the pages of ranges other uids hold.
+  void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                    MAP_SHARED | (populate ? MAP_POPULATE : 0), fd, 0);
   int mmap_err = errno;
   // The mapping keeps the object alive; the descriptor is not needed past mmap.
   if (close(fd) != 0 && base != MAP_FAILED) {
@@ -86,7 +162,7 @@ absl::StatusOr<std::shared_ptr<ArenaMapping>> ArenaMapping::Map(const std::strin
     return ErrnoStatus(mmap_err, absl::StrCat("mmap(", shm_name, ", ", bytes, " bytes)"));
   }
   std::shared_ptr<ArenaMapping> mapping(
-      new ArenaMapping(shm_name, static_cast<uint8_t*>(base), bytes));
+      new ArenaMapping(shm_name, generation, static_cast<uint8_t*>(base), bytes));
   if (pin_for_cuda) {
     absl::Status pinned = CudaHostRegister(base, bytes, absl::StrCat("arena ", shm_name));
     if (!pinned.ok()) return pinned;  // the mapping's destructor unmaps it
@@ -147,6 +223,9 @@ ClientCore::ClientCore(ClientOptions options, std::string target,
                        std::shared_ptr<grpc::Channel> channel)
     : options_(std::move(options)),
       target_(std::move(target)),
+      // The arena socket lies beside the daemon's socket (proto: above HelloResponse); named
+      // from this client's view of the path, which may differ from the daemon's (a sidecar).
+      arena_socket_(target_.substr(5) + ".arena"),
       channel_(std::move(channel)),
       stub_(v1::Checkpoint::NewStub(channel_)) {}
 
@@ -263,9 +342,10 @@ absl::Status ClientCore::HelloLocked() {
   }
   std::shared_ptr<ArenaMapping> mapping = session_.arena;
   if (mapping == nullptr || resp.daemon_instance() != daemon_instance_ ||
-      mapping->name() != resp.arena_shm_name()) {
+      mapping->generation() != resp.arena_generation()) {
     absl::StatusOr<std::shared_ptr<ArenaMapping>> arena = ArenaMapping::Map(
-        resp.arena_shm_name(), resp.arena_bytes(), options_.pin_arena_for_cuda);
+        arena_socket_, resp.session_id(), resp.arena_shm_name(), resp.arena_generation(),
+        resp.arena_bytes(), resp.arena_resident(), options_.pin_arena_for_cuda);
     if (!arena.ok()) {
       GoodbyeQuietly(resp.session_id());
       DetachLocked();

@@ -44,14 +44,24 @@ namespace v1 = ::ckptd::v1;
 // "<context>: <strerror> (errno N)" with the canonical code for errno.
 absl::Status ErrnoStatus(int err, const std::string& context);
 
-// The staging arena of one daemon instance, mapped MAP_SHARED read/write. Unmapped when the last
-// shared_ptr goes (ArenaBuffers share it, so their memory never vanishes under the caller).
+// The staging arena segment of this process's uid in one daemon instance, mapped MAP_SHARED
+// read/write. Unmapped when the last shared_ptr goes (ArenaBuffers share it, so their memory
+// never vanishes under the caller).
 class ArenaMapping {
  public:
-  // pin_for_cuda: also page-lock the mapping for CUDA (cudaHostRegister); FAILED_PRECONDITION
-  // when that fails (nothing stays mapped then).
-  static absl::StatusOr<std::shared_ptr<ArenaMapping>> Map(const std::string& shm_name,
-                                                           uint64_t bytes, bool pin_for_cuda);
+  // Fetches the segment's descriptor from the daemon's arena socket `arena_socket` for
+  // `session_id` (the protocol is in ckptd.proto, above HelloResponse) and maps `bytes` of it;
+  // `name` is for messages; populate: fault its pages into this process now (when the daemon
+  // says they all exist). pin_for_cuda: also page-lock the mapping for CUDA
+  // (cudaHostRegister); FAILED_PRECONDITION when that fails (nothing stays mapped then).
+  // Errors: the daemon's answer (its code and message), UNAVAILABLE when the socket cannot be
+  // reached, INTERNAL for a malformed answer or a segment smaller than announced.
+  static absl::StatusOr<std::shared_ptr<ArenaMapping>> Map(const std::string& arena_socket,
+                                                           const std::string& session_id,
+                                                           const std::string& name,
+                                                           const std::string& generation,
+                                                           uint64_t bytes, bool populate,
+                                                           bool pin_for_cuda);
   ~ArenaMapping();
   ArenaMapping(const ArenaMapping&) = delete;
   ArenaMapping& operator=(const ArenaMapping&) = delete;
@@ -59,13 +69,15 @@ class ArenaMapping {
   // [offset, offset + length) of the arena; INTERNAL when the daemon named bytes outside it.
   absl::StatusOr<uint8_t*> At(uint64_t offset, uint64_t length) const;
   const std::string& name() const { return name_; }
+  const std::string& generation() const { return generation_; }
   uint64_t size() const { return bytes_; }
   bool pinned_for_cuda() const { return pinned_for_cuda_; }
 
  private:
-  ArenaMapping(std::string name, uint8_t* base, uint64_t bytes)
-      : name_(std::move(name)), base_(base), bytes_(bytes) {}
+  ArenaMapping(std::string name, std::string generation, uint8_t* base, uint64_t bytes)
+      : name_(std::move(name)), generation_(std::move(generation)), base_(base), bytes_(bytes) {}
   std::string name_;
+  std::string generation_;
   uint8_t* base_;
   uint64_t bytes_;
   bool pinned_for_cuda_ = false;
@@ -162,6 +174,7 @@ class ClientCore {
 
   const ClientOptions options_;
   const std::string target_;
+  const std::string arena_socket_;  // the daemon's socket path + ".arena"
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Checkpoint::Stub> stub_;
   std::atomic<uint64_t> reconnects_{0};

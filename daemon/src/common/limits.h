@@ -14,6 +14,8 @@ inline constexpr uint64_t kGiB = 1024 * kMiB;
 inline constexpr uint64_t kAlignmentBytes = 4 * kKiB;
 // The arena's first page holds its header (magic, generation); extents come after it.
 inline constexpr uint64_t kArenaHeaderBytes = 4 * kKiB;
+// Staging arena segments, one per uid that ever reserved staging memory since the daemon started.
+inline constexpr uint64_t kArenaSegmentsMax = 64;
 inline constexpr uint64_t kStagingBytesMin = 16 * kMiB;
 inline constexpr uint64_t kStagingBytesMax = 1024 * kGiB;
 

@@ -18,15 +18,6 @@
 namespace ckptd {
 namespace {
 
-constexpr char kArenaMagic[8] = {'C', 'K', 'P', 'T', 'A', 'R', 'N', '1'};
-
-struct ArenaHeader {
-  char magic[8];
-  uint64_t size_bytes;
-  char generation[33];
-};
-
-
 void RandomBytes(void* out, size_t n) {
   auto* p = static_cast<uint8_t*>(out);
   while (n > 0) {
@@ -56,131 +47,13 @@ uint64_t RandomExtentIdBase() {
   return (v & 0xffffffull) << 32 | 1;  // ids stay well below 2^63
 }
 
-namespace {
-
-// The segment of a previous run of this daemon, only if it is exactly what that run created:
-// a regular file owned by the daemon's euid, with the daemon's mode, the size and the journaled
-// generation. Anything else is refused (never adopted, never touched).
-absl::Status CheckAdoptable(int fd, const std::string& what, uint64_t size_bytes, uint32_t mode,
-                            const std::string& generation) {
-  struct stat st;
-  if (fstat(fd, &st) != 0) return ErrnoStatus(errno, absl::StrCat("fstat ", what));
-  if (!S_ISREG(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 07777) != mode) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "%s is not the daemon's (owner uid %d, mode 0%o; expected uid %d, mode 0%o)", what,
-        st.st_uid, st.st_mode & 07777, geteuid(), mode));
-  }
-  ArenaHeader h{};
-  if (static_cast<uint64_t>(st.st_size) != size_bytes ||
-      pread(fd, &h, sizeof h, 0) != static_cast<ssize_t>(sizeof h) ||
-      std::memcmp(h.magic, kArenaMagic, 8) != 0 || h.size_bytes != size_bytes ||
-      std::string(h.generation, 32) != generation) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        what, " does not match the journal (size ", st.st_size, " vs ", size_bytes,
-        ", or another generation than ", generation, ")"));
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
-
-absl::StatusOr<std::unique_ptr<StagingArena>> StagingArena::Open(
-    const std::string& shm_name, uint64_t size_bytes, bool prefault, bool mlock_pages,
-    const std::string& adopt_generation, uint32_t mode, int64_t gid) {
-  std::unique_ptr<StagingArena> arena(new StagingArena());
-  arena->shm_name_ = shm_name;
-  arena->size_bytes_ = size_bytes;
-  std::string what = absl::StrCat("staging arena shm ", shm_name);
-
-  int fd = -1;
-  if (!adopt_generation.empty()) {
-    fd = shm_open(shm_name.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC, 0);
-    if (fd < 0) return ErrnoStatus(errno, absl::StrCat("shm_open ", what));
-    absl::Status ok = CheckAdoptable(fd, what, size_bytes, mode, adopt_generation);
-    if (!ok.ok()) {
-      close(fd);
-      return ok;
-    }
-    arena->generation_ = adopt_generation;
-    arena->adopted_ = true;
-  } else {
-    // O_EXCL: a segment someone else created under this name is never taken over.
-    fd = shm_open(shm_name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
-    if (fd < 0) return ErrnoStatus(errno, absl::StrCat("shm_open(O_CREAT|O_EXCL) ", what));
-    absl::Status set = absl::OkStatus();
-    if (fchmod(fd, mode) != 0) {
-      set = ErrnoStatus(errno, absl::StrCat("fchmod ", what));
-    } else if (gid >= 0 && fchown(fd, static_cast<uid_t>(-1), static_cast<gid_t>(gid)) != 0) {
-      set = ErrnoStatus(errno, absl::StrCat("fchown ", what, " to gid ", gid));
-    } else if (ftruncate(fd, static_cast<off_t>(size_bytes)) != 0) {
-      set = ErrnoStatus(errno, absl::StrCat("ftruncate ", what, " to ", size_bytes, " bytes"));
-    }
-    if (!set.ok()) {
-      close(fd);
-      shm_unlink(shm_name.c_str());
-      return set;
-    }
-    arena->generation_ = RandomHexId();
-  }
-  struct stat st;
-  if (fstat(fd, &st) == 0) {
-    arena->dev_ = st.st_dev;
-    arena->ino_ = st.st_ino;
-  }
-  void* p = mmap(nullptr, size_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  int mmap_err = errno;
-  close(fd);
-  if (p == MAP_FAILED) return ErrnoStatus(mmap_err, absl::StrCat("mmap ", what));
-  arena->base_ = static_cast<uint8_t*>(p);
-
-  if (!arena->adopted_) {
-    // tmpfs allocates on first touch; fallocate-like pre-faulting makes a full /dev/shm fail here,
-    // at start, instead of as SIGBUS in a client's memcpy later.
-    if (prefault) {
-      if (madvise(p, size_bytes, MADV_POPULATE_WRITE) != 0) {
-        if (errno != EINVAL) {
-          return ErrnoStatus(errno, absl::StrCat("pre-faulting ", what, " (", size_bytes,
-                                                 " bytes; is /dev/shm large enough?)"));
-        }
-        std::memset(p, 0, size_bytes);  // kernels before 5.14
-      }
-    }
-    ArenaHeader h{};
-    std::memcpy(h.magic, kArenaMagic, 8);
-    h.size_bytes = size_bytes;
-    std::memcpy(h.generation, arena->generation_.data(), 32);
-    std::memcpy(p, &h, sizeof h);
-  } else if (prefault) {
-    madvise(p, size_bytes, MADV_POPULATE_WRITE);  // best effort: pages are already there
-  }
-  if (mlock_pages && mlock(p, size_bytes) != 0) {
-    return ErrnoStatus(errno, absl::StrCat("mlock ", what, " (raise RLIMIT_MEMLOCK)"));
-  }
-  absl::MutexLock lock(&arena->mu_);
-  arena->next_id_ = RandomExtentIdBase();
-  uint64_t cap = size_bytes - limits::kArenaHeaderBytes;
-  arena->free_[limits::kArenaHeaderBytes] = cap;
-  arena->free_bytes_ = cap;
-  return arena;
-}
-
-StagingArena::~StagingArena() {
-  if (base_ != nullptr) munmap(base_, size_bytes_);
-}
-
 uint64_t StagingArena::capacity_bytes() const {
-  return size_bytes_ - limits::kArenaHeaderBytes;
+  return options_.size_bytes - limits::kArenaHeaderBytes;
 }
 
 uint64_t StagingArena::free_bytes() const {
   absl::MutexLock lock(&mu_);
   return free_bytes_;
-}
-
-void StagingArena::Unlink() {
-  if (shm_unlink(shm_name_.c_str()) != 0 && errno != ENOENT) {
-    spdlog::warn("shm_unlink {}: {}", shm_name_, std::strerror(errno));
-  }
 }
 
 std::optional<uint64_t> StagingArena::AllocateLocked(uint64_t len) {
@@ -226,6 +99,7 @@ uint64_t StagingArena::LargestFreeLocked() const {
 }
 
 absl::StatusOr<std::vector<ExtentInfo>> StagingArena::Reserve(const std::string& session,
+                                                              uint32_t uid,
                                                               std::span<const uint64_t> sizes,
                                                               absl::Duration timeout) {
   uint64_t total = 0;
@@ -247,8 +121,36 @@ absl::StatusOr<std::vector<ExtentInfo>> StagingArena::Reserve(const std::string&
                      " extents can never fit: the staging arena holds ", capacity_bytes(),
                      " bytes (reserve in smaller batches or raise staging_bytes_max)"));
   }
-  absl::Time deadline = absl::Now() + timeout;
+  CKPTD_RETURN_IF_ERROR(Segment(uid).status());
+  std::vector<ExtentInfo> out;
+  std::vector<Span> spans;
+  {
+    absl::MutexLock lock(&mu_);
+    CKPTD_ASSIGN_OR_RETURN(out, AllocateAllLocked(session, uid, sizes, total, timeout));
+    for (const ExtentInfo& e : out) {
+      for (const Span& s : ClaimLocked(e.offset, e.length, uid)) spans.push_back(s);
+    }
+  }
+  absl::Status resident = MakeResident(uid, spans);
+  if (resident.ok()) return out;
+  // Not handed out: give the extents back (unless the session ended meanwhile and released
+  // them) and forget what is resident where for them.
   absl::MutexLock lock(&mu_);
+  for (const Span& s : spans) ClaimLocked(s.offset, s.length, kAnyone);
+  for (const ExtentInfo& e : out) {
+    auto it = extents_.find(e.id);
+    if (it != extents_.end() && !it->second.daemon_owned && !it->second.released &&
+        it->second.session == session) {
+      ReleaseLocked(it);
+    }
+  }
+  return resident;
+}
+
+absl::StatusOr<std::vector<ExtentInfo>> StagingArena::AllocateAllLocked(
+    const std::string& session, uint32_t uid, std::span<const uint64_t> sizes, uint64_t total,
+    absl::Duration timeout) {
+  absl::Time deadline = absl::Now() + timeout;
   while (true) {
     std::vector<ExtentInfo> out;
     bool ok = true;
@@ -259,7 +161,7 @@ absl::StatusOr<std::vector<ExtentInfo>> StagingArena::Reserve(const std::string&
         ok = false;
         break;
       }
-      out.push_back(ExtentInfo{next_id_++, *off, len, session, false, 0, false});
+      out.push_back(ExtentInfo{next_id_++, *off, len, uid, session, false, 0, false});
     }
     if (ok) {
       for (const ExtentInfo& e : out) extents_[e.id] = e;
@@ -403,10 +305,16 @@ size_t StagingArena::reserved_count() const {
   return n;
 }
 
-absl::Status StagingArena::Restore(uint64_t id, uint64_t offset, uint64_t length) {
+absl::Status StagingArena::Restore(uint64_t id, uint32_t uid, uint64_t offset,
+                                   uint64_t length) {
+  if (Find(uid) == nullptr) {
+    return absl::DataLossError(absl::StrCat("journal extent ", id, ": uid ", uid,
+                                            " has no arena segment"));
+  }
   absl::MutexLock lock(&mu_);
   if (offset % limits::kAlignmentBytes != 0 || length % limits::kAlignmentBytes != 0 ||
-      offset < limits::kArenaHeaderBytes || offset + length > size_bytes_ || length == 0) {
+      offset < limits::kArenaHeaderBytes || offset > options_.size_bytes ||
+      length > options_.size_bytes - offset || length == 0) {
     return absl::DataLossError(absl::StrCat("journal extent ", id, " [", offset, ", +", length,
                                             ") does not fit the arena"));
   }
@@ -423,7 +331,8 @@ absl::Status StagingArena::Restore(uint64_t id, uint64_t offset, uint64_t length
   if (offset > f_off) free_[f_off] = offset - f_off;
   if (f_off + f_len > offset + length) free_[offset + length] = f_off + f_len - offset - length;
   free_bytes_ -= length;
-  extents_[id] = ExtentInfo{id, offset, length, "", true, 0, false};
+  extents_[id] = ExtentInfo{id, offset, length, uid, "", true, 0, false};
+  ClaimLocked(offset, length, uid);  // its bytes are in that segment
   next_id_ = std::max(next_id_, id + 1);
   return absl::OkStatus();
 }

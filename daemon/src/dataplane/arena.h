@@ -1,11 +1,31 @@
-// StagingArena: the daemon's one named shared-memory segment of staging_bytes_max, pre-faulted at
-// start and carved into 4 KiB-aligned extents. Clients map it once and copy each shard straight
-// into an extent they reserved (the one copy); the daemon writes blobs from it with O_DIRECT and
-// never copies an extent.
+// StagingArena: the daemon's staging memory — staging_bytes_max carved into 4 KiB-aligned
+// extents. Clients map it and copy each shard straight into an extent they reserved (the one
+// copy); the daemon writes blobs from it with O_DIRECT and never copies an extent.
 //
-// Layout: page 0 is a header (magic, size, generation); extents come after it. The generation is
-// a random id written when the segment is created: the journal records it, so a restarted daemon
-// knows whether the bytes a staged checkpoint points at are still the ones that were staged.
+// One segment per uid (DESIGN invariant 6: a client reaches only staging memory of its own
+// uid). The arena is one offset space and one allocator, but the bytes of an extent live in the
+// segment of the uid that reserved it: a segment is a named shared-memory object of the full
+// size, mode 0600, owned by the daemon, which no client can open by name; a client receives the
+// descriptor of its own uid's segment over the daemon's arena socket (SCM_RIGHTS, rpc/
+// arena_fd_server.h), so another uid's staged bytes are not in any memory it can map. Named
+// (not memfds) so that a restarted daemon finds them again and resumes what was staged.
+//
+// Physical memory stays within staging_bytes_max: every offset range is populated in at most
+// one segment ("resident" there). A reservation makes its range resident in its uid's segment:
+// the pages are punched out of the segment that held them before (they were free, no extent
+// there) and faulted into the new one (MADV_POPULATE_WRITE), so a full /dev/shm is an error here,
+// never a SIGBUS in a client's copy. With one training uid (the usual node) the whole arena
+// becomes resident in its segment when that segment is created — what pre-faulting at start
+// did — and no reservation pays for faults again. A client may fault pages into free ranges of
+// its own segment by writing there; those are its own (charged to its memory cgroup), are
+// punched when the range goes to another uid, and never hold another uid's bytes.
+//
+// Segment lifecycle: created (journaled through the SegmentJournalFn, synced, before any client
+// learns of it) at the first Hello or reservation of its uid, or adopted at start when it is
+// exactly what a previous run of this daemon created (a regular file owned by the daemon's euid,
+// mode 0600, the size, and the generation and uid in its header page); never destroyed while
+// the daemon runs; unlinked at a clean stop with nothing staged. At most
+// limits::kArenaSegmentsMax segments (uids).
 //
 // Extent lifecycle (who owns it, what ends it):
 //   Reserve → owned by a session, until Release by that session or the session's end (a
@@ -22,6 +42,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -41,10 +62,27 @@ struct ExtentInfo {
   uint64_t id = 0;
   uint64_t offset = 0;  // into the segment, 4 KiB aligned
   uint64_t length = 0;  // multiple of 4 KiB
+  uint32_t uid = 0;     // whose segment holds its bytes
   std::string session;  // reserving session; empty once the daemon owns it or it was released
   bool daemon_owned = false;
   uint32_t leases = 0;    // operations using it now (ExtentLease)
   bool released = false;  // released while leased: freed when the last lease goes
+};
+
+// One uid's segment, as the journal records it and the operator sees it.
+struct ArenaSegmentInfo {
+  uint32_t uid = 0;
+  std::string name;        // shm_open() name
+  std::string generation;  // random, 32 hex characters, in the segment's header page
+  bool adopted = false;    // created by a previous run of this daemon
+};
+
+struct ArenaOptions {
+  // Segment names are name_prefix + "arena-u<uid>-<16 random hex>", e.g. "/ckptd-1a2b3c4d-".
+  std::string name_prefix;
+  uint64_t size_bytes = 0;  // of the offset space (and each segment), header page included
+  bool prefault = true;     // fault pages in when a range becomes resident (else at first touch)
+  bool mlock_pages = false;  // lock resident pages (MLOCK_ONFAULT)
 };
 
 class StagingArena;
@@ -55,34 +93,54 @@ using ExtentLease = std::shared_ptr<const ExtentInfo>;
 
 class StagingArena {
  public:
-  // Creates the segment `shm_name` of `size_bytes` (including the header page) with a new
-  // random generation, exclusively (O_EXCL: ALREADY_EXISTS if the name is taken — the daemon
-  // never takes over a segment it did not create), with permission bits `mode` and group `gid`
-  // (-1: the daemon's). With adopt_generation set it instead adopts the segment a previous run
-  // of this daemon created (adopted() == true, contents untouched), only if it is a regular file
-  // owned by the daemon's euid with exactly `mode`, the size and that generation in its header;
-  // FAILED_PRECONDITION otherwise, NOT_FOUND when it is gone.
-  // Errors: RESOURCE_EXHAUSTED when /dev/shm cannot hold it, INTERNAL for other syscalls.
-  static absl::StatusOr<std::unique_ptr<StagingArena>> Open(
-      const std::string& shm_name, uint64_t size_bytes, bool prefault, bool mlock_pages,
-      const std::string& adopt_generation = "", uint32_t mode = 0600, int64_t gid = -1);
-  ~StagingArena();  // unmaps; does not unlink (staged data survives a restart)
+  // Makes a new segment durable before it is used (the daemon journals name and generation with
+  // a synced index write); an error fails the segment's creation and removes it.
+  using SegmentJournalFn = std::function<absl::Status(const ArenaSegmentInfo&)>;
 
-  const std::string& shm_name() const { return shm_name_; }
-  const std::string& generation() const { return generation_; }
-  bool adopted() const { return adopted_; }
-  // The segment's identity, so it can be told apart from client memory under any name.
-  uint64_t dev() const { return dev_; }
-  uint64_t ino() const { return ino_; }
-  uint8_t* base() const { return base_; }
-  uint64_t size_bytes() const { return size_bytes_; }
+  // An arena with no segments yet. INVALID_ARGUMENT for a size that is not a multiple of 4 KiB
+  // or leaves no room after the header page.
+  static absl::StatusOr<std::unique_ptr<StagingArena>> Create(ArenaOptions options,
+                                                              SegmentJournalFn journal);
+  ~StagingArena();  // unmaps and closes; does not unlink (staged data survives a restart)
+
+  // Start-up, before any client: adopts the segment a previous run created for `uid`, only if it
+  // is exactly what that run created (see the header comment); FAILED_PRECONDITION otherwise
+  // (never adopted, never touched), NOT_FOUND when it is gone, ALREADY_EXISTS when `uid` has one.
+  absl::Status Adopt(uint32_t uid, const std::string& name, const std::string& generation);
+
+  // The segment of `uid`, created on first use (O_EXCL under a random name; journaled). When it
+  // is the arena's first segment, the free arena is made resident in it now. RESOURCE_EXHAUSTED
+  // when /dev/shm cannot hold it or kArenaSegmentsMax uids have one; INTERNAL for other syscalls.
+  absl::StatusOr<ArenaSegmentInfo> Segment(uint32_t uid);
+  // The open descriptor of `uid`'s segment, to hand to a client of that uid (SCM_RIGHTS).
+  // Borrowed: valid while the arena lives. NOT_FOUND when `uid` has no segment.
+  absl::StatusOr<int> SegmentFd(uint32_t uid) const;
+  std::vector<ArenaSegmentInfo> segments() const;
+  // Whether (dev, ino) is one of the arena's segments (so it is refused as a client region).
+  bool IsSegment(uint64_t dev, uint64_t ino) const;
+  // The segment with `generation`; nullopt when none (e.g. the bytes staged there did not
+  // survive a restart).
+  std::optional<ArenaSegmentInfo> SegmentOfGeneration(const std::string& generation) const;
+  // Whether `uid`'s segment holds the pages of the whole arena (so mapping it with MAP_POPULATE
+  // allocates nothing).
+  bool FullyResident(uint32_t uid) const;
+  // The generation of `uid`'s segment ("" when it has none).
+  std::string Generation(uint32_t uid) const;
+
+  // Where the bytes at `offset` of `uid`'s segment are mapped in the daemon. The segment must
+  // exist (CHECKed: callers name only extents and journaled offsets of existing segments).
+  uint8_t* At(uint32_t uid, uint64_t offset) const;
+  uint8_t* Data(const ExtentInfo& e) const { return At(e.uid, e.offset); }
+
+  uint64_t size_bytes() const { return options_.size_bytes; }
   uint64_t capacity_bytes() const;  // bytes extents can use
   uint64_t free_bytes() const;
 
-  // Reserves one extent per size (rounded up to 4 KiB), all or none, for `session`. Waits up to
-  // `timeout` for space; then RESOURCE_EXHAUSTED stating the bytes asked and free. A request that
-  // could never fit fails at once. INVALID_ARGUMENT for a zero size.
-  absl::StatusOr<std::vector<ExtentInfo>> Reserve(const std::string& session,
+  // Reserves one extent per size (rounded up to 4 KiB), all or none, for `session` of `uid`, in
+  // `uid`'s segment (created if needed) and resident there. Waits up to `timeout` for space; then
+  // RESOURCE_EXHAUSTED stating the bytes asked and free. A request that could never fit fails at
+  // once. INVALID_ARGUMENT for a zero size; RESOURCE_EXHAUSTED when /dev/shm cannot hold the pages.
+  absl::StatusOr<std::vector<ExtentInfo>> Reserve(const std::string& session, uint32_t uid,
                                                   std::span<const uint64_t> sizes,
                                                   absl::Duration timeout);
   // The extent `id` if `session` reserved it (and it is not yet taken). NOT_FOUND otherwise,
@@ -104,14 +162,38 @@ class StagingArena {
   void ReleaseSession(const std::string& session);
   // Extents reserved by sessions (not yet taken by a Save), and how many of those are leased.
   size_t reserved_count() const;
-  // Recovery: marks [offset, offset+length) as a daemon-owned extent with id `id`.
-  absl::Status Restore(uint64_t id, uint64_t offset, uint64_t length);
-  // Removes the segment name (clean shutdown with nothing staged).
+  // Recovery: marks [offset, offset+length) of `uid`'s (adopted) segment as a daemon-owned
+  // extent with id `id`. DATA_LOSS when it does not fit or overlaps another.
+  absl::Status Restore(uint64_t id, uint32_t uid, uint64_t offset, uint64_t length);
+  // Removes every segment's name (clean shutdown with nothing staged).
   void Unlink();
 
  private:
-  StagingArena() = default;
+  struct Seg;
+  // Who holds the pages of an offset range: a uid, nobody, or unknown (after a restart).
+  static constexpr uint32_t kNobody = UINT32_MAX;
+  static constexpr uint32_t kAnyone = UINT32_MAX - 1;
+  struct Span {
+    uint64_t offset = 0;
+    uint64_t length = 0;
+    uint32_t holder = kNobody;  // before the claim
+  };
+
+  explicit StagingArena(ArenaOptions options, SegmentJournalFn journal);
+  absl::StatusOr<std::unique_ptr<Seg>> NewSegment(uint32_t uid);
+  Seg* Find(uint32_t uid) const;
   std::optional<uint64_t> AllocateLocked(uint64_t len) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reserve's allocation: all or none, waiting (mu_ released meanwhile) up to `timeout`.
+  absl::StatusOr<std::vector<ExtentInfo>> AllocateAllLocked(const std::string& session,
+                                                            uint32_t uid,
+                                                            std::span<const uint64_t> sizes,
+                                                            uint64_t total, absl::Duration timeout)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records that `uid` holds [offset, offset+length); returns the parts another holder had.
+  std::vector<Span> ClaimLocked(uint64_t offset, uint64_t length, uint32_t uid)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Punches `spans` out of the segments that held them and faults them into `uid`'s.
+  absl::Status MakeResident(uint32_t uid, const std::vector<Span>& spans);
   // Detaches a reserved extent from its session: freed now, or when its last lease ends.
   void ReleaseLocked(absl::flat_hash_map<uint64_t, ExtentInfo>::iterator it)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -121,18 +203,21 @@ class StagingArena {
   void FreeRangeLocked(uint64_t offset, uint64_t len) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t LargestFreeLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  std::string shm_name_;
-  std::string generation_;
-  bool adopted_ = false;
-  uint64_t dev_ = 0;
-  uint64_t ino_ = 0;
-  uint8_t* base_ = nullptr;
-  uint64_t size_bytes_ = 0;
+  const ArenaOptions options_;
+  const SegmentJournalFn journal_;
+
+  // Segments: created one at a time (create_mu_ is held across the synced journal write and the
+  // first segment's faulting, and taken by nothing else); segs_ is only appended to.
+  absl::Mutex create_mu_;
+  mutable absl::Mutex seg_mu_;
+  std::vector<std::unique_ptr<Seg>> segs_ ABSL_GUARDED_BY(seg_mu_);
 
   mutable absl::Mutex mu_;
   absl::CondVar freed_;
   std::map<uint64_t, uint64_t> free_ ABSL_GUARDED_BY(mu_);  // offset → length, coalesced
   uint64_t free_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // offset → (length, holder): which segment holds the pages of each range, coalesced.
+  std::map<uint64_t, std::pair<uint64_t, uint32_t>> resident_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, ExtentInfo> extents_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
 };

@@ -66,7 +66,7 @@ absl::StatusOr<uint64_t> RegionRegistry::Register(const std::string& session, ui
     refused = absl::PermissionDeniedError(absl::StrCat("region ", name, " is owned by uid ",
                                                        st.st_uid, ", not by the caller's uid ",
                                                        owner_uid));
-  } else if (st.st_dev == forbidden_.arena_dev && st.st_ino == forbidden_.arena_ino) {
+  } else if (forbidden_.is_arena && forbidden_.is_arena(st.st_dev, st.st_ino)) {
     refused = absl::PermissionDeniedError(
         absl::StrCat("region ", name, " is the daemon's staging arena"));
   } else if (static_cast<uint64_t>(st.st_size) < req.size_bytes()) {

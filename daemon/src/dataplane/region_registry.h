@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -40,8 +41,8 @@ struct MappedRegion {
 // Memory that must never be registered as a client region: the daemon's own.
 struct ForbiddenRegions {
   std::string shm_prefix;  // e.g. "/ckptd-1a2b3c4d-"
-  uint64_t arena_dev = 0;
-  uint64_t arena_ino = 0;
+  // Whether a file (st_dev, st_ino) is one of the daemon's arena segments, under any name.
+  std::function<bool(uint64_t dev, uint64_t ino)> is_arena;
 };
 
 using RegionLease = std::shared_ptr<const MappedRegion>;

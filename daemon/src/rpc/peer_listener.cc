@@ -19,7 +19,8 @@
 
 namespace ckptd {
 
-absl::StatusOr<std::unique_ptr<PeerListener>> PeerListener::Listen(const ListenOptions& o) {
+absl::StatusOr<int> ListenUnix(const std::string& path, uint32_t mode, int64_t gid) {
+  ListenOptions o{path, mode, gid};
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (o.path.empty() || o.path.size() >= sizeof addr.sun_path) {
@@ -35,21 +36,41 @@ absl::StatusOr<std::unique_ptr<PeerListener>> PeerListener::Listen(const ListenO
     }
     if (unlink(o.path.c_str()) != 0) return ErrnoStatus(errno, absl::StrCat("unlink ", o.path));
   }
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return ErrnoStatus(errno, "socket(AF_UNIX)");
+  absl::Status err = absl::OkStatus();
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    err = ErrnoStatus(errno, absl::StrCat("bind ", o.path));
+  } else if (chmod(o.path.c_str(), o.mode) != 0) {
+    // The mode and group are set before listen(), so nobody connects through wider permissions.
+    err = ErrnoStatus(errno, absl::StrCat("chmod ", o.path));
+  } else if (o.gid >= 0 &&
+             chown(o.path.c_str(), static_cast<uid_t>(-1), static_cast<gid_t>(o.gid)) != 0) {
+    err = ErrnoStatus(errno, absl::StrCat("chown ", o.path, " to gid ", o.gid));
+  } else if (listen(fd, 512) != 0) {
+    err = ErrnoStatus(errno, absl::StrCat("listen ", o.path));
+  }
+  if (!err.ok()) {
+    close(fd);
+    return err;
+  }
+  return fd;
+}
+
+absl::StatusOr<uint32_t> PeerUid(int fd) {
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+    return ErrnoStatus(errno, "getsockopt(SO_PEERCRED)");
+  }
+  return cred.uid;
+}
+
+absl::StatusOr<std::unique_ptr<PeerListener>> PeerListener::Listen(const ListenOptions& o) {
+  CKPTD_ASSIGN_OR_RETURN(int fd, ListenUnix(o.path, o.mode, o.gid));
   std::unique_ptr<PeerListener> l(new PeerListener());
   l->options_ = o;
-  l->listen_fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (l->listen_fd_ < 0) return ErrnoStatus(errno, "socket(AF_UNIX)");
-  if (bind(l->listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    return ErrnoStatus(errno, absl::StrCat("bind ", o.path));
-  }
-  // The mode and group are set before listen(), so nobody connects through wider permissions.
-  if (chmod(o.path.c_str(), o.mode) != 0) {
-    return ErrnoStatus(errno, absl::StrCat("chmod ", o.path));
-  }
-  if (o.gid >= 0 && chown(o.path.c_str(), static_cast<uid_t>(-1), static_cast<gid_t>(o.gid)) != 0) {
-    return ErrnoStatus(errno, absl::StrCat("chown ", o.path, " to gid ", o.gid));
-  }
-  if (listen(l->listen_fd_, 512) != 0) return ErrnoStatus(errno, absl::StrCat("listen ", o.path));
+  l->listen_fd_ = fd;
   l->stop_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (l->stop_fd_ < 0) return ErrnoStatus(errno, "eventfd");
   return l;

@@ -36,6 +36,14 @@ struct ListenOptions {
   int64_t admin_gid = -1;  // members (and uid 0) are admin callers; -1: uid 0 only
 };
 
+// Binds and listens on a unix socket at `path` with permission bits `mode` and group `gid` (-1:
+// the daemon's), set before listen(). A stale socket file there is replaced; any other kind of
+// file is FAILED_PRECONDITION (never removed). Returns the listening descriptor (non-blocking,
+// close-on-exec; the caller owns it). Errors name the path.
+absl::StatusOr<int> ListenUnix(const std::string& path, uint32_t mode, int64_t gid);
+// The uid of the process on the other end of the connected unix socket `fd`, as the kernel says.
+absl::StatusOr<uint32_t> PeerUid(int fd);
+
 class PeerListener {
  public:
   // Binds and listens. A stale socket file at `path` is replaced; any other kind of file there

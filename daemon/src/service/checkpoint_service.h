@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -82,6 +83,10 @@ class CheckpointService {
   // are allowed to its owner (the uid whose Save created it); reads, Abort and Delete also to an
   // admin caller; anyone else gets PERMISSION_DENIED naming the job and its owner.
   absl::Status Hello(const Caller& caller, const v1::HelloRequest& req, v1::HelloResponse* resp);
+  // The descriptor of the staging arena segment of `uid` for its session `session` (borrowed from
+  // the arena; rpc/arena_fd_server.h hands it over). FAILED_PRECONDITION when `session` is not
+  // a live session of `uid`.
+  absl::StatusOr<int> ArenaFd(uint32_t uid, const std::string& session) const;
   // Binds session `id` to the caller's Attach stream (sessions.h); EndSession ends it when the
   // stream ends.
   absl::Status Attach(const Caller& caller, const std::string& id);
@@ -214,7 +219,7 @@ class CheckpointService {
   void FlushRank(Key key, uint32_t rank);
   absl::Status WriteRankBlob(const std::string& dir, const std::vector<RegionLease>& leases,
                              v1::RankRecord* rec);
-  const uint8_t* ShardSource(const v1::StagedShard& s,
+  const uint8_t* ShardSource(std::optional<uint32_t> arena_uid, const v1::StagedShard& s,
                              const std::vector<RegionLease>& leases) const;
 
   // commit.cc

@@ -153,12 +153,15 @@ absl::Status WritePieces(Storage& storage, const std::string& path,
 
 }  // namespace
 
-const uint8_t* CheckpointService::ShardSource(const v1::StagedShard& s,
+const uint8_t* CheckpointService::ShardSource(std::optional<uint32_t> arena_uid,
+                                              const v1::StagedShard& s,
                                               const std::vector<RegionLease>& leases) const {
   const v1::MemRef& m = s.spec().data();
   if (m.length() == 0) return nullptr;
   if (m.target_case() == v1::MemRef::kExtentId) {
-    return deps_.arena->base() + s.arena_offset() + m.offset();
+    // Save staged it in its uid's segment; recovery restored it only into an adopted one.
+    CKPTD_CHECK(arena_uid.has_value());
+    return deps_.arena->At(*arena_uid, s.arena_offset() + m.offset());
   }
   for (const RegionLease& l : leases) {
     if (l->id == m.region_id()) return l->base + m.offset();
@@ -174,8 +177,11 @@ absl::Status CheckpointService::WriteRankBlob(const std::string& dir,
   std::vector<BlobPiece> pieces;
   std::vector<ChecksumJob> checksums;
   uint64_t checksum_bytes = 0;
+  std::optional<uint32_t> arena_uid;
+  if (auto seg = deps_.arena->SegmentOfGeneration(rec->arena_generation())) arena_uid = seg->uid;
   CKPTD_RETURN_IF_ERROR(LayOutRankBlob(
-      [&](const v1::StagedShard& s) { return ShardSource(s, leases); }, rec, &pieces, &checksums,
+      [&](const v1::StagedShard& s) { return ShardSource(arena_uid, s, leases); }, rec, &pieces,
+      &checksums,
       &checksum_bytes));
   if (pieces.empty() || checksum_bytes < kParallelChecksumBytesMin) {
     CKPTD_RETURN_IF_ERROR(ComputeChecksums(checksums, block));

@@ -101,7 +101,7 @@ absl::StatusOr<uint8_t*> CheckpointService::ResolveDest(const std::string& sessi
                                                 ") are outside extent ", x.id, " (", x.length,
                                                 " bytes)"));
     }
-    uint8_t* p = deps_.arena->base() + x.offset + ref.offset();
+    uint8_t* p = deps_.arena->Data(x) + ref.offset();
     leases->push_back(*std::move(e));
     return p;
   }

@@ -344,16 +344,18 @@ absl::Status CheckpointService::ResumeOne(const v1::CheckpointRecord& rec,
               "recovery: rank ", rr.rank(), " staged from a client region, which did not "
               "survive the restart"));
         }
-        if (!deps_.arena->adopted() || rr.arena_generation() != deps_.arena->generation()) {
+        std::optional<ArenaSegmentInfo> seg =
+            deps_.arena->SegmentOfGeneration(rr.arena_generation());
+        if (!seg || !seg->adopted) {
           return absl::DataLossError(absl::StrCat(
-              "recovery: the staging arena was lost (rank ", rr.rank(), " was staged into "
-              "generation ", rr.arena_generation(), ", the arena now is ",
-              deps_.arena->generation(), ")"));
+              "recovery: the staging arena segment was lost (rank ", rr.rank(),
+              " was staged into generation ", rr.arena_generation(),
+              ", which this daemon did not adopt)"));
         }
         if (std::find(pr.extent_ids.begin(), pr.extent_ids.end(), sh.extent_id()) ==
             pr.extent_ids.end()) {
-          CKPTD_RETURN_IF_ERROR(
-              deps_.arena->Restore(sh.extent_id(), sh.arena_offset(), sh.extent_length()));
+          CKPTD_RETURN_IF_ERROR(deps_.arena->Restore(sh.extent_id(), seg->uid,
+                                                     sh.arena_offset(), sh.extent_length()));
           pr.extent_ids.push_back(sh.extent_id());
         }
       }

@@ -363,7 +363,7 @@ absl::Status CheckpointService::Save(const Caller& caller, const v1::SaveRequest
   CKPTD_RETURN_IF_ERROR(CheckIndexReserve(what));
   PendingRank rank;
   rank.rec.set_rank(req.rank());
-  rank.rec.set_arena_generation(deps_.arena->generation());
+  rank.rec.set_arena_generation(deps_.arena->Generation(caller.uid));
   rank.rec.set_blob_name(BlobName(req.rank()));
   CKPTD_RETURN_IF_ERROR(ResolveSaveData(session, req, &rank));
 

@@ -19,9 +19,13 @@ absl::StatusOr<std::string> CheckpointService::SessionOf(const Caller& caller,
 
 absl::Status CheckpointService::Hello(const Caller& caller, const v1::HelloRequest& req,
                                       v1::HelloResponse* resp) {
+  // The caller's uid's segment first: a session is useless without memory it can map.
+  CKPTD_ASSIGN_OR_RETURN(ArenaSegmentInfo seg, deps_.arena->Segment(caller.uid));
   CKPTD_ASSIGN_OR_RETURN(std::string id, sessions_.Open(caller, req.client_name()));
   resp->set_session_id(id);
-  resp->set_arena_shm_name(deps_.arena->shm_name());
+  resp->set_arena_shm_name(seg.name);
+  resp->set_arena_generation(seg.generation);
+  resp->set_arena_resident(deps_.arena->FullyResident(caller.uid));
   resp->set_arena_bytes(deps_.arena->size_bytes());
   resp->set_daemon_instance(instance_id_);
   resp->set_manifest_format_version(kManifestFormatVersion);
@@ -37,6 +41,11 @@ absl::Status CheckpointService::Hello(const Caller& caller, const v1::HelloReque
   spdlog::debug("session {} opened by {} on connection {} ({})", id, DescribeCaller(caller),
                 caller.connection, req.client_name().substr(0, 256));
   return absl::OkStatus();
+}
+
+absl::StatusOr<int> CheckpointService::ArenaFd(uint32_t uid, const std::string& session) const {
+  CKPTD_RETURN_IF_ERROR(sessions_.CheckUid(uid, session));
+  return deps_.arena->SegmentFd(uid);
 }
 
 absl::Status CheckpointService::Attach(const Caller& caller, const std::string& id) {
@@ -64,7 +73,10 @@ absl::Status CheckpointService::ReserveExtents(const Caller& caller, const v1::R
                                               : std::min<uint64_t>(req.timeout_ms(), 3600000);
   CKPTD_ASSIGN_OR_RETURN(
       std::vector<ExtentInfo> extents,
-      deps_.arena->Reserve(session, std::span<const uint64_t>(req.sizes_bytes().data(), req.sizes_bytes().size()), absl::Milliseconds(timeout_ms)));
+      deps_.arena->Reserve(
+          session, caller.uid,
+          std::span<const uint64_t>(req.sizes_bytes().data(), req.sizes_bytes().size()),
+          absl::Milliseconds(timeout_ms)));
   for (const ExtentInfo& e : extents) {
     v1::Extent* out = resp->add_extents();
     out->set_id(e.id);

@@ -61,6 +61,17 @@ absl::Status SessionTable::Check(const Caller& caller, const std::string& id) co
   return absl::OkStatus();
 }
 
+absl::Status SessionTable::CheckUid(uint32_t uid, const std::string& id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(id);
+  if (it == sessions_.end() || it->second.uid != uid) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "unknown session \"", id, "\" for uid ", uid,
+        " (a session's arena goes only to the uid that opened it)"));
+  }
+  return absl::OkStatus();
+}
+
 void SessionTable::End(const std::string& id) {
   {
     absl::MutexLock lock(&mu_);

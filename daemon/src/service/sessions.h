@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -64,6 +65,9 @@ class SessionTable {
   // session otherwise (the message says "unknown session"; clients decide on the code and open a
   // new session).
   absl::Status Check(const Caller& caller, const std::string& id) const;
+  // OK when `id` is a live session of `uid` (from any connection: the arena socket's peer, which
+  // is a connection of its own); FAILED_PRECONDITION naming the session otherwise.
+  absl::Status CheckUid(uint32_t uid, const std::string& id) const;
   // Ends the session (idempotent) and calls on_end for it.
   void End(const std::string& id);
   // Ends every session opened more than `timeout` ago (on the table's clock) and never attached.

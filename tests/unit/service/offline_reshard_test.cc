@@ -45,8 +45,8 @@ absl::Status SaveRank(Rig& rig, const User& u, uint64_t step, uint32_t rank, uin
   rr.add_sizes_bytes(kObjectBytes);
   v1::ReserveExtentsResponse ext;
   CKPTD_RETURN_IF_ERROR(rig.svc->ReserveExtents(u.caller, rr, &ext));
-  std::memset(rig.arena->base() + ext.extents(0).offset(), fill, 32 * 64 * 4);
-  std::memset(rig.arena->base() + ext.extents(1).offset(), fill, kObjectBytes);
+  std::memset(rig.arena->At(u.caller.uid, 0) + ext.extents(0).offset(), fill, 32 * 64 * 4);
+  std::memset(rig.arena->At(u.caller.uid, 0) + ext.extents(1).offset(), fill, kObjectBytes);
   v1::SaveRequest req;
   req.set_session_id(u.session);
   req.set_job(kJob);
@@ -82,7 +82,7 @@ absl::Status LoadObject(Rig& rig, const User& u, const std::string& job, uint64_
   rr.add_sizes_bytes(kObjectBytes);
   v1::ReserveExtentsResponse ext;
   CKPTD_RETURN_IF_ERROR(rig.svc->ReserveExtents(u.caller, rr, &ext));
-  uint8_t* dst = rig.arena->base() + ext.extents(0).offset();
+  uint8_t* dst = rig.arena->At(u.caller.uid, 0) + ext.extents(0).offset();
   std::memset(dst, ~fill, kObjectBytes);
   v1::LoadRequest load;
   load.set_session_id(u.session);

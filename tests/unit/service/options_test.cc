@@ -53,7 +53,7 @@ TEST_CASE("options: every invalid value is a clear error naming the option", "[u
       {{"--log_format=xml"}, "log_format"},
       {{"--log_level=loud"}, "log_level"},
       {{"--direct_io=maybe"}, "not true or false"},
-      {{"--socket=/" + std::string(120, 'a')}, "107 bytes"},
+      {{"--socket=/" + std::string(120, 'a')}, "101 bytes"},
       {{"--bogus=1"}, "unknown option"},
       {{"positional"}, "unexpected argument"},
       {{"--stage_timeout_ms=1"}, "stage_timeout_ms"},

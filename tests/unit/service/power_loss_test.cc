@@ -27,6 +27,7 @@
 
 #include "ckptd/status.h"
 #include "common/sync_point.h"
+#include "../dataplane/test_arena.h"
 #include "dataplane/arena.h"
 #include "dataplane/region_registry.h"
 #include "format/names.h"
@@ -165,10 +166,8 @@ struct PowerRig {
 
   // A fresh process as far as the service can tell: a new arena, pool and caches.
   void Start() {
-    shm = "/ckptd-svcpower-" + std::to_string(getpid()) + "-" + RandomHexId().substr(0, 6);
-    auto a = StagingArena::Open(shm, 16 << 20, true, false);
-    REQUIRE(a.ok());
-    arena = std::move(*a);
+    shm = "/ckptd-svcpower-" + std::to_string(getpid()) + "-" + RandomHexId().substr(0, 6) + "-";
+    arena = OpenTestArena(shm, 16 << 20);
     regions = std::make_unique<RegionRegistry>();
     pool = std::make_unique<Executor>("flush", 2, 1024);
     svc = std::make_unique<CheckpointService>(ServiceDeps{&options, &meta, storage.get(),
@@ -187,8 +186,8 @@ struct PowerRig {
     svc.reset();
     pool.reset();
     regions.reset();
+    if (arena) arena->Unlink();
     arena.reset();
-    if (!shm.empty()) shm_unlink(shm.c_str());
     shm.clear();
   }
   // The power goes: the service stops, unsynced data and index writes are lost, and so is the
@@ -213,7 +212,7 @@ struct PowerRig {
     rr.add_sizes_bytes(kItemBytes);
     v1::ReserveExtentsResponse ext;
     CKPTD_RETURN_IF_ERROR(svc->ReserveExtents(caller, rr, &ext));
-    std::memset(arena->base() + ext.extents(0).offset(), fill, kItemBytes);
+    std::memset(arena->At(caller.uid, 0) + ext.extents(0).offset(), fill, kItemBytes);
     v1::SaveRequest req;
     req.set_session_id(session);
     req.set_job(kJob);
@@ -285,7 +284,7 @@ struct PowerRig {
     req.set_job(kJob);
     req.set_step(step);
     for (uint32_t r = 0; r < kWorld; ++r) {
-      std::memset(arena->base() + ext.extents(r).offset(), ~fill, kItemBytes);
+      std::memset(arena->At(caller.uid, 0) + ext.extents(r).offset(), ~fill, kItemBytes);
       v1::LoadItemRequest* item = req.add_items();
       item->set_item("w" + std::to_string(r));
       item->mutable_dest()->set_extent_id(ext.extents(r).id());
@@ -294,7 +293,7 @@ struct PowerRig {
     v1::LoadResponse resp;
     absl::Status st = svc->Load(caller, req, &resp);
     for (uint32_t r = 0; st.ok() && r < kWorld; ++r) {
-      const uint8_t* p = arena->base() + ext.extents(r).offset();
+      const uint8_t* p = arena->At(caller.uid, 0) + ext.extents(r).offset();
       for (uint64_t i = 0; st.ok() && i < kItemBytes; ++i) {
         if (p[i] != fill) st = absl::DataLossError(absl::StrCat("w", r, " byte ", i, " differs"));
       }

@@ -141,7 +141,7 @@ absl::Status SaveHalf(Rig& rig, const std::pair<Caller, std::string>& user, uint
   rr.add_sizes_bytes(32 * 64 * 4);
   v1::ReserveExtentsResponse ext;
   CKPTD_RETURN_IF_ERROR(rig.svc->ReserveExtents(user.first, rr, &ext));
-  std::memset(rig.arena->base() + ext.extents(0).offset(), fill, 32 * 64 * 4);
+  std::memset(rig.arena->At(user.first.uid, 0) + ext.extents(0).offset(), fill, 32 * 64 * 4);
   v1::SaveRequest req;
   req.set_session_id(user.second);
   req.set_job(kJob);

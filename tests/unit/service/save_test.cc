@@ -73,7 +73,7 @@ absl::Status Abort(Rig& rig, uint64_t step) {
 absl::Status SaveRows(Rig& rig, uint64_t step, uint32_t rank, uint32_t world, uint8_t fill) {
   const uint64_t r0 = 64 * rank / world, r1 = 64 * (rank + 1) / world;
   CKPTD_ASSIGN_OR_RETURN(v1::Extent e, Reserve(rig, (r1 - r0) * 64 * 4));
-  std::memset(rig.arena->base() + e.offset(), fill, (r1 - r0) * 64 * 4);
+  std::memset(rig.arena->At(rig.caller.uid, 0) + e.offset(), fill, (r1 - r0) * 64 * 4);
   v1::SaveRequest req = BareSave(rig, step, rank, world);
   AddRows(&req, "w", 64, 64, r0, r1 - r0, e.id(), 0);
   v1::SaveResponse resp;
@@ -349,7 +349,7 @@ TEST_CASE("save: a rank of more partial pages than the flush's bounce pages load
   const uint64_t bytes = rows * cols * 4;
   absl::StatusOr<v1::Extent> e = Reserve(rig, bytes);
   REQUIRE(e.ok());
-  uint8_t* src = rig.arena->base() + e->offset();
+  uint8_t* src = rig.arena->At(rig.caller.uid, 0) + e->offset();
   for (uint64_t i = 0; i < bytes; ++i) src[i] = static_cast<uint8_t>(i * 131 + i / 4096);
   v1::SaveRequest req = BareSave(rig, 9);
   for (uint64_t r = 0; r < rows; ++r) AddRows(&req, "v", rows, cols, r, 1, e->id(), r * cols * 4);
@@ -359,7 +359,7 @@ TEST_CASE("save: a rank of more partial pages than the flush's bounce pages load
 
   absl::StatusOr<v1::Extent> dst = Reserve(rig, bytes);
   REQUIRE(dst.ok());
-  uint8_t* out = rig.arena->base() + dst->offset();
+  uint8_t* out = rig.arena->At(rig.caller.uid, 0) + dst->offset();
   std::memset(out, 0, bytes);
   v1::LoadRequest load;
   load.set_session_id(rig.session);

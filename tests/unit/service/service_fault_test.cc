@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "ckptd/storage.h"
+#include "../dataplane/test_arena.h"
 #include "dataplane/arena.h"
 #include "dataplane/region_registry.h"
 #include "io/fault_io.h"
@@ -19,7 +20,7 @@ namespace {
 
 struct Rig {
   std::string dir;
-  std::string shm = "/ckptd-svctest-" + std::to_string(getpid()) + "-" + RandomHexId().substr(0, 6);
+  std::string shm = "/ckptd-svctest-" + std::to_string(getpid()) + "-" + RandomHexId().substr(0, 6) + "-";
   DaemonOptions options;
   std::unique_ptr<MetaStore> meta = NewMemoryMetaStore();
   std::unique_ptr<FaultIo> io;
@@ -45,9 +46,7 @@ struct Rig {
     REQUIRE(options.Validate().ok());
     io = std::make_unique<FaultIo>(NewUringIo(8));
     storage = NewPosixStorage(dir + "/data", io.get());
-    auto a = StagingArena::Open(shm, 16 << 20, true, false);
-    REQUIRE(a.ok());
-    arena = std::move(*a);
+    arena = OpenTestArena(shm, 16 << 20);
     pool = std::make_unique<Executor>("flush", 2, 1024);
     svc = std::make_unique<CheckpointService>(
         ServiceDeps{&options, meta.get(), storage.get(), arena.get(), &regions, pool.get()});
@@ -61,7 +60,7 @@ struct Rig {
   }
   ~Rig() {
     svc.reset();
-    shm_unlink(shm.c_str());
+    arena->Unlink();
     std::filesystem::remove_all(dir);
   }
 
@@ -73,7 +72,7 @@ struct Rig {
     v1::ReserveExtentsResponse ext;
     absl::Status st = svc->ReserveExtents(caller, rr, &ext);
     if (!st.ok()) return st;
-    std::memset(arena->base() + ext.extents(0).offset(), fill, rows * 64 * 4);
+    std::memset(arena->At(caller.uid, 0) + ext.extents(0).offset(), fill, rows * 64 * 4);
     v1::SaveRequest req;
     req.set_session_id(session);
     req.set_job("fault-job");
@@ -108,7 +107,7 @@ struct Rig {
     v1::ReserveExtentsResponse ext;
     absl::Status st = svc->ReserveExtents(caller, rr, &ext);
     if (!st.ok()) return st;
-    uint8_t* p = arena->base() + ext.extents(0).offset();
+    uint8_t* p = arena->At(caller.uid, 0) + ext.extents(0).offset();
     std::memset(p, ~fill, rows * 64 * 4);
     v1::LoadRequest req;
     req.set_session_id(session);

@@ -20,6 +20,7 @@
 
 #include "ckptd/status.h"
 #include "ckptd/storage.h"
+#include "../dataplane/test_arena.h"
 #include "dataplane/arena.h"
 #include "dataplane/region_registry.h"
 #include "format/names.h"
@@ -151,7 +152,7 @@ struct Rig {
   Gate storage_gate;
   std::unique_ptr<GatedStorage> storage;
   std::unique_ptr<StagingArena> arena;
-  std::string kept_generation;  // set by Stop(true): the next Start adopts the arena
+  std::vector<ArenaSegmentInfo> kept;  // set by Stop(true): the next Start adopts them
   const Clock* clock = RealClock();
   RegionRegistry regions;
   std::unique_ptr<Executor> pool;
@@ -197,9 +198,10 @@ struct Rig {
     if (pool) pool->Stop();
     svc.reset();
     pool.reset();
-    kept_generation = keep_arena && arena ? arena->generation() : "";
+    kept.clear();
+    if (arena && keep_arena) kept = arena->segments();
+    if (arena && !keep_arena) arena->Unlink();
     arena.reset();
-    if (!shm.empty() && !keep_arena) shm_unlink(shm.c_str());
     if (rocks) {
       gated_meta.reset();
       meta.reset();
@@ -214,13 +216,11 @@ struct Rig {
       meta = std::move(*m);
     }
     gated_meta = std::make_unique<GatedMeta>(meta.get(), &meta_gate);
-    if (kept_generation.empty()) {
-      shm = "/ckptd-svcrec-" + std::to_string(getpid()) + "-" + RandomHexId().substr(0, 6);
+    if (kept.empty()) {
+      shm = "/ckptd-svcrec-" + std::to_string(getpid()) + "-" + RandomHexId().substr(0, 6) + "-";
     }
-    auto a = StagingArena::Open(shm, kArenaBytes, true, false, kept_generation);
-    REQUIRE(a.ok());
-    kept_generation.clear();
-    arena = std::move(*a);
+    arena = OpenTestArena(shm, kArenaBytes, kept);
+    kept.clear();
     pool = std::make_unique<Executor>("flush", 2, 1024);
     ServiceDeps deps{&options, gated_meta.get(), storage.get(), arena.get(), &regions, pool.get()};
     deps.clock = clock;
@@ -253,7 +253,7 @@ struct Rig {
     rr.add_sizes_bytes(kRows * 64 * 4);
     v1::ReserveExtentsResponse ext;
     CKPTD_RETURN_IF_ERROR(svc->ReserveExtents(caller, rr, &ext));
-    std::memset(arena->base() + ext.extents(0).offset(), fill, kRows * 64 * 4);
+    std::memset(arena->At(caller.uid, 0) + ext.extents(0).offset(), fill, kRows * 64 * 4);
     v1::SaveRequest req;
     req.set_session_id(session);
     req.set_job(kJob);
@@ -296,7 +296,7 @@ struct Rig {
     rr.add_sizes_bytes(kRows * 64 * 4);
     v1::ReserveExtentsResponse ext;
     CKPTD_RETURN_IF_ERROR(svc->ReserveExtents(caller, rr, &ext));
-    uint8_t* p = arena->base() + ext.extents(0).offset();
+    uint8_t* p = arena->At(caller.uid, 0) + ext.extents(0).offset();
     std::memset(p, ~fill, kRows * 64 * 4);
     v1::LoadRequest req;
     req.set_session_id(session);

@@ -88,7 +88,7 @@ class Calls {
     for (const v1::Extent& e : ext) ids.push_back(e.id());
     for (size_t i = 0; i < shards.size(); ++i) {
       const v1::Extent& e = ext[one_extent ? 0 : i];
-      std::memcpy(rig_->arena->base() + e.offset() + at[i], shards[i].bytes.data(),
+      std::memcpy(rig_->arena->At(c.caller.uid, 0) + e.offset() + at[i], shards[i].bytes.data(),
                   shards[i].bytes.size());
       v1::ShardSpec* s = req.add_shards();
       *s = shards[i].spec;
@@ -118,7 +118,7 @@ class Calls {
     if (!step) req.set_latest(true);
     std::vector<uint64_t> ids;
     for (size_t i = 0; i < asks.size(); ++i) {
-      std::memset(rig_->arena->base() + ext[i].offset(), 0xee, sizes[i]);
+      std::memset(rig_->arena->At(c.caller.uid, 0) + ext[i].offset(), 0xee, sizes[i]);
       v1::LoadItemRequest* it = req.add_items();
       *it = asks[i].req;
       it->mutable_dest()->set_extent_id(ext[i].id());
@@ -128,7 +128,7 @@ class Calls {
     v1::LoadResponse resp;
     absl::Status st = svc().Load(c.caller, req, &resp);
     for (size_t i = 0; st.ok() && i < asks.size() && mismatch->empty(); ++i) {
-      const uint8_t* got = rig_->arena->base() + ext[i].offset();
+      const uint8_t* got = rig_->arena->At(c.caller.uid, 0) + ext[i].offset();
       const std::string& want = asks[i].expect;
       for (size_t b = 0; b < want.size(); ++b) {
         if (got[b] != static_cast<uint8_t>(want[b])) {

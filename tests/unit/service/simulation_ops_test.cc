@@ -180,7 +180,7 @@ bool Sim::OpClientDeath() {
       calls_->Reserve(x, {Uniform(rng_, 1, 20000), Uniform(rng_, 1, 5000)});
   if (!ext.ok()) return Fail("ReserveExtents: " + ext.status().ToString());
   for (const v1::Extent& e : *ext) {
-    std::memset(rig_->arena->base() + e.offset(), 0x77, e.length());
+    std::memset(rig_->arena->At(x.caller.uid, 0) + e.offset(), 0x77, e.length());
     x.held.push_back(e.id());
   }
   Log(absl::StrCat(what, ", holding ", x.held.size(), " extents"));
