@@ -139,7 +139,7 @@ std::string Daemon::data_dir() const {
 std::string Daemon::Log() const { return ReadFile(log_path()); }
 
 std::string Daemon::ArenaName() const {
-  static const std::regex re("arena (/ckptd-[0-9a-f]+-arena-[0-9a-f]+)");
+  static const std::regex re("arena (/ckptd-[0-9a-f]+-arena-u[0-9]+-[0-9a-f]+)");
   std::string log = Log();
   std::string last;
   for (std::sregex_iterator it(log.begin(), log.end(), re), end; it != end; ++it) {

@@ -61,7 +61,8 @@ class Daemon {
   std::string socket() const { return state_dir_ + "/ckptd.sock"; }
   std::string log_path() const { return state_dir_ + "/ckptd.log"; }
   std::string Log() const;
-  // "/ckptd-xxxxxxxx-arena" as the daemon logged it ("" before the first ready line).
+  // The newest staging arena segment the daemon logged ("/ckptd-xxxxxxxx-arena-u<uid>-..."; ""
+  // before a client first connected).
   std::string ArenaName() const;
 
   std::unique_ptr<ckptd::Client> Connect(int rpc_timeout_ms = 30000) const;

@@ -4,10 +4,13 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cstring>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -25,8 +28,12 @@ namespace v1 = ::ckptd::v1;
 struct Raw {
   explicit Raw(const Daemon& d) : Raw(d.socket()) {}
   explicit Raw(const std::string& socket) {
+    // Its own connection (gRPC would share one among the process's channels, and a forked
+    // child acting as another uid would reuse its parent's — with the parent's credentials).
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
     stub = v1::Checkpoint::NewStub(
-        grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials()));
+        grpc::CreateCustomChannel("unix:" + socket, grpc::InsecureChannelCredentials(), args));
     v1::HelloRequest req;
     req.set_pid(static_cast<uint32_t>(getpid()));
     req.set_client_name("raw-test");
@@ -97,6 +104,49 @@ struct Raw {
   std::unique_ptr<grpc::ClientContext> attach_ctx;
   std::unique_ptr<grpc::ClientReader<v1::SessionEvent>> attach;
 };
+
+// One exchange with the daemon's arena socket (`socket` + ".arena"), as a client that may lie:
+// sends `request` and returns the status byte, the message and the descriptor received (-1 if
+// none; the caller closes it). status -1: the socket could not be reached or answered nothing.
+struct ArenaAnswer {
+  int status = -1;
+  std::string message;
+  int fd = -1;
+};
+inline ArenaAnswer AskArena(const std::string& socket, const std::string& request,
+                            bool send_and_shutdown = true) {
+  ArenaAnswer a;
+  const std::string path = socket + ".arena";
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  int s = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (s < 0 || connect(s, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    if (s >= 0) close(s);
+    return a;
+  }
+  if (send_and_shutdown) {
+    (void)!send(s, request.data(), request.size(), MSG_NOSIGNAL);
+    shutdown(s, SHUT_WR);
+  }
+  char buf[2048];
+  iovec iov{buf, sizeof buf};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr mh{};
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  mh.msg_control = control;
+  mh.msg_controllen = sizeof control;
+  ssize_t n = recvmsg(s, &mh, MSG_CMSG_CLOEXEC);
+  close(s);
+  if (n < 1) return a;
+  a.status = buf[0];
+  a.message.assign(buf + 1, static_cast<size_t>(n - 1));
+  for (cmsghdr* c = CMSG_FIRSTHDR(&mh); c != nullptr; c = CMSG_NXTHDR(&mh, c)) {
+    if (c->cmsg_type == SCM_RIGHTS) std::memcpy(&a.fd, CMSG_DATA(c), sizeof(int));
+  }
+  return a;
+}
 
 // A POSIX shm object of `bytes` the test owns.
 struct TestShm {

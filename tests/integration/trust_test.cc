@@ -4,6 +4,7 @@
 // to the uid that created it. Each case failed on the daemon before these guarantees.
 #include <catch2/catch.hpp>
 
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -211,6 +212,55 @@ TEST_CASE("trust: the daemon's own arena cannot be registered as a region", "[in
   CHECK(s.error_code() == grpc::StatusCode::PERMISSION_DENIED);
 }
 
+TEST_CASE("trust: the arena socket gives a session's uid its segment, and nothing else",
+          "[integration]") {
+  Daemon d;
+  Raw raw(d);
+  raw.Attach();
+  const std::string& session = raw.hello.session_id();
+  // The session's own uid: the descriptor of the segment Hello named, which nobody opens by name.
+  ArenaAnswer ok = AskArena(d.socket(), session);
+  REQUIRE(ok.status == 0);
+  REQUIRE(ok.fd >= 0);
+  struct stat by_fd, by_name;
+  REQUIRE(fstat(ok.fd, &by_fd) == 0);
+  close(ok.fd);
+  REQUIRE(stat(("/dev/shm" + raw.hello.arena_shm_name()).c_str(), &by_name) == 0);
+  CHECK(by_fd.st_ino == by_name.st_ino);
+  CHECK((by_name.st_mode & 0777) == 0600);
+  CHECK(static_cast<uint64_t>(by_fd.st_size) == raw.hello.arena_bytes());
+  CHECK(raw.hello.arena_resident());  // the only uid: the whole arena is in its segment
+  // Lies: an unknown session, an oversized request.
+  ArenaAnswer unknown = AskArena(d.socket(), "no-such-session");
+  CHECK(unknown.status == static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION));
+  CHECK(unknown.fd == -1);
+  CHECK_THAT(unknown.message, Contains("unknown session"));
+  ArenaAnswer huge = AskArena(d.socket(), std::string(4096, 'x'));
+  CHECK(huge.status == static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
+  CHECK(huge.fd == -1);
+  // A client that connects and says nothing delays the next one by at most the server's 1 s.
+  std::thread silent([&] { AskArena(d.socket(), "", /*send_and_shutdown=*/false); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  auto t0 = std::chrono::steady_clock::now();
+  ArenaAnswer after = AskArena(d.socket(), session);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(3));
+  CHECK(after.status == 0);
+  if (after.fd >= 0) close(after.fd);
+  silent.join();
+  // A session that ended gets nothing.
+  raw.Detach();
+  ArenaAnswer ended;
+  for (int i = 0; i < 50; ++i) {
+    ended = AskArena(d.socket(), session);
+    if (ended.status != 0) break;
+    if (ended.fd >= 0) close(ended.fd);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  CHECK(ended.status == static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION));
+  d.Stop();
+  CHECK(!PathExists(d.socket() + ".arena"));  // removed at stop
+}
+
 TEST_CASE("trust: a restarted daemon never adopts an arena someone else could have written",
           "[integration]") {
   Daemon d({.extra_flags = {"--debug_flush_delay_ms=60000"}});
@@ -223,10 +273,10 @@ TEST_CASE("trust: a restarted daemon never adopts an arena someone else could ha
   REQUIRE(chmod(("/dev/shm" + arena).c_str(), 0666) == 0);
   d.Restart({});
   CHECK_THAT(d.Log(), Contains("not adopting the journaled staging arena"));
-  CHECK(d.ArenaName() != arena);
   CommandResult st = RunCtl(d, {"status", "adopt", "1"});
   INFO(st.output);
   CHECK_THAT(st.output, Contains("ABORTED"));
+  CHECK(d.ArenaName() != arena);  // ckptctl's Hello made a new segment
   shm_unlink(arena.c_str());
 }
 
@@ -364,6 +414,86 @@ TEST_CASE("trust: a job belongs to the uid that created it", "[integration]") {
   CHECK_THAT(ls.output, Contains("nobody-job"));
   CHECK_THAT(ls.output, Contains("65534"));
   CHECK(RunCtl(d, {"status", "nobody-job", "2"}).exit_code == 0);
+}
+
+namespace {
+
+// As uid 65534, while root holds a reserved extent filled with 0xa5 at `offset`: root's segment
+// cannot be opened by name nor fetched with root's session id; this uid's own segment is another
+// object and holds none of root's bytes. Returns "" or what went wrong.
+std::string ArenaAsOtherUid(const std::string& sock, const std::string& root_segment,
+                            const std::string& root_session, uint64_t offset, uint64_t length) {
+  if (shm_open(root_segment.c_str(), O_RDWR, 0) >= 0 || errno != EACCES) {
+    return "root's segment opened by name (or not refused with EACCES)";
+  }
+  ArenaAnswer stolen = AskArena(sock, root_session);
+  if (stolen.status != static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION) ||
+      stolen.fd >= 0) {
+    return "root's session id yielded status " + std::to_string(stolen.status);
+  }
+  Raw other(sock);
+  other.Attach();
+  if (other.hello.arena_shm_name() == root_segment) return "Hello named root's segment";
+  ArenaAnswer mine = AskArena(sock, other.hello.session_id());
+  if (mine.status != 0 || mine.fd < 0) return "own segment refused: " + mine.message;
+  struct stat st;
+  if (fstat(mine.fd, &st) != 0 || st.st_uid != 0 || (st.st_mode & 0777) != 0600) {
+    return "own segment is not the daemon's 0600 file";
+  }
+  void* p = mmap(nullptr, other.hello.arena_bytes(), PROT_READ, MAP_SHARED, mine.fd, 0);
+  close(mine.fd);
+  if (p == MAP_FAILED) return "mmap of own segment failed";
+  const auto* b = static_cast<const uint8_t*>(p);
+  size_t seen = 0;
+  for (uint64_t i = 0; i < length; ++i) seen += b[offset + i] == 0xa5;
+  munmap(p, other.hello.arena_bytes());
+  if (seen != 0) return std::to_string(seen) + " of root's staged bytes visible";
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("trust: a uid maps only its own staging arena", "[integration]") {
+  if (geteuid() != 0) {
+    WARN("not run: needs root to act as a second uid");
+    return;
+  }
+  Daemon d({.extra_flags = {"--socket_mode=0660", "--socket_group=65534"}});
+  const std::string parent = d.state_dir().substr(0, d.state_dir().rfind('/'));
+  REQUIRE(chmod(parent.c_str(), 0711) == 0);
+  Raw root(d);
+  root.Attach();
+  const v1::Extent e = root.Reserve(1 << 20);
+  ArenaAnswer fd = AskArena(d.socket(), root.hello.session_id());
+  REQUIRE(fd.status == 0);
+  void* p = mmap(nullptr, root.hello.arena_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED, fd.fd, 0);
+  close(fd.fd);
+  REQUIRE(p != MAP_FAILED);
+  std::memset(static_cast<uint8_t*>(p) + e.offset(), 0xa5, e.length());
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    if (setgid(65534) != 0 || setuid(65534) != 0) _exit(10);
+    try {
+      std::string err = ArenaAsOtherUid(d.socket(), root.hello.arena_shm_name(),
+                                        root.hello.session_id(), e.offset(), e.length());
+      if (!err.empty()) {
+        std::fprintf(stderr, "as uid 65534: %s\n", err.c_str());
+        _exit(30);
+      }
+    } catch (const std::exception& ex) {
+      std::fprintf(stderr, "as uid 65534: %s\n", ex.what());
+      _exit(20);
+    }
+    _exit(0);
+  }
+  int status = 0;
+  REQUIRE(waitpid(pid, &status, 0) == pid);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  // Root's bytes are untouched, and root's segment gave up nothing to the other uid.
+  CHECK(static_cast<uint8_t*>(p)[e.offset() + e.length() - 1] == 0xa5);
+  munmap(p, root.hello.arena_bytes());
 }
 
 // A load into a sparse region (ftruncate'd, never written: what ckptd.empty() hands out) while
