@@ -25,9 +25,9 @@ struct DaemonOptions {
   // Permission bits of the unix socket (octal). 0600 lets only the daemon's uid connect; 0660
   // with socket_group lets that group's members connect too. Default: 0600
   uint32_t socket_mode = 0600;
-  // Group (name or number) given the socket and the staging arena, so its members can connect
-  // and map the arena. Everyone who may connect can read and write the whole arena: give it only
-  // to uids that trust each other with staged bytes. Empty: the daemon's own group. Default: ""
+  // Group (name or number) given the socket and the arena socket, so its members can connect.
+  // Each uid maps only its own arena segment (dataplane/arena.h). Empty: the daemon's own group.
+  // Default: ""
   std::string socket_group;
   // Members of this group (name or number), and root, may read, abort and delete every job;
   // anyone else only the jobs they own. Empty: root only. Default: ""
@@ -35,12 +35,14 @@ struct DaemonOptions {
   // Resolved by Validate() from socket_group / admin_group; -1 when empty.
   int64_t socket_gid = -1;
   int64_t admin_gid = -1;
-  // Size of the shared-memory staging arena, allocated and pre-faulted at start.
+  // Size of the shared-memory staging arena: the physical budget shared by every uid's segment.
   // Default: 1073741824 (1 GiB)
   uint64_t staging_bytes_max = uint64_t{1} << 30;
-  // Touch every arena page at start so the first save does not fault. Default: true
+  // Fault arena pages in when they become a uid's (the whole arena for the first uid that
+  // connects), so a client's copy never faults and a full /dev/shm is a clean error.
+  // Default: true
   bool staging_prefault = true;
-  // mlock() the arena so it is never swapped. Default: false
+  // mlock() the arena's resident pages (MLOCK_ONFAULT) so they are never swapped. Default: false
   bool staging_mlock = false;
   // A checkpoint still short of ranks this long after its first Save is ABORTED.
   // Default: 600000 (10 minutes)
