@@ -331,8 +331,9 @@ absl::Status StagingArena::Restore(uint64_t id, uint32_t uid, uint64_t offset,
   if (offset > f_off) free_[f_off] = offset - f_off;
   if (f_off + f_len > offset + length) free_[offset + length] = f_off + f_len - offset - length;
   free_bytes_ -= length;
+  // Residency stays unknown (Adopt): other segments may hold stale pages there too, which the
+  // next claim of this range, once freed, punches out.
   extents_[id] = ExtentInfo{id, offset, length, uid, "", true, 0, false};
-  ClaimLocked(offset, length, uid);  // its bytes are in that segment
   next_id_ = std::max(next_id_, id + 1);
   return absl::OkStatus();
 }
