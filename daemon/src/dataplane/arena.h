@@ -41,6 +41,7 @@
 // Thread safety: all methods may be called concurrently.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -48,6 +49,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -109,7 +111,8 @@ class StagingArena {
   absl::Status Adopt(uint32_t uid, const std::string& name, const std::string& generation);
 
   // The segment of `uid`, created on first use (O_EXCL under a random name; journaled). When it
-  // is the arena's first segment, the free arena is made resident in it now. RESOURCE_EXHAUSTED
+  // is the arena's first segment (and prefault is set), the free arena is made resident in it by
+  // a background thread, chunk by chunk (seconds per GiB on a cold tmpfs: not in a Hello). RESOURCE_EXHAUSTED
   // when /dev/shm cannot hold it or kArenaSegmentsMax uids have one; INTERNAL for other syscalls.
   absl::StatusOr<ArenaSegmentInfo> Segment(uint32_t uid);
   // The open descriptor of `uid`'s segment, to hand to a client of that uid (SCM_RIGHTS).
@@ -194,6 +197,8 @@ class StagingArena {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Punches `spans` out of the segments that held them and faults them into `uid`'s.
   absl::Status MakeResident(uint32_t uid, const std::vector<Span>& spans);
+  // The first segment's background faulting (see Segment()).
+  void PrefaultLoop(uint32_t uid);
   // Detaches a reserved extent from its session: freed now, or when its last lease ends.
   void ReleaseLocked(absl::flat_hash_map<uint64_t, ExtentInfo>::iterator it)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -220,6 +225,16 @@ class StagingArena {
   std::map<uint64_t, std::pair<uint64_t, uint32_t>> resident_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, ExtentInfo> extents_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+
+  // Background faulting of the first segment: the chunk being faulted now (claimed for
+  // prefault_uid_, still free in the allocator). Another uid's claim of it waits until it is
+  // done, so its punch never races the faulting; the destructor stops and joins the thread.
+  std::thread prefault_thread_;
+  std::atomic<bool> stop_prefault_{false};
+  uint32_t prefault_uid_ ABSL_GUARDED_BY(mu_) = kNobody;
+  uint64_t inflight_offset_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t inflight_length_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::CondVar inflight_done_;
 };
 
 // Extent ids of different daemon instances never collide: each instance starts at a random base.

@@ -88,7 +88,10 @@ absl::Status Populate(uint8_t* p, uint64_t n, const std::string& what) {
 StagingArena::StagingArena(ArenaOptions options, SegmentJournalFn journal)
     : options_(std::move(options)), journal_(std::move(journal)) {}
 
-StagingArena::~StagingArena() = default;
+StagingArena::~StagingArena() {
+  stop_prefault_.store(true);
+  if (prefault_thread_.joinable()) prefault_thread_.join();
+}
 
 absl::StatusOr<std::unique_ptr<StagingArena>> StagingArena::Create(ArenaOptions options,
                                                                    SegmentJournalFn journal) {
@@ -208,38 +211,67 @@ absl::StatusOr<ArenaSegmentInfo> StagingArena::Segment(uint32_t uid) {
         " cannot get one until the daemon restarts"));
   }
   CKPTD_ASSIGN_OR_RETURN(std::unique_ptr<Seg> seg, NewSegment(uid));
-  if (count == 0 && options_.prefault) {
-    // The first uid (the node's training uid, usually) gets the whole free arena resident now,
-    // as pre-faulting at start did. No reservation can run meanwhile: there is no other segment
-    // to reserve in, and this one is not published yet.
-    std::vector<Span> spans;
-    {
-      absl::MutexLock lock(&mu_);
-      std::vector<std::pair<uint64_t, uint64_t>> ranges(free_.begin(), free_.end());
-      for (const auto& [off, len] : ranges) {
-        for (const Span& s : ClaimLocked(off, len, uid)) spans.push_back(s);
-      }
-    }
-    for (const Span& s : spans) {
-      absl::Status st = Populate(seg->base + s.offset, s.length,
-                                 absl::StrCat("staging arena segment ", seg->info.name));
-      if (!st.ok()) {
-        absl::MutexLock lock(&mu_);
-        for (const Span& u : spans) ClaimLocked(u.offset, u.length, kNobody);
-        shm_unlink(seg->info.name.c_str());
-        return st;
-      }
-    }
-  }
   if (absl::Status st = journal_(seg->info); !st.ok()) {
     shm_unlink(seg->info.name.c_str());
     return Annotate(st, absl::StrCat("journaling staging arena segment ", seg->info.name));
   }
   spdlog::info("staging arena {} for uid {} ({} bytes)", seg->info.name, uid, seg->size_bytes);
   ArenaSegmentInfo info = seg->info;
-  absl::WriterMutexLock lock(&seg_mu_);
-  segs_.push_back(std::move(seg));
+  {
+    absl::WriterMutexLock lock(&seg_mu_);
+    segs_.push_back(std::move(seg));
+  }
+  if (count == 0 && options_.prefault) {
+    // The first uid (the node's training uid, usually) gets the whole free arena resident, as
+    // pre-faulting at start did — in the background, so this Hello answers at once.
+    {
+      absl::MutexLock lock(&mu_);
+      prefault_uid_ = uid;
+    }
+    prefault_thread_ = std::thread([this, uid] { PrefaultLoop(uid); });
+  }
   return info;
+}
+
+void StagingArena::PrefaultLoop(uint32_t uid) {
+  constexpr uint64_t kChunkBytes = 64 * limits::kMiB;
+  Seg* seg = Find(uid);
+  CKPTD_CHECK(seg != nullptr);
+  uint64_t faulted = 0;
+  while (!stop_prefault_.load()) {
+    uint64_t off = 0, len = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      // A range nobody holds was never reserved, so it is free; claiming it for `uid` keeps
+      // other uids' claims away until inflight_ is cleared.
+      for (const auto& [o, run] : resident_) {
+        if (run.second == kNobody) {
+          off = o;
+          len = std::min(run.first, kChunkBytes);
+          break;
+        }
+      }
+      if (len == 0) break;
+      ClaimLocked(off, len, uid);
+      inflight_offset_ = off;
+      inflight_length_ = len;
+    }
+    absl::Status st = Populate(seg->base + off, len,
+                               absl::StrCat("staging arena segment ", seg->info.name));
+    absl::MutexLock lock(&mu_);
+    inflight_length_ = 0;
+    inflight_done_.SignalAll();
+    if (!st.ok()) {
+      // Left for reservations to fault (and fail cleanly then).
+      ClaimLocked(off, len, kAnyone);
+      spdlog::warn("pre-faulting the staging arena: {}", st.ToString());
+      break;
+    }
+    faulted += len;
+  }
+  absl::MutexLock lock(&mu_);
+  prefault_uid_ = kNobody;
+  spdlog::info("staging arena {}: {} bytes faulted in for uid {}", seg->info.name, faulted, uid);
 }
 
 StagingArena::Seg* StagingArena::Find(uint32_t uid) const {
@@ -354,6 +386,21 @@ absl::Status StagingArena::MakeResident(uint32_t uid, const std::vector<Span>& s
     for (const auto& s : segs_) {
       if (s.get() != mine) others.push_back(s.get());
     }
+  }
+  if (!spans.empty()) {
+    // The first segment's background faulting must not be racing a punch of what it faults.
+    absl::MutexLock lock(&mu_);
+    auto busy = [&] {
+      if (inflight_length_ == 0 || prefault_uid_ == uid) return false;
+      for (const Span& sp : spans) {
+        if (sp.offset < inflight_offset_ + inflight_length_ &&
+            inflight_offset_ < sp.offset + sp.length) {
+          return true;
+        }
+      }
+      return false;
+    };
+    while (busy()) inflight_done_.Wait(&mu_);
   }
   for (const Span& sp : spans) {
     // The range is free in the allocator and now ours: nobody else's extent is there, so the
