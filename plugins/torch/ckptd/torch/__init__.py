@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from ._helpers import load, save
 from ._ids import CheckpointId, decode_job, encode_job, parse
-from ._storage import StorageReader, StorageWriter
+from ._reader import StorageReader
+from ._storage import StorageWriter
 
 __all__ = [
     "CheckpointId",
