@@ -219,9 +219,14 @@ class StorageWriter(LazyClient, _DcpWriter, AsyncStager):
         self.job: str | None = None  # where this save's shards go (a part job without collectives)
 
     def __getstate__(self) -> dict[str, Any]:
+        """Without the connection, thread or views. stage()'s handover travels with the copy:
+        a process-based async_save pickles the writer to run dcp.save in its checkpoint process,
+        which then finishes that checkpoint, so this writer forgets it (a later reset() to
+        another id must not abort it)."""
         self._wait_staging()
         state = super().__getstate__()
         state.update(_staged_views=[], _pool=None, _staging=None, _lock=None)
+        self._saved_at_stage = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
