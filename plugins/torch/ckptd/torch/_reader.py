@@ -66,8 +66,8 @@ class StorageReader(LazyClient, _DcpReader):
         self.bytes_read = 0
         self._dtypes: dict[str, torch.dtype] = {}
         self._shapes: dict[str, list[int]] = {}
-        # A rank-local checkpoint: (fqn, chunk offsets | None) -> the part job holding it.
-        self._routes: dict[_Key, str] | None = None
+        # A rank-local checkpoint: (fqn, chunk offsets | None) -> (part job, chunk sizes).
+        self._routes: dict[_Key, tuple[str, list[int]]] | None = None
         if checkpoint_id is not None:
             self.reset(checkpoint_id)
 
@@ -171,30 +171,34 @@ class StorageReader(LazyClient, _DcpReader):
         return self._metadata(sd_meta, planner_data, {"job": job, "step": step})
 
     def _part_metadata(self, parts: dict[int, str], step: int) -> Metadata:
-        """Metadata of rank-local parts: each tensor's chunks as its parts recorded them."""
+        """Metadata of rank-local parts: each tensor's chunks as its parts recorded them (a part
+        holds each chunk as a whole item of the same name)."""
         sd_meta: dict[str, Any] = {}
-        routes: dict[_Key, str] = {}
+        routes: dict[_Key, tuple[str, list[int]]] = {}
         mappings: dict[Any, Any] = {}
-        for _, job in sorted(parts.items(), reverse=True):  # lowest rank wins for objects
+        for _, job in sorted(parts.items(), reverse=True):  # the lowest rank serves duplicates
             objects, tensors, planner_data = self._describe(job, step)
             if isinstance(planner_data, dict):
                 mappings.update(planner_data)
             for name in objects:
                 sd_meta[name] = BytesStorageMetadata()
-                routes[(name, None)] = job
-            chunks = self.client.load_object(job, step, _ids.DCP_CHUNKS_ITEM)
-            for name, (dtype, shape) in tensors.items():
+                routes[(name, None)] = (job, [])
+            records = self.client.load_object(job, step, _ids.DCP_CHUNKS_ITEM)
+            for name, (dtype, _) in tensors.items():
+                rec = records[name]
                 md = sd_meta.setdefault(
                     name,
-                    TensorStorageMetadata(TensorProperties(dtype=dtype), shape, chunks=[]),
+                    TensorStorageMetadata(
+                        TensorProperties(dtype=dtype), torch.Size(rec["size"]), chunks=[]
+                    ),
                 )
-                for offsets, sizes in chunks.get(name, []):
+                for offsets, sizes in rec["chunks"]:
                     key: _Key = (name, tuple(offsets))
                     if key not in routes:
                         md.chunks.append(
                             ChunkStorageMetadata(torch.Size(offsets), torch.Size(sizes))
                         )
-                    routes[key] = job
+                    routes[key] = (job, list(sizes))
         storage = {"parts": parts, "step": step, "routes": routes}
         return self._metadata(sd_meta, mappings or None, storage)
 
@@ -243,12 +247,12 @@ class StorageReader(LazyClient, _DcpReader):
     def _read(self, plan: LoadPlan, planner: LoadPlanner) -> None:
         assert self._id is not None
         step = self._resolve_step()
-        by_job: dict[str, list[tuple[str, Any, Any]]] = {}
+        by_job: dict[tuple[str, int], list[tuple[str, Any, Any]]] = {}
         # (request, destination view, tensor the daemon writes into)
         pending: list[tuple[Any, torch.Tensor, torch.Tensor]] = []
         for req in plan.items:
             fqn = req.storage_index.fqn
-            job, rank = self._job_of(req.storage_index)
+            job, rank, base, full = self._source(req.storage_index)
             if req.type == LoadItemType.BYTE_IO:
                 data = self.client.load_object(job, step, fqn, rank=rank, raw=True)
                 planner.load_bytes(req, io.BytesIO(data))
@@ -262,31 +266,32 @@ class StorageReader(LazyClient, _DcpReader):
             saved = self._dtypes.get(fqn, dest.dtype)
             direct = dest.dtype == saved and dest.device.type == "cpu"
             buf = dest if direct else torch.empty(lengths, dtype=saved)
-            # storage_offsets are within the saved chunk; the daemon takes global coordinates.
-            base = req.storage_index.offset or [0] * len(lengths)
+            # storage_offsets are within the saved chunk: the daemon's item is the whole tensor
+            # (offset by the chunk's place) or, in a rank-local part, the chunk itself.
             offsets = [int(b) + int(o) for b, o in zip(base, req.storage_offsets, strict=True)]
-            full = self._shapes.get(fqn)
             whole = full is not None and lengths == full and not any(offsets)
             target = (fqn, None if whole else ckptd.Box(offsets, lengths), buf)
-            by_job.setdefault(job, []).append(target)
+            by_job.setdefault((job, rank), []).append(target)
             pending.append((req, dest, buf))
-        for job, targets in by_job.items():
-            rank = 0 if self._routes is not None else self.rank
+        for (job, rank), targets in by_job.items():
             self.bytes_read += self.client.load_into(job, step, targets, rank=rank)
         for req, dest, buf in pending:
             if buf is not dest:
                 dest.copy_(buf)  # casts, and moves to the destination's device
             planner.commit_tensor(req, dest)
 
-    def _job_of(self, index: MetadataIndex) -> tuple[str, int]:
-        """(job, rank to load as) for a read of the chunk `index`."""
+    def _source(self, index: MetadataIndex) -> tuple[str, int, list[int], list[int] | None]:
+        """(job, rank to load as, offset of the chunk in the daemon's item, the item's shape)
+        for a read of the chunk `index`."""
         assert self._id is not None
         if self._routes is None:
-            return self._id.job, self.rank
-        job = self._routes.get(_key(index))
-        if job is None:
+            base = [int(o) for o in index.offset] if index.offset is not None else []
+            return self._id.job, self.rank, base, self._shapes.get(index.fqn)
+        route = self._routes.get(_key(index))
+        if route is None:
             raise ckptd.NotFoundError(
                 f"job {self._id.job} step {self.step}: no rank-local part holds {index.fqn} "
                 f"at offsets {index.offset}"
             )
-        return job, 0
+        job, sizes = route
+        return job, 0, [0] * len(sizes), sizes

@@ -161,14 +161,17 @@ def _write_results(items: list[WriteItem], sizes: dict[Any, int]) -> list[WriteR
     ]
 
 
-def _chunks(items: list[WriteItem]) -> dict[str, list[tuple[list[int], list[int]]]]:
-    """The boxes this rank saves, by item: a rank-local part records them for the reader."""
-    out: dict[str, list[tuple[list[int], list[int]]]] = {}
+def _chunks(items: list[WriteItem]) -> dict[str, dict[str, Any]]:
+    """A rank-local part's record of its chunks, by item: {"size": global size, "chunks":
+    [(offsets, sizes)]}. The part stores each chunk as a whole tensor of that name (a daemon
+    checkpoint covers every item it holds), so this is where the global layout lives."""
+    out: dict[str, dict[str, Any]] = {}
     for item in items:
         td = item.tensor_data
         if item.type != WriteItemType.BYTE_IO and td is not None:
             box = ([int(o) for o in td.chunk.offsets], [int(n) for n in td.chunk.sizes])
-            out.setdefault(item.index.fqn, []).append(box)
+            rec = out.setdefault(item.index.fqn, {"size": [int(d) for d in td.size], "chunks": []})
+            rec["chunks"].append(box)
     return out
 
 
@@ -391,6 +394,8 @@ class StorageWriter(LazyClient, _DcpWriter, AsyncStager):
                 sizes[_index_key(item.index)] = len(raw)
                 continue
             fqn, shard = _tensor_item(item, data)
+            if not self.use_collectives:  # a rank-local part: the chunk is a whole item
+                shard = ckptd.Shard(shard.data, list(shard.data.shape), None)
             if fqn in tensors:  # two chunks of one item on this rank: distinct names per shard
                 raise RuntimeError(f"ckptd: item {fqn} has two chunks on rank {rank}")
             tensors[fqn] = shard
