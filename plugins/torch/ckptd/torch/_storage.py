@@ -45,6 +45,9 @@ from typing import Any
 import ckptd
 import torch
 import torch.distributed as dist
+
+# The format version FileSystemWriter records; finish() records the same.
+from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION as DCP_VERSION
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItem, WriteItemType
 from torch.distributed.checkpoint.staging import AsyncStager
@@ -56,8 +59,6 @@ from torch.futures import Future
 from . import _ids
 
 __all__ = ["DCP_VERSION", "StorageWriter", "refuse_extensions"]
-
-DCP_VERSION = "1.0.0"  # filesystem.CURRENT_DCP_VERSION of torch 2.13: what finish() records
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,7 +217,7 @@ class StorageWriter(LazyClient, _DcpWriter, AsyncStager):
         """Per-save state; stage()'s handover (_saved_at_stage) is kept by its own rules."""
         self.step: int | None = None
         self.rank = 0
-        self.world_size = 1
+        self.world_size = 1  # ranks of the daemon checkpoint this save writes (set by write_data)
         self.is_coordinator = False
         self.use_collectives = True
         self.job: str | None = None  # where this save's shards go (a part job without collectives)
@@ -362,6 +363,7 @@ class StorageWriter(LazyClient, _DcpWriter, AsyncStager):
                 )
             return _write_results(plan.items, staged.sizes)
         rank, world = (self.rank, pdata.world_size) if self.use_collectives else (0, 1)
+        self.world_size = world
         if rank >= world:
             raise RuntimeError(
                 f"ckptd: job {self.job} step {self.step}: rank {rank} of a save planned by "
