@@ -290,3 +290,23 @@ def test_no_dist_without_a_process_group(daemon: Daemon, client: ckptd.Client) -
         no_dist=True,
     )
     assert_same(sd, out)
+
+
+def test_rank_local_save_needs_a_step(daemon: Daemon, client: ckptd.Client) -> None:
+    # Without collectives the ranks cannot agree on a free step: refused, naming the fix.
+    writer = ct.StorageWriter("local1/run/latest", socket=daemon.socket)
+    with pytest.raises(ValueError, match="use_collectives=False the ranks cannot agree"):
+        dcp.save({"w": torch.ones(3)}, storage_writer=writer, use_collectives=False)
+    # With a step: one process's rank-local part, a checkpoint of its own, read back whole.
+    sd = {"w": torch.arange(12.0).reshape(3, 4), "n": 1}
+    dcp.save(
+        sd,
+        storage_writer=ct.StorageWriter("local1/run/step-4", socket=daemon.socket),
+        use_collectives=False,
+    )
+    assert client.status("local1.run._rank0", 4)["state"] == "COMMITTED"
+    with pytest.raises(ckptd.NotFoundError):
+        client.status("local1.run", 4)
+    out = {"w": torch.zeros(3, 4), "n": 0}
+    dcp.load(out, storage_reader=ct.StorageReader("local1/run/step-4", socket=daemon.socket))
+    assert torch.equal(out["w"], sd["w"]) and out["n"] == 1
