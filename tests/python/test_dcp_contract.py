@@ -173,6 +173,9 @@ def test_close_releases_what_stage_holds(daemon: Daemon) -> None:
     staged = fut.result(timeout=60)
     assert staged["a"].device.type == "cpu" and torch.equal(staged["a"], torch.ones(MIB_ROWS, 1024))
     assert writer.arena_buffers_held == 2
+    # A process-based async_save would pickle the writer now: refused, not copied twice more.
+    with pytest.raises(RuntimeError, match=r"has no step.*Put the step in the id"):
+        pickle.dumps(writer)
     writer.close()
     assert writer.arena_buffers_held == 0
     # The arena (64 MiB) takes 40 stagings of 1 MiB only if each close() gave its buffer back.

@@ -226,8 +226,18 @@ class StorageWriter(LazyClient, _DcpWriter, AsyncStager):
         """Without the connection, thread or views. stage()'s handover travels with the copy:
         a process-based async_save pickles the writer to run dcp.save in its checkpoint process,
         which then finishes that checkpoint, so this writer forgets it (a later reset() to
-        another id must not abort it)."""
+        another id must not abort it). Refused while the writer holds staged views that were
+        not handed over (an id without a step): the copy would need those tensors' bytes, which
+        torch would move to new shared memory and the other process copy again."""
         self._wait_staging()
+        if self._staged_views:
+            assert self._id is not None
+            raise RuntimeError(
+                f"ckptd StorageWriter: checkpoint_id {self._id.raw!r} has no step, so stage() "
+                "kept the tensors for planning; a process-based async_save would copy their bytes "
+                "to the checkpoint process twice more. Put the step in the id (e.g. "
+                "'runs/llama/step-100') or use the thread executor"
+            )
         state = super().__getstate__()
         state.update(_staged_views=[], _pool=None, _staging=None, _lock=None)
         self._saved_at_stage = None
