@@ -139,6 +139,30 @@ def test_async_staging_returns_two_futures(daemon: Daemon, client: ckptd.Client)
     writer.close()
 
 
+def test_dcps_own_stager_with_the_ckptd_writer(daemon: Daemon, client: ckptd.Client) -> None:
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+    sd = {"w": torch.randn(64, 32), "epoch": 2}
+    want = sd["w"].clone()
+    stager = DefaultStager(StagingOptions(False, False, True, False))  # CPU: async staging
+    try:
+        resp = dcp.async_save(
+            sd,
+            storage_writer=ct.StorageWriter("stager/run/step-1", socket=daemon.socket),
+            async_stager=stager,
+        )
+        assert isinstance(resp, AsyncSaveResponse)
+        resp.staging_completion.result(timeout=60)
+        sd["w"].zero_()
+        resp.upload_completion.result(timeout=120)
+    finally:
+        stager.close()
+    assert client.status("stager.run", 1)["state"] == "COMMITTED"
+    out = {"w": torch.zeros(64, 32), "epoch": 0}
+    dcp.load(out, storage_reader=ct.StorageReader("stager/run/step-1", socket=daemon.socket))
+    assert torch.equal(out["w"], want) and out["epoch"] == 2
+
+
 def test_stage_hands_over_and_returns_references(daemon: Daemon, client: ckptd.Client) -> None:
     # With a step in the id, stage() gives back meta tensors: a process-based async_save pickles
     # only references to its checkpoint process, never the tensor bytes a second time.

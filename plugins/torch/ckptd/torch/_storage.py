@@ -280,10 +280,9 @@ class StorageWriter(LazyClient, _DcpWriter, AsyncStager):
         return True
 
     def storage_meta(self) -> StorageMeta | None:
-        """checkpoint_id as given; save_id names the daemon's checkpoint ("job/step") once the
-        step is known (finish() records it in the returned Metadata)."""
-        save_id = None if self.job is None or self.step is None else f"{self.job}/{self.step}"
-        return StorageMeta(checkpoint_id=self.checkpoint_id, save_id=save_id)
+        """What DCP hands the planner before set_up_storage_writer: the checkpoint_id as given.
+        finish() records the full one (with save_id) in the Metadata DCP returns."""
+        return StorageMeta(checkpoint_id=self.checkpoint_id)
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         """Called by DCP on every rank of every save (reset() is not): per-save state starts here.
@@ -426,7 +425,10 @@ class StorageWriter(LazyClient, _DcpWriter, AsyncStager):
         for COMMITTED: the whole checkpoint, or this rank's part without collectives."""
         assert self.job is not None and self.step is not None
         metadata.version = DCP_VERSION
-        metadata.storage_meta = self.storage_meta()
+        # save_id names the daemon's checkpoint this save wrote: "job/step".
+        metadata.storage_meta = StorageMeta(
+            checkpoint_id=self.checkpoint_id, save_id=f"{self.job}/{self.step}"
+        )
         self.client.wait(self.job, self.step, committed=True, timeout_ms=self.commit_timeout_ms)
 
     # --- AsyncStager ------------------------------------------------------------------------
