@@ -163,6 +163,33 @@ def test_dcps_own_stager_with_the_ckptd_writer(daemon: Daemon, client: ckptd.Cli
     assert torch.equal(out["w"], want) and out["epoch"] == 2
 
 
+def test_async_save_with_the_id_given_to_async_save(daemon: Daemon, client: ckptd.Client) -> None:
+    # TorchTitan passes checkpoint_id to async_save: a writer without an id stages into the arena
+    # and hands the shards over once dcp.save's reset() named the checkpoint.
+    sd = {"w": torch.randn(32, 32)}
+    want = sd["w"].clone()
+    writer = ct.StorageWriter(socket=daemon.socket, async_staging=True)
+    resp = dcp.async_save(sd, storage_writer=writer, checkpoint_id="tt/run/step-10")
+    resp.staging_completion.result(timeout=60)
+    sd["w"].zero_()
+    resp.upload_completion.result(timeout=120)
+    assert client.status("tt.run", 10)["state"] == "COMMITTED"
+    out = {"w": torch.zeros(32, 32)}
+    dcp.load(out, storage_reader=ct.StorageReader("tt/run/step-10", socket=daemon.socket))
+    assert torch.equal(out["w"], want)
+    # A writer that already has an id refuses another one from async_save: stage() used its own.
+    writer = ct.StorageWriter("tt/run/step-11", socket=daemon.socket)
+    fut = dcp.async_save(
+        {"w": torch.ones(2)}, storage_writer=writer, checkpoint_id="tt/run/step-12"
+    )
+    with pytest.raises(ValueError, match=r"give the checkpoint_id to the writer.*tt\.run step 11"):
+        fut.result(timeout=120)
+    # Aborted, unless the one-rank checkpoint committed first.
+    assert client.status("tt.run", 11)["state"] in ("ABORTED", "COMMITTED")
+    with pytest.raises(ckptd.NotFoundError):
+        client.status("tt.run", 12)
+
+
 def test_stage_hands_over_and_returns_references(daemon: Daemon, client: ckptd.Client) -> None:
     # With a step in the id, stage() gives back meta tensors: a process-based async_save pickles
     # only references to its checkpoint process, never the tensor bytes a second time.
@@ -198,7 +225,7 @@ def test_close_releases_what_stage_holds(daemon: Daemon) -> None:
     assert staged["a"].device.type == "cpu" and torch.equal(staged["a"], torch.ones(MIB_ROWS, 1024))
     assert writer.arena_buffers_held == 2
     # A process-based async_save would pickle the writer now: refused, not copied twice more.
-    with pytest.raises(RuntimeError, match=r"has no step.*Put the step in the id"):
+    with pytest.raises(RuntimeError, match=r"and no step.*Give the writer an id with a step"):
         pickle.dumps(writer)
     writer.close()
     assert writer.arena_buffers_held == 0

@@ -231,12 +231,12 @@ class StorageWriter(LazyClient, _DcpWriter, AsyncStager):
         torch would move to new shared memory and the other process copy again."""
         self._wait_staging()
         if self._staged_views:
-            assert self._id is not None
+            what = "no checkpoint_id" if self._id is None else f"checkpoint_id {self._id.raw!r}"
             raise RuntimeError(
-                f"ckptd StorageWriter: checkpoint_id {self._id.raw!r} has no step, so stage() "
-                "kept the tensors for planning; a process-based async_save would copy their bytes "
-                "to the checkpoint process twice more. Put the step in the id (e.g. "
-                "'runs/llama/step-100') or use the thread executor"
+                f"ckptd StorageWriter: stage() ran with {what} and no step, so it kept the "
+                "tensors for planning; a process-based async_save would copy their bytes to the "
+                "checkpoint process twice more. Give the writer an id with a step (e.g. "
+                "'runs/llama/step-100') before async_save, or use the thread executor"
             )
         state = super().__getstate__()
         state.update(_staged_views=[], _pool=None, _staging=None, _lock=None)
@@ -255,15 +255,23 @@ class StorageWriter(LazyClient, _DcpWriter, AsyncStager):
         if checkpoint_id is not None:
             new_id = _ids.parse(checkpoint_id)
             if pending is not None and self._id is not None and new_id.raw != self._id.raw:
-                # stage() already handed shards to the daemon under the old id: abort that one.
+                # stage() already handed shards to the daemon under the old id: abort that one
+                # (it may have committed already: a one-rank checkpoint commits once staged).
                 self._saved_at_stage = None
-                self.client.abort(pending.job, pending.step, "checkpoint_id changed after stage()")
+                try:
+                    self.client.abort(
+                        pending.job, pending.step, "checkpoint_id changed after stage()"
+                    )
+                    fate = "aborted"
+                except ckptd.CkptdError as e:
+                    fate = f"not aborted ({e})"
                 self._id = new_id
                 self.checkpoint_id = new_id.raw
                 self._clear()
                 raise ValueError(
                     "ckptd StorageWriter: with async_save, give the checkpoint_id to the writer "
-                    "(constructor or reset()), not to async_save: stage() ran with the old id"
+                    f"(constructor or reset()), not to async_save: stage() ran with the old id "
+                    f"and saved job {pending.job} step {pending.step}, now {fate}"
                 )
             self._id = new_id
             self.checkpoint_id = new_id.raw
