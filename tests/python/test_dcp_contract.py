@@ -364,3 +364,18 @@ def test_rank_local_save_needs_a_step(daemon: Daemon, client: ckptd.Client) -> N
     out = {"w": torch.zeros(3, 4), "n": 0}
     dcp.load(out, storage_reader=ct.StorageReader("local1/run/step-4", socket=daemon.socket))
     assert torch.equal(out["w"], sd["w"]) and out["n"] == 1
+
+
+def test_deprecated_entry_points(daemon: Daemon) -> None:
+    # save_state_dict / load_state_dict call reset() without an id: the writer keeps its own.
+    # (torch 2.13's private _Checkpointer fails before reaching any storage: it passes
+    # coordinator_rank= to dcp.save, which has no such argument.)
+    import warnings
+
+    sd = state(11)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        dcp.save_state_dict(sd, ct.StorageWriter("entry/old/step-2", socket=daemon.socket))
+        out = zeros(state(0))
+        dcp.load_state_dict(out, ct.StorageReader("entry/old/step-2", socket=daemon.socket))
+    assert_same(sd, out)
