@@ -389,7 +389,7 @@ class StorageWriter(LazyClient, _DcpWriter, AsyncStager):
         extra: dict[str, Any] = {}
         if not self.use_collectives:
             extra[_ids.DCP_CHUNKS_ITEM] = _chunks(plan.items)
-        sizes = self._save(plan.items, planner.resolve_data, pdata, rank, world, extra)
+        sizes = self._save(plan.items, planner.resolve_data, pdata, (rank, world), extra)
         return _write_results(plan.items, sizes)
 
     def _save(
@@ -397,11 +397,15 @@ class StorageWriter(LazyClient, _DcpWriter, AsyncStager):
         items: list[WriteItem],
         resolve: Any,
         pdata: _PlanData,
-        rank: int,
-        world: int,
+        as_rank: tuple[int, int],
         extra: dict[str, Any],
     ) -> dict[Any, int]:
+        """Saves `items` as rank `as_rank` of (self.job, self.step). `extra` (object items saved by
+        rank 0) holds DCP_CHUNKS_ITEM exactly when this is a rank-local part: then each chunk is
+        stored as a whole item."""
         assert self._id is not None and self.job is not None and self.step is not None
+        rank, world = as_rank  # (rank, world size) in the daemon's checkpoint
+        rank_local = _ids.DCP_CHUNKS_ITEM in extra
         tensors: dict[str, ckptd.Shard] = {}
         objects: dict[str, Any] = {}
         sizes: dict[Any, int] = {}
@@ -413,7 +417,7 @@ class StorageWriter(LazyClient, _DcpWriter, AsyncStager):
                 sizes[_index_key(item.index)] = len(raw)
                 continue
             fqn, shard = _tensor_item(item, data)
-            if not self.use_collectives:  # a rank-local part: the chunk is a whole item
+            if rank_local:  # the chunk is a whole item of the part
                 shard = ckptd.Shard(shard.data, list(shard.data.shape), None)
             if fqn in tensors:  # two chunks of one item on this rank: distinct names per shard
                 raise RuntimeError(f"ckptd: item {fqn} has two chunks on rank {rank}")
@@ -476,7 +480,7 @@ class StorageWriter(LazyClient, _DcpWriter, AsyncStager):
         self.job, self.step = self._id.job, self._id.step
         try:
             pdata = _PlanData(world, plan.planner_data)
-            sizes = self._save(plan.items, planner.resolve_data, pdata, rank, world, {})
+            sizes = self._save(plan.items, planner.resolve_data, pdata, (rank, world), {})
         finally:
             self._release_staged()
         self._saved_at_stage = _StagedSave(self._id.job, self._id.step, rank, world, sizes)
