@@ -103,6 +103,21 @@ def test_ten_saves_with_plan_caching(daemon: Daemon, plan_cache: None) -> None:
         assert_same(state(i), out)
 
 
+def test_cached_plans_pass_through_unchanged(daemon: Daemon) -> None:
+    from torch.distributed.checkpoint.planner import SavePlan
+
+    writer = ct.StorageWriter("cache/unit/step-1", socket=daemon.socket)
+    cached = SavePlan([], usable=False)
+    assert writer.prepare_local_plan(cached) is cached
+    out = writer.prepare_global_plan([cached, SavePlan([], planner_data={"a": ("a",)})])
+    assert [p.usable for p in out] == [False, True]
+    # Only what a cached plan keeps true: the number of ranks and the mappings, never a step.
+    assert [vars(p.storage_data) for p in out] == [
+        {"world_size": 2, "planner_data": {"a": ("a",)}},
+        {"world_size": 2, "planner_data": None},
+    ]
+
+
 def test_writer_reused_without_reset_takes_a_new_step(
     daemon: Daemon, client: ckptd.Client, plan_cache: None
 ) -> None:
@@ -229,7 +244,7 @@ def test_close_releases_what_stage_holds(daemon: Daemon) -> None:
         pickle.dumps(writer)
     writer.close()
     assert writer.arena_buffers_held == 0
-    # The arena (64 MiB) takes 40 stagings of 1 MiB only if each close() gave its buffer back.
+    # The arena (64 MiB) takes 40 stagings of 2 MiB only if each close() gave its buffer back.
     for _ in range(40):
         writer.stage({"a": torch.ones(2 * MIB_ROWS, 1024)}).result(timeout=60)
         writer.close()
