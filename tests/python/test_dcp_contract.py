@@ -396,3 +396,13 @@ def test_deprecated_entry_points(daemon: Daemon) -> None:
         reader = ct.StorageReader("entry/old/step-2", socket=daemon.socket)
         dcp.load_state_dict(out, reader, no_dist=True)
     assert_same(sd, out)
+
+
+def test_a_planner_unlike_stages_is_refused(daemon: Daemon) -> None:
+    # stage() plans with DefaultSavePlanner to hand the shards over early; a planner that names
+    # the items otherwise (no flattening) cannot use them: refused, naming the items and the fix.
+    sd = {"model": {"w": torch.ones(4)}}
+    writer = ct.StorageWriter("planner/run/step-1", socket=daemon.socket)
+    fut = dcp.async_save(sd, storage_writer=writer, planner=DefaultSavePlanner(False))
+    with pytest.raises(CheckpointException, match=r"items \[.model.\] were not staged by stage"):
+        fut.result(timeout=120)

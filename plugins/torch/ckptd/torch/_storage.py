@@ -364,20 +364,25 @@ class StorageWriter(LazyClient, _DcpWriter, AsyncStager):
         pdata = plan.storage_data if isinstance(plan.storage_data, _PlanData) else _PlanData(1)
         staged, self._saved_at_stage = self._saved_at_stage, None
         if staged is not None and (staged.job, staged.step) == (self.job, self.step):
-            if self.use_collectives and pdata.world_size != staged.world_size:
-                raise RuntimeError(
-                    f"ckptd: job {staged.job} step {staged.step}: stage() saved as rank "
-                    f"{staged.rank} of {staged.world_size} (the default process group) but DCP "
-                    f"planned with {pdata.world_size} rank(s); with a process_group or no_dist, "
-                    "give the writer a checkpoint_id without a step"
-                )
+            problem = None
             missing = [i.index.fqn for i in plan.items if _index_key(i.index) not in staged.sizes]
-            if missing:
-                raise RuntimeError(
-                    f"ckptd: job {staged.job} step {staged.step}: items {missing[:5]} were not "
-                    "staged by stage(); a custom SavePlanner with async_save needs a "
-                    "checkpoint_id without a step"
+            if self.use_collectives and pdata.world_size != staged.world_size:
+                problem = (
+                    f"stage() saved as rank {staged.rank} of {staged.world_size} (the default "
+                    f"process group) but DCP planned with {pdata.world_size} rank(s); with a "
+                    "process_group or no_dist, give the writer a checkpoint_id without a step"
                 )
+            elif missing:
+                problem = (
+                    f"items {missing[:5]} were not staged by stage(); a custom SavePlanner with "
+                    "async_save needs a checkpoint_id without a step"
+                )
+            if problem is not None:
+                try:  # what stage() handed over can never commit as planned
+                    self.client.abort(staged.job, staged.step, problem[:200])
+                except ckptd.CkptdError:
+                    pass
+                raise RuntimeError(f"ckptd: job {staged.job} step {staged.step}: {problem}")
             return _write_results(plan.items, staged.sizes)
         rank, world = (self.rank, pdata.world_size) if self.use_collectives else (0, 1)
         self.world_size = world
