@@ -5,7 +5,9 @@
 #   BENCH_TENSORS=32 BENCH_ROWS=1024  size of the reshard-load checkpoint (x 4096 float32 columns)
 #   BENCH_DIR=<dir>                    where the daemon keeps its state (default: bench/state)
 #   BENCH_STATE_GB=2 BENCH_DTYPES=fp32,bf16 BENCH_WORLDS=1,2,4     the checkpoint comparison
-#   BENCH_SYSTEMS=ckptd,ckptd_dcp,dcp,dcp_async,torch_save,bytecheckpoint
+#   BENCH_SYSTEMS=ckptd,ckptd_dcp,dcp,dcp_async,torch_save,bytecheckpoint  (the comparison)
+#   BENCH_TRAIN_SYSTEMS=...  the training loop (default: all of train_bench.py, ckptd_zoc and
+#                            dcp_zoc included: DCP's two-future recipe, ckptd against DefaultStager)
 #   BENCH_TRAIN_ROUNDS=8 BENCH_TRAIN_EVERY=5    the training-loop overhead (blocks of 5 steps)
 #   BENCH_REPS=3                               repetitions of ckptd's saves/loads and of memcpy
 #   BENCH_ONLY=all|planner|reshard|ckpt|train                      run one part only
@@ -59,7 +61,8 @@ fi
 if [ "$ONLY" = all ] || [ "$ONLY" = train ]; then
 echo "bench: training-loop overhead per checkpoint"
 python3 "$ROOT/bench/train_bench.py" --daemon "$BUILD/ckptd" --out "$OUT" \
-  --state-dir "$STATE-train" --rounds "${BENCH_TRAIN_ROUNDS:-8}" --every "${BENCH_TRAIN_EVERY:-5}"
+  --state-dir "$STATE-train" --rounds "${BENCH_TRAIN_ROUNDS:-8}" --every "${BENCH_TRAIN_EVERY:-5}" \
+  ${BENCH_TRAIN_SYSTEMS:+--systems "$BENCH_TRAIN_SYSTEMS"}
 rm -rf "$STATE-train"
 fi
 

@@ -32,8 +32,16 @@ sys.path.insert(0, str(ROOT / "bench"))
 from ckpt_bench import fio_command, start_daemon  # noqa: E402
 
 SYSTEMS = [
-    "none", "io_floor", "ckptd", "ckptd_dcp", "dcp_async", "dcp", "torch_save", "bytecheckpoint"
+    "none", "io_floor", "ckptd", "ckptd_dcp", "ckptd_zoc", "dcp_async", "dcp_zoc", "dcp",
+    "torch_save", "bytecheckpoint"
 ]  # fmt: skip
+# *_zoc: DCP's "zero-overhead checkpointing" recipe. async_save returns AsyncSaveResponse; the
+# loop runs forward and backward while the state is staged and waits for staging_completion only
+# before optimizer.step(), the first thing that changes the state. ckptd_zoc stages through
+# ckptd.torch.StorageWriter(async_staging=True) (the staging future completes once the bytes are
+# in the daemon, the upload future at COMMITTED); dcp_zoc through DCP's own DefaultStager with
+# use_shared_memory and use_async_staging (use_pinned_memory and use_non_blocking_copy too when
+# CUDA is present; they require it) and FileSystemWriter.
 
 
 def state_bytes(model: Any) -> int:
@@ -82,7 +90,15 @@ class Checkpointer:
         self.system, self.base, self.sock = system, base, sock
         self.model, self.opt = model, opt
         self.pending: Any = None
+        self.staging: Any = None  # *_zoc: waited for before the next optimizer.step()
         self.client: Any = None
+        self.stager: Any = None
+        if system == "dcp_zoc":
+            import torch
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+            cuda = torch.cuda.is_available()
+            self.stager = DefaultStager(StagingOptions(cuda, True, True, cuda))
         if system == "ckptd":
             import ckptd
 
@@ -126,6 +142,15 @@ class Checkpointer:
                 self.state(),
                 storage_writer=StorageWriter(f"train/dcp/step-{step}", socket=self.sock),
             )
+        elif self.system == "ckptd_zoc":
+            from ckptd.torch import StorageWriter
+
+            writer = StorageWriter(f"train/zoc/step-{step}", socket=self.sock, async_staging=True)
+            resp = dcp.async_save(self.state(), storage_writer=writer)
+            self.staging, self.pending = resp.staging_completion, resp.upload_completion
+        elif self.system == "dcp_zoc":
+            resp = dcp.async_save(self.state(), checkpoint_id=path, async_stager=self.stager)
+            self.staging, self.pending = resp.staging_completion, resp.upload_completion
         elif self.system == "dcp_async":
             self.pending = dcp.async_save(self.state(), checkpoint_id=path)
         elif self.system == "dcp":
@@ -150,7 +175,14 @@ class Checkpointer:
 
             bcp.save(path, self.model, self.opt, async_save=True)
 
+    def before_optimizer_step(self) -> None:
+        """The zero-overhead recipe's wait: the state must be staged before it changes."""
+        if self.staging is not None:
+            self.staging.result()
+            self.staging = None
+
     def drain(self) -> None:
+        self.before_optimizer_step()
         if self.pending is None:
             return
         if self.system == "ckptd":
@@ -166,6 +198,8 @@ class Checkpointer:
         self.drain()
         if self.client is not None:
             self.client.close()
+        if self.stager is not None:
+            self.stager.close()
 
 
 def run_blocks(args: argparse.Namespace, sock: str) -> list[dict[str, Any]]:
@@ -181,11 +215,13 @@ def run_blocks(args: argparse.Namespace, sock: str) -> list[dict[str, Any]]:
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
     data = torch.randint(0, args.vocab, (16, args.batch, args.seq + 1))
 
-    def step(i: int) -> None:
+    def step(i: int, ck: Checkpointer | None = None) -> None:
         x, y = data[i % len(data), :, :-1], data[i % len(data), :, 1:]
         loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        if ck is not None:
+            ck.before_optimizer_step()
         opt.step()
 
     for i in range(args.warmup):  # Adam state exists before the first checkpoint
@@ -214,7 +250,7 @@ def run_blocks(args: argparse.Namespace, sock: str) -> list[dict[str, Any]]:
                 ck.save(i)
             call = time.perf_counter() - t0
             for k in range(args.every):
-                step(i + k)
+                step(i + k, ck)
             steps_end = time.perf_counter()
             if ck is not None:
                 ck.drain()
@@ -242,7 +278,7 @@ def run_blocks(args: argparse.Namespace, sock: str) -> list[dict[str, Any]]:
 
 def _cleanup(state_dir: str, sock: str, system: str) -> None:
     """Removes the checkpoints a block wrote (outside the timed block)."""
-    if system in ("ckptd", "ckptd_dcp"):
+    if system in ("ckptd", "ckptd_dcp", "ckptd_zoc"):
         _delete_ckptd(sock)
     else:
         shutil.rmtree(os.path.join(state_dir, system), ignore_errors=True)

@@ -167,3 +167,24 @@ def test_export_errors(daemon: Daemon, saved: dict[str, Any], tmp_path: Path) ->
     assert ckptctl(daemon, "export", "py-export", "7", str(out)).returncode == 0
     r = ckptctl(daemon, "export", "py-export", "7", str(out))
     assert r.returncode == 1 and "--force" in r.stderr
+
+
+def test_export_loads_with_dcps_hugging_face_reader(
+    daemon: Daemon, saved: dict[str, Any], tmp_path: Path
+) -> None:
+    # DCP's own HuggingFaceStorageReader (torch.distributed.checkpoint.hf_storage) reads the
+    # export through dcp.load: every dtype, bit-exact; and a template with fewer keys reads those.
+    from torch.distributed.checkpoint import HuggingFaceStorageReader
+    from torch.distributed.checkpoint import load as dcp_load
+
+    out = tmp_path / "dcp-hf"
+    r = ckptctl(daemon, "export", "py-export", "7", "--max_file_bytes", "8KiB", str(out))
+    assert r.returncode == 0, r.stderr
+    sd = {n: torch.zeros_like(t) for n, t in saved.items()}
+    dcp_load(sd, storage_reader=HuggingFaceStorageReader(str(out)))
+    for n, want in saved.items():
+        assert same_bits(sd[n], want), n
+    some = {"model.embed.weight": torch.zeros(96, 40), "optim.step": torch.tensor(0.0)}
+    dcp_load(some, storage_reader=HuggingFaceStorageReader(str(out)))
+    assert same_bits(some["model.embed.weight"], saved["model.embed.weight"])
+    assert same_bits(some["optim.step"], saved["optim.step"])

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from ._helpers import load, save
 from ._ids import CheckpointId, decode_job, encode_job, parse
-from ._storage import StorageReader, StorageWriter
+from ._reader import StorageReader
+from ._storage import DCP_VERSION, StorageWriter
 
 __all__ = [
+    "DCP_VERSION",
     "CheckpointId",
     "StorageReader",
     "StorageWriter",

@@ -18,7 +18,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from . import _ids
-from ._storage import StorageReader, StorageWriter
+from ._reader import StorageReader
+from ._storage import StorageWriter
 
 EXTRA_ITEM = "extra"
 

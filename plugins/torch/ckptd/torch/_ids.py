@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 PREFIX = "ckptd://"
 NAME_ITEM = "__ckptd__/checkpoint_name"
 PLANNER_DATA_ITEM = "__ckptd__/dcp_planner_data"
+DCP_CHUNKS_ITEM = "__ckptd__/dcp_chunks"  # a rank-local part's chunks: {fqn: [(offsets, sizes)]}
 RESERVED_PREFIX = "__ckptd__/"
 JOB_BYTES_MAX = 128
 STEP_MAX = 1 << 62
@@ -104,3 +105,25 @@ def parse(checkpoint_id: str | os.PathLike[str]) -> CheckpointId:
     if step is not None and step >= STEP_MAX:
         raise ValueError(f"checkpoint_id {raw!r}: step {step} is not below 2^62")
     return CheckpointId(raw=raw, job=job, name=name, step=step)
+
+
+PART_JOB_MARK = "._rank"  # never produced by encode_job: '_' is followed by '_', 'd' or hex there
+
+
+def part_job(job: str, rank: int) -> str:
+    """The job holding rank `rank`'s rank-local part of a checkpoint of `job` (DCP's
+    use_collectives=False): a checkpoint of its own (rank 0 of 1), committed on its own."""
+    out = f"{job}{PART_JOB_MARK}{int(rank)}"
+    if len(out.encode()) > JOB_BYTES_MAX:
+        raise ValueError(
+            f"job {job!r}: its rank-local part job {out!r} is {len(out)} bytes; the limit is "
+            f"{JOB_BYTES_MAX} (use a shorter checkpoint_id path with use_collectives=False)"
+        )
+    return out
+
+
+def part_rank(job: str, candidate: str) -> int | None:
+    """The rank whose rank-local part of `job` the job `candidate` holds, else None."""
+    prefix = f"{job}{PART_JOB_MARK}"
+    tail = candidate[len(prefix) :] if candidate.startswith(prefix) else ""
+    return int(tail) if tail.isdigit() else None

@@ -1,19 +1,33 @@
-"""ckptd as a torch.distributed.checkpoint (DCP) backend: StorageWriter and StorageReader.
+"""ckptd as a torch.distributed.checkpoint (DCP) backend: the StorageWriter (and AsyncStager).
 
 Mapping. Each DCP write item becomes one ckptd shard of item `fqn` (the flattened state-dict key)
 covering the chunk's box of the global tensor; byte items (non-tensor objects) become replicated
-object items. The reader's metadata describes every tensor as one chunk covering the whole
+object items. The reader (_reader.py) describes every tensor as one chunk covering the whole
 tensor, so DCP asks for exactly the boxes each rank needs and the daemon's load planner finds the
 saved shards and reads only the needed byte runs: any layout loads any other.
 
-Commit. dcp.save returns once the checkpoint is COMMITTED (finish() waits for it on the
-coordinator, and every rank waits for finish()). The daemon itself commits once all ranks staged.
+Per-save state. DCP 2.13 may hand write_data a plan from an earlier save (plan caching:
+DefaultSavePlanner(enable_plan_caching=True) replaces an unchanged plan by the cached one, with
+that save's storage_data) and calls reset() only when dcp.save gets a checkpoint_id. So the step
+and everything else that names this save is set in set_up_storage_writer, which DCP calls on every
+rank of every save, and never read from plan.storage_data; the storage_data the coordinator
+attaches (_PlanData) holds only what a cached plan keeps valid: the number of ranks planning
+together and the flattening mappings.
+
+Commit. With collectives (the default), every rank of the save stages its shards as rank r of
+world_size ranks and the daemon commits once all have; finish() (the coordinator) waits for
+COMMITTED, and DCP's closing all_reduce makes every rank wait for it. With use_collectives=False
+each rank plans alone and saves its part as a checkpoint of its own (job part_job(job, rank), rank
+0 of 1) which commits on its own; each rank's finish() waits for its part. The reader serves a part
+with read_metadata(rank=r) and all parts together with read_metadata().
 
 async_save. The writer is DCP's AsyncStager: stage() copies each local tensor once, straight into
 the staging arena, and - when the checkpoint_id names a step - hands the shards to the daemon right
-away, so async_save returns with the checkpoint staged (it completes even if the trainer dies) and
-the tensors free to change; the background dcp.save then only plans and waits for COMMITTED.
-Without a step in the id the step is chosen during planning, so the shards are handed over then.
+away, so the checkpoint is staged (it completes even if the trainer dies) and the tensors are free
+to change. It then returns a reference state dict: the same structure with meta tensors (no bytes),
+which is all DCP's planning needs, so a process-based async_save sends no tensor bytes to its
+checkpoint process. With async_staging=True stage() does that in a background thread and returns
+a Future, and async_save returns AsyncSaveResponse(staging_completion, upload_completion).
 """
 
 from __future__ import annotations
@@ -22,32 +36,21 @@ import copy
 import dataclasses
 import io
 import os
-from collections.abc import Iterator
-from typing import Any, cast
+import threading
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future as _ConcurrentFuture
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import ckptd
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.metadata import (
-    BytesStorageMetadata,
-    ChunkStorageMetadata,
-    Metadata,
-    MetadataIndex,
-    StorageMeta,
-    TensorProperties,
-    TensorStorageMetadata,
-)
-from torch.distributed.checkpoint.planner import (
-    LoadItemType,
-    LoadPlan,
-    LoadPlanner,
-    SavePlan,
-    SavePlanner,
-    WriteItem,
-    WriteItemType,
-)
+
+# The format version FileSystemWriter records; finish() records the same.
+from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION as DCP_VERSION
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItem, WriteItemType
 from torch.distributed.checkpoint.staging import AsyncStager
-from torch.distributed.checkpoint.storage import StorageReader as _DcpReader
 from torch.distributed.checkpoint.storage import StorageWriter as _DcpWriter
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.distributed.tensor import DTensor
@@ -55,22 +58,34 @@ from torch.futures import Future
 
 from . import _ids
 
-__all__ = ["StorageReader", "StorageWriter"]
+__all__ = ["DCP_VERSION", "StorageWriter", "refuse_extensions"]
 
 
 @dataclasses.dataclass(frozen=True)
 class _PlanData:
-    """What the coordinator tells every rank in prepare_global_plan."""
+    """What the coordinator attaches to every rank's global plan. Only what stays true while DCP
+    reuses a cached plan: never the step (see the module docstring)."""
 
+    world_size: int  # ranks that planned together (1 with no_dist or use_collectives=False)
+    planner_data: Any = None  # the merged flattening mappings: rank 0 saves them
+
+
+@dataclasses.dataclass(frozen=True)
+class _StagedSave:
+    """Shards stage() already handed to the daemon: (job, step) as rank/world_size."""
+
+    job: str
     step: int
-    planner_data: Any = None  # rank 0 saves it (for loads without a template)
+    rank: int
+    world_size: int
+    sizes: dict[Any, int]  # _index_key -> bytes
 
 
-def _connect(socket: str | None) -> ckptd.Client:
+def connect(socket: str | None) -> ckptd.Client:
     return ckptd.connect(socket) if socket else ckptd.default_client()
 
 
-class _LazyClient:
+class LazyClient:
     """Connects on first use; pickles without the connection (for process-based async_save)."""
 
     socket: str | None
@@ -79,7 +94,7 @@ class _LazyClient:
     @property
     def client(self) -> ckptd.Client:
         if self._client is None:
-            self._client = _connect(self.socket)
+            self._client = connect(self.socket)
         return self._client
 
     def __getstate__(self) -> dict[str, Any]:
@@ -88,10 +103,30 @@ class _LazyClient:
         return state
 
 
-def _rank_world(rank: int | None = None) -> tuple[int, int]:
+def rank_world(rank: int | None = None) -> tuple[int, int]:
+    """(rank, world size) in the default process group, (0, 1) without one."""
     if dist.is_available() and dist.is_initialized():
         return (dist.get_rank() if rank is None else rank), dist.get_world_size()
-    return 0, 1
+    return (0 if rank is None else rank), 1
+
+
+def refuse_extensions(extensions: Sequence[Any] | None, what: str) -> None:
+    """ValueError naming each DCP _extensions entry (StreamTransformExtension, e.g. ZStandard):
+    ckptd stores every shard's bytes as given, checksummed, and serves loads by byte range of the
+    global tensor (resharding), which a byte-stream transform would break."""
+    if not extensions:
+        return
+    names = []
+    for ext in extensions:
+        try:
+            names.append(str(ext.get_descriptor()))
+        except Exception:  # not an Extension at all: name its type
+            names.append(type(ext).__name__)
+    raise ValueError(
+        f"ckptd {what}: _extensions {names} are not supported: ckptd stores each shard's bytes "
+        "as saved (checksummed, read back by byte range for resharding), so DCP stream "
+        "transforms such as compression cannot be applied; remove _extensions"
+    )
 
 
 def _tensor_item(item: WriteItem, tensor: torch.Tensor) -> tuple[str, ckptd.Shard]:
@@ -101,6 +136,12 @@ def _tensor_item(item: WriteItem, tensor: torch.Tensor) -> tuple[str, ckptd.Shar
     offsets = [int(o) for o in td.chunk.offsets]
     lengths = [int(n) for n in td.chunk.sizes]
     tensor = tensor.detach()  # a GPU tensor is copied device to arena by Client.save
+    if tensor.device.type == "meta":
+        raise RuntimeError(
+            f"ckptd: item {item.index.fqn} is a reference (meta tensor) from stage(), not data: "
+            "save the state dict that stage() was given, or give the writer a checkpoint_id with "
+            "a step before async_save"
+        )
     if list(tensor.shape) != lengths:
         tensor = tensor.reshape(lengths)
     whole = lengths == size and not any(offsets)
@@ -112,21 +153,37 @@ def _index_key(index: MetadataIndex) -> tuple[str, tuple[int, ...] | None]:
     return index.fqn, None if index.offset is None else tuple(int(o) for o in index.offset)
 
 
-def _write_results(items: list[WriteItem], staged: dict[Any, int]) -> list[WriteResult]:
+def _write_results(items: list[WriteItem], sizes: dict[Any, int]) -> list[WriteResult]:
     return [
         WriteResult(
-            index=i.index, size_in_bytes=staged.get(_index_key(i.index), 0), storage_data=None
+            index=i.index, size_in_bytes=sizes.get(_index_key(i.index), 0), storage_data=None
         )
         for i in items
     ]
 
 
-class StorageWriter(_LazyClient, _DcpWriter, AsyncStager):
+def _chunks(items: list[WriteItem]) -> dict[str, dict[str, Any]]:
+    """A rank-local part's record of its chunks, by item: {"size": global size, "chunks":
+    [(offsets, sizes)]}. The part stores each chunk as a whole tensor of that name (a daemon
+    checkpoint covers every item it holds), so this is where the global layout lives."""
+    out: dict[str, dict[str, Any]] = {}
+    for item in items:
+        td = item.tensor_data
+        if item.type != WriteItemType.BYTE_IO and td is not None:
+            box = ([int(o) for o in td.chunk.offsets], [int(n) for n in td.chunk.sizes])
+            rec = out.setdefault(item.index.fqn, {"size": [int(d) for d in td.size], "chunks": []})
+            rec["chunks"].append(box)
+    return out
+
+
+class StorageWriter(LazyClient, _DcpWriter, AsyncStager):
     """DCP StorageWriter (and AsyncStager) over ckptd.
 
     StorageWriter("runs/llama/step-100") or StorageWriter(checkpoint_id=...): see _ids for the
-    id rules. socket: the daemon's socket (default $CKPTD_SOCKET). Picklable: the connection is
-    made again on first use in the other process."""
+    id rules. socket: the daemon's socket (default $CKPTD_SOCKET). async_staging: stage() runs in
+    a background thread and returns a Future (DCP's StagingOptions.use_async_staging), so
+    dcp.async_save returns AsyncSaveResponse. _extensions (DCP's stream transforms) are refused
+    with ValueError. Picklable: the connection is made again on first use in another process."""
 
     _synchronize_after_execute: bool = False  # stage() returns with the copy done
 
@@ -136,57 +193,89 @@ class StorageWriter(_LazyClient, _DcpWriter, AsyncStager):
         *,
         socket: str | None = None,
         commit_timeout_ms: int = 3600 * 1000,
+        async_staging: bool = False,
+        _extensions: Sequence[Any] | None = None,
     ) -> None:
         super().__init__()
+        refuse_extensions(_extensions, "StorageWriter")
         self.socket = socket
         self.commit_timeout_ms = commit_timeout_ms
+        self.async_staging = async_staging
         self._client: ckptd.Client | None = None
         self._id: _ids.CheckpointId | None = None
         self.checkpoint_id: str | None = None
+        self._lock = threading.Lock()  # the staging thread against the trainer thread
+        self._pool: ThreadPoolExecutor | None = None
+        self._staging: _ConcurrentFuture[dict[str, Any]] | None = None
+        self._saved_at_stage: _StagedSave | None = None
+        self._staged_views: list[torch.Tensor] = []
         self._clear()
         if checkpoint_id is not None:
             self.reset(checkpoint_id)
 
     def _clear(self) -> None:
+        """Per-save state; stage()'s handover (_saved_at_stage) is kept by its own rules."""
         self.step: int | None = None
         self.rank = 0
-        self.world_size = 1
+        self.world_size = 1  # ranks of the daemon checkpoint this save writes (set by write_data)
         self.is_coordinator = False
-        # Set by stage() when it already handed this rank's shards to the daemon:
-        # (job, step, {(fqn, offsets): bytes}).
-        self._saved_at_stage: tuple[str, int, dict[Any, int]] | None = None
-        self._staged_views: list[torch.Tensor] = []
+        self.use_collectives = True
+        self.job: str | None = None  # where this save's shards go (a part job without collectives)
 
     def __getstate__(self) -> dict[str, Any]:
+        """Without the connection, thread or views. stage()'s handover travels with the copy:
+        a process-based async_save pickles the writer to run dcp.save in its checkpoint process,
+        which then finishes that checkpoint, so this writer forgets it (a later reset() to
+        another id must not abort it). Refused while the writer holds staged views that were
+        not handed over (an id without a step): the copy would need those tensors' bytes, which
+        torch would move to new shared memory and the other process copy again."""
+        self._wait_staging()
+        if self._staged_views:
+            what = "no checkpoint_id" if self._id is None else f"checkpoint_id {self._id.raw!r}"
+            raise RuntimeError(
+                f"ckptd StorageWriter: stage() ran with {what} and no step, so it kept the "
+                "tensors for planning; a process-based async_save would copy their bytes to the "
+                "checkpoint process twice more. Give the writer an id with a step (e.g. "
+                "'runs/llama/step-100') before async_save, or use the thread executor"
+            )
         state = super().__getstate__()
-        state["_staged_views"] = []
+        state.update(_staged_views=[], _pool=None, _staging=None, _lock=None)
+        self._saved_at_stage = None
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
     # --- StorageWriter ----------------------------------------------------------------------
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         """A new save: replaces the checkpoint id (when given) and clears per-save state."""
-        pending = getattr(self, "_saved_at_stage", None)
+        self._wait_staging()
+        pending = self._saved_at_stage
         if checkpoint_id is not None:
             new_id = _ids.parse(checkpoint_id)
             if pending is not None and self._id is not None and new_id.raw != self._id.raw:
-                # stage() already handed shards to the daemon under the old id: abort that one.
-                self.client.abort(pending[0], pending[1], "checkpoint_id changed after stage()")
+                # stage() already handed shards to the daemon under the old id: abort that one
+                # (it may have committed already: a one-rank checkpoint commits once staged).
+                self._saved_at_stage = None
+                try:
+                    self.client.abort(
+                        pending.job, pending.step, "checkpoint_id changed after stage()"
+                    )
+                    fate = "aborted"
+                except ckptd.CkptdError as e:
+                    fate = f"not aborted ({e})"
                 self._id = new_id
                 self.checkpoint_id = new_id.raw
                 self._clear()
                 raise ValueError(
                     "ckptd StorageWriter: with async_save, give the checkpoint_id to the writer "
-                    "(constructor or reset()), not to async_save: stage() ran with the old id"
+                    f"(constructor or reset()), not to async_save: stage() ran with the old id "
+                    f"and saved job {pending.job} step {pending.step}, now {fate}"
                 )
             self._id = new_id
             self.checkpoint_id = new_id.raw
         self._clear()
-        if (
-            pending is not None
-            and self._id is not None
-            and pending[:2] == (self._id.job, self._id.step)
-        ):
-            self._saved_at_stage = pending  # dcp.save after our own stage(): keep its shards
         if self._id is not None:
             self.step = self._id.step
 
@@ -199,36 +288,42 @@ class StorageWriter(_LazyClient, _DcpWriter, AsyncStager):
         return True
 
     def storage_meta(self) -> StorageMeta | None:
+        """What DCP hands the planner before set_up_storage_writer: the checkpoint_id as given.
+        finish() records the full one (with save_id) in the Metadata DCP returns."""
         return StorageMeta(checkpoint_id=self.checkpoint_id)
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        """Called by DCP on every rank of every save (reset() is not): per-save state starts here.
+        A checkpoint_id without a step takes the job's next free step, which every rank reads from
+        the daemon here, before DCP's plan exchange lets any rank of this save write."""
         if self._id is None:
             raise ValueError(
                 "ckptd StorageWriter: no checkpoint_id (pass one to the constructor, "
                 "to dcp.save, or to reset())"
             )
+        self._wait_staging()
+        self._clear()
         self.is_coordinator = is_coordinator
-        # Every rank of the process group saves (possibly nothing): the daemon commits once ranks
-        # 0..world_size-1 have staged.
-        self.rank, self.world_size = _rank_world(kwargs.get("rank"))
-
-    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
-        return plan
-
-    def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
-        assert self._id is not None
-        step = self.step
-        if step is None:
+        self.rank = int(kwargs["rank"]) if kwargs.get("rank") is not None else rank_world()[0]
+        self.use_collectives = bool(kwargs.get("use_collectives", True))
+        staged = self._saved_at_stage
+        if staged is not None and staged.job == self._id.job and staged.step == self._id.step:
+            # stage() handed the shards over as rank r of the default group's ranks: that
+            # checkpoint (also with use_collectives=False) is the one to finish.
+            self.step, self.job = staged.step, staged.job
+            return
+        if self._id.step is not None:
+            self.step = self._id.step
+        elif not self.use_collectives:
+            raise ValueError(
+                f"ckptd StorageWriter: checkpoint_id {self._id.raw!r} has no step; with "
+                "use_collectives=False the ranks cannot agree on the next free step, so put the "
+                "step in the id (e.g. 'runs/llama/step-100')"
+            )
+        else:
             existing = self._existing_steps()
-            step = max(existing) + 1 if existing else 0
-        merged: dict[Any, Any] = {}
-        for p in plans:
-            if isinstance(p.planner_data, dict):
-                merged.update(p.planner_data)
-        return [
-            dataclasses.replace(p, storage_data=_PlanData(step, merged if i == 0 else None))
-            for i, p in enumerate(plans)
-        ]
+            self.step = max(existing) + 1 if existing else 0
+        self.job = self._id.job if self.use_collectives else _ids.part_job(self._id.job, self.rank)
 
     def _existing_steps(self) -> list[int]:
         assert self._id is not None
@@ -237,32 +332,85 @@ class StorageWriter(_LazyClient, _DcpWriter, AsyncStager):
         except ckptd.NotFoundError:
             return []
 
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        return plan  # unchanged, usable=False (a cached plan) included
+
+    def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        merged: dict[Any, Any] = {}
+        for p in plans:
+            if isinstance(p.planner_data, dict):
+                merged.update(p.planner_data)
+        # usable=False plans (DCP's plan cache) keep that flag: DCP swaps in the cached plan.
+        return [
+            dataclasses.replace(
+                p, storage_data=_PlanData(len(plans), merged if i == 0 and merged else None)
+            )
+            for i, p in enumerate(plans)
+        ]
+
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
-        assert self._id is not None
-        pdata = cast(_PlanData, plan.storage_data)
-        self.step = pdata.step
         fut: Future[list[WriteResult]] = Future()
         try:
-            saved = self._saved_at_stage
-            if saved is not None and saved[:2] == (self._id.job, pdata.step):
-                missing = [i.index.fqn for i in plan.items if _index_key(i.index) not in saved[2]]
-                if missing:
-                    raise RuntimeError(
-                        f"ckptd: items {missing[:5]} were not staged by stage(); a custom "
-                        "SavePlanner with async_save needs a checkpoint_id without a step"
-                    )
-                fut.set_result(_write_results(plan.items, saved[2]))
-                return fut
-            sizes = self._save(plan.items, planner.resolve_data, pdata)
-            fut.set_result(_write_results(plan.items, sizes))
+            fut.set_result(self._write(plan, planner))
         except BaseException as e:  # handed to DCP through the future
             fut.set_exception(e)  # type: ignore[arg-type]
         finally:
             self._release_staged()
         return fut
 
-    def _save(self, items: list[WriteItem], resolve: Any, pdata: _PlanData) -> dict[Any, int]:
-        assert self._id is not None
+    def _write(self, plan: SavePlan, planner: SavePlanner) -> list[WriteResult]:
+        if self._id is None or self.step is None or self.job is None:
+            raise RuntimeError("ckptd StorageWriter: write_data before set_up_storage_writer")
+        pdata = plan.storage_data if isinstance(plan.storage_data, _PlanData) else _PlanData(1)
+        staged, self._saved_at_stage = self._saved_at_stage, None
+        if staged is not None and (staged.job, staged.step) == (self.job, self.step):
+            problem = None
+            missing = [i.index.fqn for i in plan.items if _index_key(i.index) not in staged.sizes]
+            if self.use_collectives and pdata.world_size != staged.world_size:
+                problem = (
+                    f"stage() saved as rank {staged.rank} of {staged.world_size} (the default "
+                    f"process group) but DCP planned with {pdata.world_size} rank(s); with a "
+                    "process_group or no_dist, give the writer a checkpoint_id without a step"
+                )
+            elif missing:
+                problem = (
+                    f"items {missing[:5]} were not staged by stage(); a custom SavePlanner with "
+                    "async_save needs a checkpoint_id without a step"
+                )
+            if problem is not None:
+                try:  # what stage() handed over can never commit as planned
+                    self.client.abort(staged.job, staged.step, problem[:200])
+                except ckptd.CkptdError:
+                    pass
+                raise RuntimeError(f"ckptd: job {staged.job} step {staged.step}: {problem}")
+            return _write_results(plan.items, staged.sizes)
+        rank, world = (self.rank, pdata.world_size) if self.use_collectives else (0, 1)
+        self.world_size = world
+        if rank >= world:
+            raise RuntimeError(
+                f"ckptd: job {self.job} step {self.step}: rank {rank} of a save planned by "
+                f"{world} rank(s)"
+            )
+        extra: dict[str, Any] = {}
+        if not self.use_collectives:
+            extra[_ids.DCP_CHUNKS_ITEM] = _chunks(plan.items)
+        sizes = self._save(plan.items, planner.resolve_data, pdata, (rank, world), extra)
+        return _write_results(plan.items, sizes)
+
+    def _save(
+        self,
+        items: list[WriteItem],
+        resolve: Any,
+        pdata: _PlanData,
+        as_rank: tuple[int, int],
+        extra: dict[str, Any],
+    ) -> dict[Any, int]:
+        """Saves `items` as rank `as_rank` of (self.job, self.step). `extra` (object items saved by
+        rank 0) holds DCP_CHUNKS_ITEM exactly when this is a rank-local part: then each chunk is
+        stored as a whole item."""
+        assert self._id is not None and self.job is not None and self.step is not None
+        rank, world = as_rank  # (rank, world size) in the daemon's checkpoint
+        rank_local = _ids.DCP_CHUNKS_ITEM in extra
         tensors: dict[str, ckptd.Shard] = {}
         objects: dict[str, Any] = {}
         sizes: dict[Any, int] = {}
@@ -274,67 +422,113 @@ class StorageWriter(_LazyClient, _DcpWriter, AsyncStager):
                 sizes[_index_key(item.index)] = len(raw)
                 continue
             fqn, shard = _tensor_item(item, data)
+            if rank_local:  # the chunk is a whole item of the part
+                shard = ckptd.Shard(shard.data, list(shard.data.shape), None)
             if fqn in tensors:  # two chunks of one item on this rank: distinct names per shard
-                raise RuntimeError(f"ckptd: item {fqn} has two chunks on rank {self.rank}")
+                raise RuntimeError(f"ckptd: item {fqn} has two chunks on rank {rank}")
             tensors[fqn] = shard
             sizes[_index_key(item.index)] = shard.data.numel() * shard.data.element_size()
-        if self.rank == 0:
+        if rank == 0:
+            objects.update(extra)
             if pdata.planner_data is not None:
                 objects[_ids.PLANNER_DATA_ITEM] = pdata.planner_data
             if self._id.step is None:
                 objects[_ids.NAME_ITEM] = ckptd.Raw(self._id.name.encode())
-        self.client.save(
-            self._id.job, pdata.step, tensors, objects, rank=self.rank, world_size=self.world_size
-        )
+        self.client.save(self.job, self.step, tensors, objects, rank=rank, world_size=world)
         return sizes
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
-        assert self._id is not None and self.step is not None
-        self.client.wait(self._id.job, self.step, committed=True, timeout_ms=self.commit_timeout_ms)
+        """Records this save in the (possibly cached and reused) Metadata DCP returns, then waits
+        for COMMITTED: the whole checkpoint, or this rank's part without collectives."""
+        assert self.job is not None and self.step is not None
+        metadata.version = DCP_VERSION
+        # save_id names the daemon's checkpoint this save wrote: "job/step".
+        metadata.storage_meta = StorageMeta(
+            checkpoint_id=self.checkpoint_id, save_id=f"{self.job}/{self.step}"
+        )
+        self.client.wait(self.job, self.step, committed=True, timeout_ms=self.commit_timeout_ms)
 
     # --- AsyncStager ------------------------------------------------------------------------
-    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any] | _ConcurrentFuture[Any]:
         """One copy of every local tensor into the staging arena; when the step is known, the
-        shards are also handed to the daemon here (so the checkpoint is staged on return)."""
+        shards are also handed to the daemon and a reference state dict (meta tensors) comes
+        back. async_staging: the same in a background thread, returning its Future."""
+        self._wait_staging()
         self._release_staged()
+        if not self.async_staging:
+            return self._stage_now(state_dict)
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptd-stage")
+        self._staging = self._pool.submit(self._stage_now, state_dict)
+        return self._staging
+
+    def _stage_now(self, state_dict: dict[str, Any]) -> dict[str, Any]:
         tensors: list[torch.Tensor] = []
         _collect_tensors(state_dict, tensors)
         views = self.client.stage(tensors) if tensors else []  # GPU tensors: device to arena
-        self._staged_views = views
+        with self._lock:
+            self._staged_views = views
         staged = _rebuild(state_dict, iter(views))
-        if self._id is not None and self._id.step is not None:
-            self._save_at_stage(staged)
-        return staged
+        if self._id is None or self._id.step is None:
+            return staged  # the step is chosen at planning: write_data hands the views over
+        self._save_at_stage(staged)
+        return _rebuild(state_dict, iter([_meta(t) for t in tensors]))
 
     def _save_at_stage(self, staged: dict[str, Any]) -> None:
         from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
         assert self._id is not None and self._id.step is not None
-        rank, world = _rank_world()
+        rank, world = rank_world()
         planner = DefaultSavePlanner()
         planner.set_up_planner(staged, storage_meta=None, is_coordinator=rank == 0)
         plan = planner.create_local_plan()
-        prev = (self.rank, self.world_size)
-        self.rank, self.world_size = rank, world
+        self.job, self.step = self._id.job, self._id.step
         try:
-            sizes = self._save(
-                plan.items, planner.resolve_data, _PlanData(self._id.step, plan.planner_data)
-            )
+            pdata = _PlanData(world, plan.planner_data)
+            sizes = self._save(plan.items, planner.resolve_data, pdata, (rank, world), {})
         finally:
-            self.rank, self.world_size = prev
-        self._saved_at_stage = (self._id.job, self._id.step, sizes)
-        self._release_staged()
+            self._release_staged()
+        self._saved_at_stage = _StagedSave(self._id.job, self._id.step, rank, world, sizes)
 
     def synchronize_staging(self) -> None:
-        """Nothing to wait for: stage() returns with the copy done."""
+        """Waits for a background stage() (async_staging); nothing to wait for otherwise."""
+        self._wait_staging()
 
     def close(self) -> None:
+        """Waits for a background stage(), gives back arena buffers stage() still holds (views
+        not handed to the daemon) and stops the staging thread. The writer stays usable."""
+        self._wait_staging()
         self._release_staged()
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+
+    @property
+    def arena_buffers_held(self) -> int:
+        """Staged views this writer holds that were not handed to the daemon (0 after close())."""
+        return len(self._staged_views)
+
+    def _wait_staging(self) -> None:
+        fut = getattr(self, "_staging", None)
+        if fut is not None:
+            try:
+                fut.result()
+            except BaseException:  # reported through the Future DCP holds
+                pass
+            self._staging = None
 
     def _release_staged(self) -> None:
-        views, self._staged_views = getattr(self, "_staged_views", []), []
+        lock = getattr(self, "_lock", None)
+        if lock is None:
+            return
+        with lock:
+            views, self._staged_views = self._staged_views, []
         if views and self._client is not None:
             self._client.release(views)
+
+
+def _meta(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty(t.shape, dtype=t.dtype, device="meta")
 
 
 def _collect_tensors(obj: Any, out: list[torch.Tensor]) -> None:
@@ -351,8 +545,8 @@ def _collect_tensors(obj: Any, out: list[torch.Tensor]) -> None:
 
 
 def _rebuild(obj: Any, staged: Iterator[torch.Tensor]) -> Any:
-    """The state dict with tensors replaced by their staged copies, taken in _collect_tensors'
-    order (DTensors re-wrapped around theirs); other values deep-copied."""
+    """The state dict with tensors replaced by their staged copies (or meta references), taken in
+    _collect_tensors' order (DTensors re-wrapped around theirs); other values deep-copied."""
     if isinstance(obj, DTensor):
         return DTensor.from_local(
             next(staged),
@@ -371,153 +565,3 @@ def _rebuild(obj: Any, staged: Iterator[torch.Tensor]) -> Any:
     if isinstance(obj, tuple):
         return tuple(_rebuild(v, staged) for v in obj)
     return copy.deepcopy(obj)
-
-
-class StorageReader(_LazyClient, _DcpReader):
-    """DCP StorageReader over ckptd: loads any ckptd checkpoint (also ones saved by the C++
-    client) into any layout; tensors of another dtype are cast like FileSystemReader does.
-    bytes_read: bytes the daemon read from storage for this reader's loads."""
-
-    def __init__(
-        self, checkpoint_id: str | os.PathLike[str] | None = None, *, socket: str | None = None
-    ) -> None:
-        super().__init__()
-        self.socket = socket
-        self._client: ckptd.Client | None = None
-        self._id: _ids.CheckpointId | None = None
-        self.checkpoint_id: str | None = None
-        self.step: int | None = None
-        self.rank = 0
-        self.bytes_read = 0
-        self._dtypes: dict[str, torch.dtype] = {}
-        self._shapes: dict[str, list[int]] = {}
-        if checkpoint_id is not None:
-            self.reset(checkpoint_id)
-
-    def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
-        if checkpoint_id is not None:
-            self._id = _ids.parse(checkpoint_id)
-            self.checkpoint_id = self._id.raw
-        self.step = None if self._id is None else self._id.step
-        self.bytes_read = 0
-        self._dtypes = {}
-
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
-        return StorageWriter.validate_checkpoint_id(checkpoint_id)
-
-    def _resolve_step(self) -> int:
-        if self._id is None:
-            raise ValueError("ckptd StorageReader: no checkpoint_id")
-        if self.step is not None:
-            return self.step
-        # A named checkpoint: the newest committed one that recorded this name.
-        for info in reversed(self.client.list(self._id.job)):
-            if info["state"] != "COMMITTED":
-                continue
-            try:
-                name = self.client.load_object(self._id.job, info["step"], _ids.NAME_ITEM, raw=True)
-            except ckptd.NotFoundError:
-                continue
-            if name == self._id.name.encode():
-                self.step = int(info["step"])
-                return self.step
-        raise ckptd.NotFoundError(
-            f"job {self._id.job}: no committed checkpoint named {self._id.name!r}"
-        )
-
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        step = self._resolve_step()
-        assert self._id is not None
-        sd_meta: dict[str, Any] = {}
-        planner_data: Any = None
-        for info in self.client.inspect(self._id.job, step):
-            name = info["name"]
-            if name == _ids.PLANNER_DATA_ITEM:
-                planner_data = self.client.load_object(self._id.job, step, name)
-                continue
-            if name.startswith(_ids.RESERVED_PREFIX):
-                continue
-            if info["kind"] == "object":
-                sd_meta[name] = BytesStorageMetadata()
-                continue
-            shape = torch.Size(int(d) for d in info["shape"])
-            dtype = ckptd._arrays.torch_dtype(info["dtype"])
-            sd_meta[name] = TensorStorageMetadata(
-                properties=TensorProperties(dtype=dtype),
-                size=shape,
-                chunks=[ChunkStorageMetadata(offsets=torch.Size([0] * len(shape)), sizes=shape)],
-            )
-        if planner_data is None:
-            planner_data = {name: (name,) for name in sd_meta}
-        return Metadata(
-            state_dict_metadata=sd_meta,
-            planner_data=planner_data,
-            storage_data={"job": self._id.job, "step": step},
-            storage_meta=StorageMeta(checkpoint_id=self.checkpoint_id),
-        )
-
-    def set_up_storage_reader(
-        self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any
-    ) -> None:
-        if isinstance(metadata.storage_data, dict) and "step" in metadata.storage_data:
-            self.step = int(metadata.storage_data["step"])
-        self.rank, _ = _rank_world(kwargs.get("rank"))
-        tensors = {
-            k: v
-            for k, v in metadata.state_dict_metadata.items()
-            if isinstance(v, TensorStorageMetadata)
-        }
-        self._dtypes = {k: v.properties.dtype for k, v in tensors.items()}
-        self._shapes = {k: [int(d) for d in v.size] for k, v in tensors.items()}
-
-    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
-        return plan
-
-    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
-        return plans
-
-    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
-        fut: Future[None] = Future()
-        try:
-            self._read(plan, planner)
-            fut.set_result(None)
-        except BaseException as e:
-            fut.set_exception(e)  # type: ignore[arg-type]
-        return fut
-
-    def _read(self, plan: LoadPlan, planner: LoadPlanner) -> None:
-        assert self._id is not None
-        step = self._resolve_step()
-        job = self._id.job
-        targets: list[tuple[str, Any, Any]] = []
-        # (request, destination view, tensor the daemon writes into)
-        pending: list[tuple[Any, torch.Tensor, torch.Tensor]] = []
-        for req in plan.items:
-            fqn = req.storage_index.fqn
-            if req.type == LoadItemType.BYTE_IO:
-                data = self.client.load_object(job, step, fqn, rank=self.rank, raw=True)
-                planner.load_bytes(req, io.BytesIO(data))
-                continue
-            dest = planner.resolve_tensor(req).detach()
-            lengths = [int(n) for n in req.lengths]
-            if list(dest.shape) != lengths:
-                raise ValueError(
-                    f"ckptd: {fqn}: destination {list(dest.shape)} for a read of {lengths}"
-                )
-            saved = self._dtypes.get(fqn, dest.dtype)
-            direct = dest.dtype == saved and dest.device.type == "cpu"
-            buf = dest if direct else torch.empty(lengths, dtype=saved)
-            offsets = [int(o) for o in req.storage_offsets]
-            full = self._full_shape(fqn)
-            whole = full is not None and lengths == full and not any(offsets)
-            targets.append((fqn, None if whole else ckptd.Box(offsets, lengths), buf))
-            pending.append((req, dest, buf))
-        self.bytes_read += self.client.load_into(job, step, targets, rank=self.rank)
-        for req, dest, buf in pending:
-            if buf is not dest:
-                dest.copy_(buf)  # casts, and moves to the destination's device
-            planner.commit_tensor(req, dest)
-
-    def _full_shape(self, fqn: str) -> list[int] | None:
-        return self._shapes.get(fqn)
