@@ -5,6 +5,7 @@ _extensions refused, allow_partial_load, _load_state_dict_from_keys and template
 from __future__ import annotations
 
 import pickle
+import time
 from collections.abc import Iterator
 from typing import IO, Any
 
@@ -199,8 +200,13 @@ def test_async_save_with_the_id_given_to_async_save(daemon: Daemon, client: ckpt
     )
     with pytest.raises(ValueError, match=r"give the checkpoint_id to the writer.*tt\.run step 11"):
         fut.result(timeout=120)
-    # Aborted, unless the one-rank checkpoint committed first.
-    assert client.status("tt.run", 11)["state"] in ("ABORTED", "COMMITTED")
+    # Aborted, unless the one-rank checkpoint committed first (it may still be persisting).
+    deadline = time.monotonic() + 60
+    state = client.status("tt.run", 11)["state"]
+    while state not in ("ABORTED", "COMMITTED") and time.monotonic() < deadline:
+        time.sleep(0.05)
+        state = client.status("tt.run", 11)["state"]
+    assert state in ("ABORTED", "COMMITTED")
     with pytest.raises(ckptd.NotFoundError):
         client.status("tt.run", 12)
 
