@@ -4,6 +4,7 @@
 // to the uid that created it. Each case failed on the daemon before these guarantees.
 #include <catch2/catch.hpp>
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -500,8 +501,11 @@ TEST_CASE("trust: a uid maps only its own staging arena", "[integration]") {
 // /dev/shm is full: the daemon's first touch of each page must allocate it, which fails with
 // SIGBUS. Runs in a private mount namespace whose /dev/shm is a 96 MiB tmpfs (the daemon's
 // 64 MiB arena is prefaulted there first), as a child run of this binary; needs root.
-TEST_CASE("trust: a load into a sparse region on a full /dev/shm fails cleanly",
-          "[integration]") {
+namespace {
+
+// Runs the hidden cases tagged `tag` of this binary in a private mount namespace whose /dev/shm
+// is a 96 MiB tmpfs (the daemon's 64 MiB arena fits, little else). Needs root.
+void RunWithSmallShm(const std::string& tag) {
   if (geteuid() != 0 || access("/usr/bin/unshare", X_OK) != 0) {
     WARN("not run: needs root and /usr/bin/unshare for a private /dev/shm");
     return;
@@ -513,12 +517,69 @@ TEST_CASE("trust: a load into a sparse region on a full /dev/shm fails cleanly",
   CommandResult r = RunCommand(
       {"/usr/bin/unshare", "--mount", "--propagation", "private", "/bin/sh", "-c",
        "mount -t tmpfs -o size=96m,mode=1777 tmpfs /dev/shm && "
-       "CKPTD_IT_SPARSE_CHILD=1 exec \"$0\" '[sparse-child]'",
-       self},
+       "CKPTD_IT_SPARSE_CHILD=1 exec \"$0\" \"$1\"",
+       self, tag},
       180);
   INFO(r.output);
   CHECK(r.exit_code == 0);
   CHECK_THAT(r.output, Contains("All tests passed"));
+}
+
+// Fills what is left of /dev/shm.
+void FillShm() {
+  int fd = open("/dev/shm/filler", O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  REQUIRE(fd >= 0);
+  std::vector<char> chunk(1 << 20, 'x');
+  while (write(fd, chunk.data(), chunk.size()) > 0) {
+  }
+  while (write(fd, chunk.data(), 4096) > 0) {
+  }
+  close(fd);
+}
+
+}  // namespace
+
+TEST_CASE("trust: a load into a sparse region on a full /dev/shm fails cleanly",
+          "[integration]") {
+  RunWithSmallShm("[sparse-child]");
+}
+
+TEST_CASE("trust: staging memory on a full /dev/shm is RESOURCE_EXHAUSTED, never a signal",
+          "[integration]") {
+  RunWithSmallShm("[arena-full-child]");
+}
+
+TEST_CASE("trust (child of the case above): the arena on a full /dev/shm",
+          "[.][arena-full-child]") {
+  REQUIRE(getenv("CKPTD_IT_SPARSE_CHILD") != nullptr);  // only inside the private /dev/shm
+  // A 160 MiB arena on a 96 MiB /dev/shm: its pages cannot all be had.
+  Daemon d({.staging_bytes_max = 160ull << 20});
+  Raw raw(d);
+  raw.Attach();
+  // The background faulting of the first segment gives up with a warning, not a crash.
+  for (int i = 0; i < 100 && d.Log().find("pre-faulting the staging arena") == std::string::npos;
+       ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  CHECK_THAT(d.Log(), Contains("pre-faulting the staging arena"));
+  v1::ReserveExtentsRequest req;
+  req.set_session_id(raw.hello.session_id());
+  req.add_sizes_bytes(150 << 20);
+  req.set_timeout_ms(100);
+  v1::ReserveExtentsResponse resp;
+  grpc::Status full =
+      raw.Call([&](grpc::ClientContext* c) { return raw.stub->ReserveExtents(c, req, &resp); });
+  INFO(full.error_message());
+  CHECK(full.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  CHECK_THAT(full.error_message(), Contains("/dev/shm"));
+  // Nothing was kept: a reservation that fits in the pages there are succeeds, and saves work.
+  req.set_sizes_bytes(0, 16 << 20);
+  grpc::Status fits =
+      raw.Call([&](grpc::ClientContext* c) { return raw.stub->ReserveExtents(c, req, &resp); });
+  INFO(fits.error_message());
+  CHECK(fits.ok());
+  SaveCommitted(d, "alive", 1, 3);
+  CHECK(VerifyInProcess(d, "alive", 1, 3).empty());
 }
 
 TEST_CASE("trust (child of the case above): sparse region, full /dev/shm", "[.][sparse-child]") {
@@ -536,17 +597,7 @@ TEST_CASE("trust (child of the case above): sparse region, full /dev/shm", "[.][
   v1::RegisterRegionResponse rr;
   REQUIRE(raw.Call([&](grpc::ClientContext* c) { return raw.stub->RegisterRegion(c, reg, &rr); })
               .ok());
-  // Fill what is left of /dev/shm.
-  {
-    int fd = open("/dev/shm/filler", O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    REQUIRE(fd >= 0);
-    std::vector<char> chunk(1 << 20, 'x');
-    while (write(fd, chunk.data(), chunk.size()) > 0) {
-    }
-    while (write(fd, chunk.data(), 4096) > 0) {
-    }
-    close(fd);
-  }
+  FillShm();
   v1::MemRef dest;
   dest.set_region_id(rr.region_id());
   dest.set_length(16 << 20);
