@@ -202,6 +202,7 @@ int Run(const DaemonOptions& o) {
   absl::StatusOr<std::unique_ptr<ArenaFdServer>> arena_fds = ArenaFdServer::Listen(
       o.socket_path + ArenaFdServer::kPathSuffix, o.socket_mode, o.socket_gid,
       [&svc](uint32_t uid, const std::string& session) { return svc.ArenaFd(uid, session); });
+  // (svc outlives the server: the server is stopped, then destroyed, before it.)
   if (!arena_fds.ok()) {
     spdlog::critical("cannot listen on {}{}: {}", o.socket_path, ArenaFdServer::kPathSuffix,
                      arena_fds.status().ToString());

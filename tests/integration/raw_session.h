@@ -110,8 +110,10 @@ struct Raw {
 // none; the caller closes it). status -1: the socket could not be reached or answered nothing.
 struct ArenaAnswer {
   int status = -1;
-  std::string message;
+  std::string message;  // on OK: "<segment name> <generation> <0|1: fully resident>"
   int fd = -1;
+  std::string segment() const { return message.substr(0, message.find(' ')); }
+  bool resident() const { return !message.empty() && message.back() == '1'; }
 };
 inline ArenaAnswer AskArena(const std::string& socket, const std::string& request,
                             bool send_and_shutdown = true) {

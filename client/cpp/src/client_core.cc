@@ -57,9 +57,18 @@ absl::Status ErrnoStatus(int err, const std::string& context) {
 
 namespace {
 
-// Connects to the daemon's arena socket, sends the session id and receives the segment's
-// descriptor (the caller owns it).
-absl::StatusOr<int> FetchArenaFd(const std::string& arena_socket, const std::string& session_id) {
+// What the arena socket grants: the segment's descriptor (the caller owns it), name, generation
+// and whether every page of it is resident.
+struct ArenaGrant {
+  int fd = -1;
+  std::string name;
+  std::string generation;
+  bool resident = false;
+};
+
+// Connects to the daemon's arena socket, sends the session id and receives the grant.
+absl::StatusOr<ArenaGrant> FetchArenaFd(const std::string& arena_socket,
+                                        const std::string& session_id) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (arena_socket.size() >= sizeof addr.sun_path) {
@@ -113,28 +122,40 @@ absl::StatusOr<int> FetchArenaFd(const std::string& arena_socket, const std::str
     return absl::InternalError(absl::StrCat("malformed answer from the arena socket ",
                                             arena_socket));
   }
+  const std::string text(reply + 1, static_cast<size_t>(n - 1));
   if (reply[0] != 0) {
     return absl::Status(static_cast<absl::StatusCode>(reply[0]),
-                        absl::StrCat("the daemon refused the arena: ",
-                                     std::string(reply + 1, static_cast<size_t>(n - 1))));
+                        absl::StrCat("the daemon refused the arena: ", text));
   }
-  return fd;
+  // "<name> <generation> <0|1>"
+  ArenaGrant g;
+  g.fd = fd;
+  const size_t a = text.find(' ');
+  const size_t b = a == std::string::npos ? a : text.find(' ', a + 1);
+  if (b == std::string::npos || b + 2 != text.size() || (text[b + 1] != '0' && text[b + 1] != '1')) {
+    (void)close(fd);
+    return absl::InternalError(absl::StrCat("malformed grant \"", text, "\" from the arena socket ",
+                                            arena_socket));
+  }
+  g.name = text.substr(0, a);
+  g.generation = text.substr(a + 1, b - a - 1);
+  g.resident = text[b + 1] == '1';
+  return g;
 }
 
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<ArenaMapping>> ArenaMapping::Map(const std::string& arena_socket,
                                                                  const std::string& session_id,
-                                                                 const std::string& shm_name,
-                                                                 const std::string& generation,
-                                                                 uint64_t bytes, bool populate,
+                                                                 uint64_t bytes,
                                                                  bool pin_for_cuda) {
-  if (bytes == 0) {
-    return absl::InternalError(absl::StrCat("daemon announced an empty arena ", shm_name));
-  }
-  absl::StatusOr<int> got = FetchArenaFd(arena_socket, session_id);
+  if (bytes == 0) return absl::InternalError("daemon announced an empty staging arena");
+  absl::StatusOr<ArenaGrant> got = FetchArenaFd(arena_socket, session_id);
   if (!got.ok()) return got.status();
-  int fd = *got;
+  const int fd = got->fd;
+  const std::string& shm_name = got->name;
+  const std::string& generation = got->generation;
+  const bool populate = got->resident;
   struct stat st;
   if (fstat(fd, &st) != 0) {
     int err = errno;
@@ -340,12 +361,11 @@ absl::Status ClientCore::HelloLocked() {
     need_hello_ = true;
     return attached;
   }
+  // Within one daemon instance a uid's segment never changes; a new instance means new segments.
   std::shared_ptr<ArenaMapping> mapping = session_.arena;
-  if (mapping == nullptr || resp.daemon_instance() != daemon_instance_ ||
-      mapping->generation() != resp.arena_generation()) {
+  if (mapping == nullptr || resp.daemon_instance() != daemon_instance_) {
     absl::StatusOr<std::shared_ptr<ArenaMapping>> arena = ArenaMapping::Map(
-        arena_socket_, resp.session_id(), resp.arena_shm_name(), resp.arena_generation(),
-        resp.arena_bytes(), resp.arena_resident(), options_.pin_arena_for_cuda);
+        arena_socket_, resp.session_id(), resp.arena_bytes(), options_.pin_arena_for_cuda);
     if (!arena.ok()) {
       GoodbyeQuietly(resp.session_id());
       DetachLocked();

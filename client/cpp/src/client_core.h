@@ -50,18 +50,14 @@ absl::Status ErrnoStatus(int err, const std::string& context);
 class ArenaMapping {
  public:
   // Fetches the segment's descriptor from the daemon's arena socket `arena_socket` for
-  // `session_id` (the protocol is in ckptd.proto, above HelloResponse) and maps `bytes` of it;
-  // `name` is for messages; populate: fault its pages into this process now (when the daemon
-  // says they all exist). pin_for_cuda: also page-lock the mapping for CUDA
+  // `session_id` (the protocol is in ckptd.proto, above HelloResponse) and maps `bytes` of it,
+  // with MAP_POPULATE when the daemon says every page exists. pin_for_cuda: also page-lock the mapping for CUDA
   // (cudaHostRegister); FAILED_PRECONDITION when that fails (nothing stays mapped then).
   // Errors: the daemon's answer (its code and message), UNAVAILABLE when the socket cannot be
   // reached, INTERNAL for a malformed answer or a segment smaller than announced.
   static absl::StatusOr<std::shared_ptr<ArenaMapping>> Map(const std::string& arena_socket,
                                                            const std::string& session_id,
-                                                           const std::string& name,
-                                                           const std::string& generation,
-                                                           uint64_t bytes, bool populate,
-                                                           bool pin_for_cuda);
+                                                           uint64_t bytes, bool pin_for_cuda);
   ~ArenaMapping();
   ArenaMapping(const ArenaMapping&) = delete;
   ArenaMapping& operator=(const ArenaMapping&) = delete;

@@ -79,6 +79,15 @@ struct ArenaSegmentInfo {
   bool adopted = false;    // created by a previous run of this daemon
 };
 
+// What a client gets to map its uid's segment: the descriptor (borrowed from the arena), the
+// segment's name and generation, and whether every page is resident (map with MAP_POPULATE).
+struct ArenaGrant {
+  int fd = -1;
+  std::string name;
+  std::string generation;
+  bool resident = false;
+};
+
 struct ArenaOptions {
   // Segment names are name_prefix + "arena-u<uid>-<16 random hex>", e.g. "/ckptd-1a2b3c4d-".
   std::string name_prefix;
@@ -115,6 +124,8 @@ class StagingArena {
   // a background thread, chunk by chunk (seconds per GiB on a cold tmpfs: not in a Hello). RESOURCE_EXHAUSTED
   // when /dev/shm cannot hold it or kArenaSegmentsMax uids have one; INTERNAL for other syscalls.
   absl::StatusOr<ArenaSegmentInfo> Segment(uint32_t uid);
+  // `uid`'s segment if it has one (nothing is created).
+  std::optional<ArenaSegmentInfo> ExistingSegment(uint32_t uid) const;
   // The open descriptor of `uid`'s segment, to hand to a client of that uid (SCM_RIGHTS).
   // Borrowed: valid while the arena lives. NOT_FOUND when `uid` has no segment.
   absl::StatusOr<int> SegmentFd(uint32_t uid) const;

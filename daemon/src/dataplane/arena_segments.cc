@@ -282,6 +282,12 @@ StagingArena::Seg* StagingArena::Find(uint32_t uid) const {
   return nullptr;
 }
 
+std::optional<ArenaSegmentInfo> StagingArena::ExistingSegment(uint32_t uid) const {
+  Seg* s = Find(uid);
+  if (s == nullptr) return std::nullopt;
+  return s->info;
+}
+
 absl::StatusOr<int> StagingArena::SegmentFd(uint32_t uid) const {
   Seg* s = Find(uid);
   if (s == nullptr) return absl::NotFoundError(absl::StrCat("uid ", uid, " has no arena segment"));

@@ -91,10 +91,10 @@ absl::StatusOr<std::string> ReadRequest(int fd, size_t max) {
   }
 }
 
-void Reply(int fd, const absl::Status& st, int attach_fd) {
+void Reply(int fd, const absl::Status& st, const std::string& text, int attach_fd) {
   std::string msg(1, static_cast<char>(st.code()));
   if (st.ok()) {
-    msg.append("ok");
+    msg.append(text);
   } else {
     msg.append(std::string(st.message().substr(0, 1024)));
   }
@@ -130,12 +130,17 @@ void ArenaFdServer::Serve(int fd) {
   }
   absl::StatusOr<std::string> session = ReadRequest(fd, kSessionIdBytesMax);
   if (!session.ok()) {
-    Reply(fd, session.status(), -1);
+    Reply(fd, session.status(), "", -1);
     return;
   }
-  absl::StatusOr<int> seg = lookup_(*uid, *session);
-  if (!seg.ok()) spdlog::debug("arena socket: uid {}: {}", *uid, seg.status().ToString());
-  Reply(fd, seg.status(), seg.ok() ? *seg : -1);
+  absl::StatusOr<ArenaGrant> g = lookup_(*uid, *session);
+  if (!g.ok()) {
+    spdlog::debug("arena socket: uid {}: {}", *uid, g.status().ToString());
+    Reply(fd, g.status(), "", -1);
+    return;
+  }
+  Reply(fd, absl::OkStatus(), absl::StrCat(g->name, " ", g->generation, " ", g->resident ? 1 : 0),
+        g->fd);
 }
 
 }  // namespace ckptd

@@ -7,7 +7,8 @@
 //
 // Protocol (proto/ckptd/v1/ckptd.proto, above HelloResponse): the client connects, sends its
 // session id (at most kSessionIdBytesMax bytes) and shuts down its writing side; the server
-// answers one status byte (0: OK, else the absl::StatusCode) and a message, with the descriptor
+// answers one status byte (0: OK, else the absl::StatusCode) and a message — on OK
+// "<segment name> <generation> <1 if every page is resident, else 0>" — with the descriptor
 // attached when OK, and closes. The kernel names the peer (SO_PEERCRED): the session must belong
 // to that uid, so a leaked session id yields nothing to another uid.
 //
@@ -27,6 +28,7 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "dataplane/arena.h"
 
 namespace ckptd {
 
@@ -36,8 +38,9 @@ class ArenaFdServer {
   static constexpr int kIoTimeoutMs = 1000;
   static constexpr const char* kPathSuffix = ".arena";
 
-  // Returns the descriptor (borrowed) to hand to `uid` for `session`, or why not.
-  using LookupFn = std::function<absl::StatusOr<int>(uint32_t uid, const std::string& session)>;
+  // What a client of `uid` gets for its session (sent as "<name> <generation> <0|1>").
+  using LookupFn =
+      std::function<absl::StatusOr<ArenaGrant>(uint32_t uid, const std::string& session)>;
 
   // Listens at `path` (see ListenUnix in peer_listener.h for mode, gid and errors).
   static absl::StatusOr<std::unique_ptr<ArenaFdServer>> Listen(const std::string& path,

@@ -83,10 +83,11 @@ class CheckpointService {
   // are allowed to its owner (the uid whose Save created it); reads, Abort and Delete also to an
   // admin caller; anyone else gets PERMISSION_DENIED naming the job and its owner.
   absl::Status Hello(const Caller& caller, const v1::HelloRequest& req, v1::HelloResponse* resp);
-  // The descriptor of the staging arena segment of `uid` for its session `session` (borrowed from
-  // the arena; rpc/arena_fd_server.h hands it over). FAILED_PRECONDITION when `session` is not
-  // a live session of `uid`.
-  absl::StatusOr<int> ArenaFd(uint32_t uid, const std::string& session) const;
+  // The staging arena segment of `uid` (created on first use) for its session `session`: its
+  // descriptor (borrowed from the arena; rpc/arena_fd_server.h hands it over), name and
+  // residency. FAILED_PRECONDITION when `session` is not a live session of `uid`;
+  // RESOURCE_EXHAUSTED as StagingArena::Segment.
+  absl::StatusOr<ArenaGrant> ArenaFd(uint32_t uid, const std::string& session) const;
   // Binds session `id` to the caller's Attach stream (sessions.h); EndSession ends it when the
   // stream ends.
   absl::Status Attach(const Caller& caller, const std::string& id);

@@ -19,13 +19,15 @@ absl::StatusOr<std::string> CheckpointService::SessionOf(const Caller& caller,
 
 absl::Status CheckpointService::Hello(const Caller& caller, const v1::HelloRequest& req,
                                       v1::HelloResponse* resp) {
-  // The caller's uid's segment first: a session is useless without memory it can map.
-  CKPTD_ASSIGN_OR_RETURN(ArenaSegmentInfo seg, deps_.arena->Segment(caller.uid));
   CKPTD_ASSIGN_OR_RETURN(std::string id, sessions_.Open(caller, req.client_name()));
   resp->set_session_id(id);
-  resp->set_arena_shm_name(seg.name);
-  resp->set_arena_generation(seg.generation);
-  resp->set_arena_resident(deps_.arena->FullyResident(caller.uid));
+  // The segment is made when the uid first maps or reserves staging memory, not here: a client
+  // that only inspects (ckptctl ls) never costs one.
+  if (std::optional<ArenaSegmentInfo> seg = deps_.arena->ExistingSegment(caller.uid)) {
+    resp->set_arena_shm_name(seg->name);
+    resp->set_arena_generation(seg->generation);
+    resp->set_arena_resident(deps_.arena->FullyResident(caller.uid));
+  }
   resp->set_arena_bytes(deps_.arena->size_bytes());
   resp->set_daemon_instance(instance_id_);
   resp->set_manifest_format_version(kManifestFormatVersion);
@@ -43,9 +45,12 @@ absl::Status CheckpointService::Hello(const Caller& caller, const v1::HelloReque
   return absl::OkStatus();
 }
 
-absl::StatusOr<int> CheckpointService::ArenaFd(uint32_t uid, const std::string& session) const {
+absl::StatusOr<ArenaGrant> CheckpointService::ArenaFd(uint32_t uid,
+                                                      const std::string& session) const {
   CKPTD_RETURN_IF_ERROR(sessions_.CheckUid(uid, session));
-  return deps_.arena->SegmentFd(uid);
+  CKPTD_ASSIGN_OR_RETURN(ArenaSegmentInfo seg, deps_.arena->Segment(uid));
+  CKPTD_ASSIGN_OR_RETURN(int fd, deps_.arena->SegmentFd(uid));
+  return ArenaGrant{fd, seg.name, seg.generation, deps_.arena->FullyResident(uid)};
 }
 
 absl::Status CheckpointService::Attach(const Caller& caller, const std::string& id) {
