@@ -38,8 +38,9 @@ struct DaemonOptions {
   // Size of the shared-memory staging arena: the physical budget shared by every uid's segment.
   // Default: 1073741824 (1 GiB)
   uint64_t staging_bytes_max = uint64_t{1} << 30;
-  // Fault arena pages in when they become a uid's (the whole arena for the first uid that
-  // connects), so a client's copy never faults and a full /dev/shm is a clean error.
+  // Fault arena pages in when they become a uid's (the whole arena, in the background, for the
+  // first uid that maps it), so a client's copy never faults and a full /dev/shm is a clean
+  // error.
   // Default: true
   bool staging_prefault = true;
   // mlock() the arena's resident pages (MLOCK_ONFAULT) so they are never swapped. Default: false

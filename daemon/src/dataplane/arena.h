@@ -21,8 +21,8 @@
 // punched when the range goes to another uid, and never hold another uid's bytes.
 //
 // Segment lifecycle: created (journaled through the SegmentJournalFn, synced, before any client
-// learns of it) at the first Hello or reservation of its uid, or adopted at start when it is
-// exactly what a previous run of this daemon created (a regular file owned by the daemon's euid,
+// learns of it) when its uid first asks for it (the arena socket) or reserves, or adopted at
+// start when it is exactly what a previous run of this daemon created (a regular file owned by the daemon's euid,
 // mode 0600, the size, and the generation and uid in its header page); never destroyed while
 // the daemon runs; unlinked at a clean stop with nothing staged. At most
 // limits::kArenaSegmentsMax segments (uids).
