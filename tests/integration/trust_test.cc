@@ -350,6 +350,16 @@ namespace {
 
 // Runs as uid 65534: root's job is out of reach, its own job works. Throws naming the first
 // check that failed.
+// A daemon whose socket is open to group 65534 (nogroup), for a second uid (65534) to connect.
+const DaemonConfig kNogroupSocket{.extra_flags = {"--socket_mode=0660", "--socket_group=65534"}};
+
+// Opens the test's temp dir above the daemon's state dir to others (traverse only); the daemon
+// itself lets the socket's group through its state dir (0710) to the sockets, nothing more.
+void LetThroughTempDir(const Daemon& d) {
+  const std::string parent = d.state_dir().substr(0, d.state_dir().rfind('/'));
+  REQUIRE(chmod(parent.c_str(), 0711) == 0);
+}
+
 void AsOtherUid(const std::string& sock) {
   Raw other(sock);
   other.Attach();
@@ -389,9 +399,8 @@ TEST_CASE("trust: a job belongs to the uid that created it", "[integration]") {
   }
   // The socket open to group 65534 (nogroup): the daemon lets that group pass through its state
   // dir (0710) to the socket, and nothing more. (The test's temp dir above it is opened here.)
-  Daemon d({.extra_flags = {"--socket_mode=0660", "--socket_group=65534"}});
-  const std::string parent = d.state_dir().substr(0, d.state_dir().rfind('/'));
-  REQUIRE(chmod(parent.c_str(), 0711) == 0);
+  Daemon d(kNogroupSocket);
+  LetThroughTempDir(d);
   const std::string sock = d.socket();
   struct stat st;
   REQUIRE(stat(d.state_dir().c_str(), &st) == 0);
@@ -471,9 +480,8 @@ TEST_CASE("trust: a uid maps only its own staging arena", "[integration]") {
     WARN("not run: needs root to act as a second uid");
     return;
   }
-  Daemon d({.extra_flags = {"--socket_mode=0660", "--socket_group=65534"}});
-  const std::string parent = d.state_dir().substr(0, d.state_dir().rfind('/'));
-  REQUIRE(chmod(parent.c_str(), 0711) == 0);
+  Daemon d(kNogroupSocket);
+  LetThroughTempDir(d);
   Raw root(d);
   root.Attach();
   const v1::Extent e = root.Reserve(1 << 20);
