@@ -29,7 +29,7 @@
 #include "index/keys.h"
 #include "index/meta_store.h"
 #include "common/limits.h"
-#include "common/sync_point.h"
+#include "ckptd/sync_point.h"
 #include "options.h"
 #include "rpc/arena_fd_server.h"
 #include "rpc/grpc_service.h"

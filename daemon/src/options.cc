@@ -16,7 +16,7 @@
 #include "absl/strings/strip.h"
 #include "ckptd/status.h"
 #include "common/limits.h"
-#include "common/sync_point.h"
+#include "ckptd/sync_point.h"
 
 namespace ckptd {
 namespace {

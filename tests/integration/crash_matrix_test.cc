@@ -1,5 +1,5 @@
 // The crash-point matrix (issue 10), against the real daemon: for every named crash point of
-// daemon/src/common/sync_point.h in turn, a daemon started over a copy of a state dir holding
+// daemon/include/ckptd/sync_point.h in turn, a daemon started over a copy of a state dir holding
 // two committed checkpoints (known bytes) is armed with --debug_crash_at=<point>[:<nth>] and
 // driven through a workload that reaches the point (a 4-rank save, an abort, a delete, an offline
 // reshard, a cancelled reshard, or a restart with work to recover). It must kill itself there
@@ -24,7 +24,7 @@
 #include <set>
 #include <thread>
 
-#include "common/sync_point.h"
+#include "ckptd/sync_point.h"
 #include "harness.h"
 #include "testclient/rank_io.h"
 

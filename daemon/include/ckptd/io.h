@@ -22,6 +22,10 @@
 
 namespace ckptd {
 
+// Offsets, lengths and buffer addresses of O_DIRECT I/O are multiples of this (the daemon's
+// limits::kAlignmentBytes is the same number: staging extents and blob layouts use it).
+inline constexpr uint64_t kIoAlignmentBytes = 4096;
+
 // One transfer: `len` bytes between `buf` and the file at `offset`. For a file opened with
 // O_DIRECT, buf, len and offset must be multiples of 4 KiB (Io does not check; the kernel answers
 // EINVAL).

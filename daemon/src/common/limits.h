@@ -4,14 +4,17 @@
 
 #include <cstdint>
 
+#include "ckptd/io.h"
+
 namespace ckptd::limits {
 
 inline constexpr uint64_t kKiB = 1024;
 inline constexpr uint64_t kMiB = 1024 * kKiB;
 inline constexpr uint64_t kGiB = 1024 * kMiB;
 
-// Staging extents and blob offsets are aligned to this for O_DIRECT.
+// Staging extents and blob offsets are aligned to this for O_DIRECT (the Io seam's alignment).
 inline constexpr uint64_t kAlignmentBytes = 4 * kKiB;
+static_assert(kAlignmentBytes == kIoAlignmentBytes);
 // The arena's first page holds its header (magic, generation); extents come after it.
 inline constexpr uint64_t kArenaHeaderBytes = 4 * kKiB;
 // Staging arena segments, one per uid that ever reserved staging memory since the daemon started.

@@ -1,4 +1,4 @@
-#include "common/sync_point.h"
+#include "ckptd/sync_point.h"
 
 #include <signal.h>
 #include <unistd.h>
@@ -83,7 +83,7 @@ absl::StatusOr<SyncPointCrash> ParseSyncPointCrash(std::string_view spec) {
   return absl::InvalidArgumentError(absl::StrCat(
       "\"", std::string(name),
       "\" is no crash point; points are <area>.<step> with area save, flush, commit, "
-      "put_atomic, abort, delete, reshard or recovery (daemon/src/common/sync_point.h lists "
+      "put_atomic, abort, delete, reshard or recovery (daemon/include/ckptd/sync_point.h lists "
       "them)"));
 }
 

@@ -5,7 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "ckptd/status.h"
 #include "common/limits.h"
-#include "common/sync_point.h"
+#include "ckptd/sync_point.h"
 #include "format/names.h"
 #include "index/keys.h"
 #include "service/checkpoint_service.h"

@@ -10,7 +10,7 @@
 #include "format/region.h"
 #include "index/keys.h"
 #include "common/limits.h"
-#include "common/sync_point.h"
+#include "ckptd/sync_point.h"
 #include "service/checkpoint_service.h"
 #include "spdlog/spdlog.h"
 

@@ -13,7 +13,7 @@
 #include "format/names.h"
 #include "index/keys.h"
 #include "common/limits.h"
-#include "common/sync_point.h"
+#include "ckptd/sync_point.h"
 #include "dataplane/memory_guard.h"
 #include "service/checkpoint_service.h"
 #include "spdlog/spdlog.h"

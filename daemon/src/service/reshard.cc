@@ -14,7 +14,7 @@
 #include "format/region.h"
 #include "format/reshard_spec.h"
 #include "index/keys.h"
-#include "common/sync_point.h"
+#include "ckptd/sync_point.h"
 #include "service/checkpoint_service.h"
 #include "spdlog/spdlog.h"
 

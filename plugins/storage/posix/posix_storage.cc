@@ -15,15 +15,14 @@
 #include "ckptd/status.h"
 #include "ckptd/storage_path.h"
 #include "ckptd/storage.h"
-#include "common/limits.h"
-#include "common/sync_point.h"
+#include "ckptd/sync_point.h"
 #include "spdlog/spdlog.h"
 
 namespace ckptd {
 namespace {
 
 bool IsAligned(const IoSlice& s) {
-  constexpr uint64_t kAlign = limits::kAlignmentBytes;
+  constexpr uint64_t kAlign = kIoAlignmentBytes;
   return reinterpret_cast<uintptr_t>(s.buf) % kAlign == 0 && s.len % kAlign == 0 &&
          s.offset % kAlign == 0;
 }

@@ -2,7 +2,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "common/sync_point.h"
+#include "ckptd/sync_point.h"
 #include "options.h"
 
 namespace ckptd {

@@ -26,7 +26,7 @@
 #include <thread>
 
 #include "ckptd/status.h"
-#include "common/sync_point.h"
+#include "ckptd/sync_point.h"
 #include "../dataplane/test_arena.h"
 #include "dataplane/arena.h"
 #include "dataplane/region_registry.h"

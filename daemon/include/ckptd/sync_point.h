@@ -17,6 +17,10 @@
 // Every point is listed in kSyncPoints (one place, so a driver can iterate them all); a name
 // used in CKPTD_SYNC_POINT that is not listed does not compile.
 //
+// Part of the plugin API (daemon/include/ckptd): a storage plugin names the steps of its own
+// durable writes here too (posix's put_atomic.*), so the crash matrices cover them. The
+// implementation lives in the daemon (daemon/src/common/sync_point.cc), linked into it.
+//
 // Thread safety: every function may be called from any thread.
 #pragma once
 
