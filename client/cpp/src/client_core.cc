@@ -34,25 +34,6 @@ std::string ResolveSocket(const ClientOptions& options) {
 
 }  // namespace
 
-absl::Status ErrnoStatus(int err, const std::string& context) {
-  std::string msg = absl::StrCat(context, ": ", std::strerror(err), " (errno ", err, ")");
-  switch (err) {
-    case ENOENT:
-      return absl::NotFoundError(msg);
-    case EACCES:
-    case EPERM:
-      return absl::PermissionDeniedError(msg);
-    case ENOMEM:
-    case EMFILE:
-    case ENFILE:
-      return absl::ResourceExhaustedError(msg);
-    case EINVAL:
-      return absl::InvalidArgumentError(msg);
-    default:
-      return absl::InternalError(msg);
-  }
-}
-
 // --- ArenaMapping ------------------------------------------------------------------------------
 
 namespace {

@@ -37,12 +37,15 @@
     if (!ckptd_status_.ok()) return ckptd_status_; \
   } while (0)
 
+#include "ckptd/status.h"
+
 namespace ckptd::internal {
 
 namespace v1 = ::ckptd::v1;
 
-// "<context>: <strerror> (errno N)" with the canonical code for errno.
-absl::Status ErrnoStatus(int err, const std::string& context);
+// Errors of syscalls: ckptd::ErrnoStatus (daemon/include/ckptd/status.h), the one errno mapping
+// of the daemon and the client.
+using ::ckptd::ErrnoStatus;
 
 // The staging arena segment of this process's uid in one daemon instance, mapped MAP_SHARED
 // read/write. Unmapped when the last shared_ptr goes (ArenaBuffers share it, so their memory
