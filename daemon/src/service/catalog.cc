@@ -314,20 +314,31 @@ absl::Status CheckpointService::Inspect(const Caller& caller, const v1::InspectR
         return absl::NotFoundError(absl::StrCat("item \"", name, "\" is not in ", what));
       }
       v1::ItemRecord ir;
-      ir.ParseFromString(*raw);
+      if (!ir.ParseFromString(*raw)) {
+        return absl::DataLossError(absl::StrCat("the index row of item \"", name, "\" of ", what,
+                                                " does not parse"));
+      }
       *resp->add_items() = ir.info();
     }
     return absl::OkStatus();
   }
   std::string start_after =
       req.page_token().empty() ? "" : keys::Item(req.job(), req.step(), req.page_token());
-  CKPTD_RETURN_IF_ERROR(deps_.meta->Scan(keys::ItemPrefix(req.job(), req.step()), start_after,
-                                         page + 1, [&](std::string_view, std::string_view v) {
-                                           v1::ItemRecord ir;
-                                           ir.ParseFromArray(v.data(), static_cast<int>(v.size()));
-                                           *resp->add_items() = ir.info();
-                                           return true;
-                                         }));
+  absl::Status parsed = absl::OkStatus();
+  const std::string prefix = keys::ItemPrefix(req.job(), req.step());
+  CKPTD_RETURN_IF_ERROR(deps_.meta->Scan(
+      prefix, start_after, page + 1, [&](std::string_view key, std::string_view v) {
+        v1::ItemRecord ir;
+        if (!ir.ParseFromArray(v.data(), static_cast<int>(v.size()))) {
+          parsed = absl::DataLossError(
+              absl::StrCat("the index row of item \"", std::string(key.substr(prefix.size())),
+                           "\" of ", what, " does not parse"));
+          return false;
+        }
+        *resp->add_items() = ir.info();
+        return true;
+      }));
+  CKPTD_RETURN_IF_ERROR(parsed);
   if (static_cast<uint32_t>(resp->items_size()) > page) {
     resp->mutable_items()->RemoveLast();
     resp->set_next_page_token(resp->items(resp->items_size() - 1).name());

@@ -280,9 +280,13 @@ absl::Status CheckpointService::ResumePending() {
         return true;
       }));
   for (const v1::CheckpointRecord& rec : aborted) {
-    // Collect partial data an interrupted abort may have left.
-    deps_.storage->RemoveAll(CheckpointDir(rec.summary().job(), rec.summary().step()))
-        .IgnoreError();
+    // Collect partial data an interrupted abort may have left; what cannot be removed now is
+    // only space (the checkpoint is ABORTED either way), retried at the next start.
+    const std::string dir = CheckpointDir(rec.summary().job(), rec.summary().step());
+    if (absl::Status st = deps_.storage->RemoveAll(dir); !st.ok()) {
+      spdlog::warn("recovery: the files of aborted checkpoint {} stay for now: {}", dir,
+                   st.ToString());
+    }
   }
   for (const v1::CheckpointRecord& rec : open) {
     if (!rec.summary().origin().empty()) {  // a reshard: not resumable, and the source remains

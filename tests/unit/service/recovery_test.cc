@@ -341,3 +341,31 @@ TEST_CASE("recovery: only the newest manifests are verified at start; an older c
 
 }  // namespace
 }  // namespace ckptd
+
+namespace ckptd {
+namespace {
+
+// An item row that does not parse is DATA_LOSS naming the item, whether the item is asked for
+// by name or found by a listing (its parse result was ignored: an empty item was answered).
+TEST_CASE("inspect: an item row that does not parse is DATA_LOSS naming the item", "[unit]") {
+  Rig rig;
+  REQUIRE(rig.Save(1, 0x33).ok());
+  REQUIRE(rig.Wait(1).ok());
+  MetaStore::Write w{keys::Item(kJob, 1, "w"), std::string("\xff\xff\xff garbage", 12)};
+  REQUIRE(rig.meta->Commit({&w, 1}, true).ok());
+  v1::InspectRequest req;
+  req.set_job(kJob);
+  req.set_step(1);
+  v1::InspectResponse resp;
+  absl::Status listed = rig.svc->Inspect(rig.caller, req, &resp);
+  CHECK(listed.code() == absl::StatusCode::kDataLoss);
+  CHECK(std::string(listed.message()).find("item \"w\"") != std::string::npos);
+  req.add_items("w");
+  resp.Clear();
+  absl::Status named = rig.svc->Inspect(rig.caller, req, &resp);
+  CHECK(named.code() == absl::StatusCode::kDataLoss);
+  CHECK(std::string(named.message()).find("item \"w\"") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace ckptd
