@@ -1,8 +1,8 @@
-// Status helpers shared by the daemon and its plugins. Note: Debian's abseil has its own
-// absl::string_view (not std::string_view): convert before passing one to absl::StrCat.
-// absl::Status / absl::StatusOr with the
-// canonical codes end to end; no exceptions cross a module boundary. CKPTD_CHECK is for bugs only:
-// client input must never reach one.
+// The error vocabulary of the daemon, its plugins and (privately) the C++ client: absl::Status /
+// absl::StatusOr with the canonical codes end to end, no exceptions across a module boundary;
+// one errno mapping (ErrnoStatus); CKPTD_CHECK for bugs only (client input must never reach
+// one). Note: Debian's abseil has its own absl::string_view (not std::string_view): convert
+// before passing one to absl::StrCat.
 #pragma once
 
 #include <cerrno>

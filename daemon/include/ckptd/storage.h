@@ -1,6 +1,7 @@
 // Storage: where checkpoint blobs and manifests live (local file system, S3-compatible store,
-// memory). Paths are relative to the storage root and use '/' ("job/0000000000000042/r00000.blob").
-// Plugins (plugins/storage/*) are built against daemon/include/ckptd only.
+// memory). Paths are relative to the storage root and use '/'
+// ("job/step-00000000000000000042/r00000.blob": format/names.h makes them). Plugins
+// (plugins/storage/*) are built against daemon/include/ckptd only (CMakeLists: ckptd_plugin).
 //
 // Thread safety: a Storage may be used from several threads at once; a BlobWriter / BlobReader by
 // one thread at a time.
