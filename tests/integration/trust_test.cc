@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <functional>
 #include <future>
 #include <thread>
 
@@ -360,6 +361,43 @@ void LetThroughTempDir(const Daemon& d) {
   REQUIRE(chmod(parent.c_str(), 0711) == 0);
 }
 
+// Runs `body` in a forked child as uid/gid 65534 and returns what went wrong there ("" when
+// nothing: `body` returned "" and threw nothing). Only async-signal-safe work would be strictly
+// allowed after fork in a threaded process; the child creates its own gRPC channel, which works
+// in practice and is what these tests exercise.
+std::string RunAsNobody(const std::function<std::string()>& body) {
+  int pipe_fds[2];
+  REQUIRE(pipe(pipe_fds) == 0);
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    close(pipe_fds[0]);
+    std::string err;
+    if (setgid(65534) != 0 || setuid(65534) != 0) {
+      err = "setuid(65534) failed";
+    } else {
+      try {
+        err = body();
+      } catch (const std::exception& e) {
+        err = e.what();
+      }
+    }
+    (void)!write(pipe_fds[1], err.data(), err.size());
+    _exit(err.empty() ? 0 : 1);
+  }
+  close(pipe_fds[1]);
+  std::string err;
+  char buf[512];
+  for (ssize_t n; (n = read(pipe_fds[0], buf, sizeof buf)) > 0;) err.append(buf, n);
+  close(pipe_fds[0]);
+  int status = 0;
+  REQUIRE(waitpid(pid, &status, 0) == pid);
+  if (err.empty() && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+    err = "the child as uid 65534 did not exit cleanly";
+  }
+  return err;
+}
+
 void AsOtherUid(const std::string& sock) {
   Raw other(sock);
   other.Attach();
@@ -412,24 +450,10 @@ TEST_CASE("trust: a job belongs to the uid that created it", "[integration]") {
   CHECK((st.st_mode & 0777) == 0660);
   CHECK(st.st_gid == 65534);
   SaveCommitted(d, "root-job", 1, 3);
-  pid_t pid = fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    // Only async-signal-safe work would be strictly allowed after fork in a threaded process;
-    // the child creates its own gRPC channel, which works in practice and is what we test.
-    if (setgid(65534) != 0 || setuid(65534) != 0) _exit(10);
-    try {
-      AsOtherUid(sock);
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "as uid 65534: %s\n", e.what());
-      _exit(20);
-    }
-    _exit(0);
-  }
-  int status = 0;
-  REQUIRE(waitpid(pid, &status, 0) == pid);
-  REQUIRE(WIFEXITED(status));
-  CHECK(WEXITSTATUS(status) == 0);
+  CHECK(RunAsNobody([&] {
+          AsOtherUid(sock);
+          return std::string();
+        }) == "");
   // Root is an admin: it may list and read the other uid's job; `ckptctl ls` shows owners.
   CommandResult ls = RunCtl(d, {"ls"});
   INFO(ls.output);
@@ -491,27 +515,11 @@ TEST_CASE("trust: a uid maps only its own staging arena", "[integration]") {
   close(fd.fd);
   REQUIRE(p != MAP_FAILED);
   std::memset(static_cast<uint8_t*>(p) + e.offset(), 0xa5, e.length());
-  pid_t pid = fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    if (setgid(65534) != 0 || setuid(65534) != 0) _exit(10);
-    try {
-      std::string err = ArenaAsOtherUid(d.socket(), fd.segment(), root.hello.session_id(),
-                                        e.offset(), e.length());
-      if (!err.empty()) {
-        std::fprintf(stderr, "as uid 65534: %s\n", err.c_str());
-        _exit(30);
-      }
-    } catch (const std::exception& ex) {
-      std::fprintf(stderr, "as uid 65534: %s\n", ex.what());
-      _exit(20);
-    }
-    _exit(0);
-  }
-  int status = 0;
-  REQUIRE(waitpid(pid, &status, 0) == pid);
-  REQUIRE(WIFEXITED(status));
-  CHECK(WEXITSTATUS(status) == 0);
+  const std::string root_segment = fd.segment();
+  CHECK(RunAsNobody([&] {
+          return ArenaAsOtherUid(d.socket(), root_segment, root.hello.session_id(), e.offset(),
+                                 e.length());
+        }) == "");
   // Root's bytes are untouched, and root's segment gave up nothing to the other uid.
   CHECK(static_cast<uint8_t*>(p)[e.offset() + e.length() - 1] == 0xa5);
   munmap(p, root.hello.arena_bytes());
