@@ -5,7 +5,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "ckptd/status.h"
@@ -46,50 +49,63 @@ void ArenaFdServer::Stop() {
 }
 
 void ArenaFdServer::Loop() {
-  pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
+  std::vector<Conn> conns;
   while (true) {
-    if (poll(fds, 2, -1) < 0) {
+    // The listening socket, the stop event, then every connection waiting for its request.
+    std::vector<pollfd> fds = {{listen_fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
+    if (conns.size() >= kConnectionsMax) fds[0].events = 0;  // full: let them queue
+    auto now = std::chrono::steady_clock::now();
+    int timeout_ms = -1;
+    for (const Conn& c : conns) {
+      fds.push_back({c.fd, POLLIN, 0});
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(c.deadline - now);
+      int ms = static_cast<int>(std::max<int64_t>(left.count(), 0));
+      timeout_ms = timeout_ms < 0 ? ms : std::min(timeout_ms, ms);
+    }
+    if (poll(fds.data(), fds.size(), timeout_ms) < 0) {
       if (errno == EINTR) continue;
       spdlog::error("poll on {}: {}", path_, std::strerror(errno));
-      return;
+      break;
     }
-    if (fds[1].revents != 0) return;
-    // Blocking, with timeouts: one exchange at a time, each bounded (see the header).
-    int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) {
-      if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED) continue;
-      spdlog::warn("accept on {}: {}; backing off", path_, std::strerror(errno));
-      poll(&fds[1], 1, 100);
-      continue;
+    if (fds[1].revents != 0) break;
+    const size_t polled = conns.size();  // fds[2 + i] is conns[i] for i < polled
+    if (fds[0].revents != 0) Accept(&conns);
+    now = std::chrono::steady_clock::now();
+    std::vector<Conn> open;
+    for (size_t i = 0; i < conns.size(); ++i) {
+      Conn& c = conns[i];
+      const bool ready = i < polled && fds[2 + i].revents != 0;
+      if ((ready && !ReadMore(c)) || (!ready && now >= c.deadline && Expire(c))) {
+        close(c.fd);
+      } else {
+        open.push_back(std::move(c));
+      }
     }
-    Serve(fd);
-    close(fd);
+    conns = std::move(open);
   }
+  for (const Conn& c : conns) close(c.fd);
+}
+
+void ArenaFdServer::Accept(std::vector<Conn>* conns) {
+  int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+  if (fd < 0) {
+    if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED) {
+      spdlog::warn("accept on {}: {}", path_, std::strerror(errno));
+    }
+    return;
+  }
+  absl::StatusOr<uint32_t> uid = PeerUid(fd);
+  if (!uid.ok()) {
+    spdlog::warn("arena socket: dropping a connection: {}", uid.status().ToString());
+    close(fd);
+    return;
+  }
+  conns->push_back(Conn{fd, *uid, "",
+                        std::chrono::steady_clock::now() +
+                            std::chrono::milliseconds(kIoTimeoutMs)});
 }
 
 namespace {
-
-// Reads the request: at most `max` bytes, until the client shuts down its side.
-absl::StatusOr<std::string> ReadRequest(int fd, size_t max) {
-  std::string req;
-  char buf[256];
-  while (true) {
-    ssize_t n = recv(fd, buf, sizeof buf, 0);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN) {
-        return absl::DeadlineExceededError("the client sent no complete session id in time");
-      }
-      return ErrnoStatus(errno, "reading the session id");
-    }
-    if (n == 0) return req;
-    req.append(buf, static_cast<size_t>(n));
-    if (req.size() > max) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("a session id has at most ", max, " bytes"));
-    }
-  }
-}
 
 void Reply(int fd, const absl::Status& st, const std::string& text, int attach_fd) {
   std::string msg(1, static_cast<char>(st.code()));
@@ -119,28 +135,45 @@ void Reply(int fd, const absl::Status& st, const std::string& text, int attach_f
 
 }  // namespace
 
-void ArenaFdServer::Serve(int fd) {
-  timeval tv{kIoTimeoutMs / 1000, (kIoTimeoutMs % 1000) * 1000};
-  absl::StatusOr<uint32_t> uid = PeerUid(fd);
-  if (!uid.ok() || setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) != 0 ||
-      setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) != 0) {
-    spdlog::warn("arena socket: dropping a connection: {}",
-                 uid.ok() ? std::strerror(errno) : uid.status().ToString());
-    return;
+bool ArenaFdServer::ReadMore(Conn& c) {
+  char buf[256];
+  while (true) {
+    ssize_t n = recv(c.fd, buf, sizeof buf, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN) return true;  // more to come
+      return false;                      // the client went away
+    }
+    if (n == 0) {  // the client shut down its side: the request is complete
+      Answer(c);
+      return false;
+    }
+    c.request.append(buf, static_cast<size_t>(n));
+    if (c.request.size() > kSessionIdBytesMax) {
+      Reply(c.fd, absl::InvalidArgumentError(absl::StrCat(
+                      "a session id has at most ", kSessionIdBytesMax, " bytes")),
+            "", -1);
+      return false;
+    }
   }
-  absl::StatusOr<std::string> session = ReadRequest(fd, kSessionIdBytesMax);
-  if (!session.ok()) {
-    Reply(fd, session.status(), "", -1);
-    return;
-  }
-  absl::StatusOr<ArenaGrant> g = lookup_(*uid, *session);
+}
+
+bool ArenaFdServer::Expire(Conn& c) {
+  Reply(c.fd, absl::DeadlineExceededError(absl::StrCat(
+                  "no complete session id within ", kIoTimeoutMs, " ms")),
+        "", -1);
+  return true;
+}
+
+void ArenaFdServer::Answer(const Conn& c) {
+  absl::StatusOr<ArenaGrant> g = lookup_(c.uid, c.request);
   if (!g.ok()) {
-    spdlog::debug("arena socket: uid {}: {}", *uid, g.status().ToString());
-    Reply(fd, g.status(), "", -1);
+    spdlog::debug("arena socket: uid {}: {}", c.uid, g.status().ToString());
+    Reply(c.fd, g.status(), "", -1);
     return;
   }
-  Reply(fd, absl::OkStatus(), absl::StrCat(g->name, " ", g->generation, " ", g->resident ? 1 : 0),
-        g->fd);
+  Reply(c.fd, absl::OkStatus(),
+        absl::StrCat(g->name, " ", g->generation, " ", g->resident ? 1 : 0), g->fd);
 }
 
 }  // namespace ckptd

@@ -12,20 +12,24 @@
 // attached when OK, and closes. The kernel names the peer (SO_PEERCRED): the session must belong
 // to that uid, so a leaked session id yields nothing to another uid.
 //
-// Ownership: owns the listening socket (removed at Stop) and its thread; each accepted
-// connection lives only for its one exchange. The descriptors handed out are borrowed from the
-// arena (the kernel duplicates them into the client). Bounds: one connection at a time, each
-// given at most kIoTimeoutMs to send and to receive, so a client that stalls delays others by at
-// most that long and holds nothing.
+// Ownership: owns the listening socket (removed at Stop), its thread and the connections it
+// accepted, each of which lives only for its one exchange. The descriptors handed out are
+// borrowed from the arena (the kernel duplicates them into the client). Bounds: at most
+// kConnectionsMax connections at once (more wait in the listen backlog), each given kIoTimeoutMs
+// to send its request (then DEADLINE_EXCEEDED and closed); one thread polls them all without
+// blocking, so a client that stalls delays nobody and holds one slot for at most that long. The
+// reply (a few hundred bytes) always fits the socket's buffer.
 // Thread safety: Start/Stop from one thread; the lookup callback runs on the server's thread.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
 #include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "dataplane/arena.h"
@@ -36,6 +40,7 @@ class ArenaFdServer {
  public:
   static constexpr size_t kSessionIdBytesMax = 128;
   static constexpr int kIoTimeoutMs = 1000;
+  static constexpr size_t kConnectionsMax = 64;
   static constexpr const char* kPathSuffix = ".arena";
 
   // What a client of `uid` gets for its session (sent as "<name> <generation> <0|1>").
@@ -53,9 +58,20 @@ class ArenaFdServer {
   void Stop();
 
  private:
+  struct Conn {
+    int fd = -1;
+    uint32_t uid = 0;     // the peer, as the kernel says
+    std::string request;  // the session id so far
+    std::chrono::steady_clock::time_point deadline;
+  };
   ArenaFdServer() = default;
   void Loop();
-  void Serve(int fd);
+  void Accept(std::vector<Conn>* conns);
+  // Reads what the client sent; false when the connection is done (answered, or gone).
+  bool ReadMore(Conn& c);
+  // Answers a connection past its deadline; true (it is done).
+  bool Expire(Conn& c);
+  void Answer(const Conn& c);
 
   std::string path_;
   LookupFn lookup_;
