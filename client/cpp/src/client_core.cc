@@ -38,12 +38,12 @@ std::string ResolveSocket(const ClientOptions& options) {
 
 namespace {
 
-// What the arena socket grants: the segment's descriptor (the caller owns it), name, generation
-// and whether every page of it is resident.
+// What the arena socket grants: the segment's descriptor (the caller owns it), name and whether
+// every page of it is resident. (The grant's generation is not needed: within one daemon
+// instance a uid's segment never changes.)
 struct ArenaGrant {
   int fd = -1;
   std::string name;
-  std::string generation;
   bool resident = false;
 };
 
@@ -119,7 +119,6 @@ absl::StatusOr<ArenaGrant> FetchArenaFd(const std::string& arena_socket,
                                             arena_socket));
   }
   g.name = text.substr(0, a);
-  g.generation = text.substr(a + 1, b - a - 1);
   g.resident = text[b + 1] == '1';
   return g;
 }
@@ -135,7 +134,6 @@ absl::StatusOr<std::shared_ptr<ArenaMapping>> ArenaMapping::Map(const std::strin
   if (!got.ok()) return got.status();
   const int fd = got->fd;
   const std::string& shm_name = got->name;
-  const std::string& generation = got->generation;
   const bool populate = got->resident;
   struct stat st;
   if (fstat(fd, &st) != 0) {
@@ -164,7 +162,7 @@ absl::StatusOr<std::shared_ptr<ArenaMapping>> ArenaMapping::Map(const std::strin
     return ErrnoStatus(mmap_err, absl::StrCat("mmap(", shm_name, ", ", bytes, " bytes)"));
   }
   std::shared_ptr<ArenaMapping> mapping(
-      new ArenaMapping(shm_name, generation, static_cast<uint8_t*>(base), bytes));
+      new ArenaMapping(shm_name, static_cast<uint8_t*>(base), bytes));
   if (pin_for_cuda) {
     absl::Status pinned = CudaHostRegister(base, bytes, absl::StrCat("arena ", shm_name));
     if (!pinned.ok()) return pinned;  // the mapping's destructor unmaps it

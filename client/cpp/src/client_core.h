@@ -68,15 +68,13 @@ class ArenaMapping {
   // [offset, offset + length) of the arena; INTERNAL when the daemon named bytes outside it.
   absl::StatusOr<uint8_t*> At(uint64_t offset, uint64_t length) const;
   const std::string& name() const { return name_; }
-  const std::string& generation() const { return generation_; }
   uint64_t size() const { return bytes_; }
   bool pinned_for_cuda() const { return pinned_for_cuda_; }
 
  private:
-  ArenaMapping(std::string name, std::string generation, uint8_t* base, uint64_t bytes)
-      : name_(std::move(name)), generation_(std::move(generation)), base_(base), bytes_(bytes) {}
+  ArenaMapping(std::string name, uint8_t* base, uint64_t bytes)
+      : name_(std::move(name)), base_(base), bytes_(bytes) {}
   std::string name_;
-  std::string generation_;
   uint8_t* base_;
   uint64_t bytes_;
   bool pinned_for_cuda_ = false;

@@ -1,19 +1,12 @@
 #include "dataplane/arena.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/random.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "ckptd/status.h"
 #include "common/align.h"
 #include "common/limits.h"
-#include "spdlog/spdlog.h"
 
 namespace ckptd {
 namespace {
