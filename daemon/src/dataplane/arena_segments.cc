@@ -345,7 +345,8 @@ void StagingArena::Unlink() {
 std::vector<StagingArena::Span> StagingArena::ClaimLocked(uint64_t offset, uint64_t length,
                                                           uint32_t uid) {
   // Split the runs at both ends, then walk the runs inside.
-  auto split = [this](uint64_t at) {
+  // The lambdas run under the caller's mu_ (clang's analysis does not carry it into a lambda).
+  auto split = [this](uint64_t at) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto it = resident_.upper_bound(at);
     if (it == resident_.begin()) return;
     --it;
@@ -396,7 +397,7 @@ absl::Status StagingArena::MakeResident(uint32_t uid, const std::vector<Span>& s
   if (!spans.empty()) {
     // The first segment's background faulting must not be racing a punch of what it faults.
     absl::MutexLock lock(&mu_);
-    auto busy = [&] {
+    auto busy = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       if (inflight_length_ == 0 || prefault_uid_ == uid) return false;
       for (const Span& sp : spans) {
         if (sp.offset < inflight_offset_ + inflight_length_ &&
