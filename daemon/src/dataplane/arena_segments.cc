@@ -297,6 +297,7 @@ absl::StatusOr<int> StagingArena::SegmentFd(uint32_t uid) const {
 std::vector<ArenaSegmentInfo> StagingArena::segments() const {
   absl::ReaderMutexLock lock(&seg_mu_);
   std::vector<ArenaSegmentInfo> out;
+  out.reserve(segs_.size());
   for (const auto& s : segs_) out.push_back(s->info);
   return out;
 }
