@@ -9,7 +9,7 @@ DEB_PKGS=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   librocksdb-dev liburing-dev libspdlog-dev libfmt-dev catch2 libabsl-dev
   libcurl4-openssl-dev libssl-dev
-  clang-15 libfuzzer-15-dev
+  clang-15 libfuzzer-15-dev clang-format-15 clang-tidy-15
   dpkg-dev
 )
 
@@ -32,7 +32,7 @@ PYTHON="${PYTHON:-python3}"
 TORCH_VERSION=2.13.0
 py_missing=()
 for spec in "numpy:numpy" "pybind11:pybind11" "pytest:pytest" "scikit_build_core:scikit-build-core" \
-            "safetensors:safetensors"; do
+            "safetensors:safetensors" "ruff:ruff"; do
   "$PYTHON" -c "import ${spec%%:*}" 2>/dev/null || py_missing+=("${spec#*:}")
 done
 if [ "${#py_missing[@]}" -gt 0 ]; then
