@@ -149,8 +149,8 @@ lint-python: setup
 # the demo: every ABSL_GUARDED_BY / ABSL_EXCLUSIVE_LOCKS_REQUIRED / ABSL_LOCKS_EXCLUDED checked.
 # Unoptimized, no debug info, no tests: it is there for the analysis, not to run. libstdc++'s
 # std::mutex and friends carry no annotations, so a field guarded by one would be checked by
-# nobody: the daemon, the client and the plugins use absl::Mutex / absl::CondVar only, and this
-# target fails on a std:: lock in them first.
+# nobody: the daemon, the client, the plugins and the tests use absl::Mutex / absl::CondVar only,
+# and this target fails on a std:: lock in them first.
 BUILD_TSA ?= $(ROOT)/build-tsa
 TSA_TARGETS ?= ckptd ckptctl ckptd-demo
 STD_LOCKS = std::(recursive_|shared_|timed_|recursive_timed_|shared_timed_)?mutex\b|std::(lock_guard|unique_lock|scoped_lock|shared_lock|condition_variable)
@@ -160,7 +160,7 @@ configure-tsa: setup
 	  -DCKPTD_THREAD_SAFETY=ON -DCKPTD_BUILD_TESTS=OFF >/dev/null
 
 check-threads: configure-tsa
-	@if git grep --untracked -nE '$(STD_LOCKS)' -- daemon client plugins ':!*.py' ':!*.md'; then \
+	@if git grep --untracked -nE '$(STD_LOCKS)' -- daemon client plugins tests ':!*.py' ':!*.md'; then \
 	  echo "check-threads: std:: locks above are invisible to -Wthread-safety; use absl::Mutex"; \
 	  exit 1; fi
 	@$(CMAKE) --build $(BUILD_TSA) -j $(JOBS) --target $(TSA_TARGETS)
