@@ -147,13 +147,14 @@ lint-python: setup
 # The thread-safety build (build-tsa/): clang-15 with -Wthread-safety as an error
 # (CKPTD_THREAD_SAFETY) over the daemon, its plugins and modules, the client library, ckptctl and
 # the demo: every ABSL_GUARDED_BY / ABSL_EXCLUSIVE_LOCKS_REQUIRED / ABSL_LOCKS_EXCLUDED checked.
-# Unoptimized, no debug info, no tests: it is there for the analysis, not to run. libstdc++'s
-# std::mutex and friends carry no annotations, so a field guarded by one would be checked by
-# nobody: the daemon, the client, the plugins and the tests use absl::Mutex / absl::CondVar only,
-# and this target fails on a std:: lock in them first.
+# Unoptimized, no debug info, no tests: it is there for the analysis, not to run (-k 0: every
+# finding in one run). libstdc++'s std::mutex and friends carry no annotations, so a field
+# guarded by one would be checked by nobody: the daemon, the client, the plugins and the tests
+# use absl::Mutex / absl::CondVar only, and this target fails on a std:: lock in them first.
 BUILD_TSA ?= $(ROOT)/build-tsa
 TSA_TARGETS ?= ckptd ckptctl ckptd-demo
 STD_LOCKS = std::(recursive_|shared_|timed_|recursive_timed_|shared_timed_)?mutex\b|std::(lock_guard|unique_lock|scoped_lock|shared_lock|condition_variable)
+
 configure-tsa: setup
 	@$(CMAKE) -S . -B $(BUILD_TSA) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-O0 \
 	  -DCMAKE_C_FLAGS_DEBUG=-O0 -DCMAKE_C_COMPILER=clang-15 -DCMAKE_CXX_COMPILER=clang++-15 \
@@ -163,7 +164,7 @@ check-threads: configure-tsa
 	@if git grep --untracked -nE '$(STD_LOCKS)' -- daemon client plugins tests ':!*.py' ':!*.md'; then \
 	  echo "check-threads: std:: locks above are invisible to -Wthread-safety; use absl::Mutex"; \
 	  exit 1; fi
-	@$(CMAKE) --build $(BUILD_TSA) -j $(JOBS) --target $(TSA_TARGETS)
+	@$(CMAKE) --build $(BUILD_TSA) -j $(JOBS) --target $(TSA_TARGETS) -- -k 0
 
 # clang-tidy-15 (.clang-tidy; every finding is an error) over the daemon, the client and the
 # storage plugins, with build-tsa/'s compile commands (clang's own flags; only the generated
