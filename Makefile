@@ -149,9 +149,10 @@ lint-python: setup
 # modules and plugins, the client library, ckptctl, the demo, the benchmarks and the tests, whose
 # rigs hold locks too): every ABSL_GUARDED_BY / ABSL_EXCLUSIVE_LOCKS_REQUIRED /
 # ABSL_LOCKS_EXCLUDED checked. Unoptimized and without debug info: it is there for the analysis,
-# not to run (about 3 CPU-minutes from scratch; -k 0: every finding in one run). libstdc++'s std::mutex and friends carry no annotations, so a field
-# guarded by one would be checked by nobody: the daemon, the client, the plugins and the tests
-# use absl::Mutex / absl::CondVar only, and this target fails on a std:: lock in them first.
+# not to run (about 3 CPU-minutes from scratch; -k 0: every finding in one run). libstdc++'s
+# std::mutex and friends carry no annotations, so a field guarded by one would be checked by
+# nobody: the daemon, the client, the plugins and the tests use absl::Mutex / absl::CondVar only,
+# and this target fails on a std:: lock in them first.
 BUILD_TSA ?= $(ROOT)/build-tsa
 TSA_TARGETS ?= all
 STD_LOCKS = std::(recursive_|shared_|timed_|recursive_timed_|shared_timed_)?mutex\b|std::(lock_guard|unique_lock|scoped_lock|shared_lock|condition_variable)
