@@ -37,7 +37,7 @@ inline constexpr uint64_t kSessionsPerUidMax = 1024;
 inline constexpr uint64_t kSessionAttachTimeoutMs = 10000;
 inline constexpr uint64_t kLoadRequestsMax = 262144;
 inline constexpr uint64_t kObjectBytesMax = 256 * kMiB;
-inline constexpr uint64_t kItemsPerCheckpointMax = 16 * 1024 * 1024;
+inline constexpr uint64_t kItemsPerCheckpointMax = uint64_t{16} * 1024 * 1024;
 // A tensor's element count, so byte sizes never overflow uint64.
 inline constexpr uint64_t kTensorElementsMax = uint64_t{1} << 56;
 
