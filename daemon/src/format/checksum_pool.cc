@@ -8,54 +8,70 @@
 
 namespace ckptd {
 
-absl::Status ParallelBlockCrcs(WorkerPool& pool, std::span<const CrcRange> ranges,
-                               uint32_t block_bytes, const BlockSumFn& sum, uint64_t task_bytes) {
+struct BlockCrcJob::State {
+  BlockSumFn sum;
+  std::vector<std::future<absl::Status>> futures;
+  absl::Status first;  // of the pieces run on the calling thread
+};
+
+BlockCrcJob& BlockCrcJob::operator=(BlockCrcJob&& other) {
+  if (this != &other) {
+    (void)Wait();
+    state_ = std::move(other.state_);
+  }
+  return *this;
+}
+
+BlockCrcJob::~BlockCrcJob() { (void)Wait(); }
+
+absl::Status BlockCrcJob::Wait() {
+  if (state_ == nullptr) return absl::OkStatus();
+  // Every task is waited for, failed or not: none may outlive the buffers or `sum`.
+  for (std::future<absl::Status>& f : state_->futures) {
+    absl::Status st = f.get();
+    if (state_->first.ok()) state_->first = st;
+  }
+  absl::Status first = state_->first;
+  state_.reset();
+  return first;
+}
+
+BlockCrcJob StartBlockCrcs(WorkerPool& pool, std::span<const CrcRange> ranges,
+                           uint32_t block_bytes, BlockSumFn sum, uint64_t task_bytes) {
   CKPTD_CHECK(block_bytes > 0 && !pool.OnPoolThread());
-  BlockSumFn run = sum;
-  if (!run) {
-    run = [](const uint8_t* data, uint64_t n, uint32_t block, uint32_t* out) {
+  auto state = std::make_shared<BlockCrcJob::State>();
+  state->sum = std::move(sum);
+  if (!state->sum) {
+    state->sum = [](const uint8_t* data, uint64_t n, uint32_t block, uint32_t* out) {
       BlockCrcsInto(data, n, block, out);
       return absl::OkStatus();
     };
   }
   const uint64_t step = std::max<uint64_t>(block_bytes, task_bytes / block_bytes * block_bytes);
-  struct Piece {
-    const uint8_t* data;
-    uint64_t length;
-    uint32_t* out;
-  };
-  std::vector<Piece> pieces;
+  const BlockSumFn* run = &state->sum;  // stable: State is not moved while tasks run
   for (const CrcRange& r : ranges) {
     for (uint64_t off = 0; off < r.length; off += step) {
-      pieces.push_back(Piece{r.data + off, std::min(step, r.length - off),
-                             r.out + off / block_bytes});
+      const uint8_t* data = r.data + off;
+      const uint64_t n = std::min(step, r.length - off);
+      uint32_t* out = r.out + off / block_bytes;
+      auto submitted = pool.Submit([run, data, n, block_bytes, out] {
+        return (*run)(data, n, block_bytes, out);
+      }, WorkerPool::WhenFull::kWait);
+      if (submitted.ok()) {
+        state->futures.push_back(*std::move(submitted));
+        continue;
+      }
+      // The pool is shut down: this thread does the rest.
+      absl::Status st = (*run)(data, n, block_bytes, out);
+      if (state->first.ok()) state->first = st;
     }
   }
-  // The last piece runs here, so the caller works too instead of only waiting.
-  std::vector<std::future<absl::Status>> futures;
-  absl::Status first;
-  for (size_t i = 0; i + 1 < pieces.size(); ++i) {
-    const Piece p = pieces[i];
-    auto submitted = pool.Submit(
-        [p, block_bytes, &run] { return run(p.data, p.length, block_bytes, p.out); },
-        WorkerPool::WhenFull::kWait);
-    if (submitted.ok()) {
-      futures.push_back(*std::move(submitted));
-    } else if (absl::Status st = run(p.data, p.length, block_bytes, p.out); first.ok()) {
-      first = st;  // the pool is shut down: this thread does the rest
-    }
-  }
-  if (!pieces.empty()) {
-    const Piece& p = pieces.back();
-    absl::Status st = run(p.data, p.length, block_bytes, p.out);
-    if (first.ok()) first = st;
-  }
-  // Every task is waited for, failed or not: none may outlive the buffers or `run`.
-  for (std::future<absl::Status>& f : futures) {
-    absl::Status st = f.get();
-    if (first.ok()) first = st;
-  }
-  return first;
+  return BlockCrcJob(std::move(state));
+}
+
+absl::Status ParallelBlockCrcs(WorkerPool& pool, std::span<const CrcRange> ranges,
+                               uint32_t block_bytes, BlockSumFn sum, uint64_t task_bytes) {
+  return StartBlockCrcs(pool, ranges, block_bytes, std::move(sum), task_bytes).Wait();
 }
 
 absl::StatusOr<std::vector<uint32_t>> ParallelBlockCrcs(WorkerPool& pool, const void* data,

@@ -11,8 +11,8 @@
 namespace ckptd {
 
 struct ReadTicket::State {
-  explicit State(FileHandle f, uint64_t pieces) : file(std::move(f)), remaining(pieces) {}
-  const FileHandle file;
+  State(std::string w, uint64_t pieces) : what(std::move(w)), remaining(pieces) {}
+  const std::string what;  // names the read in a cancellation's message
   // Set at the first failure: pieces that have not started skip their read.
   std::atomic<bool> failed{false};
   absl::Mutex mu;
@@ -48,14 +48,45 @@ ReaderPool::ReaderPool(Io* io, Options options)
     : io_(io),
       options_(std::move(options)),
       workers_(options_.name, options_.readers, options_.queue_max) {
-  CKPTD_CHECK(io_ != nullptr && options_.piece_bytes > 0 &&
-              options_.piece_bytes % kIoAlignmentBytes == 0);
+  CKPTD_CHECK(options_.piece_bytes > 0 && options_.piece_bytes % kIoAlignmentBytes == 0);
+}
+
+namespace {
+
+WorkerPool::Task CancellableTask(std::shared_ptr<ReadTicket::State> state,
+                                 std::function<void()> run) {
+  return WorkerPool::Task{std::move(run), [state] {
+                            state->Finish(1, absl::CancelledError(absl::StrCat(
+                                                 state->what, ": the reader pool shut down")));
+                          }};
+}
+
+}  // namespace
+
+absl::StatusOr<ReadTicket> ReaderPool::SubmitBlobRead(BlobReader* reader,
+                                                      std::vector<IoSlice> slices,
+                                                      std::string what,
+                                                      WorkerPool::WhenFull when_full) {
+  CKPTD_CHECK(reader != nullptr);
+  if (slices.empty()) return ReadTicket();
+  auto state = std::make_shared<ReadTicket::State>(std::move(what), 1);
+  CKPTD_RETURN_IF_ERROR(workers_.Post(
+      CancellableTask(state,
+                      [state, reader, slices = std::move(slices)] {
+                        state->Finish(1, reader->Read(slices));
+                      }),
+      when_full));
+  return ReadTicket(state);
 }
 
 ReaderPool::~ReaderPool() { workers_.Shutdown(WorkerPool::ShutdownMode::kCancel); }
 
 absl::StatusOr<ReadTicket> ReaderPool::Submit(const ReadRequest& req,
                                               WorkerPool::WhenFull when_full) {
+  if (io_ == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "read of ", req.file.path, ": the ", options_.name, " pool reads only through Storage"));
+  }
   if (req.length == 0) return ReadTicket();
   if (req.dst == nullptr || req.offset > UINT64_MAX - req.length) {
     return absl::InvalidArgumentError(absl::StrCat("read of ", req.file.path, " at offset ",
@@ -64,22 +95,19 @@ absl::StatusOr<ReadTicket> ReaderPool::Submit(const ReadRequest& req,
   }
   const uint64_t piece = options_.piece_bytes;
   const uint64_t pieces = (req.length + piece - 1) / piece;
-  auto state = std::make_shared<ReadTicket::State>(req.file, pieces);
+  auto state = std::make_shared<ReadTicket::State>(absl::StrCat("read of ", req.file.path),
+                                                   pieces);
+  auto file = std::make_shared<const FileHandle>(req.file);
   std::vector<WorkerPool::Task> tasks;
   tasks.reserve(pieces);
   for (uint64_t k = 0; k < pieces; ++k) {
     const uint64_t at = k * piece;
     IoSlice slice{static_cast<uint8_t*>(req.dst) + at, std::min(piece, req.length - at),
                   req.offset + at};
-    tasks.push_back(WorkerPool::Task{
-        [io = io_, state, slice] {
-          if (state->failed.load()) return state->Finish(1, absl::OkStatus());
-          state->Finish(1, io->ReadAll(state->file, std::span<const IoSlice>(&slice, 1)));
-        },
-        [state] {
-          state->Finish(1, absl::CancelledError(absl::StrCat(
-                               "read of ", state->file.path, ": the reader pool shut down")));
-        }});
+    tasks.push_back(CancellableTask(state, [io = io_, state, file, slice] {
+      if (state->failed.load()) return state->Finish(1, absl::OkStatus());
+      state->Finish(1, io->ReadAll(*file, std::span<const IoSlice>(&slice, 1)));
+    }));
   }
   // A request larger than the whole queue goes in as room frees (kWait only).
   absl::Status st;

@@ -17,14 +17,20 @@
 // into the destination, so the caller may then free it. A request dropped by Shutdown(kCancel)
 // completes CANCELLED.
 //
+// Reads through a Storage plugin (SubmitBlobRead: a BlobReader and its slices, as the loader
+// reads a batch of runs of one blob) run on the same readers, as one task each: a BlobReader is
+// used by one thread at a time (storage.h), so such a read is never split. The posix plugin reads
+// through the daemon's Io, so these too use the reader's long-lived ring.
+//
 // Submission: WhenFull::kWait waits for room in the queue (backpressure; a request of more pieces
 // than the queue holds goes in as room frees); WhenFull::kRefuse answers RESOURCE_EXHAUSTED
 // unless the queue has room for all of its pieces. UNAVAILABLE once the pool is shut down.
 // INVALID_ARGUMENT for a request with no destination, or one whose end overflows.
 //
 // Thread safety: every method may be called from any thread at once, except Submit(kWait),
-// ReadAll and Shutdown from a reader thread (a CHECK). The Io must outlive the pool; a request's
-// file must stay open and its destination valid until its ticket is done.
+// SubmitBlobRead(kWait), ReadAll and Shutdown from a reader thread (a CHECK). The Io must outlive
+// the pool; a request's file (or BlobReader) must stay open and its destination valid until its
+// ticket is done.
 #pragma once
 
 #include <cstdint>
@@ -36,6 +42,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "ckptd/io.h"
+#include "ckptd/storage.h"
 #include "common/limits.h"
 #include "common/worker_pool.h"
 
@@ -72,12 +79,17 @@ class ReaderPool {
     // A multiple of kIoAlignmentBytes (so pieces of an O_DIRECT read stay aligned), > 0.
     uint64_t piece_bytes = limits::kReaderPieceBytes;
   };
-  // `io` must outlive the pool. Option values out of range are a bug (a CHECK).
+  // `io` must outlive the pool; null for a pool that serves only SubmitBlobRead (Submit is then
+  // FAILED_PRECONDITION). Option values out of range are a bug (a CHECK).
   ReaderPool(Io* io, Options options);
   explicit ReaderPool(Io* io) : ReaderPool(io, Options{}) {}
   ~ReaderPool();  // Shutdown(kCancel)
 
   absl::StatusOr<ReadTicket> Submit(const ReadRequest& request, WorkerPool::WhenFull when_full);
+  // Reads every slice through `reader` on one reader thread; `what` names the read in a
+  // cancellation's message (e.g. the blob's path). The reader's own errors are the ticket's.
+  absl::StatusOr<ReadTicket> SubmitBlobRead(BlobReader* reader, std::vector<IoSlice> slices,
+                                            std::string what, WorkerPool::WhenFull when_full);
   // Submits every request (kWait) and waits for all; one Status per request, in order.
   std::vector<absl::Status> ReadAll(std::span<const ReadRequest> requests);
 

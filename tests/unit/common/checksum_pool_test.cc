@@ -6,6 +6,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/synchronization/notification.h"
 #include "format/crc32c.h"
 
 namespace ckptd {
@@ -68,6 +69,40 @@ TEST_CASE("checksum pool: the first error is returned after every task has finis
   CHECK(st.code() == absl::StatusCode::kDataLoss);
   CHECK(started.load() == 16);
   CHECK(finished.load() == 16);  // none still running when it returned
+}
+
+TEST_CASE("checksum pool: a started job runs while the caller works, and is waited for",
+          "[unit]") {
+  WorkerPool pool("crc", 2, 8);
+  std::vector<uint8_t> data = Bytes(40 * 4096 + 3, 5);
+  std::vector<uint32_t> out(41);
+  CrcRange r{data.data(), data.size(), out.data()};
+  absl::Notification release;
+  std::atomic<int> done{0};
+  BlockSumFn held = [&](const uint8_t* p, uint64_t n, uint32_t block, uint32_t* o) {
+    release.WaitForNotification();
+    BlockCrcsInto(p, n, block, o);
+    done++;
+    return absl::OkStatus();
+  };
+  SECTION("Wait") {
+    BlockCrcJob job = StartBlockCrcs(pool, std::span(&r, 1), 4096, held, 8 * 4096);
+    CHECK(done.load() == 0);  // started, none finished: the caller is free meanwhile
+    release.Notify();
+    CHECK(job.Wait().ok());
+    CHECK(done.load() == 6);
+    CHECK(out == BlockCrcs(data.data(), data.size(), 4096));
+    CHECK(job.Wait().ok());  // a second Wait: nothing left
+  }
+  SECTION("the destructor waits") {
+    std::thread releaser([&] {
+      absl::SleepFor(absl::Milliseconds(50));
+      release.Notify();
+    });
+    { BlockCrcJob job = StartBlockCrcs(pool, std::span(&r, 1), 4096, held, 8 * 4096); }
+    CHECK(done.load() == 6);
+    releaser.join();
+  }
 }
 
 TEST_CASE("checksum pool: a pool shut down leaves the work to the caller", "[unit]") {

@@ -17,6 +17,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "ckptd/storage.h"
 #include "io/fault_io.h"
 #include "test_buffers.h"
 #include "test_dir.h"
@@ -305,6 +306,88 @@ TEST_CASE("reader pool: many submitters at once, every byte where it belongs", "
   }
   for (std::thread& t : submitters) t.join();
   CHECK(wrong.load() == 0);
+}
+
+}  // namespace
+}  // namespace ckptd
+
+namespace ckptd {
+namespace {
+
+TEST_CASE("reader pool: reads through a Storage plugin's BlobReader on a reader", "[unit]") {
+  TestDir dir("reader_pool");
+  ProbeIo io(ThreadedTestIo(8));
+  auto storage = NewPosixStorage(dir.path(), &io);
+  const uint64_t size = 40 * kPage;
+  AlignedBuf data = Aligned(size);
+  Fill(data.get(), size, 3);
+  {
+    auto w = storage->CreateBlob("j/b");
+    REQUIRE(w.ok());
+    IoSlice s{data.get(), size, 0};
+    REQUIRE((*w)->Write(std::span(&s, 1)).ok());
+    REQUIRE((*w)->Sync().ok());
+  }
+  auto reader = storage->OpenBlob("j/b");
+  REQUIRE(reader.ok());
+  ReaderPool::Options o = SmallPieces(2, 4);
+  ReaderPool pool(nullptr, o);  // Storage reads only
+  AlignedBuf buf = Aligned(size);
+  std::vector<IoSlice> slices = {{buf.get(), 8 * kPage, 32 * kPage},
+                                 {buf.get() + 8 * kPage, 16 * kPage, 0}};
+  auto t = pool.SubmitBlobRead(reader->get(), slices, "j/b", WhenFull::kWait);
+  REQUIRE(t.ok());
+  REQUIRE(t->Wait().ok());
+  CHECK(std::memcmp(buf.get(), data.get() + 32 * kPage, 8 * kPage) == 0);
+  CHECK(std::memcmp(buf.get() + 8 * kPage, data.get(), 16 * kPage) == 0);
+  for (const std::string& name : io.threads()) CHECK(name.rfind("reader-", 0) == 0);
+
+  // The plugin's errors are the ticket's (EIO through FaultIo under the posix plugin).
+  io.FailNextRead(EIO);
+  auto failed = pool.SubmitBlobRead(reader->get(), slices, "j/b", WhenFull::kWait);
+  REQUIRE(failed.ok());
+  absl::Status st = failed->Wait();
+  CHECK(st.code() == absl::StatusCode::kDataLoss);
+  CHECK(std::string(st.message()).find("(injected)") != std::string::npos);
+
+  // An empty read is done at once; a file range needs an Io this pool does not have.
+  auto none = pool.SubmitBlobRead(reader->get(), {}, "j/b", WhenFull::kRefuse);
+  REQUIRE(none.ok());
+  CHECK(none->done());
+  CHECK(pool.Submit(ReadRequest{FileHandle{}, 0, kPage, buf.get()}, WhenFull::kRefuse)
+            .status()
+            .code() == absl::StatusCode::kFailedPrecondition);
+
+  // Cancelled with the queue at shutdown. Each read below has buffers of its own: two run at once.
+  AlignedBuf buf2 = Aligned(size), buf3 = Aligned(size);
+  auto into = [&](char* b) {
+    return std::vector<IoSlice>{{b, 8 * kPage, 32 * kPage}, {b + 8 * kPage, 16 * kPage, 0}};
+  };
+  io.Hold();
+  int base = io.entered();
+  auto held = pool.SubmitBlobRead(reader->get(), slices, "j/b", WhenFull::kRefuse);
+  REQUIRE(held.ok());
+  while (io.entered() == base) std::this_thread::yield();  // one reader held
+  auto reader2 = storage->OpenBlob("j/b");  // a second reader: one thread per BlobReader
+  REQUIRE(reader2.ok());
+  auto queued =
+      pool.SubmitBlobRead(reader2->get(), into(buf2.get()), "j/b queued", WhenFull::kRefuse);
+  REQUIRE(queued.ok());
+  // The second reader thread takes it: hold it too, then cancel a third that stays queued.
+  while (io.entered() == base + 1) std::this_thread::yield();
+  auto reader3 = storage->OpenBlob("j/b");
+  REQUIRE(reader3.ok());
+  auto third =
+      pool.SubmitBlobRead(reader3->get(), into(buf3.get()), "j/b third", WhenFull::kRefuse);
+  REQUIRE(third.ok());
+  std::thread stopper([&] { pool.Shutdown(Mode::kCancel); });
+  st = third->Wait();
+  CHECK(st.code() == absl::StatusCode::kCancelled);
+  CHECK(std::string(st.message()).find("j/b third") != std::string::npos);
+  io.Release();
+  stopper.join();
+  CHECK(held->Wait().ok());
+  CHECK(queued->Wait().ok());
 }
 
 }  // namespace
