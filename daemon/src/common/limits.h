@@ -102,7 +102,9 @@ static_assert(kChecksumBlockBytesMin <= kChecksumBlockBytesMax);
 // either blocks the submitter (backpressure) or answers RESOURCE_EXHAUSTED, as each use chooses.
 // Pool thread names are at most this long (pthread_setname_np's limit, without the NUL).
 inline constexpr uint64_t kThreadNameBytesMax = 15;
-inline constexpr uint64_t kWorkerPoolThreadsMax = 256;
+// A pool's threads: the daemon's "wait" pool runs one per RPC blocked at once (waiters_max, at
+// most 4096).
+inline constexpr uint64_t kWorkerPoolThreadsMax = 4096;
 
 // The checksum pool: crc32c of shard blocks off the flush thread, in tasks of whole blocks of
 // about kChecksumTaskBytes (so a 4 GiB shard is many tasks and a 4 KiB one is one).
