@@ -34,8 +34,7 @@ absl::Status WorkerPool::RefusedLocked(size_t want) const {
   if (stopping_) return absl::UnavailableError(absl::StrCat("the ", name_, " pool is shut down"));
   return absl::ResourceExhaustedError(absl::StrCat("the ", name_, " pool has ", queue_.size(),
                                                    " tasks queued; ", want,
-                                                   " more would exceed its queue of ",
-                                                   queue_max_));
+                                                   " more would exceed its queue of ", queue_max_));
 }
 
 absl::Status WorkerPool::Post(Task task, WhenFull when_full) {
@@ -81,9 +80,8 @@ bool WorkerPool::OnPoolThread() const { return tls_pool == this; }
 
 bool WorkerPool::WaitIdle(absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
-  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return queue_.empty() && running_ == 0;
-  };
+  auto idle = [this]()
+                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return queue_.empty() && running_ == 0; };
   return mu_.AwaitWithTimeout(absl::Condition(&idle), timeout);
 }
 
@@ -114,9 +112,8 @@ void WorkerPool::Loop(size_t index) {
     Task task;
     {
       absl::MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return draining_ || !queue_.empty();
-      };
+      auto ready = [this]()
+                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return draining_ || !queue_.empty(); };
       mu_.Await(absl::Condition(&ready));
       if (queue_.empty()) return;  // draining and nothing left
       task = std::move(queue_.front());

@@ -74,8 +74,7 @@ class WorkerPool {
   // Runs `fn` (returning absl::Status or absl::StatusOr<T>) on the pool; the future holds its
   // result, or CANCELLED if Shutdown(kCancel) dropped it.
   template <typename F>
-  auto Submit(F fn, WhenFull when_full)
-      -> absl::StatusOr<std::future<std::invoke_result_t<F&>>> {
+  auto Submit(F fn, WhenFull when_full) -> absl::StatusOr<std::future<std::invoke_result_t<F&>>> {
     using R = std::invoke_result_t<F&>;
     static_assert(std::is_constructible_v<R, absl::Status>,
                   "Submit's function returns absl::Status or absl::StatusOr<T>");

@@ -27,9 +27,9 @@ absl::StatusOr<ShardPlacement> BlobLayout::Append(uint64_t length) {
   // Both terms are <= kBlobBytesMax (1 << 60), so the sum cannot overflow.
   if (length > limits::kBlobBytesMax ||
       RoundUp(length, kBlobAlignmentBytes) > limits::kBlobBytesMax - size_bytes_) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "blob of ", size_bytes_, " bytes plus a shard of ", length,
-        " bytes would exceed the limit of ", limits::kBlobBytesMax, " bytes"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("blob of ", size_bytes_, " bytes plus a shard of ", length,
+                     " bytes would exceed the limit of ", limits::kBlobBytesMax, " bytes"));
   }
   ShardPlacement p = PlaceShard(size_bytes_, length);
   ++shard_count_;
@@ -56,9 +56,9 @@ v1::BlobInfo MakeBlobInfo(uint32_t rank, uint64_t size_bytes) {
 absl::Status ValidateChecksumBlockBytes(uint64_t block_bytes) {
   if (block_bytes < limits::kChecksumBlockBytesMin ||
       block_bytes > limits::kChecksumBlockBytesMax || (block_bytes & (block_bytes - 1)) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "checksum block of ", block_bytes, " bytes: must be a power of two in [",
-        limits::kChecksumBlockBytesMin, ", ", limits::kChecksumBlockBytesMax, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("checksum block of ", block_bytes, " bytes: must be a power of two in [",
+                     limits::kChecksumBlockBytesMin, ", ", limits::kChecksumBlockBytesMax, "]"));
   }
   return absl::OkStatus();
 }
@@ -104,8 +104,8 @@ absl::Status VerifyShardBytes(std::span<const uint8_t> blob, uint64_t blob_offse
                               const v1::ShardEntry& shard, uint32_t block_bytes,
                               std::string_view context) {
   if (shard.offset() % kBlobAlignmentBytes != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(AbslView(context), ": shard offset ",
-                                                   shard.offset(), " is not aligned"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(AbslView(context), ": shard offset ", shard.offset(), " is not aligned"));
   }
   if (shard.length() == 0) return VerifyBlocks(nullptr, 0, 0, 0, {}, block_bytes, context);
   if (shard.offset() < blob_offset || shard.length() > blob.size() ||
@@ -114,11 +114,10 @@ absl::Status VerifyShardBytes(std::span<const uint8_t> blob, uint64_t blob_offse
         AbslView(context), ": shard bytes [", shard.offset(), ", +", shard.length(),
         ") are not inside the blob bytes read [", blob_offset, ", +", blob.size(), ")"));
   }
-  return VerifyBlocks(blob.data() + (shard.offset() - blob_offset), 0, shard.length(),
-                      shard.length(),
-                      std::span<const uint32_t>(shard.block_crc32c().data(),
-                                                shard.block_crc32c().size()),
-                      block_bytes, context);
+  return VerifyBlocks(
+      blob.data() + (shard.offset() - blob_offset), 0, shard.length(), shard.length(),
+      std::span<const uint32_t>(shard.block_crc32c().data(), shard.block_crc32c().size()),
+      block_bytes, context);
 }
 
 absl::Status VerifyBlobPadding(std::span<const uint8_t> blob, uint64_t size_bytes,
@@ -136,8 +135,8 @@ absl::Status VerifyBlobPadding(std::span<const uint8_t> blob, uint64_t size_byte
   auto zero_until = [&](uint64_t end) -> absl::Status {
     for (; pos < end; ++pos) {
       if (blob[pos] != 0) {
-        return absl::DataLossError(absl::StrCat(AbslView(context), ": padding byte at offset ",
-                                                pos, " is not zero"));
+        return absl::DataLossError(
+            absl::StrCat(AbslView(context), ": padding byte at offset ", pos, " is not zero"));
       }
     }
     return absl::OkStatus();

@@ -36,8 +36,8 @@ absl::Status BlockCrcJob::Wait() {
   return first;
 }
 
-BlockCrcJob StartBlockCrcs(WorkerPool& pool, std::span<const CrcRange> ranges,
-                           uint32_t block_bytes, BlockSumFn sum, uint64_t task_bytes) {
+BlockCrcJob StartBlockCrcs(WorkerPool& pool, std::span<const CrcRange> ranges, uint32_t block_bytes,
+                           BlockSumFn sum, uint64_t task_bytes) {
   CKPTD_CHECK(block_bytes > 0 && !pool.OnPoolThread());
   auto state = std::make_shared<BlockCrcJob::State>();
   state->sum = std::move(sum);
@@ -54,9 +54,9 @@ BlockCrcJob StartBlockCrcs(WorkerPool& pool, std::span<const CrcRange> ranges,
       const uint8_t* data = r.data + off;
       const uint64_t n = std::min(step, r.length - off);
       uint32_t* out = r.out + off / block_bytes;
-      auto submitted = pool.Submit([run, data, n, block_bytes, out] {
-        return (*run)(data, n, block_bytes, out);
-      }, WorkerPool::WhenFull::kWait);
+      auto submitted = pool.Submit(
+          [run, data, n, block_bytes, out] { return (*run)(data, n, block_bytes, out); },
+          WorkerPool::WhenFull::kWait);
       if (submitted.ok()) {
         state->futures.push_back(*std::move(submitted));
         continue;
@@ -80,8 +80,8 @@ absl::StatusOr<std::vector<uint32_t>> ParallelBlockCrcs(WorkerPool& pool, const 
   CKPTD_CHECK(block_bytes > 0);
   std::vector<uint32_t> out(BlockCount(n, block_bytes));
   CrcRange r{static_cast<const uint8_t*>(data), n, out.data()};
-  CKPTD_RETURN_IF_ERROR(ParallelBlockCrcs(pool, std::span(&r, 1), block_bytes, nullptr,
-                                          task_bytes));
+  CKPTD_RETURN_IF_ERROR(
+      ParallelBlockCrcs(pool, std::span(&r, 1), block_bytes, nullptr, task_bytes));
   return out;
 }
 

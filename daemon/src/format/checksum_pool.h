@@ -60,8 +60,8 @@ class BlockCrcJob {
 // Wait. The ranges' buffers and results must stay valid until the job is done; `ranges` itself
 // need not. block_bytes > 0 (a bug otherwise). task_bytes is rounded down to whole blocks (at
 // least one).
-BlockCrcJob StartBlockCrcs(WorkerPool& pool, std::span<const CrcRange> ranges,
-                           uint32_t block_bytes, BlockSumFn sum = nullptr,
+BlockCrcJob StartBlockCrcs(WorkerPool& pool, std::span<const CrcRange> ranges, uint32_t block_bytes,
+                           BlockSumFn sum = nullptr,
                            uint64_t task_bytes = limits::kChecksumTaskBytes);
 
 // StartBlockCrcs(...).Wait().

@@ -64,18 +64,16 @@ WorkerPool::Task CancellableTask(std::shared_ptr<ReadTicket::State> state,
 }  // namespace
 
 absl::StatusOr<ReadTicket> ReaderPool::SubmitBlobRead(BlobReader* reader,
-                                                      std::vector<IoSlice> slices,
-                                                      std::string what,
+                                                      std::vector<IoSlice> slices, std::string what,
                                                       WorkerPool::WhenFull when_full) {
   CKPTD_CHECK(reader != nullptr);
   if (slices.empty()) return ReadTicket();
   auto state = std::make_shared<ReadTicket::State>(std::move(what), 1);
-  CKPTD_RETURN_IF_ERROR(workers_.Post(
-      CancellableTask(state,
-                      [state, reader, slices = std::move(slices)] {
-                        state->Finish(1, reader->Read(slices));
-                      }),
-      when_full));
+  CKPTD_RETURN_IF_ERROR(workers_.Post(CancellableTask(state,
+                                                      [state, reader, slices = std::move(slices)] {
+                                                        state->Finish(1, reader->Read(slices));
+                                                      }),
+                                      when_full));
   return ReadTicket(state);
 }
 
@@ -95,8 +93,7 @@ absl::StatusOr<ReadTicket> ReaderPool::Submit(const ReadRequest& req,
   }
   const uint64_t piece = options_.piece_bytes;
   const uint64_t pieces = (req.length + piece - 1) / piece;
-  auto state = std::make_shared<ReadTicket::State>(absl::StrCat("read of ", req.file.path),
-                                                   pieces);
+  auto state = std::make_shared<ReadTicket::State>(absl::StrCat("read of ", req.file.path), pieces);
   auto file = std::make_shared<const FileHandle>(req.file);
   std::vector<WorkerPool::Task> tasks;
   tasks.reserve(pieces);

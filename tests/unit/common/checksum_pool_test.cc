@@ -50,8 +50,7 @@ TEST_CASE("checksum pool: many ranges at once, each into its own results", "[uni
   }
 }
 
-TEST_CASE("checksum pool: the first error is returned after every task has finished",
-          "[unit]") {
+TEST_CASE("checksum pool: the first error is returned after every task has finished", "[unit]") {
   WorkerPool pool("crc", 2, 8);
   std::vector<uint8_t> data = Bytes(64 * 4096, 1);
   std::vector<uint32_t> out(64);
@@ -71,8 +70,7 @@ TEST_CASE("checksum pool: the first error is returned after every task has finis
   CHECK(finished.load() == 16);  // none still running when it returned
 }
 
-TEST_CASE("checksum pool: a started job runs while the caller works, and is waited for",
-          "[unit]") {
+TEST_CASE("checksum pool: a started job runs while the caller works, and is waited for", "[unit]") {
   WorkerPool pool("crc", 2, 8);
   std::vector<uint8_t> data = Bytes(40 * 4096 + 3, 5);
   std::vector<uint32_t> out(41);

@@ -27,7 +27,12 @@ class Gate {
  public:
   Gate(WorkerPool& pool, size_t threads) {
     for (size_t i = 0; i < threads; ++i) {
-      REQUIRE(pool.Post([this] { entered_++; open_.WaitForNotification(); }, WhenFull::kRefuse)
+      REQUIRE(pool.Post(
+                      [this] {
+                        entered_++;
+                        open_.WaitForNotification();
+                      },
+                      WhenFull::kRefuse)
                   .ok());
     }
     while (entered_.load() < static_cast<int>(threads)) std::this_thread::yield();
@@ -42,8 +47,8 @@ class Gate {
 TEST_CASE("worker pool: runs tasks on named threads and returns their results", "[unit]") {
   WorkerPool pool("crc", 3, 8);
   CHECK(pool.threads() == 3);
-  auto name = pool.Submit([] { return absl::StatusOr<std::string>(CurrentThreadName()); },
-                          WhenFull::kWait);
+  auto name =
+      pool.Submit([] { return absl::StatusOr<std::string>(CurrentThreadName()); }, WhenFull::kWait);
   REQUIRE(name.ok());
   absl::StatusOr<std::string> got = name->get();
   REQUIRE(got.ok());
@@ -58,22 +63,22 @@ TEST_CASE("worker pool: runs tasks on named threads and returns their results", 
 
 TEST_CASE("worker pool: long names are cut to fit the thread name limit", "[unit]") {
   WorkerPool pool("a-very-long-pool-name", 1, 1);
-  auto name = pool.Submit([] { return absl::StatusOr<std::string>(CurrentThreadName()); },
-                          WhenFull::kWait);
+  auto name =
+      pool.Submit([] { return absl::StatusOr<std::string>(CurrentThreadName()); }, WhenFull::kWait);
   REQUIRE(name.ok());
   CHECK(*name->get() == "a-very-long-p-0");
 }
 
 TEST_CASE("worker pool: errors of tasks reach their futures", "[unit]") {
   WorkerPool pool("err", 2, 4);
-  auto st = pool.Submit([] { return absl::DataLossError("block 3 crc32c mismatch"); },
-                        WhenFull::kWait);
+  auto st =
+      pool.Submit([] { return absl::DataLossError("block 3 crc32c mismatch"); }, WhenFull::kWait);
   REQUIRE(st.ok());
   absl::Status got = st->get();
   CHECK(got.code() == absl::StatusCode::kDataLoss);
   CHECK(got.message() == "block 3 crc32c mismatch");
-  auto so = pool.Submit([] { return absl::StatusOr<int>(absl::NotFoundError("x")); },
-                        WhenFull::kWait);
+  auto so =
+      pool.Submit([] { return absl::StatusOr<int>(absl::NotFoundError("x")); }, WhenFull::kWait);
   REQUIRE(so.ok());
   CHECK(so->get().status().code() == absl::StatusCode::kNotFound);
 }
@@ -120,8 +125,7 @@ TEST_CASE("worker pool: a batch is queued whole or not at all", "[unit]") {
   CHECK(ran.load() == 3);
 }
 
-TEST_CASE("worker pool: kWait blocks at the bound until there is room (backpressure)",
-          "[unit]") {
+TEST_CASE("worker pool: kWait blocks at the bound until there is room (backpressure)", "[unit]") {
   WorkerPool pool("wait", 1, 2);
   Gate gate(pool, 1);
   std::atomic<int> ran{0};

@@ -1,7 +1,7 @@
 #include "format/blob_layout.h"
 
-#include <catch2/catch.hpp>
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -73,7 +73,7 @@ TEST_CASE("blob layout: the limits of limits.h", "[unit]") {
     auto over = l.Append(1);
     CHECK(over.status().code() == absl::StatusCode::kResourceExhausted);
     CHECK(l.size_bytes() == limits::kBlobBytesMax);  // unchanged
-    CHECK(l.Append(0).ok());                          // an empty shard still fits
+    CHECK(l.Append(0).ok());                         // an empty shard still fits
   }
   SECTION("lengths that would overflow uint64 are refused, not wrapped") {
     BlobLayout l;
@@ -81,8 +81,7 @@ TEST_CASE("blob layout: the limits of limits.h", "[unit]") {
     CHECK(l.Append(limits::kBlobBytesMax + 1).status().code() ==
           absl::StatusCode::kResourceExhausted);
     REQUIRE(l.Append(kPage).ok());
-    CHECK(l.Append(limits::kBlobBytesMax).status().code() ==
-          absl::StatusCode::kResourceExhausted);
+    CHECK(l.Append(limits::kBlobBytesMax).status().code() == absl::StatusCode::kResourceExhausted);
     CHECK(l.size_bytes() == kPage);
   }
 }
@@ -179,8 +178,7 @@ TEST_CASE("blob layout: a blob built by the layout verifies; corruption is found
 
   std::vector<uint8_t> bad = blob;
   bad[5000] ^= 1;  // padding after shard 0
-  CHECK(VerifyBlobPadding(bad, l.size_bytes(), placed, "b").code() ==
-        absl::StatusCode::kDataLoss);
+  CHECK(VerifyBlobPadding(bad, l.size_bytes(), placed, "b").code() == absl::StatusCode::kDataLoss);
   bad = blob;
   bad[8192 + 4096 + 4096 + 5000] ^= 0x80;  // shard 4's second block
   absl::Status st = VerifyShardBytes(bad, 0, entries[4], 4096, "b");
@@ -188,8 +186,7 @@ TEST_CASE("blob layout: a blob built by the layout verifies; corruption is found
   CHECK(std::string(st.message()).find("block 1") != std::string::npos);
   bad = blob;
   bad.push_back(0);
-  CHECK(VerifyBlobPadding(bad, l.size_bytes(), placed, "b").code() ==
-        absl::StatusCode::kDataLoss);
+  CHECK(VerifyBlobPadding(bad, l.size_bytes(), placed, "b").code() == absl::StatusCode::kDataLoss);
 }
 
 std::vector<uint8_t> ReadFile(const std::string& path) {
@@ -203,12 +200,10 @@ std::vector<uint8_t> ReadFile(const std::string& path) {
 // daemon wrote, and every blob file is byte for byte what the layout says (shards, zero padding,
 // size), with every block crc matching.
 TEST_CASE("blob layout: matches the blobs of the golden checkpoint", "[unit]") {
-  const std::string dir =
-      std::string(CKPTD_TEST_DATA) + "/golden/golden/" + StepDirName(7);
+  const std::string dir = std::string(CKPTD_TEST_DATA) + "/golden/golden/" + StepDirName(7);
   std::vector<uint8_t> bytes = ReadFile(dir + "/" + kManifestFileName);
-  auto m = DecodeManifest(std::string_view(reinterpret_cast<const char*>(bytes.data()),
-                                           bytes.size()),
-                          "golden");
+  auto m = DecodeManifest(
+      std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), "golden");
   REQUIRE(m.ok());
   const uint32_t block = m->header.checksum_block_bytes();
   REQUIRE(ValidateChecksumBlockBytes(block).ok());

@@ -129,8 +129,8 @@ TEST_CASE("reader pool: reads split across named long-lived readers, bit-exact",
       REQUIRE(t->Wait().ok());
       CHECK(t->done());
       CHECK(std::memcmp(buf.get(), f.content.data(), size) == 0);
-      auto mid = pool.Submit(ReadRequest{f.handle, 40 * kPage, 100 * kPage, buf.get()},
-                             WhenFull::kRefuse);
+      auto mid =
+          pool.Submit(ReadRequest{f.handle, 40 * kPage, 100 * kPage, buf.get()}, WhenFull::kRefuse);
       REQUIRE(mid.ok());
       REQUIRE(mid->Wait().ok());
       CHECK(std::memcmp(buf.get(), f.content.data() + 40 * kPage, 100 * kPage) == 0);
@@ -213,11 +213,11 @@ TEST_CASE("reader pool: a full queue refuses or waits (backpressure)", "[unit]")
   REQUIRE(first.ok());
   while (io.entered() < 1) std::this_thread::yield();  // the one reader is held
   // 3 pieces fit the queue of 4; a 2-piece request then does not.
-  auto three = pool.Submit(ReadRequest{f.handle, 0, 48 * kPage, buf.get() + size},
-                           WhenFull::kRefuse);
+  auto three =
+      pool.Submit(ReadRequest{f.handle, 0, 48 * kPage, buf.get() + size}, WhenFull::kRefuse);
   REQUIRE(three.ok());
-  auto refused = pool.Submit(ReadRequest{f.handle, 0, 32 * kPage, buf.get() + 2 * size},
-                             WhenFull::kRefuse);
+  auto refused =
+      pool.Submit(ReadRequest{f.handle, 0, 32 * kPage, buf.get() + 2 * size}, WhenFull::kRefuse);
   CHECK(refused.status().code() == absl::StatusCode::kResourceExhausted);
   CHECK(pool.workers().queued() == 3);
   // A request of more pieces than the whole queue still goes in with kWait, as room frees.
@@ -251,8 +251,8 @@ TEST_CASE("reader pool: shutdown with queued requests cancels or drains them", "
     io.Hold();
     std::vector<ReadTicket> tickets;
     for (int i = 0; i < 5; ++i) {
-      auto t = pool->Submit(ReadRequest{f.handle, 0, size, buf.get() + i * size},
-                            WhenFull::kRefuse);
+      auto t =
+          pool->Submit(ReadRequest{f.handle, 0, size, buf.get() + i * size}, WhenFull::kRefuse);
       REQUIRE(t.ok());
       tickets.push_back(*t);
       if (i == 0) {
@@ -272,9 +272,9 @@ TEST_CASE("reader pool: shutdown with queued requests cancels or drains them", "
       CHECK(tickets[i].Wait().code() ==
             (drain ? absl::StatusCode::kOk : absl::StatusCode::kCancelled));
     }
-    CHECK(pool->Submit(ReadRequest{f.handle, 0, size, buf.get()}, WhenFull::kWait)
-              .status()
-              .code() == absl::StatusCode::kUnavailable);
+    CHECK(
+        pool->Submit(ReadRequest{f.handle, 0, size, buf.get()}, WhenFull::kWait).status().code() ==
+        absl::StatusCode::kUnavailable);
     pool.reset();
   }
 }
