@@ -41,12 +41,14 @@ build-asan: setup
 	@$(CMAKE) -S . -B $(BUILD_ASAN) $(CMAKE_FLAGS) -DCKPTD_SANITIZE=ON >/dev/null
 	@$(CMAKE) --build $(BUILD_ASAN) -j $(JOBS)
 
-# The ThreadSanitizer tier: the service and dataplane unit tests (the daemon's concurrent core,
-# in-process, with its real flush pool, arena and locks) built with TSan against an abseil built
-# from Debian's source with TSan (tests/tsan/build_absl.sh; once per build dir). Any report
-# fails the tier.
+# The ThreadSanitizer tier: the service, dataplane and common unit tests and the io module's reader
+# pool tests (the daemon's concurrent core, in-process, with its real flush pool, worker pools,
+# reader pool, arena and locks; the other io tests drive io_uring, whose rings liburing maps with
+# raw syscalls TSan cannot see, so they would report its memory as races) built with TSan against
+# an abseil built from Debian's source with TSan (tests/tsan/build_absl.sh; once per build dir).
+# Any report fails the tier.
 BUILD_TSAN ?= $(ROOT)/build-tsan
-TSAN_TARGETS ?= ckptd_unit_service ckptd_unit_dataplane
+TSAN_TARGETS ?= ckptd_unit_service ckptd_unit_dataplane ckptd_unit_common ckptd_unit_io
 build-tsan: setup
 	@bash tests/tsan/build_absl.sh $(BUILD_TSAN)/absl
 	@$(CMAKE) -S . -B $(BUILD_TSAN) $(CMAKE_FLAGS) -DCKPTD_TSAN=ON \
@@ -58,7 +60,7 @@ test-tsan: build-tsan
 	@rm -rf $(BUILD_TSAN)/sanitizer && mkdir -p $(BUILD_TSAN)/sanitizer
 	@cd $(BUILD_TSAN) && \
 	  TSAN_OPTIONS=second_deadlock_stack=1:log_path=$(TSAN_LOG):suppressions=$(ROOT)/tests/tsan/tsan.supp \
-	  ctest --output-on-failure -j 2 --timeout 1200 -R 'unit\.(service|dataplane):'
+	  ctest --output-on-failure -j 2 --timeout 1200 -R 'unit\.(service|dataplane|common):|unit\.io: ?reader pool'
 	@if compgen -G "$(TSAN_LOG).*" >/dev/null; then \
 	  echo "ThreadSanitizer reports:"; cat $(TSAN_LOG).*; exit 1; fi
 
