@@ -20,6 +20,7 @@
 
 #include "ckptd/client.h"
 #include "convert.h"
+#include "nogil.h"
 #include "strided_copy.h"
 
 namespace py = pybind11;
@@ -43,7 +44,7 @@ class PyClient {
     o.client_name = client_name;
     absl::StatusOr<std::unique_ptr<Client>> c;
     {
-      py::gil_scoped_release release;
+      ReleasedGil released;
       c = Client::Connect(o);
     }
     client_ = std::shared_ptr<Client>(Check(std::move(c)).release());
@@ -55,7 +56,7 @@ class PyClient {
   std::vector<PyArenaBuffer> Allocate(const std::vector<uint64_t>& sizes) {
     absl::StatusOr<std::vector<ArenaBuffer>> got;
     {
-      py::gil_scoped_release release;
+      ReleasedGil released;
       got = client_->AllocateMany(sizes);
     }
     std::vector<PyArenaBuffer> out;
@@ -74,7 +75,7 @@ class PyClient {
       views.push_back(m.view);
     }
     std::vector<PyArenaBuffer> out = Allocate(sizes);
-    py::gil_scoped_release release;
+    ReleasedGil released;
     for (size_t i = 0; i < views.size(); ++i) CountedGather(views[i], out[i].buffer.data);
     return out;
   }
@@ -82,7 +83,7 @@ class PyClient {
   void ReleaseBuffers(const std::vector<PyArenaBuffer*>& buffers) {
     std::vector<ArenaBuffer> bufs;
     for (const PyArenaBuffer* b : buffers) bufs.push_back(b->buffer);
-    py::gil_scoped_release release;
+    ReleasedGil released;
     client_->ReleaseMany(bufs);
   }
 
@@ -117,7 +118,7 @@ class PyClient {
     }
     absl::StatusOr<SaveResult> result;
     {
-      py::gil_scoped_release release;
+      ReleasedGil released;
       result = SaveLocked(job, step, rank, world_size, ts, obj_items, obj_per_rank, obj_bytes);
     }
     SaveResult r = Check(std::move(result));
@@ -145,7 +146,7 @@ class PyClient {
     total.item_bytes.assign(ts.size(), 0);
     absl::Status status;
     {
-      py::gil_scoped_release release;
+      ReleasedGil released;
       // Contiguous caller memory: Load() (the library's one copy). Strided caller memory: into
       // arena buffers, then scattered (our one copy). Daemon memory: in place.
       std::vector<LoadTarget> direct;
@@ -220,7 +221,7 @@ class PyClient {
     absl::StatusOr<std::string> r;
     std::optional<uint64_t> s = StepArg(step);
     {
-      py::gil_scoped_release release;
+      ReleasedGil released;
       r = client_->LoadObject(job, s, rank, item);
     }
     return py::bytes(Check(std::move(r)));
@@ -229,7 +230,7 @@ class PyClient {
   py::list Inspect(const std::string& job, uint64_t step) {
     absl::StatusOr<std::vector<ItemInfo>> r;
     {
-      py::gil_scoped_release release;
+      ReleasedGil released;
       r = client_->Inspect(job, step);
     }
     py::list out;
@@ -251,7 +252,7 @@ class PyClient {
   py::list ListJobs() {
     absl::StatusOr<std::vector<JobInfo>> r;
     {
-      py::gil_scoped_release release;
+      ReleasedGil released;
       r = client_->ListJobs();
     }
     py::list out;
@@ -268,7 +269,7 @@ class PyClient {
   py::list ListCheckpoints(const std::string& job) {
     absl::StatusOr<std::vector<CheckpointInfo>> r;
     {
-      py::gil_scoped_release release;
+      ReleasedGil released;
       r = client_->ListCheckpoints(job);
     }
     py::list out;
@@ -280,7 +281,7 @@ class PyClient {
   py::dict InfoCall(Fn&& fn) {
     absl::StatusOr<CheckpointInfo> r;
     {
-      py::gil_scoped_release release;
+      ReleasedGil released;
       r = fn();
     }
     return InfoDict(Check(std::move(r)));
@@ -289,7 +290,7 @@ class PyClient {
   py::object Latest(const std::string& job) {
     absl::StatusOr<uint64_t> r;
     {
-      py::gil_scoped_release release;
+      ReleasedGil released;
       r = client_->Latest(job);
     }
     if (!r.ok() && r.status().code() == absl::StatusCode::kNotFound) return py::none();
@@ -299,14 +300,14 @@ class PyClient {
   void Delete(const std::string& job, uint64_t step) {
     absl::Status s;
     {
-      py::gil_scoped_release release;
+      ReleasedGil released;
       s = client_->Delete(job, step);
     }
     Check(s);
   }
 
   uint64_t ArenaBytes() {
-    py::gil_scoped_release release;
+    ReleasedGil released;
     return client_->arena_bytes();
   }
 
@@ -446,11 +447,15 @@ PYBIND11_MODULE(_ckptd, m) {
       .def("arena_bytes", &PyClient::ArenaBytes)
       .def("arena_pinned_for_cuda",
            [](PyClient& c) {
-             py::gil_scoped_release release;
+             ReleasedGil released;
              return c.client()->arena_pinned_for_cuda();
            })
       .def("target", [](PyClient& c) { return c.client()->target(); })
       .def("reconnect_count", [](PyClient& c) { return c.client()->reconnect_count(); });
+
+  // Before finalization: from then on a thread finishing a call of ours parks instead of taking
+  // the GIL back (nogil.h).
+  py::module_::import("atexit").attr("register")(py::cpp_function(&OnPythonExit));
 
   m.def("copy_stats", &CopyStatsDict);
   m.def("reset_copy_stats", &ResetCopyStats);
