@@ -194,6 +194,10 @@ class ClientCore {
   std::atomic<uint64_t> attach_epoch_{0};
 };
 
+// The reason the daemon gave for a failed call (proto: ErrorDetail in the status details), the
+// one thing besides the code the client decides on; ERROR_REASON_UNSPECIFIED when none.
+v1::ErrorReason ReasonOf(const grpc::Status& status);
+
 // Process-wide copy counters (Client::copy_stats).
 void CountedCopy(void* dst, const void* src, uint64_t bytes, bool is_load);
 
