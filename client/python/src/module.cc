@@ -21,16 +21,14 @@
 #include "ckptd/client.h"
 #include "convert.h"
 #include "nogil.h"
-#include "strided_copy.h"
+#include "ckptd/strided_copy.h"
 
 namespace py = pybind11;
 
 namespace ckptd::py_binding {
 namespace {
 
-using ckptd::pycopy::StridedView;
-
-std::atomic<uint64_t> g_save_bytes{0}, g_save_calls{0}, g_load_bytes{0}, g_load_calls{0};
+using ckptd::StridedView;
 
 class PyClient {
  public:
@@ -76,7 +74,7 @@ class PyClient {
     }
     std::vector<PyArenaBuffer> out = Allocate(sizes);
     ReleasedGil released;
-    for (size_t i = 0; i < views.size(); ++i) CountedGather(views[i], out[i].buffer.data);
+    for (size_t i = 0; i < views.size(); ++i) Gather(views[i], out[i].buffer.data);
     return out;
   }
 
@@ -203,10 +201,7 @@ class PyClient {
       }
       if (status.ok()) {
         for (size_t k = 0; k < scratch.size(); ++k) {
-          const Target& t = ts[strided_idx[k]];
-          g_load_bytes += t.bytes;
-          ++g_load_calls;
-          ckptd::pycopy::Scatter(scratch[k].data, t.mem.view);
+          ckptd::Scatter(scratch[k].data, ts[strided_idx[k]].mem.view);
         }
       }
       client_->ReleaseMany(scratch);
@@ -312,12 +307,6 @@ class PyClient {
   }
 
  private:
-  static void CountedGather(const StridedView& view, void* dst) {
-    g_save_bytes += view.Bytes();
-    ++g_save_calls;
-    ckptd::pycopy::Gather(view, dst);
-  }
-
   absl::StatusOr<SaveResult> SaveLocked(const std::string& job, uint64_t step, uint32_t rank,
                                         uint32_t world_size, std::vector<TensorIn>& ts,
                                         const std::vector<std::string>& obj_items,
@@ -340,7 +329,7 @@ class PyClient {
         ref = BufferRef{};
         if (t.bytes > 0) {
           const ArenaBuffer& b = (*bufs)[next++];
-          CountedGather(t.mem.view, b.data);
+          Gather(t.mem.view, b.data);
           ref = BufferRef::InArena(b);
         }
       }
@@ -351,9 +340,9 @@ class PyClient {
       BufferRef ref{};
       if (!obj_bytes[i].empty()) {
         const ArenaBuffer& b = (*bufs)[next++];
-        g_save_bytes += obj_bytes[i].size();
-        ++g_save_calls;
-        std::memcpy(b.data, obj_bytes[i].data(), obj_bytes[i].size());
+        const auto n = static_cast<int64_t>(obj_bytes[i].size());
+        Gather(StridedView{reinterpret_cast<uintptr_t>(obj_bytes[i].data()), {n}, {1}, 1},
+               b.data);
         ref = BufferRef::InArena(b);
       }
       objs.push_back(InPlaceObjectShard{obj_items[i], obj_per_rank[i], ref, obj_bytes[i].size()});
@@ -366,17 +355,11 @@ class PyClient {
   std::shared_ptr<Client> client_;
 };
 
+// The library's counters, which count the binding's strided copies too (ckptd/strided_copy.h).
 py::dict CopyStatsDict() {
   CopyStats c = Client::copy_stats();
-  return py::dict(py::arg("save_bytes") = c.save_bytes + g_save_bytes.load(),
-                  py::arg("save_calls") = c.save_calls + g_save_calls.load(),
-                  py::arg("load_bytes") = c.load_bytes + g_load_bytes.load(),
-                  py::arg("load_calls") = c.load_calls + g_load_calls.load());
-}
-
-void ResetCopyStats() {
-  Client::reset_copy_stats();
-  g_save_bytes = g_save_calls = g_load_bytes = g_load_calls = 0;
+  return py::dict(py::arg("save_bytes") = c.save_bytes, py::arg("save_calls") = c.save_calls,
+                  py::arg("load_bytes") = c.load_bytes, py::arg("load_calls") = c.load_calls);
 }
 
 }  // namespace
@@ -458,5 +441,5 @@ PYBIND11_MODULE(_ckptd, m) {
   py::module_::import("atexit").attr("register")(py::cpp_function(&OnPythonExit));
 
   m.def("copy_stats", &CopyStatsDict);
-  m.def("reset_copy_stats", &ResetCopyStats);
+  m.def("reset_copy_stats", &ckptd::Client::reset_copy_stats);
 }
