@@ -492,16 +492,11 @@ class Client:
         return data if raw else pickle.loads(data)
 
     def _resolve_step(self, job: str, step: int | str) -> int:
-        if step == "latest":
-            latest = self._native.latest(job)
-            if latest is None:
-                from ._errors import NotFoundError
-
-                raise NotFoundError(f"job {job} has no committed checkpoint")
-            return int(latest)
-        if isinstance(step, str):
+        """The step "latest" or an int names, resolved by libckptd-client (Client::ResolveStep);
+        NotFoundError when the job has no committed checkpoint."""
+        if isinstance(step, str) and step != "latest":
             raise ValueError(f"step must be an int or 'latest', not {step!r}")
-        return int(step)
+        return int(self._native.resolve_step(job, None if step == "latest" else int(step)))
 
     # --- catalog --------------------------------------------------------------------------------
     def list(self, job: str | None = None) -> Rows:

@@ -292,6 +292,17 @@ class PyClient {
     return py::int_(Check(std::move(r)));
   }
 
+  // None: "latest" (NotFoundError when the job has no committed checkpoint).
+  uint64_t ResolveStep(const std::string& job, const py::object& step) {
+    std::optional<uint64_t> s = StepArg(step);
+    absl::StatusOr<uint64_t> r;
+    {
+      ReleasedGil released;
+      r = client_->ResolveStep(job, s);
+    }
+    return Check(std::move(r));
+  }
+
   void Delete(const std::string& job, uint64_t step) {
     absl::Status s;
     {
@@ -426,6 +437,7 @@ PYBIND11_MODULE(_ckptd, m) {
              return c.InfoCall([&] { return c.client()->Abort(job, step, reason); });
            })
       .def("latest", &PyClient::Latest)
+      .def("resolve_step", &PyClient::ResolveStep)
       .def("delete", &PyClient::Delete)
       .def("arena_bytes", &PyClient::ArenaBytes)
       .def("arena_pinned_for_cuda",

@@ -399,6 +399,11 @@ class Client {
   absl::StatusOr<std::vector<ItemInfo>> Inspect(const std::string& job, uint64_t step);
   // The newest COMMITTED step; NOT_FOUND when there is none.
   absl::StatusOr<uint64_t> Latest(const std::string& job);
+  // The step a read of `step` means: `step` itself, or (nullopt: "latest") the newest COMMITTED
+  // step of the job; NOT_FOUND when it has none. The client side's one resolution of "latest":
+  // LoadObject(s), LoadAll, ckptctl export and the Python client use it (Load and LoadInPlace
+  // send nullopt to the daemon, which resolves it within the same call).
+  absl::StatusOr<uint64_t> ResolveStep(const std::string& job, std::optional<uint64_t> step);
   absl::Status Delete(const std::string& job, uint64_t step);
 
   // --- introspection --------------------------------------------------------------------------
