@@ -17,7 +17,7 @@ import numpy as np
 from . import _arrays, _ckptd
 
 DEFAULT_SOCKET = "/var/lib/ckptd/ckptd.sock"
-_ALIGN = 4096
+_ALIGN = 4096  # slab arrays start on a page; load batches round to the daemon's extent alignment
 # Loads run in batches of at most this many bytes (or 1/4 of the arena, if less), two at once: the
 # daemon reads one batch while this process copies the other out of the arena. Together they
 # take at most half of the arena, so other clients can still reserve.
@@ -453,12 +453,14 @@ class Client:
         target is a batch of its own), and two batches are in flight at once, so the daemon's
         reads overlap the copies out of the arena."""
         arena = self._native.arena_bytes()
-        budget = max(_ALIGN, min(_LOAD_BATCH_BYTES, arena // (2 * _LOAD_BATCHES_IN_FLIGHT)))
+        # Extents are whole multiples of the daemon's alignment (Hello's limits).
+        align = self._native.extent_alignment_bytes() or _ALIGN
+        budget = max(align, min(_LOAD_BATCH_BYTES, arena // (2 * _LOAD_BATCHES_IN_FLIGHT)))
         batches: list[list[tuple[Any, ...]]] = [[]]
         batch_bytes = 0
         for item, region, dest in targets:
             n = _arrays.nbytes(dest)
-            rounded = -(-n // _ALIGN) * _ALIGN
+            rounded = -(-n // align) * align
             if batches[-1] and batch_bytes + rounded > budget:
                 batches.append([])
                 batch_bytes = 0

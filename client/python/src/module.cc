@@ -440,6 +440,11 @@ PYBIND11_MODULE(_ckptd, m) {
       .def("resolve_step", &PyClient::ResolveStep)
       .def("delete", &PyClient::Delete)
       .def("arena_bytes", &PyClient::ArenaBytes)
+      .def("extent_alignment_bytes",
+           [](PyClient& c) {
+             ReleasedGil released;
+             return c.client()->extent_alignment_bytes();
+           })
       .def("arena_pinned_for_cuda",
            [](PyClient& c) {
              ReleasedGil released;

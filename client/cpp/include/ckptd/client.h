@@ -419,6 +419,9 @@ class Client {
   uint64_t arena_bytes() const;
   // Whether this process's mapping of the arena is pinned for CUDA (pin_arena_for_cuda).
   bool arena_pinned_for_cuda() const;
+  // The granularity of arena extents, as the daemon announced it in Hello (Limits); 0 before the
+  // first session. Callers that size batches of extents (the Python client) round to it.
+  uint64_t extent_alignment_bytes() const;
 
  private:
   explicit Client(std::unique_ptr<internal::ClientCore> core);
