@@ -1,8 +1,8 @@
 #include "ckptd/strided_copy.h"
 
-#include "client_core.h"
-
 #include <cstring>
+
+#include "client_core.h"
 
 namespace ckptd {
 namespace {
