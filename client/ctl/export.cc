@@ -237,13 +237,9 @@ struct Source {
 // Resolves the step, checks it is COMMITTED and lists its tensors (objects are skipped).
 absl::StatusOr<Source> ReadSource(ckptd::Client& client, const ExportOptions& o) {
   Source src;
-  if (o.step.has_value()) {
-    src.step = *o.step;
-  } else {
-    absl::StatusOr<uint64_t> latest = client.Latest(o.job);
-    if (!latest.ok()) return WithContext(latest.status(), absl::StrCat("latest step of ", o.job));
-    src.step = *latest;
-  }
+  absl::StatusOr<uint64_t> step = client.ResolveStep(o.job, o.step);
+  if (!step.ok()) return WithContext(step.status(), absl::StrCat("latest step of ", o.job));
+  src.step = *step;
   const std::string name = absl::StrCat(o.job, "/", src.step);
   absl::StatusOr<ckptd::CheckpointInfo> info = client.GetStatus(o.job, src.step);
   if (!info.ok()) return WithContext(info.status(), name);

@@ -49,6 +49,27 @@ TEST_CASE("failure paths answer clear errors and leave committed data intact",
   Raw raw(d);
   auto client = d.Connect();
 
+  SECTION("an unknown session is FAILED_PRECONDITION with reason UNKNOWN_SESSION") {
+    // What clients decide on (proto: ErrorReason), never the message text; other errors carry
+    // no reason.
+    v1::ReserveExtentsRequest req;
+    req.set_session_id("no-such-session");
+    req.add_sizes_bytes(4096);
+    v1::ReserveExtentsResponse resp;
+    grpc::Status s =
+        raw.Call([&](grpc::ClientContext* c) { return raw.stub->ReserveExtents(c, req, &resp); });
+    INFO(Describe(s));
+    REQUIRE(s.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
+    v1::ErrorDetail detail;
+    REQUIRE(detail.ParseFromString(s.error_details()));
+    CHECK(detail.reason() == v1::UNKNOWN_SESSION);
+    req.set_session_id(raw.hello.session_id());
+    req.clear_sizes_bytes();  // a valid session, no sizes: INVALID_ARGUMENT
+    s = raw.Call([&](grpc::ClientContext* c) { return raw.stub->ReserveExtents(c, req, &resp); });
+    REQUIRE(!s.ok());
+    CHECK(s.error_details().empty());
+  }
+
   SECTION("extent out of bounds") {
     v1::Extent e = raw.Reserve(4096);
     v1::SaveRequest req = raw.SaveOf("bad-extent", 1, 0, 1, "w.past_end", 256);  // 4096 B

@@ -38,6 +38,11 @@ uint64_t Client::arena_bytes() const {
   return session.ok() && session->arena != nullptr ? session->arena->size() : 0;
 }
 
+uint64_t Client::extent_alignment_bytes() const {
+  absl::StatusOr<Session> session = core_->EnsureSession();
+  return session.ok() ? session->limits.extent_alignment_bytes() : 0;
+}
+
 bool Client::arena_pinned_for_cuda() const {
   absl::StatusOr<Session> session = core_->EnsureSession();
   return session.ok() && session->arena != nullptr && session->arena->pinned_for_cuda();

@@ -280,7 +280,7 @@ absl::Status ClientCore::Convert(const char* name, int64_t timeout_ms,
     need_hello_ = true;
     msg = absl::StrCat("ckptd at ", target_, " is unavailable: ", msg);
   } else if (code == absl::StatusCode::kFailedPrecondition &&
-             msg.find("unknown session") != std::string::npos) {
+             ReasonOf(status) == v1::UNKNOWN_SESSION) {
     // The daemon restarted between two of our calls without the drop being noticed: this call
     // fails, the next one says Hello again.
     need_hello_ = true;
@@ -289,6 +289,14 @@ absl::Status ClientCore::Convert(const char* name, int64_t timeout_ms,
                        " ms");
   }
   return absl::Status(code, msg);
+}
+
+v1::ErrorReason ReasonOf(const grpc::Status& status) {
+  v1::ErrorDetail detail;
+  if (status.error_details().empty() || !detail.ParseFromString(status.error_details())) {
+    return v1::ERROR_REASON_UNSPECIFIED;
+  }
+  return detail.reason();
 }
 
 void ClientCore::GoodbyeQuietly(const std::string& session_id) {

@@ -194,7 +194,13 @@ class ClientCore {
   std::atomic<uint64_t> attach_epoch_{0};
 };
 
-// Process-wide copy counters (Client::copy_stats).
+// The reason the daemon gave for a failed call (proto: ErrorDetail in the status details), the
+// one thing besides the code the client decides on; ERROR_REASON_UNSPECIFIED when none.
+v1::ErrorReason ReasonOf(const grpc::Status& status);
+
+// Process-wide copy counters (Client::copy_stats), the only ones: every copy into or out of daemon
+// memory, the library's (CountedCopy) and the strided ones (ckptd/strided_copy.h), counts here.
 void CountedCopy(void* dst, const void* src, uint64_t bytes, bool is_load);
+void CountCopy(uint64_t bytes, bool is_load);
 
 }  // namespace ckptd::internal

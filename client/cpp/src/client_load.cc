@@ -178,13 +178,6 @@ bool ObjectVisibleTo(const ItemInfo& info, uint32_t rank) {
 
 namespace {
 
-// The step `step` resolves to (nullopt: the latest committed).
-absl::StatusOr<uint64_t> ResolveStep(Client& client, const std::string& job,
-                                     std::optional<uint64_t> step) {
-  if (step.has_value()) return *step;
-  return client.Latest(job);
-}
-
 // The ItemInfo of object `item` of job/step.
 absl::StatusOr<ItemInfo> ObjectInfo(internal::ClientCore& core, const std::string& job,
                                     uint64_t step, const std::string& item) {
@@ -205,10 +198,16 @@ absl::StatusOr<ItemInfo> ObjectInfo(internal::ClientCore& core, const std::strin
 
 }  // namespace
 
+absl::StatusOr<uint64_t> Client::ResolveStep(const std::string& job,
+                                              std::optional<uint64_t> step) {
+  if (step.has_value()) return *step;
+  return Latest(job);
+}
+
 absl::StatusOr<std::string> Client::LoadObject(const std::string& job,
                                                std::optional<uint64_t> step, uint32_t rank,
                                                const std::string& item) {
-  absl::StatusOr<uint64_t> resolved = ResolveStep(*this, job, step);
+  absl::StatusOr<uint64_t> resolved = ResolveStep(job, step);
   if (!resolved.ok()) return resolved.status();
   absl::StatusOr<ItemInfo> info = ObjectInfo(*core_, job, *resolved, item);
   if (!info.ok()) return info.status();
@@ -224,7 +223,7 @@ absl::StatusOr<std::string> Client::LoadObject(const std::string& job,
 
 absl::StatusOr<std::map<uint32_t, std::string>> Client::LoadObjects(
     const std::string& job, std::optional<uint64_t> step, const std::string& item) {
-  absl::StatusOr<uint64_t> resolved = ResolveStep(*this, job, step);
+  absl::StatusOr<uint64_t> resolved = ResolveStep(job, step);
   if (!resolved.ok()) return resolved.status();
   absl::StatusOr<ItemInfo> info = ObjectInfo(*core_, job, *resolved, item);
   if (!info.ok()) return info.status();
@@ -249,13 +248,9 @@ absl::StatusOr<std::map<uint32_t, std::string>> Client::LoadObjects(
 absl::StatusOr<LoadedCheckpoint> Client::LoadAll(const std::string& job,
                                                  std::optional<uint64_t> step, uint32_t rank) {
   LoadedCheckpoint out;
-  if (step.has_value()) {
-    out.step = *step;
-  } else {
-    absl::StatusOr<uint64_t> latest = Latest(job);
-    if (!latest.ok()) return latest.status();
-    out.step = *latest;
-  }
+  absl::StatusOr<uint64_t> resolved = ResolveStep(job, step);
+  if (!resolved.ok()) return resolved.status();
+  out.step = *resolved;
   absl::StatusOr<Session> session = core_->EnsureSession();
   if (!session.ok()) return session.status();
   absl::StatusOr<std::vector<ItemInfo>> items = InspectItems(*core_, job, out.step, {});

@@ -206,6 +206,11 @@ absl::Status CheckTensorBytes(const std::string& item, DType dtype,
 void CountedCopy(void* dst, const void* src, uint64_t bytes, bool is_load) {
   if (bytes == 0) return;
   std::memcpy(dst, src, bytes);
+  CountCopy(bytes, is_load);
+}
+
+void CountCopy(uint64_t bytes, bool is_load) {
+  if (bytes == 0) return;
   (is_load ? g_load_bytes : g_save_bytes).fetch_add(bytes, std::memory_order_relaxed);
   (is_load ? g_load_calls : g_save_calls).fetch_add(1, std::memory_order_relaxed);
 }

@@ -17,7 +17,7 @@ import numpy as np
 from . import _arrays, _ckptd
 
 DEFAULT_SOCKET = "/var/lib/ckptd/ckptd.sock"
-_ALIGN = 4096
+_ALIGN = 4096  # slab arrays start on a page; load batches round to the daemon's extent alignment
 # Loads run in batches of at most this many bytes (or 1/4 of the arena, if less), two at once: the
 # daemon reads one batch while this process copies the other out of the arena. Together they
 # take at most half of the arena, so other clients can still reserve.
@@ -453,12 +453,14 @@ class Client:
         target is a batch of its own), and two batches are in flight at once, so the daemon's
         reads overlap the copies out of the arena."""
         arena = self._native.arena_bytes()
-        budget = max(_ALIGN, min(_LOAD_BATCH_BYTES, arena // (2 * _LOAD_BATCHES_IN_FLIGHT)))
+        # Extents are whole multiples of the daemon's alignment (Hello's limits).
+        align = self._native.extent_alignment_bytes() or _ALIGN
+        budget = max(align, min(_LOAD_BATCH_BYTES, arena // (2 * _LOAD_BATCHES_IN_FLIGHT)))
         batches: list[list[tuple[Any, ...]]] = [[]]
         batch_bytes = 0
         for item, region, dest in targets:
             n = _arrays.nbytes(dest)
-            rounded = -(-n // _ALIGN) * _ALIGN
+            rounded = -(-n // align) * align
             if batches[-1] and batch_bytes + rounded > budget:
                 batches.append([])
                 batch_bytes = 0
@@ -492,16 +494,11 @@ class Client:
         return data if raw else pickle.loads(data)
 
     def _resolve_step(self, job: str, step: int | str) -> int:
-        if step == "latest":
-            latest = self._native.latest(job)
-            if latest is None:
-                from ._errors import NotFoundError
-
-                raise NotFoundError(f"job {job} has no committed checkpoint")
-            return int(latest)
-        if isinstance(step, str):
+        """The step "latest" or an int names, resolved by libckptd-client (Client::ResolveStep);
+        NotFoundError when the job has no committed checkpoint."""
+        if isinstance(step, str) and step != "latest":
             raise ValueError(f"step must be an int or 'latest', not {step!r}")
-        return int(step)
+        return int(self._native.resolve_step(job, None if step == "latest" else int(step)))
 
     # --- catalog --------------------------------------------------------------------------------
     def list(self, job: str | None = None) -> Rows:

@@ -1,4 +1,5 @@
 #include "convert.h"
+#include "nogil.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -68,7 +69,7 @@ ShmSlab::ShmSlab(std::shared_ptr<Client> client, uint64_t bytes)
   data_ = p;
   absl::StatusOr<uint64_t> handle;
   {
-    py::gil_scoped_release release;
+    ReleasedGil released;
     handle = client_->RegisterShm(name_, bytes);
   }
   if (!handle.ok()) {
@@ -81,7 +82,7 @@ ShmSlab::ShmSlab(std::shared_ptr<Client> client, uint64_t bytes)
 
 ShmSlab::~ShmSlab() {
   {
-    py::gil_scoped_release release;
+    ReleasedGil released;
     (void)client_->Unregister(handle_);
   }
   munmap(data_, bytes_);

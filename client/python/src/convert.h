@@ -14,7 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "ckptd/client.h"
-#include "strided_copy.h"
+#include "ckptd/strided_copy.h"
 
 namespace ckptd::py_binding {
 
@@ -72,7 +72,7 @@ class ShmSlab {
 //   ("arena", ArenaBuffer, offset)                      an arena buffer
 struct Memory {
   enum Kind { kMem, kRegion, kArena } kind = kMem;
-  pycopy::StridedView view;
+  StridedView view;
   BufferRef ref;
   void* mapped = nullptr;  // kRegion / kArena: address of the bytes in this process
 };

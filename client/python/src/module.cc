@@ -20,16 +20,15 @@
 
 #include "ckptd/client.h"
 #include "convert.h"
-#include "strided_copy.h"
+#include "nogil.h"
+#include "ckptd/strided_copy.h"
 
 namespace py = pybind11;
 
 namespace ckptd::py_binding {
 namespace {
 
-using ckptd::pycopy::StridedView;
-
-std::atomic<uint64_t> g_save_bytes{0}, g_save_calls{0}, g_load_bytes{0}, g_load_calls{0};
+using ckptd::StridedView;
 
 class PyClient {
  public:
@@ -43,7 +42,7 @@ class PyClient {
     o.client_name = client_name;
     absl::StatusOr<std::unique_ptr<Client>> c;
     {
-      py::gil_scoped_release release;
+      ReleasedGil released;
       c = Client::Connect(o);
     }
     client_ = std::shared_ptr<Client>(Check(std::move(c)).release());
@@ -55,7 +54,7 @@ class PyClient {
   std::vector<PyArenaBuffer> Allocate(const std::vector<uint64_t>& sizes) {
     absl::StatusOr<std::vector<ArenaBuffer>> got;
     {
-      py::gil_scoped_release release;
+      ReleasedGil released;
       got = client_->AllocateMany(sizes);
     }
     std::vector<PyArenaBuffer> out;
@@ -74,15 +73,15 @@ class PyClient {
       views.push_back(m.view);
     }
     std::vector<PyArenaBuffer> out = Allocate(sizes);
-    py::gil_scoped_release release;
-    for (size_t i = 0; i < views.size(); ++i) CountedGather(views[i], out[i].buffer.data);
+    ReleasedGil released;
+    for (size_t i = 0; i < views.size(); ++i) Gather(views[i], out[i].buffer.data);
     return out;
   }
 
   void ReleaseBuffers(const std::vector<PyArenaBuffer*>& buffers) {
     std::vector<ArenaBuffer> bufs;
     for (const PyArenaBuffer* b : buffers) bufs.push_back(b->buffer);
-    py::gil_scoped_release release;
+    ReleasedGil released;
     client_->ReleaseMany(bufs);
   }
 
@@ -117,7 +116,7 @@ class PyClient {
     }
     absl::StatusOr<SaveResult> result;
     {
-      py::gil_scoped_release release;
+      ReleasedGil released;
       result = SaveLocked(job, step, rank, world_size, ts, obj_items, obj_per_rank, obj_bytes);
     }
     SaveResult r = Check(std::move(result));
@@ -145,7 +144,7 @@ class PyClient {
     total.item_bytes.assign(ts.size(), 0);
     absl::Status status;
     {
-      py::gil_scoped_release release;
+      ReleasedGil released;
       // Contiguous caller memory: Load() (the library's one copy). Strided caller memory: into
       // arena buffers, then scattered (our one copy). Daemon memory: in place.
       std::vector<LoadTarget> direct;
@@ -202,10 +201,7 @@ class PyClient {
       }
       if (status.ok()) {
         for (size_t k = 0; k < scratch.size(); ++k) {
-          const Target& t = ts[strided_idx[k]];
-          g_load_bytes += t.bytes;
-          ++g_load_calls;
-          ckptd::pycopy::Scatter(scratch[k].data, t.mem.view);
+          ckptd::Scatter(scratch[k].data, ts[strided_idx[k]].mem.view);
         }
       }
       client_->ReleaseMany(scratch);
@@ -220,7 +216,7 @@ class PyClient {
     absl::StatusOr<std::string> r;
     std::optional<uint64_t> s = StepArg(step);
     {
-      py::gil_scoped_release release;
+      ReleasedGil released;
       r = client_->LoadObject(job, s, rank, item);
     }
     return py::bytes(Check(std::move(r)));
@@ -229,7 +225,7 @@ class PyClient {
   py::list Inspect(const std::string& job, uint64_t step) {
     absl::StatusOr<std::vector<ItemInfo>> r;
     {
-      py::gil_scoped_release release;
+      ReleasedGil released;
       r = client_->Inspect(job, step);
     }
     py::list out;
@@ -251,7 +247,7 @@ class PyClient {
   py::list ListJobs() {
     absl::StatusOr<std::vector<JobInfo>> r;
     {
-      py::gil_scoped_release release;
+      ReleasedGil released;
       r = client_->ListJobs();
     }
     py::list out;
@@ -268,7 +264,7 @@ class PyClient {
   py::list ListCheckpoints(const std::string& job) {
     absl::StatusOr<std::vector<CheckpointInfo>> r;
     {
-      py::gil_scoped_release release;
+      ReleasedGil released;
       r = client_->ListCheckpoints(job);
     }
     py::list out;
@@ -280,7 +276,7 @@ class PyClient {
   py::dict InfoCall(Fn&& fn) {
     absl::StatusOr<CheckpointInfo> r;
     {
-      py::gil_scoped_release release;
+      ReleasedGil released;
       r = fn();
     }
     return InfoDict(Check(std::move(r)));
@@ -289,34 +285,39 @@ class PyClient {
   py::object Latest(const std::string& job) {
     absl::StatusOr<uint64_t> r;
     {
-      py::gil_scoped_release release;
+      ReleasedGil released;
       r = client_->Latest(job);
     }
     if (!r.ok() && r.status().code() == absl::StatusCode::kNotFound) return py::none();
     return py::int_(Check(std::move(r)));
   }
 
+  // None: "latest" (NotFoundError when the job has no committed checkpoint).
+  uint64_t ResolveStep(const std::string& job, const py::object& step) {
+    std::optional<uint64_t> s = StepArg(step);
+    absl::StatusOr<uint64_t> r;
+    {
+      ReleasedGil released;
+      r = client_->ResolveStep(job, s);
+    }
+    return Check(std::move(r));
+  }
+
   void Delete(const std::string& job, uint64_t step) {
     absl::Status s;
     {
-      py::gil_scoped_release release;
+      ReleasedGil released;
       s = client_->Delete(job, step);
     }
     Check(s);
   }
 
   uint64_t ArenaBytes() {
-    py::gil_scoped_release release;
+    ReleasedGil released;
     return client_->arena_bytes();
   }
 
  private:
-  static void CountedGather(const StridedView& view, void* dst) {
-    g_save_bytes += view.Bytes();
-    ++g_save_calls;
-    ckptd::pycopy::Gather(view, dst);
-  }
-
   absl::StatusOr<SaveResult> SaveLocked(const std::string& job, uint64_t step, uint32_t rank,
                                         uint32_t world_size, std::vector<TensorIn>& ts,
                                         const std::vector<std::string>& obj_items,
@@ -339,7 +340,7 @@ class PyClient {
         ref = BufferRef{};
         if (t.bytes > 0) {
           const ArenaBuffer& b = (*bufs)[next++];
-          CountedGather(t.mem.view, b.data);
+          Gather(t.mem.view, b.data);
           ref = BufferRef::InArena(b);
         }
       }
@@ -350,9 +351,9 @@ class PyClient {
       BufferRef ref{};
       if (!obj_bytes[i].empty()) {
         const ArenaBuffer& b = (*bufs)[next++];
-        g_save_bytes += obj_bytes[i].size();
-        ++g_save_calls;
-        std::memcpy(b.data, obj_bytes[i].data(), obj_bytes[i].size());
+        const auto n = static_cast<int64_t>(obj_bytes[i].size());
+        Gather(StridedView{reinterpret_cast<uintptr_t>(obj_bytes[i].data()), {n}, {1}, 1},
+               b.data);
         ref = BufferRef::InArena(b);
       }
       objs.push_back(InPlaceObjectShard{obj_items[i], obj_per_rank[i], ref, obj_bytes[i].size()});
@@ -365,17 +366,11 @@ class PyClient {
   std::shared_ptr<Client> client_;
 };
 
+// The library's counters, which count the binding's strided copies too (ckptd/strided_copy.h).
 py::dict CopyStatsDict() {
   CopyStats c = Client::copy_stats();
-  return py::dict(py::arg("save_bytes") = c.save_bytes + g_save_bytes.load(),
-                  py::arg("save_calls") = c.save_calls + g_save_calls.load(),
-                  py::arg("load_bytes") = c.load_bytes + g_load_bytes.load(),
-                  py::arg("load_calls") = c.load_calls + g_load_calls.load());
-}
-
-void ResetCopyStats() {
-  Client::reset_copy_stats();
-  g_save_bytes = g_save_calls = g_load_bytes = g_load_calls = 0;
+  return py::dict(py::arg("save_bytes") = c.save_bytes, py::arg("save_calls") = c.save_calls,
+                  py::arg("load_bytes") = c.load_bytes, py::arg("load_calls") = c.load_calls);
 }
 
 }  // namespace
@@ -442,16 +437,26 @@ PYBIND11_MODULE(_ckptd, m) {
              return c.InfoCall([&] { return c.client()->Abort(job, step, reason); });
            })
       .def("latest", &PyClient::Latest)
+      .def("resolve_step", &PyClient::ResolveStep)
       .def("delete", &PyClient::Delete)
       .def("arena_bytes", &PyClient::ArenaBytes)
+      .def("extent_alignment_bytes",
+           [](PyClient& c) {
+             ReleasedGil released;
+             return c.client()->extent_alignment_bytes();
+           })
       .def("arena_pinned_for_cuda",
            [](PyClient& c) {
-             py::gil_scoped_release release;
+             ReleasedGil released;
              return c.client()->arena_pinned_for_cuda();
            })
       .def("target", [](PyClient& c) { return c.client()->target(); })
       .def("reconnect_count", [](PyClient& c) { return c.client()->reconnect_count(); });
 
+  // Before finalization: from then on a thread finishing a call of ours parks instead of taking
+  // the GIL back (nogil.h).
+  py::module_::import("atexit").attr("register")(py::cpp_function(&OnPythonExit));
+
   m.def("copy_stats", &CopyStatsDict);
-  m.def("reset_copy_stats", &ResetCopyStats);
+  m.def("reset_copy_stats", &ckptd::Client::reset_copy_stats);
 }

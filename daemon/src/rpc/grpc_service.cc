@@ -1,14 +1,22 @@
 #include "rpc/grpc_service.h"
 
 #include "absl/strings/str_cat.h"
+#include "ckptd/error_reason.h"
 #include "spdlog/spdlog.h"
 
 namespace ckptd {
 
 grpc::Status ToGrpcStatus(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
-  // absl::StatusCode and grpc::StatusCode share the canonical numbering.
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+  // absl::StatusCode and grpc::StatusCode share the canonical numbering. A reason for the client
+  // to decide on travels as the status details (proto: ErrorDetail).
+  const auto code = static_cast<grpc::StatusCode>(s.code());
+  if (const int reason = ReasonOf(s); reason != 0 && v1::ErrorReason_IsValid(reason)) {
+    v1::ErrorDetail detail;
+    detail.set_reason(static_cast<v1::ErrorReason>(reason));
+    return grpc::Status(code, std::string(s.message()), detail.SerializeAsString());
+  }
+  return grpc::Status(code, std::string(s.message()));
 }
 
 // One session's Attach stream. Lifecycle: constructed by Attach (binds the session, writes the

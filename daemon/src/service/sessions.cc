@@ -1,11 +1,20 @@
 #include "service/sessions.h"
 
 #include "absl/strings/str_cat.h"
+#include "ckptd/error_reason.h"
+#include "ckptd/v1/ckptd.pb.h"
 #include "common/limits.h"
 #include "dataplane/arena.h"
 #include "spdlog/spdlog.h"
 
 namespace ckptd {
+
+namespace {
+// Clients decide on the reason (proto: ErrorReason), never on this text.
+absl::Status UnknownSession(std::string message) {
+  return WithReason(absl::FailedPreconditionError(std::move(message)), v1::UNKNOWN_SESSION);
+}
+}  // namespace
 
 std::string DescribeCaller(const Caller& c) {
   return absl::StrCat("uid ", c.uid, c.pid > 0 ? absl::StrCat(" (pid ", c.pid, ")") : "");
@@ -38,7 +47,7 @@ absl::Status SessionTable::Attach(const Caller& caller, const std::string& id) {
   auto it = sessions_.find(id);
   if (it == sessions_.end() || it->second.uid != caller.uid ||
       it->second.connection != caller.connection) {
-    return absl::FailedPreconditionError(
+    return UnknownSession(
         absl::StrCat("unknown session \"", id, "\" on this connection (call Hello first)"));
   }
   if (it->second.attached) {
@@ -53,7 +62,7 @@ absl::Status SessionTable::Check(const Caller& caller, const std::string& id) co
   auto it = sessions_.find(id);
   if (it == sessions_.end() || it->second.uid != caller.uid ||
       it->second.connection != caller.connection) {
-    return absl::FailedPreconditionError(absl::StrCat(
+    return UnknownSession(absl::StrCat(
         "unknown session \"", id,
         "\" (call Hello first; sessions belong to one connection and end with it, and the daemon "
         "may have restarted)"));
@@ -65,7 +74,7 @@ absl::Status SessionTable::CheckUid(uint32_t uid, const std::string& id) const {
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(id);
   if (it == sessions_.end() || it->second.uid != uid) {
-    return absl::FailedPreconditionError(absl::StrCat(
+    return UnknownSession(absl::StrCat(
         "unknown session \"", id, "\" for uid ", uid,
         " (a session's arena goes only to the uid that opened it)"));
   }

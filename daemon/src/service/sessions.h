@@ -62,8 +62,8 @@ class SessionTable {
   // session, one of another caller or connection, or one already attached.
   absl::Status Attach(const Caller& caller, const std::string& id);
   // OK when `id` is a live session of `caller` on its connection; FAILED_PRECONDITION naming the
-  // session otherwise (the message says "unknown session"; clients decide on the code and open a
-  // new session).
+  // session otherwise, with reason UNKNOWN_SESSION (ckptd/error_reason.h; proto ErrorReason),
+  // on which clients decide to open a new session.
   absl::Status Check(const Caller& caller, const std::string& id) const;
   // OK when `id` is a live session of `uid` (from any connection: the arena socket's peer, which
   // is a connection of its own); FAILED_PRECONDITION naming the session otherwise.

@@ -399,6 +399,11 @@ class Client {
   absl::StatusOr<std::vector<ItemInfo>> Inspect(const std::string& job, uint64_t step);
   // The newest COMMITTED step; NOT_FOUND when there is none.
   absl::StatusOr<uint64_t> Latest(const std::string& job);
+  // The step a read of `step` means: `step` itself, or (nullopt: "latest") the newest COMMITTED
+  // step of the job; NOT_FOUND when it has none. The client side's one resolution of "latest":
+  // LoadObject(s), LoadAll, ckptctl export and the Python client use it (Load and LoadInPlace
+  // send nullopt to the daemon, which resolves it within the same call).
+  absl::StatusOr<uint64_t> ResolveStep(const std::string& job, std::optional<uint64_t> step);
   absl::Status Delete(const std::string& job, uint64_t step);
 
   // --- introspection --------------------------------------------------------------------------
@@ -414,6 +419,9 @@ class Client {
   uint64_t arena_bytes() const;
   // Whether this process's mapping of the arena is pinned for CUDA (pin_arena_for_cuda).
   bool arena_pinned_for_cuda() const;
+  // The granularity of arena extents, as the daemon announced it in Hello (Limits); 0 before the
+  // first session. Callers that size batches of extents (the Python client) round to it.
+  uint64_t extent_alignment_bytes() const;
 
  private:
   explicit Client(std::unique_ptr<internal::ClientCore> core);

@@ -1,8 +1,10 @@
-#include "strided_copy.h"
+#include "ckptd/strided_copy.h"
 
 #include <cstring>
 
-namespace ckptd::pycopy {
+#include "client_core.h"
+
+namespace ckptd {
 namespace {
 
 // Drops size-1 dimensions and merges dimensions that are contiguous with the next one, so that
@@ -78,10 +80,14 @@ bool StridedView::Contiguous() const {
   return true;
 }
 
-void Gather(const StridedView& view, void* dst) { CopyRuns<true>(view, static_cast<uint8_t*>(dst)); }
+void Gather(const StridedView& view, void* dst) {
+  CopyRuns<true>(view, static_cast<uint8_t*>(dst));
+  internal::CountCopy(static_cast<uint64_t>(view.Bytes()), /*is_load=*/false);
+}
 
 void Scatter(const void* src, const StridedView& view) {
   CopyRuns<false>(view, const_cast<uint8_t*>(static_cast<const uint8_t*>(src)));
+  internal::CountCopy(static_cast<uint64_t>(view.Bytes()), /*is_load=*/true);
 }
 
-}  // namespace ckptd::pycopy
+}  // namespace ckptd
