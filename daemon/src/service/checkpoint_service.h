@@ -1,18 +1,42 @@
-// CheckpointService: save, commit, load, catalog and recovery logic as plain C++ over the
-// generated API messages (testable without gRPC; daemon/src/rpc adapts it). One instance per
-// daemon.
+// CheckpointService: the daemon core as plain C++ over the generated API messages (testable
+// without gRPC; daemon/src/rpc adapts it). One instance per daemon. It composes parts, each with
+// its own lock; no lock another call waits on is held across an fsync, a synced index write, a
+// directory removal, an index read or housekeeping's loop:
+//
+//   part                    lock                      owns
+//   sessions (sessions.h)   SessionTable::mu_         sessions, their uids and Attach streams
+//   lifecycle (this file,   mu_ ("lifecycle lock")    pending_ (PendingCheckpoint: one object per
+//     pending_checkpoint.h)                           checkpoint being saved, phase enum with
+//                                                     checked transitions), rewriting_, reshards_,
+//                                                     abort retries, key epochs; changed_ signals
+//   committer (committer.h) Committer::mu_ (queue     every synced index write, group-committed;
+//                           only, never across I/O)   the write runs with no lock held
+//   manifest cache          ManifestCache::mu_        verified manifests (catalog reads)
+//     (manifest_cache.h)
+//   load buffers (load.cc)  load_buffers_mu_          reusable read buffers of loads
+//   the arena, regions      their own locks           staging memory, client regions
+//
+// Lock order: mu_ → (SessionTable::mu_, ManifestCache::mu_, Committer::mu_, the arena's and the
+// region registry's locks); none of those calls back into the service. Index reads and synced
+// writes happen with mu_ released: JournalUnlocked and ReadRowLocked drop it around the I/O and
+// re-check what they need once it is held again (see ReadRowLocked's key epochs).
 //
 // Ownership: borrows every dependency in ServiceDeps (they outlive it).
 // Threads: every public method may be called from any thread, concurrently. Methods that wait
-// (Wait, ReserveExtents on a full arena) block the calling thread; the RPC layer runs them on
-// its bounded waiter pool. Flushes and commits run on deps.flush_pool, loads on the caller.
+// (Wait, Abort, ReserveExtents on a full arena) block the calling thread; the RPC layer runs them
+// on its bounded waiter pool. Flushes, commits and abort records run on deps.flush_pool; loads,
+// catalog calls and journal writes on the caller; housekeeping on its own thread; each reshard on
+// its own thread. GetStatus, Wait and ListCheckpoints take mu_ only briefly (no I/O under it), so
+// they never queue behind a journal fsync.
 //
 // The save path (DESIGN.md "Save", "Commit", "Durable"):
-//   Save → validate → take the extents → journal the RankRecord (synced) → answer "staged" →
-//   flush the rank's blob from the arena (O_DIRECT) → fdatasync → free the extents → once every
-//   rank is persisted: validate coverage, write the manifest durably, record COMMITTED (synced).
+//   Save → validate → take the extents → journal the RankRecord (synced, committer) → answer
+//   "staged" → flush the rank's blob from the arena (O_DIRECT) → fdatasync → journal "persisted"
+//   (committer) → free the extents → once every rank is persisted: validate coverage, write the
+//   manifest durably, record COMMITTED (synced, committer).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -37,8 +61,12 @@
 #include "format/manifest.h"
 #include "index/meta_store.h"
 #include "options.h"
+#include "service/committer.h"
 #include "service/executor.h"
+#include "service/manifest_cache.h"
+#include "service/pending_checkpoint.h"
 #include "service/sessions.h"
+#include "tier/flush_scheduler.h"
 
 namespace ckptd {
 
@@ -121,85 +149,46 @@ class CheckpointService {
  private:
   using Key = std::pair<std::string, uint64_t>;  // (job, step)
 
-  struct ItemMeta {
-    v1::ItemKind kind = v1::ITEM_KIND_UNSPECIFIED;
-    v1::DType dtype = v1::DTYPE_UNSPECIFIED;
-    std::vector<uint64_t> shape;
-    v1::ObjectScope scope = v1::OBJECT_SCOPE_UNSPECIFIED;
-    uint32_t first_rank = 0;
-  };
-  struct PendingRank {
-    v1::RankRecord rec;
-    std::vector<RegionLease> leases;  // region-backed shards, held until persisted
-    std::vector<uint64_t> extent_ids;  // freed once persisted
-    // Its journal row is durable. Only then is it flushed: a flush journals "persisted" over the
-    // same row, which the rank's own journal write, landing later, would overwrite.
-    bool journaled = false;
-    bool persisted = false;
-    bool flushing = false;
-  };
-  struct Pending {
-    std::string job;
-    uint64_t step = 0;
-    uint32_t owner_uid = 0;     // the uid of its first Save; only it may add ranks
-    bool job_recorded = false;  // the job's JobRecord (owner) is in the index
-    uint32_t world_size = 0;
-    uint64_t created_unix_ms = 0;
-    uint64_t first_staged_unix_ms = 0;  // when its first rank staged (the flush gate's start)
-    // Fixed when the checkpoint is created (options.checksum_block_bytes) and journaled with
-    // every rank, so a restart with another option value does not mix block sizes.
-    uint32_t checksum_block_bytes = 0;
-    std::map<uint32_t, PendingRank> ranks;
-    std::map<std::string, ItemMeta> items;
-    // item '\0' RegionKey → (rank, shard index) of the copy that is stored.
-    absl::flat_hash_map<std::string, std::pair<uint32_t, size_t>> stored_copy;
-    v1::CheckpointState state = v1::STAGING;
-    bool partial = false;
-    bool committing = false;
-    bool aborting = false;
-    int flushes_in_flight = 0;
-    // Journal writes running with mu_ released (JournalUnlocked): they pin the Pending — no
-    // commit starts and no abort finishes while one is in flight — and run one at a time per
-    // checkpoint (journal_busy), so its rows land in the order they were built.
-    int journals_in_flight = 0;
-    bool journal_busy = false;
-    std::string error;
-  };
   // The time on deps_.clock, in Unix milliseconds.
   uint64_t NowMs() const { return deps_.clock->NowUnixMs(); }
   // save.cc (AbortLocked, FinishAbortLocked, RecordAbort: abort.cc)
   // `id` if it is a live session of `caller` (SessionTable::Check).
   absl::StatusOr<std::string> SessionOf(const Caller& caller, const std::string& id) const;
   absl::Status ValidateSave(const v1::SaveRequest& req) const;
+  // The checkpoint `req` stages into: the one being saved, or a new one (after checking that
+  // no row exists, the key is not being rewritten, `caller` may write the job of owner `owner`,
+  // and the open limits). May release mu_ to read the row (ReadRowLocked).
+  absl::StatusOr<PendingCheckpoint*> FindOrOpenLocked(
+      const Caller& caller, const v1::SaveRequest& req,
+      const absl::StatusOr<std::optional<uint32_t>>& owner) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // RESOURCE_EXHAUSTED when opening one more checkpoint of `job` would pass
   // kOpenCheckpointsPerJobMax or kOpenCheckpointsMax.
   absl::Status CheckOpenLimitsLocked(const std::string& job, const std::string& what) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // RESOURCE_EXHAUSTED when the index volume has less than index_reserve_bytes free.
   absl::Status CheckIndexReserve(const std::string& what) const;
-  absl::Status CheckItemsLocked(const Pending& p, const v1::SaveRequest& req) const
+  absl::Status CheckItemsLocked(const PendingCheckpoint& p, const v1::SaveRequest& req) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ResolveSaveData(const std::string& session, const v1::SaveRequest& req,
                                PendingRank* rank) const;
   // The index rows journaling `p` (its summary, its owner once, and `ranks`' rows).
-  std::vector<MetaStore::Write> JournalWritesLocked(const Pending& p,
+  std::vector<MetaStore::Write> JournalWritesLocked(const PendingCheckpoint& p,
                                                     const std::vector<uint32_t>& ranks) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Writes JournalWritesLocked(p, ranks) synced, with mu_ released around the write (LevelDB's
-  // unlock around the log write); p stays valid (journals_in_flight). Held on entry and exit.
-  absl::Status JournalUnlocked(Pending& p, const std::vector<uint32_t>& ranks)
+  // Queues JournalWritesLocked(p, ranks) at the committer (so rows of p land in the order they
+  // were built) and awaits the synced group write with mu_ released (LevelDB's unlock around
+  // the log write); p stays valid (journals_in_flight). Held on entry and exit.
+  absl::Status JournalUnlocked(PendingCheckpoint& p, const std::vector<uint32_t>& ranks)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // No flush, journal write or commit of `p` is in flight (an abort may finish).
-  static bool IdleLocked(const Pending& p);
-  v1::CheckpointSummary SummaryLocked(const Pending& p) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FillStatusLocked(const Pending& p, v1::CheckpointStatus* out) const
+  v1::CheckpointSummary SummaryLocked(const PendingCheckpoint& p) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FillStatusLocked(const PendingCheckpoint& p, v1::CheckpointStatus* out) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void MaybeStartCommitLocked(Pending& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void AbortLocked(Pending& p, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MaybeStartCommitLocked(PendingCheckpoint& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AbortLocked(PendingCheckpoint& p, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Forgets an aborted, idle `p` (it is gone on return): the key enters rewriting_ ("being
   // aborted") until RecordAbort, posted to the flush pool, wrote the ABORTED row outside mu_,
   // then freed the extents of its unpersisted ranks and removed its files.
-  void FinishAbortLocked(Pending& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FinishAbortLocked(PendingCheckpoint& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // An abort to record: the ABORTED row and the journal rows it removes (one synced write), and
   // the arena extents the checkpoint still holds (freed once that write is durable).
   struct AbortRecord {
@@ -214,18 +203,14 @@ class CheckpointService {
   void PostFlush(const Key& key, uint32_t rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Posts the flush of every journaled rank of `p` not yet flushing or persisted: once all its
   // ranks are staged, it is committed partial, or flush_gate_ms passed since its first staged.
-  void PostGatedFlushesLocked(Pending& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PostGatedFlushesLocked(PendingCheckpoint& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // flush.cc
-  void FlushRank(Key key, uint32_t rank);
-  absl::Status WriteRankBlob(const std::string& dir, const std::vector<RegionLease>& leases,
-                             v1::RankRecord* rec);
-  const uint8_t* ShardSource(std::optional<uint32_t> arena_uid, const v1::StagedShard& s,
-                             const std::vector<RegionLease>& leases) const;
+  // flush.cc: one rank's flush on a pool thread (the blob itself: flush_.WriteRankBlob).
+  void FlushRank(Key key, uint32_t rank) ABSL_LOCKS_EXCLUDED(mu_);
 
   // commit.cc
   void CommitCheckpoint(Key key);
-  absl::StatusOr<Manifest> BuildManifestLocked(const Pending& p) const
+  absl::StatusOr<Manifest> BuildManifestLocked(const PendingCheckpoint& p) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status WriteCommitted(const Manifest& m, const std::string& dir);
   // Records a durable manifest in the index (COMMITTED row, item rows, journal removed), synced.
@@ -236,8 +221,6 @@ class CheckpointService {
   // (DATA_LOSS) marks a COMMITTED checkpoint CORRUPT.
   absl::StatusOr<std::shared_ptr<const Manifest>> GetManifest(const std::string& job,
                                                               uint64_t step);
-  void CacheManifestLocked(const Key& key, std::shared_ptr<const Manifest> manifest)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Checks one requested item and its destination; fills the planner's request, the destination
   // pointer (nullptr for 0 bytes) and the answer's entry.
   absl::Status ResolveLoadItem(const std::string& session, const Manifest& m,
@@ -266,6 +249,9 @@ class CheckpointService {
   // OK when `caller` may do `access` to `job` (see Hello's comment); OK for a job that does not
   // exist yet. PERMISSION_DENIED naming the job, its owner and the caller otherwise.
   absl::Status CheckAccess(const Caller& caller, const std::string& job, Access access);
+  // The same for a job whose owner (JobOwner) is known.
+  static absl::Status AccessAllowed(const Caller& caller, const std::string& job,
+                                    std::optional<uint32_t> owner, Access access);
   // The owner of `job`, if it has a record.
   absl::StatusOr<std::optional<uint32_t>> JobOwner(const std::string& job);
   absl::StatusOr<std::optional<v1::CheckpointRecord>> GetRecord(const std::string& job,
@@ -280,6 +266,17 @@ class CheckpointService {
                                                                  uint64_t step);
   // Steps of `job` whose row is COMMITTED, newest first (rows that do not parse are skipped).
   absl::StatusOr<std::vector<uint64_t>> CommittedSteps(const std::string& job);
+  // Row reads outside the lifecycle lock. The row of a key changes only while the key is in
+  // pending_, rewriting_ or reshards_ (recovery aside, before serving), and entering or leaving
+  // them bumps the key's epoch (KeyChangedLocked). So a row read with mu_ released is still the
+  // row once mu_ is taken again if the key's epoch did not move meanwhile; else it is read again.
+  // Epochs are per hash bucket (kKeyEpochBuckets): another key in the bucket only costs a re-read.
+  void KeyChangedLocked(const Key& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ReadRecord (or GetRecord: `corrupt_is_error`) of `key` with mu_ released around the read;
+  // returns with mu_ held and the row current as above (the key's maps unchanged too).
+  absl::StatusOr<std::optional<v1::CheckpointRecord>> ReadRowLocked(const Key& key,
+                                                                    bool corrupt_is_error)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // FAILED_PRECONDITION while (job, step) is being written (a save or a reshard), ABORTED while
   // another Delete or a CORRUPT marking owns it (see rewriting_).
   absl::Status CheckDeletableLocked(const Key& key) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -314,16 +311,26 @@ class CheckpointService {
   // is marked CORRUPT and the next older one is verified, until one does.
   absl::Status VerifyNewestCommitted();
 
-  void Housekeeping();
+  // The housekeeping thread: a pass (stage timeouts, the flush gate, abort retries) under mu_,
+  // then unattached sessions ended with mu_ released; until Shutdown.
+  void Housekeeping() ABSL_LOCKS_EXCLUDED(mu_);
+  // One pass (waits up to a tick first); false once stopping.
+  bool HousekeepingPass() ABSL_LOCKS_EXCLUDED(mu_);
 
   ServiceDeps deps_;
   std::string instance_id_;
+  // Every synced index write (committer.h); its own lock, never held across the write.
+  Committer committer_;
+  // The flush gate, flush posting and the blob writes of the local tier (no lock of its own).
+  FlushScheduler flush_;
 
+  // The lifecycle lock (see the top): guards pending_ and every PendingCheckpoint in it,
+  // rewriting_, reshards_, the abort retries, key_epochs_ and stopping_.
   mutable absl::Mutex mu_;
   absl::Mutex load_buffers_mu_;
   std::vector<AlignedBuffer> load_buffers_ ABSL_GUARDED_BY(load_buffers_mu_);
   absl::CondVar changed_;  // signalled on every checkpoint state change
-  std::map<Key, std::unique_ptr<Pending>> pending_ ABSL_GUARDED_BY(mu_);
+  std::map<Key, std::unique_ptr<PendingCheckpoint>> pending_ ABSL_GUARDED_BY(mu_);
   SessionTable sessions_;
   // Offline reshards in progress, by target (reshard.cc). Each runs on its own thread.
   struct ReshardJob;
@@ -346,13 +353,8 @@ class CheckpointService {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Cancels reshards and joins their threads (Shutdown).
   void StopReshards();
-  // Decoded manifests of recent loads, least recently used evicted first (kManifestCacheMax).
-  struct CachedManifest {
-    std::shared_ptr<const Manifest> manifest;
-    uint64_t last_used = 0;
-  };
-  std::map<Key, CachedManifest> manifest_cache_ ABSL_GUARDED_BY(mu_);
-  uint64_t manifest_cache_tick_ ABSL_GUARDED_BY(mu_) = 0;
+  // Decoded manifests of recent commits and loads (its own lock; manifest_cache.h).
+  ManifestCache manifest_cache_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // Keys whose row and files a catalog operation rewrites outside mu_, with what it does ("being
   // deleted": Delete's in-memory tombstone; "being marked CORRUPT"). Inserted under mu_ only
@@ -360,6 +362,8 @@ class CheckpointService {
   // Reshard can create it meanwhile (they see the row, or, in Save, this entry), and a second
   // Delete or marking is refused. Removed when the operation ends, after its last write.
   std::map<Key, std::string> rewriting_ ABSL_GUARDED_BY(mu_);
+  static constexpr size_t kKeyEpochBuckets = 64;
+  std::array<uint64_t, kKeyEpochBuckets> key_epochs_ ABSL_GUARDED_BY(mu_) = {};
   // Aborts whose synced ABORTED row failed (an index error), retried by Housekeeping.
   std::vector<AbortRecord> unrecorded_aborts_ ABSL_GUARDED_BY(mu_);
   // The last failure of each abort whose ABORTED row is not written yet (Abort answers it).
@@ -374,13 +378,5 @@ class CheckpointService {
 std::string CkptName(const std::string& job, uint64_t step);
 // The job name is valid and the step within limits::kStepMax; INVALID_ARGUMENT otherwise.
 absl::Status ValidateJobStep(const std::string& job, uint64_t step);
-// The checksum block size a rank record was written with.
-inline uint32_t RankBlockBytes(const v1::RankRecord& rec) {
-  return rec.checksum_block_bytes() != 0 ? rec.checksum_block_bytes()
-                                         : limits::kLegacyChecksumBlockBytes;
-}
-// Identifies the stored copy of a shard within a checkpoint: item + region (tensors), item +
-// saving rank (per-rank objects), item (replicated objects). Equal keys are replicas.
-std::string StoredCopyKey(const v1::ShardSpec& spec, uint32_t rank);
 
 }  // namespace ckptd

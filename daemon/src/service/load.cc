@@ -37,13 +37,8 @@ const v1::ItemEntry* ItemOfShard(const Manifest& m, const v1::ShardEntry* s) {
 
 absl::StatusOr<std::shared_ptr<const Manifest>> CheckpointService::GetManifest(
     const std::string& job, uint64_t step) {
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = manifest_cache_.find(Key{job, step});
-    if (it != manifest_cache_.end()) {
-      it->second.last_used = ++manifest_cache_tick_;
-      return it->second.manifest;
-    }
+  if (std::shared_ptr<const Manifest> cached = manifest_cache_.Get(Key{job, step})) {
+    return cached;
   }
   std::string path = absl::StrCat(CheckpointDir(job, step), "/", kManifestFileName);
   CKPTD_ASSIGN_OR_RETURN(std::string bytes, deps_.storage->Get(path));
@@ -62,21 +57,8 @@ absl::StatusOr<std::shared_ptr<const Manifest>> CheckpointService::GetManifest(
     return m.status();
   }
   auto shared = std::make_shared<const Manifest>(*std::move(m));
-  absl::MutexLock lock(&mu_);
-  CacheManifestLocked(Key{job, step}, shared);
+  manifest_cache_.Put(Key{job, step}, shared);
   return shared;
-}
-
-void CheckpointService::CacheManifestLocked(const Key& key,
-                                            std::shared_ptr<const Manifest> manifest) {
-  manifest_cache_[key] = CachedManifest{std::move(manifest), ++manifest_cache_tick_};
-  while (manifest_cache_.size() > limits::kManifestCacheMax) {
-    auto lru = std::min_element(manifest_cache_.begin(), manifest_cache_.end(),
-                                [](const auto& a, const auto& b) {
-                                  return a.second.last_used < b.second.last_used;
-                                });
-    manifest_cache_.erase(lru);
-  }
 }
 
 absl::StatusOr<uint8_t*> CheckpointService::ResolveDest(const std::string& session,

@@ -321,9 +321,7 @@ absl::Status CheckpointService::ResumePending() {
 absl::Status CheckpointService::ResumeOne(const v1::CheckpointRecord& rec,
                                           const std::vector<v1::RankRecord>& ranks) {
   const v1::CheckpointSummary& s = rec.summary();
-  auto p = std::make_unique<Pending>();
-  p->job = s.job();
-  p->step = s.step();
+  auto p = std::make_unique<PendingCheckpoint>(s.job(), s.step());
   p->world_size = s.world_size();
   p->created_unix_ms = s.created_unix_ms();
   p->partial = s.partial();
@@ -337,12 +335,11 @@ absl::Status CheckpointService::ResumeOne(const v1::CheckpointRecord& rec,
   for (const v1::RankRecord& rr : ranks) {
     PendingRank pr;
     pr.rec = rr;
-    pr.journaled = true;
-    pr.persisted = rr.persisted();
+    pr.Restore(rr.persisted());
     for (int i = 0; i < rr.shards_size(); ++i) {
       const v1::StagedShard& sh = rr.shards(i);
       const v1::ShardSpec& spec = sh.spec();
-      if (!pr.persisted && spec.data().length() > 0) {
+      if (!pr.persisted() && spec.data().length() > 0) {
         if (spec.data().target_case() != v1::MemRef::kExtentId) {
           return absl::DataLossError(absl::StrCat(
               "recovery: rank ", rr.rank(), " staged from a client region, which did not "
@@ -377,14 +374,17 @@ absl::Status CheckpointService::ResumeOne(const v1::CheckpointRecord& rec,
     }
     p->ranks.emplace(rr.rank(), std::move(pr));
   }
-  p->state = (p->partial || p->ranks.size() == p->world_size) ? v1::PERSISTING : v1::STAGING;
+  if (p->partial || p->ranks.size() == p->world_size) {
+    p->Transition(CheckpointPhase::kStaging, CheckpointPhase::kPersisting);
+  }
   spdlog::info("recovery: resuming checkpoint {}/{} ({} of {} ranks staged)", p->job, p->step,
                p->ranks.size(), p->world_size);
   absl::MutexLock lock(&mu_);
   Key key{p->job, p->step};
-  Pending& pp = *pending_.emplace(key, std::move(p)).first->second;
+  PendingCheckpoint& pp = *pending_.emplace(key, std::move(p)).first->second;
+  KeyChangedLocked(key);
   for (auto& [r, pr] : pp.ranks) {
-    if (!pr.persisted) PostFlush(key, r);
+    if (!pr.persisted()) PostFlush(key, r);
   }
   MaybeStartCommitLocked(pp);
   return absl::OkStatus();
@@ -453,53 +453,58 @@ void CheckpointService::Start() {
 }
 
 void CheckpointService::Housekeeping() {
-  absl::MutexLock lock(&mu_);
-  while (!stopping_) {
-    changed_.WaitWithTimeout(
-        &mu_, absl::Milliseconds(std::clamp<uint64_t>(deps_.options->flush_gate_ms / 4, 10, 200)));
-    if (stopping_) break;
-    const uint64_t now = NowMs();
-    std::vector<Pending*> expired;
-    for (auto& [key, p] : pending_) {
-      if (p->state == v1::STAGING && !p->aborting && !p->partial &&
-          now - p->created_unix_ms > deps_.options->stage_timeout_ms) {
-        expired.push_back(p.get());
-      }
-    }
-    for (auto& [key, p] : pending_) {
-      if (p->first_staged_unix_ms != 0 &&
-          now - p->first_staged_unix_ms >= deps_.options->flush_gate_ms) {
-        PostGatedFlushesLocked(*p);
-      }
-    }
-    for (Pending* p : expired) {
-      std::vector<uint32_t> missing;
-      for (uint32_t r = 0; r < p->world_size && missing.size() < 33; ++r) {
-        if (!p->ranks.contains(r)) missing.push_back(r);
-      }
-      AbortLocked(*p, absl::StrCat("stage timeout: ranks [", absl::StrJoin(missing, ", "),
-                                   missing.size() > 32 ? ", ..." : "", "] of ", p->world_size,
-                                   " were not staged within ", deps_.options->stage_timeout_ms,
-                                   " ms"));
-    }
-    // Aborts whose ABORTED row failed: written again (RecordAbort), at most every
-    // kAbortRetryMs (changed_ wakes this loop at every failure; retrying at once would spin
-    // against an index that is recovering).
-    std::vector<AbortRecord> retry;
-    if (absl::Now() - last_abort_retry_ >= absl::Milliseconds(limits::kAbortRetryMs)) {
-      last_abort_retry_ = absl::Now();
-      retry.swap(unrecorded_aborts_);
-    }
-    for (AbortRecord& a : retry) {
-      if (!deps_.flush_pool->Post([this, a] { RecordAbort(a); })) {
-        unrecorded_aborts_.push_back(std::move(a));
-      }
-    }
-    // Lock order: mu_, then the session table's and the arena's own locks (never the reverse).
+  while (HousekeepingPass()) {
+    // Outside the lifecycle lock: the session table's lock, and the arena's and region
+    // registry's (ending a session releases what it held).
     size_t n = sessions_.ExpireUnattached(absl::Milliseconds(limits::kSessionAttachTimeoutMs));
     if (n > 0) spdlog::info("{} sessions ended: not attached within {} ms", n,
                             limits::kSessionAttachTimeoutMs);
   }
+}
+
+bool CheckpointService::HousekeepingPass() {
+  absl::MutexLock lock(&mu_);
+  if (stopping_) return false;
+  // The wait releases mu_; a pass holds it only for its scan (no I/O: posts only).
+  changed_.WaitWithTimeout(
+      &mu_, flush_.GateTick());
+  if (stopping_) return false;
+  const uint64_t now = NowMs();
+  std::vector<PendingCheckpoint*> expired;
+  for (auto& [key, p] : pending_) {
+    if (p->staging() && !p->partial && now - p->created_unix_ms > deps_.options->stage_timeout_ms) {
+      expired.push_back(p.get());
+    }
+  }
+  for (auto& [key, p] : pending_) {
+    if (flush_.GateElapsed(p->first_staged_unix_ms, now)) {
+      PostGatedFlushesLocked(*p);
+    }
+  }
+  for (PendingCheckpoint* p : expired) {
+    std::vector<uint32_t> missing;
+    for (uint32_t r = 0; r < p->world_size && missing.size() < 33; ++r) {
+      if (!p->ranks.contains(r)) missing.push_back(r);
+    }
+    AbortLocked(*p, absl::StrCat("stage timeout: ranks [", absl::StrJoin(missing, ", "),
+                                 missing.size() > 32 ? ", ..." : "", "] of ", p->world_size,
+                                 " were not staged within ", deps_.options->stage_timeout_ms,
+                                 " ms"));
+  }
+  // Aborts whose ABORTED row failed: written again (RecordAbort), at most every kAbortRetryMs
+  // (changed_ wakes this loop at every failure; retrying at once would spin against an index
+  // that is recovering).
+  std::vector<AbortRecord> retry;
+  if (absl::Now() - last_abort_retry_ >= absl::Milliseconds(limits::kAbortRetryMs)) {
+    last_abort_retry_ = absl::Now();
+    retry.swap(unrecorded_aborts_);
+  }
+  for (AbortRecord& a : retry) {
+    if (!deps_.flush_pool->Post([this, a] { RecordAbort(a); })) {
+      unrecorded_aborts_.push_back(std::move(a));
+    }
+  }
+  return true;
 }
 
 bool CheckpointService::Shutdown(absl::Duration grace, bool* drained_out) {

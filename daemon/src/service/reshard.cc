@@ -174,13 +174,14 @@ absl::Status CheckpointService::Reshard(const Caller& caller, const v1::ReshardR
   }
 
   absl::MutexLock lock(&mu_);
+  // Read with mu_ released; everything below is checked after it (ReadRowLocked).
+  CKPTD_ASSIGN_OR_RETURN(std::optional<v1::CheckpointRecord> existing,
+                         ReadRowLocked(job->target, /*corrupt_is_error=*/true));
   if (stopping_) return absl::UnavailableError("the daemon is shutting down");
   if (reshards_.size() >= limits::kReshardJobsMax) {
     return absl::ResourceExhaustedError(absl::StrCat(
         reshards_.size(), " reshards are running; the limit is ", limits::kReshardJobsMax));
   }
-  CKPTD_ASSIGN_OR_RETURN(std::optional<v1::CheckpointRecord> existing,
-                         GetRecord(target_job, req.target_step()));
   if (auto busy = rewriting_.find(job->source); busy != rewriting_.end()) {
     return absl::AbortedError(absl::StrCat(src_name, " is ", busy->second,
                                            "; it cannot be resharded"));
@@ -193,12 +194,14 @@ absl::Status CheckpointService::Reshard(const Caller& caller, const v1::ReshardR
   // The target is claimed in reshards_ first, so the synced row is written without mu_; an
   // Abort meanwhile sets job->cancel and the thread, once started, finishes it as ABORTED.
   reshards_[job->target] = job;
+  KeyChangedLocked(job->target);
   mu_.Unlock();
-  absl::Status put = deps_.meta->Commit(first, /*sync=*/true);
+  absl::Status put = committer_.Commit(keys::Checkpoint(target_job, req.target_step()), first);
   if (put.ok()) CKPTD_SYNC_POINT("reshard.target_recorded");
   mu_.Lock();
   if (!put.ok()) {
     reshards_.erase(job->target);
+    KeyChangedLocked(job->target);
     changed_.SignalAll();
     return Annotate(put, absl::StrCat(dst_name, ": recording the reshard"));
   }
@@ -321,7 +324,7 @@ void CheckpointService::RunReshard(std::shared_ptr<ReshardJob> job) {
   if (st.ok()) {
     CKPTD_SYNC_POINT("reshard.committed");
     absl::MutexLock lock(&mu_);
-    CacheManifestLocked(job->target, std::make_shared<const Manifest>(*std::move(m)));
+    manifest_cache_.Put(job->target, std::make_shared<const Manifest>(*std::move(m)));
   }
   // Last: once the job has left reshards_, Shutdown no longer waits for this thread and the
   // service may be destroyed (found by the simulation: caching the manifest after this touched a
@@ -349,6 +352,7 @@ void CheckpointService::FinishReshard(ReshardJob& job, const absl::Status& statu
   if (it != reshards_.end()) {
     it->second->thread.detach();  // this thread; it ends right after
     reshards_.erase(it);
+    KeyChangedLocked(job.target);
   }
   changed_.SignalAll();
 }
