@@ -13,7 +13,8 @@
 //                           only, never across I/O)   the write runs with no lock held
 //   manifest cache          ManifestCache::mu_        verified manifests (catalog reads)
 //     (manifest_cache.h)
-//   load buffers (load.cc)  load_buffers_mu_          reusable read buffers of loads
+//   loader (loader.h)       Loader::load_buffers_mu_  reusable read buffers; a load's reads,
+//                           (taking/returning only)   checks and copies run with no lock held
 //   the arena, regions      their own locks           staging memory, client regions
 //
 // Lock order: mu_ → (SessionTable::mu_, ManifestCache::mu_, Committer::mu_, the arena's and the
@@ -63,6 +64,7 @@
 #include "options.h"
 #include "service/committer.h"
 #include "service/executor.h"
+#include "service/loader.h"
 #include "service/manifest_cache.h"
 #include "service/pending_checkpoint.h"
 #include "service/sessions.h"
@@ -85,8 +87,6 @@ struct ServiceDeps {
 
 class BlobAppender;  // reshard.cc
 
-// A lease on client memory (RegionLease or ExtentLease) held for one operation.
-using MemoryLease = std::shared_ptr<const void>;
 
 class CheckpointService {
  public:
@@ -221,29 +221,6 @@ class CheckpointService {
   // (DATA_LOSS) marks a COMMITTED checkpoint CORRUPT.
   absl::StatusOr<std::shared_ptr<const Manifest>> GetManifest(const std::string& job,
                                                               uint64_t step);
-  // Checks one requested item and its destination; fills the planner's request, the destination
-  // pointer (nullptr for 0 bytes) and the answer's entry.
-  absl::Status ResolveLoadItem(const std::string& session, const Manifest& m,
-                               const v1::LoadItemRequest& req, uint32_t rank,
-                               std::vector<MemoryLease>* leases, PlanRequest* request,
-                               uint8_t** dst, v1::LoadedItem* out) const;
-  // Plan options for manifests with checksum blocks of `block_bytes`.
-  PlanOptions LoadPlanOptions(uint32_t block_bytes) const;
-  // Executes a plan of `m`: reads its runs in batches of at most options.load_buffer_bytes (the
-  // next batch on a second thread while this one is verified), verifies every block used and
-  // copies into dst[request] (each sized plan.request_bytes).
-  absl::Status ReadPlan(const Manifest& m, const LoadPlan& plan, std::span<uint8_t* const> dst,
-                        uint64_t* bytes_read);
-  // A read buffer of at least `bytes` for a load. Buffers of load_buffer_bytes are kept for
-  // reuse after their first use (touched once, so later loads do not fault them in page by
-  // page), at most two per load thread; larger ones are allocated for the one load. Null when
-  // memory is exhausted.
-  AlignedBuffer AcquireLoadBuffer(uint64_t bytes);
-  void ReturnLoadBuffer(AlignedBuffer buf, uint64_t bytes);
-  absl::StatusOr<uint8_t*> ResolveDest(const std::string& session, const v1::MemRef& ref,
-                                       uint64_t need_bytes, std::vector<MemoryLease>* leases,
-                                       const std::string& what) const;
-
   // catalog.cc
   enum class Access { kRead, kWrite, kDelete };
   // OK when `caller` may do `access` to `job` (see Hello's comment); OK for a job that does not
@@ -327,8 +304,8 @@ class CheckpointService {
   // The lifecycle lock (see the top): guards pending_ and every PendingCheckpoint in it,
   // rewriting_, reshards_, the abort retries, key_epochs_ and stopping_.
   mutable absl::Mutex mu_;
-  absl::Mutex load_buffers_mu_;
-  std::vector<AlignedBuffer> load_buffers_ ABSL_GUARDED_BY(load_buffers_mu_);
+  // Executes loads (and reshard's reads) against verified manifests (loader.h).
+  Loader loader_;
   absl::CondVar changed_;  // signalled on every checkpoint state change
   std::map<Key, std::unique_ptr<PendingCheckpoint>> pending_ ABSL_GUARDED_BY(mu_);
   SessionTable sessions_;

@@ -224,7 +224,7 @@ absl::Status CheckpointService::CopyShard(ReshardJob& job, const PlanRequest& wh
       parts.push_back(PlanRequest{whole.item, std::move(part), nullptr});
     }
   }
-  const PlanOptions options = LoadPlanOptions(job.src->header.checksum_block_bytes());
+  const PlanOptions options = loader_.LoadPlanOptions(job.src->header.checksum_block_bytes());
   std::vector<uint8_t> chunk;
   for (const PlanRequest& part : parts) {
     if (deps_.options->debug_reshard_delay_ms > 0) {
@@ -235,7 +235,7 @@ absl::Status CheckpointService::CopyShard(ReshardJob& job, const PlanRequest& wh
     chunk.resize(plan.request_bytes[0]);
     uint8_t* dst = chunk.data();
     uint64_t read = 0;
-    CKPTD_RETURN_IF_ERROR(ReadPlan(*job.src, plan, std::span(&dst, 1), &read));
+    CKPTD_RETURN_IF_ERROR(loader_.ReadPlan(*job.src, plan, std::span(&dst, 1), &read));
     CKPTD_RETURN_IF_ERROR(out.Append(chunk.data(), chunk.size()));
     shard->set_length(shard->length() + chunk.size());
     job.bytes_done += chunk.size();

@@ -46,6 +46,7 @@ CheckpointService::CheckpointService(ServiceDeps deps)
       instance_id_(RandomHexId()),
       committer_(deps.meta),
       flush_(deps.options, deps.storage, deps.arena, deps.flush_pool),
+      loader_(deps.options, deps.storage, deps.arena, deps.regions),
       sessions_(
           [this](const std::string& id) {
             // What the session held goes; leases of operations in flight keep their memory.
