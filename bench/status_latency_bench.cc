@@ -61,8 +61,12 @@ void SaveStorm(const Config& c, uint64_t id, std::atomic<bool>* stop, Saver* out
     const uint64_t step = out->next_step.load();
     std::vector<ckptd::TensorShard> shards;
     for (int t = 0; t < 4; ++t) {
-      shards.push_back({"w" + std::to_string(t), ckptd::DType::kFloat32, {data.size()},
-                        ckptd::Region::Whole(), data.data(), data.size() * 4});
+      shards.push_back({"w" + std::to_string(t),
+                        ckptd::DType::kFloat32,
+                        {data.size()},
+                        ckptd::Region::Whole(),
+                        data.data(),
+                        data.size() * 4});
     }
     auto saved = (*client)->Save(job, step, 0, 1, shards);
     out->next_step.store(step + 1);
@@ -138,9 +142,9 @@ int Run(const Config& c) {
       c.label.c_str(), static_cast<unsigned long long>(c.round),
       static_cast<unsigned long long>(c.savers), static_cast<unsigned long long>(c.seconds),
       static_cast<unsigned long long>(saves), static_cast<unsigned long long>(save_errors),
-      static_cast<unsigned long long>(probe_errors), status_us.size(),
-      Percentile(status_us, 0.5), Percentile(status_us, 0.99), Percentile(status_us, 1.0),
-      Percentile(wait_us, 0.5), Percentile(wait_us, 0.99), Percentile(wait_us, 1.0));
+      static_cast<unsigned long long>(probe_errors), status_us.size(), Percentile(status_us, 0.5),
+      Percentile(status_us, 0.99), Percentile(status_us, 1.0), Percentile(wait_us, 0.5),
+      Percentile(wait_us, 0.99), Percentile(wait_us, 1.0));
   std::fflush(stdout);
   return 0;
 }

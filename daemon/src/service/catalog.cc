@@ -32,10 +32,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "ckptd/status.h"
+#include "ckptd/sync_point.h"
+#include "common/limits.h"
 #include "format/names.h"
 #include "index/keys.h"
-#include "common/limits.h"
-#include "ckptd/sync_point.h"
 #include "service/checkpoint_service.h"
 #include "spdlog/spdlog.h"
 
@@ -110,7 +110,7 @@ absl::Status CheckpointService::CheckAccess(const Caller& caller, const std::str
 }
 
 absl::Status CheckpointService::AccessAllowed(const Caller& caller, const std::string& job,
-                                             std::optional<uint32_t> owner, Access access) {
+                                              std::optional<uint32_t> owner, Access access) {
   if (!owner || *owner == caller.uid) return absl::OkStatus();
   if (caller.admin && access != Access::kWrite) return absl::OkStatus();
   const char* what = access == Access::kRead ? "read" : access == Access::kWrite ? "write" : "delete";

@@ -47,17 +47,17 @@
 #include <utility>
 #include <vector>
 
-#include "common/align.h"
-#include "common/clock.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "ckptd/storage.h"
 #include "ckptd/v1/ckptd.pb.h"
 #include "ckptd/v1/index.pb.h"
+#include "common/align.h"
+#include "common/clock.h"
+#include "common/limits.h"
 #include "dataplane/arena.h"
 #include "dataplane/region_registry.h"
-#include "common/limits.h"
 #include "format/load_plan.h"
 #include "format/manifest.h"
 #include "index/meta_store.h"
@@ -87,7 +87,6 @@ struct ServiceDeps {
 
 class BlobAppender;  // reshard.cc
 
-
 class CheckpointService {
  public:
   explicit CheckpointService(ServiceDeps deps);
@@ -98,19 +97,20 @@ class CheckpointService {
   // staged checkpoints from the arena (or aborts them when the arena was lost), aborts rows
   // without a manifest and verifies each job's newest manifest (CORRUPT ones are never latest).
   // What it cannot use is skipped and reported; only a failing index stops the start.
-  absl::Status Recover();
+  absl::Status Recover() ABSL_LOCKS_EXCLUDED(mu_);
   // Starts the housekeeping thread (stage timeouts, dead sessions, stale reservations).
-  void Start();
+  void Start() ABSL_LOCKS_EXCLUDED(mu_);
   // Stops housekeeping and waits up to `grace` for in-flight flushes and commits. Returns true
   // when nothing is left staged (the arena may be removed). *drained says whether the flush
   // threads finished; when false they are still running and the process should exit without
   // joining them (what they were doing stays journaled and resumes at the next start).
-  bool Shutdown(absl::Duration grace, bool* drained = nullptr);
+  bool Shutdown(absl::Duration grace, bool* drained = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Every call names its Caller (sessions.h): the kernel's word on who is calling. Calls on a job
   // are allowed to its owner (the uid whose Save created it); reads, Abort and Delete also to an
   // admin caller; anyone else gets PERMISSION_DENIED naming the job and its owner.
-  absl::Status Hello(const Caller& caller, const v1::HelloRequest& req, v1::HelloResponse* resp);
+  absl::Status Hello(const Caller& caller, const v1::HelloRequest& req, v1::HelloResponse* resp)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // The staging arena segment of `uid` (created on first use) for its session `session`: its
   // descriptor (borrowed from the arena; rpc/arena_fd_server.h hands it over), name and
   // residency. FAILED_PRECONDITION when `session` is not a live session of `uid`;
@@ -118,31 +118,44 @@ class CheckpointService {
   absl::StatusOr<ArenaGrant> ArenaFd(uint32_t uid, const std::string& session) const;
   // Binds session `id` to the caller's Attach stream (sessions.h); EndSession ends it when the
   // stream ends.
-  absl::Status Attach(const Caller& caller, const std::string& id);
-  void EndSession(const std::string& id);
-  absl::Status Goodbye(const Caller& caller, const v1::GoodbyeRequest& req);
+  absl::Status Attach(const Caller& caller, const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
+  void EndSession(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Goodbye(const Caller& caller, const v1::GoodbyeRequest& req)
+      ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status ReserveExtents(const Caller& caller, const v1::ReserveExtentsRequest& req,
-                              v1::ReserveExtentsResponse* resp);
-  absl::Status ReleaseExtents(const Caller& caller, const v1::ReleaseExtentsRequest& req);
+                              v1::ReserveExtentsResponse* resp) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status ReleaseExtents(const Caller& caller, const v1::ReleaseExtentsRequest& req)
+      ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status RegisterRegion(const Caller& caller, const v1::RegisterRegionRequest& req,
-                              v1::RegisterRegionResponse* resp);
-  absl::Status UnregisterRegion(const Caller& caller, const v1::UnregisterRegionRequest& req);
+                              v1::RegisterRegionResponse* resp) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status UnregisterRegion(const Caller& caller, const v1::UnregisterRegionRequest& req)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
-  absl::Status Save(const Caller& caller, const v1::SaveRequest& req, v1::SaveResponse* resp);
-  absl::Status Wait(const Caller& caller, const v1::WaitRequest& req, v1::CheckpointStatus* resp);
-  absl::Status Commit(const Caller& caller, const v1::CommitRequest& req, v1::CheckpointStatus* resp);
-  absl::Status Abort(const Caller& caller, const v1::AbortRequest& req, v1::CheckpointStatus* resp);
-  absl::Status Load(const Caller& caller, const v1::LoadRequest& req, v1::LoadResponse* resp);
+  absl::Status Save(const Caller& caller, const v1::SaveRequest& req, v1::SaveResponse* resp)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Wait(const Caller& caller, const v1::WaitRequest& req, v1::CheckpointStatus* resp)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Commit(const Caller& caller, const v1::CommitRequest& req,
+                      v1::CheckpointStatus* resp) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Abort(const Caller& caller, const v1::AbortRequest& req, v1::CheckpointStatus* resp)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Load(const Caller& caller, const v1::LoadRequest& req, v1::LoadResponse* resp)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
-  absl::Status ListJobs(const Caller& caller, const v1::ListJobsRequest& req, v1::ListJobsResponse* resp);
+  absl::Status ListJobs(const Caller& caller, const v1::ListJobsRequest& req,
+                        v1::ListJobsResponse* resp) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status ListCheckpoints(const Caller& caller, const v1::ListCheckpointsRequest& req,
-                               v1::ListCheckpointsResponse* resp);
-  absl::Status GetStatus(const Caller& caller, const v1::GetStatusRequest& req, v1::CheckpointStatus* resp);
-  absl::Status Inspect(const Caller& caller, const v1::InspectRequest& req, v1::InspectResponse* resp);
-  absl::Status Delete(const Caller& caller, const v1::DeleteRequest& req);
-  absl::Status Latest(const Caller& caller, const v1::LatestRequest& req, v1::LatestResponse* resp);
+                               v1::ListCheckpointsResponse* resp) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status GetStatus(const Caller& caller, const v1::GetStatusRequest& req,
+                         v1::CheckpointStatus* resp) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Inspect(const Caller& caller, const v1::InspectRequest& req,
+                       v1::InspectResponse* resp) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Delete(const Caller& caller, const v1::DeleteRequest& req) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Latest(const Caller& caller, const v1::LatestRequest& req, v1::LatestResponse* resp)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Starts an offline reshard (reshard.cc); see the Reshard RPC.
-  absl::Status Reshard(const Caller& caller, const v1::ReshardRequest& req, v1::CheckpointStatus* resp);
+  absl::Status Reshard(const Caller& caller, const v1::ReshardRequest& req,
+                       v1::CheckpointStatus* resp) ABSL_LOCKS_EXCLUDED(mu_);
 
   const std::string& instance_id() const { return instance_id_; }
 
@@ -180,11 +193,13 @@ class CheckpointService {
   // the log write); p stays valid (journals_in_flight). Held on entry and exit.
   absl::Status JournalUnlocked(PendingCheckpoint& p, const std::vector<uint32_t>& ranks)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  v1::CheckpointSummary SummaryLocked(const PendingCheckpoint& p) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  v1::CheckpointSummary SummaryLocked(const PendingCheckpoint& p) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FillStatusLocked(const PendingCheckpoint& p, v1::CheckpointStatus* out) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeStartCommitLocked(PendingCheckpoint& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void AbortLocked(PendingCheckpoint& p, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AbortLocked(PendingCheckpoint& p, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Forgets an aborted, idle `p` (it is gone on return): the key enters rewriting_ ("being
   // aborted") until RecordAbort, posted to the flush pool, wrote the ABORTED row outside mu_,
   // then freed the extents of its unpersisted ranks and removed its files.
@@ -313,7 +328,13 @@ class CheckpointService {
   struct ReshardJob;
   std::map<Key, std::shared_ptr<ReshardJob>> reshards_ ABSL_GUARDED_BY(mu_);
   // reshard.cc
-  void RunReshard(std::shared_ptr<ReshardJob> job);
+  // Claims job->target (refused while it exists, is being written or rewritten, or the source
+  // is being rewritten), records its row and `first` (synced, mu_ released, the target held in
+  // reshards_), then starts the reshard's thread.
+  absl::Status ClaimAndStartReshard(std::shared_ptr<ReshardJob> job,
+                                    std::vector<MetaStore::Write> first, v1::CheckpointStatus* resp)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void RunReshard(std::shared_ptr<ReshardJob> job) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<Manifest> WriteReshard(ReshardJob& job);
   // Appends the bytes of `whole` (a target tensor region, or an object's copy) read from the
   // source to `out`, growing shard->length() and the job's progress.

@@ -13,8 +13,7 @@ uint64_t BatchBytes(const std::vector<MetaStore::Write>& writes) {
 
 }  // namespace
 
-Committer::Ticket Committer::Enqueue(std::string order_key,
-                                     std::vector<MetaStore::Write> writes) {
+Committer::Ticket Committer::Enqueue(std::string order_key, std::vector<MetaStore::Write> writes) {
   auto w = std::make_shared<Writer>();
   w->order_key = std::move(order_key);
   w->writes = std::move(writes);
@@ -80,9 +79,8 @@ absl::Status Committer::Await(const Ticket& ticket) {
   absl::MutexLock lock(&mu_);
   while (true) {
     mu_.Await(absl::Condition(
-        +[](Args* a) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-          return a->w->done || a->self->CanLeadLocked();
-        },
+        +[](Args* a)
+             ABSL_NO_THREAD_SAFETY_ANALYSIS { return a->w->done || a->self->CanLeadLocked(); },
         &args));
     if (ticket->done) return ticket->status;
     // A slot is free: this waiter leads the group at the front (its own batch among them, unless

@@ -1,6 +1,8 @@
 // The loader (loader.h): resolve the requested items and destinations, plan the reads
 // (format/load_plan.h: only the byte runs needed, coalesced), read them in bounded batches,
 // verify every checksum block used, and copy into the destination extents/regions.
+#include "service/loader.h"
+
 #include <cstdlib>
 #include <cstring>
 #include <future>
@@ -10,14 +12,13 @@
 #include "absl/strings/str_join.h"
 #include "ckptd/status.h"
 #include "common/align.h"
-#include "format/crc32c.h"
-#include "format/dtype.h"
-#include "format/names.h"
-#include "format/load_plan.h"
-#include "format/region.h"
 #include "common/limits.h"
 #include "dataplane/memory_guard.h"
-#include "service/loader.h"
+#include "format/crc32c.h"
+#include "format/dtype.h"
+#include "format/load_plan.h"
+#include "format/names.h"
+#include "format/region.h"
 #include "spdlog/spdlog.h"
 
 namespace ckptd {
@@ -39,11 +40,9 @@ Loader::Loader(const DaemonOptions* options, Storage* storage, StagingArena* are
                RegionRegistry* regions)
     : options_(options), storage_(storage), arena_(arena), regions_(regions) {}
 
-absl::StatusOr<uint8_t*> Loader::ResolveDest(const std::string& session,
-                                                        const v1::MemRef& ref,
-                                                        uint64_t need_bytes,
-                                                        std::vector<MemoryLease>* leases,
-                                                        const std::string& what) const {
+absl::StatusOr<uint8_t*> Loader::ResolveDest(const std::string& session, const v1::MemRef& ref,
+                                             uint64_t need_bytes, std::vector<MemoryLease>* leases,
+                                             const std::string& what) const {
   if (ref.length() < need_bytes) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": destination holds ", ref.length(),
                                                    " bytes, ", need_bytes, " are needed"));
@@ -56,10 +55,9 @@ absl::StatusOr<uint8_t*> Loader::ResolveDest(const std::string& session,
     if (!e.ok()) return Annotate(e.status(), what);
     const ExtentInfo& x = **e;
     if (ref.offset() > x.length || ref.length() > x.length - ref.offset()) {
-      return absl::OutOfRangeError(absl::StrCat(what, ": bytes [", ref.offset(), ", ",
-                                                ref.offset(), "+", ref.length(),
-                                                ") are outside extent ", x.id, " (", x.length,
-                                                " bytes)"));
+      return absl::OutOfRangeError(absl::StrCat(what, ": bytes [", ref.offset(), ", ", ref.offset(),
+                                                "+", ref.length(), ") are outside extent ", x.id,
+                                                " (", x.length, " bytes)"));
     }
     uint8_t* p = arena_->Data(x) + ref.offset();
     leases->push_back(*std::move(e));
@@ -77,10 +75,9 @@ absl::StatusOr<uint8_t*> Loader::ResolveDest(const std::string& session,
 }
 
 absl::Status Loader::ResolveLoadItem(const std::string& session, const Manifest& m,
-                                                const v1::LoadItemRequest& req, uint32_t rank,
-                                                std::vector<MemoryLease>* leases,
-                                                PlanRequest* request, uint8_t** dst,
-                                                v1::LoadedItem* out) const {
+                                     const v1::LoadItemRequest& req, uint32_t rank,
+                                     std::vector<MemoryLease>* leases, PlanRequest* request,
+                                     uint8_t** dst, v1::LoadedItem* out) const {
   const std::string ckpt = absl::StrCat(m.header.job(), "/", m.header.step());
   const v1::ItemEntry* item = FindItem(m, req.item());
   if (item == nullptr) {
@@ -107,9 +104,11 @@ absl::Status Loader::ResolveLoadItem(const std::string& session, const Manifest&
       }
     }
     if (request->object_shard == nullptr) {
-      return absl::NotFoundError(absl::StrCat(what, ": no copy of this per-rank object was saved "
-                                                    "by rank ", want, " (saved by ranks ",
-                                              absl::StrJoin(saved, ", "), ")"));
+      return absl::NotFoundError(absl::StrCat(what,
+                                              ": no copy of this per-rank object was saved "
+                                              "by rank ",
+                                              want, " (saved by ranks ", absl::StrJoin(saved, ", "),
+                                              ")"));
     }
     need = request->object_shard->length();
     out->set_saved_by_rank(request->object_shard->saved_by_rank());
@@ -124,8 +123,8 @@ PlanOptions Loader::LoadPlanOptions(uint32_t block_bytes) const {
   PlanOptions o;
   o.alignment_bytes = limits::kAlignmentBytes;
   // Up to 4 runs per read batch keep several large reads in flight.
-  uint64_t quarter = options_->load_buffer_bytes / 4 / limits::kAlignmentBytes *
-                     limits::kAlignmentBytes;
+  uint64_t quarter =
+      options_->load_buffer_bytes / 4 / limits::kAlignmentBytes * limits::kAlignmentBytes;
   o.max_run_bytes = std::max<uint64_t>(2ull * block_bytes, std::min(o.max_run_bytes, quarter));
   return o;
 }
@@ -141,7 +140,10 @@ constexpr uint64_t kPrefetchBytesMin = 1 << 20;
 class BatchReader {
  public:
   BatchReader(Storage* storage, const Manifest& m, const LoadPlan& plan, uint64_t cap)
-      : storage_(storage), m_(m), plan_(plan), cap_(cap),
+      : storage_(storage),
+        m_(m),
+        plan_(plan),
+        cap_(cap),
         dir_(CheckpointDir(m.header.job(), m.header.step())) {}
 
   struct Batch {
@@ -223,29 +225,26 @@ class BatchReader {
 };
 
 // Verifies the blocks of a read batch and copies its bytes to their destinations.
-absl::Status VerifyAndCopy(const Manifest& m, const LoadPlan& plan,
-                           const BatchReader::Batch& batch, const uint8_t* buf,
-                           std::span<uint8_t* const> dst) {
+absl::Status VerifyAndCopy(const Manifest& m, const LoadPlan& plan, const BatchReader::Batch& batch,
+                           const uint8_t* buf, std::span<uint8_t* const> dst) {
   const uint32_t block = m.header.checksum_block_bytes();
   for (size_t k = batch.first; k < batch.end; ++k) {
     const ReadRun& run = plan.runs[k];
     const uint8_t* data = buf + batch.at[k - batch.first];
     for (uint32_t c = run.first_check; c < run.first_check + run.check_count; ++c) {
       const BlockCheck& chk = plan.checks[c];
-      uint64_t n = std::min<uint64_t>(chk.end_block * block, chk.shard->length()) -
-                   chk.first_block * block;
-      absl::Status ok = VerifyBlocks(
-          data + chk.run_offset, chk.first_block, n, chk.shard->length(),
-          std::span<const uint32_t>(chk.shard->block_crc32c().data(),
-                                    chk.shard->block_crc32c().size()),
-          block, "");
+      uint64_t n =
+          std::min<uint64_t>(chk.end_block * block, chk.shard->length()) - chk.first_block * block;
+      absl::Status ok = VerifyBlocks(data + chk.run_offset, chk.first_block, n, chk.shard->length(),
+                                     std::span<const uint32_t>(chk.shard->block_crc32c().data(),
+                                                               chk.shard->block_crc32c().size()),
+                                     block, "");
       if (!ok.ok()) {
         // The item's name is looked up only for the message (a scan of the manifest).
-        return absl::Status(ok.code(),
-                            absl::StrCat("checkpoint ", m.header.job(), "/", m.header.step(),
-                                         " item \"", ItemOfShard(m, chk.shard)->name(),
-                                         "\" (saved by rank ", chk.shard->saved_by_rank(),
-                                         ") in ", batch.path, ok.message()));
+        return absl::Status(
+            ok.code(), absl::StrCat("checkpoint ", m.header.job(), "/", m.header.step(), " item \"",
+                                    ItemOfShard(m, chk.shard)->name(), "\" (saved by rank ",
+                                    chk.shard->saved_by_rank(), ") in ", batch.path, ok.message()));
       }
     }
     for (uint64_t c = run.first_copy; c < run.first_copy + run.copy_count; ++c) {
@@ -284,13 +283,13 @@ void Loader::ReturnLoadBuffer(AlignedBuffer buf, uint64_t bytes) {
 }
 
 absl::Status Loader::ReadPlan(const Manifest& m, const LoadPlan& plan,
-                                         std::span<uint8_t* const> dst, uint64_t* bytes_read) {
+                              std::span<uint8_t* const> dst, uint64_t* bytes_read) {
   if (plan.runs.empty()) return absl::OkStatus();
   uint64_t largest = 0;
   for (const ReadRun& r : plan.runs) largest = std::max(largest, r.length);
-  const uint64_t cap = RoundUp(std::max(largest, std::min(options_->load_buffer_bytes,
-                                                          plan.read_bytes)),
-                               limits::kAlignmentBytes);
+  const uint64_t cap =
+      RoundUp(std::max(largest, std::min(options_->load_buffer_bytes, plan.read_bytes)),
+              limits::kAlignmentBytes);
   // Two buffers, the second allocated once a second batch exists: the next batch is read while
   // this one is verified and copied.
   AlignedBuffer bufs[2];
@@ -336,8 +335,8 @@ absl::Status Loader::ReadPlan(const Manifest& m, const LoadPlan& plan,
   }
 }
 
-absl::Status Loader::Load(const std::string& session, const Manifest& m,
-                          const v1::LoadRequest& req, v1::LoadResponse* resp) {
+absl::Status Loader::Load(const std::string& session, const Manifest& m, const v1::LoadRequest& req,
+                          v1::LoadResponse* resp) {
   std::vector<MemoryLease> leases;  // held until the copies are done
   std::vector<PlanRequest> requests(req.items_size());
   std::vector<uint8_t*> dst(req.items_size());
@@ -348,8 +347,8 @@ absl::Status Loader::Load(const std::string& session, const Manifest& m,
   absl::StatusOr<LoadPlan> plan =
       PlanLoad(m, requests, LoadPlanOptions(m.header.checksum_block_bytes()));
   if (!plan.ok()) {
-    return Annotate(plan.status(), absl::StrCat("checkpoint ", m.header.job(), "/",
-                                                m.header.step()));
+    return Annotate(plan.status(),
+                    absl::StrCat("checkpoint ", m.header.job(), "/", m.header.step()));
   }
   if (options_->debug_load_delay_ms > 0) {
     absl::SleepFor(absl::Milliseconds(options_->debug_load_delay_ms));

@@ -6,7 +6,6 @@
 #include "absl/strings/str_cat.h"
 #include "format/region.h"
 
-
 namespace ckptd {
 namespace {
 
@@ -87,28 +86,39 @@ uint64_t PendingCheckpoint::AddRank(uint32_t r, PendingRank rank) {
   }
   rank.rec.set_bytes(bytes);
   ranks.emplace(r, std::move(rank));
-  if (ranks.size() == world_size) Transition(CheckpointPhase::kStaging, CheckpointPhase::kPersisting);
+  if (ranks.size() == world_size)
+    Transition(CheckpointPhase::kStaging, CheckpointPhase::kPersisting);
   return bytes;
 }
 
 const char* CheckpointPhaseName(CheckpointPhase phase) {
   switch (phase) {
-    case CheckpointPhase::kStaging: return "staging";
-    case CheckpointPhase::kPersisting: return "persisting";
-    case CheckpointPhase::kCommitting: return "committing";
-    case CheckpointPhase::kAborting: return "aborting";
-    case CheckpointPhase::kCommitted: return "committed";
-    case CheckpointPhase::kAborted: return "aborted";
+    case CheckpointPhase::kStaging:
+      return "staging";
+    case CheckpointPhase::kPersisting:
+      return "persisting";
+    case CheckpointPhase::kCommitting:
+      return "committing";
+    case CheckpointPhase::kAborting:
+      return "aborting";
+    case CheckpointPhase::kCommitted:
+      return "committed";
+    case CheckpointPhase::kAborted:
+      return "aborted";
   }
   return "?";
 }
 
 const char* RankPhaseName(RankPhase phase) {
   switch (phase) {
-    case RankPhase::kJournaling: return "journaling";
-    case RankPhase::kJournaled: return "journaled";
-    case RankPhase::kFlushing: return "flushing";
-    case RankPhase::kPersisted: return "persisted";
+    case RankPhase::kJournaling:
+      return "journaling";
+    case RankPhase::kJournaled:
+      return "journaled";
+    case RankPhase::kFlushing:
+      return "flushing";
+    case RankPhase::kPersisted:
+      return "persisted";
   }
   return "?";
 }
@@ -130,12 +140,16 @@ void PendingCheckpoint::Transition(CheckpointPhase from, CheckpointPhase to) {
 
 v1::CheckpointState PendingCheckpoint::api_state() const {
   switch (phase_) {
-    case CheckpointPhase::kStaging: return v1::STAGING;
+    case CheckpointPhase::kStaging:
+      return v1::STAGING;
     case CheckpointPhase::kPersisting:
-    case CheckpointPhase::kCommitting: return v1::PERSISTING;
-    case CheckpointPhase::kCommitted: return v1::COMMITTED;
+    case CheckpointPhase::kCommitting:
+      return v1::PERSISTING;
+    case CheckpointPhase::kCommitted:
+      return v1::COMMITTED;
     case CheckpointPhase::kAborting:
-    case CheckpointPhase::kAborted: return v1::ABORTED;
+    case CheckpointPhase::kAborted:
+      return v1::ABORTED;
   }
   return v1::STAGING;
 }

@@ -113,9 +113,7 @@ class PendingCheckpoint {
   bool aborting() const { return phase_ == CheckpointPhase::kAborting; }
   bool committing() const { return phase_ == CheckpointPhase::kCommitting; }
   // No flush, journal write or commit is in flight (an abort may finish).
-  bool idle() const {
-    return flushes_in_flight == 0 && journals_in_flight == 0 && !committing();
-  }
+  bool idle() const { return flushes_in_flight == 0 && journals_in_flight == 0 && !committing(); }
   // Every rank expected is staged (all of world_size, or those there when committed partial)
   // and persisted: the commit may start.
   bool ready_to_commit() const;

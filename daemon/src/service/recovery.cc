@@ -457,8 +457,9 @@ void CheckpointService::Housekeeping() {
     // Outside the lifecycle lock: the session table's lock, and the arena's and region
     // registry's (ending a session releases what it held).
     size_t n = sessions_.ExpireUnattached(absl::Milliseconds(limits::kSessionAttachTimeoutMs));
-    if (n > 0) spdlog::info("{} sessions ended: not attached within {} ms", n,
-                            limits::kSessionAttachTimeoutMs);
+    if (n > 0)
+      spdlog::info("{} sessions ended: not attached within {} ms", n,
+                   limits::kSessionAttachTimeoutMs);
   }
 }
 
@@ -466,8 +467,7 @@ bool CheckpointService::HousekeepingPass() {
   absl::MutexLock lock(&mu_);
   if (stopping_) return false;
   // The wait releases mu_; a pass holds it only for its scan (no I/O: posts only).
-  changed_.WaitWithTimeout(
-      &mu_, flush_.GateTick());
+  changed_.WaitWithTimeout(&mu_, flush_.GateTick());
   if (stopping_) return false;
   const uint64_t now = NowMs();
   std::vector<PendingCheckpoint*> expired;
@@ -486,10 +486,10 @@ bool CheckpointService::HousekeepingPass() {
     for (uint32_t r = 0; r < p->world_size && missing.size() < 33; ++r) {
       if (!p->ranks.contains(r)) missing.push_back(r);
     }
-    AbortLocked(*p, absl::StrCat("stage timeout: ranks [", absl::StrJoin(missing, ", "),
-                                 missing.size() > 32 ? ", ..." : "", "] of ", p->world_size,
-                                 " were not staged within ", deps_.options->stage_timeout_ms,
-                                 " ms"));
+    AbortLocked(*p,
+                absl::StrCat("stage timeout: ranks [", absl::StrJoin(missing, ", "),
+                             missing.size() > 32 ? ", ..." : "", "] of ", p->world_size,
+                             " were not staged within ", deps_.options->stage_timeout_ms, " ms"));
   }
   // Aborts whose ABORTED row failed: written again (RecordAbort), at most every kAbortRetryMs
   // (changed_ wakes this loop at every failure; retrying at once would spin against an index

@@ -173,6 +173,14 @@ absl::Status CheckpointService::Reshard(const Caller& caller, const v1::ReshardR
     first.push_back({keys::Job(target_job), jr.SerializeAsString()});
   }
 
+  return ClaimAndStartReshard(std::move(job), std::move(first), resp);
+}
+
+absl::Status CheckpointService::ClaimAndStartReshard(std::shared_ptr<ReshardJob> job,
+                                                     std::vector<MetaStore::Write> first,
+                                                     v1::CheckpointStatus* resp) {
+  const std::string src_name = CkptName(job->source.first, job->source.second);
+  const std::string dst_name = CkptName(job->target.first, job->target.second);
   absl::MutexLock lock(&mu_);
   // Read with mu_ released; everything below is checked after it (ReadRowLocked).
   CKPTD_ASSIGN_OR_RETURN(std::optional<v1::CheckpointRecord> existing,
@@ -196,7 +204,8 @@ absl::Status CheckpointService::Reshard(const Caller& caller, const v1::ReshardR
   reshards_[job->target] = job;
   KeyChangedLocked(job->target);
   mu_.Unlock();
-  absl::Status put = committer_.Commit(keys::Checkpoint(target_job, req.target_step()), first);
+  absl::Status put =
+      committer_.Commit(keys::Checkpoint(job->target.first, job->target.second), std::move(first));
   if (put.ok()) CKPTD_SYNC_POINT("reshard.target_recorded");
   mu_.Lock();
   if (!put.ok()) {
@@ -206,7 +215,7 @@ absl::Status CheckpointService::Reshard(const Caller& caller, const v1::ReshardR
     return Annotate(put, absl::StrCat(dst_name, ": recording the reshard"));
   }
   *resp->mutable_summary() = job->rec.summary();
-  spdlog::info("{}: {} started", dst_name, s->origin());
+  spdlog::info("{}: {} started", dst_name, job->rec.summary().origin());
   job->thread = std::thread([this, job] { RunReshard(job); });
   return absl::OkStatus();
 }

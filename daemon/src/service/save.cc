@@ -280,7 +280,8 @@ v1::CheckpointSummary CheckpointService::SummaryLocked(const PendingCheckpoint& 
   return s;
 }
 
-void CheckpointService::FillStatusLocked(const PendingCheckpoint& p, v1::CheckpointStatus* out) const {
+void CheckpointService::FillStatusLocked(const PendingCheckpoint& p,
+                                         v1::CheckpointStatus* out) const {
   *out->mutable_summary() = SummaryLocked(p);
   uint64_t staged = 0, persisted = 0;
   for (const auto& [r, pr] : p.ranks) {
@@ -326,7 +327,8 @@ std::vector<MetaStore::Write> CheckpointService::JournalWritesLocked(
   return writes;
 }
 
-absl::Status CheckpointService::JournalUnlocked(PendingCheckpoint& p, const std::vector<uint32_t>& ranks) {
+absl::Status CheckpointService::JournalUnlocked(PendingCheckpoint& p,
+                                                const std::vector<uint32_t>& ranks) {
   ++p.journals_in_flight;
   // Queued under mu_, so the summary queued last (the newest) lands last.
   Committer::Ticket ticket =
@@ -374,7 +376,8 @@ absl::StatusOr<PendingCheckpoint*> CheckpointService::FindOrOpenLocked(
   }
 }
 
-absl::Status CheckpointService::Save(const Caller& caller, const v1::SaveRequest& req, v1::SaveResponse* resp) {
+absl::Status CheckpointService::Save(const Caller& caller, const v1::SaveRequest& req,
+                                     v1::SaveResponse* resp) {
   CKPTD_ASSIGN_OR_RETURN(std::string session, SessionOf(caller, req.session_id()));
   CKPTD_RETURN_IF_ERROR(ValidateSave(req));
   const std::string what = CkptName(req.job(), req.step());

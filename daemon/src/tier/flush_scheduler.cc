@@ -150,8 +150,8 @@ absl::Status WritePieces(Storage& storage, const std::string& path,
 
 }  // namespace
 
-FlushScheduler::FlushScheduler(const DaemonOptions* options, Storage* storage,
-                               StagingArena* arena, Executor* pool)
+FlushScheduler::FlushScheduler(const DaemonOptions* options, Storage* storage, StagingArena* arena,
+                               Executor* pool)
     : options_(options), storage_(storage), arena_(arena), pool_(pool) {}
 
 bool FlushScheduler::GateElapsed(uint64_t first_staged_unix_ms, uint64_t now_unix_ms) const {
@@ -172,8 +172,8 @@ bool FlushScheduler::Post(std::function<void()> flush) {
 }
 
 const uint8_t* FlushScheduler::ShardSource(std::optional<uint32_t> arena_uid,
-                                              const v1::StagedShard& s,
-                                              const std::vector<RegionLease>& leases) const {
+                                           const v1::StagedShard& s,
+                                           const std::vector<RegionLease>& leases) const {
   const v1::MemRef& m = s.spec().data();
   if (m.length() == 0) return nullptr;
   if (m.target_case() == v1::MemRef::kExtentId) {
@@ -189,18 +189,17 @@ const uint8_t* FlushScheduler::ShardSource(std::optional<uint32_t> arena_uid,
 }
 
 absl::Status FlushScheduler::WriteRankBlob(const std::string& dir,
-                                              const std::vector<RegionLease>& leases,
-                                              v1::RankRecord* rec) {
+                                           const std::vector<RegionLease>& leases,
+                                           v1::RankRecord* rec) {
   const uint32_t block = RankBlockBytes(*rec);
   std::vector<BlobPiece> pieces;
   std::vector<ChecksumJob> checksums;
   uint64_t checksum_bytes = 0;
   std::optional<uint32_t> arena_uid;
   if (auto seg = arena_->SegmentOfGeneration(rec->arena_generation())) arena_uid = seg->uid;
-  CKPTD_RETURN_IF_ERROR(LayOutRankBlob(
-      [&](const v1::StagedShard& s) { return ShardSource(arena_uid, s, leases); }, rec, &pieces,
-      &checksums,
-      &checksum_bytes));
+  CKPTD_RETURN_IF_ERROR(
+      LayOutRankBlob([&](const v1::StagedShard& s) { return ShardSource(arena_uid, s, leases); },
+                     rec, &pieces, &checksums, &checksum_bytes));
   if (pieces.empty() || checksum_bytes < kParallelChecksumBytesMin) {
     CKPTD_RETURN_IF_ERROR(ComputeChecksums(checksums, block));
     if (pieces.empty()) return absl::OkStatus();

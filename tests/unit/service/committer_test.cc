@@ -4,6 +4,8 @@
 //   - a write held in flight does not stop a batch of another key;
 //   - a failed group write fails exactly the batches the store says failed;
 //   - the lifecycle's legal paths, and what clients see in each phase.
+#include "service/committer.h"
+
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <future>
@@ -14,7 +16,6 @@
 
 #include "absl/synchronization/mutex.h"
 #include "index/meta_store.h"
-#include "service/committer.h"
 #include "service/pending_checkpoint.h"
 
 namespace ckptd {
@@ -58,9 +59,8 @@ class HoldingMeta : public MetaStore {
     {
       absl::MutexLock lock(&mu_);
       ++holding_;
-      auto released = [this, &first]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return !held_.contains(first);
-      };
+      auto released = [this, &first]()
+                          ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !held_.contains(first); };
       mu_.Await(absl::Condition(&released));
       --holding_;
       bool fails = false;
@@ -108,9 +108,8 @@ TEST_CASE("committer: batches queued while both write slots are busy go in one g
   }
   std::vector<std::future<absl::Status>> waiters;
   for (const Committer::Ticket& t : queued) {
-    waiters.push_back(std::async(std::launch::async, [&committer, t] {
-      return committer.Await(t);
-    }));
+    waiters.push_back(
+        std::async(std::launch::async, [&committer, t] { return committer.Await(t); }));
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   CHECK(committer.groups() == 0);  // nobody could lead: both slots are busy
@@ -129,7 +128,8 @@ TEST_CASE("committer: batches of one key land in queue order, other keys pass a 
   HoldingMeta meta;
   Committer committer(&meta);
   meta.Hold("row");
-  auto first = std::async(std::launch::async, [&] { return committer.Commit("ckpt", Row("row", "0")); });
+  auto first =
+      std::async(std::launch::async, [&] { return committer.Commit("ckpt", Row("row", "0")); });
   REQUIRE(meta.WaitHolding(1));
   // Queued behind the held write of its key: must not overtake it in the free slot.
   Committer::Ticket second = committer.Enqueue("ckpt", Row("row2", "1"));
