@@ -1,9 +1,15 @@
 # ckptd — the two commands: `make run` and `make test`.
 #   make run    install what is missing, build, start ckptd on ./state (unix socket state/ckptd.sock)
-#   make test   install what is missing, build with ASan + UBSan (build-asan/) and run every C++
-#               test there, the Python tier against that sanitized daemon (the ckptd package,
-#               pytest), the ThreadSanitizer tier (make test-tsan: service and dataplane tests,
-#               build-tsan/) and the fuzzing smoke run (make test-fuzz: libFuzzer, build-fuzz/)
+#   make test   install what is missing, then, cheapest first, the static tiers (make lint): the
+#               format check (make format-check: clang-format-15), ruff on the Python (make
+#               lint-python), the thread-safety build (make check-threads: clang-15
+#               -Wthread-safety, build-tsa/) and clang-tidy (make tidy: clang-tidy-15 over
+#               build-tsa/'s compile commands); then build with ASan + UBSan (build-asan/) and run
+#               every C++ test there (with the plugin seam test, seam.plugins), the Python tier
+#               against that sanitized daemon (the ckptd package, pytest), the ThreadSanitizer
+#               tier (make test-tsan: service and dataplane tests, build-tsan/) and the fuzzing
+#               smoke run (make test-fuzz: libFuzzer, build-fuzz/)
+#   make format apply clang-format-15 to every C++ source of the project (make format-check checks)
 #   make build  build only (build/, optimized, no sanitizers: what make run and make bench use)
 #   make soak   64 clients for SOAK_SECONDS against the daemon (hidden from make test)
 SHELL := /bin/bash
@@ -18,7 +24,8 @@ CMAKE_FLAGS ?= -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
 PYTHON ?= python3
 
 .PHONY: setup build build-asan build-fuzz run test test-cpp test-asan test-fuzz test-python \
-	test-python-asan build-tsan test-tsan python bench soak clean
+	test-python-asan build-tsan test-tsan python bench soak clean lint format format-check \
+	lint-python check-threads tidy configure-tsa
 
 setup:
 	@bash deploy/setup.sh
@@ -34,12 +41,14 @@ build-asan: setup
 	@$(CMAKE) -S . -B $(BUILD_ASAN) $(CMAKE_FLAGS) -DCKPTD_SANITIZE=ON >/dev/null
 	@$(CMAKE) --build $(BUILD_ASAN) -j $(JOBS)
 
-# The ThreadSanitizer tier: the service and dataplane unit tests (the daemon's concurrent core,
-# in-process, with its real flush pool, arena and locks) built with TSan against an abseil built
-# from Debian's source with TSan (tests/tsan/build_absl.sh; once per build dir). Any report
-# fails the tier.
+# The ThreadSanitizer tier: the service, dataplane and common unit tests and the io module's reader
+# pool tests (the daemon's concurrent core, in-process, with its real flush pool, worker pools,
+# reader pool, arena and locks; the other io tests drive io_uring, whose rings liburing maps with
+# raw syscalls TSan cannot see, so they would report its memory as races) built with TSan against
+# an abseil built from Debian's source with TSan (tests/tsan/build_absl.sh; once per build dir).
+# Any report fails the tier.
 BUILD_TSAN ?= $(ROOT)/build-tsan
-TSAN_TARGETS ?= ckptd_unit_service ckptd_unit_dataplane
+TSAN_TARGETS ?= ckptd_unit_service ckptd_unit_dataplane ckptd_unit_common ckptd_unit_io
 build-tsan: setup
 	@bash tests/tsan/build_absl.sh $(BUILD_TSAN)/absl
 	@$(CMAKE) -S . -B $(BUILD_TSAN) $(CMAKE_FLAGS) -DCKPTD_TSAN=ON \
@@ -51,7 +60,7 @@ test-tsan: build-tsan
 	@rm -rf $(BUILD_TSAN)/sanitizer && mkdir -p $(BUILD_TSAN)/sanitizer
 	@cd $(BUILD_TSAN) && \
 	  TSAN_OPTIONS=second_deadlock_stack=1:log_path=$(TSAN_LOG):suppressions=$(ROOT)/tests/tsan/tsan.supp \
-	  ctest --output-on-failure -j 2 --timeout 1200 -R 'unit\.(service|dataplane):'
+	  ctest --output-on-failure -j 2 --timeout 1200 -R 'unit\.(service|dataplane|common):|unit\.io: ?reader pool'
 	@if compgen -G "$(TSAN_LOG).*" >/dev/null; then \
 	  echo "ThreadSanitizer reports:"; cat $(TSAN_LOG).*; exit 1; fi
 
@@ -120,10 +129,65 @@ test-python-asan: build-asan python
 	@if compgen -G "$(SAN_LOG).*" >/dev/null; then \
 	  echo "sanitizer reports:"; cat $(SAN_LOG).*; exit 1; fi
 
+# --- the static tiers (make lint; the first part of make test) ---------------------------------
+# The project's C++ sources: every .cc/.h git knows or would add (tracked, or untracked and not
+# ignored), so build dirs, generated protobuf code (build*/gen) and Python's build tree are out.
+CXX_SOURCES = git ls-files -z --cached --others --exclude-standard -- '*.cc' '*.h' '*.cu' '*.cuh'
+
+# clang-format-15 with .clang-format (Google, 100 columns): format-check fails on any file it
+# would change (and names it); format rewrites them in place.
+format-check: setup
+	@$(CXX_SOURCES) | xargs -0 -r clang-format-15 --dry-run -Werror --style=file
+
+format: setup
+	@$(CXX_SOURCES) | xargs -0 -r clang-format-15 -i --style=file
+
+# ruff on the Python (client/python, plugins/torch, tests/python; ruff.toml).
+lint-python: setup
+	@$(PYTHON) -m ruff check .
+
+# The thread-safety build (build-tsa/): clang-15 with -Wthread-safety as an error
+# (CKPTD_THREAD_SAFETY) over everything the project compiles with its warnings (the daemon, its
+# modules and plugins, the client library, ckptctl, the demo, the benchmarks and the tests, whose
+# rigs hold locks too): every ABSL_GUARDED_BY / ABSL_EXCLUSIVE_LOCKS_REQUIRED /
+# ABSL_LOCKS_EXCLUDED checked. Unoptimized and without debug info: it is there for the analysis,
+# not to run (about 3 CPU-minutes from scratch; -k 0: every finding in one run). libstdc++'s
+# std::mutex and friends carry no annotations, so a field guarded by one would be checked by
+# nobody: the daemon, the client, the plugins and the tests use absl::Mutex / absl::CondVar only,
+# and this target fails on a std:: lock in them first.
+BUILD_TSA ?= $(ROOT)/build-tsa
+TSA_TARGETS ?= all
+STD_LOCKS = std::(recursive_|shared_|timed_|recursive_timed_|shared_timed_)?mutex\b|std::(lock_guard|unique_lock|scoped_lock|shared_lock|condition_variable)
+
+configure-tsa: setup
+	@$(CMAKE) -S . -B $(BUILD_TSA) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-O0 \
+	  -DCMAKE_C_FLAGS_DEBUG=-O0 -DCMAKE_C_COMPILER=clang-15 -DCMAKE_CXX_COMPILER=clang++-15 \
+	  -DCKPTD_THREAD_SAFETY=ON >/dev/null
+
+check-threads: configure-tsa
+	@if git grep --untracked -nE '$(STD_LOCKS)' -- daemon client plugins tests ':!*.py' ':!*.md'; then \
+	  echo "check-threads: std:: locks above are invisible to -Wthread-safety; use absl::Mutex"; \
+	  exit 1; fi
+	@$(CMAKE) --build $(BUILD_TSA) -j $(JOBS) --target $(TSA_TARGETS) -- -k 0
+
+# clang-tidy-15 (.clang-tidy; every finding is an error) over the daemon, the client and the
+# storage plugins, with build-tsa/'s compile commands (clang's own flags; only the generated
+# protobuf headers need to exist, so it does not wait for check-threads), TIDY_JOBS files at once.
+TIDY_JOBS ?= 2
+tidy: configure-tsa
+	@$(CMAKE) --build $(BUILD_TSA) --target ckptd_proto_headers >/dev/null
+	@run-clang-tidy-15 -p $(BUILD_TSA) -j $(TIDY_JOBS) -quiet \
+	  '^$(ROOT)/(daemon|client|plugins/storage)/.*\.cc$$' >$(BUILD_TSA)/tidy.log 2>&1 || \
+	  { grep -E -A3 '(error|warning): ' $(BUILD_TSA)/tidy.log; \
+	    echo "tidy: findings above (full log: $(BUILD_TSA)/tidy.log)"; exit 1; }
+	@echo "tidy: no findings"
+
+lint: format-check lint-python check-threads tidy
+
 # Every C++ test runs in the sanitized build only (the plain build is `make build` / `make run`
 # / `make bench`; `make test-cpp` runs the C++ tests there too): one full build instead of two
 # keeps a fresh clone's `make test` within CI's time.
-test: test-asan test-python-asan test-tsan test-fuzz
+test: lint test-asan test-python-asan test-tsan test-fuzz
 
 bench: build python
 	@bash bench/run.sh
@@ -136,4 +200,4 @@ soak: build
 	  --durations yes
 
 clean:
-	rm -rf $(BUILD) $(BUILD_ASAN) $(BUILD_FUZZ) $(BUILD_RELEASE)
+	rm -rf $(BUILD) $(BUILD_ASAN) $(BUILD_FUZZ) $(BUILD_RELEASE) $(BUILD_TSA)

@@ -9,7 +9,7 @@ DEB_PKGS=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   librocksdb-dev liburing-dev libspdlog-dev libfmt-dev catch2 libabsl-dev
   libcurl4-openssl-dev libssl-dev
-  clang-15 libfuzzer-15-dev
+  clang-15 libfuzzer-15-dev clang-format-15 clang-tidy-15
   dpkg-dev
 )
 
@@ -28,11 +28,13 @@ fi
 
 # Python tier (client/python, plugins/torch, tests/python): pip packages of the Python first on
 # PATH (override with PYTHON=...). torch is pinned to the CPU build; installed only when missing.
+# ruff (make lint-python) is pinned too: a newer one can add findings to the rule sets ruff.toml
+# selects.
 PYTHON="${PYTHON:-python3}"
 TORCH_VERSION=2.13.0
 py_missing=()
 for spec in "numpy:numpy" "pybind11:pybind11" "pytest:pytest" "scikit_build_core:scikit-build-core" \
-            "safetensors:safetensors"; do
+            "safetensors:safetensors" "ruff:ruff==0.17.6"; do
   "$PYTHON" -c "import ${spec%%:*}" 2>/dev/null || py_missing+=("${spec#*:}")
 done
 if [ "${#py_missing[@]}" -gt 0 ]; then

@@ -37,7 +37,7 @@ Setter StringSetter(std::string DaemonOptions::*field) {
 
 template <typename T>
 Setter IntSetter(T DaemonOptions::*field, std::string name) {
-  return [field, name](DaemonOptions& o, absl::string_view v) {
+  return [field, name = std::move(name)](DaemonOptions& o, absl::string_view v) {
     uint64_t parsed = 0;
     if (!absl::SimpleAtoi(v, &parsed) || parsed > std::numeric_limits<T>::max()) {
       return absl::InvalidArgumentError(
@@ -78,7 +78,7 @@ absl::StatusOr<int64_t> ResolveGroup(const std::string& name, const char* option
 }
 
 Setter BoolSetter(bool DaemonOptions::*field, std::string name) {
-  return [field, name](DaemonOptions& o, absl::string_view v) {
+  return [field, name = std::move(name)](DaemonOptions& o, absl::string_view v) {
     std::string s = absl::AsciiStrToLower(v);
     if (s == "true" || s == "1" || s == "yes" || s.empty()) {
       o.*field = true;
@@ -215,8 +215,8 @@ absl::Status DaemonOptions::Validate() {
     return absl::InvalidArgumentError(absl::StrCat("option staging_bytes_max = ",
                                                    staging_bytes_max, " is not a multiple of 4096"));
   }
-  CKPTD_RETURN_IF_ERROR(Range("stage_timeout_ms", stage_timeout_ms, 100, 7 * 24 * 3600 * 1000ull));
-  CKPTD_RETURN_IF_ERROR(Range("reserve_timeout_ms", reserve_timeout_ms, 0, 3600 * 1000));
+  CKPTD_RETURN_IF_ERROR(Range("stage_timeout_ms", stage_timeout_ms, 100, 604'800'000));  // 7 days
+  CKPTD_RETURN_IF_ERROR(Range("reserve_timeout_ms", reserve_timeout_ms, 0, 3'600'000));
   CKPTD_RETURN_IF_ERROR(Range("io_queue_depth", io_queue_depth, 1, limits::kIoQueueDepthMax));
   CKPTD_RETURN_IF_ERROR(Range("checksum_block_bytes", checksum_block_bytes, 4096, 16 << 20));
   if ((checksum_block_bytes & (checksum_block_bytes - 1)) != 0) {
@@ -237,9 +237,9 @@ absl::Status DaemonOptions::Validate() {
   CKPTD_RETURN_IF_ERROR(Range("rpc_queue_max", rpc_queue_max, 1, 1 << 20));
   CKPTD_RETURN_IF_ERROR(Range("waiters_max", waiters_max, 1, 4096));
   CKPTD_RETURN_IF_ERROR(Range("shutdown_grace_s", shutdown_grace_s, 0, 3600));
-  CKPTD_RETURN_IF_ERROR(Range("debug_flush_delay_ms", debug_flush_delay_ms, 0, 3600 * 1000));
-  CKPTD_RETURN_IF_ERROR(Range("debug_load_delay_ms", debug_load_delay_ms, 0, 3600 * 1000));
-  CKPTD_RETURN_IF_ERROR(Range("debug_reshard_delay_ms", debug_reshard_delay_ms, 0, 60 * 1000));
+  CKPTD_RETURN_IF_ERROR(Range("debug_flush_delay_ms", debug_flush_delay_ms, 0, 3'600'000));
+  CKPTD_RETURN_IF_ERROR(Range("debug_load_delay_ms", debug_load_delay_ms, 0, 3'600'000));
+  CKPTD_RETURN_IF_ERROR(Range("debug_reshard_delay_ms", debug_reshard_delay_ms, 0, 60'000));
   if (!debug_crash_at.empty()) {
     if (!kTestHooks) {
       return absl::InvalidArgumentError(absl::StrCat(

@@ -14,11 +14,11 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <mutex>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "harness.h"
 #include "testclient/rank_io.h"
 
@@ -63,10 +63,10 @@ TEST_CASE("soak: 64 clients save, verify and delete; no errors, RSS and fds flat
 
   std::atomic<bool> stop{false};
   std::atomic<uint64_t> committed{0}, verified{0}, deleted{0};
-  std::mutex errors_mu;
+  absl::Mutex errors_mu;  // guards errors until the threads are joined
   std::vector<std::string> errors;
   auto fail = [&](std::string what) {
-    std::lock_guard<std::mutex> lock(errors_mu);
+    absl::MutexLock lock(&errors_mu);
     if (errors.size() < 20) errors.push_back(std::move(what));
     stop = true;
   };

@@ -25,10 +25,13 @@
     if (!ckptd_status_.ok()) return ckptd_status_; \
   } while (0)
 
+// tmp is a name and lhs a declaration (`auto x`): neither can be parenthesized.
+// NOLINTBEGIN(bugprone-macro-parentheses)
 #define CKPTD_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, expr) \
   auto tmp = (expr);                                 \
   if (!tmp.ok()) return tmp.status();                \
   lhs = std::move(*tmp)
+// NOLINTEND(bugprone-macro-parentheses)
 
 #define CKPTD_ASSIGN_OR_RETURN(lhs, expr) \
   CKPTD_ASSIGN_OR_RETURN_IMPL_(CKPTD_CONCAT_(ckptd_statusor_, __LINE__), lhs, expr)

@@ -37,7 +37,7 @@ inline constexpr uint64_t kSessionsPerUidMax = 1024;
 inline constexpr uint64_t kSessionAttachTimeoutMs = 10000;
 inline constexpr uint64_t kLoadRequestsMax = 262144;
 inline constexpr uint64_t kObjectBytesMax = 256 * kMiB;
-inline constexpr uint64_t kItemsPerCheckpointMax = 16 * 1024 * 1024;
+inline constexpr uint64_t kItemsPerCheckpointMax = uint64_t{16} * 1024 * 1024;
 // A tensor's element count, so byte sizes never overflow uint64.
 inline constexpr uint64_t kTensorElementsMax = uint64_t{1} << 56;
 
@@ -81,5 +81,68 @@ inline constexpr uint64_t kManifestCacheMax = 8;
 // I/O: one request is at most this many bytes; larger ones are split.
 inline constexpr uint64_t kIoChunkBytesMax = 8 * kMiB;
 inline constexpr uint32_t kIoQueueDepthMax = 1024;
+
+// --- blobs (format/blob_layout.h) ---
+// Shard checksum blocks: a power of two in this range (options.checksum_block_bytes).
+inline constexpr uint32_t kChecksumBlockBytesMin = 4 * 1024;
+inline constexpr uint32_t kChecksumBlockBytesMax = 16 * 1024 * 1024;
+// Largest blob: a layout that would grow past it is RESOURCE_EXHAUSTED. Far above any rank's
+// data, low enough that no offset + padding arithmetic can overflow uint64.
+inline constexpr uint64_t kBlobBytesMax = uint64_t{1} << 60;
+static_assert(kBlobBytesMax % kAlignmentBytes == 0);
+static_assert(kStagingBytesMax <= kBlobBytesMax, "a flushed rank's blob always fits");
+static_assert(kTensorElementsMax * 16 <= kBlobBytesMax, "any one tensor shard fits a blob");
+static_assert(kChecksumBlockBytesMin % kAlignmentBytes == 0);
+static_assert((kChecksumBlockBytesMin & (kChecksumBlockBytesMin - 1)) == 0);
+static_assert((kChecksumBlockBytesMax & (kChecksumBlockBytesMax - 1)) == 0);
+static_assert(kChecksumBlockBytesMin <= kChecksumBlockBytesMax);
+
+// --- bounded workers (common/worker_pool.h, io/reader_pool.h) ---
+// Every pool has a fixed number of long-lived, named threads and a bounded queue; a full queue
+// either blocks the submitter (backpressure) or answers RESOURCE_EXHAUSTED, as each use chooses.
+// Pool thread names are at most this long (pthread_setname_np's limit, without the NUL).
+inline constexpr uint64_t kThreadNameBytesMax = 15;
+// A pool's threads: the daemon's "wait" pool runs one per RPC blocked at once (waiters_max, at
+// most 4096).
+inline constexpr uint64_t kWorkerPoolThreadsMax = 4096;
+
+// The checksum pool: crc32c of shard blocks off the flush thread, in tasks of whole blocks of
+// about kChecksumTaskBytes (so a 4 GiB shard is many tasks and a 4 KiB one is one).
+inline constexpr uint64_t kChecksumPoolThreads = 4;
+inline constexpr uint64_t kChecksumPoolQueueMax = 256;
+inline constexpr uint64_t kChecksumTaskBytes = 4 * kMiB;
+// Below this many bytes in all, a flush checksums on its own thread (a task costs more).
+inline constexpr uint64_t kChecksumParallelBytesMin = 1 * kMiB;
+static_assert(kChecksumTaskBytes % kChecksumBlockBytesMin == 0);
+static_assert(kChecksumTaskBytes >= kChecksumParallelBytesMin);
+
+// The reader pool: long-lived readers (each thread keeps its io_uring ring for its life), fed
+// from one queue of pieces; a read request larger than kReaderPieceBytes is split into pieces
+// that several readers read at once. Each piece keeps up to kReaderPieceBytes/kIoChunkBytesMax
+// transfers in flight, so the disk queue holds up to kReaderPoolThreads times that.
+inline constexpr uint64_t kReaderPoolThreads = 4;
+inline constexpr uint64_t kReaderPieceBytes = 4 * kIoChunkBytesMax;
+inline constexpr uint64_t kReaderQueueMax = 256;
+// Bytes of reads queued or in flight at once (in the callers' buffers): the queue's bound in
+// memory.
+inline constexpr uint64_t kReaderQueuedBytesMax = 8 * kGiB;
+static_assert(kReaderQueueMax * kReaderPieceBytes <= kReaderQueuedBytesMax);
+static_assert(kReaderPieceBytes % kIoChunkBytesMax == 0 && kReaderPieceBytes % kAlignmentBytes == 0);
+static_assert(kReaderPieceBytes / kIoChunkBytesMax <= kIoQueueDepthMax,
+              "one piece's transfers fit in flight on one reader's ring");
+
+// The reshard pool: one thread per reshard that may run at once (kReshardJobsMax); a reshard
+// beyond that is refused RESOURCE_EXHAUSTED before it is queued.
+inline constexpr uint64_t kReshardPoolThreads = kReshardJobsMax;
+inline constexpr uint64_t kReshardQueueMax = kReshardJobsMax;
+
+static_assert(kChecksumPoolThreads >= 1 && kReaderPoolThreads >= 1 && kReshardPoolThreads >= 1,
+              "every pool has a thread");
+static_assert(kChecksumPoolQueueMax >= kChecksumPoolThreads &&
+                  kReaderQueueMax >= kReaderPoolThreads && kReshardQueueMax >= kReshardPoolThreads,
+              "every queue can feed all of its pool's threads");
+static_assert(kChecksumPoolThreads <= kWorkerPoolThreadsMax &&
+              kReaderPoolThreads <= kWorkerPoolThreadsMax &&
+              kReshardPoolThreads <= kWorkerPoolThreadsMax);
 
 }  // namespace ckptd::limits

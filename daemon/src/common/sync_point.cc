@@ -98,11 +98,11 @@ absl::Status ArmSyncPointCrash(const SyncPointCrash& crash) {
   return absl::OkStatus();
 }
 
-void SetSyncPointCallback(SyncPointCallback cb) {
+void SetSyncPointCallback(SyncPointCallback callback_in) {
   {
     absl::MutexLock lock(&callback_mu);
     delete callback;
-    callback = cb ? new SyncPointCallback(std::move(cb)) : nullptr;
+    callback = callback_in ? new SyncPointCallback(std::move(callback_in)) : nullptr;
   }
   UpdateArmed();
 }

@@ -297,6 +297,7 @@ absl::StatusOr<int> StagingArena::SegmentFd(uint32_t uid) const {
 std::vector<ArenaSegmentInfo> StagingArena::segments() const {
   absl::ReaderMutexLock lock(&seg_mu_);
   std::vector<ArenaSegmentInfo> out;
+  out.reserve(segs_.size());
   for (const auto& s : segs_) out.push_back(s->info);
   return out;
 }
@@ -345,7 +346,8 @@ void StagingArena::Unlink() {
 std::vector<StagingArena::Span> StagingArena::ClaimLocked(uint64_t offset, uint64_t length,
                                                           uint32_t uid) {
   // Split the runs at both ends, then walk the runs inside.
-  auto split = [this](uint64_t at) {
+  // The lambdas run under the caller's mu_ (clang's analysis does not carry it into a lambda).
+  auto split = [this](uint64_t at) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto it = resident_.upper_bound(at);
     if (it == resident_.begin()) return;
     --it;
@@ -396,7 +398,7 @@ absl::Status StagingArena::MakeResident(uint32_t uid, const std::vector<Span>& s
   if (!spans.empty()) {
     // The first segment's background faulting must not be racing a punch of what it faults.
     absl::MutexLock lock(&mu_);
-    auto busy = [&] {
+    auto busy = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       if (inflight_length_ == 0 || prefault_uid_ == uid) return false;
       for (const Span& sp : spans) {
         if (sp.offset < inflight_offset_ + inflight_length_ &&

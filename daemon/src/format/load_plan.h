@@ -46,7 +46,7 @@ struct PlanOptions {
   double merge_gap_fraction = 0.05;
   // Longer runs are split (at checksum-block boundaries). Must be >= 2 * the checksum block and a
   // multiple of alignment_bytes. Default: 16 MiB
-  uint64_t max_run_bytes = 16 * 1024 * 1024;
+  uint64_t max_run_bytes = uint64_t{16} * 1024 * 1024;
   // Items with at most this many shards are matched by trying each shard (bounded work per
   // request, cheaper than building an index); larger ones through the interval index.
   // Default: 16

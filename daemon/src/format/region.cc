@@ -105,9 +105,6 @@ bool ContiguousRange(std::span<const uint64_t> shape, const v1::Region& region, 
 
 namespace {
 
-using region_internal::RegionPieces;
-using region_internal::Strides;
-
 absl::Status BoxError(const v1::Region& region, std::span<const uint64_t> shape,
                       std::string_view why) {
   return absl::InvalidArgumentError(absl::StrFormat("region %s %s shape %s", DescribeRegion(region),
@@ -221,6 +218,7 @@ std::string RegionKey(const v1::Region& region, std::span<const uint64_t> shape)
     return absl::StrFormat("flat:%d+%d", start, count);
   }
   std::vector<std::string> dims;
+  dims.reserve(region.box().offsets_size());
   for (int d = 0; d < region.box().offsets_size(); ++d) {
     dims.push_back(absl::StrFormat("%d+%d", region.box().offsets(d), region.box().lengths(d)));
   }

@@ -121,12 +121,13 @@ grpc::ServerUnaryReactor* GrpcCheckpointService::Dispatch(grpc::CallbackServerCo
   return reactor;
 }
 
-#define CKPTD_RPC(Name, Req, Resp, pool, call)                                              \
-  grpc::ServerUnaryReactor* GrpcCheckpointService::Name(grpc::CallbackServerContext* ctx,  \
+#define CKPTD_RPC(Name, Req, Resp, pool, call)                                                \
+  grpc::ServerUnaryReactor* GrpcCheckpointService::Name(grpc::CallbackServerContext* ctx,     \
                                                         const v1::Req* req, v1::Resp* resp) { \
-    (void)resp;                                                                             \
-    return Dispatch(ctx, pools_.pool, #Name,                                                \
-                    [this, req, resp](const Caller& caller) { return call; });             \
+    return Dispatch(ctx, pools_.pool, #Name, [this, req, resp](const Caller& caller) {        \
+      (void)resp; /* calls without a response body (Goodbye, Delete, ...) do not use it */    \
+      return call;                                                                            \
+    });                                                                                       \
   }
 
 CKPTD_RPC(Hello, HelloRequest, HelloResponse, quick, svc_->Hello(caller, *req, resp))
