@@ -4,8 +4,8 @@
 // done.
 #include "absl/strings/str_cat.h"
 #include "ckptd/status.h"
-#include "common/limits.h"
 #include "ckptd/sync_point.h"
+#include "common/limits.h"
 #include "format/names.h"
 #include "index/keys.h"
 #include "service/checkpoint_service.h"
@@ -55,8 +55,8 @@ void CheckpointService::FinishAbortLocked(PendingCheckpoint& p) {
     // one synced write under mu_ left: only when the flush pool refuses, i.e. stopping or full).
     // Recorded first, extents and files after (see RecordAbort).
     absl::Status st = committer_.Commit(keys::Checkpoint(key.first, key.second), a.writes);
-    if (!st.ok()) spdlog::error("recording abort of {}: {}", CkptName(key.first, key.second),
-                                st.ToString());
+    if (!st.ok())
+      spdlog::error("recording abort of {}: {}", CkptName(key.first, key.second), st.ToString());
     if (st.ok()) deps_.arena->Free(a.extent_ids);
     absl::Status removed = st.ok() ? deps_.storage->RemoveAll(rec.dir()) : absl::OkStatus();
     if (!removed.ok()) spdlog::error("removing {}: {}", rec.dir(), removed.ToString());
@@ -101,7 +101,8 @@ void CheckpointService::RecordAbort(AbortRecord a) {
   changed_.SignalAll();
 }
 
-absl::Status CheckpointService::Abort(const Caller& caller, const v1::AbortRequest& req, v1::CheckpointStatus* resp) {
+absl::Status CheckpointService::Abort(const Caller& caller, const v1::AbortRequest& req,
+                                      v1::CheckpointStatus* resp) {
   CKPTD_RETURN_IF_ERROR(ValidateJobStep(req.job(), req.step()));
   CKPTD_RETURN_IF_ERROR(CheckAccess(caller, req.job(), Access::kDelete));
   const std::string what = CkptName(req.job(), req.step());
@@ -126,16 +127,19 @@ absl::Status CheckpointService::Abort(const Caller& caller, const v1::AbortReque
   while (pending_.contains(key) || rewriting_.contains(key)) {
     if (auto failed = abort_write_failed_.find(key); failed != abort_write_failed_.end()) {
       return absl::UnavailableError(absl::StrCat(
-          what, " is aborted but its ABORTED row could not be written (it is retried; a daemon "
-          "restart before it is could still resume the checkpoint): ", failed->second.message()));
+          what,
+          " is aborted but its ABORTED row could not be written (it is retried; a daemon "
+          "restart before it is could still resume the checkpoint): ",
+          failed->second.message()));
     }
     if (changed_.WaitWithDeadline(&mu_, deadline)) break;
   }
   if (pending_.contains(key) || rewriting_.contains(key)) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        what, " is aborted but its ABORTED row is not yet durable after ",
-        limits::kAbortDurableWaitMs, " ms (a flush still running, or the index refusing writes; "
-        "it is retried): a daemon restart now could still resume it"));
+    return absl::DeadlineExceededError(
+        absl::StrCat(what, " is aborted but its ABORTED row is not yet durable after ",
+                     limits::kAbortDurableWaitMs,
+                     " ms (a flush still running, or the index refusing writes; "
+                     "it is retried): a daemon restart now could still resume it"));
   }
   return absl::OkStatus();
 }

@@ -104,7 +104,7 @@ absl::StatusOr<std::optional<uint32_t>> CheckpointService::JobOwner(const std::s
 }
 
 absl::Status CheckpointService::CheckAccess(const Caller& caller, const std::string& job,
-                                           Access access) {
+                                            Access access) {
   CKPTD_ASSIGN_OR_RETURN(std::optional<uint32_t> owner, JobOwner(job));
   return AccessAllowed(caller, job, owner, access);
 }
@@ -113,7 +113,9 @@ absl::Status CheckpointService::AccessAllowed(const Caller& caller, const std::s
                                               std::optional<uint32_t> owner, Access access) {
   if (!owner || *owner == caller.uid) return absl::OkStatus();
   if (caller.admin && access != Access::kWrite) return absl::OkStatus();
-  const char* what = access == Access::kRead ? "read" : access == Access::kWrite ? "write" : "delete";
+  const char* what = access == Access::kRead    ? "read"
+                     : access == Access::kWrite ? "write"
+                                                : "delete";
   return absl::PermissionDeniedError(absl::StrCat("job ", job, " belongs to uid ", *owner, "; ",
                                                   DescribeCaller(caller), " may not ", what,
                                                   " it"));
@@ -190,7 +192,8 @@ absl::Status CheckpointService::MarkCorrupt(const std::string& job, uint64_t ste
   return Annotate(st, absl::StrCat("recording ", CkptName(job, step), " CORRUPT"));
 }
 
-absl::Status CheckpointService::Latest(const Caller& caller, const v1::LatestRequest& req, v1::LatestResponse* resp) {
+absl::Status CheckpointService::Latest(const Caller& caller, const v1::LatestRequest& req,
+                                       v1::LatestResponse* resp) {
   CKPTD_RETURN_IF_ERROR(ValidateJobName(req.job()));
   CKPTD_RETURN_IF_ERROR(CheckAccess(caller, req.job(), Access::kRead));
   CKPTD_ASSIGN_OR_RETURN(uint64_t step, LatestCommitted(req.job()));
@@ -198,22 +201,22 @@ absl::Status CheckpointService::Latest(const Caller& caller, const v1::LatestReq
   return absl::OkStatus();
 }
 
-absl::Status CheckpointService::ListJobs(const Caller& /*caller: every uid may list jobs and owners*/, const v1::ListJobsRequest& req,
-                                         v1::ListJobsResponse* resp) {
+absl::Status CheckpointService::ListJobs(
+    const Caller& /*caller: every uid may list jobs and owners*/, const v1::ListJobsRequest& req,
+    v1::ListJobsResponse* resp) {
   uint32_t page = PageSize(req.page_size(), limits::kListPageSizeDefault, limits::kListPageSizeMax);
   std::string start_after = req.page_token().empty() ? "" : keys::Job(req.page_token());
   std::vector<std::pair<std::string, v1::JobRecord>> jobs;
-  CKPTD_RETURN_IF_ERROR(deps_.meta->Scan(keys::JobPrefix(), start_after, page + 1,
-                                         [&](std::string_view key, std::string_view value) {
-                                           absl::StatusOr<std::string> job = keys::DecodeJob(key);
-                                           v1::JobRecord jr;
-                                           if (!jr.ParseFromArray(value.data(),
-                                                                  static_cast<int>(value.size()))) {
-                                             jr.Clear();  // listed, owner unknown (0)
-                                           }
-                                           if (job.ok()) jobs.emplace_back(*job, jr);
-                                           return true;
-                                         }));
+  CKPTD_RETURN_IF_ERROR(deps_.meta->Scan(
+      keys::JobPrefix(), start_after, page + 1, [&](std::string_view key, std::string_view value) {
+        absl::StatusOr<std::string> job = keys::DecodeJob(key);
+        v1::JobRecord jr;
+        if (!jr.ParseFromArray(value.data(), static_cast<int>(value.size()))) {
+          jr.Clear();  // listed, owner unknown (0)
+        }
+        if (job.ok()) jobs.emplace_back(*job, jr);
+        return true;
+      }));
   if (jobs.size() > page) {
     jobs.resize(page);
     resp->set_next_page_token(jobs.back().first);
@@ -239,7 +242,8 @@ absl::Status CheckpointService::ListJobs(const Caller& /*caller: every uid may l
   return absl::OkStatus();
 }
 
-absl::Status CheckpointService::ListCheckpoints(const Caller& caller, const v1::ListCheckpointsRequest& req,
+absl::Status CheckpointService::ListCheckpoints(const Caller& caller,
+                                                const v1::ListCheckpointsRequest& req,
                                                 v1::ListCheckpointsResponse* resp) {
   CKPTD_RETURN_IF_ERROR(ValidateJobName(req.job()));
   CKPTD_RETURN_IF_ERROR(CheckAccess(caller, req.job(), Access::kRead));
@@ -343,8 +347,8 @@ absl::Status CheckpointService::Inspect(const Caller& caller, const v1::InspectR
       }
       v1::ItemRecord ir;
       if (!ir.ParseFromString(*raw)) {
-        return absl::DataLossError(absl::StrCat("the index row of item \"", name, "\" of ", what,
-                                                " does not parse"));
+        return absl::DataLossError(
+            absl::StrCat("the index row of item \"", name, "\" of ", what, " does not parse"));
       }
       *resp->add_items() = ir.info();
     }
@@ -358,9 +362,9 @@ absl::Status CheckpointService::Inspect(const Caller& caller, const v1::InspectR
       prefix, start_after, page + 1, [&](std::string_view key, std::string_view v) {
         v1::ItemRecord ir;
         if (!ir.ParseFromArray(v.data(), static_cast<int>(v.size()))) {
-          parsed = absl::DataLossError(
-              absl::StrCat("the index row of item \"", std::string(key.substr(prefix.size())),
-                           "\" of ", what, " does not parse"));
+          parsed = absl::DataLossError(absl::StrCat("the index row of item \"",
+                                                    std::string(key.substr(prefix.size())),
+                                                    "\" of ", what, " does not parse"));
           return false;
         }
         *resp->add_items() = ir.info();
@@ -384,9 +388,9 @@ absl::Status CheckpointService::CheckDeletableLocked(const Key& key) const {
         "); abort it first"));
   }
   if (std::optional<Key> target = ReshardReadingLocked(key)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        what, " is the source of a running reshard to ", CkptName(target->first, target->second),
-        "; wait for it or abort it first"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, " is the source of a running reshard to ",
+                     CkptName(target->first, target->second), "; wait for it or abort it first"));
   }
   auto busy = rewriting_.find(key);
   if (busy != rewriting_.end()) {
@@ -430,7 +434,8 @@ absl::Status CheckpointService::Delete(const Caller& caller, const v1::DeleteReq
   }
   if (!st.ok()) {
     spdlog::error("deleting {}: {}", what, st.ToString());
-    return Annotate(st, absl::StrCat("deleting ", what, " (if it shows DELETING now, delete it "
+    return Annotate(st, absl::StrCat("deleting ", what,
+                                     " (if it shows DELETING now, delete it "
                                      "again or restart the daemon to finish)"));
   }
   spdlog::info("{} deleted", what);

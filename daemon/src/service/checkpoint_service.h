@@ -286,8 +286,7 @@ class CheckpointService {
   absl::Status AdoptManifests();
   absl::Status CheckCommittedRows();
   absl::Status ResumePending();
-  absl::Status ResumeOne(const v1::CheckpointRecord& rec,
-                         const std::vector<v1::RankRecord>& ranks);
+  absl::Status ResumeOne(const v1::CheckpointRecord& rec, const std::vector<v1::RankRecord>& ranks);
   void AbortRecovered(const v1::CheckpointRecord& rec, const std::string& reason);
   void RemoveOrphanSegments();
   // Logs one entry recovery could not use (naming its path or index key) and keeps it for the

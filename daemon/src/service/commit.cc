@@ -5,18 +5,17 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "ckptd/status.h"
+#include "ckptd/sync_point.h"
 #include "common/align.h"
+#include "common/limits.h"
 #include "format/names.h"
 #include "format/region.h"
 #include "index/keys.h"
-#include "common/limits.h"
-#include "ckptd/sync_point.h"
 #include "service/checkpoint_service.h"
 #include "spdlog/spdlog.h"
 
 namespace ckptd {
 namespace {
-
 
 v1::ItemInfo ItemInfoOf(const v1::ItemEntry& item) {
   v1::ItemInfo info;
@@ -76,8 +75,8 @@ absl::StatusOr<Manifest> CheckpointService::BuildManifestLocked(const PendingChe
       *item.add_shards() = s.stored();
       total += s.stored().length();
       if (s.stored().length() > 0) {
-        blob_bytes = std::max(blob_bytes, s.stored().offset() +
-                                              RoundUp(s.stored().length(), limits::kAlignmentBytes));
+        blob_bytes = std::max(blob_bytes, s.stored().offset() + RoundUp(s.stored().length(),
+                                                                        limits::kAlignmentBytes));
       }
     }
     v1::BlobInfo* b = h.add_blobs();
@@ -98,10 +97,10 @@ absl::StatusOr<Manifest> CheckpointService::BuildManifestLocked(const PendingChe
       if (spec.has_tensor() &&
           !std::equal(stored->block_crc32c().begin(), stored->block_crc32c().end(),
                       s.stored().block_crc32c().begin(), s.stored().block_crc32c().end())) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "item \"", spec.item(), "\" ", DescribeRegion(spec.tensor().region()), ": ranks ",
-            stored->saved_by_rank(), " and ", r,
-            " saved different bytes for the same region (replicas must match)"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("item \"", spec.item(), "\" ", DescribeRegion(spec.tensor().region()),
+                         ": ranks ", stored->saved_by_rank(), " and ", r,
+                         " saved different bytes for the same region (replicas must match)"));
       }
       stored->add_replica_ranks(r);
     }
@@ -153,8 +152,7 @@ absl::Status CheckpointService::IndexCommitted(const Manifest& m, const std::str
 
 absl::Status CheckpointService::WriteCommitted(const Manifest& m, const std::string& dir) {
   CKPTD_ASSIGN_OR_RETURN(std::string bytes, EncodeManifest(m));
-  CKPTD_RETURN_IF_ERROR(
-      deps_.storage->PutAtomic(absl::StrCat(dir, "/", kManifestFileName), bytes));
+  CKPTD_RETURN_IF_ERROR(deps_.storage->PutAtomic(absl::StrCat(dir, "/", kManifestFileName), bytes));
   CKPTD_SYNC_POINT("commit.manifest_durable");
   CKPTD_RETURN_IF_ERROR(IndexCommitted(m, dir));
   CKPTD_SYNC_POINT("commit.indexed");
@@ -184,8 +182,8 @@ void CheckpointService::CommitCheckpoint(Key key) {
     AbortLocked(p, absl::StrCat("commit failed: ", st.message()));
     return;
   }
-  spdlog::info("checkpoint {}/{} COMMITTED ({} items, {} bytes, {} ranks{})", key.first,
-               key.second, m->items.size(), m->header.total_bytes(), p.ranks.size(),
+  spdlog::info("checkpoint {}/{} COMMITTED ({} items, {} bytes, {} ranks{})", key.first, key.second,
+               m->items.size(), m->header.total_bytes(), p.ranks.size(),
                p.partial ? ", partial" : "");
   manifest_cache_.Put(key, std::make_shared<const Manifest>(*std::move(m)));
   // No journal write can be in flight: a committing checkpoint takes no ranks and no partial

@@ -18,8 +18,8 @@ absl::StatusOr<std::shared_ptr<const Manifest>> CheckpointService::GetManifest(
   CKPTD_ASSIGN_OR_RETURN(std::string bytes, deps_.storage->Get(path));
   absl::StatusOr<Manifest> m = DecodeManifest(bytes, path);
   if (m.ok() && (m->header.job() != job || m->header.step() != step)) {
-    m = absl::DataLossError(absl::StrCat("manifest ", path, " belongs to ", m->header.job(), "/",
-                                         m->header.step()));
+    m = absl::DataLossError(
+        absl::StrCat("manifest ", path, " belongs to ", m->header.job(), "/", m->header.step()));
   }
   if (!m.ok()) {
     // A committed checkpoint whose manifest does not verify is CORRUPT from here on: never
@@ -35,7 +35,8 @@ absl::StatusOr<std::shared_ptr<const Manifest>> CheckpointService::GetManifest(
   return shared;
 }
 
-absl::Status CheckpointService::Load(const Caller& caller, const v1::LoadRequest& req, v1::LoadResponse* resp) {
+absl::Status CheckpointService::Load(const Caller& caller, const v1::LoadRequest& req,
+                                     v1::LoadResponse* resp) {
   CKPTD_ASSIGN_OR_RETURN(std::string session, SessionOf(caller, req.session_id()));
   CKPTD_RETURN_IF_ERROR(ValidateJobName(req.job()));
   CKPTD_RETURN_IF_ERROR(CheckAccess(caller, req.job(), Access::kRead));
@@ -50,14 +51,13 @@ absl::Status CheckpointService::Load(const Caller& caller, const v1::LoadRequest
   }
   CKPTD_ASSIGN_OR_RETURN(std::optional<v1::CheckpointRecord> rec, GetRecord(req.job(), step));
   if (!rec) {
-    return absl::NotFoundError(absl::StrCat("checkpoint ", req.job(), "/", step,
-                                            " does not exist"));
+    return absl::NotFoundError(
+        absl::StrCat("checkpoint ", req.job(), "/", step, " does not exist"));
   }
   if (rec->summary().state() != v1::COMMITTED) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("checkpoint ", req.job(), "/", step, " is ",
-                     v1::CheckpointState_Name(rec->summary().state()),
-                     "; only COMMITTED checkpoints load"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint ", req.job(), "/", step, " is ",
+        v1::CheckpointState_Name(rec->summary().state()), "; only COMMITTED checkpoints load"));
   }
   CKPTD_ASSIGN_OR_RETURN(std::shared_ptr<const Manifest> m, GetManifest(req.job(), step));
   resp->set_step(step);

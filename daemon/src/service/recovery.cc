@@ -16,18 +16,19 @@
 // (data/notes.txt, data/job/notes, a step directory with a bad name), a row that does not parse,
 // a manifest that does not verify. Only failures of the index itself or of listing the data
 // dir's root stop the start.
-#include <algorithm>
 #include <signal.h>
+
+#include <algorithm>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "ckptd/status.h"
+#include "ckptd/sync_point.h"
+#include "common/limits.h"
 #include "format/names.h"
 #include "format/region.h"
 #include "index/keys.h"
-#include "common/limits.h"
-#include "ckptd/sync_point.h"
 #include "service/checkpoint_service.h"
 #include "spdlog/spdlog.h"
 
@@ -44,8 +45,8 @@ absl::StatusOr<Manifest> ReadManifest(Storage& storage, const std::string& job, 
   CKPTD_ASSIGN_OR_RETURN(std::string bytes, storage.Get(path));
   CKPTD_ASSIGN_OR_RETURN(Manifest m, DecodeManifest(bytes, path));
   if (m.header.job() != job || m.header.step() != step) {
-    return absl::DataLossError(absl::StrCat("manifest ", path, " names ", m.header.job(), "/",
-                                            m.header.step()));
+    return absl::DataLossError(
+        absl::StrCat("manifest ", path, " names ", m.header.job(), "/", m.header.step()));
   }
   return m;
 }
@@ -106,8 +107,8 @@ void CheckpointService::RecoveryProblem(std::string what) {
 }
 
 absl::Status CheckpointService::RepairIndexRows() {
-  CKPTD_RETURN_IF_ERROR(deps_.meta->Scan(
-      keys::JobPrefix(), "", 0, [&](std::string_view key, std::string_view v) {
+  CKPTD_RETURN_IF_ERROR(
+      deps_.meta->Scan(keys::JobPrefix(), "", 0, [&](std::string_view key, std::string_view v) {
         v1::JobRecord jr;
         if (!jr.ParseFromArray(v.data(), static_cast<int>(v.size()))) {
           RecoveryProblem(absl::StrCat(
@@ -117,12 +118,12 @@ absl::Status CheckpointService::RepairIndexRows() {
         return true;
       }));
   std::vector<std::string> broken;
-  CKPTD_RETURN_IF_ERROR(deps_.meta->Scan(
-      keys::AllCheckpointsPrefix(), "", 0, [&](std::string_view key, std::string_view v) {
-        v1::CheckpointRecord rec;
-        if (!ParseRow(key, v, &rec)) broken.emplace_back(key);
-        return true;
-      }));
+  CKPTD_RETURN_IF_ERROR(deps_.meta->Scan(keys::AllCheckpointsPrefix(), "", 0,
+                                         [&](std::string_view key, std::string_view v) {
+                                           v1::CheckpointRecord rec;
+                                           if (!ParseRow(key, v, &rec)) broken.emplace_back(key);
+                                           return true;
+                                         }));
   for (const std::string& key : broken) {
     absl::StatusOr<std::pair<std::string, uint64_t>> id = keys::DecodeCheckpoint(key);
     if (!id.ok() || !ValidateJobStep(id->first, id->second).ok()) {
@@ -133,8 +134,8 @@ absl::Status CheckpointService::RepairIndexRows() {
     const auto& [job, step] = *id;
     const std::string dir = CheckpointDir(job, step);
     const std::string what =
-        absl::StrCat("the index row of ", CkptName(job, step), " (", deps_.storage->Describe(),
-                     "/", dir, ") does not parse or names another checkpoint");
+        absl::StrCat("the index row of ", CkptName(job, step), " (", deps_.storage->Describe(), "/",
+                     dir, ") does not parse or names another checkpoint");
     absl::StatusOr<bool> has_manifest =
         deps_.storage->Exists(absl::StrCat(dir, "/", kManifestFileName));
     if (!has_manifest.ok()) {
@@ -168,8 +169,7 @@ absl::Status CheckpointService::FinishDeletes() {
   CKPTD_RETURN_IF_ERROR(deps_.meta->Scan(
       keys::AllCheckpointsPrefix(), "", 0, [&](std::string_view key, std::string_view v) {
         v1::CheckpointRecord rec;
-        if (ParseRow(key, v, &rec) &&
-            rec.summary().state() == v1::DELETING) {
+        if (ParseRow(key, v, &rec) && rec.summary().state() == v1::DELETING) {
           deleting.push_back(std::move(rec));
         }
         return true;
@@ -193,8 +193,8 @@ absl::Status CheckpointService::AdoptManifests() {
   CKPTD_ASSIGN_OR_RETURN(std::vector<std::string> jobs, deps_.storage->List(""));
   for (const std::string& job : jobs) {
     if (absl::Status valid = ValidateJobName(job); !valid.ok()) {
-      RecoveryProblem(absl::StrCat(root, "/", job, " is not a job directory (",
-                                   valid.message(), "); skipped"));
+      RecoveryProblem(
+          absl::StrCat(root, "/", job, " is not a job directory (", valid.message(), "); skipped"));
       continue;
     }
     absl::StatusOr<std::vector<std::string>> steps = deps_.storage->List(job);
@@ -232,9 +232,8 @@ absl::Status CheckpointService::AdoptManifests() {
       absl::StatusOr<Manifest> m = ReadManifest(*deps_.storage, job, *step);
       if (!m.ok()) {
         if (state != v1::CORRUPT) {
-          RecoveryProblem(absl::StrCat(root, "/", path, " does not verify; ",
-                                       CkptName(job, *step), " not exposed: ",
-                                       m.status().ToString()));
+          RecoveryProblem(absl::StrCat(root, "/", path, " does not verify; ", CkptName(job, *step),
+                                       " not exposed: ", m.status().ToString()));
         } else {
           spdlog::warn("recovery: {} stays CORRUPT: {}", CkptName(job, *step),
                        m.status().ToString());
@@ -249,8 +248,7 @@ absl::Status CheckpointService::AdoptManifests() {
   return absl::OkStatus();
 }
 
-void CheckpointService::AbortRecovered(const v1::CheckpointRecord& rec,
-                                       const std::string& reason) {
+void CheckpointService::AbortRecovered(const v1::CheckpointRecord& rec, const std::string& reason) {
   const v1::CheckpointSummary& s = rec.summary();
   spdlog::warn("recovery: checkpoint {}/{} ABORTED: {}", s.job(), s.step(), reason);
   absl::Status st = deps_.storage->RemoveAll(CheckpointDir(s.job(), s.step()));
@@ -270,15 +268,16 @@ void CheckpointService::AbortRecovered(const v1::CheckpointRecord& rec,
 absl::Status CheckpointService::ResumePending() {
   std::vector<v1::CheckpointRecord> open;
   std::vector<v1::CheckpointRecord> aborted;
-  CKPTD_RETURN_IF_ERROR(deps_.meta->Scan(
-      keys::AllCheckpointsPrefix(), "", 0, [&](std::string_view key, std::string_view v) {
-        v1::CheckpointRecord rec;
-        if (!ParseRow(key, v, &rec)) return true;
-        auto state = rec.summary().state();
-        if (state == v1::STAGING || state == v1::PERSISTING) open.push_back(rec);
-        if (state == v1::ABORTED) aborted.push_back(rec);
-        return true;
-      }));
+  CKPTD_RETURN_IF_ERROR(deps_.meta->Scan(keys::AllCheckpointsPrefix(), "", 0,
+                                         [&](std::string_view key, std::string_view v) {
+                                           v1::CheckpointRecord rec;
+                                           if (!ParseRow(key, v, &rec)) return true;
+                                           auto state = rec.summary().state();
+                                           if (state == v1::STAGING || state == v1::PERSISTING)
+                                             open.push_back(rec);
+                                           if (state == v1::ABORTED) aborted.push_back(rec);
+                                           return true;
+                                         }));
   for (const v1::CheckpointRecord& rec : aborted) {
     // Collect partial data an interrupted abort may have left; what cannot be removed now is
     // only space (the checkpoint is ABORTED either way), retried at the next start.
@@ -341,22 +340,22 @@ absl::Status CheckpointService::ResumeOne(const v1::CheckpointRecord& rec,
       const v1::ShardSpec& spec = sh.spec();
       if (!pr.persisted() && spec.data().length() > 0) {
         if (spec.data().target_case() != v1::MemRef::kExtentId) {
-          return absl::DataLossError(absl::StrCat(
-              "recovery: rank ", rr.rank(), " staged from a client region, which did not "
-              "survive the restart"));
+          return absl::DataLossError(absl::StrCat("recovery: rank ", rr.rank(),
+                                                  " staged from a client region, which did not "
+                                                  "survive the restart"));
         }
         std::optional<ArenaSegmentInfo> seg =
             deps_.arena->SegmentOfGeneration(rr.arena_generation());
         if (!seg || !seg->adopted) {
-          return absl::DataLossError(absl::StrCat(
-              "recovery: the staging arena segment was lost (rank ", rr.rank(),
-              " was staged into generation ", rr.arena_generation(),
-              ", which this daemon did not adopt)"));
+          return absl::DataLossError(
+              absl::StrCat("recovery: the staging arena segment was lost (rank ", rr.rank(),
+                           " was staged into generation ", rr.arena_generation(),
+                           ", which this daemon did not adopt)"));
         }
         if (std::find(pr.extent_ids.begin(), pr.extent_ids.end(), sh.extent_id()) ==
             pr.extent_ids.end()) {
-          CKPTD_RETURN_IF_ERROR(deps_.arena->Restore(sh.extent_id(), seg->uid,
-                                                     sh.arena_offset(), sh.extent_length()));
+          CKPTD_RETURN_IF_ERROR(deps_.arena->Restore(sh.extent_id(), seg->uid, sh.arena_offset(),
+                                                     sh.extent_length()));
           pr.extent_ids.push_back(sh.extent_id());
         }
       }
@@ -395,8 +394,7 @@ absl::Status CheckpointService::CheckCommittedRows() {
   CKPTD_RETURN_IF_ERROR(deps_.meta->Scan(
       keys::AllCheckpointsPrefix(), "", 0, [&](std::string_view key, std::string_view v) {
         v1::CheckpointRecord rec;
-        if (ParseRow(key, v, &rec) &&
-            rec.summary().state() == v1::COMMITTED) {
+        if (ParseRow(key, v, &rec) && rec.summary().state() == v1::COMMITTED) {
           committed.push_back(rec);
         }
         return true;
@@ -420,8 +418,7 @@ absl::Status CheckpointService::VerifyNewestCommitted() {
   CKPTD_RETURN_IF_ERROR(deps_.meta->Scan(
       keys::AllCheckpointsPrefix(), "", 0, [&](std::string_view key, std::string_view v) {
         v1::CheckpointRecord rec;
-        if (ParseRow(key, v, &rec) &&
-            rec.summary().state() == v1::COMMITTED) {
+        if (ParseRow(key, v, &rec) && rec.summary().state() == v1::COMMITTED) {
           committed[rec.summary().job()].push_back(rec.summary().step());
         }
         return true;
@@ -432,17 +429,16 @@ absl::Status CheckpointService::VerifyNewestCommitted() {
       // checkpoint after a restart does not read it again.
       absl::StatusOr<std::shared_ptr<const Manifest>> m = GetManifest(job, *step);
       if (m.ok()) break;
-      const std::string path =
-          absl::StrCat(deps_.storage->Describe(), "/", CheckpointDir(job, *step), "/",
-                       kManifestFileName);
+      const std::string path = absl::StrCat(deps_.storage->Describe(), "/",
+                                            CheckpointDir(job, *step), "/", kManifestFileName);
       if (!absl::IsDataLoss(m.status())) {
         RecoveryProblem(absl::StrCat(path, " cannot be read to verify it (", m.status().ToString(),
                                      "); ", CkptName(job, *step), " left COMMITTED"));
         break;
       }
-      RecoveryProblem(absl::StrCat(path, " does not verify: ", CkptName(job, *step),
-                                   " is CORRUPT, latest falls back to an older one: ",
-                                   m.status().ToString()));
+      RecoveryProblem(
+          absl::StrCat(path, " does not verify: ", CkptName(job, *step),
+                       " is CORRUPT, latest falls back to an older one: ", m.status().ToString()));
     }
   }
   return absl::OkStatus();

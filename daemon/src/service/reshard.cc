@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "ckptd/status.h"
+#include "ckptd/sync_point.h"
 #include "common/align.h"
 #include "format/crc32c.h"
 #include "format/dtype.h"
@@ -14,7 +15,6 @@
 #include "format/region.h"
 #include "format/reshard_spec.h"
 #include "index/keys.h"
-#include "ckptd/sync_point.h"
 #include "service/checkpoint_service.h"
 #include "spdlog/spdlog.h"
 
@@ -125,9 +125,9 @@ absl::Status CheckpointService::Reshard(const Caller& caller, const v1::ReshardR
   CKPTD_ASSIGN_OR_RETURN(std::optional<v1::CheckpointRecord> src, GetRecord(req.job(), req.step()));
   if (!src) return absl::NotFoundError(absl::StrCat(src_name, " does not exist"));
   if (src->summary().state() != v1::COMMITTED) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        src_name, " is ", v1::CheckpointState_Name(src->summary().state()),
-        "; only COMMITTED checkpoints can be resharded"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(src_name, " is ", v1::CheckpointState_Name(src->summary().state()),
+                     "; only COMMITTED checkpoints can be resharded"));
   }
   CKPTD_ASSIGN_OR_RETURN(std::shared_ptr<const Manifest> m, GetManifest(req.job(), req.step()));
   if (m->header.partial()) {
@@ -140,8 +140,8 @@ absl::Status CheckpointService::Reshard(const Caller& caller, const v1::ReshardR
   job->spec = std::move(spec);
   job->src = m;
   for (const v1::ItemEntry& item : m->items) {
-    const ReshardRule* rule = item.kind() == v1::TENSOR ? MatchRule(job->spec, item.name())
-                                                        : nullptr;
+    const ReshardRule* rule =
+        item.kind() == v1::TENSOR ? MatchRule(job->spec, item.name()) : nullptr;
     if (rule != nullptr) job->world_size = std::max(job->world_size, RuleWorldSize(*rule));
     // Per-rank objects keep their saving rank, which must stay below the world size.
     for (const v1::ShardEntry& s : item.shards()) {
@@ -191,13 +191,13 @@ absl::Status CheckpointService::ClaimAndStartReshard(std::shared_ptr<ReshardJob>
         reshards_.size(), " reshards are running; the limit is ", limits::kReshardJobsMax));
   }
   if (auto busy = rewriting_.find(job->source); busy != rewriting_.end()) {
-    return absl::AbortedError(absl::StrCat(src_name, " is ", busy->second,
-                                           "; it cannot be resharded"));
+    return absl::AbortedError(
+        absl::StrCat(src_name, " is ", busy->second, "; it cannot be resharded"));
   }
   if (existing || pending_.contains(job->target) || reshards_.contains(job->target) ||
       rewriting_.contains(job->target)) {
-    return absl::AlreadyExistsError(absl::StrCat(
-        dst_name, " already exists; delete it first or choose another target step"));
+    return absl::AlreadyExistsError(
+        absl::StrCat(dst_name, " already exists; delete it first or choose another target step"));
   }
   // The target is claimed in reshards_ first, so the synced row is written without mu_; an
   // Abort meanwhile sets job->cancel and the thread, once started, finishes it as ABORTED.
@@ -372,8 +372,8 @@ bool CheckpointService::CancelReshardLocked(const Key& key, const std::string& r
   if (it == reshards_.end()) return false;
   ReshardJob& job = *it->second;
   if (!job.cancel.load()) {
-    job.cancel_reason = absl::StrCat("cancelled: ", reason.empty() ? "aborted by a client"
-                                                                   : reason.substr(0, 1024));
+    job.cancel_reason = absl::StrCat(
+        "cancelled: ", reason.empty() ? "aborted by a client" : reason.substr(0, 1024));
     job.cancel = true;
   }
   ReshardStatusLocked(key, resp);

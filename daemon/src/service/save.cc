@@ -5,12 +5,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "ckptd/status.h"
+#include "ckptd/sync_point.h"
+#include "common/limits.h"
 #include "format/dtype.h"
 #include "format/names.h"
 #include "format/region.h"
 #include "index/keys.h"
-#include "common/limits.h"
-#include "ckptd/sync_point.h"
 #include "service/checkpoint_service.h"
 #include "spdlog/spdlog.h"
 
@@ -83,10 +83,10 @@ absl::Status CheckpointService::CheckOpenLimitsLocked(const std::string& job,
     ++open;
   }
   if (open >= limits::kOpenCheckpointsPerJobMax) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        what, ": job ", job, " has ", open, " checkpoints being saved; the limit is ",
-        limits::kOpenCheckpointsPerJobMax,
-        " (kOpenCheckpointsPerJobMax); wait for them to commit or abort them"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat(what, ": job ", job, " has ", open, " checkpoints being saved; the limit is ",
+                     limits::kOpenCheckpointsPerJobMax,
+                     " (kOpenCheckpointsPerJobMax); wait for them to commit or abort them"));
   }
   return absl::OkStatus();
 }
@@ -96,13 +96,11 @@ absl::Status CheckpointService::ValidateSave(const v1::SaveRequest& req) const {
   std::string what = CkptName(req.job(), req.step());
   if (req.world_size() == 0 || req.world_size() > limits::kWorldSizeMax) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": world_size ", req.world_size(),
-                                                   " must be in [1, ", limits::kWorldSizeMax,
-                                                   "]"));
+                                                   " must be in [1, ", limits::kWorldSizeMax, "]"));
   }
   if (req.rank() >= req.world_size()) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": rank ", req.rank(),
-                                                   " is not below world_size ",
-                                                   req.world_size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": rank ", req.rank(), " is not below world_size ", req.world_size()));
   }
   if (static_cast<uint64_t>(req.shards_size()) > limits::kShardsPerSaveMax) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": ", req.shards_size(),
@@ -141,13 +139,9 @@ absl::Status CheckpointService::ValidateSave(const v1::SaveRequest& req) const {
       return absl::InvalidArgumentError(absl::StrCat(where, ": neither tensor nor object"));
     }
     if (s.data().length() != expect_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat(where, " ",
-                                                     s.has_tensor() ? DescribeRegion(
-                                                                          s.tensor().region())
-                                                                    : "",
-                                                     ": data is ", s.data().length(),
-                                                     " bytes but the region holds ",
-                                                     expect_bytes));
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, " ", s.has_tensor() ? DescribeRegion(s.tensor().region()) : "", ": data is ",
+          s.data().length(), " bytes but the region holds ", expect_bytes));
     }
     if (expect_bytes > 0 && s.data().target_case() == v1::MemRef::TARGET_NOT_SET) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": data names no extent or region"));
@@ -170,9 +164,11 @@ absl::Status CheckpointService::ValidateSave(const v1::SaveRequest& req) const {
         same = f.object().scope() == s.object().scope();
       }
       if (!same) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            where, ": shard ", i, " describes the item differently (kind, dtype, global shape "
-            "or scope) than shard ", first->second, " of the same Save"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": shard ", i,
+                         " describes the item differently (kind, dtype, global shape "
+                         "or scope) than shard ",
+                         first->second, " of the same Save"));
       }
     }
   }
@@ -186,10 +182,9 @@ absl::Status CheckpointService::ValidateSave(const v1::SaveRequest& req) const {
       if (s.item() == item) regions.push_back(s.tensor().region());
     }
     if (regions.size() < 2) continue;
-    std::vector<uint64_t> shape(f.tensor().global_shape().begin(),
-                                f.tensor().global_shape().end());
-    CKPTD_RETURN_IF_ERROR(Annotate(CheckNoOverlap(shape, regions, item),
-                                   absl::StrCat(what, " rank ", req.rank())));
+    std::vector<uint64_t> shape(f.tensor().global_shape().begin(), f.tensor().global_shape().end());
+    CKPTD_RETURN_IF_ERROR(
+        Annotate(CheckNoOverlap(shape, regions, item), absl::StrCat(what, " rank ", req.rank())));
   }
   return absl::OkStatus();
 }
@@ -208,10 +203,9 @@ absl::Status CheckpointService::ResolveSaveData(const std::string& session,
       absl::StatusOr<ExtentInfo> e = deps_.arena->Lookup(session, m.extent_id());
       if (!e.ok()) return Annotate(e.status(), where);
       if (m.offset() > e->length || m.length() > e->length - m.offset()) {
-        return absl::OutOfRangeError(absl::StrCat(where, ": bytes [", m.offset(), ", ",
-                                                  m.offset(), "+", m.length(),
-                                                  ") are outside extent ", e->id, " (",
-                                                  e->length, " bytes)"));
+        return absl::OutOfRangeError(absl::StrCat(where, ": bytes [", m.offset(), ", ", m.offset(),
+                                                  "+", m.length(), ") are outside extent ", e->id,
+                                                  " (", e->length, " bytes)"));
       }
       st->set_extent_id(e->id);
       st->set_arena_offset(e->offset);
@@ -242,10 +236,12 @@ absl::Status CheckpointService::CheckItemsLocked(const PendingCheckpoint& p,
                                   s.tensor().global_shape().end());
       if (m.kind != v1::TENSOR || m.dtype != s.tensor().dtype() || m.shape != shape) {
         return absl::InvalidArgumentError(absl::StrCat(
-            where, ": rank ", req.rank(), " saves it as ", std::string(DTypeName(s.tensor().dtype())), " ",
-            DescribeShape(shape), " but rank ", m.first_rank, " saved it as ",
-            m.kind == v1::TENSOR ? absl::StrCat(std::string(DTypeName(m.dtype)), " ", DescribeShape(m.shape))
-                                 : "an object"));
+            where, ": rank ", req.rank(), " saves it as ",
+            std::string(DTypeName(s.tensor().dtype())), " ", DescribeShape(shape), " but rank ",
+            m.first_rank, " saved it as ",
+            m.kind == v1::TENSOR
+                ? absl::StrCat(std::string(DTypeName(m.dtype)), " ", DescribeShape(m.shape))
+                : "an object"));
       }
     } else if (m.kind != v1::OBJECT || m.scope != s.object().scope()) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": rank ", req.rank(),
@@ -357,9 +353,9 @@ absl::StatusOr<PendingCheckpoint*> CheckpointService::FindOrOpenLocked(
           absl::StrCat(what, " is ", busy->second, "; retry once that has finished"));
     }
     if (existing) {
-      return absl::AlreadyExistsError(absl::StrCat(
-          what, " is already ", v1::CheckpointState_Name(existing->summary().state()),
-          "; delete it first or save another step"));
+      return absl::AlreadyExistsError(
+          absl::StrCat(what, " is already ", v1::CheckpointState_Name(existing->summary().state()),
+                       "; delete it first or save another step"));
     }
     if (!owner.ok()) return owner.status();
     CKPTD_RETURN_IF_ERROR(AccessAllowed(caller, req.job(), *owner, Access::kWrite));
@@ -405,13 +401,13 @@ absl::Status CheckpointService::Save(const Caller& caller, const v1::SaveRequest
         what, " is ", v1::CheckpointState_Name(p.api_state()), "; it takes no more ranks"));
   }
   if (p.world_size != req.world_size()) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": rank ", req.rank(),
-                                                   " says world_size ", req.world_size(),
-                                                   " but earlier ranks said ", p.world_size));
+    return absl::InvalidArgumentError(absl::StrCat(what, ": rank ", req.rank(), " says world_size ",
+                                                   req.world_size(), " but earlier ranks said ",
+                                                   p.world_size));
   }
   if (p.ranks.contains(req.rank())) {
-    return absl::AlreadyExistsError(absl::StrCat(what, ": rank ", req.rank(),
-                                                 " is already staged"));
+    return absl::AlreadyExistsError(
+        absl::StrCat(what, ": rank ", req.rank(), " is already staged"));
   }
   CKPTD_RETURN_IF_ERROR(CheckItemsLocked(p, req));
   CKPTD_RETURN_IF_ERROR(deps_.arena->Take(session, rank.extent_ids));
@@ -426,7 +422,8 @@ absl::Status CheckpointService::Save(const Caller& caller, const v1::SaveRequest
     // staged replicas of its shards (stored_copy) and been journaled so. The checkpoint is
     // aborted (its extents freed); the client gets the index's error.
     AbortLocked(p, absl::StrCat("journaling rank ", r, " failed: ", journaled.message()));
-    return Annotate(journaled, absl::StrCat(what, ": journaling rank ", r, " (the checkpoint "
+    return Annotate(journaled, absl::StrCat(what, ": journaling rank ", r,
+                                            " (the checkpoint "
                                             "is aborted; save the next step)"));
   }
   if (p.aborting()) {
@@ -480,11 +477,13 @@ void CheckpointService::MaybeStartCommitLocked(PendingCheckpoint& p) {
   }
 }
 
-absl::Status CheckpointService::Wait(const Caller& caller, const v1::WaitRequest& req, v1::CheckpointStatus* resp) {
+absl::Status CheckpointService::Wait(const Caller& caller, const v1::WaitRequest& req,
+                                     v1::CheckpointStatus* resp) {
   CKPTD_RETURN_IF_ERROR(ValidateJobStep(req.job(), req.step()));
   CKPTD_RETURN_IF_ERROR(CheckAccess(caller, req.job(), Access::kRead));
   const std::string what = CkptName(req.job(), req.step());
-  v1::WaitFor until = req.until() == v1::WAIT_FOR_UNSPECIFIED ? v1::WAIT_FOR_COMMITTED : req.until();
+  v1::WaitFor until =
+      req.until() == v1::WAIT_FOR_UNSPECIFIED ? v1::WAIT_FOR_COMMITTED : req.until();
   absl::Time deadline =
       absl::Now() + absl::Milliseconds(std::min(req.timeout_ms(), limits::kWaitTimeoutMsMax));
   absl::MutexLock lock(&mu_);
@@ -527,14 +526,16 @@ absl::Status CheckpointService::Wait(const Caller& caller, const v1::WaitRequest
       " ms", missing.empty() ? "" : absl::StrCat("; ranks missing: ", RanksList(missing))));
 }
 
-absl::Status CheckpointService::Commit(const Caller& caller, const v1::CommitRequest& req, v1::CheckpointStatus* resp) {
+absl::Status CheckpointService::Commit(const Caller& caller, const v1::CommitRequest& req,
+                                       v1::CheckpointStatus* resp) {
   CKPTD_RETURN_IF_ERROR(ValidateJobStep(req.job(), req.step()));
   CKPTD_RETURN_IF_ERROR(CheckAccess(caller, req.job(), Access::kWrite));
   const std::string what = CkptName(req.job(), req.step());
   if (!req.partial()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ": Commit is only for intentionally partial sets (partial=true); a complete "
-              "checkpoint commits by itself once all ranks are staged"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what,
+                     ": Commit is only for intentionally partial sets (partial=true); a complete "
+                     "checkpoint commits by itself once all ranks are staged"));
   }
   absl::MutexLock lock(&mu_);
   auto it = pending_.find(Key{req.job(), req.step()});

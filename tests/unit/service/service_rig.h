@@ -18,9 +18,9 @@
 #include <optional>
 #include <string>
 
+#include "../dataplane/test_arena.h"
 #include "ckptd/status.h"
 #include "ckptd/storage.h"
-#include "../dataplane/test_arena.h"
 #include "dataplane/arena.h"
 #include "dataplane/region_registry.h"
 #include "format/names.h"
@@ -175,8 +175,7 @@ struct Rig {
 
   // `test_clock` (borrowed; nullptr: the real clock) is the service's clock. The state dir is
   // made under `tmp_root` (empty: $CKPTD_TEST_TMP, else /tmp).
-  explicit Rig(bool use_rocks = false, const Clock* test_clock = nullptr,
-               std::string tmp_root = "")
+  explicit Rig(bool use_rocks = false, const Clock* test_clock = nullptr, std::string tmp_root = "")
       : rocks(use_rocks) {
     if (test_clock != nullptr) clock = test_clock;
     const char* tmp = getenv("CKPTD_TEST_TMP");
