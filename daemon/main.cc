@@ -18,6 +18,8 @@
 #include "absl/strings/str_split.h"
 #include "ckptd/status.h"
 #include "ckptd/storage.h"
+#include "ckptd/sync_point.h"
+#include "common/limits.h"
 #include "dataplane/arena.h"
 #include "dataplane/buffered_io.h"
 #include "dataplane/memory_guard.h"
@@ -28,8 +30,6 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "index/keys.h"
 #include "index/meta_store.h"
-#include "common/limits.h"
-#include "ckptd/sync_point.h"
 #include "options.h"
 #include "rpc/arena_fd_server.h"
 #include "rpc/grpc_service.h"
@@ -84,17 +84,16 @@ absl::StatusOr<std::unique_ptr<StagingArena>> OpenArena(const DaemonOptions& o, 
                        absl::StrCat(s.name, " ", s.generation)};
     return meta.Commit({&w, 1}, /*sync=*/true);
   };
-  CKPTD_ASSIGN_OR_RETURN(
-      std::unique_ptr<StagingArena> arena,
-      StagingArena::Create(ArenaOptions{"/" + prefix, o.staging_bytes_max, o.staging_prefault,
-                                        o.staging_mlock},
-                           journal));
+  CKPTD_ASSIGN_OR_RETURN(std::unique_ptr<StagingArena> arena,
+                         StagingArena::Create(ArenaOptions{"/" + prefix, o.staging_bytes_max,
+                                                           o.staging_prefault, o.staging_mlock},
+                                              journal));
   std::vector<std::pair<std::string, std::string>> rows;
-  CKPTD_RETURN_IF_ERROR(meta.Scan(keys::Meta("arena.u"), "", 0,
-                                  [&rows](std::string_view k, std::string_view v) {
-                                    rows.emplace_back(k, v);
-                                    return true;
-                                  }));
+  CKPTD_RETURN_IF_ERROR(
+      meta.Scan(keys::Meta("arena.u"), "", 0, [&rows](std::string_view k, std::string_view v) {
+        rows.emplace_back(k, v);
+        return true;
+      }));
   const std::string key_prefix = keys::Meta("arena.u");
   for (const auto& [key, value] : rows) {
     std::vector<std::string> parts = absl::StrSplit(value, ' ');
@@ -104,8 +103,7 @@ absl::StatusOr<std::unique_ptr<StagingArena>> OpenArena(const DaemonOptions& o, 
       st = arena->Adopt(uid, parts[0], parts[1]);
     }
     if (!st.ok()) {
-      spdlog::warn("not adopting the journaled staging arena segment {}: {}", value,
-                   st.ToString());
+      spdlog::warn("not adopting the journaled staging arena segment {}: {}", value, st.ToString());
     }
   }
   return arena;
@@ -127,11 +125,11 @@ absl::Status MakeDir(const std::string& dir, mode_t mode, int64_t gid) {
 // (socket_mode 0660), that group may pass through the directory to reach it (0710, group
 // socket_group) — never list it; the index and data dirs under it stay 0700.
 absl::Status MakeStateDirs(const DaemonOptions& o) {
-  const bool socket_inside = std::filesystem::path(o.socket_path).parent_path() ==
-                             std::filesystem::path(o.state_dir);
+  const bool socket_inside =
+      std::filesystem::path(o.socket_path).parent_path() == std::filesystem::path(o.state_dir);
   const bool group_socket = socket_inside && (o.socket_mode & 0060) != 0;
-  CKPTD_RETURN_IF_ERROR(MakeDir(o.state_dir, group_socket ? 0710 : 0700,
-                                group_socket ? o.socket_gid : -1));
+  CKPTD_RETURN_IF_ERROR(
+      MakeDir(o.state_dir, group_socket ? 0710 : 0700, group_socket ? o.socket_gid : -1));
   return MakeDir(o.data_dir, 0700, -1);
 }
 
@@ -172,10 +170,9 @@ int Run(const DaemonOptions& o) {
   if (!o.direct_io) io = NewBufferedIo(std::move(io));
   std::unique_ptr<Storage> storage = NewPosixStorage(o.data_dir, io.get());
   StagingArena* arena_ptr = arena->get();
-  RegionRegistry regions(ForbiddenRegions{
-      "/" + prefix, [arena_ptr](uint64_t dev, uint64_t ino) {
-        return arena_ptr->IsSegment(dev, ino);
-      }});
+  RegionRegistry regions(ForbiddenRegions{"/" + prefix, [arena_ptr](uint64_t dev, uint64_t ino) {
+                                            return arena_ptr->IsSegment(dev, ino);
+                                          }});
   Executor flush_pool("flush", o.flush_threads, 1 << 20);
   Executor quick_pool("rpc", o.rpc_threads, o.rpc_queue_max);
   // Waits and reservations on their own bounded pools: Waits that may last an hour can never
@@ -193,8 +190,8 @@ int Run(const DaemonOptions& o) {
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  absl::StatusOr<std::unique_ptr<PeerListener>> listener = PeerListener::Listen(
-      ListenOptions{o.socket_path, o.socket_mode, o.socket_gid, o.admin_gid});
+  absl::StatusOr<std::unique_ptr<PeerListener>> listener =
+      PeerListener::Listen(ListenOptions{o.socket_path, o.socket_mode, o.socket_gid, o.admin_gid});
   if (!listener.ok()) {
     spdlog::critical("cannot listen on {}: {}", o.socket_path, listener.status().ToString());
     return 1;
@@ -222,10 +219,11 @@ int Run(const DaemonOptions& o) {
   }
   (*arena_fds)->Start();
   (*listener)->Start(server.get());
-  spdlog::info("ckptd ready on unix:{} (mode 0{:o}; data {}, staging arena of {} bytes, {} "
-               "segment(s) adopted, instance {})",
-               o.socket_path, o.socket_mode, o.data_dir, o.staging_bytes_max,
-               (*arena)->segments().size(), svc.instance_id());
+  spdlog::info(
+      "ckptd ready on unix:{} (mode 0{:o}; data {}, staging arena of {} bytes, {} "
+      "segment(s) adopted, instance {})",
+      o.socket_path, o.socket_mode, o.data_dir, o.staging_bytes_max, (*arena)->segments().size(),
+      svc.instance_id());
 
   sigset_t set;
   sigemptyset(&set);
@@ -244,8 +242,9 @@ int Run(const DaemonOptions& o) {
     // Flush threads are still inside a write: leave them (their work is journaled and resumes
     // from the arena at the next start) rather than overrun the grace period.
     std::filesystem::remove(o.socket_path);
-    spdlog::warn("exiting with flushes in flight; they resume from the staging arena at the "
-                 "next start");
+    spdlog::warn(
+        "exiting with flushes in flight; they resume from the staging arena at the "
+        "next start");
     spdlog::shutdown();
     std::_Exit(0);
   }
@@ -256,8 +255,9 @@ int Run(const DaemonOptions& o) {
   if (nothing_staged) {
     (*arena)->Unlink();
   } else {
-    spdlog::info("staged checkpoints stay journaled in the staging arena's segments; the next "
-                 "start resumes them");
+    spdlog::info(
+        "staged checkpoints stay journaled in the staging arena's segments; the next "
+        "start resumes them");
   }
   std::filesystem::remove(o.socket_path);
   spdlog::info("stopped");

@@ -18,6 +18,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -35,6 +36,15 @@ class MetaStore {
   virtual absl::StatusOr<std::optional<std::string>> Get(std::string_view key) = 0;
   // Applies all writes atomically; sync=true: durable (WAL fsync'd) before returning.
   virtual absl::Status Commit(std::span<const Write> writes, bool sync) = 0;
+  // Applies `batches` in order, each atomically, as one write where the store can (group commit:
+  // one WriteBatch, one WAL sync for all); returns one status per batch. This default writes
+  // them as one Commit, so every batch shares its status.
+  virtual std::vector<absl::Status> CommitGroup(std::span<const std::vector<Write>> batches,
+                                                bool sync) {
+    std::vector<Write> all;
+    for (const std::vector<Write>& b : batches) all.insert(all.end(), b.begin(), b.end());
+    return std::vector<absl::Status>(batches.size(), Commit(all, sync));
+  }
   // Deletes every key starting with `prefix`, atomically.
   virtual absl::Status DeletePrefix(std::string_view prefix, bool sync) = 0;
   // Bytes free on the volume holding the index (for the reserve checked before journaling new

@@ -156,8 +156,7 @@ CKPTD_RPC(Load, LoadRequest, LoadResponse, loads, svc_->Load(caller, *req, resp)
 CKPTD_RPC(ListJobs, ListJobsRequest, ListJobsResponse, quick, svc_->ListJobs(caller, *req, resp))
 CKPTD_RPC(ListCheckpoints, ListCheckpointsRequest, ListCheckpointsResponse, quick,
           svc_->ListCheckpoints(caller, *req, resp))
-CKPTD_RPC(GetStatus, GetStatusRequest, CheckpointStatus, quick,
-          svc_->GetStatus(caller, *req, resp))
+CKPTD_RPC(GetStatus, GetStatusRequest, CheckpointStatus, quick, svc_->GetStatus(caller, *req, resp))
 CKPTD_RPC(Inspect, InspectRequest, InspectResponse, quick, svc_->Inspect(caller, *req, resp))
 CKPTD_RPC(Delete, DeleteRequest, DeleteResponse, quick, svc_->Delete(caller, *req))
 CKPTD_RPC(Latest, LatestRequest, LatestResponse, quick, svc_->Latest(caller, *req, resp))

@@ -24,7 +24,7 @@ grpc::Status ToGrpcStatus(const absl::Status& s);
 
 struct RpcPools {
   Executor* quick = nullptr;
-  Executor* waiters = nullptr;  // Wait: may block up to its timeout
+  Executor* waiters = nullptr;   // Wait: may block up to its timeout
   Executor* reserves = nullptr;  // ReserveExtents / UnregisterRegion: may wait for space or leases
   Executor* loads = nullptr;
 };
@@ -45,8 +45,7 @@ class GrpcCheckpointService final : public v1::Checkpoint::CallbackService {
                                   v1::HelloResponse* resp) override;
   grpc::ServerWriteReactor<v1::SessionEvent>* Attach(grpc::CallbackServerContext* ctx,
                                                      const v1::AttachRequest* req) override;
-  grpc::ServerUnaryReactor* Goodbye(grpc::CallbackServerContext* ctx,
-                                    const v1::GoodbyeRequest* req,
+  grpc::ServerUnaryReactor* Goodbye(grpc::CallbackServerContext* ctx, const v1::GoodbyeRequest* req,
                                     v1::GoodbyeResponse* resp) override;
   grpc::ServerUnaryReactor* ReserveExtents(grpc::CallbackServerContext* ctx,
                                            const v1::ReserveExtentsRequest* req,
@@ -64,8 +63,7 @@ class GrpcCheckpointService final : public v1::Checkpoint::CallbackService {
                                  v1::SaveResponse* resp) override;
   grpc::ServerUnaryReactor* Wait(grpc::CallbackServerContext* ctx, const v1::WaitRequest* req,
                                  v1::CheckpointStatus* resp) override;
-  grpc::ServerUnaryReactor* Commit(grpc::CallbackServerContext* ctx,
-                                   const v1::CommitRequest* req,
+  grpc::ServerUnaryReactor* Commit(grpc::CallbackServerContext* ctx, const v1::CommitRequest* req,
                                    v1::CheckpointStatus* resp) override;
   grpc::ServerUnaryReactor* Abort(grpc::CallbackServerContext* ctx, const v1::AbortRequest* req,
                                   v1::CheckpointStatus* resp) override;
@@ -80,17 +78,13 @@ class GrpcCheckpointService final : public v1::Checkpoint::CallbackService {
   grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* ctx,
                                       const v1::GetStatusRequest* req,
                                       v1::CheckpointStatus* resp) override;
-  grpc::ServerUnaryReactor* Inspect(grpc::CallbackServerContext* ctx,
-                                    const v1::InspectRequest* req,
+  grpc::ServerUnaryReactor* Inspect(grpc::CallbackServerContext* ctx, const v1::InspectRequest* req,
                                     v1::InspectResponse* resp) override;
-  grpc::ServerUnaryReactor* Delete(grpc::CallbackServerContext* ctx,
-                                   const v1::DeleteRequest* req,
+  grpc::ServerUnaryReactor* Delete(grpc::CallbackServerContext* ctx, const v1::DeleteRequest* req,
                                    v1::DeleteResponse* resp) override;
-  grpc::ServerUnaryReactor* Latest(grpc::CallbackServerContext* ctx,
-                                   const v1::LatestRequest* req,
+  grpc::ServerUnaryReactor* Latest(grpc::CallbackServerContext* ctx, const v1::LatestRequest* req,
                                    v1::LatestResponse* resp) override;
-  grpc::ServerUnaryReactor* Reshard(grpc::CallbackServerContext* ctx,
-                                    const v1::ReshardRequest* req,
+  grpc::ServerUnaryReactor* Reshard(grpc::CallbackServerContext* ctx, const v1::ReshardRequest* req,
                                     v1::CheckpointStatus* resp) override;
 
  private:

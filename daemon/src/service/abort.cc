@@ -4,8 +4,8 @@
 // done.
 #include "absl/strings/str_cat.h"
 #include "ckptd/status.h"
-#include "common/limits.h"
 #include "ckptd/sync_point.h"
+#include "common/limits.h"
 #include "format/names.h"
 #include "index/keys.h"
 #include "service/checkpoint_service.h"
@@ -13,25 +13,25 @@
 
 namespace ckptd {
 
-void CheckpointService::AbortLocked(Pending& p, const std::string& reason) {
-  if (p.aborting) return;
+void CheckpointService::AbortLocked(PendingCheckpoint& p, const std::string& reason) {
+  if (p.aborting()) return;
   spdlog::warn("{} aborted: {}", CkptName(p.job, p.step), reason);
-  p.aborting = true;
-  p.state = v1::ABORTED;
+  p.Transition(p.phase(), CheckpointPhase::kAborting);
   p.error = reason;
   // Client regions are released now (a restart never resumes a rank staged from one; a flush in
   // flight releases its own). Arena extents stay the checkpoint's until its ABORTED row is
   // durable (RecordAbort): until then the journal names them, and a restart must never resume a
   // rank from bytes already handed to another client.
   for (auto& [r, pr] : p.ranks) {
-    if (!pr.flushing) pr.leases.clear();
+    if (!pr.flushing()) pr.leases.clear();
   }
-  if (IdleLocked(p)) FinishAbortLocked(p);
+  if (p.idle()) FinishAbortLocked(p);
   changed_.SignalAll();
 }
 
-void CheckpointService::FinishAbortLocked(Pending& p) {
-  CKPTD_CHECK(p.aborting && IdleLocked(p));
+void CheckpointService::FinishAbortLocked(PendingCheckpoint& p) {
+  CKPTD_CHECK(p.idle());
+  p.Transition(CheckpointPhase::kAborting, CheckpointPhase::kAborted);
   const Key key{p.job, p.step};
   v1::CheckpointRecord rec;
   *rec.mutable_summary() = SummaryLocked(p);
@@ -47,18 +47,21 @@ void CheckpointService::FinishAbortLocked(Pending& p) {
   // Until the ABORTED row is written, a Save, Delete or reshard of the key is refused (ABORTED,
   // retry) rather than racing the removal of its files.
   rewriting_.emplace(key, "being aborted");
+  KeyChangedLocked(key);
   changed_.SignalAll();
   if (!deps_.flush_pool->Post([this, a] { RecordAbort(a); })) {
     // Shutting down (the pool drains what it took): a restart sees the journal rows of an
-    // unfinished checkpoint and aborts or resumes it; record the abort now, under the lock.
+    // unfinished checkpoint and aborts or resumes it; record the abort now, under the lock (the
+    // one synced write under mu_ left: only when the flush pool refuses, i.e. stopping or full).
     // Recorded first, extents and files after (see RecordAbort).
-    absl::Status st = deps_.meta->Commit(a.writes, /*sync=*/true);
-    if (!st.ok()) spdlog::error("recording abort of {}: {}", CkptName(key.first, key.second),
-                                st.ToString());
+    absl::Status st = committer_.Commit(keys::Checkpoint(key.first, key.second), a.writes);
+    if (!st.ok())
+      spdlog::error("recording abort of {}: {}", CkptName(key.first, key.second), st.ToString());
     if (st.ok()) deps_.arena->Free(a.extent_ids);
     absl::Status removed = st.ok() ? deps_.storage->RemoveAll(rec.dir()) : absl::OkStatus();
     if (!removed.ok()) spdlog::error("removing {}: {}", rec.dir(), removed.ToString());
     rewriting_.erase(key);
+    KeyChangedLocked(key);
   }
 }
 
@@ -70,7 +73,7 @@ void CheckpointService::RecordAbort(AbortRecord a) {
   // or its staged ranks' extents reused by another checkpoint (found by the simulation: it
   // committed with that checkpoint's bytes, its checksums computed over them).
   const std::string dir = CheckpointDir(a.key.first, a.key.second);
-  absl::Status st = deps_.meta->Commit(a.writes, /*sync=*/true);
+  absl::Status st = committer_.Commit(keys::Checkpoint(a.key.first, a.key.second), a.writes);
   if (!st.ok()) {
     // Retried by every housekeeping pass; logged on the first failure and now and then.
     if (a.attempts++ % 100 == 0) {
@@ -78,6 +81,9 @@ void CheckpointService::RecordAbort(AbortRecord a) {
                     CkptName(a.key.first, a.key.second), a.attempts, st.ToString());
     }
     absl::MutexLock lock(&mu_);
+    // This failed write is the latest try: housekeeping retries kAbortRetryMs after it (not at
+    // its next pass, which raced an Abort waiting to answer the failure).
+    last_abort_retry_ = absl::Now();
     abort_write_failed_[a.key] = st;
     unrecorded_aborts_.push_back(std::move(a));
     changed_.SignalAll();  // an Abort waiting for durability answers now
@@ -91,10 +97,12 @@ void CheckpointService::RecordAbort(AbortRecord a) {
   absl::MutexLock lock(&mu_);
   abort_write_failed_.erase(a.key);
   rewriting_.erase(a.key);
+  KeyChangedLocked(a.key);
   changed_.SignalAll();
 }
 
-absl::Status CheckpointService::Abort(const Caller& caller, const v1::AbortRequest& req, v1::CheckpointStatus* resp) {
+absl::Status CheckpointService::Abort(const Caller& caller, const v1::AbortRequest& req,
+                                      v1::CheckpointStatus* resp) {
   CKPTD_RETURN_IF_ERROR(ValidateJobStep(req.job(), req.step()));
   CKPTD_RETURN_IF_ERROR(CheckAccess(caller, req.job(), Access::kDelete));
   const std::string what = CkptName(req.job(), req.step());
@@ -105,8 +113,8 @@ absl::Status CheckpointService::Abort(const Caller& caller, const v1::AbortReque
     return absl::FailedPreconditionError(
         absl::StrCat(what, " is not being saved (committed checkpoints are deleted, not aborted)"));
   }
-  Pending& p = *it->second;
-  if (p.committing) {
+  PendingCheckpoint& p = *it->second;
+  if (p.committing()) {
     return absl::FailedPreconditionError(absl::StrCat(what, " is already committing"));
   }
   FillStatusLocked(p, resp);
@@ -119,16 +127,19 @@ absl::Status CheckpointService::Abort(const Caller& caller, const v1::AbortReque
   while (pending_.contains(key) || rewriting_.contains(key)) {
     if (auto failed = abort_write_failed_.find(key); failed != abort_write_failed_.end()) {
       return absl::UnavailableError(absl::StrCat(
-          what, " is aborted but its ABORTED row could not be written (it is retried; a daemon "
-          "restart before it is could still resume the checkpoint): ", failed->second.message()));
+          what,
+          " is aborted but its ABORTED row could not be written (it is retried; a daemon "
+          "restart before it is could still resume the checkpoint): ",
+          failed->second.message()));
     }
     if (changed_.WaitWithDeadline(&mu_, deadline)) break;
   }
   if (pending_.contains(key) || rewriting_.contains(key)) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        what, " is aborted but its ABORTED row is not yet durable after ",
-        limits::kAbortDurableWaitMs, " ms (a flush still running, or the index refusing writes; "
-        "it is retried): a daemon restart now could still resume it"));
+    return absl::DeadlineExceededError(
+        absl::StrCat(what, " is aborted but its ABORTED row is not yet durable after ",
+                     limits::kAbortDurableWaitMs,
+                     " ms (a flush still running, or the index refusing writes; "
+                     "it is retried): a daemon restart now could still resume it"));
   }
   return absl::OkStatus();
 }

@@ -2,11 +2,12 @@
 // checkpoints being saved, from the in-memory state, which is fresher).
 //
 // Delete is linearized with Save, Reshard and commit of the same (job, step) by a tombstone:
-//   1. under mu_: refused while the key is being written (pending_ or reshards_) or already being
-//      deleted; else its row is read and the key enters rewriting_ ("being deleted"). From here
-//      no Save or Reshard can create the key: the row exists until step 4, and Save also names
-//      the delete. The row is read under mu_ because Save checks it there: a Save cannot slip in
-//      between "no pending save" and "row read".
+//   1. under mu_: its row is read (ReadRowLocked: with mu_ released around the read, and read
+//      again unless the key's epoch stayed put, so the row is current once mu_ is held); refused
+//      while the key is being written (pending_ or reshards_) or already being deleted; else the
+//      key enters rewriting_ ("being deleted"). From here no Save or Reshard can create the key:
+//      the row exists until step 4, and Save also names the delete. Save checks the row the same
+//      way: a Save cannot slip in between "no pending save" and "row read".
 //   2. outside mu_: the row is recorded DELETING with a synced write, so a crash at any later
 //      point leaves a tombstone recovery finishes (and never a manifest it would adopt back);
 //   3. the manifest is removed, then the directory: nothing else writes there now, so the
@@ -27,13 +28,14 @@
 // row whose manifest verifies again at a later start (restored by an operator) is adopted back.
 #include <algorithm>
 
+#include "absl/hash/hash.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "ckptd/status.h"
+#include "ckptd/sync_point.h"
+#include "common/limits.h"
 #include "format/names.h"
 #include "index/keys.h"
-#include "common/limits.h"
-#include "ckptd/sync_point.h"
 #include "service/checkpoint_service.h"
 #include "spdlog/spdlog.h"
 
@@ -65,6 +67,23 @@ absl::StatusOr<std::optional<v1::CheckpointRecord>> CheckpointService::ReadRecor
   return rec;
 }
 
+void CheckpointService::KeyChangedLocked(const Key& key) {
+  ++key_epochs_[absl::HashOf(key.first, key.second) % kKeyEpochBuckets];
+}
+
+absl::StatusOr<std::optional<v1::CheckpointRecord>> CheckpointService::ReadRowLocked(
+    const Key& key, bool corrupt_is_error) {
+  const size_t bucket = absl::HashOf(key.first, key.second) % kKeyEpochBuckets;
+  while (true) {
+    const uint64_t epoch = key_epochs_[bucket];
+    mu_.Unlock();
+    absl::StatusOr<std::optional<v1::CheckpointRecord>> rec =
+        corrupt_is_error ? GetRecord(key.first, key.second) : ReadRecord(key.first, key.second);
+    mu_.Lock();
+    if (key_epochs_[bucket] == epoch) return rec;
+  }
+}
+
 absl::StatusOr<std::optional<v1::CheckpointRecord>> CheckpointService::GetRecord(
     const std::string& job, uint64_t step) {
   CKPTD_ASSIGN_OR_RETURN(std::optional<v1::CheckpointRecord> rec, ReadRecord(job, step));
@@ -85,20 +104,27 @@ absl::StatusOr<std::optional<uint32_t>> CheckpointService::JobOwner(const std::s
 }
 
 absl::Status CheckpointService::CheckAccess(const Caller& caller, const std::string& job,
-                                           Access access) {
+                                            Access access) {
   CKPTD_ASSIGN_OR_RETURN(std::optional<uint32_t> owner, JobOwner(job));
+  return AccessAllowed(caller, job, owner, access);
+}
+
+absl::Status CheckpointService::AccessAllowed(const Caller& caller, const std::string& job,
+                                              std::optional<uint32_t> owner, Access access) {
   if (!owner || *owner == caller.uid) return absl::OkStatus();
   if (caller.admin && access != Access::kWrite) return absl::OkStatus();
-  const char* what = access == Access::kRead ? "read" : access == Access::kWrite ? "write" : "delete";
+  const char* what = access == Access::kRead    ? "read"
+                     : access == Access::kWrite ? "write"
+                                                : "delete";
   return absl::PermissionDeniedError(absl::StrCat("job ", job, " belongs to uid ", *owner, "; ",
                                                   DescribeCaller(caller), " may not ", what,
                                                   " it"));
 }
 
 absl::Status CheckpointService::PutRecordSync(const v1::CheckpointRecord& rec) {
-  MetaStore::Write w{keys::Checkpoint(rec.summary().job(), rec.summary().step()),
-                     rec.SerializeAsString()};
-  return deps_.meta->Commit({&w, 1}, /*sync=*/true);
+  std::string key = keys::Checkpoint(rec.summary().job(), rec.summary().step());
+  std::vector<MetaStore::Write> w{{key, rec.SerializeAsString()}};
+  return committer_.Commit(key, std::move(w));
 }
 
 absl::StatusOr<std::vector<uint64_t>> CheckpointService::CommittedSteps(const std::string& job) {
@@ -138,17 +164,20 @@ absl::Status CheckpointService::MarkCorrupt(const std::string& job, uint64_t ste
   const Key key{job, step};
   v1::CheckpointRecord rec;
   {
-    // The row is read under mu_, as Delete does: while the key is in rewriting_ the row stays
-    // COMMITTED (Delete is refused), so no Save can create the key before the CORRUPT row lands.
+    // The row is read as Delete does (ReadRowLocked: current once mu_ is held): while the key is
+    // in rewriting_ the row stays COMMITTED (Delete is refused), so no Save can create the key
+    // before the CORRUPT row lands.
     absl::MutexLock lock(&mu_);
+    CKPTD_ASSIGN_OR_RETURN(std::optional<v1::CheckpointRecord> found,
+                           ReadRowLocked(key, /*corrupt_is_error=*/false));
     if (pending_.contains(key) || reshards_.contains(key) || rewriting_.contains(key)) {
       return absl::OkStatus();
     }
-    CKPTD_ASSIGN_OR_RETURN(std::optional<v1::CheckpointRecord> found, ReadRecord(job, step));
     if (!found || found->summary().state() != v1::COMMITTED) return absl::OkStatus();
     rec = *std::move(found);
     rewriting_.emplace(key, "being marked CORRUPT");
-    manifest_cache_.erase(key);
+    KeyChangedLocked(key);
+    manifest_cache_.Erase(key);
   }
   rec.mutable_summary()->set_state(v1::CORRUPT);
   rec.mutable_summary()->set_error(
@@ -158,11 +187,13 @@ absl::Status CheckpointService::MarkCorrupt(const std::string& job, uint64_t ste
   absl::Status st = PutRecordSync(rec);
   absl::MutexLock lock(&mu_);
   rewriting_.erase(key);
+  KeyChangedLocked(key);
   changed_.SignalAll();
   return Annotate(st, absl::StrCat("recording ", CkptName(job, step), " CORRUPT"));
 }
 
-absl::Status CheckpointService::Latest(const Caller& caller, const v1::LatestRequest& req, v1::LatestResponse* resp) {
+absl::Status CheckpointService::Latest(const Caller& caller, const v1::LatestRequest& req,
+                                       v1::LatestResponse* resp) {
   CKPTD_RETURN_IF_ERROR(ValidateJobName(req.job()));
   CKPTD_RETURN_IF_ERROR(CheckAccess(caller, req.job(), Access::kRead));
   CKPTD_ASSIGN_OR_RETURN(uint64_t step, LatestCommitted(req.job()));
@@ -170,22 +201,22 @@ absl::Status CheckpointService::Latest(const Caller& caller, const v1::LatestReq
   return absl::OkStatus();
 }
 
-absl::Status CheckpointService::ListJobs(const Caller& /*caller: every uid may list jobs and owners*/, const v1::ListJobsRequest& req,
-                                         v1::ListJobsResponse* resp) {
+absl::Status CheckpointService::ListJobs(
+    const Caller& /*caller: every uid may list jobs and owners*/, const v1::ListJobsRequest& req,
+    v1::ListJobsResponse* resp) {
   uint32_t page = PageSize(req.page_size(), limits::kListPageSizeDefault, limits::kListPageSizeMax);
   std::string start_after = req.page_token().empty() ? "" : keys::Job(req.page_token());
   std::vector<std::pair<std::string, v1::JobRecord>> jobs;
-  CKPTD_RETURN_IF_ERROR(deps_.meta->Scan(keys::JobPrefix(), start_after, page + 1,
-                                         [&](std::string_view key, std::string_view value) {
-                                           absl::StatusOr<std::string> job = keys::DecodeJob(key);
-                                           v1::JobRecord jr;
-                                           if (!jr.ParseFromArray(value.data(),
-                                                                  static_cast<int>(value.size()))) {
-                                             jr.Clear();  // listed, owner unknown (0)
-                                           }
-                                           if (job.ok()) jobs.emplace_back(*job, jr);
-                                           return true;
-                                         }));
+  CKPTD_RETURN_IF_ERROR(deps_.meta->Scan(
+      keys::JobPrefix(), start_after, page + 1, [&](std::string_view key, std::string_view value) {
+        absl::StatusOr<std::string> job = keys::DecodeJob(key);
+        v1::JobRecord jr;
+        if (!jr.ParseFromArray(value.data(), static_cast<int>(value.size()))) {
+          jr.Clear();  // listed, owner unknown (0)
+        }
+        if (job.ok()) jobs.emplace_back(*job, jr);
+        return true;
+      }));
   if (jobs.size() > page) {
     jobs.resize(page);
     resp->set_next_page_token(jobs.back().first);
@@ -211,7 +242,8 @@ absl::Status CheckpointService::ListJobs(const Caller& /*caller: every uid may l
   return absl::OkStatus();
 }
 
-absl::Status CheckpointService::ListCheckpoints(const Caller& caller, const v1::ListCheckpointsRequest& req,
+absl::Status CheckpointService::ListCheckpoints(const Caller& caller,
+                                                const v1::ListCheckpointsRequest& req,
                                                 v1::ListCheckpointsResponse* resp) {
   CKPTD_RETURN_IF_ERROR(ValidateJobName(req.job()));
   CKPTD_RETURN_IF_ERROR(CheckAccess(caller, req.job(), Access::kRead));
@@ -315,8 +347,8 @@ absl::Status CheckpointService::Inspect(const Caller& caller, const v1::InspectR
       }
       v1::ItemRecord ir;
       if (!ir.ParseFromString(*raw)) {
-        return absl::DataLossError(absl::StrCat("the index row of item \"", name, "\" of ", what,
-                                                " does not parse"));
+        return absl::DataLossError(
+            absl::StrCat("the index row of item \"", name, "\" of ", what, " does not parse"));
       }
       *resp->add_items() = ir.info();
     }
@@ -330,9 +362,9 @@ absl::Status CheckpointService::Inspect(const Caller& caller, const v1::InspectR
       prefix, start_after, page + 1, [&](std::string_view key, std::string_view v) {
         v1::ItemRecord ir;
         if (!ir.ParseFromArray(v.data(), static_cast<int>(v.size()))) {
-          parsed = absl::DataLossError(
-              absl::StrCat("the index row of item \"", std::string(key.substr(prefix.size())),
-                           "\" of ", what, " does not parse"));
+          parsed = absl::DataLossError(absl::StrCat("the index row of item \"",
+                                                    std::string(key.substr(prefix.size())),
+                                                    "\" of ", what, " does not parse"));
           return false;
         }
         *resp->add_items() = ir.info();
@@ -352,13 +384,13 @@ absl::Status CheckpointService::CheckDeletableLocked(const Key& key) const {
   if (it != pending_.end() || reshards_.contains(key)) {
     return absl::FailedPreconditionError(absl::StrCat(
         what, " is being written (",
-        it != pending_.end() ? v1::CheckpointState_Name(it->second->state) : "a reshard",
+        it != pending_.end() ? v1::CheckpointState_Name(it->second->api_state()) : "a reshard",
         "); abort it first"));
   }
   if (std::optional<Key> target = ReshardReadingLocked(key)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        what, " is the source of a running reshard to ", CkptName(target->first, target->second),
-        "; wait for it or abort it first"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, " is the source of a running reshard to ",
+                     CkptName(target->first, target->second), "; wait for it or abort it first"));
   }
   auto busy = rewriting_.find(key);
   if (busy != rewriting_.end()) {
@@ -376,8 +408,9 @@ absl::Status CheckpointService::Delete(const Caller& caller, const v1::DeleteReq
   v1::CheckpointRecord rec;
   {
     absl::MutexLock lock(&mu_);
+    absl::StatusOr<std::optional<v1::CheckpointRecord>> found =
+        ReadRowLocked(key, /*corrupt_is_error=*/false);
     CKPTD_RETURN_IF_ERROR(CheckDeletableLocked(key));
-    absl::StatusOr<std::optional<v1::CheckpointRecord>> found = ReadRecord(req.job(), req.step());
     if (!found.ok() && !absl::IsDataLoss(found.status())) return found.status();
     if (found.ok() && !*found) return absl::NotFoundError(absl::StrCat(what, " does not exist"));
     if (found.ok()) {
@@ -388,18 +421,21 @@ absl::Status CheckpointService::Delete(const Caller& caller, const v1::DeleteReq
       rec.set_dir(CheckpointDir(req.job(), req.step()));
     }
     rewriting_.emplace(key, "being deleted");
-    manifest_cache_.erase(key);
+    KeyChangedLocked(key);
+    manifest_cache_.Erase(key);
   }
   absl::Status st = RemoveCheckpoint(req.job(), req.step(), std::move(rec));
   {
     absl::MutexLock lock(&mu_);
     rewriting_.erase(key);
-    manifest_cache_.erase(key);  // a load that raced the delete may have cached it again
+    KeyChangedLocked(key);
+    manifest_cache_.Erase(key);  // a load that raced the delete may have cached it again
     changed_.SignalAll();
   }
   if (!st.ok()) {
     spdlog::error("deleting {}: {}", what, st.ToString());
-    return Annotate(st, absl::StrCat("deleting ", what, " (if it shows DELETING now, delete it "
+    return Annotate(st, absl::StrCat("deleting ", what,
+                                     " (if it shows DELETING now, delete it "
                                      "again or restart the daemon to finish)"));
   }
   spdlog::info("{} deleted", what);
@@ -425,8 +461,8 @@ absl::Status CheckpointService::RemoveCheckpoint(const std::string& job, uint64_
   CKPTD_RETURN_IF_ERROR(deps_.meta->DeletePrefix(keys::RankPrefix(job, step), /*sync=*/false));
   CKPTD_RETURN_IF_ERROR(deps_.meta->DeletePrefix(keys::BlobPrefix(job, step), /*sync=*/false));
   CKPTD_SYNC_POINT("delete.rows_removed");
-  MetaStore::Write row{keys::Checkpoint(job, step), std::nullopt};
-  CKPTD_RETURN_IF_ERROR(deps_.meta->Commit({&row, 1}, /*sync=*/true));
+  std::vector<MetaStore::Write> row{{keys::Checkpoint(job, step), std::nullopt}};
+  CKPTD_RETURN_IF_ERROR(committer_.Commit(keys::Checkpoint(job, step), std::move(row)));
   CKPTD_SYNC_POINT("delete.done");
   return absl::OkStatus();
 }

@@ -1,18 +1,43 @@
-// CheckpointService: save, commit, load, catalog and recovery logic as plain C++ over the
-// generated API messages (testable without gRPC; daemon/src/rpc adapts it). One instance per
-// daemon.
+// CheckpointService: the daemon core as plain C++ over the generated API messages (testable
+// without gRPC; daemon/src/rpc adapts it). One instance per daemon. It composes parts, each with
+// its own lock; no lock another call waits on is held across an fsync, a synced index write, a
+// directory removal, an index read or housekeeping's loop:
+//
+//   part                    lock                      owns
+//   sessions (sessions.h)   SessionTable::mu_         sessions, their uids and Attach streams
+//   lifecycle (this file,   mu_ ("lifecycle lock")    pending_ (PendingCheckpoint: one object per
+//     pending_checkpoint.h)                           checkpoint being saved, phase enum with
+//                                                     checked transitions), rewriting_, reshards_,
+//                                                     abort retries, key epochs; changed_ signals
+//   committer (committer.h) Committer::mu_ (queue     every synced index write, group-committed;
+//                           only, never across I/O)   the write runs with no lock held
+//   manifest cache          ManifestCache::mu_        verified manifests (catalog reads)
+//     (manifest_cache.h)
+//   loader (loader.h)       Loader::load_buffers_mu_  reusable read buffers; a load's reads,
+//                           (taking/returning only)   checks and copies run with no lock held
+//   the arena, regions      their own locks           staging memory, client regions
+//
+// Lock order: mu_ → (SessionTable::mu_, ManifestCache::mu_, Committer::mu_, the arena's and the
+// region registry's locks); none of those calls back into the service. Index reads and synced
+// writes happen with mu_ released: JournalUnlocked and ReadRowLocked drop it around the I/O and
+// re-check what they need once it is held again (see ReadRowLocked's key epochs).
 //
 // Ownership: borrows every dependency in ServiceDeps (they outlive it).
 // Threads: every public method may be called from any thread, concurrently. Methods that wait
-// (Wait, ReserveExtents on a full arena) block the calling thread; the RPC layer runs them on
-// its bounded waiter pool. Flushes and commits run on deps.flush_pool, loads on the caller.
+// (Wait, Abort, ReserveExtents on a full arena) block the calling thread; the RPC layer runs them
+// on its bounded waiter pool. Flushes, commits and abort records run on deps.flush_pool; loads,
+// catalog calls and journal writes on the caller; housekeeping on its own thread; each reshard on
+// its own thread. GetStatus, Wait and ListCheckpoints take mu_ only briefly (no I/O under it), so
+// they never queue behind a journal fsync.
 //
 // The save path (DESIGN.md "Save", "Commit", "Durable"):
-//   Save → validate → take the extents → journal the RankRecord (synced) → answer "staged" →
-//   flush the rank's blob from the arena (O_DIRECT) → fdatasync → free the extents → once every
-//   rank is persisted: validate coverage, write the manifest durably, record COMMITTED (synced).
+//   Save → validate → take the extents → journal the RankRecord (synced, committer) → answer
+//   "staged" → flush the rank's blob from the arena (O_DIRECT) → fdatasync → journal "persisted"
+//   (committer) → free the extents → once every rank is persisted: validate coverage, write the
+//   manifest durably, record COMMITTED (synced, committer).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -22,23 +47,28 @@
 #include <utility>
 #include <vector>
 
-#include "common/align.h"
-#include "common/clock.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "ckptd/storage.h"
 #include "ckptd/v1/ckptd.pb.h"
 #include "ckptd/v1/index.pb.h"
+#include "common/align.h"
+#include "common/clock.h"
+#include "common/limits.h"
 #include "dataplane/arena.h"
 #include "dataplane/region_registry.h"
-#include "common/limits.h"
 #include "format/load_plan.h"
 #include "format/manifest.h"
 #include "index/meta_store.h"
 #include "options.h"
+#include "service/committer.h"
 #include "service/executor.h"
+#include "service/loader.h"
+#include "service/manifest_cache.h"
+#include "service/pending_checkpoint.h"
 #include "service/sessions.h"
+#include "tier/flush_scheduler.h"
 
 namespace ckptd {
 
@@ -57,9 +87,6 @@ struct ServiceDeps {
 
 class BlobAppender;  // reshard.cc
 
-// A lease on client memory (RegionLease or ExtentLease) held for one operation.
-using MemoryLease = std::shared_ptr<const void>;
-
 class CheckpointService {
  public:
   explicit CheckpointService(ServiceDeps deps);
@@ -70,19 +97,20 @@ class CheckpointService {
   // staged checkpoints from the arena (or aborts them when the arena was lost), aborts rows
   // without a manifest and verifies each job's newest manifest (CORRUPT ones are never latest).
   // What it cannot use is skipped and reported; only a failing index stops the start.
-  absl::Status Recover();
+  absl::Status Recover() ABSL_LOCKS_EXCLUDED(mu_);
   // Starts the housekeeping thread (stage timeouts, dead sessions, stale reservations).
-  void Start();
+  void Start() ABSL_LOCKS_EXCLUDED(mu_);
   // Stops housekeeping and waits up to `grace` for in-flight flushes and commits. Returns true
   // when nothing is left staged (the arena may be removed). *drained says whether the flush
   // threads finished; when false they are still running and the process should exit without
   // joining them (what they were doing stays journaled and resumes at the next start).
-  bool Shutdown(absl::Duration grace, bool* drained = nullptr);
+  bool Shutdown(absl::Duration grace, bool* drained = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Every call names its Caller (sessions.h): the kernel's word on who is calling. Calls on a job
   // are allowed to its owner (the uid whose Save created it); reads, Abort and Delete also to an
   // admin caller; anyone else gets PERMISSION_DENIED naming the job and its owner.
-  absl::Status Hello(const Caller& caller, const v1::HelloRequest& req, v1::HelloResponse* resp);
+  absl::Status Hello(const Caller& caller, const v1::HelloRequest& req, v1::HelloResponse* resp)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // The staging arena segment of `uid` (created on first use) for its session `session`: its
   // descriptor (borrowed from the arena; rpc/arena_fd_server.h hands it over), name and
   // residency. FAILED_PRECONDITION when `session` is not a live session of `uid`;
@@ -90,116 +118,92 @@ class CheckpointService {
   absl::StatusOr<ArenaGrant> ArenaFd(uint32_t uid, const std::string& session) const;
   // Binds session `id` to the caller's Attach stream (sessions.h); EndSession ends it when the
   // stream ends.
-  absl::Status Attach(const Caller& caller, const std::string& id);
-  void EndSession(const std::string& id);
-  absl::Status Goodbye(const Caller& caller, const v1::GoodbyeRequest& req);
+  absl::Status Attach(const Caller& caller, const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
+  void EndSession(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Goodbye(const Caller& caller, const v1::GoodbyeRequest& req)
+      ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status ReserveExtents(const Caller& caller, const v1::ReserveExtentsRequest& req,
-                              v1::ReserveExtentsResponse* resp);
-  absl::Status ReleaseExtents(const Caller& caller, const v1::ReleaseExtentsRequest& req);
+                              v1::ReserveExtentsResponse* resp) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status ReleaseExtents(const Caller& caller, const v1::ReleaseExtentsRequest& req)
+      ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status RegisterRegion(const Caller& caller, const v1::RegisterRegionRequest& req,
-                              v1::RegisterRegionResponse* resp);
-  absl::Status UnregisterRegion(const Caller& caller, const v1::UnregisterRegionRequest& req);
+                              v1::RegisterRegionResponse* resp) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status UnregisterRegion(const Caller& caller, const v1::UnregisterRegionRequest& req)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
-  absl::Status Save(const Caller& caller, const v1::SaveRequest& req, v1::SaveResponse* resp);
-  absl::Status Wait(const Caller& caller, const v1::WaitRequest& req, v1::CheckpointStatus* resp);
-  absl::Status Commit(const Caller& caller, const v1::CommitRequest& req, v1::CheckpointStatus* resp);
-  absl::Status Abort(const Caller& caller, const v1::AbortRequest& req, v1::CheckpointStatus* resp);
-  absl::Status Load(const Caller& caller, const v1::LoadRequest& req, v1::LoadResponse* resp);
+  absl::Status Save(const Caller& caller, const v1::SaveRequest& req, v1::SaveResponse* resp)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Wait(const Caller& caller, const v1::WaitRequest& req, v1::CheckpointStatus* resp)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Commit(const Caller& caller, const v1::CommitRequest& req,
+                      v1::CheckpointStatus* resp) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Abort(const Caller& caller, const v1::AbortRequest& req, v1::CheckpointStatus* resp)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Load(const Caller& caller, const v1::LoadRequest& req, v1::LoadResponse* resp)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
-  absl::Status ListJobs(const Caller& caller, const v1::ListJobsRequest& req, v1::ListJobsResponse* resp);
+  absl::Status ListJobs(const Caller& caller, const v1::ListJobsRequest& req,
+                        v1::ListJobsResponse* resp) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status ListCheckpoints(const Caller& caller, const v1::ListCheckpointsRequest& req,
-                               v1::ListCheckpointsResponse* resp);
-  absl::Status GetStatus(const Caller& caller, const v1::GetStatusRequest& req, v1::CheckpointStatus* resp);
-  absl::Status Inspect(const Caller& caller, const v1::InspectRequest& req, v1::InspectResponse* resp);
-  absl::Status Delete(const Caller& caller, const v1::DeleteRequest& req);
-  absl::Status Latest(const Caller& caller, const v1::LatestRequest& req, v1::LatestResponse* resp);
+                               v1::ListCheckpointsResponse* resp) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status GetStatus(const Caller& caller, const v1::GetStatusRequest& req,
+                         v1::CheckpointStatus* resp) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Inspect(const Caller& caller, const v1::InspectRequest& req,
+                       v1::InspectResponse* resp) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Delete(const Caller& caller, const v1::DeleteRequest& req) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Latest(const Caller& caller, const v1::LatestRequest& req, v1::LatestResponse* resp)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Starts an offline reshard (reshard.cc); see the Reshard RPC.
-  absl::Status Reshard(const Caller& caller, const v1::ReshardRequest& req, v1::CheckpointStatus* resp);
+  absl::Status Reshard(const Caller& caller, const v1::ReshardRequest& req,
+                       v1::CheckpointStatus* resp) ABSL_LOCKS_EXCLUDED(mu_);
 
   const std::string& instance_id() const { return instance_id_; }
 
  private:
   using Key = std::pair<std::string, uint64_t>;  // (job, step)
 
-  struct ItemMeta {
-    v1::ItemKind kind = v1::ITEM_KIND_UNSPECIFIED;
-    v1::DType dtype = v1::DTYPE_UNSPECIFIED;
-    std::vector<uint64_t> shape;
-    v1::ObjectScope scope = v1::OBJECT_SCOPE_UNSPECIFIED;
-    uint32_t first_rank = 0;
-  };
-  struct PendingRank {
-    v1::RankRecord rec;
-    std::vector<RegionLease> leases;  // region-backed shards, held until persisted
-    std::vector<uint64_t> extent_ids;  // freed once persisted
-    // Its journal row is durable. Only then is it flushed: a flush journals "persisted" over the
-    // same row, which the rank's own journal write, landing later, would overwrite.
-    bool journaled = false;
-    bool persisted = false;
-    bool flushing = false;
-  };
-  struct Pending {
-    std::string job;
-    uint64_t step = 0;
-    uint32_t owner_uid = 0;     // the uid of its first Save; only it may add ranks
-    bool job_recorded = false;  // the job's JobRecord (owner) is in the index
-    uint32_t world_size = 0;
-    uint64_t created_unix_ms = 0;
-    uint64_t first_staged_unix_ms = 0;  // when its first rank staged (the flush gate's start)
-    // Fixed when the checkpoint is created (options.checksum_block_bytes) and journaled with
-    // every rank, so a restart with another option value does not mix block sizes.
-    uint32_t checksum_block_bytes = 0;
-    std::map<uint32_t, PendingRank> ranks;
-    std::map<std::string, ItemMeta> items;
-    // item '\0' RegionKey → (rank, shard index) of the copy that is stored.
-    absl::flat_hash_map<std::string, std::pair<uint32_t, size_t>> stored_copy;
-    v1::CheckpointState state = v1::STAGING;
-    bool partial = false;
-    bool committing = false;
-    bool aborting = false;
-    int flushes_in_flight = 0;
-    // Journal writes running with mu_ released (JournalUnlocked): they pin the Pending — no
-    // commit starts and no abort finishes while one is in flight — and run one at a time per
-    // checkpoint (journal_busy), so its rows land in the order they were built.
-    int journals_in_flight = 0;
-    bool journal_busy = false;
-    std::string error;
-  };
   // The time on deps_.clock, in Unix milliseconds.
   uint64_t NowMs() const { return deps_.clock->NowUnixMs(); }
   // save.cc (AbortLocked, FinishAbortLocked, RecordAbort: abort.cc)
   // `id` if it is a live session of `caller` (SessionTable::Check).
   absl::StatusOr<std::string> SessionOf(const Caller& caller, const std::string& id) const;
   absl::Status ValidateSave(const v1::SaveRequest& req) const;
+  // The checkpoint `req` stages into: the one being saved, or a new one (after checking that
+  // no row exists, the key is not being rewritten, `caller` may write the job of owner `owner`,
+  // and the open limits). May release mu_ to read the row (ReadRowLocked).
+  absl::StatusOr<PendingCheckpoint*> FindOrOpenLocked(
+      const Caller& caller, const v1::SaveRequest& req,
+      const absl::StatusOr<std::optional<uint32_t>>& owner) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // RESOURCE_EXHAUSTED when opening one more checkpoint of `job` would pass
   // kOpenCheckpointsPerJobMax or kOpenCheckpointsMax.
   absl::Status CheckOpenLimitsLocked(const std::string& job, const std::string& what) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // RESOURCE_EXHAUSTED when the index volume has less than index_reserve_bytes free.
   absl::Status CheckIndexReserve(const std::string& what) const;
-  absl::Status CheckItemsLocked(const Pending& p, const v1::SaveRequest& req) const
+  absl::Status CheckItemsLocked(const PendingCheckpoint& p, const v1::SaveRequest& req) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ResolveSaveData(const std::string& session, const v1::SaveRequest& req,
                                PendingRank* rank) const;
   // The index rows journaling `p` (its summary, its owner once, and `ranks`' rows).
-  std::vector<MetaStore::Write> JournalWritesLocked(const Pending& p,
+  std::vector<MetaStore::Write> JournalWritesLocked(const PendingCheckpoint& p,
                                                     const std::vector<uint32_t>& ranks) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Writes JournalWritesLocked(p, ranks) synced, with mu_ released around the write (LevelDB's
-  // unlock around the log write); p stays valid (journals_in_flight). Held on entry and exit.
-  absl::Status JournalUnlocked(Pending& p, const std::vector<uint32_t>& ranks)
+  // Queues JournalWritesLocked(p, ranks) at the committer (so rows of p land in the order they
+  // were built) and awaits the synced group write with mu_ released (LevelDB's unlock around
+  // the log write); p stays valid (journals_in_flight). Held on entry and exit.
+  absl::Status JournalUnlocked(PendingCheckpoint& p, const std::vector<uint32_t>& ranks)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // No flush, journal write or commit of `p` is in flight (an abort may finish).
-  static bool IdleLocked(const Pending& p);
-  v1::CheckpointSummary SummaryLocked(const Pending& p) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FillStatusLocked(const Pending& p, v1::CheckpointStatus* out) const
+  v1::CheckpointSummary SummaryLocked(const PendingCheckpoint& p) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void MaybeStartCommitLocked(Pending& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void AbortLocked(Pending& p, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FillStatusLocked(const PendingCheckpoint& p, v1::CheckpointStatus* out) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MaybeStartCommitLocked(PendingCheckpoint& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AbortLocked(PendingCheckpoint& p, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Forgets an aborted, idle `p` (it is gone on return): the key enters rewriting_ ("being
   // aborted") until RecordAbort, posted to the flush pool, wrote the ABORTED row outside mu_,
   // then freed the extents of its unpersisted ranks and removed its files.
-  void FinishAbortLocked(Pending& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FinishAbortLocked(PendingCheckpoint& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // An abort to record: the ABORTED row and the journal rows it removes (one synced write), and
   // the arena extents the checkpoint still holds (freed once that write is durable).
   struct AbortRecord {
@@ -214,18 +218,14 @@ class CheckpointService {
   void PostFlush(const Key& key, uint32_t rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Posts the flush of every journaled rank of `p` not yet flushing or persisted: once all its
   // ranks are staged, it is committed partial, or flush_gate_ms passed since its first staged.
-  void PostGatedFlushesLocked(Pending& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PostGatedFlushesLocked(PendingCheckpoint& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // flush.cc
-  void FlushRank(Key key, uint32_t rank);
-  absl::Status WriteRankBlob(const std::string& dir, const std::vector<RegionLease>& leases,
-                             v1::RankRecord* rec);
-  const uint8_t* ShardSource(std::optional<uint32_t> arena_uid, const v1::StagedShard& s,
-                             const std::vector<RegionLease>& leases) const;
+  // flush.cc: one rank's flush on a pool thread (the blob itself: flush_.WriteRankBlob).
+  void FlushRank(Key key, uint32_t rank) ABSL_LOCKS_EXCLUDED(mu_);
 
   // commit.cc
   void CommitCheckpoint(Key key);
-  absl::StatusOr<Manifest> BuildManifestLocked(const Pending& p) const
+  absl::StatusOr<Manifest> BuildManifestLocked(const PendingCheckpoint& p) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status WriteCommitted(const Manifest& m, const std::string& dir);
   // Records a durable manifest in the index (COMMITTED row, item rows, journal removed), synced.
@@ -236,36 +236,14 @@ class CheckpointService {
   // (DATA_LOSS) marks a COMMITTED checkpoint CORRUPT.
   absl::StatusOr<std::shared_ptr<const Manifest>> GetManifest(const std::string& job,
                                                               uint64_t step);
-  void CacheManifestLocked(const Key& key, std::shared_ptr<const Manifest> manifest)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Checks one requested item and its destination; fills the planner's request, the destination
-  // pointer (nullptr for 0 bytes) and the answer's entry.
-  absl::Status ResolveLoadItem(const std::string& session, const Manifest& m,
-                               const v1::LoadItemRequest& req, uint32_t rank,
-                               std::vector<MemoryLease>* leases, PlanRequest* request,
-                               uint8_t** dst, v1::LoadedItem* out) const;
-  // Plan options for manifests with checksum blocks of `block_bytes`.
-  PlanOptions LoadPlanOptions(uint32_t block_bytes) const;
-  // Executes a plan of `m`: reads its runs in batches of at most options.load_buffer_bytes (the
-  // next batch on a second thread while this one is verified), verifies every block used and
-  // copies into dst[request] (each sized plan.request_bytes).
-  absl::Status ReadPlan(const Manifest& m, const LoadPlan& plan, std::span<uint8_t* const> dst,
-                        uint64_t* bytes_read);
-  // A read buffer of at least `bytes` for a load. Buffers of load_buffer_bytes are kept for
-  // reuse after their first use (touched once, so later loads do not fault them in page by
-  // page), at most two per load thread; larger ones are allocated for the one load. Null when
-  // memory is exhausted.
-  AlignedBuffer AcquireLoadBuffer(uint64_t bytes);
-  void ReturnLoadBuffer(AlignedBuffer buf, uint64_t bytes);
-  absl::StatusOr<uint8_t*> ResolveDest(const std::string& session, const v1::MemRef& ref,
-                                       uint64_t need_bytes, std::vector<MemoryLease>* leases,
-                                       const std::string& what) const;
-
   // catalog.cc
   enum class Access { kRead, kWrite, kDelete };
   // OK when `caller` may do `access` to `job` (see Hello's comment); OK for a job that does not
   // exist yet. PERMISSION_DENIED naming the job, its owner and the caller otherwise.
   absl::Status CheckAccess(const Caller& caller, const std::string& job, Access access);
+  // The same for a job whose owner (JobOwner) is known.
+  static absl::Status AccessAllowed(const Caller& caller, const std::string& job,
+                                    std::optional<uint32_t> owner, Access access);
   // The owner of `job`, if it has a record.
   absl::StatusOr<std::optional<uint32_t>> JobOwner(const std::string& job);
   absl::StatusOr<std::optional<v1::CheckpointRecord>> GetRecord(const std::string& job,
@@ -280,6 +258,17 @@ class CheckpointService {
                                                                  uint64_t step);
   // Steps of `job` whose row is COMMITTED, newest first (rows that do not parse are skipped).
   absl::StatusOr<std::vector<uint64_t>> CommittedSteps(const std::string& job);
+  // Row reads outside the lifecycle lock. The row of a key changes only while the key is in
+  // pending_, rewriting_ or reshards_ (recovery aside, before serving), and entering or leaving
+  // them bumps the key's epoch (KeyChangedLocked). So a row read with mu_ released is still the
+  // row once mu_ is taken again if the key's epoch did not move meanwhile; else it is read again.
+  // Epochs are per hash bucket (kKeyEpochBuckets): another key in the bucket only costs a re-read.
+  void KeyChangedLocked(const Key& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ReadRecord (or GetRecord: `corrupt_is_error`) of `key` with mu_ released around the read;
+  // returns with mu_ held and the row current as above (the key's maps unchanged too).
+  absl::StatusOr<std::optional<v1::CheckpointRecord>> ReadRowLocked(const Key& key,
+                                                                    bool corrupt_is_error)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // FAILED_PRECONDITION while (job, step) is being written (a save or a reshard), ABORTED while
   // another Delete or a CORRUPT marking owns it (see rewriting_).
   absl::Status CheckDeletableLocked(const Key& key) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -297,8 +286,7 @@ class CheckpointService {
   absl::Status AdoptManifests();
   absl::Status CheckCommittedRows();
   absl::Status ResumePending();
-  absl::Status ResumeOne(const v1::CheckpointRecord& rec,
-                         const std::vector<v1::RankRecord>& ranks);
+  absl::Status ResumeOne(const v1::CheckpointRecord& rec, const std::vector<v1::RankRecord>& ranks);
   void AbortRecovered(const v1::CheckpointRecord& rec, const std::string& reason);
   void RemoveOrphanSegments();
   // Logs one entry recovery could not use (naming its path or index key) and keeps it for the
@@ -314,22 +302,38 @@ class CheckpointService {
   // is marked CORRUPT and the next older one is verified, until one does.
   absl::Status VerifyNewestCommitted();
 
-  void Housekeeping();
+  // The housekeeping thread: a pass (stage timeouts, the flush gate, abort retries) under mu_,
+  // then unattached sessions ended with mu_ released; until Shutdown.
+  void Housekeeping() ABSL_LOCKS_EXCLUDED(mu_);
+  // One pass (waits up to a tick first); false once stopping.
+  bool HousekeepingPass() ABSL_LOCKS_EXCLUDED(mu_);
 
   ServiceDeps deps_;
   std::string instance_id_;
+  // Every synced index write (committer.h); its own lock, never held across the write.
+  Committer committer_;
+  // The flush gate, flush posting and the blob writes of the local tier (no lock of its own).
+  FlushScheduler flush_;
 
+  // The lifecycle lock (see the top): guards pending_ and every PendingCheckpoint in it,
+  // rewriting_, reshards_, the abort retries, key_epochs_ and stopping_.
   mutable absl::Mutex mu_;
-  absl::Mutex load_buffers_mu_;
-  std::vector<AlignedBuffer> load_buffers_ ABSL_GUARDED_BY(load_buffers_mu_);
+  // Executes loads (and reshard's reads) against verified manifests (loader.h).
+  Loader loader_;
   absl::CondVar changed_;  // signalled on every checkpoint state change
-  std::map<Key, std::unique_ptr<Pending>> pending_ ABSL_GUARDED_BY(mu_);
+  std::map<Key, std::unique_ptr<PendingCheckpoint>> pending_ ABSL_GUARDED_BY(mu_);
   SessionTable sessions_;
   // Offline reshards in progress, by target (reshard.cc). Each runs on its own thread.
   struct ReshardJob;
   std::map<Key, std::shared_ptr<ReshardJob>> reshards_ ABSL_GUARDED_BY(mu_);
   // reshard.cc
-  void RunReshard(std::shared_ptr<ReshardJob> job);
+  // Claims job->target (refused while it exists, is being written or rewritten, or the source
+  // is being rewritten), records its row and `first` (synced, mu_ released, the target held in
+  // reshards_), then starts the reshard's thread.
+  absl::Status ClaimAndStartReshard(std::shared_ptr<ReshardJob> job,
+                                    std::vector<MetaStore::Write> first, v1::CheckpointStatus* resp)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void RunReshard(std::shared_ptr<ReshardJob> job) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<Manifest> WriteReshard(ReshardJob& job);
   // Appends the bytes of `whole` (a target tensor region, or an object's copy) read from the
   // source to `out`, growing shard->length() and the job's progress.
@@ -346,13 +350,8 @@ class CheckpointService {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Cancels reshards and joins their threads (Shutdown).
   void StopReshards();
-  // Decoded manifests of recent loads, least recently used evicted first (kManifestCacheMax).
-  struct CachedManifest {
-    std::shared_ptr<const Manifest> manifest;
-    uint64_t last_used = 0;
-  };
-  std::map<Key, CachedManifest> manifest_cache_ ABSL_GUARDED_BY(mu_);
-  uint64_t manifest_cache_tick_ ABSL_GUARDED_BY(mu_) = 0;
+  // Decoded manifests of recent commits and loads (its own lock; manifest_cache.h).
+  ManifestCache manifest_cache_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // Keys whose row and files a catalog operation rewrites outside mu_, with what it does ("being
   // deleted": Delete's in-memory tombstone; "being marked CORRUPT"). Inserted under mu_ only
@@ -360,6 +359,8 @@ class CheckpointService {
   // Reshard can create it meanwhile (they see the row, or, in Save, this entry), and a second
   // Delete or marking is refused. Removed when the operation ends, after its last write.
   std::map<Key, std::string> rewriting_ ABSL_GUARDED_BY(mu_);
+  static constexpr size_t kKeyEpochBuckets = 64;
+  std::array<uint64_t, kKeyEpochBuckets> key_epochs_ ABSL_GUARDED_BY(mu_) = {};
   // Aborts whose synced ABORTED row failed (an index error), retried by Housekeeping.
   std::vector<AbortRecord> unrecorded_aborts_ ABSL_GUARDED_BY(mu_);
   // The last failure of each abort whose ABORTED row is not written yet (Abort answers it).
@@ -374,13 +375,5 @@ class CheckpointService {
 std::string CkptName(const std::string& job, uint64_t step);
 // The job name is valid and the step within limits::kStepMax; INVALID_ARGUMENT otherwise.
 absl::Status ValidateJobStep(const std::string& job, uint64_t step);
-// The checksum block size a rank record was written with.
-inline uint32_t RankBlockBytes(const v1::RankRecord& rec) {
-  return rec.checksum_block_bytes() != 0 ? rec.checksum_block_bytes()
-                                         : limits::kLegacyChecksumBlockBytes;
-}
-// Identifies the stored copy of a shard within a checkpoint: item + region (tensors), item +
-// saving rank (per-rank objects), item (replicated objects). Equal keys are replicas.
-std::string StoredCopyKey(const v1::ShardSpec& spec, uint32_t rank);
 
 }  // namespace ckptd

@@ -5,18 +5,17 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "ckptd/status.h"
+#include "ckptd/sync_point.h"
 #include "common/align.h"
+#include "common/limits.h"
 #include "format/names.h"
 #include "format/region.h"
 #include "index/keys.h"
-#include "common/limits.h"
-#include "ckptd/sync_point.h"
 #include "service/checkpoint_service.h"
 #include "spdlog/spdlog.h"
 
 namespace ckptd {
 namespace {
-
 
 v1::ItemInfo ItemInfoOf(const v1::ItemEntry& item) {
   v1::ItemInfo info;
@@ -39,7 +38,7 @@ v1::ItemInfo ItemInfoOf(const v1::ItemEntry& item) {
 
 }  // namespace
 
-absl::StatusOr<Manifest> CheckpointService::BuildManifestLocked(const Pending& p) const {
+absl::StatusOr<Manifest> CheckpointService::BuildManifestLocked(const PendingCheckpoint& p) const {
   Manifest m;
   v1::ManifestHeader& h = m.header;
   h.set_format_version(kManifestFormatVersion);
@@ -76,8 +75,8 @@ absl::StatusOr<Manifest> CheckpointService::BuildManifestLocked(const Pending& p
       *item.add_shards() = s.stored();
       total += s.stored().length();
       if (s.stored().length() > 0) {
-        blob_bytes = std::max(blob_bytes, s.stored().offset() +
-                                              RoundUp(s.stored().length(), limits::kAlignmentBytes));
+        blob_bytes = std::max(blob_bytes, s.stored().offset() + RoundUp(s.stored().length(),
+                                                                        limits::kAlignmentBytes));
       }
     }
     v1::BlobInfo* b = h.add_blobs();
@@ -98,10 +97,10 @@ absl::StatusOr<Manifest> CheckpointService::BuildManifestLocked(const Pending& p
       if (spec.has_tensor() &&
           !std::equal(stored->block_crc32c().begin(), stored->block_crc32c().end(),
                       s.stored().block_crc32c().begin(), s.stored().block_crc32c().end())) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "item \"", spec.item(), "\" ", DescribeRegion(spec.tensor().region()), ": ranks ",
-            stored->saved_by_rank(), " and ", r,
-            " saved different bytes for the same region (replicas must match)"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("item \"", spec.item(), "\" ", DescribeRegion(spec.tensor().region()),
+                         ": ranks ", stored->saved_by_rank(), " and ", r,
+                         " saved different bytes for the same region (replicas must match)"));
       }
       stored->add_replica_ranks(r);
     }
@@ -148,13 +147,12 @@ absl::Status CheckpointService::IndexCommitted(const Manifest& m, const std::str
   for (const v1::BlobInfo& b : h.blobs()) {
     writes.push_back({keys::Blob(h.job(), h.step(), b.name()), std::nullopt});
   }
-  return deps_.meta->Commit(writes, /*sync=*/true);
+  return committer_.Commit(keys::Checkpoint(h.job(), h.step()), std::move(writes));
 }
 
 absl::Status CheckpointService::WriteCommitted(const Manifest& m, const std::string& dir) {
   CKPTD_ASSIGN_OR_RETURN(std::string bytes, EncodeManifest(m));
-  CKPTD_RETURN_IF_ERROR(
-      deps_.storage->PutAtomic(absl::StrCat(dir, "/", kManifestFileName), bytes));
+  CKPTD_RETURN_IF_ERROR(deps_.storage->PutAtomic(absl::StrCat(dir, "/", kManifestFileName), bytes));
   CKPTD_SYNC_POINT("commit.manifest_durable");
   CKPTD_RETURN_IF_ERROR(IndexCommitted(m, dir));
   CKPTD_SYNC_POINT("commit.indexed");
@@ -166,35 +164,34 @@ void CheckpointService::CommitCheckpoint(Key key) {
   const std::string dir = CheckpointDir(key.first, key.second);
   {
     absl::MutexLock lock(&mu_);
-    Pending& p = *pending_.at(key);
+    PendingCheckpoint& p = *pending_.at(key);
     // A key being saved is never being deleted or marked (Delete and MarkCorrupt refuse keys in
     // pending_, and Save refuses keys in rewriting_): the manifest written below cannot be
     // removed by a delete.
     CKPTD_CHECK(!rewriting_.contains(key));
-    if (p.aborting) {
-      p.committing = false;
-      if (IdleLocked(p)) FinishAbortLocked(p);
-      return;
-    }
+    // Nothing aborts a committing checkpoint but its own commit's failure (below): Abort refuses
+    // it, and it takes no ranks, flushes or journal writes.
+    CKPTD_CHECK(p.committing());
     m = BuildManifestLocked(p);
   }
   CKPTD_SYNC_POINT("commit.manifest_built");
   absl::Status st = m.ok() ? WriteCommitted(*m, dir) : m.status();
   absl::MutexLock lock(&mu_);
-  Pending& p = *pending_.at(key);
-  p.committing = false;
+  PendingCheckpoint& p = *pending_.at(key);
   if (!st.ok()) {
     AbortLocked(p, absl::StrCat("commit failed: ", st.message()));
     return;
   }
-  spdlog::info("checkpoint {}/{} COMMITTED ({} items, {} bytes, {} ranks{})", key.first,
-               key.second, m->items.size(), m->header.total_bytes(), p.ranks.size(),
+  spdlog::info("checkpoint {}/{} COMMITTED ({} items, {} bytes, {} ranks{})", key.first, key.second,
+               m->items.size(), m->header.total_bytes(), p.ranks.size(),
                p.partial ? ", partial" : "");
-  CacheManifestLocked(key, std::make_shared<const Manifest>(*std::move(m)));
+  manifest_cache_.Put(key, std::make_shared<const Manifest>(*std::move(m)));
   // No journal write can be in flight: a committing checkpoint takes no ranks and no partial
   // commit, and the commit started with none in flight.
   CKPTD_CHECK(p.journals_in_flight == 0);
+  p.Transition(CheckpointPhase::kCommitting, CheckpointPhase::kCommitted);
   pending_.erase(key);
+  KeyChangedLocked(key);
   changed_.SignalAll();
 }
 

@@ -1,215 +1,26 @@
-// Flush: one staged rank → one blob, written straight from the arena (or the client's region)
-// with O_DIRECT, checksummed per block, fdatasync'd; then its staging is freed.
-#include <algorithm>
-#include <cstring>
-#include <future>
-#include <thread>
-
-#include "absl/functional/function_ref.h"
+// Flush of one rank, the lifecycle's side: take what to write under the lifecycle lock, have the
+// tier write the blob (tier/flush_scheduler.h) and journal "persisted" (committer) with no lock
+// held, then record the result: the rank persisted and its staging freed, or the checkpoint
+// aborted.
 #include "absl/strings/str_cat.h"
 #include "ckptd/status.h"
-#include "common/align.h"
-#include "format/crc32c.h"
+#include "ckptd/sync_point.h"
 #include "format/names.h"
 #include "index/keys.h"
-#include "common/limits.h"
-#include "ckptd/sync_point.h"
-#include "dataplane/memory_guard.h"
 #include "service/checkpoint_service.h"
 #include "spdlog/spdlog.h"
 
 namespace ckptd {
-namespace {
-
-// Blobs at least this large are checksummed on a second thread while they are written: both only
-// read the staged bytes, and the disk, not the CPU, bounds the flush.
-constexpr uint64_t kParallelChecksumBytesMin = 1 * limits::kMiB;
-
-struct ChecksumJob {
-  v1::ShardEntry* entry;
-  const uint8_t* src;
-  uint64_t length;
-};
-
-struct CrcArgs {
-  const uint8_t* src;
-  uint64_t length;
-  uint32_t block;
-  uint32_t* out;
-};
-
-// Reads the staged bytes, which live in client-visible memory: guarded (memory_guard.h).
-absl::Status ComputeChecksums(const std::vector<ChecksumJob>& jobs, uint32_t block) {
-  for (const ChecksumJob& j : jobs) {
-    auto* crcs = j.entry->mutable_block_crc32c();
-    crcs->Resize(static_cast<int>(BlockCount(j.length, block)), 0);
-    if (j.length == 0) continue;
-    CrcArgs a{j.src, j.length, block, crcs->mutable_data()};
-    CKPTD_RETURN_IF_ERROR(GuardClientMemory(
-        [](void* p) {
-          auto* c = static_cast<CrcArgs*>(p);
-          BlockCrcsInto(c->src, c->length, c->block, c->out);
-        },
-        &a, "staged bytes being checksummed"));
-  }
-  return absl::OkStatus();
-}
-
-// A staged shard's bytes and where they go in the blob (length rounded up to whole pages when
-// the tail in the arena may be written too).
-struct BlobPiece {
-  const uint8_t* src;
-  uint64_t length;
-  uint64_t offset;
-};
-
-// Lays out the blob of `rec`: fills each shard's stored entry (offset in the blob), the pieces
-// to write (replicas and empty shards have none) and the checksum jobs. `source` gives a staged
-// shard's bytes.
-absl::Status LayOutRankBlob(absl::FunctionRef<const uint8_t*(const v1::StagedShard&)> source,
-                            v1::RankRecord* rec, std::vector<BlobPiece>* pieces,
-                            std::vector<ChecksumJob>* checksums, uint64_t* checksum_bytes) {
-  // Extents holding exactly one shard may be written whole (tail included, zeroed first), which
-  // keeps every write aligned for O_DIRECT.
-  absl::flat_hash_map<uint64_t, int> shards_per_extent;
-  for (const v1::StagedShard& s : rec->shards()) {
-    if (s.spec().data().target_case() == v1::MemRef::kExtentId && s.spec().data().length() > 0) {
-      ++shards_per_extent[s.extent_id()];
-    }
-  }
-  uint64_t blob_off = 0;
-  for (int i = 0; i < rec->shards_size(); ++i) {
-    v1::StagedShard* s = rec->mutable_shards(i);
-    const v1::MemRef& m = s->spec().data();
-    v1::ShardEntry* e = s->mutable_stored();
-    e->Clear();
-    e->set_saved_by_rank(rec->rank());
-    e->set_blob_id(rec->rank());
-    e->set_length(m.length());
-    if (s->spec().has_tensor() && s->spec().tensor().has_region()) {
-      *e->mutable_region() = s->spec().tensor().region();
-    }
-    const uint8_t* src = m.length() == 0 ? nullptr : source(*s);
-    checksums->push_back(ChecksumJob{e, src, m.length()});
-    *checksum_bytes += m.length();
-    if (s->replica() || m.length() == 0) continue;
-    e->set_offset(blob_off);
-    uint64_t len = m.length();
-    uint64_t rounded = RoundUp(len, limits::kAlignmentBytes);
-    if (m.target_case() == v1::MemRef::kExtentId && shards_per_extent[s->extent_id()] == 1 &&
-        m.offset() + rounded <= s->extent_length()) {
-      CKPTD_RETURN_IF_ERROR(
-          GuardedZero(const_cast<uint8_t*>(src) + len, rounded - len, "staged extent tail"));
-      len = rounded;
-    }
-    pieces->push_back(BlobPiece{src, len, blob_off});
-    blob_off += rounded;
-  }
-  return absl::OkStatus();
-}
-
-// Writes `pieces` to a new blob at `path` and syncs it.
-absl::Status WritePieces(Storage& storage, const std::string& path,
-                         const std::vector<BlobPiece>& pieces) {
-  // A piece's partial last page goes through a zeroed bounce page, so the blob holds whole
-  // pages (its size is what the manifest says, and loads read it with O_DIRECT to the end).
-  // The bounce pages of one flush are bounded (kFlushBounceBytesMax): when they run out, what
-  // is gathered is written and the pages are reused.
-  constexpr uint64_t kPage = limits::kAlignmentBytes;
-  uint64_t tails = 0;
-  for (const BlobPiece& piece : pieces) tails += piece.length % kPage != 0;
-  const uint64_t bounce_pages = std::min(tails, limits::kFlushBounceBytesMax / kPage);
-  AlignedBuffer bounce;
-  if (bounce_pages > 0) {
-    bounce = AllocateAligned(bounce_pages * kPage);
-    if (bounce == nullptr) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("writing ", path, ": ", bounce_pages * kPage, " bytes of bounce pages"));
-    }
-  }
-  CKPTD_ASSIGN_OR_RETURN(std::unique_ptr<BlobWriter> w, storage.CreateBlob(path));
-  std::vector<IoSlice> slices;
-  uint64_t used = 0;
-  auto write_gathered = [&]() -> absl::Status {
-    CKPTD_RETURN_IF_ERROR(Annotate(w->Write(slices), absl::StrCat("writing ", path)));
-    slices.clear();
-    used = 0;
-    return absl::OkStatus();
-  };
-  for (const BlobPiece& piece : pieces) {
-    uint64_t body = piece.length / kPage * kPage;
-    if (body > 0) slices.push_back(IoSlice{const_cast<uint8_t*>(piece.src), body, piece.offset});
-    if (piece.length == body) continue;
-    if (used == bounce_pages) CKPTD_RETURN_IF_ERROR(write_gathered());
-    uint8_t* page = bounce.get() + used++ * kPage;
-    std::memset(page, 0, kPage);
-    CKPTD_RETURN_IF_ERROR(GuardedCopy(page, piece.src + body, piece.length - body, "staged bytes"));
-    slices.push_back(IoSlice{page, kPage, piece.offset + body});
-  }
-  if (!slices.empty()) CKPTD_RETURN_IF_ERROR(write_gathered());
-  CKPTD_SYNC_POINT("flush.blob_written");
-  return Annotate(w->Sync(), absl::StrCat("syncing ", path));
-}
-
-}  // namespace
-
-const uint8_t* CheckpointService::ShardSource(std::optional<uint32_t> arena_uid,
-                                              const v1::StagedShard& s,
-                                              const std::vector<RegionLease>& leases) const {
-  const v1::MemRef& m = s.spec().data();
-  if (m.length() == 0) return nullptr;
-  if (m.target_case() == v1::MemRef::kExtentId) {
-    // Save staged it in its uid's segment; recovery restored it only into an adopted one.
-    CKPTD_CHECK(arena_uid.has_value());
-    return deps_.arena->At(*arena_uid, s.arena_offset() + m.offset());
-  }
-  for (const RegionLease& l : leases) {
-    if (l->id == m.region_id()) return l->base + m.offset();
-  }
-  CKPTD_CHECK(false);  // ResolveSaveData leased every region it accepted
-  return nullptr;
-}
-
-absl::Status CheckpointService::WriteRankBlob(const std::string& dir,
-                                              const std::vector<RegionLease>& leases,
-                                              v1::RankRecord* rec) {
-  const uint32_t block = RankBlockBytes(*rec);
-  std::vector<BlobPiece> pieces;
-  std::vector<ChecksumJob> checksums;
-  uint64_t checksum_bytes = 0;
-  std::optional<uint32_t> arena_uid;
-  if (auto seg = deps_.arena->SegmentOfGeneration(rec->arena_generation())) arena_uid = seg->uid;
-  CKPTD_RETURN_IF_ERROR(LayOutRankBlob(
-      [&](const v1::StagedShard& s) { return ShardSource(arena_uid, s, leases); }, rec, &pieces,
-      &checksums,
-      &checksum_bytes));
-  if (pieces.empty() || checksum_bytes < kParallelChecksumBytesMin) {
-    CKPTD_RETURN_IF_ERROR(ComputeChecksums(checksums, block));
-    if (pieces.empty()) return absl::OkStatus();
-    checksums.clear();
-  }
-  // Each job fills its own entry; `rec` is not touched by this thread until the join.
-  std::future<absl::Status> summing;
-  if (!checksums.empty()) {
-    summing = std::async(std::launch::async, ComputeChecksums, std::cref(checksums), block);
-  }
-  absl::Status st = WritePieces(*deps_.storage, absl::StrCat(dir, "/", rec->blob_name()), pieces);
-  absl::Status summed = summing.valid() ? summing.get() : absl::OkStatus();
-  return st.ok() ? summed : st;
-}
 
 void CheckpointService::FlushRank(Key key, uint32_t rank) {
-  if (deps_.options->debug_flush_delay_ms > 0) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(deps_.options->debug_flush_delay_ms));
-  }
   v1::RankRecord rec;
   std::vector<RegionLease> leases;
   bool write = false;
   {
     absl::MutexLock lock(&mu_);
-    Pending& p = *pending_.at(key);
+    PendingCheckpoint& p = *pending_.at(key);
     PendingRank& pr = p.ranks.at(rank);
-    if (!p.aborting) {
+    if (!p.aborting()) {
       rec = pr.rec;
       leases = pr.leases;
       write = true;
@@ -217,33 +28,34 @@ void CheckpointService::FlushRank(Key key, uint32_t rank) {
   }
   absl::Status st = absl::OkStatus();
   if (write) {
-    st = WriteRankBlob(CheckpointDir(key.first, key.second), leases, &rec);
+    st = flush_.WriteRankBlob(CheckpointDir(key.first, key.second), leases, &rec);
     if (st.ok()) {
       CKPTD_SYNC_POINT("flush.blob_synced");
       // "Persisted" is journaled synced, outside the service lock, before the extents are freed:
       // once they are reused, a restart must never flush this rank again from the arena (the
       // bytes there would be another checkpoint's).
       rec.set_persisted(true);
-      MetaStore::Write w{keys::Rank(key.first, key.second, rank), rec.SerializeAsString()};
-      st = Annotate(deps_.meta->Commit({&w, 1}, /*sync=*/true), "journaling a persisted rank");
+      std::vector<MetaStore::Write> w{
+          {keys::Rank(key.first, key.second, rank), rec.SerializeAsString()}};
+      st = Annotate(committer_.Commit(keys::Checkpoint(key.first, key.second), std::move(w)),
+                    "journaling a persisted rank");
       if (st.ok()) CKPTD_SYNC_POINT("flush.rank_persisted");
     }
   }
   const bool persisted = write && st.ok();
   leases.clear();
   absl::MutexLock lock(&mu_);
-  Pending& p = *pending_.at(key);
+  PendingCheckpoint& p = *pending_.at(key);
   PendingRank& pr = p.ranks.at(rank);
-  pr.flushing = false;
   --p.flushes_in_flight;
-  if (!p.aborting && !st.ok()) {
+  const bool aborting = p.aborting();
+  pr.Transition(RankPhase::kFlushing,
+                !aborting && persisted ? RankPhase::kPersisted : RankPhase::kJournaled);
+  if (!aborting && !st.ok()) {
     AbortLocked(p, absl::StrCat("flushing rank ", rank, " failed: ", st.message()));
     return;  // the abort frees the rank's staging (and may have erased p)
   }
-  if (!p.aborting) {
-    pr.rec = std::move(rec);
-    pr.persisted = true;
-  }
+  if (!aborting) pr.rec = std::move(rec);
   // The extents go once "persisted" is journaled; those of a rank aborted unpersisted go with
   // its checkpoint's ABORTED row (RecordAbort).
   if (persisted) {
@@ -253,8 +65,8 @@ void CheckpointService::FlushRank(Key key, uint32_t rank) {
   pr.leases.clear();  // "released": the client may write its region again
   CKPTD_SYNC_POINT("flush.extents_freed");
   changed_.SignalAll();
-  if (p.aborting) {
-    if (IdleLocked(p)) FinishAbortLocked(p);
+  if (aborting) {
+    if (p.idle()) FinishAbortLocked(p);
     return;
   }
   MaybeStartCommitLocked(p);

@@ -16,18 +16,19 @@
 // (data/notes.txt, data/job/notes, a step directory with a bad name), a row that does not parse,
 // a manifest that does not verify. Only failures of the index itself or of listing the data
 // dir's root stop the start.
-#include <algorithm>
 #include <signal.h>
+
+#include <algorithm>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "ckptd/status.h"
+#include "ckptd/sync_point.h"
+#include "common/limits.h"
 #include "format/names.h"
 #include "format/region.h"
 #include "index/keys.h"
-#include "common/limits.h"
-#include "ckptd/sync_point.h"
 #include "service/checkpoint_service.h"
 #include "spdlog/spdlog.h"
 
@@ -44,8 +45,8 @@ absl::StatusOr<Manifest> ReadManifest(Storage& storage, const std::string& job, 
   CKPTD_ASSIGN_OR_RETURN(std::string bytes, storage.Get(path));
   CKPTD_ASSIGN_OR_RETURN(Manifest m, DecodeManifest(bytes, path));
   if (m.header.job() != job || m.header.step() != step) {
-    return absl::DataLossError(absl::StrCat("manifest ", path, " names ", m.header.job(), "/",
-                                            m.header.step()));
+    return absl::DataLossError(
+        absl::StrCat("manifest ", path, " names ", m.header.job(), "/", m.header.step()));
   }
   return m;
 }
@@ -106,8 +107,8 @@ void CheckpointService::RecoveryProblem(std::string what) {
 }
 
 absl::Status CheckpointService::RepairIndexRows() {
-  CKPTD_RETURN_IF_ERROR(deps_.meta->Scan(
-      keys::JobPrefix(), "", 0, [&](std::string_view key, std::string_view v) {
+  CKPTD_RETURN_IF_ERROR(
+      deps_.meta->Scan(keys::JobPrefix(), "", 0, [&](std::string_view key, std::string_view v) {
         v1::JobRecord jr;
         if (!jr.ParseFromArray(v.data(), static_cast<int>(v.size()))) {
           RecoveryProblem(absl::StrCat(
@@ -117,12 +118,12 @@ absl::Status CheckpointService::RepairIndexRows() {
         return true;
       }));
   std::vector<std::string> broken;
-  CKPTD_RETURN_IF_ERROR(deps_.meta->Scan(
-      keys::AllCheckpointsPrefix(), "", 0, [&](std::string_view key, std::string_view v) {
-        v1::CheckpointRecord rec;
-        if (!ParseRow(key, v, &rec)) broken.emplace_back(key);
-        return true;
-      }));
+  CKPTD_RETURN_IF_ERROR(deps_.meta->Scan(keys::AllCheckpointsPrefix(), "", 0,
+                                         [&](std::string_view key, std::string_view v) {
+                                           v1::CheckpointRecord rec;
+                                           if (!ParseRow(key, v, &rec)) broken.emplace_back(key);
+                                           return true;
+                                         }));
   for (const std::string& key : broken) {
     absl::StatusOr<std::pair<std::string, uint64_t>> id = keys::DecodeCheckpoint(key);
     if (!id.ok() || !ValidateJobStep(id->first, id->second).ok()) {
@@ -133,8 +134,8 @@ absl::Status CheckpointService::RepairIndexRows() {
     const auto& [job, step] = *id;
     const std::string dir = CheckpointDir(job, step);
     const std::string what =
-        absl::StrCat("the index row of ", CkptName(job, step), " (", deps_.storage->Describe(),
-                     "/", dir, ") does not parse or names another checkpoint");
+        absl::StrCat("the index row of ", CkptName(job, step), " (", deps_.storage->Describe(), "/",
+                     dir, ") does not parse or names another checkpoint");
     absl::StatusOr<bool> has_manifest =
         deps_.storage->Exists(absl::StrCat(dir, "/", kManifestFileName));
     if (!has_manifest.ok()) {
@@ -168,8 +169,7 @@ absl::Status CheckpointService::FinishDeletes() {
   CKPTD_RETURN_IF_ERROR(deps_.meta->Scan(
       keys::AllCheckpointsPrefix(), "", 0, [&](std::string_view key, std::string_view v) {
         v1::CheckpointRecord rec;
-        if (ParseRow(key, v, &rec) &&
-            rec.summary().state() == v1::DELETING) {
+        if (ParseRow(key, v, &rec) && rec.summary().state() == v1::DELETING) {
           deleting.push_back(std::move(rec));
         }
         return true;
@@ -193,8 +193,8 @@ absl::Status CheckpointService::AdoptManifests() {
   CKPTD_ASSIGN_OR_RETURN(std::vector<std::string> jobs, deps_.storage->List(""));
   for (const std::string& job : jobs) {
     if (absl::Status valid = ValidateJobName(job); !valid.ok()) {
-      RecoveryProblem(absl::StrCat(root, "/", job, " is not a job directory (",
-                                   valid.message(), "); skipped"));
+      RecoveryProblem(
+          absl::StrCat(root, "/", job, " is not a job directory (", valid.message(), "); skipped"));
       continue;
     }
     absl::StatusOr<std::vector<std::string>> steps = deps_.storage->List(job);
@@ -232,9 +232,8 @@ absl::Status CheckpointService::AdoptManifests() {
       absl::StatusOr<Manifest> m = ReadManifest(*deps_.storage, job, *step);
       if (!m.ok()) {
         if (state != v1::CORRUPT) {
-          RecoveryProblem(absl::StrCat(root, "/", path, " does not verify; ",
-                                       CkptName(job, *step), " not exposed: ",
-                                       m.status().ToString()));
+          RecoveryProblem(absl::StrCat(root, "/", path, " does not verify; ", CkptName(job, *step),
+                                       " not exposed: ", m.status().ToString()));
         } else {
           spdlog::warn("recovery: {} stays CORRUPT: {}", CkptName(job, *step),
                        m.status().ToString());
@@ -249,8 +248,7 @@ absl::Status CheckpointService::AdoptManifests() {
   return absl::OkStatus();
 }
 
-void CheckpointService::AbortRecovered(const v1::CheckpointRecord& rec,
-                                       const std::string& reason) {
+void CheckpointService::AbortRecovered(const v1::CheckpointRecord& rec, const std::string& reason) {
   const v1::CheckpointSummary& s = rec.summary();
   spdlog::warn("recovery: checkpoint {}/{} ABORTED: {}", s.job(), s.step(), reason);
   absl::Status st = deps_.storage->RemoveAll(CheckpointDir(s.job(), s.step()));
@@ -270,15 +268,16 @@ void CheckpointService::AbortRecovered(const v1::CheckpointRecord& rec,
 absl::Status CheckpointService::ResumePending() {
   std::vector<v1::CheckpointRecord> open;
   std::vector<v1::CheckpointRecord> aborted;
-  CKPTD_RETURN_IF_ERROR(deps_.meta->Scan(
-      keys::AllCheckpointsPrefix(), "", 0, [&](std::string_view key, std::string_view v) {
-        v1::CheckpointRecord rec;
-        if (!ParseRow(key, v, &rec)) return true;
-        auto state = rec.summary().state();
-        if (state == v1::STAGING || state == v1::PERSISTING) open.push_back(rec);
-        if (state == v1::ABORTED) aborted.push_back(rec);
-        return true;
-      }));
+  CKPTD_RETURN_IF_ERROR(deps_.meta->Scan(keys::AllCheckpointsPrefix(), "", 0,
+                                         [&](std::string_view key, std::string_view v) {
+                                           v1::CheckpointRecord rec;
+                                           if (!ParseRow(key, v, &rec)) return true;
+                                           auto state = rec.summary().state();
+                                           if (state == v1::STAGING || state == v1::PERSISTING)
+                                             open.push_back(rec);
+                                           if (state == v1::ABORTED) aborted.push_back(rec);
+                                           return true;
+                                         }));
   for (const v1::CheckpointRecord& rec : aborted) {
     // Collect partial data an interrupted abort may have left; what cannot be removed now is
     // only space (the checkpoint is ABORTED either way), retried at the next start.
@@ -321,9 +320,7 @@ absl::Status CheckpointService::ResumePending() {
 absl::Status CheckpointService::ResumeOne(const v1::CheckpointRecord& rec,
                                           const std::vector<v1::RankRecord>& ranks) {
   const v1::CheckpointSummary& s = rec.summary();
-  auto p = std::make_unique<Pending>();
-  p->job = s.job();
-  p->step = s.step();
+  auto p = std::make_unique<PendingCheckpoint>(s.job(), s.step());
   p->world_size = s.world_size();
   p->created_unix_ms = s.created_unix_ms();
   p->partial = s.partial();
@@ -337,29 +334,28 @@ absl::Status CheckpointService::ResumeOne(const v1::CheckpointRecord& rec,
   for (const v1::RankRecord& rr : ranks) {
     PendingRank pr;
     pr.rec = rr;
-    pr.journaled = true;
-    pr.persisted = rr.persisted();
+    pr.Restore(rr.persisted());
     for (int i = 0; i < rr.shards_size(); ++i) {
       const v1::StagedShard& sh = rr.shards(i);
       const v1::ShardSpec& spec = sh.spec();
-      if (!pr.persisted && spec.data().length() > 0) {
+      if (!pr.persisted() && spec.data().length() > 0) {
         if (spec.data().target_case() != v1::MemRef::kExtentId) {
-          return absl::DataLossError(absl::StrCat(
-              "recovery: rank ", rr.rank(), " staged from a client region, which did not "
-              "survive the restart"));
+          return absl::DataLossError(absl::StrCat("recovery: rank ", rr.rank(),
+                                                  " staged from a client region, which did not "
+                                                  "survive the restart"));
         }
         std::optional<ArenaSegmentInfo> seg =
             deps_.arena->SegmentOfGeneration(rr.arena_generation());
         if (!seg || !seg->adopted) {
-          return absl::DataLossError(absl::StrCat(
-              "recovery: the staging arena segment was lost (rank ", rr.rank(),
-              " was staged into generation ", rr.arena_generation(),
-              ", which this daemon did not adopt)"));
+          return absl::DataLossError(
+              absl::StrCat("recovery: the staging arena segment was lost (rank ", rr.rank(),
+                           " was staged into generation ", rr.arena_generation(),
+                           ", which this daemon did not adopt)"));
         }
         if (std::find(pr.extent_ids.begin(), pr.extent_ids.end(), sh.extent_id()) ==
             pr.extent_ids.end()) {
-          CKPTD_RETURN_IF_ERROR(deps_.arena->Restore(sh.extent_id(), seg->uid,
-                                                     sh.arena_offset(), sh.extent_length()));
+          CKPTD_RETURN_IF_ERROR(deps_.arena->Restore(sh.extent_id(), seg->uid, sh.arena_offset(),
+                                                     sh.extent_length()));
           pr.extent_ids.push_back(sh.extent_id());
         }
       }
@@ -377,14 +373,17 @@ absl::Status CheckpointService::ResumeOne(const v1::CheckpointRecord& rec,
     }
     p->ranks.emplace(rr.rank(), std::move(pr));
   }
-  p->state = (p->partial || p->ranks.size() == p->world_size) ? v1::PERSISTING : v1::STAGING;
+  if (p->partial || p->ranks.size() == p->world_size) {
+    p->Transition(CheckpointPhase::kStaging, CheckpointPhase::kPersisting);
+  }
   spdlog::info("recovery: resuming checkpoint {}/{} ({} of {} ranks staged)", p->job, p->step,
                p->ranks.size(), p->world_size);
   absl::MutexLock lock(&mu_);
   Key key{p->job, p->step};
-  Pending& pp = *pending_.emplace(key, std::move(p)).first->second;
+  PendingCheckpoint& pp = *pending_.emplace(key, std::move(p)).first->second;
+  KeyChangedLocked(key);
   for (auto& [r, pr] : pp.ranks) {
-    if (!pr.persisted) PostFlush(key, r);
+    if (!pr.persisted()) PostFlush(key, r);
   }
   MaybeStartCommitLocked(pp);
   return absl::OkStatus();
@@ -395,8 +394,7 @@ absl::Status CheckpointService::CheckCommittedRows() {
   CKPTD_RETURN_IF_ERROR(deps_.meta->Scan(
       keys::AllCheckpointsPrefix(), "", 0, [&](std::string_view key, std::string_view v) {
         v1::CheckpointRecord rec;
-        if (ParseRow(key, v, &rec) &&
-            rec.summary().state() == v1::COMMITTED) {
+        if (ParseRow(key, v, &rec) && rec.summary().state() == v1::COMMITTED) {
           committed.push_back(rec);
         }
         return true;
@@ -420,8 +418,7 @@ absl::Status CheckpointService::VerifyNewestCommitted() {
   CKPTD_RETURN_IF_ERROR(deps_.meta->Scan(
       keys::AllCheckpointsPrefix(), "", 0, [&](std::string_view key, std::string_view v) {
         v1::CheckpointRecord rec;
-        if (ParseRow(key, v, &rec) &&
-            rec.summary().state() == v1::COMMITTED) {
+        if (ParseRow(key, v, &rec) && rec.summary().state() == v1::COMMITTED) {
           committed[rec.summary().job()].push_back(rec.summary().step());
         }
         return true;
@@ -432,17 +429,16 @@ absl::Status CheckpointService::VerifyNewestCommitted() {
       // checkpoint after a restart does not read it again.
       absl::StatusOr<std::shared_ptr<const Manifest>> m = GetManifest(job, *step);
       if (m.ok()) break;
-      const std::string path =
-          absl::StrCat(deps_.storage->Describe(), "/", CheckpointDir(job, *step), "/",
-                       kManifestFileName);
+      const std::string path = absl::StrCat(deps_.storage->Describe(), "/",
+                                            CheckpointDir(job, *step), "/", kManifestFileName);
       if (!absl::IsDataLoss(m.status())) {
         RecoveryProblem(absl::StrCat(path, " cannot be read to verify it (", m.status().ToString(),
                                      "); ", CkptName(job, *step), " left COMMITTED"));
         break;
       }
-      RecoveryProblem(absl::StrCat(path, " does not verify: ", CkptName(job, *step),
-                                   " is CORRUPT, latest falls back to an older one: ",
-                                   m.status().ToString()));
+      RecoveryProblem(
+          absl::StrCat(path, " does not verify: ", CkptName(job, *step),
+                       " is CORRUPT, latest falls back to an older one: ", m.status().ToString()));
     }
   }
   return absl::OkStatus();
@@ -453,53 +449,58 @@ void CheckpointService::Start() {
 }
 
 void CheckpointService::Housekeeping() {
-  absl::MutexLock lock(&mu_);
-  while (!stopping_) {
-    changed_.WaitWithTimeout(
-        &mu_, absl::Milliseconds(std::clamp<uint64_t>(deps_.options->flush_gate_ms / 4, 10, 200)));
-    if (stopping_) break;
-    const uint64_t now = NowMs();
-    std::vector<Pending*> expired;
-    for (auto& [key, p] : pending_) {
-      if (p->state == v1::STAGING && !p->aborting && !p->partial &&
-          now - p->created_unix_ms > deps_.options->stage_timeout_ms) {
-        expired.push_back(p.get());
-      }
-    }
-    for (auto& [key, p] : pending_) {
-      if (p->first_staged_unix_ms != 0 &&
-          now - p->first_staged_unix_ms >= deps_.options->flush_gate_ms) {
-        PostGatedFlushesLocked(*p);
-      }
-    }
-    for (Pending* p : expired) {
-      std::vector<uint32_t> missing;
-      for (uint32_t r = 0; r < p->world_size && missing.size() < 33; ++r) {
-        if (!p->ranks.contains(r)) missing.push_back(r);
-      }
-      AbortLocked(*p, absl::StrCat("stage timeout: ranks [", absl::StrJoin(missing, ", "),
-                                   missing.size() > 32 ? ", ..." : "", "] of ", p->world_size,
-                                   " were not staged within ", deps_.options->stage_timeout_ms,
-                                   " ms"));
-    }
-    // Aborts whose ABORTED row failed: written again (RecordAbort), at most every
-    // kAbortRetryMs (changed_ wakes this loop at every failure; retrying at once would spin
-    // against an index that is recovering).
-    std::vector<AbortRecord> retry;
-    if (absl::Now() - last_abort_retry_ >= absl::Milliseconds(limits::kAbortRetryMs)) {
-      last_abort_retry_ = absl::Now();
-      retry.swap(unrecorded_aborts_);
-    }
-    for (AbortRecord& a : retry) {
-      if (!deps_.flush_pool->Post([this, a] { RecordAbort(a); })) {
-        unrecorded_aborts_.push_back(std::move(a));
-      }
-    }
-    // Lock order: mu_, then the session table's and the arena's own locks (never the reverse).
+  while (HousekeepingPass()) {
+    // Outside the lifecycle lock: the session table's lock, and the arena's and region
+    // registry's (ending a session releases what it held).
     size_t n = sessions_.ExpireUnattached(absl::Milliseconds(limits::kSessionAttachTimeoutMs));
-    if (n > 0) spdlog::info("{} sessions ended: not attached within {} ms", n,
-                            limits::kSessionAttachTimeoutMs);
+    if (n > 0)
+      spdlog::info("{} sessions ended: not attached within {} ms", n,
+                   limits::kSessionAttachTimeoutMs);
   }
+}
+
+bool CheckpointService::HousekeepingPass() {
+  absl::MutexLock lock(&mu_);
+  if (stopping_) return false;
+  // The wait releases mu_; a pass holds it only for its scan (no I/O: posts only).
+  changed_.WaitWithTimeout(&mu_, flush_.GateTick());
+  if (stopping_) return false;
+  const uint64_t now = NowMs();
+  std::vector<PendingCheckpoint*> expired;
+  for (auto& [key, p] : pending_) {
+    if (p->staging() && !p->partial && now - p->created_unix_ms > deps_.options->stage_timeout_ms) {
+      expired.push_back(p.get());
+    }
+  }
+  for (auto& [key, p] : pending_) {
+    if (flush_.GateElapsed(p->first_staged_unix_ms, now)) {
+      PostGatedFlushesLocked(*p);
+    }
+  }
+  for (PendingCheckpoint* p : expired) {
+    std::vector<uint32_t> missing;
+    for (uint32_t r = 0; r < p->world_size && missing.size() < 33; ++r) {
+      if (!p->ranks.contains(r)) missing.push_back(r);
+    }
+    AbortLocked(*p,
+                absl::StrCat("stage timeout: ranks [", absl::StrJoin(missing, ", "),
+                             missing.size() > 32 ? ", ..." : "", "] of ", p->world_size,
+                             " were not staged within ", deps_.options->stage_timeout_ms, " ms"));
+  }
+  // Aborts whose ABORTED row failed: written again (RecordAbort), at most every kAbortRetryMs
+  // (changed_ wakes this loop at every failure; retrying at once would spin against an index
+  // that is recovering).
+  std::vector<AbortRecord> retry;
+  if (absl::Now() - last_abort_retry_ >= absl::Milliseconds(limits::kAbortRetryMs)) {
+    last_abort_retry_ = absl::Now();
+    retry.swap(unrecorded_aborts_);
+  }
+  for (AbortRecord& a : retry) {
+    if (!deps_.flush_pool->Post([this, a] { RecordAbort(a); })) {
+      unrecorded_aborts_.push_back(std::move(a));
+    }
+  }
+  return true;
 }
 
 bool CheckpointService::Shutdown(absl::Duration grace, bool* drained_out) {

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "ckptd/status.h"
+#include "ckptd/sync_point.h"
 #include "common/align.h"
 #include "format/crc32c.h"
 #include "format/dtype.h"
@@ -14,7 +15,6 @@
 #include "format/region.h"
 #include "format/reshard_spec.h"
 #include "index/keys.h"
-#include "ckptd/sync_point.h"
 #include "service/checkpoint_service.h"
 #include "spdlog/spdlog.h"
 
@@ -125,9 +125,9 @@ absl::Status CheckpointService::Reshard(const Caller& caller, const v1::ReshardR
   CKPTD_ASSIGN_OR_RETURN(std::optional<v1::CheckpointRecord> src, GetRecord(req.job(), req.step()));
   if (!src) return absl::NotFoundError(absl::StrCat(src_name, " does not exist"));
   if (src->summary().state() != v1::COMMITTED) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        src_name, " is ", v1::CheckpointState_Name(src->summary().state()),
-        "; only COMMITTED checkpoints can be resharded"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(src_name, " is ", v1::CheckpointState_Name(src->summary().state()),
+                     "; only COMMITTED checkpoints can be resharded"));
   }
   CKPTD_ASSIGN_OR_RETURN(std::shared_ptr<const Manifest> m, GetManifest(req.job(), req.step()));
   if (m->header.partial()) {
@@ -140,8 +140,8 @@ absl::Status CheckpointService::Reshard(const Caller& caller, const v1::ReshardR
   job->spec = std::move(spec);
   job->src = m;
   for (const v1::ItemEntry& item : m->items) {
-    const ReshardRule* rule = item.kind() == v1::TENSOR ? MatchRule(job->spec, item.name())
-                                                        : nullptr;
+    const ReshardRule* rule =
+        item.kind() == v1::TENSOR ? MatchRule(job->spec, item.name()) : nullptr;
     if (rule != nullptr) job->world_size = std::max(job->world_size, RuleWorldSize(*rule));
     // Per-rank objects keep their saving rank, which must stay below the world size.
     for (const v1::ShardEntry& s : item.shards()) {
@@ -173,37 +173,49 @@ absl::Status CheckpointService::Reshard(const Caller& caller, const v1::ReshardR
     first.push_back({keys::Job(target_job), jr.SerializeAsString()});
   }
 
+  return ClaimAndStartReshard(std::move(job), std::move(first), resp);
+}
+
+absl::Status CheckpointService::ClaimAndStartReshard(std::shared_ptr<ReshardJob> job,
+                                                     std::vector<MetaStore::Write> first,
+                                                     v1::CheckpointStatus* resp) {
+  const std::string src_name = CkptName(job->source.first, job->source.second);
+  const std::string dst_name = CkptName(job->target.first, job->target.second);
   absl::MutexLock lock(&mu_);
+  // Read with mu_ released; everything below is checked after it (ReadRowLocked).
+  CKPTD_ASSIGN_OR_RETURN(std::optional<v1::CheckpointRecord> existing,
+                         ReadRowLocked(job->target, /*corrupt_is_error=*/true));
   if (stopping_) return absl::UnavailableError("the daemon is shutting down");
   if (reshards_.size() >= limits::kReshardJobsMax) {
     return absl::ResourceExhaustedError(absl::StrCat(
         reshards_.size(), " reshards are running; the limit is ", limits::kReshardJobsMax));
   }
-  CKPTD_ASSIGN_OR_RETURN(std::optional<v1::CheckpointRecord> existing,
-                         GetRecord(target_job, req.target_step()));
   if (auto busy = rewriting_.find(job->source); busy != rewriting_.end()) {
-    return absl::AbortedError(absl::StrCat(src_name, " is ", busy->second,
-                                           "; it cannot be resharded"));
+    return absl::AbortedError(
+        absl::StrCat(src_name, " is ", busy->second, "; it cannot be resharded"));
   }
   if (existing || pending_.contains(job->target) || reshards_.contains(job->target) ||
       rewriting_.contains(job->target)) {
-    return absl::AlreadyExistsError(absl::StrCat(
-        dst_name, " already exists; delete it first or choose another target step"));
+    return absl::AlreadyExistsError(
+        absl::StrCat(dst_name, " already exists; delete it first or choose another target step"));
   }
   // The target is claimed in reshards_ first, so the synced row is written without mu_; an
   // Abort meanwhile sets job->cancel and the thread, once started, finishes it as ABORTED.
   reshards_[job->target] = job;
+  KeyChangedLocked(job->target);
   mu_.Unlock();
-  absl::Status put = deps_.meta->Commit(first, /*sync=*/true);
+  absl::Status put =
+      committer_.Commit(keys::Checkpoint(job->target.first, job->target.second), std::move(first));
   if (put.ok()) CKPTD_SYNC_POINT("reshard.target_recorded");
   mu_.Lock();
   if (!put.ok()) {
     reshards_.erase(job->target);
+    KeyChangedLocked(job->target);
     changed_.SignalAll();
     return Annotate(put, absl::StrCat(dst_name, ": recording the reshard"));
   }
   *resp->mutable_summary() = job->rec.summary();
-  spdlog::info("{}: {} started", dst_name, s->origin());
+  spdlog::info("{}: {} started", dst_name, job->rec.summary().origin());
   job->thread = std::thread([this, job] { RunReshard(job); });
   return absl::OkStatus();
 }
@@ -221,7 +233,7 @@ absl::Status CheckpointService::CopyShard(ReshardJob& job, const PlanRequest& wh
       parts.push_back(PlanRequest{whole.item, std::move(part), nullptr});
     }
   }
-  const PlanOptions options = LoadPlanOptions(job.src->header.checksum_block_bytes());
+  const PlanOptions options = loader_.LoadPlanOptions(job.src->header.checksum_block_bytes());
   std::vector<uint8_t> chunk;
   for (const PlanRequest& part : parts) {
     if (deps_.options->debug_reshard_delay_ms > 0) {
@@ -232,7 +244,7 @@ absl::Status CheckpointService::CopyShard(ReshardJob& job, const PlanRequest& wh
     chunk.resize(plan.request_bytes[0]);
     uint8_t* dst = chunk.data();
     uint64_t read = 0;
-    CKPTD_RETURN_IF_ERROR(ReadPlan(*job.src, plan, std::span(&dst, 1), &read));
+    CKPTD_RETURN_IF_ERROR(loader_.ReadPlan(*job.src, plan, std::span(&dst, 1), &read));
     CKPTD_RETURN_IF_ERROR(out.Append(chunk.data(), chunk.size()));
     shard->set_length(shard->length() + chunk.size());
     job.bytes_done += chunk.size();
@@ -321,7 +333,7 @@ void CheckpointService::RunReshard(std::shared_ptr<ReshardJob> job) {
   if (st.ok()) {
     CKPTD_SYNC_POINT("reshard.committed");
     absl::MutexLock lock(&mu_);
-    CacheManifestLocked(job->target, std::make_shared<const Manifest>(*std::move(m)));
+    manifest_cache_.Put(job->target, std::make_shared<const Manifest>(*std::move(m)));
   }
   // Last: once the job has left reshards_, Shutdown no longer waits for this thread and the
   // service may be destroyed (found by the simulation: caching the manifest after this touched a
@@ -349,6 +361,7 @@ void CheckpointService::FinishReshard(ReshardJob& job, const absl::Status& statu
   if (it != reshards_.end()) {
     it->second->thread.detach();  // this thread; it ends right after
     reshards_.erase(it);
+    KeyChangedLocked(job.target);
   }
   changed_.SignalAll();
 }
@@ -359,8 +372,8 @@ bool CheckpointService::CancelReshardLocked(const Key& key, const std::string& r
   if (it == reshards_.end()) return false;
   ReshardJob& job = *it->second;
   if (!job.cancel.load()) {
-    job.cancel_reason = absl::StrCat("cancelled: ", reason.empty() ? "aborted by a client"
-                                                                   : reason.substr(0, 1024));
+    job.cancel_reason = absl::StrCat(
+        "cancelled: ", reason.empty() ? "aborted by a client" : reason.substr(0, 1024));
     job.cancel = true;
   }
   ReshardStatusLocked(key, resp);

@@ -5,29 +5,16 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "ckptd/status.h"
+#include "ckptd/sync_point.h"
+#include "common/limits.h"
 #include "format/dtype.h"
 #include "format/names.h"
 #include "format/region.h"
 #include "index/keys.h"
-#include "common/limits.h"
-#include "ckptd/sync_point.h"
 #include "service/checkpoint_service.h"
 #include "spdlog/spdlog.h"
 
 namespace ckptd {
-
-std::string StoredCopyKey(const v1::ShardSpec& spec, uint32_t rank) {
-  std::string key = spec.item();
-  key.push_back('\0');
-  if (spec.has_tensor()) {
-    std::vector<uint64_t> shape(spec.tensor().global_shape().begin(),
-                                spec.tensor().global_shape().end());
-    key += RegionKey(spec.tensor().region(), shape);
-  } else if (spec.object().scope() == v1::PER_RANK) {
-    key += absl::StrCat("rank", rank);
-  }
-  return key;
-}
 
 std::string CkptName(const std::string& job, uint64_t step) {
   return absl::StrCat("checkpoint ", job, "/", step);
@@ -57,6 +44,9 @@ std::string RanksList(const std::vector<uint32_t>& ranks) {
 CheckpointService::CheckpointService(ServiceDeps deps)
     : deps_(deps),
       instance_id_(RandomHexId()),
+      committer_(deps.meta),
+      flush_(deps.options, deps.storage, deps.arena, deps.flush_pool),
+      loader_(deps.options, deps.storage, deps.arena, deps.regions),
       sessions_(
           [this](const std::string& id) {
             // What the session held goes; leases of operations in flight keep their memory.
@@ -93,10 +83,10 @@ absl::Status CheckpointService::CheckOpenLimitsLocked(const std::string& job,
     ++open;
   }
   if (open >= limits::kOpenCheckpointsPerJobMax) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        what, ": job ", job, " has ", open, " checkpoints being saved; the limit is ",
-        limits::kOpenCheckpointsPerJobMax,
-        " (kOpenCheckpointsPerJobMax); wait for them to commit or abort them"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat(what, ": job ", job, " has ", open, " checkpoints being saved; the limit is ",
+                     limits::kOpenCheckpointsPerJobMax,
+                     " (kOpenCheckpointsPerJobMax); wait for them to commit or abort them"));
   }
   return absl::OkStatus();
 }
@@ -106,13 +96,11 @@ absl::Status CheckpointService::ValidateSave(const v1::SaveRequest& req) const {
   std::string what = CkptName(req.job(), req.step());
   if (req.world_size() == 0 || req.world_size() > limits::kWorldSizeMax) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": world_size ", req.world_size(),
-                                                   " must be in [1, ", limits::kWorldSizeMax,
-                                                   "]"));
+                                                   " must be in [1, ", limits::kWorldSizeMax, "]"));
   }
   if (req.rank() >= req.world_size()) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": rank ", req.rank(),
-                                                   " is not below world_size ",
-                                                   req.world_size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": rank ", req.rank(), " is not below world_size ", req.world_size()));
   }
   if (static_cast<uint64_t>(req.shards_size()) > limits::kShardsPerSaveMax) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": ", req.shards_size(),
@@ -151,13 +139,9 @@ absl::Status CheckpointService::ValidateSave(const v1::SaveRequest& req) const {
       return absl::InvalidArgumentError(absl::StrCat(where, ": neither tensor nor object"));
     }
     if (s.data().length() != expect_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat(where, " ",
-                                                     s.has_tensor() ? DescribeRegion(
-                                                                          s.tensor().region())
-                                                                    : "",
-                                                     ": data is ", s.data().length(),
-                                                     " bytes but the region holds ",
-                                                     expect_bytes));
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, " ", s.has_tensor() ? DescribeRegion(s.tensor().region()) : "", ": data is ",
+          s.data().length(), " bytes but the region holds ", expect_bytes));
     }
     if (expect_bytes > 0 && s.data().target_case() == v1::MemRef::TARGET_NOT_SET) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": data names no extent or region"));
@@ -180,9 +164,11 @@ absl::Status CheckpointService::ValidateSave(const v1::SaveRequest& req) const {
         same = f.object().scope() == s.object().scope();
       }
       if (!same) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            where, ": shard ", i, " describes the item differently (kind, dtype, global shape "
-            "or scope) than shard ", first->second, " of the same Save"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": shard ", i,
+                         " describes the item differently (kind, dtype, global shape "
+                         "or scope) than shard ",
+                         first->second, " of the same Save"));
       }
     }
   }
@@ -196,10 +182,9 @@ absl::Status CheckpointService::ValidateSave(const v1::SaveRequest& req) const {
       if (s.item() == item) regions.push_back(s.tensor().region());
     }
     if (regions.size() < 2) continue;
-    std::vector<uint64_t> shape(f.tensor().global_shape().begin(),
-                                f.tensor().global_shape().end());
-    CKPTD_RETURN_IF_ERROR(Annotate(CheckNoOverlap(shape, regions, item),
-                                   absl::StrCat(what, " rank ", req.rank())));
+    std::vector<uint64_t> shape(f.tensor().global_shape().begin(), f.tensor().global_shape().end());
+    CKPTD_RETURN_IF_ERROR(
+        Annotate(CheckNoOverlap(shape, regions, item), absl::StrCat(what, " rank ", req.rank())));
   }
   return absl::OkStatus();
 }
@@ -218,10 +203,9 @@ absl::Status CheckpointService::ResolveSaveData(const std::string& session,
       absl::StatusOr<ExtentInfo> e = deps_.arena->Lookup(session, m.extent_id());
       if (!e.ok()) return Annotate(e.status(), where);
       if (m.offset() > e->length || m.length() > e->length - m.offset()) {
-        return absl::OutOfRangeError(absl::StrCat(where, ": bytes [", m.offset(), ", ",
-                                                  m.offset(), "+", m.length(),
-                                                  ") are outside extent ", e->id, " (",
-                                                  e->length, " bytes)"));
+        return absl::OutOfRangeError(absl::StrCat(where, ": bytes [", m.offset(), ", ", m.offset(),
+                                                  "+", m.length(), ") are outside extent ", e->id,
+                                                  " (", e->length, " bytes)"));
       }
       st->set_extent_id(e->id);
       st->set_arena_offset(e->offset);
@@ -240,7 +224,7 @@ absl::Status CheckpointService::ResolveSaveData(const std::string& session,
   return absl::OkStatus();
 }
 
-absl::Status CheckpointService::CheckItemsLocked(const Pending& p,
+absl::Status CheckpointService::CheckItemsLocked(const PendingCheckpoint& p,
                                                  const v1::SaveRequest& req) const {
   for (const v1::ShardSpec& s : req.shards()) {
     auto it = p.items.find(s.item());
@@ -252,10 +236,12 @@ absl::Status CheckpointService::CheckItemsLocked(const Pending& p,
                                   s.tensor().global_shape().end());
       if (m.kind != v1::TENSOR || m.dtype != s.tensor().dtype() || m.shape != shape) {
         return absl::InvalidArgumentError(absl::StrCat(
-            where, ": rank ", req.rank(), " saves it as ", std::string(DTypeName(s.tensor().dtype())), " ",
-            DescribeShape(shape), " but rank ", m.first_rank, " saved it as ",
-            m.kind == v1::TENSOR ? absl::StrCat(std::string(DTypeName(m.dtype)), " ", DescribeShape(m.shape))
-                                 : "an object"));
+            where, ": rank ", req.rank(), " saves it as ",
+            std::string(DTypeName(s.tensor().dtype())), " ", DescribeShape(shape), " but rank ",
+            m.first_rank, " saved it as ",
+            m.kind == v1::TENSOR
+                ? absl::StrCat(std::string(DTypeName(m.dtype)), " ", DescribeShape(m.shape))
+                : "an object"));
       }
     } else if (m.kind != v1::OBJECT || m.scope != s.object().scope()) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": rank ", req.rank(),
@@ -267,11 +253,11 @@ absl::Status CheckpointService::CheckItemsLocked(const Pending& p,
   return absl::OkStatus();
 }
 
-v1::CheckpointSummary CheckpointService::SummaryLocked(const Pending& p) const {
+v1::CheckpointSummary CheckpointService::SummaryLocked(const PendingCheckpoint& p) const {
   v1::CheckpointSummary s;
   s.set_job(p.job);
   s.set_step(p.step);
-  s.set_state(p.state);
+  s.set_state(p.api_state());
   s.set_world_size(p.world_size);
   s.set_created_unix_ms(p.created_unix_ms);
   s.set_partial(p.partial);
@@ -283,26 +269,27 @@ v1::CheckpointSummary CheckpointService::SummaryLocked(const Pending& p) const {
     for (const v1::StagedShard& sh : pr.rec.shards()) {
       if (!sh.replica()) bytes += sh.spec().data().length();
     }
-    staged |= !pr.persisted;
+    staged |= !pr.persisted();
   }
   s.set_bytes(bytes);
-  s.mutable_tiers()->set_staged(staged && p.state != v1::ABORTED);
+  s.mutable_tiers()->set_staged(staged && p.api_state() != v1::ABORTED);
   return s;
 }
 
-void CheckpointService::FillStatusLocked(const Pending& p, v1::CheckpointStatus* out) const {
+void CheckpointService::FillStatusLocked(const PendingCheckpoint& p,
+                                         v1::CheckpointStatus* out) const {
   *out->mutable_summary() = SummaryLocked(p);
   uint64_t staged = 0, persisted = 0;
   for (const auto& [r, pr] : p.ranks) {
     v1::RankStatus* rs = out->add_ranks();
     rs->set_rank(r);
     rs->set_staged(true);
-    rs->set_persisted(pr.persisted);
+    rs->set_persisted(pr.persisted());
     rs->set_bytes_staged(pr.rec.bytes());
-    rs->set_bytes_persisted(pr.persisted ? pr.rec.bytes() : 0);
+    rs->set_bytes_persisted(pr.persisted() ? pr.rec.bytes() : 0);
     rs->set_shard_count(pr.rec.shards_size());
     staged += pr.rec.bytes();
-    persisted += pr.persisted ? pr.rec.bytes() : 0;
+    persisted += pr.persisted() ? pr.rec.bytes() : 0;
   }
   if (!p.partial) {
     for (uint32_t r = 0; r < p.world_size; ++r) {
@@ -314,7 +301,7 @@ void CheckpointService::FillStatusLocked(const Pending& p, v1::CheckpointStatus*
 }
 
 std::vector<MetaStore::Write> CheckpointService::JournalWritesLocked(
-    const Pending& p, const std::vector<uint32_t>& ranks) const {
+    const PendingCheckpoint& p, const std::vector<uint32_t>& ranks) const {
   std::vector<MetaStore::Write> writes;
   v1::CheckpointRecord rec;
   *rec.mutable_summary() = SummaryLocked(p);
@@ -336,27 +323,57 @@ std::vector<MetaStore::Write> CheckpointService::JournalWritesLocked(
   return writes;
 }
 
-absl::Status CheckpointService::JournalUnlocked(Pending& p, const std::vector<uint32_t>& ranks) {
+absl::Status CheckpointService::JournalUnlocked(PendingCheckpoint& p,
+                                                const std::vector<uint32_t>& ranks) {
   ++p.journals_in_flight;
-  mu_.Await(absl::Condition(
-      +[](Pending* q) { return !q->journal_busy; }, &p));
-  p.journal_busy = true;
-  // Built after waiting, so the summary written last is the newest.
-  std::vector<MetaStore::Write> writes = JournalWritesLocked(p, ranks);
+  // Queued under mu_, so the summary queued last (the newest) lands last.
+  Committer::Ticket ticket =
+      committer_.Enqueue(keys::Checkpoint(p.job, p.step), JournalWritesLocked(p, ranks));
   mu_.Unlock();
-  absl::Status st = deps_.meta->Commit(writes, /*sync=*/true);
+  absl::Status st = committer_.Await(ticket);
   mu_.Lock();
-  p.journal_busy = false;
   --p.journals_in_flight;
   if (st.ok()) p.job_recorded = true;
   return st;
 }
 
-bool CheckpointService::IdleLocked(const Pending& p) {
-  return p.flushes_in_flight == 0 && p.journals_in_flight == 0 && !p.committing;
+absl::StatusOr<PendingCheckpoint*> CheckpointService::FindOrOpenLocked(
+    const Caller& caller, const v1::SaveRequest& req,
+    const absl::StatusOr<std::optional<uint32_t>>& owner) {
+  const Key key{req.job(), req.step()};
+  const std::string what = CkptName(req.job(), req.step());
+  while (true) {
+    if (auto it = pending_.find(key); it != pending_.end()) return it->second.get();
+    // Read with mu_ released; the maps are checked after it, consistent with the row.
+    CKPTD_ASSIGN_OR_RETURN(std::optional<v1::CheckpointRecord> existing,
+                           ReadRowLocked(key, /*corrupt_is_error=*/true));
+    if (pending_.contains(key)) continue;  // another rank opened it meanwhile
+    if (auto busy = rewriting_.find(key); busy != rewriting_.end()) {
+      return absl::AbortedError(
+          absl::StrCat(what, " is ", busy->second, "; retry once that has finished"));
+    }
+    if (existing) {
+      return absl::AlreadyExistsError(
+          absl::StrCat(what, " is already ", v1::CheckpointState_Name(existing->summary().state()),
+                       "; delete it first or save another step"));
+    }
+    if (!owner.ok()) return owner.status();
+    CKPTD_RETURN_IF_ERROR(AccessAllowed(caller, req.job(), *owner, Access::kWrite));
+    CKPTD_RETURN_IF_ERROR(CheckOpenLimitsLocked(req.job(), what));
+    auto p = std::make_unique<PendingCheckpoint>(req.job(), req.step());
+    p->owner_uid = caller.uid;
+    p->job_recorded = owner->has_value();
+    p->world_size = req.world_size();
+    p->created_unix_ms = NowMs();
+    p->checksum_block_bytes = deps_.options->checksum_block_bytes;
+    PendingCheckpoint* opened = pending_.emplace(key, std::move(p)).first->second.get();
+    KeyChangedLocked(key);
+    return opened;
+  }
 }
 
-absl::Status CheckpointService::Save(const Caller& caller, const v1::SaveRequest& req, v1::SaveResponse* resp) {
+absl::Status CheckpointService::Save(const Caller& caller, const v1::SaveRequest& req,
+                                     v1::SaveResponse* resp) {
   CKPTD_ASSIGN_OR_RETURN(std::string session, SessionOf(caller, req.session_id()));
   CKPTD_RETURN_IF_ERROR(ValidateSave(req));
   const std::string what = CkptName(req.job(), req.step());
@@ -367,165 +384,123 @@ absl::Status CheckpointService::Save(const Caller& caller, const v1::SaveRequest
   rank.rec.set_blob_name(BlobName(req.rank()));
   CKPTD_RETURN_IF_ERROR(ResolveSaveData(session, req, &rank));
 
+  // The job's owner, read before the lifecycle lock (used only if this Save opens the checkpoint).
+  absl::StatusOr<std::optional<uint32_t>> owner = JobOwner(req.job());
+
   absl::MutexLock lock(&mu_);
-  Key key{req.job(), req.step()};
-  auto it = pending_.find(key);
-  if (it == pending_.end()) {
-    if (auto busy = rewriting_.find(key); busy != rewriting_.end()) {
-      return absl::AbortedError(
-          absl::StrCat(what, " is ", busy->second, "; retry once that has finished"));
-    }
-    CKPTD_ASSIGN_OR_RETURN(std::optional<v1::CheckpointRecord> existing,
-                           GetRecord(req.job(), req.step()));
-    if (existing) {
-      return absl::AlreadyExistsError(absl::StrCat(
-          what, " is already ", v1::CheckpointState_Name(existing->summary().state()),
-          "; delete it first or save another step"));
-    }
-    CKPTD_RETURN_IF_ERROR(CheckAccess(caller, req.job(), Access::kWrite));
-    CKPTD_RETURN_IF_ERROR(CheckOpenLimitsLocked(req.job(), what));
-    CKPTD_ASSIGN_OR_RETURN(std::optional<uint32_t> owner, JobOwner(req.job()));
-    auto p = std::make_unique<Pending>();
-    p->job = req.job();
-    p->step = req.step();
-    p->owner_uid = caller.uid;
-    p->job_recorded = owner.has_value();
-    p->world_size = req.world_size();
-    p->created_unix_ms = NowMs();
-    p->checksum_block_bytes = deps_.options->checksum_block_bytes;
-    it = pending_.emplace(key, std::move(p)).first;
-  }
-  Pending& p = *it->second;
+  CKPTD_ASSIGN_OR_RETURN(PendingCheckpoint * found, FindOrOpenLocked(caller, req, owner));
+  PendingCheckpoint& p = *found;
   if (p.owner_uid != caller.uid) {
     return absl::PermissionDeniedError(absl::StrCat(what, " is being saved by uid ", p.owner_uid,
                                                     "; ", DescribeCaller(caller),
                                                     " may not add ranks to it"));
   }
   rank.rec.set_checksum_block_bytes(p.checksum_block_bytes);
-  if (p.state != v1::STAGING || p.aborting) {
+  if (!p.staging()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        what, " is ", v1::CheckpointState_Name(p.state), "; it takes no more ranks"));
+        what, " is ", v1::CheckpointState_Name(p.api_state()), "; it takes no more ranks"));
   }
   if (p.world_size != req.world_size()) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": rank ", req.rank(),
-                                                   " says world_size ", req.world_size(),
-                                                   " but earlier ranks said ", p.world_size));
+    return absl::InvalidArgumentError(absl::StrCat(what, ": rank ", req.rank(), " says world_size ",
+                                                   req.world_size(), " but earlier ranks said ",
+                                                   p.world_size));
   }
   if (p.ranks.contains(req.rank())) {
-    return absl::AlreadyExistsError(absl::StrCat(what, ": rank ", req.rank(),
-                                                 " is already staged"));
+    return absl::AlreadyExistsError(
+        absl::StrCat(what, ": rank ", req.rank(), " is already staged"));
   }
   CKPTD_RETURN_IF_ERROR(CheckItemsLocked(p, req));
   CKPTD_RETURN_IF_ERROR(deps_.arena->Take(session, rank.extent_ids));
 
-  // Replicas: the first rank to stage a region stores it; later identical regions only verify.
-  uint64_t bytes = 0;
-  for (int i = 0; i < rank.rec.shards_size(); ++i) {
-    v1::StagedShard* sh = rank.rec.mutable_shards(i);
-    const v1::ShardSpec& s = sh->spec();
-    std::string rkey = StoredCopyKey(s, req.rank());
-    auto [owner, inserted] = p.stored_copy.emplace(rkey, std::make_pair(req.rank(), size_t(i)));
-    sh->set_replica(!inserted);
-    bytes += s.data().length();
-    if (!p.items.contains(s.item())) {
-      ItemMeta m;
-      m.kind = s.has_tensor() ? v1::TENSOR : v1::OBJECT;
-      if (s.has_tensor()) {
-        m.dtype = s.tensor().dtype();
-        m.shape.assign(s.tensor().global_shape().begin(), s.tensor().global_shape().end());
-      } else {
-        m.scope = s.object().scope();
-      }
-      m.first_rank = req.rank();
-      p.items.emplace(s.item(), std::move(m));
-    }
-  }
-  rank.rec.set_bytes(bytes);
-  uint32_t r = req.rank();
-  p.ranks.emplace(r, std::move(rank));
-  if (p.ranks.size() == p.world_size) p.state = v1::PERSISTING;
+  const uint32_t r = req.rank();
+  const uint64_t bytes = p.AddRank(r, std::move(rank));
 
   CKPTD_SYNC_POINT("save.before_journal");
   absl::Status journaled = JournalUnlocked(p, {r});
-  if (!journaled.ok() && !p.aborting) {
+  if (!journaled.ok() && !p.aborting()) {
     // The rank cannot be forgotten alone: while the lock was released other ranks may have
     // staged replicas of its shards (stored_copy) and been journaled so. The checkpoint is
     // aborted (its extents freed); the client gets the index's error.
     AbortLocked(p, absl::StrCat("journaling rank ", r, " failed: ", journaled.message()));
-    return Annotate(journaled, absl::StrCat(what, ": journaling rank ", r, " (the checkpoint "
+    return Annotate(journaled, absl::StrCat(what, ": journaling rank ", r,
+                                            " (the checkpoint "
                                             "is aborted; save the next step)"));
   }
-  if (p.aborting) {
+  if (p.aborting()) {
     // Aborted while the journal was written: the abort finishes now if nothing else runs.
     std::string why = absl::StrCat(what, " was aborted: ", p.error);
-    if (IdleLocked(p)) FinishAbortLocked(p);  // p is gone after this line
+    if (p.idle()) FinishAbortLocked(p);  // p is gone after this line
     return absl::AbortedError(why);
   }
   CKPTD_SYNC_POINT("save.journaled");
-  p.ranks.at(r).journaled = true;
+  p.ranks.at(r).Transition(RankPhase::kJournaling, RankPhase::kJournaled);
   if (p.first_staged_unix_ms == 0) p.first_staged_unix_ms = NowMs();
   // The flush gate: flushing beside ranks still copying into the arena slows their copies (CPU
   // for checksums, and the disk queue every rank's synced journal write waits behind), so flushes
   // start once every rank is staged, or at the latest flush_gate_ms after the first one.
-  if (p.ranks.size() == p.world_size || deps_.options->flush_gate_ms == 0) {
+  if (p.ranks.size() == p.world_size || flush_.GateElapsed(p.first_staged_unix_ms, NowMs())) {
     PostGatedFlushesLocked(p);
   }
   changed_.SignalAll();
-  resp->set_state(p.state);
+  resp->set_state(p.api_state());
   resp->set_bytes_staged(bytes);
   spdlog::debug("{} rank {} staged ({} shards, {} bytes)", what, r, req.shards_size(), bytes);
   return absl::OkStatus();
 }
 
 void CheckpointService::PostFlush(const Key& key, uint32_t rank) {
-  Pending& p = *pending_.at(key);
-  p.ranks.at(rank).flushing = true;
+  PendingCheckpoint& p = *pending_.at(key);
+  PendingRank& pr = p.ranks.at(rank);
+  pr.Transition(RankPhase::kJournaled, RankPhase::kFlushing);
   ++p.flushes_in_flight;
-  if (!deps_.flush_pool->Post([this, key, rank] { FlushRank(key, rank); })) {
+  if (!flush_.Post([this, key, rank] { FlushRank(key, rank); })) {
     // The pool only refuses while shutting down: the rank stays journaled and resumes at start.
     --p.flushes_in_flight;
-    p.ranks.at(rank).flushing = false;
+    pr.Transition(RankPhase::kFlushing, RankPhase::kJournaled);
   }
 }
 
-void CheckpointService::PostGatedFlushesLocked(Pending& p) {
-  if (p.aborting) return;
+void CheckpointService::PostGatedFlushesLocked(PendingCheckpoint& p) {
+  if (p.aborting()) return;
   for (auto& [r, pr] : p.ranks) {
-    if (pr.journaled && !pr.flushing && !pr.persisted) PostFlush(Key{p.job, p.step}, r);
+    if (pr.phase() == RankPhase::kJournaled) PostFlush(Key{p.job, p.step}, r);
   }
 }
 
-void CheckpointService::MaybeStartCommitLocked(Pending& p) {
-  if (p.committing || p.aborting || p.ranks.empty() || p.journals_in_flight > 0) return;
-  if (!p.partial && p.ranks.size() < p.world_size) return;
-  for (const auto& [r, pr] : p.ranks) {
-    if (!pr.persisted) return;
-  }
-  p.committing = true;
-  p.state = v1::PERSISTING;
+void CheckpointService::MaybeStartCommitLocked(PendingCheckpoint& p) {
+  if (p.phase() != CheckpointPhase::kPersisting || !p.ready_to_commit()) return;
+  p.Transition(CheckpointPhase::kPersisting, CheckpointPhase::kCommitting);
   Key key{p.job, p.step};
-  if (!deps_.flush_pool->Post([this, key] { CommitCheckpoint(key); })) p.committing = false;
+  if (!deps_.flush_pool->Post([this, key] { CommitCheckpoint(key); })) {
+    // Shutting down: it stays journaled and commits after the next start.
+    p.Transition(CheckpointPhase::kCommitting, CheckpointPhase::kPersisting);
+  }
 }
 
-absl::Status CheckpointService::Wait(const Caller& caller, const v1::WaitRequest& req, v1::CheckpointStatus* resp) {
+absl::Status CheckpointService::Wait(const Caller& caller, const v1::WaitRequest& req,
+                                     v1::CheckpointStatus* resp) {
   CKPTD_RETURN_IF_ERROR(ValidateJobStep(req.job(), req.step()));
   CKPTD_RETURN_IF_ERROR(CheckAccess(caller, req.job(), Access::kRead));
   const std::string what = CkptName(req.job(), req.step());
-  v1::WaitFor until = req.until() == v1::WAIT_FOR_UNSPECIFIED ? v1::WAIT_FOR_COMMITTED : req.until();
+  v1::WaitFor until =
+      req.until() == v1::WAIT_FOR_UNSPECIFIED ? v1::WAIT_FOR_COMMITTED : req.until();
   absl::Time deadline =
       absl::Now() + absl::Milliseconds(std::min(req.timeout_ms(), limits::kWaitTimeoutMsMax));
   absl::MutexLock lock(&mu_);
   while (true) {
     auto it = pending_.find(Key{req.job(), req.step()});
     if (it != pending_.end()) {
-      Pending& p = *it->second;
+      PendingCheckpoint& p = *it->second;
       if (until == v1::WAIT_FOR_ALL_STAGED && (p.ranks.size() == p.world_size || p.partial)) {
         FillStatusLocked(p, resp);
         return absl::OkStatus();
       }
     } else {
+      // Read with mu_ released (no RocksDB read under the lifecycle lock); the maps are checked
+      // after it, consistent with the row (ReadRowLocked).
       CKPTD_ASSIGN_OR_RETURN(std::optional<v1::CheckpointRecord> rec,
-                             GetRecord(req.job(), req.step()));
+                             ReadRowLocked(Key{req.job(), req.step()}, /*corrupt_is_error=*/true));
+      if (pending_.contains(Key{req.job(), req.step()})) continue;  // opened meanwhile
       // While an abort, a delete, a CORRUPT marking or a reshard still works on the key, its
       // row is not final: the answer waits for it (each signals when done). So an abort is
       // answered once its files are gone (RecordAbort writes ABORTED first), one whose first
@@ -547,37 +522,39 @@ absl::Status CheckpointService::Wait(const Caller& caller, const v1::WaitRequest
   FillStatusLocked(*it->second, resp);
   std::vector<uint32_t> missing(resp->missing_ranks().begin(), resp->missing_ranks().end());
   return absl::DeadlineExceededError(absl::StrCat(
-      what, " is ", v1::CheckpointState_Name(it->second->state), " after ", req.timeout_ms(),
+      what, " is ", v1::CheckpointState_Name(it->second->api_state()), " after ", req.timeout_ms(),
       " ms", missing.empty() ? "" : absl::StrCat("; ranks missing: ", RanksList(missing))));
 }
 
-absl::Status CheckpointService::Commit(const Caller& caller, const v1::CommitRequest& req, v1::CheckpointStatus* resp) {
+absl::Status CheckpointService::Commit(const Caller& caller, const v1::CommitRequest& req,
+                                       v1::CheckpointStatus* resp) {
   CKPTD_RETURN_IF_ERROR(ValidateJobStep(req.job(), req.step()));
   CKPTD_RETURN_IF_ERROR(CheckAccess(caller, req.job(), Access::kWrite));
   const std::string what = CkptName(req.job(), req.step());
   if (!req.partial()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ": Commit is only for intentionally partial sets (partial=true); a complete "
-              "checkpoint commits by itself once all ranks are staged"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what,
+                     ": Commit is only for intentionally partial sets (partial=true); a complete "
+                     "checkpoint commits by itself once all ranks are staged"));
   }
   absl::MutexLock lock(&mu_);
   auto it = pending_.find(Key{req.job(), req.step()});
   if (it == pending_.end()) {
     return absl::FailedPreconditionError(absl::StrCat(what, " is not being saved"));
   }
-  Pending& p = *it->second;
-  if (p.aborting) return absl::AbortedError(absl::StrCat(what, " was aborted: ", p.error));
-  if (p.committing) {  // already being committed: nothing to journal (and no row to race)
+  PendingCheckpoint& p = *it->second;
+  if (p.aborting()) return absl::AbortedError(absl::StrCat(what, " was aborted: ", p.error));
+  if (p.committing()) {  // already being committed: nothing to journal (and no row to race)
     FillStatusLocked(p, resp);
     return absl::OkStatus();
   }
   p.partial = true;
-  p.state = v1::PERSISTING;
+  if (p.staging()) p.Transition(CheckpointPhase::kStaging, CheckpointPhase::kPersisting);
   // The partial flag; the commit decides anyway. p stays valid across the write (pinned).
   JournalUnlocked(p, {}).IgnoreError();
-  if (p.aborting) {
+  if (p.aborting()) {
     std::string why = absl::StrCat(what, " was aborted: ", p.error);
-    if (IdleLocked(p)) FinishAbortLocked(p);
+    if (p.idle()) FinishAbortLocked(p);
     return absl::AbortedError(why);
   }
   PostGatedFlushesLocked(p);

@@ -2,8 +2,8 @@
 // the region registry own the state; these check the caller and translate).
 #include "absl/strings/str_cat.h"
 #include "ckptd/status.h"
-#include "common/limits.h"
 #include "ckptd/sync_point.h"
+#include "common/limits.h"
 #include "format/names.h"
 #include "index/keys.h"
 #include "service/checkpoint_service.h"
@@ -65,7 +65,8 @@ absl::Status CheckpointService::Goodbye(const Caller& caller, const v1::GoodbyeR
   return absl::OkStatus();
 }
 
-absl::Status CheckpointService::ReserveExtents(const Caller& caller, const v1::ReserveExtentsRequest& req,
+absl::Status CheckpointService::ReserveExtents(const Caller& caller,
+                                               const v1::ReserveExtentsRequest& req,
                                                v1::ReserveExtentsResponse* resp) {
   CKPTD_ASSIGN_OR_RETURN(std::string session, SessionOf(caller, req.session_id()));
   if (req.sizes_bytes_size() == 0) return absl::InvalidArgumentError("no extent sizes given");
@@ -76,12 +77,11 @@ absl::Status CheckpointService::ReserveExtents(const Caller& caller, const v1::R
   }
   uint64_t timeout_ms = req.timeout_ms() == 0 ? deps_.options->reserve_timeout_ms
                                               : std::min<uint64_t>(req.timeout_ms(), 3600000);
-  CKPTD_ASSIGN_OR_RETURN(
-      std::vector<ExtentInfo> extents,
-      deps_.arena->Reserve(
-          session, caller.uid,
-          std::span<const uint64_t>(req.sizes_bytes().data(), req.sizes_bytes().size()),
-          absl::Milliseconds(timeout_ms)));
+  CKPTD_ASSIGN_OR_RETURN(std::vector<ExtentInfo> extents,
+                         deps_.arena->Reserve(session, caller.uid,
+                                              std::span<const uint64_t>(req.sizes_bytes().data(),
+                                                                        req.sizes_bytes().size()),
+                                              absl::Milliseconds(timeout_ms)));
   for (const ExtentInfo& e : extents) {
     v1::Extent* out = resp->add_extents();
     out->set_id(e.id);
@@ -91,13 +91,15 @@ absl::Status CheckpointService::ReserveExtents(const Caller& caller, const v1::R
   return absl::OkStatus();
 }
 
-absl::Status CheckpointService::ReleaseExtents(const Caller& caller, const v1::ReleaseExtentsRequest& req) {
+absl::Status CheckpointService::ReleaseExtents(const Caller& caller,
+                                               const v1::ReleaseExtentsRequest& req) {
   CKPTD_ASSIGN_OR_RETURN(std::string session, SessionOf(caller, req.session_id()));
   return deps_.arena->Release(
       session, std::span<const uint64_t>(req.extent_ids().data(), req.extent_ids().size()));
 }
 
-absl::Status CheckpointService::RegisterRegion(const Caller& caller, const v1::RegisterRegionRequest& req,
+absl::Status CheckpointService::RegisterRegion(const Caller& caller,
+                                               const v1::RegisterRegionRequest& req,
                                                v1::RegisterRegionResponse* resp) {
   CKPTD_ASSIGN_OR_RETURN(std::string session, SessionOf(caller, req.session_id()));
   CKPTD_ASSIGN_OR_RETURN(uint64_t id, deps_.regions->Register(session, caller.uid, req));
@@ -105,7 +107,8 @@ absl::Status CheckpointService::RegisterRegion(const Caller& caller, const v1::R
   return absl::OkStatus();
 }
 
-absl::Status CheckpointService::UnregisterRegion(const Caller& caller, const v1::UnregisterRegionRequest& req) {
+absl::Status CheckpointService::UnregisterRegion(const Caller& caller,
+                                                 const v1::UnregisterRegionRequest& req) {
   CKPTD_ASSIGN_OR_RETURN(std::string session, SessionOf(caller, req.session_id()));
   return deps_.regions->Unregister(session, req.region_id(), absl::Seconds(30));
 }

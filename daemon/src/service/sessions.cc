@@ -24,21 +24,20 @@ absl::StatusOr<std::string> SessionTable::Open(const Caller& caller, std::string
   std::string id = RandomHexId();
   absl::MutexLock lock(&mu_);
   if (sessions_.size() >= limits::kSessionsMax) {
-    return absl::ResourceExhaustedError(absl::StrCat("too many client sessions (",
-                                                     sessions_.size(), ", limit kSessionsMax = ",
-                                                     limits::kSessionsMax, ")"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("too many client sessions (", sessions_.size(),
+                     ", limit kSessionsMax = ", limits::kSessionsMax, ")"));
   }
   uint32_t& n = per_uid_[caller.uid];
   if (n >= limits::kSessionsPerUidMax) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat(DescribeCaller(caller), " has ", n,
-                     " sessions open (limit kSessionsPerUidMax = ", limits::kSessionsPerUidMax,
-                     "); close clients or let them end"));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        DescribeCaller(caller), " has ", n, " sessions open (limit kSessionsPerUidMax = ",
+        limits::kSessionsPerUidMax, "); close clients or let them end"));
   }
   ++n;
   client_name.resize(std::min<size_t>(client_name.size(), 256));
-  sessions_[id] = Session{caller.uid, caller.connection, std::move(client_name), clock_->Now(),
-                          false};
+  sessions_[id] =
+      Session{caller.uid, caller.connection, std::move(client_name), clock_->Now(), false};
   return id;
 }
 

@@ -1,9 +1,10 @@
+#include "options.h"
+
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
 
 #include "ckptd/sync_point.h"
-#include "options.h"
 
 namespace ckptd {
 namespace {

@@ -25,9 +25,9 @@
 #include <set>
 #include <thread>
 
+#include "../dataplane/test_arena.h"
 #include "ckptd/status.h"
 #include "ckptd/sync_point.h"
-#include "../dataplane/test_arena.h"
 #include "dataplane/arena.h"
 #include "dataplane/region_registry.h"
 #include "format/names.h"
@@ -170,8 +170,8 @@ struct PowerRig {
     arena = OpenTestArena(shm, 16 << 20);
     regions = std::make_unique<RegionRegistry>();
     pool = std::make_unique<Executor>("flush", 2, 1024);
-    svc = std::make_unique<CheckpointService>(ServiceDeps{&options, &meta, storage.get(),
-                                                          arena.get(), regions.get(), pool.get()});
+    svc = std::make_unique<CheckpointService>(
+        ServiceDeps{&options, &meta, storage.get(), arena.get(), regions.get(), pool.get()});
     recovered = svc->Recover();
     if (!recovered.ok()) return;
     svc->Start();
@@ -391,8 +391,8 @@ std::string Check(PowerRig& rig, const Expect& e, std::map<std::string, int>* ou
   bool completed = false;
   while (std::chrono::steady_clock::now() < deadline) {
     absl::StatusOr<v1::CheckpointStatus> st = rig.Status(e.step);
-    const v1::CheckpointState state = st.ok() ? st->summary().state()
-                                              : v1::CHECKPOINT_STATE_UNSPECIFIED;
+    const v1::CheckpointState state =
+        st.ok() ? st->summary().state() : v1::CHECKPOINT_STATE_UNSPECIFIED;
     if (state == v1::STAGING && e.step == kNewStep && !completed) {
       for (uint32_t r = 0; r < kWorld; ++r) rig.Save(e.step, r, e.fill).IgnoreError();
       completed = true;
@@ -419,10 +419,9 @@ std::string Check(PowerRig& rig, const Expect& e, std::map<std::string, int>* ou
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  return absl::StrCat(name, " did not settle: ", seen,
-                      std::filesystem::exists(rig.StepDirOnDisk(e.step))
-                          ? " (its directory is still there)"
-                          : "");
+  return absl::StrCat(
+      name, " did not settle: ", seen,
+      std::filesystem::exists(rig.StepDirOnDisk(e.step)) ? " (its directory is still there)" : "");
 }
 
 // One case on a fresh rig; appends problems, returns the checkpoints checked.
@@ -433,8 +432,8 @@ int RunCase(const Case& c, std::vector<std::string>* problems,
   if (c.workload == Workload::kAbort) rig.options.flush_gate_ms = 0;
   if (c.workload == Workload::kReshardAbort) rig.options.debug_reshard_delay_ms = 20;
   if (c.workload == Workload::kRecovery) {
-    rig.options.debug_reshard_delay_ms = 50;   // still running when the delete crashes
-    rig.options.flush_gate_ms = 600000;        // step 3 stays staged, unflushed
+    rig.options.debug_reshard_delay_ms = 50;  // still running when the delete crashes
+    rig.options.flush_gate_ms = 600000;       // step 3 stays staged, unflushed
   }
   rig.Start();
   REQUIRE(rig.recovered.ok());
@@ -469,9 +468,10 @@ int RunCase(const Case& c, std::vector<std::string>* problems,
 
 }  // namespace
 
-TEST_CASE("power-loss matrix: unsynced writes dropped at every named crash point, recovery "
-          "leaves nothing torn or lost",
-          "[unit][fault][crash-matrix]") {
+TEST_CASE(
+    "power-loss matrix: unsynced writes dropped at every named crash point, recovery "
+    "leaves nothing torn or lost",
+    "[unit][fault][crash-matrix]") {
   std::set<std::string> covered;
   for (const Case& c : kCases) covered.insert(c.point);
   for (std::string_view p : kSyncPoints) {
@@ -486,11 +486,12 @@ TEST_CASE("power-loss matrix: unsynced writes dropped at every named crash point
   std::map<std::string, int> outcomes;  // of the checkpoints in flight or being deleted
   for (const Case& c : kCases) checked += RunCase(c, &problems, &outcomes);
   spdlog::set_level(level);
-  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                      std::chrono::steady_clock::now() - t0).count();
+  const auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+          .count();
   std::cout << "power-loss matrix: " << std::size(kCases) << " crash points (" << covered.size()
-            << " named points) x 3-4 checkpoints: " << checked << " checkpoints checked in "
-            << ms << " ms, " << problems.size()
+            << " named points) x 3-4 checkpoints: " << checked << " checkpoints checked in " << ms
+            << " ms, " << problems.size()
             << " problems; in flight or being deleted at the crash, afterwards:";
   for (const auto& [outcome, n] : outcomes) std::cout << " " << outcome << " " << n;
   std::cout << "\n";

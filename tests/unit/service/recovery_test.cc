@@ -98,8 +98,7 @@ TEST_CASE("recovery: a delete that failed half way is finished by Delete or by a
   CAPTURE(manifest_first, restart);
   // Fail the removal of the manifest, or of the directory after it, as a crash there would stop
   // the delete.
-  rig.storage_gate.Arm(manifest_first ? rig.StepPath(2) + "/" + kManifestFileName
-                                      : rig.StepPath(2),
+  rig.storage_gate.Arm(manifest_first ? rig.StepPath(2) + "/" + kManifestFileName : rig.StepPath(2),
                        absl::DataLossError("injected EIO"));
   absl::Status failed = rig.Delete(2);
   INFO(failed.ToString());
@@ -317,9 +316,10 @@ TEST_CASE("recovery: a corrupt newest manifest is CORRUPT, latest falls back, lo
   }
 }
 
-TEST_CASE("recovery: only the newest manifests are verified at start; an older corrupt one "
-          "fails its load with DATA_LOSS",
-          "[unit][fault]") {
+TEST_CASE(
+    "recovery: only the newest manifests are verified at start; an older corrupt one "
+    "fails its load with DATA_LOSS",
+    "[unit][fault]") {
   Rig rig;
   REQUIRE(rig.SaveCommitted(1, 0x11).ok());
   REQUIRE(rig.SaveCommitted(2, 0x22).ok());

@@ -130,8 +130,7 @@ TEST_CASE("save: the shards of one item in one Save agree on the item and do not
   CHECK(rig.Wait(1).ok());
 }
 
-TEST_CASE("save: a rank's synced journal write does not hold the service lock",
-          "[unit][fault]") {
+TEST_CASE("save: a rank's synced journal write does not hold the service lock", "[unit][fault]") {
   Rig rig;
   REQUIRE(rig.SaveCommitted(1, 0x11).ok());
   rig.meta_gate.Arm(keys::Checkpoint(kJob, 5));  // the journal batch of step 5 starts with its row
@@ -201,14 +200,17 @@ TEST_CASE("save: an abort during a rank's journal write ends ABORTED with nothin
 // Found by the simulation (simulation_test.cc): an abort freed the staged extents before its
 // ABORTED row was written; when that write failed, the checkpoint stayed STAGING for good (Wait
 // timed out) and a restart resumed it from extents another checkpoint had reused meanwhile.
-TEST_CASE("save: an abort whose ABORTED row fails is written again; its staging is held until "
-          "then", "[unit][fault]") {
+TEST_CASE(
+    "save: an abort whose ABORTED row fails is written again; its staging is held until "
+    "then",
+    "[unit][fault]") {
   Rig rig;
   REQUIRE(SaveRows(rig, 1, 0, 2, 0x11).ok());  // rank 0 of 2: stays open
   rig.meta_gate.Arm(keys::Checkpoint(kJob, 1), absl::UnavailableError("index down (test)"));
   // The first write fails: Abort says so (UNAVAILABLE, not durable yet)...
   CHECK(Abort(rig, 1).code() == absl::StatusCode::kUnavailable);
-  // ...and housekeeping writes the row again; Wait answers once it is written and the files are gone.
+  // ...and housekeeping writes the row again; Wait answers once it is written and the files are
+  // gone.
   CHECK(rig.Wait(1).code() == absl::StatusCode::kAborted);
   CHECK(rig.meta_gate.reached());
   CHECK(rig.State(1) == v1::ABORTED);
@@ -241,8 +243,10 @@ TEST_CASE("save: a Wait on a checkpoint being aborted before it had a row answer
   CHECK(rig.arena->free_bytes() == rig.arena->capacity_bytes());
 }
 
-TEST_CASE("save: a crash before an abort is recorded resumes the checkpoint from its own bytes, "
-          "never from extents handed out again", "[unit][fault]") {
+TEST_CASE(
+    "save: a crash before an abort is recorded resumes the checkpoint from its own bytes, "
+    "never from extents handed out again",
+    "[unit][fault]") {
   Rig rig;
   REQUIRE(SaveRows(rig, 1, 0, 2, 0x11).ok());
   // The ABORTED row cannot be written (the index keeps failing): the journal still says rank 0

@@ -8,8 +8,8 @@
 #include <cstring>
 #include <filesystem>
 
-#include "ckptd/storage.h"
 #include "../dataplane/test_arena.h"
+#include "ckptd/storage.h"
 #include "dataplane/arena.h"
 #include "dataplane/region_registry.h"
 #include "io/fault_io.h"
@@ -20,7 +20,8 @@ namespace {
 
 struct Rig {
   std::string dir;
-  std::string shm = "/ckptd-svctest-" + std::to_string(getpid()) + "-" + RandomHexId().substr(0, 6) + "-";
+  std::string shm =
+      "/ckptd-svctest-" + std::to_string(getpid()) + "-" + RandomHexId().substr(0, 6) + "-";
   DaemonOptions options;
   std::unique_ptr<MetaStore> meta = NewMemoryMetaStore();
   std::unique_ptr<FaultIo> io;

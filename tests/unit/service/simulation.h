@@ -60,17 +60,17 @@ namespace ckptd::sim {
 using Code = absl::StatusCode;
 using Codes = std::initializer_list<Code>;
 
-constexpr uint32_t kSimUid = 5000;       // the clients: neither the test's uid nor root
-constexpr uint32_t kStrangerUid = 5001;  // owns no job
-constexpr uint32_t kWaitMs = 5000;       // real time; a Wait or poll that takes longer hangs
+constexpr uint32_t kSimUid = 5000;           // the clients: neither the test's uid nor root
+constexpr uint32_t kStrangerUid = 5001;      // owns no job
+constexpr uint32_t kWaitMs = 5000;           // real time; a Wait or poll that takes longer hangs
 constexpr uint64_t kStageTimeoutMs = 60000;  // fake time, as every other time below
 constexpr size_t kClients = 3;
 constexpr size_t kOpenPerJobMax = 8;        // below limits::kOpenCheckpointsPerJobMax
 constexpr size_t kCommittedPerJobMax = 10;  // more are deleted, oldest first
 const char* const kJobs[] = {"sim-a", "sim-b"};
-const char* const kSpecs[] = {"consolidated", "rows:2",   "rows:3",
-                              "cols:2",       "flat:2",   "flat:5",
-                              "grid:2x2",     "*.w=rows:2; *=consolidated", "model.*=flat:3"};
+const char* const kSpecs[] = {"consolidated",  "rows:2", "rows:3",   "cols:2",
+                              "flat:2",        "flat:5", "grid:2x2", "*.w=rows:2; *=consolidated",
+                              "model.*=flat:3"};
 
 struct SimStats {
   uint64_t seeds = 0, ops = 0, committed = 0, aborted = 0, deleted = 0, resharded = 0;
@@ -109,7 +109,10 @@ struct Ckpt {
 class Sim {
  public:
   Sim(uint64_t seed, int ops, SimStats* stats)
-      : seed_(seed), ops_(ops), stats_(stats), sequence_(seed),
+      : seed_(seed),
+        ops_(ops),
+        stats_(stats),
+        sequence_(seed),
         clock_(absl::FromUnixSeconds(1767225600)) {}
   ~Sim() {
     calls_.reset();
@@ -230,8 +233,8 @@ class Sim {
   const bool trace_ = std::getenv("CKPTD_SIM_TRACE") != nullptr;
 };
 
-#define SIM_TRY(expr)         \
-  do {                        \
+#define SIM_TRY(expr)          \
+  do {                         \
     if (!(expr)) return false; \
   } while (0)
 

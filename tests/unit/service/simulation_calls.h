@@ -206,15 +206,13 @@ class Calls {
     CKPTD_RETURN_IF_ERROR(svc().Latest(c, req, &resp));
     return resp.step();
   }
-  absl::StatusOr<std::vector<v1::CheckpointSummary>> List(const Caller& c,
-                                                          const std::string& job) {
+  absl::StatusOr<std::vector<v1::CheckpointSummary>> List(const Caller& c, const std::string& job) {
     v1::ListCheckpointsRequest req;
     req.set_job(job);
     req.set_page_size(1000);
     v1::ListCheckpointsResponse resp;
     CKPTD_RETURN_IF_ERROR(svc().ListCheckpoints(c, req, &resp));
-    return std::vector<v1::CheckpointSummary>(resp.checkpoints().begin(),
-                                              resp.checkpoints().end());
+    return std::vector<v1::CheckpointSummary>(resp.checkpoints().begin(), resp.checkpoints().end());
   }
 
  private:

@@ -15,20 +15,28 @@ namespace {
 
 const char* OpName(FaultIo::Op op) {
   switch (op) {
-    case FaultIo::Op::kWrite: return "write";
-    case FaultIo::Op::kSync: return "fdatasync/fsync";
-    case FaultIo::Op::kRename: return "rename";
-    case FaultIo::Op::kFsyncDir: return "directory fsync";
-    default: return "I/O call";
+    case FaultIo::Op::kWrite:
+      return "write";
+    case FaultIo::Op::kSync:
+      return "fdatasync/fsync";
+    case FaultIo::Op::kRename:
+      return "rename";
+    case FaultIo::Op::kFsyncDir:
+      return "directory fsync";
+    default:
+      return "I/O call";
   }
 }
 
 // What a failing synced index write answers (MetaStore's codes).
 absl::Status InjectedIndexError(std::mt19937_64& rng) {
   switch (Uniform(rng, 0, 2)) {
-    case 0: return absl::UnavailableError("injected: the index is unavailable");
-    case 1: return absl::ResourceExhaustedError("injected: the index volume is full");
-    default: return absl::InternalError("injected: an index I/O error");
+    case 0:
+      return absl::UnavailableError("injected: the index is unavailable");
+    case 1:
+      return absl::ResourceExhaustedError("injected: the index volume is full");
+    default:
+      return absl::InternalError("injected: an index I/O error");
   }
 }
 
@@ -37,8 +45,8 @@ absl::Status InjectedIndexError(std::mt19937_64& rng) {
 // The next write, sync, rename or directory sync fails while a new checkpoint is saved: met, it
 // aborts the checkpoint; not met, the checkpoint commits.
 bool Sim::FaultSave() {
-  static const FaultIo::Op kOps[] = {FaultIo::Op::kWrite, FaultIo::Op::kSync,
-                                     FaultIo::Op::kRename, FaultIo::Op::kFsyncDir};
+  static const FaultIo::Op kOps[] = {FaultIo::Op::kWrite, FaultIo::Op::kSync, FaultIo::Op::kRename,
+                                     FaultIo::Op::kFsyncDir};
   const std::string job = PickJob();
   if (job.empty()) return OpWait();
   const FaultIo::Op op = kOps[Uniform(rng_, 0, 3)];
@@ -58,8 +66,8 @@ bool Sim::FaultSave() {
                    {Code::kOk, Code::kFailedPrecondition, Code::kAborted, Code::kAlreadyExists},
                    &st);
     if (ok && !st.ok() && io.calls(op) == before) {
-      ok = Fail(absl::StrCat("Save of ", c.name(), " rank ", r, " refused before any fault: ",
-                             st.ToString()));
+      ok = Fail(absl::StrCat("Save of ", c.name(), " rank ", r,
+                             " refused before any fault: ", st.ToString()));
     }
     if (!st.ok()) break;
   }
@@ -114,17 +122,17 @@ bool Sim::FaultReshard() {
   const uint64_t before = io.calls(op);
   io.FailNext(op, err);
   absl::Status st = calls_->Reshard(Me(), src->job, src->step, t.job, t.step, spec);
-  Log(absl::StrCat("fault: the next ", OpName(op), " fails (", std::strerror(err),
-                   "); reshard ", src->name(), " to ", t.name(), " as \"", spec, "\": ",
-                   st.ToString()));
+  Log(absl::StrCat("fault: the next ", OpName(op), " fails (", std::strerror(err), "); reshard ",
+                   src->name(), " to ", t.name(), " as \"", spec, "\": ", st.ToString()));
   const bool ok = Allowed(st, {Code::kOk}, "Reshard") && Resolve(t, Expect::kEither);
   const bool met = io.calls(op) > before;
   io.ClearAll();
   SIM_TRY(ok);
   stats_->faults_fired += met;
   if (met == (t.st == Ckpt::St::kCommitted)) {
-    return Fail(absl::StrCat("reshard target ", t.name(), met ? " COMMITTED although a " :
-                             " aborted although no ", OpName(op), " failed"));
+    return Fail(absl::StrCat("reshard target ", t.name(),
+                             met ? " COMMITTED although a " : " aborted although no ", OpName(op),
+                             " failed"));
   }
   return true;
 }
@@ -223,14 +231,14 @@ bool Sim::RaceDeleteResave() {
   for (uint32_t r = 0; r < plan->world; ++r) one[r] = Chance(rng_, 0.3);
   sim::Client& saver = AnyClient();
   const Caller deleter = Me();
-  Log(absl::StrCat("race: delete ", old->name(), " while it is saved again (world ",
-                   plan->world, ")"));
+  Log(absl::StrCat("race: delete ", old->name(), " while it is saved again (world ", plan->world,
+                   ")"));
   absl::Status deleted;
   std::thread t([&] { deleted = calls_->Delete(deleter, job, step); });
   std::vector<absl::Status> saved;
   for (uint32_t r = 0; r < plan->world; ++r) {
-    saved.push_back(calls_->SaveRank(saver, job, step, plan->world, r, sim::RankShards(*plan, r),
-                                     one[r]));
+    saved.push_back(
+        calls_->SaveRank(saver, job, step, plan->world, r, sim::RankShards(*plan, r), one[r]));
     if (!saved.back().ok()) break;
   }
   t.join();
@@ -243,8 +251,8 @@ bool Sim::RaceDeleteResave() {
     SIM_TRY(ExpectAbsent(job, step));
     saved.clear();  // the trainer saves the step again, now that the delete is done
     for (uint32_t r = 0; r < plan->world; ++r) {
-      saved.push_back(calls_->SaveRank(saver, job, step, plan->world, r,
-                                       sim::RankShards(*plan, r), one[r]));
+      saved.push_back(
+          calls_->SaveRank(saver, job, step, plan->world, r, sim::RankShards(*plan, r), one[r]));
     }
   }
   for (const absl::Status& st : saved) SIM_TRY(Allowed(st, {Code::kOk}, "a re-save's rank"));
@@ -323,11 +331,12 @@ bool Sim::RaceReshardDelete() {
   std::thread th([&] { deleted = calls_->Delete(deleter, sjob, sstep); });
   absl::Status started = calls_->Reshard(Me(), sjob, sstep, t.job, t.step, spec);
   th.join();
-  Log(absl::StrCat("race: reshard ", src->name(), " to ", t.name(), " while the source is "
-                   "deleted: reshard ", started.ToString(), ", delete ", deleted.ToString()));
+  Log(absl::StrCat("race: reshard ", src->name(), " to ", t.name(),
+                   " while the source is "
+                   "deleted: reshard ",
+                   started.ToString(), ", delete ", deleted.ToString()));
   SIM_TRY(Allowed(deleted, {Code::kOk, Code::kFailedPrecondition}, "Delete of a reshard source"));
-  SIM_TRY(Allowed(started,
-                  {Code::kOk, Code::kAborted, Code::kNotFound, Code::kFailedPrecondition},
+  SIM_TRY(Allowed(started, {Code::kOk, Code::kAborted, Code::kNotFound, Code::kFailedPrecondition},
                   "a Reshard racing the Delete of its source"));
   if (!deleted.ok() && !started.ok()) return Fail("both the Reshard and the Delete were refused");
   if (deleted.ok()) {

@@ -22,9 +22,7 @@ namespace ckptd::sim {
 inline uint64_t Uniform(std::mt19937_64& rng, uint64_t lo, uint64_t hi) {  // [lo, hi]
   return std::uniform_int_distribution<uint64_t>(lo, hi)(rng);
 }
-inline bool Chance(std::mt19937_64& rng, double p) {
-  return std::bernoulli_distribution(p)(rng);
-}
+inline bool Chance(std::mt19937_64& rng, double p) { return std::bernoulli_distribution(p)(rng); }
 
 // One item of a checkpoint. Tensors are 2-D [rows, cols].
 struct Item {
@@ -50,7 +48,7 @@ struct Item {
 struct Plan {
   uint32_t world = 1;
   std::vector<Item> items;
-  std::map<std::string, std::string> bytes;                        // tensors, kObject
+  std::map<std::string, std::string> bytes;                         // tensors, kObject
   std::map<std::string, std::map<uint32_t, std::string>> per_rank;  // kRankObject
 };
 
@@ -73,8 +71,7 @@ inline std::vector<uint64_t> RandomSplit(std::mt19937_64& rng, uint64_t n, uint3
   return split;
 }
 
-inline Item RandomTensor(std::mt19937_64& rng, std::string name, Item::Kind kind,
-                         uint32_t world) {
+inline Item RandomTensor(std::mt19937_64& rng, std::string name, Item::Kind kind, uint32_t world) {
   static const std::pair<v1::DType, uint32_t> kTypes[] = {
       {v1::FLOAT32, 4}, {v1::BFLOAT16, 2}, {v1::UINT8, 1}, {v1::INT64, 8}};
   Item it;
@@ -170,8 +167,7 @@ inline std::vector<Shard> RankShards(const Plan& p, uint32_t rank, bool bad_repl
       s.bytes = BoxBytes(it, g, it.split[rank], it.split[rank + 1], 0, it.cols);
     } else if (it.kind == Item::kFlat) {
       *t->mutable_region() = Flat(it.split[rank], it.split[rank + 1]);
-      s.bytes = g.substr(it.split[rank] * it.elem,
-                         (it.split[rank + 1] - it.split[rank]) * it.elem);
+      s.bytes = g.substr(it.split[rank] * it.elem, (it.split[rank + 1] - it.split[rank]) * it.elem);
     } else {
       s.bytes = g;
       if (bad_replica) s.bytes[0] = static_cast<char>(s.bytes[0] ^ 0x5a);

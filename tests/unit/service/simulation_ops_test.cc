@@ -98,18 +98,19 @@ bool Sim::OpLoad() {
        })) {
     SIM_TRY(Resolve(*r, Expect::kCommit));
   }
-  Ckpt* newest = Select([&](const Ckpt& r) {
-                   return r.job == job && r.st == Ckpt::St::kCommitted;
-                 }).back();
+  Ckpt* newest =
+      Select([&](const Ckpt& r) { return r.job == job && r.st == Ckpt::St::kCommitted; }).back();
   uint64_t loaded = 0;
-  absl::Status st = calls_->Load(AnyClient(), job, std::nullopt,
-                                 sim::RandomLoad(rng_, *newest->plan, newest->have()), &mismatch,
-                                 &loaded);
+  absl::Status st =
+      calls_->Load(AnyClient(), job, std::nullopt,
+                   sim::RandomLoad(rng_, *newest->plan, newest->have()), &mismatch, &loaded);
   Log(absl::StrCat("load latest of ", job, ": ", st.ToString(), ", step ", loaded));
   if (!st.ok()) return Fail(absl::StrCat("load of latest of ", job, ": ", st.ToString()));
   if (loaded != newest->step) {
-    return Fail(absl::StrCat("latest of ", job, " loaded step ", loaded, "; the newest "
-                             "committed is ", newest->step));
+    return Fail(absl::StrCat("latest of ", job, " loaded step ", loaded,
+                             "; the newest "
+                             "committed is ",
+                             newest->step));
   }
   if (!mismatch.empty()) return Fail(absl::StrCat("load of latest of ", job, ": ", mismatch));
   ++stats_->loads;
@@ -156,8 +157,8 @@ bool Sim::OpPartialCommit() {
   Ckpt* c = PickOpen(false);
   if (c == nullptr) return OpSave();
   absl::Status st = calls_->CommitPartial(Me(), c->job, c->step);
-  Log(absl::StrCat("commit ", c->name(), " partial with ranks [",
-                   absl::StrJoin(c->staged, ","), "]: ", st.ToString()));
+  Log(absl::StrCat("commit ", c->name(), " partial with ranks [", absl::StrJoin(c->staged, ","),
+                   "]: ", st.ToString()));
   SIM_TRY(Allowed(st, {Code::kOk}, absl::StrCat("Commit(partial) of ", c->name())));
   c->partial = true;
   return Resolve(*c, Expect::kCommit);
@@ -256,9 +257,8 @@ bool Sim::OpFault() {
 }
 
 bool Sim::OpRace() {
-  static const Op kRaces[] = {&Sim::RaceDeleteResave, &Sim::RaceAbortLastRank,
-                              &Sim::RaceLoadDelete, &Sim::RaceReshardDelete,
-                              &Sim::RaceSaveDeath};
+  static const Op kRaces[] = {&Sim::RaceDeleteResave, &Sim::RaceAbortLastRank, &Sim::RaceLoadDelete,
+                              &Sim::RaceReshardDelete, &Sim::RaceSaveDeath};
   ++stats_->races;
   return (this->*kRaces[Uniform(rng_, 0, std::size(kRaces) - 1)])();
 }
@@ -271,8 +271,8 @@ bool Sim::OpStranger() {
   SIM_TRY(Connect(s, kStrangerUid));
   Log(absl::StrCat("uid ", kStrangerUid, " tries ", c->name()));
   std::string mismatch;
-  absl::Status st = calls_->Load(s, c->job, c->step,
-                                 sim::RandomLoad(rng_, *c->plan, c->have()), &mismatch);
+  absl::Status st =
+      calls_->Load(s, c->job, c->step, sim::RandomLoad(rng_, *c->plan, c->have()), &mismatch);
   SIM_TRY(Allowed(st, {Code::kPermissionDenied}, "a stranger's Load"));
   st = calls_->SaveRank(s, c->job, next_step_[c->job] + 1, c->plan->world, 0,
                         sim::RankShards(*c->plan, 0), false);
@@ -281,8 +281,8 @@ bool Sim::OpStranger() {
                   "a stranger's Delete"));
   SIM_TRY(Allowed(calls_->Reshard(s.caller, c->job, c->step, "sim-stranger", 1, "rows:2"),
                   {Code::kPermissionDenied}, "a stranger's Reshard"));
-  SIM_TRY(Allowed(calls_->Status(s.caller, c->job, c->step).status(),
-                  {Code::kPermissionDenied}, "a stranger's GetStatus"));
+  SIM_TRY(Allowed(calls_->Status(s.caller, c->job, c->step).status(), {Code::kPermissionDenied},
+                  "a stranger's GetStatus"));
   rig_->svc->EndSession(s.session);
   return true;
 }
@@ -341,9 +341,9 @@ bool Sim::OpRefusal() {
     case 4:
       if (Ckpt* p = Pick([](const Ckpt& c) { return c.st == Ckpt::St::kCommitted && c.partial; })) {
         Log(absl::StrCat("reshard partial ", p->name()));
-        SIM_TRY(Allowed(calls_->Reshard(Me(), p->job, p->step, p->job, next_step_[p->job] + 1000,
-                                        "rows:2"),
-                        {Code::kFailedPrecondition}, "Reshard of a partial checkpoint"));
+        SIM_TRY(Allowed(
+            calls_->Reshard(Me(), p->job, p->step, p->job, next_step_[p->job] + 1000, "rows:2"),
+            {Code::kFailedPrecondition}, "Reshard of a partial checkpoint"));
       }
       if (Ckpt* s = PickCommitted(true)) {
         Ckpt* t = Pick([](const Ckpt& c) { return !c.reshard || c.st != Ckpt::St::kOpen; });

@@ -1,5 +1,7 @@
 // The control-plane simulation (simulation.h says what it runs and checks): the driver's
 // plumbing, its model, the actions that judge the daemon's answers, and the test cases.
+#include "simulation.h"
+
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -12,7 +14,6 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "format/names.h"
-#include "simulation.h"
 #include "spdlog/spdlog.h"
 
 namespace ckptd::sim {
@@ -23,8 +24,8 @@ bool Sim::Allowed(const absl::Status& st, Codes codes, const std::string& what) 
     if (st.code() == c) return true;
     names.push_back(absl::StatusCodeToString(c));
   }
-  return Fail(absl::StrCat(what, " answered ", st.ToString(), "; allowed: ",
-                           absl::StrJoin(names, ", ")));
+  return Fail(
+      absl::StrCat(what, " answered ", st.ToString(), "; allowed: ", absl::StrJoin(names, ", ")));
 }
 
 bool Sim::Connect(sim::Client& c, uint32_t uid, bool attach) {
@@ -72,12 +73,12 @@ bool Sim::Setup() {
 
 std::string Sim::Run() {
   static const std::pair<int, Op> kOps[] = {
-      {18, &Sim::OpSave},    {10, &Sim::OpStage},         {10, &Sim::OpWait},
-      {12, &Sim::OpLoad},    {6, &Sim::OpDelete},         {4, &Sim::OpReshard},
-      {4, &Sim::OpAbort},    {3, &Sim::OpPartialCommit},  {4, &Sim::OpClientDeath},
-      {2, &Sim::OpUnattached}, {5, &Sim::OpAdvanceClock}, {7, &Sim::OpFault},
-      {3, &Sim::OpRestart},  {4, &Sim::OpRace},           {2, &Sim::OpQuiesce},
-      {1, &Sim::OpStranger}, {3, &Sim::OpRefusal}};
+      {18, &Sim::OpSave},      {10, &Sim::OpStage},        {10, &Sim::OpWait},
+      {12, &Sim::OpLoad},      {6, &Sim::OpDelete},        {4, &Sim::OpReshard},
+      {4, &Sim::OpAbort},      {3, &Sim::OpPartialCommit}, {4, &Sim::OpClientDeath},
+      {2, &Sim::OpUnattached}, {5, &Sim::OpAdvanceClock},  {7, &Sim::OpFault},
+      {3, &Sim::OpRestart},    {4, &Sim::OpRace},          {2, &Sim::OpQuiesce},
+      {1, &Sim::OpStranger},   {3, &Sim::OpRefusal}};
   int total = 0;
   for (const auto& [w, fn] : kOps) total += w;
   rng_.seed(sequence_());
@@ -96,8 +97,8 @@ std::string Sim::Run() {
   if (ok) {  // the final check: quiesce, verify everything, restart, verify again
     Log("final check");
     rng_.seed(sequence_());
-    ok = Quiesce() && CheckQuiesced(true) && Restart(Chance(rng_, 0.5), true) &&
-         Quiesce() && CheckQuiesced(true);
+    ok = Quiesce() && CheckQuiesced(true) && Restart(Chance(rng_, 0.5), true) && Quiesce() &&
+         CheckQuiesced(true);
   }
   ++stats_->seeds;
   if (ok) return "";
@@ -122,9 +123,8 @@ Ckpt* Sim::Pick(const std::function<bool(const Ckpt&)>& pred) {
 }
 
 Ckpt* Sim::PickOpen(bool ready) {
-  return Pick([&](const Ckpt& c) {
-    return c.st == Ckpt::St::kOpen && !c.reshard && c.ready() == ready;
-  });
+  return Pick(
+      [&](const Ckpt& c) { return c.st == Ckpt::St::kOpen && !c.reshard && c.ready() == ready; });
 }
 
 Ckpt* Sim::PickCommitted(bool complete_only) {
@@ -136,9 +136,8 @@ Ckpt* Sim::PickCommitted(bool complete_only) {
 std::string Sim::PickJob() {
   std::vector<std::string> jobs;
   for (const char* job : kJobs) {
-    size_t open = Select([&](const Ckpt& c) {
-                    return c.job == job && c.st == Ckpt::St::kOpen;
-                  }).size();
+    size_t open =
+        Select([&](const Ckpt& c) { return c.job == job && c.st == Ckpt::St::kOpen; }).size();
     if (open < kOpenPerJobMax) jobs.push_back(job);
   }
   return jobs.empty() ? "" : jobs[Uniform(rng_, 0, jobs.size() - 1)];
@@ -186,8 +185,7 @@ void Sim::Forget(const Ckpt& c, bool deleted) {
 // ---------------------------------------------------------------------------------------------
 // Actions
 
-bool Sim::StageRank(Ckpt& c, uint32_t rank, sim::Client& cl, Codes allowed,
-                    absl::Status* answer) {
+bool Sim::StageRank(Ckpt& c, uint32_t rank, sim::Client& cl, Codes allowed, absl::Status* answer) {
   const bool one_extent = Chance(rng_, 0.3);
   const bool bad = c.bad_replica && rank + 1 == c.plan->world;
   if (c.created_ms == 0) c.created_ms = Now();
@@ -237,9 +235,9 @@ bool Sim::Resolve(Ckpt& c, Expect e, std::string* why) {
   for (const v1::RankStatus& r : s.ranks()) {
     ranks.push_back(absl::StrCat(r.rank(), r.persisted() ? " persisted" : " staged"));
   }
-  return Fail(absl::StrCat("Wait for ", c.name(), " (", c.staged.size(), " of ",
-                           c.plan->world, " ranks staged", c.partial ? ", partial" : "",
-                           ") answered ", st.ToString(), "; ranks: [", absl::StrJoin(ranks, ", "),
+  return Fail(absl::StrCat("Wait for ", c.name(), " (", c.staged.size(), " of ", c.plan->world,
+                           " ranks staged", c.partial ? ", partial" : "", ") answered ",
+                           st.ToString(), "; ranks: [", absl::StrJoin(ranks, ", "),
                            "]; flush tasks queued: ", rig_->pool->queued()));
 }
 
@@ -263,8 +261,8 @@ bool Sim::ExpectState(const Ckpt& c, v1::CheckpointState want) {
   }
   if (s->summary().state() != want) {
     return Fail(absl::StrCat(c.name(), " is ", v1::CheckpointState_Name(s->summary().state()),
-                             "; want ", v1::CheckpointState_Name(want), " (",
-                             s->summary().error(), ")"));
+                             "; want ", v1::CheckpointState_Name(want), " (", s->summary().error(),
+                             ")"));
   }
   return true;
 }
@@ -272,9 +270,9 @@ bool Sim::ExpectState(const Ckpt& c, v1::CheckpointState want) {
 bool Sim::ExpectAbsent(const std::string& job, uint64_t step) {
   absl::StatusOr<v1::CheckpointStatus> s = calls_->Status(Me(), job, step);
   if (!absl::IsNotFound(s.status())) {
-    return Fail(absl::StrCat(job, "/", step, " should not exist; status says ",
-                             s.ok() ? v1::CheckpointState_Name(s->summary().state())
-                                    : s.status().ToString()));
+    return Fail(absl::StrCat(
+        job, "/", step, " should not exist; status says ",
+        s.ok() ? v1::CheckpointState_Name(s->summary().state()) : s.status().ToString()));
   }
   const std::string dir = rig_->dir + "/data/" + CheckpointDir(job, step);
   if (std::filesystem::exists(dir)) return Fail(absl::StrCat(dir, " is left behind"));
@@ -375,8 +373,8 @@ bool Sim::CheckResumed(Ckpt& c, bool keep_arena, bool settled) {
   if (state == v1::ABORTED) {
     if (keep_arena || all_persisted) {
       return Fail(absl::StrCat(c.name(), " was ABORTED at a restart although ",
-                               keep_arena ? "the arena survived" : "its ranks were persisted",
-                               ": ", s->summary().error()));
+                               keep_arena ? "the arena survived" : "its ranks were persisted", ": ",
+                               s->summary().error()));
     }
     return Resolve(c, Expect::kAbort);
   }
@@ -385,7 +383,8 @@ bool Sim::CheckResumed(Ckpt& c, bool keep_arena, bool settled) {
                              " after a restart; want STAGING or ABORTED"));
   }
   if (!keep_arena && settled && !all_persisted) {
-    return Fail(absl::StrCat(c.name(), " resumed after the arena was lost, but its ranks were "
+    return Fail(absl::StrCat(c.name(),
+                             " resumed after the arena was lost, but its ranks were "
                              "never persisted"));
   }
   std::set<uint32_t> missing(s->missing_ranks().begin(), s->missing_ranks().end());
@@ -451,15 +450,14 @@ bool Sim::CheckListing(const std::string& job) {
   for (const v1::CheckpointSummary& s : *rows) {
     listed.insert(s.step());
     auto it = ckpts_.find(Key{job, s.step()});
-    const v1::CheckpointState want =
-        it == ckpts_.end() ? v1::CHECKPOINT_STATE_UNSPECIFIED
-        : it->second.st == Ckpt::St::kCommitted ? v1::COMMITTED
-                                                : v1::ABORTED;
+    const v1::CheckpointState want = it == ckpts_.end() ? v1::CHECKPOINT_STATE_UNSPECIFIED
+                                     : it->second.st == Ckpt::St::kCommitted ? v1::COMMITTED
+                                                                             : v1::ABORTED;
     if (s.state() != want) {
-      return Fail(absl::StrCat("after quiescing, ", job, "/", s.step(), " is listed ",
-                               v1::CheckpointState_Name(s.state()), "; the model says ",
-                               it == ckpts_.end() ? "it does not exist"
-                                                  : v1::CheckpointState_Name(want)));
+      return Fail(
+          absl::StrCat("after quiescing, ", job, "/", s.step(), " is listed ",
+                       v1::CheckpointState_Name(s.state()), "; the model says ",
+                       it == ckpts_.end() ? "it does not exist" : v1::CheckpointState_Name(want)));
     }
   }
   uint64_t newest = 0;
@@ -522,15 +520,15 @@ void RunSeeds(const std::vector<uint64_t>& seeds, int ops) {
   spdlog::set_level(level);
   const double secs =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::cout << absl::StrCat(
-                   "simulation: ", stats.seeds, " seeds (", stats.tmpfs_seeds, " on tmpfs, ",
-                   stats.rocksdb_seeds, " with RocksDB), ", stats.ops, " ops: ", stats.committed,
-                   " checkpoints committed (", stats.resharded, " by reshard), ", stats.aborted,
-                   " aborted (", stats.stage_timeouts, " by stage timeout), ", stats.deleted,
-                   " deleted; ", stats.loads, " loads verified; ", stats.faults_armed,
-                   " faults injected (", stats.faults_fired, " met), ", stats.restarts,
-                   " restarts, ", stats.races, " races, ", stats.deaths, " client deaths in ",
-                   absl::StrFormat("%.1f", secs), " s")
+  std::cout << absl::StrCat("simulation: ", stats.seeds, " seeds (", stats.tmpfs_seeds,
+                            " on tmpfs, ", stats.rocksdb_seeds, " with RocksDB), ", stats.ops,
+                            " ops: ", stats.committed, " checkpoints committed (", stats.resharded,
+                            " by reshard), ", stats.aborted, " aborted (", stats.stage_timeouts,
+                            " by stage timeout), ", stats.deleted, " deleted; ", stats.loads,
+                            " loads verified; ", stats.faults_armed, " faults injected (",
+                            stats.faults_fired, " met), ", stats.restarts, " restarts, ",
+                            stats.races, " races, ", stats.deaths, " client deaths in ",
+                            absl::StrFormat("%.1f", secs), " s")
             << std::endl;
 }
 
@@ -544,9 +542,10 @@ constexpr size_t kSeedsMakeTest = 12;
 constexpr size_t kSeedsMakeTest = 24;
 #endif
 
-TEST_CASE("simulation: random saves, loads, deletes, reshards, client deaths, faults and "
-          "restarts never lose or change a committed checkpoint",
-          "[unit][simulation]") {
+TEST_CASE(
+    "simulation: random saves, loads, deletes, reshards, client deaths, faults and "
+    "restarts never lose or change a committed checkpoint",
+    "[unit][simulation]") {
   RunSeeds(Seeds(1, kSeedsMakeTest), 200);
 }
 

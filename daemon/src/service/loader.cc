@@ -1,0 +1,364 @@
+// The loader (loader.h): resolve the requested items and destinations, plan the reads
+// (format/load_plan.h: only the byte runs needed, coalesced), read them in bounded batches,
+// verify every checksum block used, and copy into the destination extents/regions.
+#include "service/loader.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <future>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "ckptd/status.h"
+#include "common/align.h"
+#include "common/limits.h"
+#include "dataplane/memory_guard.h"
+#include "format/crc32c.h"
+#include "format/dtype.h"
+#include "format/load_plan.h"
+#include "format/names.h"
+#include "format/region.h"
+#include "spdlog/spdlog.h"
+
+namespace ckptd {
+namespace {
+
+// The item holding shard `s`, for error messages only (a linear scan).
+const v1::ItemEntry* ItemOfShard(const Manifest& m, const v1::ShardEntry* s) {
+  for (const v1::ItemEntry& item : m.items) {
+    for (const v1::ShardEntry& e : item.shards()) {
+      if (&e == s) return &item;
+    }
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+Loader::Loader(const DaemonOptions* options, Storage* storage, StagingArena* arena,
+               RegionRegistry* regions)
+    : options_(options), storage_(storage), arena_(arena), regions_(regions) {}
+
+absl::StatusOr<uint8_t*> Loader::ResolveDest(const std::string& session, const v1::MemRef& ref,
+                                             uint64_t need_bytes, std::vector<MemoryLease>* leases,
+                                             const std::string& what) const {
+  if (ref.length() < need_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": destination holds ", ref.length(),
+                                                   " bytes, ", need_bytes, " are needed"));
+  }
+  if (need_bytes == 0) return nullptr;
+  if (ref.target_case() == v1::MemRef::kExtentId) {
+    // Leased for the whole load: a release or the session's end meanwhile cannot hand these
+    // bytes to another client while this load still writes them.
+    absl::StatusOr<ExtentLease> e = arena_->Lease(session, ref.extent_id());
+    if (!e.ok()) return Annotate(e.status(), what);
+    const ExtentInfo& x = **e;
+    if (ref.offset() > x.length || ref.length() > x.length - ref.offset()) {
+      return absl::OutOfRangeError(absl::StrCat(what, ": bytes [", ref.offset(), ", ", ref.offset(),
+                                                "+", ref.length(), ") are outside extent ", x.id,
+                                                " (", x.length, " bytes)"));
+    }
+    uint8_t* p = arena_->Data(x) + ref.offset();
+    leases->push_back(*std::move(e));
+    return p;
+  }
+  if (ref.target_case() == v1::MemRef::kRegionId) {
+    absl::StatusOr<RegionLease> lease =
+        regions_->Acquire(session, ref.region_id(), ref.offset(), ref.length());
+    if (!lease.ok()) return Annotate(lease.status(), what);
+    uint8_t* p = (*lease)->base + ref.offset();
+    leases->push_back(*std::move(lease));
+    return p;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(what, ": destination names no extent or region"));
+}
+
+absl::Status Loader::ResolveLoadItem(const std::string& session, const Manifest& m,
+                                     const v1::LoadItemRequest& req, uint32_t rank,
+                                     std::vector<MemoryLease>* leases, PlanRequest* request,
+                                     uint8_t** dst, v1::LoadedItem* out) const {
+  const std::string ckpt = absl::StrCat(m.header.job(), "/", m.header.step());
+  const v1::ItemEntry* item = FindItem(m, req.item());
+  if (item == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("item \"", req.item(), "\" is not in checkpoint ", ckpt));
+  }
+  std::string what = absl::StrCat("checkpoint ", ckpt, " item \"", req.item(), "\"");
+  request->item = item;
+  uint64_t need = 0;
+  if (item->kind() == v1::TENSOR) {
+    std::vector<uint64_t> shape(item->shape().begin(), item->shape().end());
+    CKPTD_ASSIGN_OR_RETURN(uint32_t elem, DTypeSize(item->dtype()));
+    CKPTD_RETURN_IF_ERROR(Annotate(ValidateRegion(req.region(), shape), what));
+    request->region = req.region();
+    need = RegionElements(req.region(), shape) * elem;
+  } else {
+    const uint32_t want = req.has_saved_by_rank() ? req.saved_by_rank() : rank;
+    std::vector<uint32_t> saved;
+    for (const v1::ShardEntry& s : item->shards()) {
+      saved.push_back(s.saved_by_rank());
+      if (item->scope() == v1::REPLICATED || s.saved_by_rank() == want) {
+        request->object_shard = &s;
+        break;
+      }
+    }
+    if (request->object_shard == nullptr) {
+      return absl::NotFoundError(absl::StrCat(what,
+                                              ": no copy of this per-rank object was saved "
+                                              "by rank ",
+                                              want, " (saved by ranks ", absl::StrJoin(saved, ", "),
+                                              ")"));
+    }
+    need = request->object_shard->length();
+    out->set_saved_by_rank(request->object_shard->saved_by_rank());
+  }
+  CKPTD_ASSIGN_OR_RETURN(*dst, ResolveDest(session, req.dest(), need, leases, what));
+  out->set_item(req.item());
+  out->set_bytes(need);
+  return absl::OkStatus();
+}
+
+PlanOptions Loader::LoadPlanOptions(uint32_t block_bytes) const {
+  PlanOptions o;
+  o.alignment_bytes = limits::kAlignmentBytes;
+  // Up to 4 runs per read batch keep several large reads in flight.
+  uint64_t quarter =
+      options_->load_buffer_bytes / 4 / limits::kAlignmentBytes * limits::kAlignmentBytes;
+  o.max_run_bytes = std::max<uint64_t>(2ull * block_bytes, std::min(o.max_run_bytes, quarter));
+  return o;
+}
+
+namespace {
+
+// A next batch at least this large is read on a second thread while this one is copied.
+constexpr uint64_t kPrefetchBytesMin = 1 << 20;
+
+// Reads the runs of a plan batch by batch (consecutive runs of one blob that fit a buffer).
+// One BatchReader is used by one thread at a time; ReadPlan hands it from the prefetching thread
+// back to itself through a future, which orders the accesses.
+class BatchReader {
+ public:
+  BatchReader(Storage* storage, const Manifest& m, const LoadPlan& plan, uint64_t cap)
+      : storage_(storage),
+        m_(m),
+        plan_(plan),
+        cap_(cap),
+        dir_(CheckpointDir(m.header.job(), m.header.step())) {}
+
+  struct Batch {
+    size_t first = 0, end = 0;  // runs [first, end)
+    std::vector<uint64_t> at;   // buffer offset of each run
+    std::string path;
+    absl::Status status;
+  };
+
+  // The end of the batch starting at run `first` (consecutive runs of one blob that fit the
+  // buffer, each at an aligned buffer offset); *bytes: the buffer bytes it uses.
+  size_t BatchEnd(size_t first, uint64_t* bytes) const {
+    uint64_t used = 0;
+    const uint32_t blob = plan_.runs[first].blob_id;
+    size_t j = first;
+    for (; j < plan_.runs.size() && plan_.runs[j].blob_id == blob &&
+           (j == first || used + plan_.runs[j].length <= cap_);
+         ++j) {
+      used = RoundUp(used + plan_.runs[j].length, limits::kAlignmentBytes);
+    }
+    *bytes = used;
+    return j;
+  }
+  uint64_t BatchBytes(size_t first) const {
+    uint64_t bytes = 0;
+    BatchEnd(first, &bytes);
+    return bytes;
+  }
+
+  // Reads the batch starting at run `first` into `buf` (cap bytes).
+  Batch Read(size_t first, uint8_t* buf) {
+    Batch b;
+    b.first = first;
+    const uint32_t blob_id = plan_.runs[first].blob_id;
+    if (blob_id != open_blob_) {
+      const v1::BlobInfo* blob = nullptr;
+      for (const v1::BlobInfo& info : m_.header.blobs()) {
+        if (info.id() == blob_id) blob = &info;
+      }
+      CKPTD_CHECK(blob != nullptr);  // ValidateManifest checked it
+      path_ = absl::StrCat(dir_, "/", blob->name());
+      absl::StatusOr<std::unique_ptr<BlobReader>> r = storage_->OpenBlob(path_);
+      if (!r.ok()) {
+        b.status = r.status();
+        return b;
+      }
+      reader_ = *std::move(r);
+      open_blob_ = blob_id;
+    }
+    b.path = path_;
+    std::vector<IoSlice> slices;
+    uint64_t unused = 0;
+    b.end = BatchEnd(first, &unused);
+    uint64_t used = 0;
+    for (size_t j = first; j < b.end; ++j) {
+      // Blobs of older versions may end before their manifest's 4 KiB-rounded size (an unpadded
+      // last shard): read what the file has; the rest of the run is padding nobody uses.
+      const ReadRun& run = plan_.runs[j];
+      uint64_t file_end = std::max(reader_->size_bytes(), run.offset);
+      uint64_t len = std::min(run.length, file_end - run.offset);
+      std::memset(buf + used + len, 0, run.length - len);
+      if (len > 0) slices.push_back(IoSlice{buf + used, len, run.offset});
+      b.at.push_back(used);
+      used = RoundUp(used + run.length, limits::kAlignmentBytes);
+    }
+    if (!slices.empty()) b.status = Annotate(reader_->Read(slices), "reading " + path_);
+    return b;
+  }
+
+ private:
+  Storage* storage_;
+  const Manifest& m_;
+  const LoadPlan& plan_;
+  const uint64_t cap_;
+  const std::string dir_;
+  std::unique_ptr<BlobReader> reader_;
+  std::string path_;
+  uint32_t open_blob_ = UINT32_MAX;
+};
+
+// Verifies the blocks of a read batch and copies its bytes to their destinations.
+absl::Status VerifyAndCopy(const Manifest& m, const LoadPlan& plan, const BatchReader::Batch& batch,
+                           const uint8_t* buf, std::span<uint8_t* const> dst) {
+  const uint32_t block = m.header.checksum_block_bytes();
+  for (size_t k = batch.first; k < batch.end; ++k) {
+    const ReadRun& run = plan.runs[k];
+    const uint8_t* data = buf + batch.at[k - batch.first];
+    for (uint32_t c = run.first_check; c < run.first_check + run.check_count; ++c) {
+      const BlockCheck& chk = plan.checks[c];
+      uint64_t n =
+          std::min<uint64_t>(chk.end_block * block, chk.shard->length()) - chk.first_block * block;
+      absl::Status ok = VerifyBlocks(data + chk.run_offset, chk.first_block, n, chk.shard->length(),
+                                     std::span<const uint32_t>(chk.shard->block_crc32c().data(),
+                                                               chk.shard->block_crc32c().size()),
+                                     block, "");
+      if (!ok.ok()) {
+        // The item's name is looked up only for the message (a scan of the manifest).
+        return absl::Status(
+            ok.code(), absl::StrCat("checkpoint ", m.header.job(), "/", m.header.step(), " item \"",
+                                    ItemOfShard(m, chk.shard)->name(), "\" (saved by rank ",
+                                    chk.shard->saved_by_rank(), ") in ", batch.path, ok.message()));
+      }
+    }
+    for (uint64_t c = run.first_copy; c < run.first_copy + run.copy_count; ++c) {
+      const RunCopy& cp = plan.copies[c];
+      CKPTD_RETURN_IF_ERROR(GuardedCopy(dst[cp.request] + cp.dst_offset, data + cp.run_offset,
+                                        cp.bytes, "load destination"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+AlignedBuffer Loader::AcquireLoadBuffer(uint64_t bytes) {
+  const uint64_t pooled = options_->load_buffer_bytes;
+  if (bytes > pooled) return AllocateAligned(bytes);
+  {
+    absl::MutexLock lock(&load_buffers_mu_);
+    if (!load_buffers_.empty()) {
+      AlignedBuffer b = std::move(load_buffers_.back());
+      load_buffers_.pop_back();
+      return b;
+    }
+  }
+  AlignedBuffer b = AllocateAligned(pooled);
+  if (b != nullptr) std::memset(b.get(), 0, pooled);  // fault it in once, here
+  return b;
+}
+
+void Loader::ReturnLoadBuffer(AlignedBuffer buf, uint64_t bytes) {
+  if (buf == nullptr || bytes > options_->load_buffer_bytes) return;
+  absl::MutexLock lock(&load_buffers_mu_);
+  if (load_buffers_.size() < 2ull * options_->load_threads) {
+    load_buffers_.push_back(std::move(buf));
+  }
+}
+
+absl::Status Loader::ReadPlan(const Manifest& m, const LoadPlan& plan,
+                              std::span<uint8_t* const> dst, uint64_t* bytes_read) {
+  if (plan.runs.empty()) return absl::OkStatus();
+  uint64_t largest = 0;
+  for (const ReadRun& r : plan.runs) largest = std::max(largest, r.length);
+  const uint64_t cap =
+      RoundUp(std::max(largest, std::min(options_->load_buffer_bytes, plan.read_bytes)),
+              limits::kAlignmentBytes);
+  // Two buffers, the second allocated once a second batch exists: the next batch is read while
+  // this one is verified and copied.
+  AlignedBuffer bufs[2];
+  absl::Cleanup give_back = [&] {
+    for (AlignedBuffer& b : bufs) ReturnLoadBuffer(std::move(b), cap);
+  };
+  auto allocate = [&](int b) -> absl::Status {
+    if (bufs[b] != nullptr) return absl::OkStatus();
+    bufs[b] = AcquireLoadBuffer(cap);
+    if (bufs[b] == nullptr) {
+      return absl::ResourceExhaustedError(absl::StrCat("load buffer of ", cap, " bytes"));
+    }
+    return absl::OkStatus();
+  };
+  CKPTD_RETURN_IF_ERROR(allocate(0));
+  BatchReader reader(storage_, m, plan, cap);
+  int cur = 0;
+  BatchReader::Batch batch = reader.Read(0, bufs[cur].get());
+  while (true) {
+    CKPTD_RETURN_IF_ERROR(batch.status);
+    const bool more = batch.end < plan.runs.size();
+    // Small batches (many small blobs) are read inline: a thread would cost more than it hides.
+    const bool prefetch = more && reader.BatchBytes(batch.end) >= kPrefetchBytesMin;
+    std::future<BatchReader::Batch> next;
+    if (prefetch) {
+      CKPTD_RETURN_IF_ERROR(allocate(cur ^ 1));
+      next = std::async(std::launch::async, [&reader, &bufs, start = batch.end, cur] {
+        return reader.Read(start, bufs[cur ^ 1].get());
+      });
+    }
+    absl::Status copied = VerifyAndCopy(m, plan, batch, bufs[cur].get(), dst);
+    for (size_t k = batch.first; k < batch.end; ++k) *bytes_read += plan.runs[k].length;
+    if (!more) return copied;
+    if (prefetch) {
+      BatchReader::Batch following = next.get();  // always joined before returning
+      CKPTD_RETURN_IF_ERROR(copied);
+      batch = std::move(following);
+      cur ^= 1;
+    } else {
+      CKPTD_RETURN_IF_ERROR(copied);
+      batch = reader.Read(batch.end, bufs[cur].get());
+    }
+  }
+}
+
+absl::Status Loader::Load(const std::string& session, const Manifest& m, const v1::LoadRequest& req,
+                          v1::LoadResponse* resp) {
+  std::vector<MemoryLease> leases;  // held until the copies are done
+  std::vector<PlanRequest> requests(req.items_size());
+  std::vector<uint8_t*> dst(req.items_size());
+  for (int i = 0; i < req.items_size(); ++i) {
+    CKPTD_RETURN_IF_ERROR(ResolveLoadItem(session, m, req.items(i), req.rank(), &leases,
+                                          &requests[i], &dst[i], resp->add_items()));
+  }
+  absl::StatusOr<LoadPlan> plan =
+      PlanLoad(m, requests, LoadPlanOptions(m.header.checksum_block_bytes()));
+  if (!plan.ok()) {
+    return Annotate(plan.status(),
+                    absl::StrCat("checkpoint ", m.header.job(), "/", m.header.step()));
+  }
+  if (options_->debug_load_delay_ms > 0) {
+    absl::SleepFor(absl::Milliseconds(options_->debug_load_delay_ms));
+  }
+  uint64_t bytes_read = 0;
+  CKPTD_RETURN_IF_ERROR(ReadPlan(m, *plan, dst, &bytes_read));
+  resp->set_bytes_read(bytes_read);
+  resp->set_bytes_needed(plan->needed_bytes);
+  resp->set_bytes_needed_aligned(plan->needed_aligned_bytes);
+  return absl::OkStatus();
+}
+
+}  // namespace ckptd

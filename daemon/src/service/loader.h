@@ -1,0 +1,83 @@
+// Loader: executes a Load against a verified manifest (DESIGN.md "Load"): resolves each requested
+// item and its destination (an arena extent or a registered region, leased for the whole load),
+// plans the reads (format/load_plan.h: only the byte runs needed, coalesced), reads them in
+// batches of at most options.load_buffer_bytes — the next batch prefetched on a second thread
+// while this one is verified (ReadPlan) — verifies every checksum block used and copies into the
+// destinations. The catalog's side (access, "latest", the manifest) stays in CheckpointService.
+//
+// Ownership: borrows options, storage, arena and regions (they outlive it); owns the pool of
+// reusable load buffers.
+// Threads: any thread, concurrently (each Load runs on its caller's thread, plus one prefetch
+// thread per batch); the only lock is load_buffers_mu_, held only to take or return a buffer.
+// Errors (Load): NOT_FOUND for an item not in the checkpoint or a per-rank object not saved by
+// the rank asked; INVALID_ARGUMENT / OUT_OF_RANGE for a bad region or destination; the arena's
+// and region registry's lease errors; RESOURCE_EXHAUSTED when no read buffer can be allocated;
+// DATA_LOSS when a block does not verify; the storage's read errors.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "ckptd/storage.h"
+#include "ckptd/v1/ckptd.pb.h"
+#include "common/align.h"
+#include "dataplane/arena.h"
+#include "dataplane/region_registry.h"
+#include "format/load_plan.h"
+#include "format/manifest.h"
+#include "options.h"
+
+namespace ckptd {
+
+// A lease on client memory (RegionLease or ExtentLease) held for one operation.
+using MemoryLease = std::shared_ptr<const void>;
+
+class Loader {
+ public:
+  Loader(const DaemonOptions* options, Storage* storage, StagingArena* arena,
+         RegionRegistry* regions);
+
+  // Loads req.items() of `m` (verified, COMMITTED) into their destinations in `session`'s
+  // memory; fills resp's items and byte counts (not its step).
+  absl::Status Load(const std::string& session, const Manifest& m, const v1::LoadRequest& req,
+                    v1::LoadResponse* resp) ABSL_LOCKS_EXCLUDED(load_buffers_mu_);
+  // Plan options for manifests with checksum blocks of `block_bytes`.
+  PlanOptions LoadPlanOptions(uint32_t block_bytes) const;
+  // Executes a plan of `m`: reads its runs in batches of at most options.load_buffer_bytes (the
+  // next batch on a second thread while this one is verified), verifies every block used and
+  // copies into dst[request] (each sized plan.request_bytes). Reshard reads through it too.
+  absl::Status ReadPlan(const Manifest& m, const LoadPlan& plan, std::span<uint8_t* const> dst,
+                        uint64_t* bytes_read) ABSL_LOCKS_EXCLUDED(load_buffers_mu_);
+
+ private:
+  // Checks one requested item and its destination; fills the planner's request, the destination
+  // pointer (nullptr for 0 bytes) and the answer's entry.
+  absl::Status ResolveLoadItem(const std::string& session, const Manifest& m,
+                               const v1::LoadItemRequest& req, uint32_t rank,
+                               std::vector<MemoryLease>* leases, PlanRequest* request,
+                               uint8_t** dst, v1::LoadedItem* out) const;
+  absl::StatusOr<uint8_t*> ResolveDest(const std::string& session, const v1::MemRef& ref,
+                                       uint64_t need_bytes, std::vector<MemoryLease>* leases,
+                                       const std::string& what) const;
+  // A read buffer of at least `bytes` for a load. Buffers of load_buffer_bytes are kept for
+  // reuse after their first use (touched once, so later loads do not fault them in page by
+  // page), at most two per load thread; larger ones are allocated for the one load. Null when
+  // memory is exhausted.
+  AlignedBuffer AcquireLoadBuffer(uint64_t bytes) ABSL_LOCKS_EXCLUDED(load_buffers_mu_);
+  void ReturnLoadBuffer(AlignedBuffer buf, uint64_t bytes) ABSL_LOCKS_EXCLUDED(load_buffers_mu_);
+
+  const DaemonOptions* const options_;
+  Storage* const storage_;
+  StagingArena* const arena_;
+  RegionRegistry* const regions_;
+  absl::Mutex load_buffers_mu_;
+  std::vector<AlignedBuffer> load_buffers_ ABSL_GUARDED_BY(load_buffers_mu_);
+};
+
+}  // namespace ckptd

@@ -1,0 +1,132 @@
+// PendingCheckpoint: one checkpoint being saved (DESIGN.md "Save", "Commit"), from its first
+// staged rank until it is COMMITTED or its abort is recorded — the lifecycle as one object with
+// an explicit state and checked transitions (was: six booleans mutated from four files).
+//
+// Lifecycle (Transition() CHECK-fails on any other step):
+//
+//   kStaging ──all ranks staged / Commit(partial)──▶ kPersisting ──every rank persisted──▶
+//   kCommitting ──manifest + COMMITTED row durable──▶ kCommitted (the object is dropped)
+//   kStaging | kPersisting | kCommitting ──abort / failure──▶ kAborting ──idle──▶ kAborted
+//   kCommitting ──the pool refused the commit task (shutting down)──▶ kPersisting
+//
+// A rank: kJournaling (accepted, its journal row being written) ──durable──▶ kJournaled
+//   ──flush posted──▶ kFlushing ──blob synced and "persisted" journaled──▶ kPersisted;
+//   kFlushing ──flush refused or ended by an abort──▶ kJournaled. Recovery rebuilds ranks as
+//   kJournaled or kPersisted (what the journal says).
+//
+// Ownership: the lifecycle table (CheckpointService's `mu_`, "the lifecycle lock") owns every
+// PendingCheckpoint; every field here is read and written only with that lock held. What runs
+// with the lock released (a journal write, a flush, the commit) pins the object through the
+// in-flight counters: no abort finishes and no commit starts while one is non-zero.
+// Threads: any thread holding the lifecycle lock. Nothing here blocks or does I/O.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "ckptd/v1/ckptd.pb.h"
+#include "ckptd/v1/index.pb.h"
+#include "dataplane/region_registry.h"
+
+namespace ckptd {
+
+// Identifies the stored copy of a shard within a checkpoint: item + region (tensors), item +
+// saving rank (per-rank objects), item (replicated objects). Equal keys are replicas.
+std::string StoredCopyKey(const v1::ShardSpec& spec, uint32_t rank);
+
+enum class CheckpointPhase : uint8_t {
+  kStaging,     // takes ranks (STAGING)
+  kPersisting,  // every rank staged, or committed partial: takes no ranks (PERSISTING)
+  kCommitting,  // the commit task is posted or running (PERSISTING)
+  kAborting,    // aborted; waits for in-flight work before its ABORTED row is recorded (ABORTED)
+  kCommitted,   // final: the COMMITTED row is durable
+  kAborted,     // final: handed to the abort recorder
+};
+enum class RankPhase : uint8_t { kJournaling, kJournaled, kFlushing, kPersisted };
+
+const char* CheckpointPhaseName(CheckpointPhase phase);
+const char* RankPhaseName(RankPhase phase);
+
+struct ItemMeta {
+  v1::ItemKind kind = v1::ITEM_KIND_UNSPECIFIED;
+  v1::DType dtype = v1::DTYPE_UNSPECIFIED;
+  std::vector<uint64_t> shape;
+  v1::ObjectScope scope = v1::OBJECT_SCOPE_UNSPECIFIED;
+  uint32_t first_rank = 0;
+};
+
+struct PendingRank {
+  v1::RankRecord rec;
+  std::vector<RegionLease> leases;   // region-backed shards, held until persisted
+  std::vector<uint64_t> extent_ids;  // freed once persisted
+
+  RankPhase phase() const { return phase_; }
+  // Only a durable journal row is flushed: a flush journals "persisted" over the same row, which
+  // the rank's own journal write, landing later, would overwrite.
+  bool journaled() const { return phase_ != RankPhase::kJournaling; }
+  bool persisted() const { return phase_ == RankPhase::kPersisted; }
+  bool flushing() const { return phase_ == RankPhase::kFlushing; }
+  // CHECK-fails unless the rank is in `from` and `from → to` is a step of the rank lifecycle.
+  void Transition(RankPhase from, RankPhase to);
+  // Recovery: a rank rebuilt from its journal row (kJournaled or kPersisted).
+  void Restore(bool persisted) {
+    phase_ = persisted ? RankPhase::kPersisted : RankPhase::kJournaled;
+  }
+
+ private:
+  RankPhase phase_ = RankPhase::kJournaling;
+};
+
+class PendingCheckpoint {
+ public:
+  PendingCheckpoint(std::string job, uint64_t step) : job(std::move(job)), step(step) {}
+
+  const std::string job;
+  const uint64_t step;
+  uint32_t owner_uid = 0;     // the uid of its first Save; only it may add ranks
+  bool job_recorded = false;  // the job's JobRecord (owner) is in the index
+  uint32_t world_size = 0;
+  uint64_t created_unix_ms = 0;
+  uint64_t first_staged_unix_ms = 0;  // when its first rank staged (the flush gate's start)
+  // Fixed when the checkpoint is created (options.checksum_block_bytes) and journaled with every
+  // rank, so a restart with another option value does not mix block sizes.
+  uint32_t checksum_block_bytes = 0;
+  std::map<uint32_t, PendingRank> ranks;
+  std::map<std::string, ItemMeta> items;
+  // item '\0' RegionKey → (rank, shard index) of the copy that is stored.
+  absl::flat_hash_map<std::string, std::pair<uint32_t, size_t>> stored_copy;
+  bool partial = false;  // committed as an intentionally partial set (Commit(partial))
+  std::string error;     // why it was aborted
+  int flushes_in_flight = 0;
+  // Journal writes in flight with the lifecycle lock released; their rows land in the order
+  // they were queued at the committer (one FIFO), so no write waits for another here.
+  int journals_in_flight = 0;
+
+  CheckpointPhase phase() const { return phase_; }
+  // The state clients see: STAGING, PERSISTING (persisting and committing) or ABORTED.
+  v1::CheckpointState api_state() const;
+  bool staging() const { return phase_ == CheckpointPhase::kStaging; }
+  bool aborting() const { return phase_ == CheckpointPhase::kAborting; }
+  bool committing() const { return phase_ == CheckpointPhase::kCommitting; }
+  // No flush, journal write or commit is in flight (an abort may finish).
+  bool idle() const { return flushes_in_flight == 0 && journals_in_flight == 0 && !committing(); }
+  // Every rank expected is staged (all of world_size, or those there when committed partial)
+  // and persisted: the commit may start.
+  bool ready_to_commit() const;
+  // CHECK-fails unless the checkpoint is in `from` and `from → to` is a lifecycle step (above).
+  void Transition(CheckpointPhase from, CheckpointPhase to);
+  // Adds staged rank `r` (kJournaling; the caller checked it is new and its items agree): the
+  // first rank to stage a region stores it, later identical regions are replicas (they only
+  // verify); its new items are recorded; the checkpoint turns kPersisting once every rank is
+  // staged. Returns the rank's bytes (replicas included).
+  uint64_t AddRank(uint32_t r, PendingRank rank);
+
+ private:
+  CheckpointPhase phase_ = CheckpointPhase::kStaging;
+};
+
+}  // namespace ckptd

@@ -1,0 +1,218 @@
+// The local tier's flush (flush_scheduler.h): one staged rank → one blob, written straight from
+// the arena (or the client's region) with O_DIRECT, checksummed per block, fdatasync'd.
+#include "tier/flush_scheduler.h"
+
+#include <algorithm>
+#include <cstring>
+#include <future>
+
+#include "absl/functional/function_ref.h"
+#include "absl/strings/str_cat.h"
+#include "ckptd/status.h"
+#include "ckptd/sync_point.h"
+#include "common/align.h"
+#include "common/limits.h"
+#include "dataplane/memory_guard.h"
+#include "format/crc32c.h"
+
+namespace ckptd {
+namespace {
+
+// Blobs at least this large are checksummed on a second thread while they are written: both only
+// read the staged bytes, and the disk, not the CPU, bounds the flush.
+constexpr uint64_t kParallelChecksumBytesMin = 1 * limits::kMiB;
+
+struct ChecksumJob {
+  v1::ShardEntry* entry;
+  const uint8_t* src;
+  uint64_t length;
+};
+
+struct CrcArgs {
+  const uint8_t* src;
+  uint64_t length;
+  uint32_t block;
+  uint32_t* out;
+};
+
+// Reads the staged bytes, which live in client-visible memory: guarded (memory_guard.h).
+absl::Status ComputeChecksums(const std::vector<ChecksumJob>& jobs, uint32_t block) {
+  for (const ChecksumJob& j : jobs) {
+    auto* crcs = j.entry->mutable_block_crc32c();
+    crcs->Resize(static_cast<int>(BlockCount(j.length, block)), 0);
+    if (j.length == 0) continue;
+    CrcArgs a{j.src, j.length, block, crcs->mutable_data()};
+    CKPTD_RETURN_IF_ERROR(GuardClientMemory(
+        [](void* p) {
+          auto* c = static_cast<CrcArgs*>(p);
+          BlockCrcsInto(c->src, c->length, c->block, c->out);
+        },
+        &a, "staged bytes being checksummed"));
+  }
+  return absl::OkStatus();
+}
+
+// A staged shard's bytes and where they go in the blob (length rounded up to whole pages when
+// the tail in the arena may be written too).
+struct BlobPiece {
+  const uint8_t* src;
+  uint64_t length;
+  uint64_t offset;
+};
+
+// Lays out the blob of `rec`: fills each shard's stored entry (offset in the blob), the pieces
+// to write (replicas and empty shards have none) and the checksum jobs. `source` gives a staged
+// shard's bytes.
+absl::Status LayOutRankBlob(absl::FunctionRef<const uint8_t*(const v1::StagedShard&)> source,
+                            v1::RankRecord* rec, std::vector<BlobPiece>* pieces,
+                            std::vector<ChecksumJob>* checksums, uint64_t* checksum_bytes) {
+  // Extents holding exactly one shard may be written whole (tail included, zeroed first), which
+  // keeps every write aligned for O_DIRECT.
+  absl::flat_hash_map<uint64_t, int> shards_per_extent;
+  for (const v1::StagedShard& s : rec->shards()) {
+    if (s.spec().data().target_case() == v1::MemRef::kExtentId && s.spec().data().length() > 0) {
+      ++shards_per_extent[s.extent_id()];
+    }
+  }
+  uint64_t blob_off = 0;
+  for (int i = 0; i < rec->shards_size(); ++i) {
+    v1::StagedShard* s = rec->mutable_shards(i);
+    const v1::MemRef& m = s->spec().data();
+    v1::ShardEntry* e = s->mutable_stored();
+    e->Clear();
+    e->set_saved_by_rank(rec->rank());
+    e->set_blob_id(rec->rank());
+    e->set_length(m.length());
+    if (s->spec().has_tensor() && s->spec().tensor().has_region()) {
+      *e->mutable_region() = s->spec().tensor().region();
+    }
+    const uint8_t* src = m.length() == 0 ? nullptr : source(*s);
+    checksums->push_back(ChecksumJob{e, src, m.length()});
+    *checksum_bytes += m.length();
+    if (s->replica() || m.length() == 0) continue;
+    e->set_offset(blob_off);
+    uint64_t len = m.length();
+    uint64_t rounded = RoundUp(len, limits::kAlignmentBytes);
+    if (m.target_case() == v1::MemRef::kExtentId && shards_per_extent[s->extent_id()] == 1 &&
+        m.offset() + rounded <= s->extent_length()) {
+      CKPTD_RETURN_IF_ERROR(
+          GuardedZero(const_cast<uint8_t*>(src) + len, rounded - len, "staged extent tail"));
+      len = rounded;
+    }
+    pieces->push_back(BlobPiece{src, len, blob_off});
+    blob_off += rounded;
+  }
+  return absl::OkStatus();
+}
+
+// Writes `pieces` to a new blob at `path` and syncs it.
+absl::Status WritePieces(Storage& storage, const std::string& path,
+                         const std::vector<BlobPiece>& pieces) {
+  // A piece's partial last page goes through a zeroed bounce page, so the blob holds whole
+  // pages (its size is what the manifest says, and loads read it with O_DIRECT to the end).
+  // The bounce pages of one flush are bounded (kFlushBounceBytesMax): when they run out, what
+  // is gathered is written and the pages are reused.
+  constexpr uint64_t kPage = limits::kAlignmentBytes;
+  uint64_t tails = 0;
+  for (const BlobPiece& piece : pieces) tails += piece.length % kPage != 0;
+  const uint64_t bounce_pages = std::min(tails, limits::kFlushBounceBytesMax / kPage);
+  AlignedBuffer bounce;
+  if (bounce_pages > 0) {
+    bounce = AllocateAligned(bounce_pages * kPage);
+    if (bounce == nullptr) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("writing ", path, ": ", bounce_pages * kPage, " bytes of bounce pages"));
+    }
+  }
+  CKPTD_ASSIGN_OR_RETURN(std::unique_ptr<BlobWriter> w, storage.CreateBlob(path));
+  std::vector<IoSlice> slices;
+  uint64_t used = 0;
+  auto write_gathered = [&]() -> absl::Status {
+    CKPTD_RETURN_IF_ERROR(Annotate(w->Write(slices), absl::StrCat("writing ", path)));
+    slices.clear();
+    used = 0;
+    return absl::OkStatus();
+  };
+  for (const BlobPiece& piece : pieces) {
+    uint64_t body = piece.length / kPage * kPage;
+    if (body > 0) slices.push_back(IoSlice{const_cast<uint8_t*>(piece.src), body, piece.offset});
+    if (piece.length == body) continue;
+    if (used == bounce_pages) CKPTD_RETURN_IF_ERROR(write_gathered());
+    uint8_t* page = bounce.get() + used++ * kPage;
+    std::memset(page, 0, kPage);
+    CKPTD_RETURN_IF_ERROR(GuardedCopy(page, piece.src + body, piece.length - body, "staged bytes"));
+    slices.push_back(IoSlice{page, kPage, piece.offset + body});
+  }
+  if (!slices.empty()) CKPTD_RETURN_IF_ERROR(write_gathered());
+  CKPTD_SYNC_POINT("flush.blob_written");
+  return Annotate(w->Sync(), absl::StrCat("syncing ", path));
+}
+
+}  // namespace
+
+FlushScheduler::FlushScheduler(const DaemonOptions* options, Storage* storage, StagingArena* arena,
+                               Executor* pool)
+    : options_(options), storage_(storage), arena_(arena), pool_(pool) {}
+
+bool FlushScheduler::GateElapsed(uint64_t first_staged_unix_ms, uint64_t now_unix_ms) const {
+  return first_staged_unix_ms != 0 && now_unix_ms - first_staged_unix_ms >= options_->flush_gate_ms;
+}
+
+absl::Duration FlushScheduler::GateTick() const {
+  return absl::Milliseconds(std::clamp<uint64_t>(options_->flush_gate_ms / 4, 10, 200));
+}
+
+bool FlushScheduler::Post(std::function<void()> flush) {
+  return pool_->Post([this, flush = std::move(flush)] {
+    if (options_->debug_flush_delay_ms > 0) {
+      absl::SleepFor(absl::Milliseconds(options_->debug_flush_delay_ms));
+    }
+    flush();
+  });
+}
+
+const uint8_t* FlushScheduler::ShardSource(std::optional<uint32_t> arena_uid,
+                                           const v1::StagedShard& s,
+                                           const std::vector<RegionLease>& leases) const {
+  const v1::MemRef& m = s.spec().data();
+  if (m.length() == 0) return nullptr;
+  if (m.target_case() == v1::MemRef::kExtentId) {
+    // Save staged it in its uid's segment; recovery restored it only into an adopted one.
+    CKPTD_CHECK(arena_uid.has_value());
+    return arena_->At(*arena_uid, s.arena_offset() + m.offset());
+  }
+  for (const RegionLease& l : leases) {
+    if (l->id == m.region_id()) return l->base + m.offset();
+  }
+  CKPTD_CHECK(false);  // ResolveSaveData leased every region it accepted
+  return nullptr;
+}
+
+absl::Status FlushScheduler::WriteRankBlob(const std::string& dir,
+                                           const std::vector<RegionLease>& leases,
+                                           v1::RankRecord* rec) {
+  const uint32_t block = RankBlockBytes(*rec);
+  std::vector<BlobPiece> pieces;
+  std::vector<ChecksumJob> checksums;
+  uint64_t checksum_bytes = 0;
+  std::optional<uint32_t> arena_uid;
+  if (auto seg = arena_->SegmentOfGeneration(rec->arena_generation())) arena_uid = seg->uid;
+  CKPTD_RETURN_IF_ERROR(
+      LayOutRankBlob([&](const v1::StagedShard& s) { return ShardSource(arena_uid, s, leases); },
+                     rec, &pieces, &checksums, &checksum_bytes));
+  if (pieces.empty() || checksum_bytes < kParallelChecksumBytesMin) {
+    CKPTD_RETURN_IF_ERROR(ComputeChecksums(checksums, block));
+    if (pieces.empty()) return absl::OkStatus();
+    checksums.clear();
+  }
+  // Each job fills its own entry; `rec` is not touched by this thread until the join.
+  std::future<absl::Status> summing;
+  if (!checksums.empty()) {
+    summing = std::async(std::launch::async, ComputeChecksums, std::cref(checksums), block);
+  }
+  absl::Status st = WritePieces(*storage_, absl::StrCat(dir, "/", rec->blob_name()), pieces);
+  absl::Status summed = summing.valid() ? summing.get() : absl::OkStatus();
+  return st.ok() ? summed : st;
+}
+
+}  // namespace ckptd

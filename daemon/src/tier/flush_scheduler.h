@@ -1,0 +1,74 @@
+// FlushScheduler: the tier below the staging arena — when staged ranks move to the local tier
+// and how one rank's bytes get there (DESIGN.md "Flush", "Durable"):
+//   - the flush gate: flushing beside ranks still copying into the arena slows their copies (CPU
+//     for checksums, and the disk queue every rank's synced journal write waits behind), so a
+//     checkpoint's flushes start once every rank is staged (or it is committed partial), or at
+//     the latest flush_gate_ms after its first rank staged (GateElapsed, checked every GateTick);
+//   - posting a rank's flush on the flush pool (Post; the debug flush delay is applied there);
+//   - writing one rank's blob (WriteRankBlob: lay out the shards, checksum every block — on a
+//     second thread for large blobs (ComputeChecksums) — write with O_DIRECT from where the bytes
+//     are staged, fdatasync).
+// The lifecycle (service/flush.cc FlushRank) decides which ranks to flush and records the result
+// ("persisted", extents freed). The remote and RAM tiers extend this part: a tier is where a
+// persisted rank's blob goes next, scheduled here.
+//
+// Ownership: borrows the options, storage, arena and pool (they outlive it); holds no state of
+// its own, so it has no lock.
+// Threads: GateElapsed/GateTick/Post from any thread (the lifecycle calls them under its lock:
+// none blocks); WriteRankBlob on a flush pool thread, with no lock held (it does the I/O).
+// Errors (WriteRankBlob): the storage's errors naming the blob path; RESOURCE_EXHAUSTED when
+// bounce pages cannot be allocated; the memory guard's error when staged client memory faults.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "ckptd/storage.h"
+#include "ckptd/v1/index.pb.h"
+#include "common/limits.h"
+#include "dataplane/arena.h"
+#include "dataplane/region_registry.h"
+#include "options.h"
+#include "service/executor.h"
+
+namespace ckptd {
+
+// The checksum block size a rank record was written with.
+inline uint32_t RankBlockBytes(const v1::RankRecord& rec) {
+  return rec.checksum_block_bytes() != 0 ? rec.checksum_block_bytes()
+                                         : limits::kLegacyChecksumBlockBytes;
+}
+
+class FlushScheduler {
+ public:
+  FlushScheduler(const DaemonOptions* options, Storage* storage, StagingArena* arena,
+                 Executor* pool);
+
+  // Whether flush_gate_ms passed since a checkpoint's first rank staged (0: none staged yet).
+  bool GateElapsed(uint64_t first_staged_unix_ms, uint64_t now_unix_ms) const;
+  // How often housekeeping checks the gate.
+  absl::Duration GateTick() const;
+  // Posts one rank's flush; false when the pool refuses (full or shutting down).
+  bool Post(std::function<void()> flush);
+  // Writes the blob of `rec` (rec->blob_name() in `dir`) from its staged shards — in the arena
+  // segment of its generation, or in `leases` for region-backed shards — and syncs it; fills
+  // every shard's stored entry (offset, length, block checksums).
+  absl::Status WriteRankBlob(const std::string& dir, const std::vector<RegionLease>& leases,
+                             v1::RankRecord* rec);
+
+ private:
+  const uint8_t* ShardSource(std::optional<uint32_t> arena_uid, const v1::StagedShard& s,
+                             const std::vector<RegionLease>& leases) const;
+
+  const DaemonOptions* const options_;
+  Storage* const storage_;
+  StagingArena* const arena_;
+  Executor* const pool_;
+};
+
+}  // namespace ckptd
