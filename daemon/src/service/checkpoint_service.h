@@ -33,9 +33,11 @@
 #include "dataplane/arena.h"
 #include "dataplane/region_registry.h"
 #include "common/limits.h"
+#include "common/worker_pool.h"
 #include "format/load_plan.h"
 #include "format/manifest.h"
 #include "index/meta_store.h"
+#include "io/reader_pool.h"
 #include "options.h"
 #include "service/executor.h"
 #include "service/sessions.h"
@@ -368,6 +370,13 @@ class CheckpointService {
   // What recovery skipped or repaired (Recover only, before the service is used).
   std::vector<std::string> recovery_problems_;
   std::thread housekeeper_;
+  // Bounded, named workers (limits.h), last so they are destroyed (joined) first: block checksums
+  // of flushes ("crc-<i>"), blob reads of loads and reshards on long-lived io_uring rings
+  // ("reader-<i>": reads go through the Storage plugin, so the pool has no Io of its own), and
+  // reshards ("reshard-<i>", one per reshard that may run: kReshardJobsMax).
+  WorkerPool checksum_pool_{"crc", limits::kChecksumPoolThreads, limits::kChecksumPoolQueueMax};
+  ReaderPool reader_pool_{nullptr, ReaderPool::Options{}};
+  WorkerPool reshard_pool_{"reshard", limits::kReshardPoolThreads, limits::kReshardQueueMax};
 };
 
 // "checkpoint job/7", for messages.

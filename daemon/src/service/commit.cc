@@ -6,6 +6,7 @@
 #include "absl/strings/str_join.h"
 #include "ckptd/status.h"
 #include "common/align.h"
+#include "format/blob_layout.h"
 #include "format/names.h"
 #include "format/region.h"
 #include "index/keys.h"
@@ -75,10 +76,7 @@ absl::StatusOr<Manifest> CheckpointService::BuildManifestLocked(const Pending& p
       where[{r, i}] = {spec.item(), item.shards_size()};
       *item.add_shards() = s.stored();
       total += s.stored().length();
-      if (s.stored().length() > 0) {
-        blob_bytes = std::max(blob_bytes, s.stored().offset() +
-                                              RoundUp(s.stored().length(), limits::kAlignmentBytes));
-      }
+      blob_bytes = std::max(blob_bytes, ShardEndInBlob(s.stored()));
     }
     v1::BlobInfo* b = h.add_blobs();
     b->set_id(r);
