@@ -26,8 +26,8 @@
 // Threads: every public method may be called from any thread, concurrently. Methods that wait
 // (Wait, Abort, ReserveExtents on a full arena) block the calling thread; the RPC layer runs them
 // on its bounded waiter pool. Flushes, commits and abort records run on deps.flush_pool; loads,
-// catalog calls and journal writes on the caller; housekeeping on its own thread; each reshard on
-// its own thread. GetStatus, Wait and ListCheckpoints take mu_ only briefly (no I/O under it), so
+// catalog calls and journal writes on the caller; housekeeping on its own thread; reshards on the
+// reshard pool. GetStatus, Wait and ListCheckpoints take mu_ only briefly (no I/O under it), so
 // they never queue behind a journal fsync.
 //
 // The save path (DESIGN.md "Save", "Commit", "Durable"):
@@ -56,6 +56,7 @@
 #include "common/align.h"
 #include "common/clock.h"
 #include "common/limits.h"
+#include "common/worker_pool.h"
 #include "dataplane/arena.h"
 #include "dataplane/region_registry.h"
 #include "format/load_plan.h"
@@ -369,6 +370,9 @@ class CheckpointService {
   // What recovery skipped or repaired (Recover only, before the service is used).
   std::vector<std::string> recovery_problems_;
   std::thread housekeeper_;
+  // Reshards ("reshard-<i>", one thread per reshard that may run: kReshardJobsMax), last so it is
+  // destroyed (joined) first.
+  WorkerPool reshard_pool_{"reshard", limits::kReshardPoolThreads, limits::kReshardQueueMax};
 };
 
 // "checkpoint job/7", for messages.

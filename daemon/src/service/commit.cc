@@ -8,6 +8,7 @@
 #include "ckptd/sync_point.h"
 #include "common/align.h"
 #include "common/limits.h"
+#include "format/blob_layout.h"
 #include "format/names.h"
 #include "format/region.h"
 #include "index/keys.h"
@@ -74,10 +75,7 @@ absl::StatusOr<Manifest> CheckpointService::BuildManifestLocked(const PendingChe
       where[{r, i}] = {spec.item(), item.shards_size()};
       *item.add_shards() = s.stored();
       total += s.stored().length();
-      if (s.stored().length() > 0) {
-        blob_bytes = std::max(blob_bytes, s.stored().offset() + RoundUp(s.stored().length(),
-                                                                        limits::kAlignmentBytes));
-      }
+      blob_bytes = std::max(blob_bytes, ShardEndInBlob(s.stored()));
     }
     v1::BlobInfo* b = h.add_blobs();
     b->set_id(r);

@@ -1,41 +1,40 @@
-// Executor: a fixed pool of threads with a bounded queue. Post() never blocks: a full queue is
-// refused (the caller answers RESOURCE_EXHAUSTED), which is how overload turns into backpressure
-// instead of unbounded growth (DESIGN.md invariant 5).
+// Executor: the daemon's bounded pools for RPC work and flushes ("flush", "rpc", "wait",
+// "reserve", "load" in main.cc): a WorkerPool (common/worker_pool.h) whose Post never blocks: a
+// full queue is refused (the caller answers RESOURCE_EXHAUSTED), which is how overload turns into
+// backpressure instead of unbounded growth (DESIGN.md invariant 5). Its threads are named
+// "<name>-<i>".
+//
+// Thread safety: every method may be called from any thread, Stop not from the executor's own
+// threads (a CHECK).
 #pragma once
 
 #include <cstddef>
-#include <deque>
 #include <functional>
 #include <string>
-#include <thread>
-#include <vector>
+#include <utility>
 
-#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/worker_pool.h"
 
 namespace ckptd {
 
 class Executor {
  public:
-  Executor(std::string name, size_t threads, size_t queue_max);
-  ~Executor();  // Stop()s
+  Executor(std::string name, size_t threads, size_t queue_max)
+      : pool_(std::move(name), threads, queue_max) {}
   // False when the queue already holds queue_max tasks or the executor is stopped.
-  bool Post(std::function<void()> task);
+  bool Post(std::function<void()> task) {
+    return pool_.Post(std::move(task), WorkerPool::WhenFull::kRefuse).ok();
+  }
   // Waits until no task is queued or running (tasks may still post follow-up tasks, which run
   // too), or until `timeout`; returns true if it became idle.
-  bool Drain(absl::Duration timeout);
+  bool Drain(absl::Duration timeout) { return pool_.WaitIdle(timeout); }
   // Drops queued tasks, refuses new ones, and joins the threads after their running tasks.
-  void Stop();
-  size_t queued() const;
+  void Stop() { pool_.Shutdown(WorkerPool::ShutdownMode::kCancel); }
+  size_t queued() const { return pool_.queued(); }
 
  private:
-  void Loop();
-  std::string name_;
-  size_t queue_max_;
-  mutable absl::Mutex mu_;
-  std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
-  size_t running_ ABSL_GUARDED_BY(mu_) = 0;
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<std::thread> threads_;
+  WorkerPool pool_;
 };
 
 }  // namespace ckptd

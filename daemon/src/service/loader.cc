@@ -5,7 +5,6 @@
 
 #include <cstdlib>
 #include <cstring>
-#include <future>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
@@ -131,12 +130,12 @@ PlanOptions Loader::LoadPlanOptions(uint32_t block_bytes) const {
 
 namespace {
 
-// A next batch at least this large is read on a second thread while this one is copied.
+// A next batch at least this large is read on the reader pool while this one is copied.
 constexpr uint64_t kPrefetchBytesMin = 1 << 20;
 
 // Reads the runs of a plan batch by batch (consecutive runs of one blob that fit a buffer).
-// One BatchReader is used by one thread at a time; ReadPlan hands it from the prefetching thread
-// back to itself through a future, which orders the accesses.
+// One BatchReader is used by one thread at a time; a prefetched batch's BlobReader is used by a
+// reader of the pool until its ticket is waited for, and only then is the next batch prepared.
 class BatchReader {
  public:
   BatchReader(Storage* storage, const Manifest& m, const LoadPlan& plan, uint64_t cap)
@@ -151,6 +150,8 @@ class BatchReader {
     std::vector<uint64_t> at;   // buffer offset of each run
     std::string path;
     absl::Status status;
+    BlobReader* reader = nullptr;  // the blob's, once prepared
+    std::vector<IoSlice> slices;   // what to read into the buffer
   };
 
   // The end of the batch starting at run `first` (consecutive runs of one blob that fit the
@@ -173,8 +174,18 @@ class BatchReader {
     return bytes;
   }
 
-  // Reads the batch starting at run `first` into `buf` (cap bytes).
+  // Reads the batch starting at run `first` into `buf` (cap bytes), on this thread.
   Batch Read(size_t first, uint8_t* buf) {
+    Batch b = Prepare(first, buf);
+    if (b.status.ok() && !b.slices.empty()) {
+      b.status = Annotate(b.reader->Read(b.slices), "reading " + b.path);
+    }
+    return b;
+  }
+
+  // Lays out the batch starting at run `first` in `buf` (cap bytes), opening its blob if need be,
+  // without reading it: b.reader reads b.slices.
+  Batch Prepare(size_t first, uint8_t* buf) {
     Batch b;
     b.first = first;
     const uint32_t blob_id = plan_.runs[first].blob_id;
@@ -194,7 +205,8 @@ class BatchReader {
       open_blob_ = blob_id;
     }
     b.path = path_;
-    std::vector<IoSlice> slices;
+    b.reader = reader_.get();
+    std::vector<IoSlice>& slices = b.slices;
     uint64_t unused = 0;
     b.end = BatchEnd(first, &unused);
     uint64_t used = 0;
@@ -209,7 +221,6 @@ class BatchReader {
       b.at.push_back(used);
       used = RoundUp(used + run.length, limits::kAlignmentBytes);
     }
-    if (!slices.empty()) b.status = Annotate(reader_->Read(slices), "reading " + path_);
     return b;
   }
 
@@ -313,18 +324,28 @@ absl::Status Loader::ReadPlan(const Manifest& m, const LoadPlan& plan,
     const bool more = batch.end < plan.runs.size();
     // Small batches (many small blobs) are read inline: a thread would cost more than it hides.
     const bool prefetch = more && reader.BatchBytes(batch.end) >= kPrefetchBytesMin;
-    std::future<BatchReader::Batch> next;
+    BatchReader::Batch following;
+    ReadTicket reading;
     if (prefetch) {
       CKPTD_RETURN_IF_ERROR(allocate(cur ^ 1));
-      next = std::async(std::launch::async, [&reader, &bufs, start = batch.end, cur] {
-        return reader.Read(start, bufs[cur ^ 1].get());
-      });
+      following = reader.Prepare(batch.end, bufs[cur ^ 1].get());
+      if (following.status.ok()) {
+        absl::StatusOr<ReadTicket> t = reader_pool_.SubmitBlobRead(
+            following.reader, following.slices, following.path, WorkerPool::WhenFull::kWait);
+        if (t.ok()) {
+          reading = *std::move(t);
+        } else {
+          following.status = t.status();
+        }
+      }
     }
     absl::Status copied = VerifyAndCopy(m, plan, batch, bufs[cur].get(), dst);
     for (size_t k = batch.first; k < batch.end; ++k) *bytes_read += plan.runs[k].length;
     if (!more) return copied;
     if (prefetch) {
-      BatchReader::Batch following = next.get();  // always joined before returning
+      // Always waited for before returning: a reader may still be filling the buffer.
+      absl::Status read = reading.Wait();
+      if (following.status.ok()) following.status = Annotate(read, "reading " + following.path);
       CKPTD_RETURN_IF_ERROR(copied);
       batch = std::move(following);
       cur ^= 1;

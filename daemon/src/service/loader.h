@@ -1,14 +1,15 @@
 // Loader: executes a Load against a verified manifest (DESIGN.md "Load"): resolves each requested
 // item and its destination (an arena extent or a registered region, leased for the whole load),
 // plans the reads (format/load_plan.h: only the byte runs needed, coalesced), reads them in
-// batches of at most options.load_buffer_bytes — the next batch prefetched on a second thread
-// while this one is verified (ReadPlan) — verifies every checksum block used and copies into the
+// batches of at most options.load_buffer_bytes — the next batch prefetched on the reader pool
+// ("reader-<i>", long-lived threads each keeping its io_uring ring) while this one is verified
+// (ReadPlan) — verifies every checksum block used and copies into the
 // destinations. The catalog's side (access, "latest", the manifest) stays in CheckpointService.
 //
 // Ownership: borrows options, storage, arena and regions (they outlive it); owns the pool of
-// reusable load buffers.
-// Threads: any thread, concurrently (each Load runs on its caller's thread, plus one prefetch
-// thread per batch); the only lock is load_buffers_mu_, held only to take or return a buffer.
+// reusable load buffers and the reader pool (joined when the loader is destroyed).
+// Threads: any thread, concurrently (each Load runs on its caller's thread; prefetched batches on
+// the reader pool, waiting for a reader when all are busy); the only lock is load_buffers_mu_, held only to take or return a buffer.
 // Errors (Load): NOT_FOUND for an item not in the checkpoint or a per-rank object not saved by
 // the rank asked; INVALID_ARGUMENT / OUT_OF_RANGE for a bad region or destination; the arena's
 // and region registry's lease errors; RESOURCE_EXHAUSTED when no read buffer can be allocated;
@@ -31,6 +32,7 @@
 #include "dataplane/region_registry.h"
 #include "format/load_plan.h"
 #include "format/manifest.h"
+#include "io/reader_pool.h"
 #include "options.h"
 
 namespace ckptd {
@@ -78,6 +80,9 @@ class Loader {
   RegionRegistry* const regions_;
   absl::Mutex load_buffers_mu_;
   std::vector<AlignedBuffer> load_buffers_ ABSL_GUARDED_BY(load_buffers_mu_);
+  // Prefetched batches' blob reads (reads go through the Storage plugin, so the pool has no Io of
+  // its own; limits.h bounds its threads and queue).
+  ReaderPool reader_pool_{nullptr, ReaderPool::Options{}};
 };
 
 }  // namespace ckptd

@@ -9,6 +9,7 @@
 #include "ckptd/status.h"
 #include "ckptd/sync_point.h"
 #include "common/align.h"
+#include "format/blob_layout.h"
 #include "format/crc32c.h"
 #include "format/dtype.h"
 #include "format/names.h"
@@ -30,58 +31,63 @@ struct CheckpointService::ReshardJob {
   std::atomic<uint64_t> bytes_done{0};
   std::atomic<bool> cancel{false};
   std::string cancel_reason;
-  std::thread thread;
 };
 
-// Appends shards to one blob through an aligned buffer: full buffers are written with O_DIRECT
-// at aligned offsets, each shard starts 4 KiB-aligned (zero padding), and every shard's block
-// checksums are computed as its bytes stream through.
+// Appends shards to one blob through an aligned buffer, placed as the blob layout says
+// (format/blob_layout.h): full buffers are written with O_DIRECT at aligned offsets, zero padding
+// goes before each shard up to its offset, and every shard's block checksums are computed as its
+// bytes stream through.
 class BlobAppender {
  public:
   BlobAppender(std::unique_ptr<BlobWriter> w, uint32_t block_bytes)
-      : w_(std::move(w)), block_(block_bytes) {
+      : w_(std::move(w)), crcs_(block_bytes) {
     buf_ = AllocateAligned(limits::kReshardChunkBytes);
   }
   bool ok() const { return buf_ != nullptr; }
-  // Starts a shard at the next aligned offset; returns that offset.
-  absl::StatusOr<uint64_t> BeginShard() {
-    uint64_t pad = RoundUp(used_, limits::kAlignmentBytes) - used_;
-    std::memset(buf_.get() + used_, 0, pad);  // used_ + pad <= buffer: it is 4 KiB-aligned
-    used_ += pad;
-    if (used_ == limits::kReshardChunkBytes) CKPTD_RETURN_IF_ERROR(Spill());
-    crcs_.clear();
-    block_fill_ = 0;
-    crc_ = 0;
-    return written_ + used_;
+  // Starts a shard where the layout places the next one (after zero padding).
+  absl::Status BeginShard() {
+    CKPTD_RETURN_IF_ERROR(PadTo(layout_.next_offset()));
+    shard_bytes_ = 0;
+    return absl::OkStatus();
   }
   absl::Status Append(const uint8_t* p, uint64_t n) {
+    shard_bytes_ += n;
     for (uint64_t left = n; left > 0;) {
       uint64_t take = std::min(left, limits::kReshardChunkBytes - used_);
       std::memcpy(buf_.get() + used_, p, take);
-      Checksum(p, take);
+      crcs_.Update(p, take);
       used_ += take, p += take, left -= take;
       if (used_ == limits::kReshardChunkBytes) CKPTD_RETURN_IF_ERROR(Spill());
     }
     return absl::OkStatus();
   }
-  // The block crcs of the shard begun last (the short last block included).
-  std::vector<uint32_t> EndShard() {
-    if (block_fill_ > 0) crcs_.push_back(crc_);
-    block_fill_ = 0;
-    return std::move(crcs_);
+  // Ends the shard begun last: its place in the blob, and its block crcs into *crcs (the short
+  // last block included).
+  absl::StatusOr<ShardPlacement> EndShard(std::vector<uint32_t>* crcs) {
+    *crcs = crcs_.Finish();
+    CKPTD_ASSIGN_OR_RETURN(ShardPlacement placed, layout_.Append(shard_bytes_));
+    CKPTD_CHECK(placed.length == 0 || placed.offset + placed.length == written_ + used_);
+    return placed;
   }
-  // Writes the rest (padded to 4 KiB) and syncs; returns the blob's size.
+  // Writes the rest (padded to the layout's size) and syncs; returns the blob's size.
   absl::StatusOr<uint64_t> Finish() {
-    uint64_t size = written_ + used_;
-    uint64_t padded = RoundUp(used_, limits::kAlignmentBytes);
-    std::memset(buf_.get() + used_, 0, padded - used_);
-    used_ = padded;
+    CKPTD_RETURN_IF_ERROR(PadTo(layout_.size_bytes()));
     if (used_ > 0) CKPTD_RETURN_IF_ERROR(Spill());
     CKPTD_RETURN_IF_ERROR(w_->Sync());
-    return size;
+    return layout_.size_bytes();
   }
 
  private:
+  // Zeroes up to blob offset `end`, which the layout aligns: the buffer (a multiple of the
+  // alignment, spilled whole) always has room for it.
+  absl::Status PadTo(uint64_t end) {
+    CKPTD_CHECK(end >= written_ + used_ && end - written_ <= limits::kReshardChunkBytes);
+    uint64_t pad = end - written_ - used_;
+    std::memset(buf_.get() + used_, 0, pad);
+    used_ += pad;
+    if (used_ == limits::kReshardChunkBytes) CKPTD_RETURN_IF_ERROR(Spill());
+    return absl::OkStatus();
+  }
   absl::Status Spill() {
     IoSlice s{buf_.get(), used_, written_};
     CKPTD_RETURN_IF_ERROR(w_->Write(std::span<const IoSlice>(&s, 1)));
@@ -89,27 +95,14 @@ class BlobAppender {
     used_ = 0;
     return absl::OkStatus();
   }
-  void Checksum(const uint8_t* p, uint64_t n) {
-    while (n > 0) {
-      uint64_t take = std::min<uint64_t>(n, block_ - block_fill_);
-      crc_ = Crc32c(p, take, crc_);
-      block_fill_ += take, p += take, n -= take;
-      if (block_fill_ == block_) {
-        crcs_.push_back(crc_);
-        crc_ = 0;
-        block_fill_ = 0;
-      }
-    }
-  }
 
   std::unique_ptr<BlobWriter> w_;
-  uint32_t block_;
+  BlobLayout layout_;
+  BlockCrcStream crcs_;
   AlignedBuffer buf_;
-  uint64_t used_ = 0;     // bytes in buf_
-  uint64_t written_ = 0;  // bytes written to the blob before buf_
-  std::vector<uint32_t> crcs_;
-  uint64_t block_fill_ = 0;
-  uint32_t crc_ = 0;
+  uint64_t used_ = 0;         // bytes in buf_
+  uint64_t written_ = 0;      // bytes written to the blob before buf_
+  uint64_t shard_bytes_ = 0;  // of the shard begun last
 };
 
 absl::Status CheckpointService::Reshard(const Caller& caller, const v1::ReshardRequest& req,
@@ -216,7 +209,16 @@ absl::Status CheckpointService::ClaimAndStartReshard(std::shared_ptr<ReshardJob>
   }
   *resp->mutable_summary() = job->rec.summary();
   spdlog::info("{}: {} started", dst_name, job->rec.summary().origin());
-  job->thread = std::thread([this, job] { RunReshard(job); });
+  // Never full: the pool's queue holds kReshardJobsMax and reshards_ admits no more; refused only
+  // once the daemon is shutting down, when the job ends ABORTED at once.
+  absl::Status posted =
+      reshard_pool_.Post([this, job] { RunReshard(job); }, WorkerPool::WhenFull::kRefuse);
+  if (!posted.ok()) {
+    mu_.Unlock();
+    FinishReshard(*job, posted);
+    mu_.Lock();
+    return Annotate(posted, absl::StrCat(dst_name, ": starting the reshard"));
+  }
   return absl::OkStatus();
 }
 
@@ -291,20 +293,19 @@ absl::StatusOr<Manifest> CheckpointService::WriteReshard(ReshardJob& job) {
         // a replicated one belongs to rank 0 of the target, whatever rank stored it in the
         // source (which may be beyond the target's world size).
         shard->set_saved_by_rank(rank);
-        CKPTD_ASSIGN_OR_RETURN(uint64_t offset, out->BeginShard());
-        shard->set_offset(offset);
+        CKPTD_RETURN_IF_ERROR(out->BeginShard());
         if (object == nullptr) *shard->mutable_region() = region;
         CKPTD_RETURN_IF_ERROR(CopyShard(job, PlanRequest{&item, region, object}, *out, shard));
-        for (uint32_t c : out->EndShard()) shard->add_block_crc32c(c);
+        std::vector<uint32_t> crcs;
+        CKPTD_ASSIGN_OR_RETURN(ShardPlacement placed, out->EndShard(&crcs));
+        shard->set_offset(placed.offset);
+        for (uint32_t c : crcs) shard->add_block_crc32c(c);
       }
     }
     if (out != nullptr) {
       CKPTD_ASSIGN_OR_RETURN(uint64_t size, out->Finish());
       CKPTD_SYNC_POINT("reshard.blob_written");
-      v1::BlobInfo* b = m.header.add_blobs();
-      b->set_id(rank);
-      b->set_name(BlobName(rank));
-      b->set_size_bytes(size);
+      *m.header.add_blobs() = MakeBlobInfo(rank, size);
     }
     m.header.add_ranks_present(rank);
   }
@@ -357,12 +358,7 @@ void CheckpointService::FinishReshard(ReshardJob& job, const absl::Status& statu
     if (!put.ok()) spdlog::error("recording abort of {}: {}", name, put.ToString());
   }
   absl::MutexLock lock(&mu_);
-  auto it = reshards_.find(job.target);
-  if (it != reshards_.end()) {
-    it->second->thread.detach();  // this thread; it ends right after
-    reshards_.erase(it);
-    KeyChangedLocked(job.target);
-  }
+  if (reshards_.erase(job.target) != 0) KeyChangedLocked(job.target);
   changed_.SignalAll();
 }
 

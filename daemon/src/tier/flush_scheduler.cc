@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <future>
 
 #include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
@@ -13,14 +12,12 @@
 #include "common/align.h"
 #include "common/limits.h"
 #include "dataplane/memory_guard.h"
+#include "format/blob_layout.h"
+#include "format/checksum_pool.h"
 #include "format/crc32c.h"
 
 namespace ckptd {
 namespace {
-
-// Blobs at least this large are checksummed on a second thread while they are written: both only
-// read the staged bytes, and the disk, not the CPU, bounds the flush.
-constexpr uint64_t kParallelChecksumBytesMin = 1 * limits::kMiB;
 
 struct ChecksumJob {
   v1::ShardEntry* entry;
@@ -36,20 +33,25 @@ struct CrcArgs {
 };
 
 // Reads the staged bytes, which live in client-visible memory: guarded (memory_guard.h).
-absl::Status ComputeChecksums(const std::vector<ChecksumJob>& jobs, uint32_t block) {
+absl::Status GuardedBlockCrcs(const uint8_t* src, uint64_t length, uint32_t block, uint32_t* out) {
+  CrcArgs a{src, length, block, out};
+  return GuardClientMemory(
+      [](void* p) {
+        auto* c = static_cast<CrcArgs*>(p);
+        BlockCrcsInto(c->src, c->length, c->block, c->out);
+      },
+      &a, "staged bytes being checksummed");
+}
+
+// Sizes each job's entry for its block crcs; returns where they go.
+std::vector<CrcRange> CrcRanges(const std::vector<ChecksumJob>& jobs, uint32_t block) {
+  std::vector<CrcRange> ranges;
   for (const ChecksumJob& j : jobs) {
     auto* crcs = j.entry->mutable_block_crc32c();
     crcs->Resize(static_cast<int>(BlockCount(j.length, block)), 0);
-    if (j.length == 0) continue;
-    CrcArgs a{j.src, j.length, block, crcs->mutable_data()};
-    CKPTD_RETURN_IF_ERROR(GuardClientMemory(
-        [](void* p) {
-          auto* c = static_cast<CrcArgs*>(p);
-          BlockCrcsInto(c->src, c->length, c->block, c->out);
-        },
-        &a, "staged bytes being checksummed"));
+    if (j.length > 0) ranges.push_back(CrcRange{j.src, j.length, crcs->mutable_data()});
   }
-  return absl::OkStatus();
+  return ranges;
 }
 
 // A staged shard's bytes and where they go in the blob (length rounded up to whole pages when
@@ -60,9 +62,9 @@ struct BlobPiece {
   uint64_t offset;
 };
 
-// Lays out the blob of `rec`: fills each shard's stored entry (offset in the blob), the pieces
-// to write (replicas and empty shards have none) and the checksum jobs. `source` gives a staged
-// shard's bytes.
+// Lays out the blob of `rec` (format/blob_layout.h): fills each shard's stored entry (offset in
+// the blob), the pieces to write (replicas and empty shards have none) and the checksum jobs.
+// `source` gives a staged shard's bytes.
 absl::Status LayOutRankBlob(absl::FunctionRef<const uint8_t*(const v1::StagedShard&)> source,
                             v1::RankRecord* rec, std::vector<BlobPiece>* pieces,
                             std::vector<ChecksumJob>* checksums, uint64_t* checksum_bytes) {
@@ -74,7 +76,7 @@ absl::Status LayOutRankBlob(absl::FunctionRef<const uint8_t*(const v1::StagedSha
       ++shards_per_extent[s.extent_id()];
     }
   }
-  uint64_t blob_off = 0;
+  BlobLayout layout;
   for (int i = 0; i < rec->shards_size(); ++i) {
     v1::StagedShard* s = rec->mutable_shards(i);
     const v1::MemRef& m = s->spec().data();
@@ -90,17 +92,16 @@ absl::Status LayOutRankBlob(absl::FunctionRef<const uint8_t*(const v1::StagedSha
     checksums->push_back(ChecksumJob{e, src, m.length()});
     *checksum_bytes += m.length();
     if (s->replica() || m.length() == 0) continue;
-    e->set_offset(blob_off);
-    uint64_t len = m.length();
-    uint64_t rounded = RoundUp(len, limits::kAlignmentBytes);
+    CKPTD_ASSIGN_OR_RETURN(ShardPlacement placed, layout.Append(m.length()));
+    e->set_offset(placed.offset);
+    uint64_t len = placed.length;
     if (m.target_case() == v1::MemRef::kExtentId && shards_per_extent[s->extent_id()] == 1 &&
-        m.offset() + rounded <= s->extent_length()) {
-      CKPTD_RETURN_IF_ERROR(
-          GuardedZero(const_cast<uint8_t*>(src) + len, rounded - len, "staged extent tail"));
-      len = rounded;
+        m.offset() + placed.padded_length <= s->extent_length()) {
+      CKPTD_RETURN_IF_ERROR(GuardedZero(const_cast<uint8_t*>(src) + len,
+                                        placed.padded_length - len, "staged extent tail"));
+      len = placed.padded_length;
     }
-    pieces->push_back(BlobPiece{src, len, blob_off});
-    blob_off += rounded;
+    pieces->push_back(BlobPiece{src, len, placed.offset});
   }
   return absl::OkStatus();
 }
@@ -200,18 +201,20 @@ absl::Status FlushScheduler::WriteRankBlob(const std::string& dir,
   CKPTD_RETURN_IF_ERROR(
       LayOutRankBlob([&](const v1::StagedShard& s) { return ShardSource(arena_uid, s, leases); },
                      rec, &pieces, &checksums, &checksum_bytes));
-  if (pieces.empty() || checksum_bytes < kParallelChecksumBytesMin) {
-    CKPTD_RETURN_IF_ERROR(ComputeChecksums(checksums, block));
+  std::vector<CrcRange> ranges = CrcRanges(checksums, block);
+  if (pieces.empty() || checksum_bytes < limits::kChecksumParallelBytesMin) {
+    for (const CrcRange& r : ranges) {
+      CKPTD_RETURN_IF_ERROR(GuardedBlockCrcs(r.data, r.length, block, r.out));
+    }
     if (pieces.empty()) return absl::OkStatus();
-    checksums.clear();
+    ranges.clear();
   }
-  // Each job fills its own entry; `rec` is not touched by this thread until the join.
-  std::future<absl::Status> summing;
-  if (!checksums.empty()) {
-    summing = std::async(std::launch::async, ComputeChecksums, std::cref(checksums), block);
-  }
+  // The checksum pool sums while this thread writes: both only read the staged bytes, and the
+  // disk, not the CPU, bounds the flush. Each task fills its own entry's crcs; `rec` is not
+  // otherwise touched until the job is waited for.
+  BlockCrcJob summing = StartBlockCrcs(checksum_pool_, ranges, block, GuardedBlockCrcs);
   absl::Status st = WritePieces(*storage_, absl::StrCat(dir, "/", rec->blob_name()), pieces);
-  absl::Status summed = summing.valid() ? summing.get() : absl::OkStatus();
+  absl::Status summed = summing.Wait();
   return st.ok() ? summed : st;
 }
 

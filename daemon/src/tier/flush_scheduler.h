@@ -5,15 +5,16 @@
 //     checkpoint's flushes start once every rank is staged (or it is committed partial), or at
 //     the latest flush_gate_ms after its first rank staged (GateElapsed, checked every GateTick);
 //   - posting a rank's flush on the flush pool (Post; the debug flush delay is applied there);
-//   - writing one rank's blob (WriteRankBlob: lay out the shards, checksum every block — on a
-//     second thread for large blobs (ComputeChecksums) — write with O_DIRECT from where the bytes
+//   - writing one rank's blob (WriteRankBlob: lay out the shards, checksum every block — on the
+//     checksum pool ("crc-<i>") while the blob is written, for large blobs — write with O_DIRECT from where the bytes
 //     are staged, fdatasync).
 // The lifecycle (service/flush.cc FlushRank) decides which ranks to flush and records the result
 // ("persisted", extents freed). The remote and RAM tiers extend this part: a tier is where a
 // persisted rank's blob goes next, scheduled here.
 //
-// Ownership: borrows the options, storage, arena and pool (they outlive it); holds no state of
-// its own, so it has no lock.
+// Ownership: borrows the options, storage, arena and flush pool (they outlive it); owns the
+// checksum pool (bounded, named threads; joined when the scheduler is destroyed). It holds no
+// other state, so it has no lock.
 // Threads: GateElapsed/GateTick/Post from any thread (the lifecycle calls them under its lock:
 // none blocks); WriteRankBlob on a flush pool thread, with no lock held (it does the I/O).
 // Errors (WriteRankBlob): the storage's errors naming the blob path; RESOURCE_EXHAUSTED when
@@ -31,6 +32,7 @@
 #include "ckptd/storage.h"
 #include "ckptd/v1/index.pb.h"
 #include "common/limits.h"
+#include "common/worker_pool.h"
 #include "dataplane/arena.h"
 #include "dataplane/region_registry.h"
 #include "options.h"
@@ -69,6 +71,8 @@ class FlushScheduler {
   Storage* const storage_;
   StagingArena* const arena_;
   Executor* const pool_;
+  // Block checksums of large blobs, summed while the blob is written (limits.h bounds it).
+  WorkerPool checksum_pool_{"crc", limits::kChecksumPoolThreads, limits::kChecksumPoolQueueMax};
 };
 
 }  // namespace ckptd

@@ -2,11 +2,18 @@
 // a rank beyond the target's world, a new target job's owner, a service destroyed right after a
 // reshard commits, and Wait answering a target only once its reshard is over. The end-to-end
 // cases against the real daemon are tests/integration/offline_reshard_test.cc.
+#include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <fstream>
+#include <iterator>
+#include <map>
 #include <thread>
 
+#include "format/blob_layout.h"
+#include "format/manifest.h"
+#include "format/names.h"
 #include "service_rig.h"
 
 namespace ckptd {
@@ -212,6 +219,74 @@ TEST_CASE("offline reshard: once Wait answers the target, the reshard is over", 
   }
   stop = true;
   others.join();
+}
+
+}  // namespace
+}  // namespace ckptd
+
+namespace ckptd {
+namespace {
+
+std::vector<uint8_t> ReadWholeFile(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  REQUIRE(f.good());
+  return std::vector<uint8_t>(std::istreambuf_iterator<char>(f), {});
+}
+
+// Every blob of the checkpoint on disk is what format/blob_layout.h says, byte for byte: its
+// shards at the offsets the layout gives them in blob order, zero padding, the file exactly the
+// manifest's size, every block crc right.
+void CheckBlobsFollowTheLayout(Rig& rig, const std::string& job, uint64_t step) {
+  const std::string dir = rig.options.data_dir + "/" + CheckpointDir(job, step);
+  std::vector<uint8_t> bytes = ReadWholeFile(dir + "/" + kManifestFileName);
+  auto m = DecodeManifest(
+      std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), dir);
+  REQUIRE(m.ok());
+  std::map<uint32_t, std::vector<const v1::ShardEntry*>> by_blob;
+  for (const v1::ItemEntry& item : m->items) {
+    for (const v1::ShardEntry& s : item.shards()) by_blob[s.blob_id()].push_back(&s);
+  }
+  for (const v1::BlobInfo& info : m->header.blobs()) {
+    INFO(dir << "/" << info.name());
+    CHECK(info.SerializeAsString() == MakeBlobInfo(info.id(), info.size_bytes()).SerializeAsString());
+    std::vector<const v1::ShardEntry*> shards = by_blob[info.id()];
+    std::stable_sort(shards.begin(), shards.end(), [](auto* a, auto* b) {
+      return std::make_pair(a->length() > 0, a->offset()) <
+             std::make_pair(b->length() > 0, b->offset());
+    });
+    BlobLayout layout;
+    std::vector<ShardPlacement> placed;
+    for (const v1::ShardEntry* s : shards) {
+      placed.push_back(*layout.Append(s->length()));
+      CHECK(placed.back().offset == s->offset());
+    }
+    CHECK(layout.size_bytes() == info.size_bytes());
+    std::vector<uint8_t> blob = ReadWholeFile(dir + "/" + info.name());
+    CHECK(VerifyBlobPadding(blob, info.size_bytes(), placed, info.name()).ok());
+    for (const v1::ShardEntry* s : shards) {
+      CHECK(VerifyShardBytes(blob, 0, *s, m->header.checksum_block_bytes(), info.name()).ok());
+    }
+  }
+}
+
+// The flush and the reshard both write blobs through format/blob_layout.h: the blobs of a saved
+// checkpoint and of its reshards into other layouts are exactly what the layout defines.
+TEST_CASE("offline reshard: saved and resharded blobs follow the blob layout", "[unit]") {
+  Rig rig;
+  const User u = RigUser(rig);
+  REQUIRE(SaveRank(rig, u, 1, 0, 0x61).ok());
+  REQUIRE(SaveRank(rig, u, 1, 1, 0x61).ok());
+  REQUIRE(rig.Wait(1).ok());
+  CheckBlobsFollowTheLayout(rig, kJob, 1);
+  uint64_t target = 2;
+  for (const char* spec : {"consolidated", "rows:4", "rows:3"}) {
+    INFO(spec);
+    REQUIRE(Reshard(rig, u, 1, kJob, target, spec).ok());
+    REQUIRE(rig.Wait(target).ok());
+    CheckBlobsFollowTheLayout(rig, kJob, target);
+    CHECK(LoadObject(rig, u, kJob, target, 0x61).ok());
+    ++target;
+  }
 }
 
 }  // namespace
