@@ -84,10 +84,11 @@ uint64_t AllPairs(const v1::ItemEntry& item, const v1::Region& want) {
 
 void Report(const char* scenario, const char* what, double ms, uint64_t shards, uint64_t requests,
             const std::string& extra = "") {
-  std::printf("{\"scenario\": \"%s\", \"measure\": \"%s\", \"ms\": %.2f, \"shards\": %llu, "
-              "\"requests\": %llu%s}\n",
-              scenario, what, ms, static_cast<unsigned long long>(shards),
-              static_cast<unsigned long long>(requests), extra.c_str());
+  std::printf(
+      "{\"scenario\": \"%s\", \"measure\": \"%s\", \"ms\": %.2f, \"shards\": %llu, "
+      "\"requests\": %llu%s}\n",
+      scenario, what, ms, static_cast<unsigned long long>(shards),
+      static_cast<unsigned long long>(requests), extra.c_str());
   std::fflush(stdout);
 }
 
@@ -188,8 +189,9 @@ int ScenarioFlat(uint64_t shards, int reps) {
   for (uint64_t i = 0; i < sample; ++i) elems += AllPairs(m.items[0], reqs[i * 97 % blocks].region);
   auto b = Clock::now();
   Report("one_flat_tensor", "all_pairs_match_extrapolated", Ms(a, b) * blocks / sample, shards,
-         reqs.size(), ", \"sampled_requests\": " + std::to_string(sample) +
-                          ", \"elements\": " + std::to_string(elems));
+         reqs.size(),
+         ", \"sampled_requests\": " + std::to_string(sample) +
+             ", \"elements\": " + std::to_string(elems));
   return 0;
 }
 

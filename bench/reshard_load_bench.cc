@@ -72,8 +72,8 @@ int Save(const Config& c, const std::string& job) {
     const float* p = data.data() + r.offsets[0] * c.cols;
     std::vector<ckptd::TensorShard> shards;
     for (uint64_t t = 0; t < c.tensors; ++t) {
-      shards.push_back({Name(t), ckptd::DType::kFloat32, {c.rows, c.cols}, r, p,
-                        r.lengths[0] * c.cols * 4});
+      shards.push_back(
+          {Name(t), ckptd::DType::kFloat32, {c.rows, c.cols}, r, p, r.lengths[0] * c.cols * 4});
     }
     auto saved = (*client)->Save(job, 1, rank, 4, shards);
     if (!saved.ok()) {
@@ -143,13 +143,13 @@ int RunLayout(const Config& c, const std::string& job, const char* name, bool by
     sum.asked += t.asked, sum.read += t.read, sum.needed_aligned += t.needed_aligned;
   }
   if (!sum.ok) return 1;
-  std::printf("{\"layout\": \"%s\", \"ranks\": %u, \"rep\": %d, \"seconds\": %.3f, "
-              "\"bytes_asked\": %llu, \"bytes_read\": %llu, \"bytes_needed_aligned\": %llu, "
-              "\"device_read_bytes\": %llu}\n",
-              name, world, rep, s, static_cast<unsigned long long>(sum.asked),
-              static_cast<unsigned long long>(sum.read),
-              static_cast<unsigned long long>(sum.needed_aligned),
-              static_cast<unsigned long long>(dev));
+  std::printf(
+      "{\"layout\": \"%s\", \"ranks\": %u, \"rep\": %d, \"seconds\": %.3f, "
+      "\"bytes_asked\": %llu, \"bytes_read\": %llu, \"bytes_needed_aligned\": %llu, "
+      "\"device_read_bytes\": %llu}\n",
+      name, world, rep, s, static_cast<unsigned long long>(sum.asked),
+      static_cast<unsigned long long>(sum.read),
+      static_cast<unsigned long long>(sum.needed_aligned), static_cast<unsigned long long>(dev));
   std::fflush(stdout);
   return 0;
 }

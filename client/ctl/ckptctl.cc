@@ -1,12 +1,12 @@
 // ckptctl: the operator CLI of ckptd. Parses the command line, connects to the daemon's unix
 // socket and runs one command (commands.cc). Exit codes: 0 ok, 1 the daemon (or the connection)
 // answered an error, 2 usage error.
+#include <grpcpp/grpcpp.h>
+
 #include <cstdlib>
 #include <iostream>
 #include <string>
 #include <vector>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -221,12 +221,15 @@ int Run(const Args& args) {
     s = ckptctl::Abort(ctx, p[1], step, n == 3 ? p[3] : "");
   } else if (cmd == "export") {
     if (n != 3) return Usage("export takes JOB STEP|latest DIR");
-    ckptctl::ExportOptions o{.job = p[1], .format = args.format, .dir = p[3],
-                             .max_file_bytes = args.max_file_bytes, .force = args.force};
+    ckptctl::ExportOptions o{.job = p[1],
+                             .format = args.format,
+                             .dir = p[3],
+                             .max_file_bytes = args.max_file_bytes,
+                             .force = args.force};
     if (p[2] != "latest") {
       if (!absl::SimpleAtoi(p[2], &step)) {
-        return Usage(absl::StrCat("STEP must be a non-negative integer or latest, got \"", p[2],
-                                  "\""));
+        return Usage(
+            absl::StrCat("STEP must be a non-negative integer or latest, got \"", p[2], "\""));
       }
       o.step = step;
     }

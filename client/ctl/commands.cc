@@ -83,8 +83,9 @@ absl::Status ListJobs(Context& ctx) {
   v1::ListJobsRequest req;
   do {
     v1::ListJobsResponse page;
-    absl::Status s = Call(ctx, ctx.rpc_timeout_ms,
-                          [&](grpc::ClientContext* c) { return ctx.stub->ListJobs(c, req, &page); });
+    absl::Status s = Call(ctx, ctx.rpc_timeout_ms, [&](grpc::ClientContext* c) {
+      return ctx.stub->ListJobs(c, req, &page);
+    });
     if (!s.ok()) return s;
     all.mutable_jobs()->MergeFrom(page.jobs());
     req.set_page_token(page.next_page_token());
@@ -136,8 +137,8 @@ absl::Status Status(Context& ctx, const std::string& job, uint64_t step) {
   if (!resp.summary().origin().empty() && resp.summary().state() == v1::PERSISTING) {
     uint64_t total = std::max<uint64_t>(resp.summary().bytes(), 1);
     std::cout << "  progress: " << HumanBytes(resp.bytes_persisted()) << " of "
-              << HumanBytes(resp.summary().bytes()) << " ("
-              << resp.bytes_persisted() * 100 / total << "%)\n";
+              << HumanBytes(resp.summary().bytes()) << " (" << resp.bytes_persisted() * 100 / total
+              << "%)\n";
   }
   std::cout << "  staged: " << HumanBytes(resp.bytes_staged())
             << "   persisted: " << HumanBytes(resp.bytes_persisted()) << "\n"
@@ -174,7 +175,8 @@ absl::Status Inspect(Context& ctx, const std::string& job, uint64_t step) {
   Table t({"NAME", "KIND", "DTYPE", "SHAPE", ">SHARDS", ">BYTES"});
   for (const v1::ItemInfo& i : all.items()) {
     bool object = i.kind() == v1::OBJECT;
-    std::string dtype = object ? Lower(v1::ObjectScope_Name(i.scope())) : Lower(v1::DType_Name(i.dtype()));
+    std::string dtype =
+        object ? Lower(v1::ObjectScope_Name(i.scope())) : Lower(v1::DType_Name(i.dtype()));
     std::string shape = object ? "-" : absl::StrCat("[", absl::StrJoin(i.shape(), ","), "]");
     t.AddRow({i.name(), Lower(v1::ItemKind_Name(i.kind())), dtype, shape,
               std::to_string(i.shard_count()), HumanBytes(i.bytes())});
@@ -233,17 +235,17 @@ absl::Status Wait(Context& ctx, const std::string& job, uint64_t step, uint32_t 
     return absl::AbortedError(
         absl::StrCat(job, "/", step, " was aborted: ", resp.summary().error()));
   }
-  std::string missing = resp.missing_ranks().empty()
-                            ? ""
-                            : absl::StrCat("; ranks missing: ", absl::StrJoin(resp.missing_ranks(), ","));
+  std::string missing =
+      resp.missing_ranks().empty()
+          ? ""
+          : absl::StrCat("; ranks missing: ", absl::StrJoin(resp.missing_ranks(), ","));
   return absl::DeadlineExceededError(absl::StrCat(job, "/", step, " is still ",
                                                   v1::CheckpointState_Name(state), " after ",
                                                   timeout_ms, " ms", missing));
 }
 
 absl::Status Reshard(Context& ctx, const std::string& job, uint64_t step,
-                     const std::string& target_job, uint64_t target_step,
-                     const std::string& spec) {
+                     const std::string& target_job, uint64_t target_step, const std::string& spec) {
   v1::ReshardRequest req;
   req.set_job(job);
   req.set_step(step);
@@ -263,8 +265,7 @@ absl::Status Reshard(Context& ctx, const std::string& job, uint64_t step,
   return absl::OkStatus();
 }
 
-absl::Status Abort(Context& ctx, const std::string& job, uint64_t step,
-                   const std::string& reason) {
+absl::Status Abort(Context& ctx, const std::string& job, uint64_t step, const std::string& reason) {
   v1::AbortRequest req;
   req.set_job(job);
   req.set_step(step);

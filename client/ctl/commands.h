@@ -34,7 +34,6 @@ absl::Status Wait(Context& ctx, const std::string& job, uint64_t step, uint32_t 
 absl::Status Reshard(Context& ctx, const std::string& job, uint64_t step,
                      const std::string& target_job, uint64_t target_step, const std::string& spec);
 // Aborts a checkpoint being saved, or cancels a reshard writing it.
-absl::Status Abort(Context& ctx, const std::string& job, uint64_t step,
-                   const std::string& reason);
+absl::Status Abort(Context& ctx, const std::string& job, uint64_t step, const std::string& reason);
 
 }  // namespace ckptctl

@@ -136,9 +136,9 @@ absl::StatusOr<std::vector<std::string>> PrepareDir(const std::string& dir, bool
   if (ec) return ErrnoError(ec.value(), "listing directory", dir);
   std::sort(existing.begin(), existing.end());
   if (!existing.empty() && !force) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        dir, " already holds an export (", absl::StrJoin(existing, ", "),
-        "): choose another directory or pass --force to replace it"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(dir, " already holds an export (", absl::StrJoin(existing, ", "),
+                     "): choose another directory or pass --force to replace it"));
   }
   return existing;
 }
@@ -157,10 +157,9 @@ class TensorStreamer {
       const uint64_t count = std::min(numel - start, std::max<uint64_t>(1, chunk_bytes_ / esize));
       const uint64_t bytes = count * esize;
       if (buffer_.size() < bytes) buffer_.resize(bytes);
-      ckptd::LoadTarget target{t.name,
-                               count == numel ? ckptd::Region::Whole()
-                                              : ckptd::Region::Flat(start, count),
-                               buffer_.data(), bytes};
+      ckptd::LoadTarget target{
+          t.name, count == numel ? ckptd::Region::Whole() : ckptd::Region::Flat(start, count),
+          buffer_.data(), bytes};
       absl::StatusOr<ckptd::LoadResult> r = client_.Load(job_, step_, 0, std::span(&target, 1));
       if (!r.ok() && r.status().code() == absl::StatusCode::kResourceExhausted &&
           chunk_bytes_ / 2 >= kChunkBytesMin) {
@@ -169,7 +168,7 @@ class TensorStreamer {
       }
       if (!r.ok()) {
         return WithContext(r.status(), absl::StrCat("loading tensor \"", t.name, "\" elements [",
-                                                 start, ", ", start + count, ")"));
+                                                    start, ", ", start + count, ")"));
       }
       if (r->item_bytes.size() != 1 || r->item_bytes[0] != bytes) {
         return absl::InternalError(absl::StrCat("loading tensor \"", t.name, "\": the daemon ",
@@ -209,8 +208,8 @@ absl::Status WriteFile(const st::FilePlan& file, const std::vector<st::Tensor>& 
   struct stat sb {};
   if (::fstat(fd.get(), &sb) != 0) return ErrnoError(errno, "stat of", path);
   if (static_cast<uint64_t>(sb.st_size) != file.file_bytes()) {
-    return absl::InternalError(absl::StrCat(path, " has ", sb.st_size, " bytes, planned ",
-                                            file.file_bytes()));
+    return absl::InternalError(
+        absl::StrCat(path, " has ", sb.st_size, " bytes, planned ", file.file_bytes()));
   }
   if (::fsync(fd.get()) != 0) return ErrnoError(errno, "fsync of", path);
   if (fd.Close() != 0) return ErrnoError(errno, "closing", path);
@@ -354,9 +353,8 @@ absl::Status Export(Context& ctx, const ExportOptions& o) {
   }
   if (o.dir.empty()) return absl::InvalidArgumentError("export needs a directory");
   if (o.max_file_bytes < st::kMaxFileBytesMin) {
-    return absl::InvalidArgumentError(absl::StrCat("--max_file_bytes ", o.max_file_bytes,
-                                                   " is below the minimum of ",
-                                                   st::kMaxFileBytesMin));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_file_bytes ", o.max_file_bytes, " is below the minimum of ", st::kMaxFileBytesMin));
   }
   ckptd::ClientOptions copts;
   copts.socket_path = absl::StartsWith(ctx.target, "unix:") ? ctx.target.substr(5) : ctx.target;
@@ -366,9 +364,9 @@ absl::Status Export(Context& ctx, const ExportOptions& o) {
   absl::StatusOr<Source> src = ReadSource(**client, o);
   if (!src.ok()) return src.status();
   const std::string what = absl::StrCat("exporting ", o.job, "/", src->step, " to ", o.dir);
-  absl::StatusOr<std::vector<st::FilePlan>> files = st::Plan(
-      src->tensors, o.max_file_bytes,
-      {{"format", "pt"}, {"ckptd_job", o.job}, {"ckptd_step", absl::StrCat(src->step)}});
+  absl::StatusOr<std::vector<st::FilePlan>> files =
+      st::Plan(src->tensors, o.max_file_bytes,
+               {{"format", "pt"}, {"ckptd_job", o.job}, {"ckptd_step", absl::StrCat(src->step)}});
   if (!files.ok()) return WithContext(files.status(), what);
   absl::StatusOr<std::vector<std::string>> existing = PrepareDir(o.dir, o.force);
   if (!existing.ok()) return WithContext(existing.status(), what);

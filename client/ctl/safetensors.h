@@ -55,9 +55,9 @@ struct TensorPlacement {
 };
 
 struct FilePlan {
-  std::string name;                     // "model-00001-of-00003.safetensors"
-  std::vector<TensorPlacement> tensors; // in name order, data back to back
-  std::string header;                   // 8-byte length + padded JSON, written first
+  std::string name;                      // "model-00001-of-00003.safetensors"
+  std::vector<TensorPlacement> tensors;  // in name order, data back to back
+  std::string header;                    // 8-byte length + padded JSON, written first
   uint64_t data_bytes = 0;
   uint64_t file_bytes() const { return header.size() + data_bytes; }
 };

@@ -15,8 +15,8 @@
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "ckptd/status.h"
-#include "common/limits.h"
 #include "ckptd/sync_point.h"
+#include "common/limits.h"
 
 namespace ckptd {
 namespace {
@@ -97,49 +97,61 @@ const std::map<std::string, OptionDef>& Defs() {
   static const auto* defs = new std::map<std::string, OptionDef>{
       {"state_dir", {"index, socket and default data dir", StringSetter(&O::state_dir)}},
       {"data_dir", {"blobs and manifests (default <state_dir>/data)", StringSetter(&O::data_dir)}},
-      {"socket", {"unix socket path (default <state_dir>/ckptd.sock)",
-                  StringSetter(&O::socket_path)}},
-      {"staging_bytes_max", {"staging arena bytes",
-                             IntSetter(&O::staging_bytes_max, "staging_bytes_max")}},
-      {"staging_prefault", {"pre-fault the arena", BoolSetter(&O::staging_prefault,
-                                                              "staging_prefault")}},
+      {"socket",
+       {"unix socket path (default <state_dir>/ckptd.sock)", StringSetter(&O::socket_path)}},
+      {"staging_bytes_max",
+       {"staging arena bytes", IntSetter(&O::staging_bytes_max, "staging_bytes_max")}},
+      {"staging_prefault",
+       {"pre-fault the arena", BoolSetter(&O::staging_prefault, "staging_prefault")}},
       {"staging_mlock", {"mlock the arena", BoolSetter(&O::staging_mlock, "staging_mlock")}},
-      {"stage_timeout_ms", {"abort checkpoints short of ranks after this",
-                            IntSetter(&O::stage_timeout_ms, "stage_timeout_ms")}},
-      {"reserve_timeout_ms", {"wait for arena space at most this",
-                              IntSetter(&O::reserve_timeout_ms, "reserve_timeout_ms")}},
-      {"io_queue_depth", {"I/Os in flight per batch",
-                          IntSetter(&O::io_queue_depth, "io_queue_depth")}},
+      {"stage_timeout_ms",
+       {"abort checkpoints short of ranks after this",
+        IntSetter(&O::stage_timeout_ms, "stage_timeout_ms")}},
+      {"reserve_timeout_ms",
+       {"wait for arena space at most this",
+        IntSetter(&O::reserve_timeout_ms, "reserve_timeout_ms")}},
+      {"io_queue_depth",
+       {"I/Os in flight per batch", IntSetter(&O::io_queue_depth, "io_queue_depth")}},
       {"direct_io", {"use O_DIRECT", BoolSetter(&O::direct_io, "direct_io")}},
       {"flush_threads", {"flush/commit threads", IntSetter(&O::flush_threads, "flush_threads")}},
-      {"flush_gate_ms", {"max wait for a checkpoint's other ranks before flushing",
-                         IntSetter(&O::flush_gate_ms, "flush_gate_ms")}},
-      {"checksum_block_bytes", {"bytes per shard checksum block",
-                                IntSetter(&O::checksum_block_bytes, "checksum_block_bytes")}},
-      {"load_buffer_bytes", {"read buffer per load",
-                             IntSetter(&O::load_buffer_bytes, "load_buffer_bytes")}},
+      {"flush_gate_ms",
+       {"max wait for a checkpoint's other ranks before flushing",
+        IntSetter(&O::flush_gate_ms, "flush_gate_ms")}},
+      {"checksum_block_bytes",
+       {"bytes per shard checksum block",
+        IntSetter(&O::checksum_block_bytes, "checksum_block_bytes")}},
+      {"load_buffer_bytes",
+       {"read buffer per load", IntSetter(&O::load_buffer_bytes, "load_buffer_bytes")}},
       {"load_threads", {"load threads", IntSetter(&O::load_threads, "load_threads")}},
       {"rpc_threads", {"quick RPC threads", IntSetter(&O::rpc_threads, "rpc_threads")}},
-      {"rpc_queue_max", {"queued RPCs before RESOURCE_EXHAUSTED",
-                         IntSetter(&O::rpc_queue_max, "rpc_queue_max")}},
+      {"rpc_queue_max",
+       {"queued RPCs before RESOURCE_EXHAUSTED", IntSetter(&O::rpc_queue_max, "rpc_queue_max")}},
       {"waiters_max", {"RPCs blocked at once", IntSetter(&O::waiters_max, "waiters_max")}},
-      {"shutdown_grace_s", {"SIGTERM waits this long for flushes",
-                            IntSetter(&O::shutdown_grace_s, "shutdown_grace_s")}},
+      {"shutdown_grace_s",
+       {"SIGTERM waits this long for flushes",
+        IntSetter(&O::shutdown_grace_s, "shutdown_grace_s")}},
       {"log_format", {"text or json", StringSetter(&O::log_format)}},
-      {"socket_mode", {"socket permission bits, octal (0600 or 0660)", OctalSetter(&O::socket_mode)}},
-      {"socket_group", {"group that may connect and map the arena", StringSetter(&O::socket_group)}},
+      {"socket_mode",
+       {"socket permission bits, octal (0600 or 0660)", OctalSetter(&O::socket_mode)}},
+      {"socket_group",
+       {"group that may connect and map the arena", StringSetter(&O::socket_group)}},
       {"admin_group", {"group that may read and delete every job", StringSetter(&O::admin_group)}},
       {"log_level", {"trace|debug|info|warn|error", StringSetter(&O::log_level)}},
-      {"debug_flush_delay_ms", {"testing: delay every flush",
-                                IntSetter(&O::debug_flush_delay_ms, "debug_flush_delay_ms")}},
-      {"index_reserve_bytes", {"free bytes kept on the index volume; saves refused below",
-                               IntSetter(&O::index_reserve_bytes, "index_reserve_bytes")}},
-      {"debug_load_delay_ms", {"testing: delay every load after leasing its destinations",
-                               IntSetter(&O::debug_load_delay_ms, "debug_load_delay_ms")}},
-      {"debug_reshard_delay_ms", {"testing: delay every reshard chunk",
-                                  IntSetter(&O::debug_reshard_delay_ms, "debug_reshard_delay_ms")}},
-      {"debug_crash_at", {"testing: <point>[:<nth>] kills the daemon at a crash point (test "
-                          "builds only)", StringSetter(&O::debug_crash_at)}},
+      {"debug_flush_delay_ms",
+       {"testing: delay every flush", IntSetter(&O::debug_flush_delay_ms, "debug_flush_delay_ms")}},
+      {"index_reserve_bytes",
+       {"free bytes kept on the index volume; saves refused below",
+        IntSetter(&O::index_reserve_bytes, "index_reserve_bytes")}},
+      {"debug_load_delay_ms",
+       {"testing: delay every load after leasing its destinations",
+        IntSetter(&O::debug_load_delay_ms, "debug_load_delay_ms")}},
+      {"debug_reshard_delay_ms",
+       {"testing: delay every reshard chunk",
+        IntSetter(&O::debug_reshard_delay_ms, "debug_reshard_delay_ms")}},
+      {"debug_crash_at",
+       {"testing: <point>[:<nth>] kills the daemon at a crash point (test "
+        "builds only)",
+        StringSetter(&O::debug_crash_at)}},
   };
   return *defs;
 }
@@ -194,7 +206,8 @@ absl::Status DaemonOptions::Validate() {
   if ((socket_mode & 0600) != 0600 || (socket_mode & 0007) != 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "option socket_mode = 0%o must give the owner read+write and others nothing (0600, "
-        "0660 ...)", socket_mode));
+        "0660 ...)",
+        socket_mode));
   }
   CKPTD_ASSIGN_OR_RETURN(socket_gid, ResolveGroup(socket_group, "socket_group"));
   CKPTD_ASSIGN_OR_RETURN(admin_gid, ResolveGroup(admin_group, "admin_group"));
@@ -212,23 +225,22 @@ absl::Status DaemonOptions::Validate() {
   CKPTD_RETURN_IF_ERROR(Range("staging_bytes_max", staging_bytes_max, limits::kStagingBytesMin,
                               limits::kStagingBytesMax));
   if (staging_bytes_max % limits::kAlignmentBytes != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("option staging_bytes_max = ",
-                                                   staging_bytes_max, " is not a multiple of 4096"));
+    return absl::InvalidArgumentError(absl::StrCat("option staging_bytes_max = ", staging_bytes_max,
+                                                   " is not a multiple of 4096"));
   }
   CKPTD_RETURN_IF_ERROR(Range("stage_timeout_ms", stage_timeout_ms, 100, 604'800'000));  // 7 days
   CKPTD_RETURN_IF_ERROR(Range("reserve_timeout_ms", reserve_timeout_ms, 0, 3'600'000));
   CKPTD_RETURN_IF_ERROR(Range("io_queue_depth", io_queue_depth, 1, limits::kIoQueueDepthMax));
   CKPTD_RETURN_IF_ERROR(Range("checksum_block_bytes", checksum_block_bytes, 4096, 16 << 20));
   if ((checksum_block_bytes & (checksum_block_bytes - 1)) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("option checksum_block_bytes = ",
-                                                   checksum_block_bytes,
-                                                   " is not a power of two"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "option checksum_block_bytes = ", checksum_block_bytes, " is not a power of two"));
   }
   CKPTD_RETURN_IF_ERROR(Range("load_buffer_bytes", load_buffer_bytes,
                               uint64_t{2} * checksum_block_bytes, uint64_t{1} << 34));
   if (load_buffer_bytes % limits::kAlignmentBytes != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("option load_buffer_bytes = ",
-                                                   load_buffer_bytes, " is not a multiple of 4096"));
+    return absl::InvalidArgumentError(absl::StrCat("option load_buffer_bytes = ", load_buffer_bytes,
+                                                   " is not a multiple of 4096"));
   }
   CKPTD_RETURN_IF_ERROR(Range("flush_threads", flush_threads, 1, 256));
   CKPTD_RETURN_IF_ERROR(Range("flush_gate_ms", flush_gate_ms, 0, 600000));
@@ -242,9 +254,10 @@ absl::Status DaemonOptions::Validate() {
   CKPTD_RETURN_IF_ERROR(Range("debug_reshard_delay_ms", debug_reshard_delay_ms, 0, 60'000));
   if (!debug_crash_at.empty()) {
     if (!kTestHooks) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "option debug_crash_at = \"", debug_crash_at, "\": this ckptd was built without test "
-          "hooks (CKPTD_TEST_HOOKS=OFF, a release build), so it has no crash points"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("option debug_crash_at = \"", debug_crash_at,
+                       "\": this ckptd was built without test "
+                       "hooks (CKPTD_TEST_HOOKS=OFF, a release build), so it has no crash points"));
     }
     CKPTD_RETURN_IF_ERROR(
         Annotate(ParseSyncPointCrash(debug_crash_at).status(), "option debug_crash_at"));

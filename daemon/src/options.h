@@ -99,9 +99,9 @@ struct DaemonOptions {
   // watch its progress, cancel it or crash the daemon during it. Default: 0
   uint64_t debug_reshard_delay_ms = 0;
   // Testing only: "<point>[:<nth>]" kills the daemon (SIGKILL to itself, nothing flushed) the nth
-  // time (default 1) it reaches the named crash point (daemon/include/ckptd/sync_point.h lists them;
-  // the crash-point matrix of tests/integration/crash_matrix_test.cc drives them). Refused by a
-  // build without test hooks (CKPTD_TEST_HOOKS=OFF, the release build). Default: "" (none)
+  // time (default 1) it reaches the named crash point (daemon/include/ckptd/sync_point.h lists
+  // them; the crash-point matrix of tests/integration/crash_matrix_test.cc drives them). Refused by
+  // a build without test hooks (CKPTD_TEST_HOOKS=OFF, the release build). Default: "" (none)
   std::string debug_crash_at;
 
   // Fills derived defaults and checks every field; INVALID_ARGUMENT naming the option.

@@ -200,8 +200,8 @@ std::vector<uint64_t> ShapeOf(const v1::ItemEntry& item) {
 }
 
 // Whether blocks of `shard` holding its bytes [begin, end) are verified by a check of the run.
-bool Verified(const LoadPlan& plan, const ReadRun& run, const v1::ShardEntry* shard,
-              uint64_t block, uint64_t begin, uint64_t end) {
+bool Verified(const LoadPlan& plan, const ReadRun& run, const v1::ShardEntry* shard, uint64_t block,
+              uint64_t begin, uint64_t end) {
   for (uint64_t b = begin / block; b <= (end - 1) / block; ++b) {
     bool found = false;
     for (uint32_t c = run.first_check; c < run.first_check + run.check_count && !found; ++c) {
@@ -395,8 +395,8 @@ void CheckRoundTrip(const Manifest& m) {
   header.set_segment_count(back->header.segment_count());
   FUZZ_CHECK(header.SerializeAsString() == back->header.SerializeAsString(),
              "the header changed in a round trip");
-  FUZZ_CHECK(back->items.size() == m.items.size(), "%zu items came back of %zu",
-             back->items.size(), m.items.size());
+  FUZZ_CHECK(back->items.size() == m.items.size(), "%zu items came back of %zu", back->items.size(),
+             m.items.size());
   for (size_t i = 0; i < m.items.size(); ++i) {
     FUZZ_CHECK(m.items[i].SerializeAsString() == back->items[i].SerializeAsString(),
                "item %zu changed in a round trip", i);

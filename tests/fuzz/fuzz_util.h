@@ -23,14 +23,14 @@
 namespace ckptd::fuzz {
 
 // Aborts, printing the property and a printf-style explanation, unless `cond` holds.
-#define FUZZ_CHECK(cond, ...)                                                                \
-  do {                                                                                       \
-    if (!(cond)) {                                                                           \
+#define FUZZ_CHECK(cond, ...)                                                                 \
+  do {                                                                                        \
+    if (!(cond)) {                                                                            \
       std::fprintf(stderr, "fuzz property failed: %s at %s:%d: ", #cond, __FILE__, __LINE__); \
-      std::fprintf(stderr, __VA_ARGS__);                                                     \
-      std::fputc('\n', stderr);                                                              \
-      std::abort();                                                                          \
-    }                                                                                        \
+      std::fprintf(stderr, __VA_ARGS__);                                                      \
+      std::fputc('\n', stderr);                                                               \
+      std::abort();                                                                           \
+    }                                                                                         \
   } while (0)
 
 using u128 = unsigned __int128;
@@ -89,8 +89,8 @@ bool RefRequestCovered(const PlanRequest& request);
 // shard) that a check of the same run verifies, and lands them where the same elements of the
 // requested region go; every requested byte is written exactly once; byte counts add up.
 // The requests must be small (CheckPlan keeps a counter per requested byte).
-void CheckPlan(const Manifest& m, std::span<const PlanRequest> requests,
-               const PlanOptions& options, const LoadPlan& plan);
+void CheckPlan(const Manifest& m, std::span<const PlanRequest> requests, const PlanOptions& options,
+               const LoadPlan& plan);
 
 // The manifest `m` encoded, decoded and compared with itself (item by item, serialized). `m` must
 // be valid and small.

@@ -50,8 +50,8 @@ void CheckKey(std::string_view key) {
     head[0] = keys::kCheckpointTag;
     auto c = keys::DecodeCheckpoint(head);
     FUZZ_CHECK(c.ok(), "Decode%s accepted a key without a job and step", item ? "Item" : "Blob");
-    const std::string again = item ? keys::Item(c->first, c->second, *tail)
-                                   : keys::Blob(c->first, c->second, *tail);
+    const std::string again =
+        item ? keys::Item(c->first, c->second, *tail) : keys::Blob(c->first, c->second, *tail);
     FUZZ_CHECK(again == key, "Decode%s round trip", item ? "Item" : "Blob");
   }
   FUZZ_CHECK(kinds <= 1, "%d kinds of key decode the same bytes", kinds);
@@ -148,9 +148,8 @@ Manifest BuildManifest(const v1::CheckpointRecord& rec, const std::vector<v1::Ra
       }
       *item.add_shards() = sh.stored();
       if (sh.stored().length() > 0) {
-        blob_bytes = std::max(blob_bytes, sh.stored().offset() +
-                                              RoundUp(sh.stored().length(),
-                                                      limits::kAlignmentBytes));
+        blob_bytes = std::max(blob_bytes, sh.stored().offset() + RoundUp(sh.stored().length(),
+                                                                         limits::kAlignmentBytes));
       }
     }
     v1::BlobInfo* b = h.add_blobs();

@@ -96,8 +96,8 @@ std::vector<v1::Region> Partition(FuzzedDataProvider& fdp, const std::vector<uin
 }
 
 // Appends a shard of `length` bytes to the blob of `rank`.
-v1::ShardEntry Place(FuzzedDataProvider& fdp, std::map<uint32_t, uint64_t>& blob_end,
-                     uint32_t rank, uint64_t length, uint32_t block) {
+v1::ShardEntry Place(FuzzedDataProvider& fdp, std::map<uint32_t, uint64_t>& blob_end, uint32_t rank,
+                     uint64_t length, uint32_t block) {
   v1::ShardEntry s;
   uint64_t& end = blob_end[rank];
   s.set_blob_id(rank * 7 + 3);
@@ -114,8 +114,8 @@ PlanOptions ConsumeOptions(FuzzedDataProvider& fdp, uint32_t block) {
   PlanOptions o;
   const uint64_t aligns[] = {1, 8, 512, 4096};
   o.alignment_bytes = fdp.PickValueInArray(aligns);
-  o.max_run_bytes = RoundUp(2 * uint64_t{block} * fdp.ConsumeIntegralInRange<uint64_t>(1, 4),
-                            o.alignment_bytes);
+  o.max_run_bytes =
+      RoundUp(2 * uint64_t{block} * fdp.ConsumeIntegralInRange<uint64_t>(1, 4), o.alignment_bytes);
   const double fractions[] = {0, 0.01, 0.05, 0.5, 0.99};
   o.merge_gap_fraction = fdp.PickValueInArray(fractions);
   const uint32_t linear[] = {0, 1, 16, 1u << 30};

@@ -76,17 +76,16 @@ struct ManifestBuilder {
     blob_end[rank] = s.offset() + length;
     return s;
   }
-  void Tensor(const std::string& name, v1::DType dtype, uint32_t elem,
-              std::vector<uint64_t> shape, const std::vector<v1::Region>& regions) {
+  void Tensor(const std::string& name, v1::DType dtype, uint32_t elem, std::vector<uint64_t> shape,
+              const std::vector<v1::Region>& regions) {
     v1::ItemEntry item;
     item.set_name(name);
     item.set_kind(v1::TENSOR);
     item.set_dtype(dtype);
     for (uint64_t d : shape) item.add_shape(d);
     for (size_t i = 0; i < regions.size(); ++i) {
-      v1::ShardEntry s =
-          Shard(static_cast<uint32_t>(i % m.header.world_size()),
-                RegionElements(regions[i], shape) * elem);
+      v1::ShardEntry s = Shard(static_cast<uint32_t>(i % m.header.world_size()),
+                               RegionElements(regions[i], shape) * elem);
       *s.mutable_region() = regions[i];
       *item.add_shards() = s;
     }
@@ -186,10 +185,12 @@ v1::ShardSpec ObjectSpec(const std::string& item, v1::ObjectScope scope, uint64_
 }
 
 void IndexSeeds() {
-  const std::vector<std::string> keys = {
-      keys::Job("llama"), keys::Checkpoint("llama", 1000), keys::Rank("llama", 1000, 3),
-      keys::Item("llama", 1000, "model.w"), keys::Blob("llama", 1000, "r00003.blob"),
-      keys::Meta("schema")};
+  const std::vector<std::string> keys = {keys::Job("llama"),
+                                         keys::Checkpoint("llama", 1000),
+                                         keys::Rank("llama", 1000, 3),
+                                         keys::Item("llama", 1000, "model.w"),
+                                         keys::Blob("llama", 1000, "r00003.blob"),
+                                         keys::Meta("schema")};
   for (size_t i = 0; i < keys.size(); ++i) {
     Write("index", "key-" + std::to_string(i), std::string(1, '\0') + keys[i]);
   }
@@ -245,9 +246,15 @@ void RegionSeeds() {
 }
 
 void ReshardSeeds() {
-  const std::vector<std::string> specs = {
-      "consolidated", "rows:4", "cols:3", "dim2:5", "flat:7", "grid:2x3x2",
-      "*.bias=consolidated; *=grid:2x4", "model.*=rows:2;opt.*=flat:3;", " * = dim1 : 2 "};
+  const std::vector<std::string> specs = {"consolidated",
+                                          "rows:4",
+                                          "cols:3",
+                                          "dim2:5",
+                                          "flat:7",
+                                          "grid:2x3x2",
+                                          "*.bias=consolidated; *=grid:2x4",
+                                          "model.*=rows:2;opt.*=flat:3;",
+                                          " * = dim1 : 2 "};
   for (size_t i = 0; i < specs.size(); ++i) {
     Write("reshard_spec", "spec-" + std::to_string(i),
           specs[i] + std::string(1, '\0') + Random(48));

@@ -107,8 +107,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (const v1::ShardEntry& s : item.shards()) sum += RegionElements(s.region(), shape);
     const uint64_t numel = NumElements(shape).value();
     FUZZ_CHECK(m->header.partial() ? sum <= numel : sum == numel,
-               "item \"%s\": shards hold %lu elements of %lu",
-               item.name().c_str(), static_cast<uint64_t>(sum), numel);
+               "item \"%s\": shards hold %lu elements of %lu", item.name().c_str(),
+               static_cast<uint64_t>(sum), numel);
   }
   CheckRoundTrip(*m);
   CheckPlans(*m);

@@ -60,8 +60,8 @@ void CheckOne(const Shape& shape, uint64_t numel, const v1::Region& r, bool smal
   }
   if (e == 0 || e > (1 << 14)) return;
   // At least e / 256 elements a chunk: a few hundred chunks keep inputs fast.
-  const uint64_t max_elems = fdp.ConsumeIntegralInRange<uint64_t>(std::max<uint64_t>(1, e / 256),
-                                                                  e + 1);
+  const uint64_t max_elems =
+      fdp.ConsumeIntegralInRange<uint64_t>(std::max<uint64_t>(1, e / 256), e + 1);
   const std::vector<v1::Region> chunks = ContiguousChunks(shape, r, max_elems);
   uint64_t base = 0;
   for (const v1::Region& c : chunks) {
@@ -103,8 +103,8 @@ void CheckPairSmall(const Shape& shape, const v1::Region& a, const v1::Region& b
                DescribeRegion(b).c_str());
     for (uint64_t k = 0; k < n; ++k) {
       FUZZ_CHECK(ea[s + k] == eb[t + k] && hit[t + k] == 0,
-                 "run (%lu, %lu, %lu) from %s to %s: element %lu moves to %lu (or twice)", s, t,
-                 n, DescribeRegion(a).c_str(), DescribeRegion(b).c_str(), ea[s + k], eb[t + k]);
+                 "run (%lu, %lu, %lu) from %s to %s: element %lu moves to %lu (or twice)", s, t, n,
+                 DescribeRegion(a).c_str(), DescribeRegion(b).c_str(), ea[s + k], eb[t + k]);
       hit[t + k] = 1;
     }
   });
@@ -146,9 +146,9 @@ void CheckPairSmall(const Shape& shape, const v1::Region& a, const v1::Region& b
     FUZZ_CHECK(needed[i] == in_b[ea[i]], "NeededByteRanges(%s, %s): element %zu of the source",
                DescribeRegion(a).c_str(), DescribeRegion(b).c_str(), i);
   }
-  FUZZ_CHECK((RegionKey(a, shape) == RegionKey(b, shape)) == (ea == eb),
-             "%s keys %s, %s keys %s", DescribeRegion(a).c_str(), RegionKey(a, shape).c_str(),
-             DescribeRegion(b).c_str(), RegionKey(b, shape).c_str());
+  FUZZ_CHECK((RegionKey(a, shape) == RegionKey(b, shape)) == (ea == eb), "%s keys %s, %s keys %s",
+             DescribeRegion(a).c_str(), RegionKey(a, shape).c_str(), DescribeRegion(b).c_str(),
+             RegionKey(b, shape).c_str());
 }
 
 // The elements two valid regions share, where that is easy to know without enumerating them:
@@ -156,8 +156,8 @@ void CheckPairSmall(const Shape& shape, const v1::Region& a, const v1::Region& b
 __int128 RefCommon(const Shape& shape, const v1::Region& a, const v1::Region& b) {
   if (a.has_flat() && b.has_flat()) {
     const uint64_t lo = std::max(a.flat().start(), b.flat().start());
-    const uint64_t hi = std::min(a.flat().start() + a.flat().count(),
-                                 b.flat().start() + b.flat().count());
+    const uint64_t hi =
+        std::min(a.flat().start() + a.flat().count(), b.flat().start() + b.flat().count());
     return hi > lo ? hi - lo : 0;
   }
   if (a.has_flat() || b.has_flat()) return -1;
@@ -223,12 +223,14 @@ void CheckCoverageOf(const Shape& shape, uint64_t numel, const std::vector<v1::R
   }
   u128 sum = 0;
   for (const v1::Region& r : valid) sum += RegionElements(r, shape);
-  FUZZ_CHECK(!st.ok() || sum == numel, "CheckCoverage accepted %zu regions of %s that hold %lu "
-             "elements of %lu", valid.size(), DescribeShape(shape).c_str(),
-             static_cast<uint64_t>(sum), numel);
-  FUZZ_CHECK(!once.ok() || sum <= numel, "CheckNoOverlap accepted %zu regions of %s that hold "
-             "%lu elements of %lu", valid.size(), DescribeShape(shape).c_str(),
-             static_cast<uint64_t>(sum), numel);
+  FUZZ_CHECK(!st.ok() || sum == numel,
+             "CheckCoverage accepted %zu regions of %s that hold %lu "
+             "elements of %lu",
+             valid.size(), DescribeShape(shape).c_str(), static_cast<uint64_t>(sum), numel);
+  FUZZ_CHECK(!once.ok() || sum <= numel,
+             "CheckNoOverlap accepted %zu regions of %s that hold "
+             "%lu elements of %lu",
+             valid.size(), DescribeShape(shape).c_str(), static_cast<uint64_t>(sum), numel);
   FUZZ_CHECK(!st.ok() || once.ok(), "CheckCoverage accepted regions CheckNoOverlap refuses");
 }
 
@@ -244,8 +246,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const Shape shape = ConsumeShape(fdp, wild);
   const absl::StatusOr<uint64_t> numel = NumElements(shape);
   const std::optional<uint64_t> ref = RefNumElements(shape);
-  FUZZ_CHECK(numel.ok() == ref.has_value() && (!ref || *numel == *ref),
-             "NumElements(%s): %s", DescribeShape(shape).c_str(),
+  FUZZ_CHECK(numel.ok() == ref.has_value() && (!ref || *numel == *ref), "NumElements(%s): %s",
+             DescribeShape(shape).c_str(),
              numel.ok() ? std::to_string(*numel).c_str() : numel.status().ToString().c_str());
   std::vector<v1::Region> all;
   std::vector<v1::Region> valid;

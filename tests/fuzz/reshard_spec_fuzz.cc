@@ -44,8 +44,8 @@ void CheckRules(const ReshardSpec& spec) {
     FUZZ_CHECK(rule.kind == ReshardRule::kConsolidated ? rule.parts.empty() : !rule.parts.empty(),
                "spec \"%s\": kind %d with %zu counts", spec.text.c_str(), rule.kind,
                rule.parts.size());
-    FUZZ_CHECK(rule.kind == ReshardRule::kGrid || rule.parts.size() <= 1,
-               "spec \"%s\": %zu counts", spec.text.c_str(), rule.parts.size());
+    FUZZ_CHECK(rule.kind == ReshardRule::kGrid || rule.parts.size() <= 1, "spec \"%s\": %zu counts",
+               spec.text.c_str(), rule.parts.size());
     FUZZ_CHECK(rule.kind != ReshardRule::kDim || rule.dim < limits::kTensorDimsMax,
                "spec \"%s\": dim %u", spec.text.c_str(), rule.dim);
     const uint32_t ws = RuleWorldSize(rule);

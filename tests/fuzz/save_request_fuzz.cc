@@ -59,9 +59,9 @@ void CheckNames(const v1::SaveRequest& req) {
   FUZZ_CHECK(req.step() > limits::kStepMax ? !step.ok() : (step.ok() && *step == req.step()),
              "ParseStepDirName(StepDirName(%lu))", req.step());
   if (job_ok) {
-    FUZZ_CHECK(CheckpointDir(req.job(), req.step()) == req.job() + "/" + step_dir &&
-                   step_dir.size() == 25,
-               "CheckpointDir(\"%s\", %lu)", req.job().c_str(), req.step());
+    FUZZ_CHECK(
+        CheckpointDir(req.job(), req.step()) == req.job() + "/" + step_dir && step_dir.size() == 25,
+        "CheckpointDir(\"%s\", %lu)", req.job().c_str(), req.step());
   }
   absl::StatusOr<uint64_t> parsed = ParseStepDirName(req.job());  // any string
   FUZZ_CHECK(!parsed.ok() || StepDirName(*parsed) == req.job(), "ParseStepDirName(\"%s\")",
@@ -197,13 +197,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                                         s.tensor().global_shape().end());
       elements = RegionElements(s.tensor().region(), shape);
     }
-    auto [it, inserted] = seen.emplace(s.item() + std::string(1, '\0') + key,
-                                       std::make_pair(elements, i));
+    auto [it, inserted] =
+        seen.emplace(s.item() + std::string(1, '\0') + key, std::make_pair(elements, i));
     if (!inserted) {
       // Same key: the same elements (the service refuses the request as a repeated region).
       FUZZ_CHECK(!SameItem(s, req.shards(it->second.second)) || it->second.first == elements,
-                 "shards %d and %d key as %s but hold %lu and %lu elements", it->second.second,
-                 i, key.c_str(), it->second.first, elements);
+                 "shards %d and %d key as %s but hold %lu and %lu elements", it->second.second, i,
+                 key.c_str(), it->second.first, elements);
       accepted = false;
     }
     auto [first, new_item] = first_of_item.emplace(s.item(), i);

@@ -15,7 +15,6 @@
 // checkpoints checked". The power-loss variant (unsynced writes dropped) runs in-process:
 // tests/unit/service/power_loss_test.cc.
 #include <catch2/catch.hpp>
-
 #include <chrono>
 #include <filesystem>
 #include <iostream>
@@ -169,7 +168,7 @@ void RunWorkload(Daemon& d, const Case& c) {
       RunCtl(d, {"abort", kJob, std::to_string(kReshardStep)});
       return;
     case Workload::kRecovery:
-      StartReshard(d);  // slowed by --debug_reshard_delay_ms: still running at the crash
+      StartReshard(d);       // slowed by --debug_reshard_delay_ms: still running at the crash
       SaveRanks(d, kWorld);  // staged; flushes held by --debug_flush_delay_ms
       RunCtl(d, {"rm", kJob, "2"});  // crashes at delete.tombstone_written
       if (d.WaitExit(20000) < 0) throw std::runtime_error("the first crash did not happen");
@@ -279,8 +278,8 @@ int RunCase(const std::string& base_state, const Case& c, std::vector<std::strin
   const std::string state = dir.path() + "/state";
   CopyTree(base_state + "/index", state + "/index");
   CopyTree(base_state + "/data", state + "/data");
-  Daemon d(DaemonConfig{.state_dir = state, .staging_bytes_max = 16ull << 20,
-                        .extra_flags = WorkloadFlags(c)});
+  Daemon d(DaemonConfig{
+      .state_dir = state, .staging_bytes_max = 16ull << 20, .extra_flags = WorkloadFlags(c)});
   RunWorkload(d, c);
   const int rc = d.WaitExit(30000);
   if (rc < 0 || d.Log().find(CrashLine(c)) == std::string::npos) {
@@ -331,8 +330,9 @@ TEST_CASE("crash matrix: kill -9 at every named crash point, restart, nothing to
   for (const Case& c : kCases) {
     checked += RunCase(base.path() + "/state", c, &problems, &outcomes);
   }
-  const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(
-                           std::chrono::steady_clock::now() - t0).count();
+  const auto seconds =
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - t0)
+          .count();
   std::cout << "crash matrix: " << std::size(kCases) << " crash points (" << covered.size()
             << " named points, kill -9 each) x 3-4 checkpoints: " << checked
             << " checkpoints checked in " << seconds << " s, " << problems.size()
@@ -346,8 +346,8 @@ TEST_CASE("crash matrix: kill -9 at every named crash point, restart, nothing to
 
 TEST_CASE("crash matrix: a build without test hooks refuses --debug_crash_at",
           "[integration][crash][crash-matrix]") {
-  CommandResult r = RunCommand({CKPTD_BIN, "--state_dir=/nonexistent",
-                                "--debug_crash_at=save.journaled"});
+  CommandResult r =
+      RunCommand({CKPTD_BIN, "--state_dir=/nonexistent", "--debug_crash_at=save.journaled"});
   INFO(r.output);
   CHECK(r.exit_code == 2);
   CHECK(r.output.find("without test hooks") != std::string::npos);

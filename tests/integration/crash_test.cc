@@ -2,10 +2,9 @@
 // committed survives (a) a kill -9 of the daemon (resumed from shared memory), is cleanly
 // ABORTED when (b) the arena is gone too, and (c) commits by itself when every client dies.
 // In every case a checkpoint committed earlier still loads bit-exact.
-#include <catch2/catch.hpp>
-
 #include <sys/mman.h>
 
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <thread>
 
@@ -125,9 +124,9 @@ TEST_CASE("SIGTERM with a staged checkpoint journals it - the next start commits
   // SIGTERM: exits after the 1 s grace period; the staged step stays journaled.
   auto t0 = std::chrono::steady_clock::now();
   const bool exited = d.Stop(10000);
-  const auto took_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                           std::chrono::steady_clock::now() - t0)
-                           .count();
+  const auto took_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+          .count();
   CHECK(exited);
   INFO("SIGTERM to exit: " << took_ms << " ms");
   d.Restart({});
@@ -154,6 +153,5 @@ TEST_CASE("Client::Wait on an aborted checkpoint says why - a timeout names miss
   auto timed_out = client->Wait(kJob, 4, ckptd::WaitFor::kCommitted, 300);
   INFO(timed_out.status().ToString());
   REQUIRE(timed_out.status().code() == absl::StatusCode::kDeadlineExceeded);
-  CHECK(std::string(timed_out.status().message()).find("ranks missing: [1]") !=
-        std::string::npos);
+  CHECK(std::string(timed_out.status().message()).find("ranks missing: [1]") != std::string::npos);
 }

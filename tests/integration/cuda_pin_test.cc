@@ -2,7 +2,6 @@
 // Without a GPU the connect must fail cleanly and leave the daemon serving; with one ([gpu]) a
 // tensor copied from device memory straight into the pinned arena saves and loads bit-exact.
 #include <catch2/catch.hpp>
-
 #include <cstring>
 #include <numeric>
 #include <vector>

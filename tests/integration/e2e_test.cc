@@ -1,7 +1,6 @@
 // End to end against the real daemon: 4 rank processes save concurrently, the daemon commits by
 // itself, fresh clients load everything (and a subset) bit-exact, ckptctl sees and deletes it.
 #include <catch2/catch.hpp>
-
 #include <chrono>
 #include <thread>
 
@@ -66,9 +65,9 @@ TEST_CASE("e2e: 4 ranks save, the daemon commits, a fresh client loads bit-exact
   SECTION("only a subset of items, reading less than everything") {
     const std::vector<std::string> subset = {"model.mask", "optim.step",
                                              "model.layers.0.mlp.fc1.fp8"};
-    CommandResult r = RunTestClient(
-        d, "load", {"--job", job, "--step", "1", "--seed", "11", "--items",
-                    "model.mask,optim.step,model.layers.0.mlp.fc1.fp8"});
+    CommandResult r = RunTestClient(d, "load",
+                                    {"--job", job, "--step", "1", "--seed", "11", "--items",
+                                     "model.mask,optim.step,model.layers.0.mlp.fc1.fp8"});
     INFO(r.output);
     REQUIRE(r.exit_code == 0);
     REQUIRE(VerifyInProcess(d, job, 1, 11, subset) == "");

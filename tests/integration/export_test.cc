@@ -3,11 +3,10 @@
 // is parsed back here (header length, JSON header through protobuf's JSON parser, offsets, sizes)
 // and compared bit-exact with the regenerated tensors. Error cases and crash safety too. The
 // Python tier reads the same kind of export with the `safetensors` library itself.
-#include <catch2/catch.hpp>
-
 #include <google/protobuf/struct.pb.h>
 #include <google/protobuf/util/json_util.h>
 
+#include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -18,8 +17,8 @@
 #include "testclient/rank_io.h"
 
 using namespace ckptd_it;
-using ckptd::DType;
 using Catch::Matchers::Contains;
+using ckptd::DType;
 
 namespace {
 
@@ -29,15 +28,21 @@ using google::protobuf::Value;
 
 // The safetensors dtype names, written out independently of ckptctl's table.
 const std::map<DType, std::string>& SafetensorsNames() {
-  static const std::map<DType, std::string> names = {
-      {DType::kFloat32, "F32"},          {DType::kFloat64, "F64"},
-      {DType::kFloat16, "F16"},          {DType::kBFloat16, "BF16"},
-      {DType::kFloat8E4M3FN, "F8_E4M3"}, {DType::kFloat8E5M2, "F8_E5M2"},
-      {DType::kInt8, "I8"},              {DType::kUInt8, "U8"},
-      {DType::kInt16, "I16"},            {DType::kInt32, "I32"},
-      {DType::kInt64, "I64"},            {DType::kBool, "BOOL"},
-      {DType::kUInt16, "U16"},           {DType::kUInt32, "U32"},
-      {DType::kUInt64, "U64"}};
+  static const std::map<DType, std::string> names = {{DType::kFloat32, "F32"},
+                                                     {DType::kFloat64, "F64"},
+                                                     {DType::kFloat16, "F16"},
+                                                     {DType::kBFloat16, "BF16"},
+                                                     {DType::kFloat8E4M3FN, "F8_E4M3"},
+                                                     {DType::kFloat8E5M2, "F8_E5M2"},
+                                                     {DType::kInt8, "I8"},
+                                                     {DType::kUInt8, "U8"},
+                                                     {DType::kInt16, "I16"},
+                                                     {DType::kInt32, "I32"},
+                                                     {DType::kInt64, "I64"},
+                                                     {DType::kBool, "BOOL"},
+                                                     {DType::kUInt16, "U16"},
+                                                     {DType::kUInt32, "U32"},
+                                                     {DType::kUInt64, "U64"}};
   return names;
 }
 
@@ -201,8 +206,8 @@ TEST_CASE("export: shards of 4 ranks export consolidated to size-limited safeten
   SaveForExport(d, "exp", 5, 21);
   TempDir out;
   const std::string dir = out.path() + "/hf/model";  // parents are created
-  CommandResult r = RunCtl(d, {"export", "exp", "5", "--format", "safetensors",
-                               "--max_file_bytes", "16KiB", dir});
+  CommandResult r = RunCtl(
+      d, {"export", "exp", "5", "--format", "safetensors", "--max_file_bytes", "16KiB", dir});
   INFO(r.output << "\n" << d.Log());
   REQUIRE(r.exit_code == 0);
   CHECK_THAT(r.output, Contains("skipped 2 object item(s)") && Contains("extra.config") &&
@@ -292,8 +297,12 @@ TEST_CASE("export: a failed export leaves no file that looks complete", "[integr
     auto client = d.Connect();
     for (uint32_t rank = 0; rank < 3; ++rank) {
       std::vector<float> v(4096, static_cast<float>(step * 10 + rank));
-      ckptd::TensorShard s{std::string(1, static_cast<char>('a' + rank)) + ".w", DType::kFloat32,
-                           {64, 64}, ckptd::Region::Whole(), v.data(), v.size() * 4};
+      ckptd::TensorShard s{std::string(1, static_cast<char>('a' + rank)) + ".w",
+                           DType::kFloat32,
+                           {64, 64},
+                           ckptd::Region::Whole(),
+                           v.data(),
+                           v.size() * 4};
       REQUIRE(client->Save("crash", step, rank, 3, std::span(&s, 1)).ok());
     }
     REQUIRE(client->WaitCommitted("crash", step, 30000).ok());

@@ -1,16 +1,14 @@
 // Failure paths: each bad request is a clear gRPC error naming what it concerns, the daemon
 // stays up, and a previously committed checkpoint still loads bit-exact afterwards.
 // Requests the client library would refuse locally are sent raw over gRPC.
-#include <catch2/catch.hpp>
-
 #include <fcntl.h>
+#include <grpcpp/grpcpp.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <regex>
-
-#include <grpcpp/grpcpp.h>
 
 #include "ckptd/v1/ckptd.grpc.pb.h"
 #include "harness.h"
@@ -42,8 +40,7 @@ bool HasNumber(const std::string& text, uint64_t n) {
 
 }  // namespace
 
-TEST_CASE("failure paths answer clear errors and leave committed data intact",
-          "[integration]") {
+TEST_CASE("failure paths answer clear errors and leave committed data intact", "[integration]") {
   Daemon d;
   SaveCommitted(d, kBaseJob, 1, kBaseSeed);
   Raw raw(d);
@@ -274,8 +271,7 @@ TEST_CASE("failure paths answer clear errors and leave committed data intact",
   REQUIRE(verify == "");
 }
 
-TEST_CASE("a full arena answers RESOURCE_EXHAUSTED stating bytes asked and free",
-          "[integration]") {
+TEST_CASE("a full arena answers RESOURCE_EXHAUSTED stating bytes asked and free", "[integration]") {
   DaemonConfig cfg;
   cfg.staging_bytes_max = 16 << 20;  // the daemon's minimum
   cfg.extra_flags = {"--reserve_timeout_ms=200"};

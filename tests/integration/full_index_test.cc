@@ -1,12 +1,11 @@
 // A full index volume is an error, never a crash (issue 10): the daemon's state dir (RocksDB
 // index) on a tiny tmpfs, filled up. Needs root (mount); skipped with a warning otherwise.
-#include <catch2/catch.hpp>
-
 #include <fcntl.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <filesystem>
 #include <thread>
@@ -71,8 +70,8 @@ TEST_CASE("fault: a full index volume refuses saves cleanly and recovers when sp
 
   SECTION("below the reserve: Save is RESOURCE_EXHAUSTED naming the reserve") {
     state.Fill();
-    CommandResult r = RunTestClient(d, "save", {"--job", "full", "--step", "2", "--rank", "0",
-                                                "--world", "1"});
+    CommandResult r =
+        RunTestClient(d, "save", {"--job", "full", "--step", "2", "--rank", "0", "--world", "1"});
     INFO(r.output);
     CHECK(r.exit_code == 1);
     CHECK_THAT(r.output, Contains("RESOURCE_EXHAUSTED") && Contains("index_reserve_bytes"));
@@ -93,8 +92,8 @@ TEST_CASE("fault: a full index volume refuses saves cleanly and recovers when sp
     std::string failure;
     for (int i = 0; i < 400 && failure.empty(); ++i) {
       CommandResult r = RunTestClient(
-          d, "save", {"--job", "full", "--step", std::to_string(10 + i), "--rank", "0",
-                      "--world", "1"});
+          d, "save",
+          {"--job", "full", "--step", std::to_string(10 + i), "--rank", "0", "--world", "1"});
       if (r.exit_code != 0) failure = r.output;
     }
     INFO(failure);
@@ -107,8 +106,9 @@ TEST_CASE("fault: a full index volume refuses saves cleanly and recovers when sp
     CommandResult r;
     for (auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
          std::chrono::steady_clock::now() < until; ++step) {
-      r = RunTestClient(d, "save", {"--job", "full", "--step", std::to_string(step), "--rank",
-                                    "0", "--world", "1", "--seed", "5", "--wait-committed"});
+      r = RunTestClient(d, "save",
+                        {"--job", "full", "--step", std::to_string(step), "--rank", "0", "--world",
+                         "1", "--seed", "5", "--wait-committed"});
       if (r.exit_code == 0) break;
       CHECK_THAT(r.output, Contains("UNAVAILABLE") || Contains("RESOURCE_EXHAUSTED"));
       std::this_thread::sleep_for(std::chrono::milliseconds(500));

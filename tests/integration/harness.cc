@@ -2,9 +2,9 @@
 
 #include <fcntl.h>
 #include <poll.h>
-#include <sys/prctl.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -398,8 +398,8 @@ void SaveCommitted(const Daemon& d, const std::string& job, uint64_t step, uint6
     if (!res.ok()) Throw(absl::StrCat("save rank ", r, ": ", res.status().ToString()));
   }
   absl::Status s = client->WaitCommitted(job, step, 30000);
-  if (!s.ok()) Throw(absl::StrCat("WaitCommitted ", job, "/", step, ": ", s.ToString(),
-                                  "; log:\n", d.Log()));
+  if (!s.ok())
+    Throw(absl::StrCat("WaitCommitted ", job, "/", step, ": ", s.ToString(), "; log:\n", d.Log()));
 }
 
 }  // namespace ckptd_it

@@ -116,8 +116,8 @@ std::vector<std::string> TestClientArgs(const Daemon& d, const std::string& cmd,
 // 4 testclient ranks save (job, step) concurrently and wait until each printed "staged".
 // Returns the children (still running when `hold`).
 std::vector<std::unique_ptr<Child>> SaveRanksConcurrently(const Daemon& d, const std::string& job,
-                                                          uint64_t step, uint64_t seed,
-                                                          bool hold, uint32_t world = 4);
+                                                          uint64_t step, uint64_t seed, bool hold,
+                                                          uint32_t world = 4);
 
 // Verifies the whole state dict of (job, step) with a fresh client in this process; "" if
 // bit-exact, else the error.

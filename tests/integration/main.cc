@@ -3,7 +3,6 @@
 //   ckptd_integration_tests --write-golden   regenerates tests/data/golden (see golden_test.cc)
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
-
 #include <cstring>
 #include <exception>
 #include <iostream>

@@ -3,7 +3,6 @@
 // same, progress shows in `ckptctl status`, a cancel or a crash leaves no target behind, and bad
 // specs or targets are clear errors.
 #include <catch2/catch.hpp>
-
 #include <chrono>
 #include <thread>
 

@@ -2,7 +2,6 @@
 // with an empty state dir adopts and loads it; and the golden checkpoint under tests/data,
 // written by an earlier build, must load on every later build.
 #include <catch2/catch.hpp>
-
 #include <filesystem>
 #include <iostream>
 
@@ -22,8 +21,7 @@ constexpr uint64_t kGoldenSeed = 7;
 const std::string kGoldenDir = std::string(CKPTD_TEST_DATA) + "/golden";
 }  // namespace
 
-TEST_CASE("portability: a copied checkpoint directory loads on a fresh daemon",
-          "[integration]") {
+TEST_CASE("portability: a copied checkpoint directory loads on a fresh daemon", "[integration]") {
   TempDir new_data;
   std::string copied;
   {
@@ -72,9 +70,9 @@ namespace ckptd_it {
 // ctest never rewrites the golden data). Only for a deliberate format change.
 int WriteGolden() {
   Daemon d;
-  CommandResult r = RunTestClient(d, "golden-write", {"--job", kGoldenJob, "--step",
-                                                      std::to_string(kGoldenStep), "--seed",
-                                                      std::to_string(kGoldenSeed)});
+  CommandResult r = RunTestClient(d, "golden-write",
+                                  {"--job", kGoldenJob, "--step", std::to_string(kGoldenStep),
+                                   "--seed", std::to_string(kGoldenSeed)});
   if (r.exit_code != 0) {
     std::cerr << r.output << "\n" << d.Log();
     return 1;

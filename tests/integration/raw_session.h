@@ -3,6 +3,7 @@
 #pragma once
 
 #include <fcntl.h>
+#include <grpcpp/grpcpp.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -14,8 +15,6 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
-
-#include <grpcpp/grpcpp.h>
 
 #include "ckptd/v1/ckptd.grpc.pb.h"
 #include "harness.h"

@@ -7,11 +7,10 @@
 //     of "latest" falls back), loading it by number is DATA_LOSS;
 //   - index rows that do not parse (written into the stopped daemon's RocksDB): repaired from the
 //     manifest or aborted, and the daemon starts.
-#include <catch2/catch.hpp>
-
 #include <dlfcn.h>
 #include <rocksdb/c.h>
 
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -162,8 +161,8 @@ TEST_CASE("delete racing a re-save of the same step: absent or complete, never I
     });
     first.join();
     if (second.joinable()) second.join();
-    INFO("rm: " << rm.output << "\nsecond rm: " << rm2.output << "\nre-save: "
-                << resave.ToString());
+    INFO("rm: " << rm.output << "\nsecond rm: " << rm2.output
+                << "\nre-save: " << resave.ToString());
     CHECK(rm.exit_code == 0);
     CHECK_FALSE(AnsweredInternal(rm));
     CHECK_FALSE(AnsweredInternal(rm2));
@@ -220,9 +219,10 @@ TEST_CASE("recovery: stray files and directories in the data dir - the daemon st
   REQUIRE(VerifyInProcess(d, job, 2, 32) == "");
 }
 
-TEST_CASE("recovery: a corrupted newest manifest is CORRUPT and latest falls back to the one "
-          "before",
-          "[integration][crash]") {
+TEST_CASE(
+    "recovery: a corrupted newest manifest is CORRUPT and latest falls back to the one "
+    "before",
+    "[integration][crash]") {
   Daemon d;
   const std::string job = "corrupt";
   SaveCommitted(d, job, 1, 41);
@@ -275,9 +275,9 @@ TEST_CASE("recovery: index rows that do not parse are repaired or aborted - the 
   REQUIRE(d.Stop());
   // 'n' starts a protobuf field of wire type 6, which does not exist: no record parses from it.
   const std::string garbage = "not a protobuf";
-  const std::string put = PutIndexRows(d.state_dir() + "/index",
-                                       {{CheckpointKey(job, 1), garbage},
-                                        {CheckpointKey(job, 7), garbage}});
+  const std::string put =
+      PutIndexRows(d.state_dir() + "/index",
+                   {{CheckpointKey(job, 1), garbage}, {CheckpointKey(job, 7), garbage}});
   REQUIRE(put == "");
   d.Restart({});
   auto client = d.Connect();

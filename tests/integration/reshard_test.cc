@@ -2,19 +2,18 @@
 // another (tensor parallel on rows and columns, 2-D meshes, flat ranges of flattened parameters,
 // stacked pipeline layers), replicas are stored once and must agree, and loads read only about
 // the bytes they need. The expected bytes come from a reference gather over the global tensor.
-#include <catch2/catch.hpp>
-
 #include <sys/stat.h>
 
+#include <catch2/catch.hpp>
 #include <functional>
 #include <random>
 
 #include "harness.h"
 
 using namespace ckptd_it;
+using Catch::Matchers::Contains;
 using ckptd::DType;
 using ckptd::Region;
-using Catch::Matchers::Contains;
 
 namespace {
 
@@ -96,8 +95,8 @@ void SaveLayout(const Daemon& d, const std::string& job, uint64_t step, uint32_t
     for (size_t i = 0; i < tensors.size(); ++i) {
       for (const Region& r : layout(tensors[i], rank)) {
         bufs.push_back(Gather(tensors[i], globals[i], r));
-        shards.push_back(ckptd::TensorShard{tensors[i].name, tensors[i].dtype, tensors[i].shape,
-                                            r, bufs.back().data(), bufs.back().size()});
+        shards.push_back(ckptd::TensorShard{tensors[i].name, tensors[i].dtype, tensors[i].shape, r,
+                                            bufs.back().data(), bufs.back().size()});
       }
     }
     auto saved = client->Save(job, step, rank, world, shards);
@@ -239,9 +238,8 @@ TEST_CASE("reshard: a tensor replicated by 4 ranks is stored once; differing rep
           "[integration]") {
   Daemon d;
   const std::vector<Tensor> tensors = {{"rep.bias", DType::kFloat32, {1024, 64}}};  // 256 KiB
-  SaveLayout(d, "rep", 1, 4, tensors, 8, [](const Tensor&, uint32_t) {
-    return std::vector<Region>{Region::Whole()};
-  });
+  SaveLayout(d, "rep", 1, 4, tensors, 8,
+             [](const Tensor&, uint32_t) { return std::vector<Region>{Region::Whole()}; });
   CheckLayout(d, "rep", 1, 2, tensors, 8, DimLayout(1, 2));
   // On disk: one copy (rank 0's blob) and no blob for the other ranks.
   const std::string dir = d.data_dir() + "/rep/" + StepDir(1);
@@ -257,8 +255,8 @@ TEST_CASE("reshard: a tensor replicated by 4 ranks is stored once; differing rep
   different[777] = 2.0f;
   for (uint32_t rank = 0; rank < 4; ++rank) {
     const std::vector<float>& v = rank == 2 ? different : same;
-    ckptd::TensorShard s{"rep.bias", DType::kFloat32, {1024, 64}, Region::Whole(), v.data(),
-                         v.size() * 4};
+    ckptd::TensorShard s{"rep.bias",      DType::kFloat32, {1024, 64},
+                         Region::Whole(), v.data(),        v.size() * 4};
     REQUIRE(client->Save("rep", 2, rank, 4, std::span(&s, 1)).ok());
   }
   absl::Status st2 = client->WaitCommitted("rep", 2, 30000);
@@ -267,10 +265,9 @@ TEST_CASE("reshard: a tensor replicated by 4 ranks is stored once; differing rep
   CHECK_THAT(std::string(st2.message()), Contains("rep.bias") && Contains("replicas must match"));
 }
 
-TEST_CASE("reshard: a 4->2 row load reads at most 1.05x its 4 KiB-rounded bytes",
-          "[integration]") {
+TEST_CASE("reshard: a 4->2 row load reads at most 1.05x its 4 KiB-rounded bytes", "[integration]") {
   Daemon d({.extra_flags = {}});
-  const std::vector<Tensor> tensors = {{"big.w", DType::kFloat32, {2048, 512}},   // 4 MiB
+  const std::vector<Tensor> tensors = {{"big.w", DType::kFloat32, {2048, 512}},  // 4 MiB
                                        {"big.v", DType::kBFloat16, {1000, 300}}};
   SaveLayout(d, "io", 1, 4, tensors, 9, DimLayout(0, 4));
   auto [read, needed] = CheckLayout(d, "io", 1, 2, tensors, 9, DimLayout(0, 2));

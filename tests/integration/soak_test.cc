@@ -3,13 +3,12 @@
 // delete in a loop for CKPTD_SOAK_SECONDS (default 120) against the real daemon. Passes when no
 // request fails, no byte is wrong, and after a warm-up (the first quarter) the daemon's resident
 // memory and open file descriptors stay flat. Prints the numbers bench/RESULTS.md records.
-#include <catch2/catch.hpp>
-
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <barrier>
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -85,8 +84,8 @@ TEST_CASE("soak: 64 clients save, verify and delete; no errors, RSS and fds flat
       if (job_done[j]) return;
       const uint64_t seed = j * 1000003 + step;
       auto saved = SaveRank(*c, job, step, rank, kWorld, seed);
-      if (!saved.ok()) fail(absl::StrCat(job, "/", step, " rank ", rank, ": ",
-                                         saved.status().ToString()));
+      if (!saved.ok())
+        fail(absl::StrCat(job, "/", step, " rank ", rank, ": ", saved.status().ToString()));
       barriers[j]->arrive_and_wait();
       if (rank != 0 || !saved.ok()) continue;
       absl::Status st = c->WaitCommitted(job, step, 60000);
@@ -128,8 +127,8 @@ TEST_CASE("soak: 64 clients save, verify and delete; no errors, RSS and fds flat
   CHECK(errors.empty());
   // After warm-up: the first sample past a quarter of the run is the baseline.
   const double warm = seconds / 4.0;
-  auto base = std::find_if(samples.begin(), samples.end(),
-                           [&](const Sample& s) { return s.at_s >= warm; });
+  auto base =
+      std::find_if(samples.begin(), samples.end(), [&](const Sample& s) { return s.at_s >= warm; });
   REQUIRE(base != samples.end());
   uint64_t rss_max = 0;
   size_t fds_max = 0;
@@ -138,13 +137,13 @@ TEST_CASE("soak: 64 clients save, verify and delete; no errors, RSS and fds flat
     fds_max = std::max(fds_max, it->fds);
   }
   const Sample& last = samples.back();
-  const std::string summary = absl::StrCat(
-      "soak: ", kJobs * kWorld, " clients, ", seconds, " s: ", committed.load(),
-      " checkpoints committed, ", verified.load(), " verified bit-exact, ", deleted.load(),
-      " deleted; daemon RSS ", samples.front().rss_kib / 1024, " MiB at start, ",
-      base->rss_kib / 1024, " MiB after warm-up, max ", rss_max / 1024, " MiB, ",
-      last.rss_kib / 1024, " MiB at end; fds ", base->fds, " after warm-up, max ", fds_max,
-      ", ", last.fds, " at end");
+  const std::string summary =
+      absl::StrCat("soak: ", kJobs * kWorld, " clients, ", seconds, " s: ", committed.load(),
+                   " checkpoints committed, ", verified.load(), " verified bit-exact, ",
+                   deleted.load(), " deleted; daemon RSS ", samples.front().rss_kib / 1024,
+                   " MiB at start, ", base->rss_kib / 1024, " MiB after warm-up, max ",
+                   rss_max / 1024, " MiB, ", last.rss_kib / 1024, " MiB at end; fds ", base->fds,
+                   " after warm-up, max ", fds_max, ", ", last.fds, " at end");
   WARN(summary);
   CHECK(committed.load() > 0);
   CHECK(rss_max <= base->rss_kib + kRssGrowthAllowedKiB);

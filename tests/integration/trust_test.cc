@@ -2,14 +2,13 @@
 // leased for the whole operation, sessions live and die with their connection, client memory
 // can never crash the daemon, the daemon adopts no memory it did not create, and a job belongs
 // to the uid that created it. Each case failed on the daemon before these guarantees.
-#include <catch2/catch.hpp>
-
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <functional>
 #include <future>
@@ -112,7 +111,8 @@ TEST_CASE("trust: the same extent twice in one release is INVALID_ARGUMENT, not 
   rel.add_extent_ids(e.id());
   rel.add_extent_ids(e.id());
   v1::ReleaseExtentsResponse rr;
-  grpc::Status s = raw.Call([&](grpc::ClientContext* c) { return raw.stub->ReleaseExtents(c, rel, &rr); });
+  grpc::Status s =
+      raw.Call([&](grpc::ClientContext* c) { return raw.stub->ReleaseExtents(c, rel, &rr); });
   CHECK(s.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
   CHECK_THAT(s.error_message(), Contains("named twice"));
   SaveCommitted(d, "alive", 1, 3);  // the daemon is still up and working
@@ -135,7 +135,8 @@ TEST_CASE("trust: a session ends with its client process, promptly", "[integrati
 
 TEST_CASE("trust: a session is not tied to a pid (a client in another pid namespace keeps it)",
           "[integration]") {
-  if (geteuid() != 0 || RunCommand({"/usr/bin/unshare", "--pid", "--fork", "true"}).exit_code != 0) {
+  if (geteuid() != 0 ||
+      RunCommand({"/usr/bin/unshare", "--pid", "--fork", "true"}).exit_code != 0) {
     WARN("not run: needs root and unshare --pid");
     return;
   }
@@ -144,8 +145,9 @@ TEST_CASE("trust: a session is not tied to a pid (a client in another pid namesp
   // itself means nothing to the daemon. It stays connected 1.5 s, then saves and commits.
   std::vector<std::string> argv = {"/usr/bin/unshare", "--pid", "--fork"};
   for (const std::string& a :
-       TestClientArgs(d, "save", {"--job", "pidns", "--step", "1", "--rank", "0", "--world", "1",
-                                  "--idle-ms", "1500", "--wait-committed"})) {
+       TestClientArgs(d, "save",
+                      {"--job", "pidns", "--step", "1", "--rank", "0", "--world", "1", "--idle-ms",
+                       "1500", "--wait-committed"})) {
     argv.push_back(a);
   }
   CommandResult r = RunCommand(argv);
@@ -166,7 +168,8 @@ TEST_CASE("trust: a region truncated by its owner fails cleanly on save and on l
   reg.set_shm_name(shm.name);
   reg.set_size_bytes(1 << 20);
   v1::RegisterRegionResponse rr;
-  REQUIRE(raw.Call([&](grpc::ClientContext* c) { return raw.stub->RegisterRegion(c, reg, &rr); }).ok());
+  REQUIRE(
+      raw.Call([&](grpc::ClientContext* c) { return raw.stub->RegisterRegion(c, reg, &rr); }).ok());
   v1::SaveRequest save = raw.SaveOf("trunc", 1, 0, 1, "w", 65536);
   v1::MemRef* m = save.mutable_shards(0)->mutable_data();
   m->set_region_id(rr.region_id());
@@ -192,7 +195,8 @@ TEST_CASE("trust: a region truncated by its owner fails cleanly on save and on l
   dest.set_length(1 << 20);
   v1::LoadRequest load = LoadInto(raw, "trunc", 2, "w", dest);
   v1::LoadResponse resp;
-  grpc::Status loaded = raw.Call([&](grpc::ClientContext* c) { return raw.stub->Load(c, load, &resp); });
+  grpc::Status loaded =
+      raw.Call([&](grpc::ClientContext* c) { return raw.stub->Load(c, load, &resp); });
   CHECK(loaded.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
   CHECK_THAT(loaded.error_message(), Contains("shrank"));
   close(fd);
@@ -213,7 +217,8 @@ TEST_CASE("trust: the daemon's own arena cannot be registered as a region", "[in
   reg.set_shm_name(arena.segment());
   reg.set_size_bytes(4096);
   v1::RegisterRegionResponse rr;
-  grpc::Status s = raw.Call([&](grpc::ClientContext* c) { return raw.stub->RegisterRegion(c, reg, &rr); });
+  grpc::Status s =
+      raw.Call([&](grpc::ClientContext* c) { return raw.stub->RegisterRegion(c, reg, &rr); });
   CHECK(s.error_code() == grpc::StatusCode::PERMISSION_DENIED);
 }
 
@@ -255,9 +260,8 @@ TEST_CASE("trust: the arena socket gives a session's uid its segment, and nothin
   // Clients that connect and say nothing delay nobody, and are sent away after the server's 1 s.
   std::vector<std::future<ArenaAnswer>> silent;
   for (int i = 0; i < 20; ++i) {
-    silent.push_back(std::async(std::launch::async, [&] {
-      return AskArena(d.socket(), "", /*send_and_shutdown=*/false);
-    }));
+    silent.push_back(std::async(
+        std::launch::async, [&] { return AskArena(d.socket(), "", /*send_and_shutdown=*/false); }));
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   auto t0 = std::chrono::steady_clock::now();
@@ -482,8 +486,7 @@ std::string ArenaAsOtherUid(const std::string& sock, const std::string& root_seg
     return "root's segment opened by name (or not refused with EACCES)";
   }
   ArenaAnswer stolen = AskArena(sock, root_session);
-  if (stolen.status != static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION) ||
-      stolen.fd >= 0) {
+  if (stolen.status != static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION) || stolen.fd >= 0) {
     return "root's session id yielded status " + std::to_string(stolen.status);
   }
   Raw other(sock);
@@ -551,12 +554,12 @@ void RunWithSmallShm(const std::string& tag) {
   ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
   REQUIRE(n > 0);
   self[n] = '\0';
-  CommandResult r = RunCommand(
-      {"/usr/bin/unshare", "--mount", "--propagation", "private", "/bin/sh", "-c",
-       "mount -t tmpfs -o size=96m,mode=1777 tmpfs /dev/shm && "
-       "CKPTD_IT_SPARSE_CHILD=1 exec \"$0\" \"$1\"",
-       self, tag},
-      180);
+  CommandResult r =
+      RunCommand({"/usr/bin/unshare", "--mount", "--propagation", "private", "/bin/sh", "-c",
+                  "mount -t tmpfs -o size=96m,mode=1777 tmpfs /dev/shm && "
+                  "CKPTD_IT_SPARSE_CHILD=1 exec \"$0\" \"$1\"",
+                  self, tag},
+                 180);
   INFO(r.output);
   CHECK(r.exit_code == 0);
   CHECK_THAT(r.output, Contains("All tests passed"));
@@ -576,8 +579,7 @@ void FillShm() {
 
 }  // namespace
 
-TEST_CASE("trust: a load into a sparse region on a full /dev/shm fails cleanly",
-          "[integration]") {
+TEST_CASE("trust: a load into a sparse region on a full /dev/shm fails cleanly", "[integration]") {
   RunWithSmallShm("[sparse-child]");
 }
 
@@ -632,8 +634,8 @@ TEST_CASE("trust (child of the case above): sparse region, full /dev/shm", "[.][
   reg.set_shm_name(shm.name);
   reg.set_size_bytes(16 << 20);
   v1::RegisterRegionResponse rr;
-  REQUIRE(raw.Call([&](grpc::ClientContext* c) { return raw.stub->RegisterRegion(c, reg, &rr); })
-              .ok());
+  REQUIRE(
+      raw.Call([&](grpc::ClientContext* c) { return raw.stub->RegisterRegion(c, reg, &rr); }).ok());
   FillShm();
   v1::MemRef dest;
   dest.set_region_id(rr.region_id());

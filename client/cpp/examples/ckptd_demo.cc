@@ -38,14 +38,20 @@ int main(int argc, char** argv) {
   Args a;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
-    if (k == "--socket") a.socket = v;
-    else if (k == "--job") a.job = v;
-    else if (k == "--step") a.step = v;
-    else if (k == "--ranks") a.ranks = static_cast<uint32_t>(std::stoul(v));
-    else if (k == "--rows") a.rows = std::stoull(v);
+    if (k == "--socket")
+      a.socket = v;
+    else if (k == "--job")
+      a.job = v;
+    else if (k == "--step")
+      a.step = v;
+    else if (k == "--ranks")
+      a.ranks = static_cast<uint32_t>(std::stoul(v));
+    else if (k == "--rows")
+      a.rows = std::stoull(v);
     else {
-      std::fprintf(stderr, "usage: ckptd-demo [--socket P] [--job J] [--step N] [--ranks R] "
-                           "[--rows N]\n");
+      std::fprintf(stderr,
+                   "usage: ckptd-demo [--socket P] [--job J] [--step N] [--ranks R] "
+                   "[--rows N]\n");
       return 2;
     }
   }
@@ -73,8 +79,8 @@ int main(int argc, char** argv) {
       s.bytes = keep.back().size() * sizeof(float);
       shards.push_back(s);
     }
-    std::vector<ckptd::ObjectShard> objs = {{"extra.rng", true, "rng-state-of-rank-" +
-                                                                   std::to_string(r)}};
+    std::vector<ckptd::ObjectShard> objs = {
+        {"extra.rng", true, "rng-state-of-rank-" + std::to_string(r)}};
     auto saved = (*client)->Save(a.job, step, r, a.ranks, shards, objs);
     if (!saved.ok()) return Fail("save", saved.status());
     std::printf("rank %u staged %llu bytes\n", r,

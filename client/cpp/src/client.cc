@@ -1,15 +1,15 @@
 // Client: connection, regions, commit control and the catalog (list, status, inspect, delete).
+#include "ckptd/client.h"
+
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "ckptd/client.h"
 #include "client_core.h"
 #include "convert.h"
 
 namespace ckptd {
 
-namespace v1 = ::ckptd::v1;
 using internal::ClientCore;
 using internal::Session;
 
@@ -89,13 +89,11 @@ absl::Status Client::WaitCommitted(const std::string& job, uint64_t step, uint32
   if (!info->missing_ranks.empty()) {
     missing = absl::StrCat("; ranks missing: ", absl::StrJoin(info->missing_ranks, ","));
   }
-  return absl::DeadlineExceededError(absl::StrCat(name, " is still ",
-                                                  CheckpointStateName(info->state), " after ",
-                                                  timeout_ms, " ms", missing));
+  return absl::DeadlineExceededError(absl::StrCat(
+      name, " is still ", CheckpointStateName(info->state), " after ", timeout_ms, " ms", missing));
 }
 
-absl::StatusOr<CheckpointInfo> Client::Commit(const std::string& job, uint64_t step,
-                                              bool partial) {
+absl::StatusOr<CheckpointInfo> Client::Commit(const std::string& job, uint64_t step, bool partial) {
   CKPTD_CLIENT_RETURN_IF_ERROR(core_->EnsureSession().status());
   v1::CommitRequest req;
   req.set_job(job);
@@ -130,10 +128,9 @@ absl::StatusOr<std::vector<JobInfo>> Client::ListJobs() {
   v1::ListJobsRequest req;
   do {
     v1::ListJobsResponse resp;
-    CKPTD_CLIENT_RETURN_IF_ERROR(core_->Call("ListJobs", core_->rpc_timeout_ms(),
-                                             [&](grpc::ClientContext* c) {
-                                               return core_->stub().ListJobs(c, req, &resp);
-                                             }));
+    CKPTD_CLIENT_RETURN_IF_ERROR(
+        core_->Call("ListJobs", core_->rpc_timeout_ms(),
+                    [&](grpc::ClientContext* c) { return core_->stub().ListJobs(c, req, &resp); }));
     for (const v1::JobSummary& j : resp.jobs()) jobs.push_back(internal::FromProto(j));
     req.set_page_token(resp.next_page_token());
   } while (!req.page_token().empty());
@@ -147,10 +144,9 @@ absl::StatusOr<std::vector<CheckpointInfo>> Client::ListCheckpoints(const std::s
   req.set_job(job);
   do {
     v1::ListCheckpointsResponse resp;
-    CKPTD_CLIENT_RETURN_IF_ERROR(core_->Call("ListCheckpoints", core_->rpc_timeout_ms(),
-                                             [&](grpc::ClientContext* c) {
-                                               return core_->stub().ListCheckpoints(c, req, &resp);
-                                             }));
+    CKPTD_CLIENT_RETURN_IF_ERROR(core_->Call(
+        "ListCheckpoints", core_->rpc_timeout_ms(),
+        [&](grpc::ClientContext* c) { return core_->stub().ListCheckpoints(c, req, &resp); }));
     for (const v1::CheckpointSummary& s : resp.checkpoints()) {
       out.push_back(internal::FromProto(s));
     }

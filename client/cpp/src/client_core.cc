@@ -4,8 +4,8 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
-#include <sys/un.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -71,8 +71,8 @@ absl::StatusOr<ArenaGrant> FetchArenaFd(const std::string& arena_socket,
   }
   if (connect(sock, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
     int err = errno;
-    return fail(absl::UnavailableError(absl::StrCat("connecting to the arena socket ",
-                                                    arena_socket, ": ", std::strerror(err))));
+    return fail(absl::UnavailableError(
+        absl::StrCat("connecting to the arena socket ", arena_socket, ": ", std::strerror(err))));
   }
   if (send(sock, session_id.data(), session_id.size(), MSG_NOSIGNAL) !=
           static_cast<ssize_t>(session_id.size()) ||
@@ -100,8 +100,8 @@ absl::StatusOr<ArenaGrant> FetchArenaFd(const std::string& arena_socket,
   const bool truncated = (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0;
   if (n < 1 || truncated || (reply[0] == 0) != (fd >= 0) || reply[0] > 16) {
     if (fd >= 0) (void)close(fd);
-    return absl::InternalError(absl::StrCat("malformed answer from the arena socket ",
-                                            arena_socket));
+    return absl::InternalError(
+        absl::StrCat("malformed answer from the arena socket ", arena_socket));
   }
   const std::string text(reply + 1, static_cast<size_t>(n - 1));
   if (reply[0] != 0) {
@@ -113,10 +113,11 @@ absl::StatusOr<ArenaGrant> FetchArenaFd(const std::string& arena_socket,
   g.fd = fd;
   const size_t a = text.find(' ');
   const size_t b = a == std::string::npos ? a : text.find(' ', a + 1);
-  if (b == std::string::npos || b + 2 != text.size() || (text[b + 1] != '0' && text[b + 1] != '1')) {
+  if (b == std::string::npos || b + 2 != text.size() ||
+      (text[b + 1] != '0' && text[b + 1] != '1')) {
     (void)close(fd);
-    return absl::InternalError(absl::StrCat("malformed grant \"", text, "\" from the arena socket ",
-                                            arena_socket));
+    return absl::InternalError(
+        absl::StrCat("malformed grant \"", text, "\" from the arena socket ", arena_socket));
   }
   g.name = text.substr(0, a);
   g.resident = text[b + 1] == '1';
@@ -126,9 +127,8 @@ absl::StatusOr<ArenaGrant> FetchArenaFd(const std::string& arena_socket,
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<ArenaMapping>> ArenaMapping::Map(const std::string& arena_socket,
-                                                                 const std::string& session_id,
-                                                                 uint64_t bytes,
-                                                                 bool pin_for_cuda) {
+                                                                const std::string& session_id,
+                                                                uint64_t bytes, bool pin_for_cuda) {
   if (bytes == 0) return absl::InternalError("daemon announced an empty staging arena");
   absl::StatusOr<ArenaGrant> got = FetchArenaFd(arena_socket, session_id);
   if (!got.ok()) return got.status();
@@ -193,10 +193,10 @@ absl::StatusOr<uint8_t*> ArenaMapping::At(uint64_t offset, uint64_t length) cons
 absl::StatusOr<std::unique_ptr<ClientCore>> ClientCore::Create(ClientOptions options) {
   if (options.rpc_timeout_ms <= 0 || options.connect_timeout_ms <= 0 ||
       options.reserve_timeout_ms < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ClientOptions: rpc_timeout_ms (", options.rpc_timeout_ms, ") and connect_timeout_ms (",
-        options.connect_timeout_ms, ") must be > 0, reserve_timeout_ms (",
-        options.reserve_timeout_ms, ") >= 0"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("ClientOptions: rpc_timeout_ms (", options.rpc_timeout_ms,
+                     ") and connect_timeout_ms (", options.connect_timeout_ms,
+                     ") must be > 0, reserve_timeout_ms (", options.reserve_timeout_ms, ") >= 0"));
   }
   std::string path = ResolveSocket(options);
   std::string target = path.rfind("unix:", 0) == 0 ? path : absl::StrCat("unix:", path);
@@ -246,8 +246,7 @@ absl::Status ClientCore::AttachLocked(const std::string& session_id) {
     attach_reader_.reset();
     attach_ctx_.reset();
     return Convert("Attach", options_.connect_timeout_ms,
-                   gs.ok() ? grpc::Status(grpc::StatusCode::INTERNAL, "Attach ended at once")
-                           : gs);
+                   gs.ok() ? grpc::Status(grpc::StatusCode::INTERNAL, "Attach ended at once") : gs);
   }
   grpc::ClientReader<v1::SessionEvent>* reader = attach_reader_.get();
   const uint64_t epoch = attach_epoch_.load();
@@ -270,8 +269,7 @@ void ClientCore::DetachLocked() {
   attach_ctx_.reset();
 }
 
-absl::Status ClientCore::Convert(const char* name, int64_t timeout_ms,
-                                 const grpc::Status& status) {
+absl::Status ClientCore::Convert(const char* name, int64_t timeout_ms, const grpc::Status& status) {
   if (status.ok()) return absl::OkStatus();
   // gRPC and absl share the canonical code numbers.
   auto code = static_cast<absl::StatusCode>(status.error_code());
@@ -285,8 +283,8 @@ absl::Status ClientCore::Convert(const char* name, int64_t timeout_ms,
     // fails, the next one says Hello again.
     need_hello_ = true;
   } else if (code == absl::StatusCode::kDeadlineExceeded && msg == "Deadline Exceeded") {
-    msg = absl::StrCat("ckptd at ", target_, " did not answer ", name, " within ", timeout_ms,
-                       " ms");
+    msg =
+        absl::StrCat("ckptd at ", target_, " did not answer ", name, " within ", timeout_ms, " ms");
   }
   return absl::Status(code, msg);
 }
@@ -336,9 +334,9 @@ absl::Status ClientCore::HelloLocked() {
   if (!gs.ok()) {
     need_hello_ = true;
     if (gs.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
-      return absl::UnavailableError(
-          absl::StrCat("ckptd at ", target_, " is unavailable: no answer to Hello within ",
-                       options_.connect_timeout_ms, " ms"));
+      return absl::UnavailableError(absl::StrCat("ckptd at ", target_,
+                                                 " is unavailable: no answer to Hello within ",
+                                                 options_.connect_timeout_ms, " ms"));
     }
     return Convert("Hello", options_.connect_timeout_ms, gs);
   }
@@ -412,18 +410,16 @@ absl::StatusOr<std::vector<MappedExtent>> ClientCore::Reserve(const Session& ses
     req.mutable_sizes_bytes()->Add(sizes.begin() + begin, sizes.begin() + end);
     req.set_timeout_ms(static_cast<uint32_t>(options_.reserve_timeout_ms));
     v1::ReserveExtentsResponse resp;
-    absl::Status s = Call("ReserveExtents", options_.rpc_timeout_ms + options_.reserve_timeout_ms,
-                          [&](grpc::ClientContext* c) {
-                            return stub_->ReserveExtents(c, req, &resp);
-                          });
+    absl::Status s =
+        Call("ReserveExtents", options_.rpc_timeout_ms + options_.reserve_timeout_ms,
+             [&](grpc::ClientContext* c) { return stub_->ReserveExtents(c, req, &resp); });
     if (!s.ok()) return fail(s);
     for (const v1::Extent& e : resp.extents()) {
       out.push_back(MappedExtent{e.id(), nullptr, e.length()});
     }
     if (out.size() != end) {
-      return fail(absl::InternalError(absl::StrCat("ReserveExtents answered ",
-                                                   resp.extents_size(), " extents for ",
-                                                   end - begin, " sizes")));
+      return fail(absl::InternalError(absl::StrCat("ReserveExtents answered ", resp.extents_size(),
+                                                   " extents for ", end - begin, " sizes")));
     }
     for (size_t i = begin; i < end; ++i) {
       const v1::Extent& e = resp.extents(static_cast<int>(i - begin));
@@ -463,19 +459,18 @@ absl::Status ClientCore::TakeOutstanding(uint64_t generation, uint64_t extent_id
         generation, ", now ", session_.generation, ")"));
   }
   if (outstanding_.erase(extent_id) == 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "arena buffer ", extent_id, " is not allocated: already saved or released"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("arena buffer ", extent_id, " is not allocated: already saved or released"));
   }
   return absl::OkStatus();
 }
 
 // --- regions -----------------------------------------------------------------------------------
 
-absl::StatusOr<uint64_t> ClientCore::RegisterShm(const std::string& shm_name,
-                                                 uint64_t size_bytes) {
+absl::StatusOr<uint64_t> ClientCore::RegisterShm(const std::string& shm_name, uint64_t size_bytes) {
   if (shm_name.empty() || size_bytes == 0) {
-    return absl::InvalidArgumentError(absl::StrCat("RegisterShm(\"", shm_name, "\", ",
-                                                   size_bytes, "): need a name and a size"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("RegisterShm(\"", shm_name, "\", ", size_bytes, "): need a name and a size"));
   }
   // Under mu_, so a re-connection cannot interleave and lose the registration.
   absl::MutexLock l(&mu_);
@@ -556,18 +551,18 @@ absl::Status ClientCore::ToMemRef(const Session& session, const BufferRef& ref, 
   return absl::OkStatus();
 }
 
-absl::Status ClientCore::ArenaMemRef(const Session& session, const BufferRef& ref,
-                                     uint64_t length, v1::MemRef* out) {
+absl::Status ClientCore::ArenaMemRef(const Session& session, const BufferRef& ref, uint64_t length,
+                                     v1::MemRef* out) {
   absl::MutexLock l(&mu_);
   if (ref.generation != session.generation) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "arena buffer ", ref.id, " belongs to a previous daemon instance (generation ",
-        ref.generation, ", now ", session.generation, ")"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("arena buffer ", ref.id, " belongs to a previous daemon instance (generation ",
+                     ref.generation, ", now ", session.generation, ")"));
   }
   auto it = outstanding_.find(ref.id);
   if (it == outstanding_.end()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "arena buffer ", ref.id, " is not allocated: already saved or released"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("arena buffer ", ref.id, " is not allocated: already saved or released"));
   }
   if (ref.offset > it->second || length > it->second - ref.offset) {
     return absl::InvalidArgumentError(absl::StrCat("bytes [", ref.offset, ", +", length,

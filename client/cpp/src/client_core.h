@@ -13,6 +13,8 @@
 // re-connection sequence (Hello, Attach, map, re-register), never across the data-path RPCs.
 #pragma once
 
+#include <grpcpp/grpcpp.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -21,8 +23,6 @@
 #include <thread>
 #include <unordered_map>
 #include <vector>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -54,10 +54,10 @@ class ArenaMapping {
  public:
   // Fetches the segment's descriptor from the daemon's arena socket `arena_socket` for
   // `session_id` (the protocol is in ckptd.proto, above HelloResponse) and maps `bytes` of it,
-  // with MAP_POPULATE when the daemon says every page exists. pin_for_cuda: also page-lock the mapping for CUDA
-  // (cudaHostRegister); FAILED_PRECONDITION when that fails (nothing stays mapped then).
-  // Errors: the daemon's answer (its code and message), UNAVAILABLE when the socket cannot be
-  // reached, INTERNAL for a malformed answer or a segment smaller than announced.
+  // with MAP_POPULATE when the daemon says every page exists. pin_for_cuda: also page-lock the
+  // mapping for CUDA (cudaHostRegister); FAILED_PRECONDITION when that fails (nothing stays mapped
+  // then). Errors: the daemon's answer (its code and message), UNAVAILABLE when the socket cannot
+  // be reached, INTERNAL for a malformed answer or a segment smaller than announced.
   static absl::StatusOr<std::shared_ptr<ArenaMapping>> Map(const std::string& arena_socket,
                                                            const std::string& session_id,
                                                            uint64_t bytes, bool pin_for_cuda);

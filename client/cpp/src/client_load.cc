@@ -10,7 +10,6 @@
 
 namespace ckptd {
 
-namespace v1 = ::ckptd::v1;
 using internal::MappedExtent;
 using internal::Session;
 
@@ -52,8 +51,8 @@ LoadResult MakeResult(const v1::LoadResponse& resp, std::vector<uint64_t> item_b
 absl::StatusOr<std::vector<uint64_t>> ItemBytes(const v1::LoadRequest& req,
                                                 const v1::LoadResponse& resp) {
   if (resp.items_size() != req.items_size()) {
-    return absl::InternalError(absl::StrCat("Load answered ", resp.items_size(),
-                                            " items for ", req.items_size(), " requested"));
+    return absl::InternalError(absl::StrCat("Load answered ", resp.items_size(), " items for ",
+                                            req.items_size(), " requested"));
   }
   std::vector<uint64_t> out;
   for (int i = 0; i < req.items_size(); ++i) {
@@ -122,8 +121,8 @@ absl::StatusOr<LoadResult> Client::Load(const std::string& job, std::optional<ui
   return MakeResult(resp, *std::move(written));
 }
 
-absl::StatusOr<LoadResult> Client::LoadInPlace(const std::string& job,
-                                               std::optional<uint64_t> step, uint32_t rank,
+absl::StatusOr<LoadResult> Client::LoadInPlace(const std::string& job, std::optional<uint64_t> step,
+                                               uint32_t rank,
                                                std::span<const InPlaceLoadTarget> targets) {
   absl::StatusOr<Session> session = core_->EnsureSession();
   if (!session.ok()) return session.status();
@@ -136,10 +135,9 @@ absl::StatusOr<LoadResult> Client::LoadInPlace(const std::string& job,
     if (!s.ok()) return absl::Status(s.code(), absl::StrCat("item ", t.item, ": ", s.message()));
   }
   v1::LoadResponse resp;
-  CKPTD_CLIENT_RETURN_IF_ERROR(core_->Call("Load", core_->rpc_timeout_ms(),
-                                           [&](grpc::ClientContext* c) {
-                                             return core_->stub().Load(c, req, &resp);
-                                           }));
+  CKPTD_CLIENT_RETURN_IF_ERROR(
+      core_->Call("Load", core_->rpc_timeout_ms(),
+                  [&](grpc::ClientContext* c) { return core_->stub().Load(c, req, &resp); }));
   absl::StatusOr<std::vector<uint64_t>> written = ItemBytes(req, resp);
   if (!written.ok()) return written.status();
   return MakeResult(resp, *std::move(written));
@@ -158,10 +156,9 @@ absl::StatusOr<std::vector<ItemInfo>> InspectItems(internal::ClientCore& core,
   for (const std::string& n : names) req.add_items(n);
   do {
     v1::InspectResponse resp;
-    CKPTD_CLIENT_RETURN_IF_ERROR(core.Call("Inspect", core.rpc_timeout_ms(),
-                                           [&](grpc::ClientContext* c) {
-                                             return core.stub().Inspect(c, req, &resp);
-                                           }));
+    CKPTD_CLIENT_RETURN_IF_ERROR(
+        core.Call("Inspect", core.rpc_timeout_ms(),
+                  [&](grpc::ClientContext* c) { return core.stub().Inspect(c, req, &resp); }));
     for (const v1::ItemInfo& i : resp.items()) items.push_back(internal::FromProto(i));
     req.set_page_token(resp.next_page_token());
   } while (!req.page_token().empty());
@@ -184,8 +181,8 @@ absl::StatusOr<ItemInfo> ObjectInfo(internal::ClientCore& core, const std::strin
   CKPTD_CLIENT_RETURN_IF_ERROR(core.EnsureSession().status());
   absl::StatusOr<std::vector<ItemInfo>> items = InspectItems(core, job, step, {item});
   if (!items.ok()) return items.status();
-  auto it = std::find_if(items->begin(), items->end(),
-                         [&](const ItemInfo& i) { return i.name == item; });
+  auto it =
+      std::find_if(items->begin(), items->end(), [&](const ItemInfo& i) { return i.name == item; });
   if (it == items->end()) {
     return absl::NotFoundError(absl::StrCat("no item ", item, " in checkpoint ", job, "/", step));
   }
@@ -198,15 +195,13 @@ absl::StatusOr<ItemInfo> ObjectInfo(internal::ClientCore& core, const std::strin
 
 }  // namespace
 
-absl::StatusOr<uint64_t> Client::ResolveStep(const std::string& job,
-                                              std::optional<uint64_t> step) {
+absl::StatusOr<uint64_t> Client::ResolveStep(const std::string& job, std::optional<uint64_t> step) {
   if (step.has_value()) return *step;
   return Latest(job);
 }
 
-absl::StatusOr<std::string> Client::LoadObject(const std::string& job,
-                                               std::optional<uint64_t> step, uint32_t rank,
-                                               const std::string& item) {
+absl::StatusOr<std::string> Client::LoadObject(const std::string& job, std::optional<uint64_t> step,
+                                               uint32_t rank, const std::string& item) {
   absl::StatusOr<uint64_t> resolved = ResolveStep(job, step);
   if (!resolved.ok()) return resolved.status();
   absl::StatusOr<ItemInfo> info = ObjectInfo(*core_, job, *resolved, item);
@@ -221,8 +216,9 @@ absl::StatusOr<std::string> Client::LoadObject(const std::string& job,
   return bytes;
 }
 
-absl::StatusOr<std::map<uint32_t, std::string>> Client::LoadObjects(
-    const std::string& job, std::optional<uint64_t> step, const std::string& item) {
+absl::StatusOr<std::map<uint32_t, std::string>> Client::LoadObjects(const std::string& job,
+                                                                    std::optional<uint64_t> step,
+                                                                    const std::string& item) {
   absl::StatusOr<uint64_t> resolved = ResolveStep(job, step);
   if (!resolved.ok()) return resolved.status();
   absl::StatusOr<ItemInfo> info = ObjectInfo(*core_, job, *resolved, item);
@@ -231,9 +227,9 @@ absl::StatusOr<std::map<uint32_t, std::string>> Client::LoadObjects(
   std::vector<std::string> bytes(ranks.size(), std::string(info->bytes, '\0'));
   std::vector<LoadTarget> targets;
   for (size_t i = 0; i < ranks.size(); ++i) {
-    targets.push_back(LoadTarget{item, Region::Whole(), bytes[i].data(), bytes[i].size(),
-                                 info->per_rank ? std::optional<uint32_t>(ranks[i])
-                                                : std::nullopt});
+    targets.push_back(
+        LoadTarget{item, Region::Whole(), bytes[i].data(), bytes[i].size(),
+                   info->per_rank ? std::optional<uint32_t>(ranks[i]) : std::nullopt});
   }
   absl::StatusOr<LoadResult> r = Load(job, *resolved, ranks.front(), targets);
   if (!r.ok()) return r.status();
@@ -314,8 +310,7 @@ absl::StatusOr<LoadedCheckpoint> Client::LoadAll(const std::string& job,
     for (uint64_t start = 0; start < elements; start += per_slice) {
       uint64_t count = std::min(per_slice, elements - start);
       CKPTD_CLIENT_RETURN_IF_ERROR(add(LoadTarget{info.name, Region::Flat(start, count),
-                                                  tensor.bytes.data() + start * elem,
-                                                  count * elem},
+                                                  tensor.bytes.data() + start * elem, count * elem},
                                        nullptr));
     }
   }

@@ -10,7 +10,6 @@
 
 namespace ckptd {
 
-namespace v1 = ::ckptd::v1;
 using internal::MappedExtent;
 using internal::Session;
 
@@ -177,8 +176,8 @@ absl::Status Client::Release(const ArenaBuffer& buffer) {
   });
 }
 
-absl::StatusOr<SaveResult> Client::SaveInPlace(const std::string& job, uint64_t step,
-                                               uint32_t rank, uint32_t world_size,
+absl::StatusOr<SaveResult> Client::SaveInPlace(const std::string& job, uint64_t step, uint32_t rank,
+                                               uint32_t world_size,
                                                std::span<const InPlaceTensorShard> tensors,
                                                std::span<const InPlaceObjectShard> objects) {
   for (const InPlaceTensorShard& t : tensors) {
@@ -213,10 +212,9 @@ absl::StatusOr<SaveResult> Client::SaveInPlace(const std::string& job, uint64_t 
   }
 
   v1::SaveResponse resp;
-  CKPTD_CLIENT_RETURN_IF_ERROR(core_->Call("Save", core_->rpc_timeout_ms(),
-                                           [&](grpc::ClientContext* c) {
-                                             return core_->stub().Save(c, req, &resp);
-                                           }));
+  CKPTD_CLIENT_RETURN_IF_ERROR(
+      core_->Call("Save", core_->rpc_timeout_ms(),
+                  [&](grpc::ClientContext* c) { return core_->stub().Save(c, req, &resp); }));
   for (uint64_t id : consumed) {
     (void)core_->TakeOutstanding(session->generation, id);  // the daemon owns it now
   }

@@ -1,7 +1,7 @@
 #include "convert.h"
-#include "nogil.h"
 
 #include <fcntl.h>
+#include <pybind11/stl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -9,7 +9,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include <pybind11/stl.h>
+#include "nogil.h"
 
 namespace ckptd::py_binding {
 
@@ -136,11 +136,10 @@ py::dict InfoDict(const CheckpointInfo& c) {
   d["item_count"] = c.item_count;
   py::list ranks;
   for (const RankProgress& r : c.ranks) {
-    ranks.append(py::dict(py::arg("rank") = r.rank, py::arg("staged") = r.staged,
-                          py::arg("persisted") = r.persisted,
-                          py::arg("bytes_staged") = r.bytes_staged,
-                          py::arg("bytes_persisted") = r.bytes_persisted,
-                          py::arg("shard_count") = r.shard_count));
+    ranks.append(py::dict(
+        py::arg("rank") = r.rank, py::arg("staged") = r.staged, py::arg("persisted") = r.persisted,
+        py::arg("bytes_staged") = r.bytes_staged, py::arg("bytes_persisted") = r.bytes_persisted,
+        py::arg("shard_count") = r.shard_count));
   }
   d["ranks"] = ranks;
   d["missing_ranks"] = c.missing_ranks;

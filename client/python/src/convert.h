@@ -3,13 +3,13 @@
 // buffers) and status dicts. Called with the GIL held.
 #pragma once
 
+#include <pybind11/pybind11.h>
+
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <pybind11/pybind11.h>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"

@@ -37,7 +37,7 @@ struct IoSlice {
 
 struct FileHandle {
   int fd = -1;
-  std::string path;  // for error messages
+  std::string path;     // for error messages
   bool direct = false;  // opened with O_DIRECT
 };
 

@@ -37,12 +37,12 @@
   CKPTD_ASSIGN_OR_RETURN_IMPL_(CKPTD_CONCAT_(ckptd_statusor_, __LINE__), lhs, expr)
 
 // Always-on assertion for invariants of our own code (never for client input).
-#define CKPTD_CHECK(cond)                                                              \
-  do {                                                                                 \
-    if (!(cond)) {                                                                     \
+#define CKPTD_CHECK(cond)                                                             \
+  do {                                                                                \
+    if (!(cond)) {                                                                    \
       std::fprintf(stderr, "CHECK failed: %s at %s:%d\n", #cond, __FILE__, __LINE__); \
-      std::abort();                                                                    \
-    }                                                                                  \
+      std::abort();                                                                   \
+    }                                                                                 \
   } while (0)
 
 namespace ckptd {
@@ -50,7 +50,8 @@ namespace ckptd {
 // Maps an errno value onto the canonical code that says what a caller can do about it, with a
 // message "<context>: <strerror> (errno N)".
 inline absl::Status ErrnoStatus(int err, std::string_view context) {
-  std::string msg = absl::StrCat(std::string(context), ": ", std::strerror(err), " (errno ", err, ")");
+  std::string msg =
+      absl::StrCat(std::string(context), ": ", std::strerror(err), " (errno ", err, ")");
   switch (err) {
     case ENOENT:
       return absl::NotFoundError(msg);

@@ -55,12 +55,12 @@ inline constexpr std::string_view kSyncPoints[] = {
     "flush.rank_persisted",  // "persisted" is journaled (synced); extents not yet freed
     "flush.extents_freed",   // the rank's extents are back in the arena
     // Commit (commit.cc, and the manifest's PutAtomic in plugins/storage/posix).
-    "commit.manifest_built",       // every rank persisted; the manifest is built, not written
-    "put_atomic.tmp_synced",       // the manifest's temporary file is written and fsync'd
-    "put_atomic.renamed",          // renamed to manifest.ckm; its directory not yet fsync'd
-    "put_atomic.dir_synced",       // the directory is fsync'd: the manifest is durable
-    "commit.manifest_durable",     // PutAtomic returned; the index row is not COMMITTED yet
-    "commit.indexed",              // the COMMITTED row (and item rows) are synced
+    "commit.manifest_built",    // every rank persisted; the manifest is built, not written
+    "put_atomic.tmp_synced",    // the manifest's temporary file is written and fsync'd
+    "put_atomic.renamed",       // renamed to manifest.ckm; its directory not yet fsync'd
+    "put_atomic.dir_synced",    // the directory is fsync'd: the manifest is durable
+    "commit.manifest_durable",  // PutAtomic returned; the index row is not COMMITTED yet
+    "commit.indexed",           // the COMMITTED row (and item rows) are synced
     // Abort (save.cc RecordAbort): the ABORTED row first, then the files.
     "abort.recorded",       // the ABORTED row is synced, journal rows gone; files still there
     "abort.files_removed",  // the checkpoint's directory is removed (durably)
@@ -76,13 +76,13 @@ inline constexpr std::string_view kSyncPoints[] = {
     "reshard.committed",            // the target's manifest and COMMITTED row are durable
     "reshard.abort_files_removed",  // a failed or cancelled reshard's files are removed
     // Recovery (recovery.cc), after each phase of Recover() and inside an abort it records.
-    "recovery.rows_repaired",          // 1: rows that do not parse repaired
-    "recovery.deletes_finished",       // 2: interrupted deletes finished
-    "recovery.manifests_adopted",      // 3: manifests without a COMMITTED row adopted
-    "recovery.aborted_files_removed",  // in an abort: files removed, ABORTED row not yet written
-    "recovery.pending_resumed",        // 4: staged checkpoints resumed (flushes posted) or aborted
-    "recovery.committed_rows_checked", // 5: COMMITTED rows without a manifest aborted
-    "recovery.newest_verified",        // 6: each job's newest manifest verified
+    "recovery.rows_repaired",           // 1: rows that do not parse repaired
+    "recovery.deletes_finished",        // 2: interrupted deletes finished
+    "recovery.manifests_adopted",       // 3: manifests without a COMMITTED row adopted
+    "recovery.aborted_files_removed",   // in an abort: files removed, ABORTED row not yet written
+    "recovery.pending_resumed",         // 4: staged checkpoints resumed (flushes posted) or aborted
+    "recovery.committed_rows_checked",  // 5: COMMITTED rows without a manifest aborted
+    "recovery.newest_verified",         // 6: each job's newest manifest verified
 };
 inline constexpr size_t kSyncPointCount = std::size(kSyncPoints);
 
@@ -122,16 +122,16 @@ void Reached(size_t point);
 }  // namespace ckptd
 
 #if CKPTD_TEST_HOOKS
-#define CKPTD_SYNC_POINT(name)                                                      \
-  do {                                                                              \
-    constexpr size_t ckptd_sync_point_id_ = ::ckptd::SyncPointId(name);             \
-    if (::ckptd::sync_point_internal::armed.load(std::memory_order_relaxed)) {      \
-      ::ckptd::sync_point_internal::Reached(ckptd_sync_point_id_);                  \
-    }                                                                               \
+#define CKPTD_SYNC_POINT(name)                                                 \
+  do {                                                                         \
+    constexpr size_t ckptd_sync_point_id_ = ::ckptd::SyncPointId(name);        \
+    if (::ckptd::sync_point_internal::armed.load(std::memory_order_relaxed)) { \
+      ::ckptd::sync_point_internal::Reached(ckptd_sync_point_id_);             \
+    }                                                                          \
   } while (0)
 #else
-#define CKPTD_SYNC_POINT(name)                                                      \
-  do {                                                                              \
-    static_assert(::ckptd::SyncPointId(name) < ::ckptd::kSyncPointCount);           \
+#define CKPTD_SYNC_POINT(name)                                            \
+  do {                                                                    \
+    static_assert(::ckptd::SyncPointId(name) < ::ckptd::kSyncPointCount); \
   } while (0)
 #endif

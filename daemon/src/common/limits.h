@@ -127,7 +127,8 @@ inline constexpr uint64_t kReaderQueueMax = 256;
 // memory.
 inline constexpr uint64_t kReaderQueuedBytesMax = 8 * kGiB;
 static_assert(kReaderQueueMax * kReaderPieceBytes <= kReaderQueuedBytesMax);
-static_assert(kReaderPieceBytes % kIoChunkBytesMax == 0 && kReaderPieceBytes % kAlignmentBytes == 0);
+static_assert(kReaderPieceBytes % kIoChunkBytesMax == 0 &&
+              kReaderPieceBytes % kAlignmentBytes == 0);
 static_assert(kReaderPieceBytes / kIoChunkBytesMax <= kIoQueueDepthMax,
               "one piece's transfers fit in flight on one reader's ring");
 

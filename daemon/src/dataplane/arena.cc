@@ -98,7 +98,8 @@ absl::StatusOr<std::vector<ExtentInfo>> StagingArena::Reserve(const std::string&
   uint64_t total = 0;
   for (size_t i = 0; i < sizes.size(); ++i) {
     if (sizes[i] == 0) {
-      return absl::InvalidArgumentError(absl::StrCat("extent ", i, ": size 0 (zero-byte shards "
+      return absl::InvalidArgumentError(absl::StrCat("extent ", i,
+                                                     ": size 0 (zero-byte shards "
                                                      "need no extent)"));
     }
     if (sizes[i] > capacity_bytes()) {
@@ -233,9 +234,10 @@ absl::Status StagingArena::Take(const std::string& session, std::span<const uint
       return absl::NotFoundError(absl::StrCat("unknown extent ", id));
     }
     if (it->second.leases > 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "extent ", id, " is the destination of a load in progress; save it once that load "
-          "returned"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("extent ", id,
+                       " is the destination of a load in progress; save it once that load "
+                       "returned"));
     }
   }
   for (uint64_t id : ids) {
@@ -298,11 +300,10 @@ size_t StagingArena::reserved_count() const {
   return n;
 }
 
-absl::Status StagingArena::Restore(uint64_t id, uint32_t uid, uint64_t offset,
-                                   uint64_t length) {
+absl::Status StagingArena::Restore(uint64_t id, uint32_t uid, uint64_t offset, uint64_t length) {
   if (Find(uid) == nullptr) {
-    return absl::DataLossError(absl::StrCat("journal extent ", id, ": uid ", uid,
-                                            " has no arena segment"));
+    return absl::DataLossError(
+        absl::StrCat("journal extent ", id, ": uid ", uid, " has no arena segment"));
   }
   absl::MutexLock lock(&mu_);
   if (offset % limits::kAlignmentBytes != 0 || length % limits::kAlignmentBytes != 0 ||

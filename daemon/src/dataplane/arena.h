@@ -22,9 +22,9 @@
 //
 // Segment lifecycle: created (journaled through the SegmentJournalFn, synced, before any client
 // learns of it) when its uid first asks for it (the arena socket) or reserves, or adopted at
-// start when it is exactly what a previous run of this daemon created (a regular file owned by the daemon's euid,
-// mode 0600, the size, and the generation and uid in its header page); never destroyed while
-// the daemon runs; unlinked at a clean stop with nothing staged. At most
+// start when it is exactly what a previous run of this daemon created (a regular file owned by the
+// daemon's euid, mode 0600, the size, and the generation and uid in its header page); never
+// destroyed while the daemon runs; unlinked at a clean stop with nothing staged. At most
 // limits::kArenaSegmentsMax segments (uids).
 //
 // Extent lifecycle (who owns it, what ends it):
@@ -91,8 +91,8 @@ struct ArenaGrant {
 struct ArenaOptions {
   // Segment names are name_prefix + "arena-u<uid>-<16 random hex>", e.g. "/ckptd-1a2b3c4d-".
   std::string name_prefix;
-  uint64_t size_bytes = 0;  // of the offset space (and each segment), header page included
-  bool prefault = true;     // fault pages in when a range becomes resident (else at first touch)
+  uint64_t size_bytes = 0;   // of the offset space (and each segment), header page included
+  bool prefault = true;      // fault pages in when a range becomes resident (else at first touch)
   bool mlock_pages = false;  // lock resident pages (MLOCK_ONFAULT)
 };
 
@@ -121,8 +121,9 @@ class StagingArena {
 
   // The segment of `uid`, created on first use (O_EXCL under a random name; journaled). When it
   // is the arena's first segment (and prefault is set), the free arena is made resident in it by
-  // a background thread, chunk by chunk (seconds per GiB on a cold tmpfs: not in a Hello). RESOURCE_EXHAUSTED
-  // when /dev/shm cannot hold it or kArenaSegmentsMax uids have one; INTERNAL for other syscalls.
+  // a background thread, chunk by chunk (seconds per GiB on a cold tmpfs: not in a Hello).
+  // RESOURCE_EXHAUSTED when /dev/shm cannot hold it or kArenaSegmentsMax uids have one; INTERNAL
+  // for other syscalls.
   absl::StatusOr<ArenaSegmentInfo> Segment(uint32_t uid);
   // `uid`'s segment if it has one (nothing is created).
   std::optional<ArenaSegmentInfo> ExistingSegment(uint32_t uid) const;

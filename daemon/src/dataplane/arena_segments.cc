@@ -58,9 +58,9 @@ absl::Status CheckAdoptable(int fd, const std::string& what, uint64_t size_bytes
       pread(fd, &h, sizeof h, 0) != static_cast<ssize_t>(sizeof h) ||
       std::memcmp(h.magic, kArenaMagic, 8) != 0 || h.size_bytes != size_bytes || h.uid != uid ||
       std::string(h.generation, 32) != generation) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        what, " does not match the journal (size ", st.st_size, " vs ", size_bytes,
-        ", or another uid than ", uid, " or generation than ", generation, ")"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, " does not match the journal (size ", st.st_size, " vs ", size_bytes,
+                     ", or another uid than ", uid, " or generation than ", generation, ")"));
   }
   return absl::OkStatus();
 }
@@ -76,9 +76,9 @@ absl::Status Populate(uint8_t* p, uint64_t n, const std::string& what) {
   }
   int err = errno;
   if (err == ENOMEM || err == EFAULT || err == ENOSPC) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "faulting in ", n, " bytes of ", what, ": ", std::strerror(err),
-        " (is /dev/shm large enough for staging_bytes_max?)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("faulting in ", n, " bytes of ", what, ": ", std::strerror(err),
+                     " (is /dev/shm large enough for staging_bytes_max?)"));
   }
   return ErrnoStatus(err, absl::StrCat("faulting in ", n, " bytes of ", what));
 }
@@ -97,10 +97,10 @@ absl::StatusOr<std::unique_ptr<StagingArena>> StagingArena::Create(ArenaOptions 
                                                                    SegmentJournalFn journal) {
   if (options.size_bytes % limits::kAlignmentBytes != 0 ||
       options.size_bytes <= limits::kArenaHeaderBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "staging arena of ", options.size_bytes, " bytes: must be a multiple of ",
-        limits::kAlignmentBytes, " and larger than its ", limits::kArenaHeaderBytes,
-        "-byte header"));
+    return absl::InvalidArgumentError(absl::StrCat("staging arena of ", options.size_bytes,
+                                                   " bytes: must be a multiple of ",
+                                                   limits::kAlignmentBytes, " and larger than its ",
+                                                   limits::kArenaHeaderBytes, "-byte header"));
   }
   std::unique_ptr<StagingArena> arena(new StagingArena(std::move(options), std::move(journal)));
   absl::MutexLock lock(&arena->mu_);
@@ -115,8 +115,8 @@ absl::StatusOr<std::unique_ptr<StagingArena>> StagingArena::Create(ArenaOptions 
 absl::StatusOr<std::unique_ptr<StagingArena::Seg>> StagingArena::NewSegment(uint32_t uid) {
   auto seg = std::make_unique<Seg>();
   seg->info.uid = uid;
-  seg->info.name = absl::StrCat(options_.name_prefix, "arena-u", uid, "-",
-                                RandomHexId().substr(0, 16));
+  seg->info.name =
+      absl::StrCat(options_.name_prefix, "arena-u", uid, "-", RandomHexId().substr(0, 16));
   seg->info.generation = RandomHexId();
   seg->size_bytes = options_.size_bytes;
   const std::string what = absl::StrCat("staging arena segment ", seg->info.name);
@@ -256,8 +256,8 @@ void StagingArena::PrefaultLoop(uint32_t uid) {
       inflight_offset_ = off;
       inflight_length_ = len;
     }
-    absl::Status st = Populate(seg->base + off, len,
-                               absl::StrCat("staging arena segment ", seg->info.name));
+    absl::Status st =
+        Populate(seg->base + off, len, absl::StrCat("staging arena segment ", seg->info.name));
     absl::MutexLock lock(&mu_);
     inflight_length_ = 0;
     inflight_done_.SignalAll();

@@ -63,16 +63,14 @@ absl::StatusOr<uint64_t> RegionRegistry::Register(const std::string& session, ui
   if (!S_ISREG(st.st_mode)) {
     refused = absl::PermissionDeniedError(absl::StrCat("region ", name, " is not a regular file"));
   } else if (st.st_uid != owner_uid) {
-    refused = absl::PermissionDeniedError(absl::StrCat("region ", name, " is owned by uid ",
-                                                       st.st_uid, ", not by the caller's uid ",
-                                                       owner_uid));
+    refused = absl::PermissionDeniedError(absl::StrCat(
+        "region ", name, " is owned by uid ", st.st_uid, ", not by the caller's uid ", owner_uid));
   } else if (forbidden_.is_arena && forbidden_.is_arena(st.st_dev, st.st_ino)) {
     refused = absl::PermissionDeniedError(
         absl::StrCat("region ", name, " is the daemon's staging arena"));
   } else if (static_cast<uint64_t>(st.st_size) < req.size_bytes()) {
-    refused = absl::InvalidArgumentError(absl::StrCat("region ", name, " is ", st.st_size,
-                                                      " bytes, smaller than size_bytes ",
-                                                      req.size_bytes()));
+    refused = absl::InvalidArgumentError(absl::StrCat(
+        "region ", name, " is ", st.st_size, " bytes, smaller than size_bytes ", req.size_bytes()));
   }
   if (!refused.ok()) {
     close(fd);
@@ -106,8 +104,8 @@ absl::Status RegionRegistry::Unregister(const std::string& session, uint64_t id,
   }
   while (it->second.use_count() > 1) {
     if (released_.WaitWithDeadline(&mu_, deadline)) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "region ", id, " (", it->second->shm_name, ") is still in use by a save or load"));
+      return absl::FailedPreconditionError(absl::StrCat("region ", id, " (", it->second->shm_name,
+                                                        ") is still in use by a save or load"));
     }
     it = regions_.find(id);
     if (it == regions_.end()) return absl::OkStatus();
@@ -121,20 +119,21 @@ absl::StatusOr<RegionLease> RegionRegistry::Acquire(const std::string& session, 
   absl::MutexLock lock(&mu_);
   auto it = regions_.find(id);
   if (it == regions_.end() || it->second->session != session) {
-    return absl::NotFoundError(absl::StrCat("unknown region ", id, " (not registered by this "
+    return absl::NotFoundError(absl::StrCat("unknown region ", id,
+                                            " (not registered by this "
                                             "session)"));
   }
   const MappedRegion& r = *it->second;
   if (offset > r.size_bytes || length > r.size_bytes - offset) {
     return absl::OutOfRangeError(absl::StrCat("bytes [", offset, ", ", offset, "+", length,
-                                              ") are outside region ", id, " (", r.shm_name,
-                                              ", ", r.size_bytes, " bytes)"));
+                                              ") are outside region ", id, " (", r.shm_name, ", ",
+                                              r.size_bytes, " bytes)"));
   }
   struct stat st;
   if (fstat(r.fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < r.size_bytes) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "region ", id, " (", r.shm_name, ") shrank to ", st.st_size,
-        " bytes after it was registered with ", r.size_bytes, "; register it again"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("region ", id, " (", r.shm_name, ") shrank to ", st.st_size,
+                     " bytes after it was registered with ", r.size_bytes, "; register it again"));
   }
   // The deleter signals Unregister once the lease is dropped.
   std::shared_ptr<MappedRegion> keep = it->second;

@@ -30,7 +30,10 @@ class CoverageChecker {
  public:
   CoverageChecker(std::span<const uint64_t> shape, std::span<const v1::Region> regions,
                   std::string_view item, bool gaps_allowed)
-      : shape_(shape), regions_(regions), item_(item), n_(shape.size()),
+      : shape_(shape),
+        regions_(regions),
+        item_(item),
+        n_(shape.size()),
         gaps_allowed_(gaps_allowed) {}
 
   absl::Status CheckIntervals(std::vector<Interval> intervals, uint64_t numel) const;
@@ -44,13 +47,13 @@ class CoverageChecker {
   uint64_t End(uint32_t id, size_t d) const { return boxes_[id].off[d] + boxes_[id].len[d]; }
 
   absl::Status Overlap(uint32_t region_a, uint32_t region_b) const {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "item \"%s\": regions %s and %s overlap", item_, DescribeRegion(regions_[region_a]),
-        DescribeRegion(regions_[region_b])));
+    return absl::InvalidArgumentError(absl::StrFormat("item \"%s\": regions %s and %s overlap",
+                                                      item_, DescribeRegion(regions_[region_a]),
+                                                      DescribeRegion(regions_[region_b])));
   }
   absl::Status Gap(const std::string& elements) const {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "item \"%s\": elements %s are not covered by any shard", item_, elements));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("item \"%s\": elements %s are not covered by any shard", item_, elements));
   }
   // The box of slab_ in dims < d, [lo, hi) in dim d, whole in dims > d.
   absl::Status GapBox(size_t d, uint64_t lo, uint64_t hi) const;
@@ -60,8 +63,8 @@ class CoverageChecker {
   std::string_view item_;
   size_t n_;
   bool gaps_allowed_;
-  std::vector<Piece> boxes_;     // piece.base holds the index of the region it came from
-  Piece slab_;                   // the slab being checked, in dims before the current one
+  std::vector<Piece> boxes_;  // piece.base holds the index of the region it came from
+  Piece slab_;                // the slab being checked, in dims before the current one
 };
 
 absl::Status CoverageChecker::CheckIntervals(std::vector<Interval> intervals,

@@ -47,8 +47,7 @@ uint64_t LoadLe64(const uint8_t* p) {
 }
 
 #if defined(__x86_64__)
-__attribute__((target("sse4.2"))) uint32_t HardwareImpl(const uint8_t* p, size_t n,
-                                                         uint32_t crc) {
+__attribute__((target("sse4.2"))) uint32_t HardwareImpl(const uint8_t* p, size_t n, uint32_t crc) {
   uint64_t c = ~crc;
   for (; n >= 8; n -= 8, p += 8) c = _mm_crc32_u64(c, LoadLe64(p));
   auto c32 = static_cast<uint32_t>(c);
@@ -59,8 +58,7 @@ __attribute__((target("sse4.2"))) uint32_t HardwareImpl(const uint8_t* p, size_t
 // Three equal-length blocks at once: the crc32 instruction has a latency of three cycles and a
 // throughput of one, so three independent chains run about three times as fast as one.
 __attribute__((target("sse4.2"))) void HardwareImpl3(const uint8_t* a, const uint8_t* b,
-                                                      const uint8_t* c, size_t n,
-                                                      uint32_t out[3]) {
+                                                     const uint8_t* c, size_t n, uint32_t out[3]) {
   uint64_t ca = 0xffffffffu, cb = 0xffffffffu, cc = 0xffffffffu;
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
@@ -97,9 +95,8 @@ uint32_t Crc32cPortable(const void* data, size_t n, uint32_t crc) {
   const auto& t = kTables.t;
   for (; n >= 8; n -= 8, p += 8) {
     uint64_t v = LoadLe64(p) ^ c;
-    c = t[7][v & 0xff] ^ t[6][(v >> 8) & 0xff] ^ t[5][(v >> 16) & 0xff] ^
-        t[4][(v >> 24) & 0xff] ^ t[3][(v >> 32) & 0xff] ^ t[2][(v >> 40) & 0xff] ^
-        t[1][(v >> 48) & 0xff] ^ t[0][v >> 56];
+    c = t[7][v & 0xff] ^ t[6][(v >> 8) & 0xff] ^ t[5][(v >> 16) & 0xff] ^ t[4][(v >> 24) & 0xff] ^
+        t[3][(v >> 32) & 0xff] ^ t[2][(v >> 40) & 0xff] ^ t[1][(v >> 48) & 0xff] ^ t[0][v >> 56];
   }
   for (; n > 0; --n, ++p) c = (c >> 8) ^ t[0][(c ^ *p) & 0xff];
   return ~c;
@@ -145,12 +142,12 @@ void BlockCrcsInto(const void* data, uint64_t n, uint32_t block_bytes, uint32_t*
 #if defined(__x86_64__)
   if (Crc32cHardwareAvailable()) {
     for (; n - off >= 3ull * block_bytes; off += 3ull * block_bytes, out += 3) {
-      HardwareImpl3(p + off, p + off + block_bytes, p + off + 2ull * block_bytes, block_bytes,
-                    out);
+      HardwareImpl3(p + off, p + off + block_bytes, p + off + 2ull * block_bytes, block_bytes, out);
     }
   }
 #endif
-  for (; off < n; off += block_bytes) *out++ = Crc32c(p + off, std::min<uint64_t>(block_bytes, n - off));
+  for (; off < n; off += block_bytes)
+    *out++ = Crc32c(p + off, std::min<uint64_t>(block_bytes, n - off));
 }
 
 std::vector<uint32_t> BlockCrcs(const void* data, uint64_t n, uint32_t block_bytes) {
@@ -169,8 +166,8 @@ absl::Status VerifyBlocks(const void* data, uint64_t first_block, uint64_t n_byt
   uint64_t blocks = BlockCount(shard_bytes, block_bytes);
   if (crcs.size() != blocks) {
     return absl::InvalidArgumentError(absl::StrCat(AbslView(context), ": ", crcs.size(),
-                                                   " block checksums for a shard of ",
-                                                   shard_bytes, " bytes (want ", blocks, ")"));
+                                                   " block checksums for a shard of ", shard_bytes,
+                                                   " bytes (want ", blocks, ")"));
   }
   bool in_range = first_block <= blocks;
   uint64_t start_bytes = in_range ? first_block * block_bytes : 0;
@@ -193,10 +190,10 @@ absl::Status VerifyBlocks(const void* data, uint64_t first_block, uint64_t n_byt
     for (uint64_t i = 0; i < BlockCount(len, block_bytes); ++i) {
       uint64_t block = first_block + off / block_bytes + i;
       if (actual[i] != crcs[block]) {
-        return absl::DataLossError(absl::StrCat(
-            AbslView(context), ": block ", block, " crc32c mismatch: expected 0x",
-            absl::Hex(crcs[block], absl::kZeroPad8), ", actual 0x",
-            absl::Hex(actual[i], absl::kZeroPad8)));
+        return absl::DataLossError(
+            absl::StrCat(AbslView(context), ": block ", block, " crc32c mismatch: expected 0x",
+                         absl::Hex(crcs[block], absl::kZeroPad8), ", actual 0x",
+                         absl::Hex(actual[i], absl::kZeroPad8)));
       }
     }
   }

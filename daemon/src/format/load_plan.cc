@@ -18,7 +18,6 @@ namespace {
 
 using region_internal::Piece;
 
-
 // An interval index over the boxes of one item's shards along one dimension: the boxes sorted by
 // start, seen as an implicit balanced tree whose nodes carry the largest end in their subtree.
 // A query visits only subtrees that can hold an overlapping box: O(log n + hits).
@@ -155,8 +154,8 @@ class Planner {
 void Planner::AddShardUse(const v1::ShardEntry& s, uint64_t shard_begin, uint64_t shard_end,
                           uint32_t request, uint64_t dst_offset) {
   uint32_t blob = blob_index_.at(s.blob_id());  // ValidateManifest checked the id
-  needs_.push_back(Need{blob, s.offset() + shard_begin, shard_end - shard_begin, request,
-                        dst_offset});
+  needs_.push_back(
+      Need{blob, s.offset() + shard_begin, shard_end - shard_begin, request, dst_offset});
   uint64_t b0 = RoundDown(shard_begin, block_);
   uint64_t b1 = std::min(RoundUp(shard_end, block_), s.length());
   checks_.push_back(CheckRange{blob, s.offset() + b0, s.offset() + b1, &s});

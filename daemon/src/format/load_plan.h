@@ -78,7 +78,7 @@ struct ReadRun {
   uint64_t length = 0;
   uint32_t first_check = 0;  // checks [first_check, first_check + check_count) of LoadPlan
   uint32_t check_count = 0;
-  uint64_t first_copy = 0;   // copies [first_copy, first_copy + copy_count) of LoadPlan
+  uint64_t first_copy = 0;  // copies [first_copy, first_copy + copy_count) of LoadPlan
   uint64_t copy_count = 0;
 };
 

@@ -7,9 +7,9 @@
 
 #include "absl/strings/str_format.h"
 #include "ckptd/status.h"
+#include "common/limits.h"
 #include "format/crc32c.h"
 #include "format/text.h"
-#include "common/limits.h"
 
 namespace ckptd {
 namespace {
@@ -33,14 +33,14 @@ absl::StatusOr<std::vector<v1::ManifestSegment>> SplitSegments(std::vector<v1::I
     // Field tag + length varint of the embedded message: at most 1 + 10 bytes.
     uint64_t item_bytes = item.ByteSizeLong() + 11;
     if (item_bytes > limits::kManifestRecordBytesMax) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "item \"%s\" needs %d manifest bytes; the limit is %d", EscapeName(item.name()),
-          item_bytes, limits::kManifestRecordBytesMax));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("item \"%s\" needs %d manifest bytes; the limit is %d",
+                          EscapeName(item.name()), item_bytes, limits::kManifestRecordBytesMax));
     }
     if (segments.empty() || segment_bytes + item_bytes > limits::kManifestSegmentBytesTarget) {
       if (segments.size() == limits::kManifestSegmentsMax) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "manifest needs more than %d segments", limits::kManifestSegmentsMax));
+        return absl::InvalidArgumentError(
+            absl::StrFormat("manifest needs more than %d segments", limits::kManifestSegmentsMax));
       }
       segments.emplace_back();
       segment_bytes = 0;
@@ -59,8 +59,8 @@ absl::Status DataLoss(std::string_view context, std::string_view what) {
 absl::StatusOr<std::string_view> ReadRecord(std::string_view bytes, size_t* pos, uint64_t index,
                                             std::string_view context) {
   if (bytes.size() - *pos < kManifestRecordHeaderBytes) {
-    return DataLoss(context, absl::StrFormat("record %d is truncated (file of %d bytes)", index,
-                                             bytes.size()));
+    return DataLoss(
+        context, absl::StrFormat("record %d is truncated (file of %d bytes)", index, bytes.size()));
   }
   uint32_t len = GetLe32(bytes.data() + *pos);
   uint32_t masked_crc = GetLe32(bytes.data() + *pos + 4);
@@ -90,8 +90,8 @@ absl::StatusOr<v1::ManifestHeader> ReadHeader(std::string_view bytes, size_t* po
   }
   if (header.format_version() != kManifestFormatVersion) {
     return absl::FailedPreconditionError(
-        absl::StrFormat("manifest %s has format version %d; this build reads version %d",
-                        context, header.format_version(), kManifestFormatVersion));
+        absl::StrFormat("manifest %s has format version %d; this build reads version %d", context,
+                        header.format_version(), kManifestFormatVersion));
   }
   if (header.segment_count() > limits::kManifestSegmentsMax ||
       header.item_count() > limits::kItemsPerCheckpointMax) {
@@ -122,9 +122,9 @@ absl::StatusOr<std::string> EncodeManifest(Manifest manifest) {
   std::string payload;
   if (!manifest.header.SerializeToString(&payload) ||
       payload.size() > limits::kManifestRecordBytesMax) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "manifest header of %d bytes does not serialize within %d bytes",
-        manifest.header.ByteSizeLong(), limits::kManifestRecordBytesMax));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("manifest header of %d bytes does not serialize within %d bytes",
+                        manifest.header.ByteSizeLong(), limits::kManifestRecordBytesMax));
   }
   AppendManifestRecord(payload, &out);
   for (const v1::ManifestSegment& segment : segments) {

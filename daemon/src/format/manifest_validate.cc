@@ -8,13 +8,13 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_format.h"
 #include "ckptd/status.h"
+#include "common/limits.h"
 #include "format/crc32c.h"
 #include "format/dtype.h"
 #include "format/manifest.h"
 #include "format/names.h"
 #include "format/region.h"
 #include "format/text.h"
-#include "common/limits.h"
 
 namespace ckptd {
 namespace {
@@ -38,8 +38,8 @@ absl::Status ValidateHeader(const Manifest& m, BlobSizes* blob_sizes) {
     return Invalid(absl::StrFormat("step %d exceeds the limit %d", h.step(), limits::kStepMax));
   }
   if (h.world_size() == 0 || h.world_size() > limits::kWorldSizeMax) {
-    return Invalid(absl::StrFormat("world size %d is outside 1..%d", h.world_size(),
-                                   limits::kWorldSizeMax));
+    return Invalid(
+        absl::StrFormat("world size %d is outside 1..%d", h.world_size(), limits::kWorldSizeMax));
   }
   for (uint32_t rank : h.ranks_present()) {
     if (rank >= h.world_size()) {
@@ -65,8 +65,8 @@ absl::Status ValidateShardPlacement(const v1::ManifestHeader& h, const BlobSizes
                                     const v1::ShardEntry& shard, size_t index) {
   auto blob = blob_sizes.find(shard.blob_id());
   if (blob == blob_sizes.end()) {
-    return Invalid(absl::StrFormat("shard %d: blob %d is not in the manifest", index,
-                                   shard.blob_id()));
+    return Invalid(
+        absl::StrFormat("shard %d: blob %d is not in the manifest", index, shard.blob_id()));
   }
   if (shard.offset() % limits::kAlignmentBytes != 0) {
     return Invalid(absl::StrFormat("shard %d: offset %d is not %d-byte aligned", index,
@@ -141,8 +141,8 @@ absl::Status ValidateObject(const v1::ItemEntry& item) {
   switch (item.scope()) {
     case v1::REPLICATED:
       if (item.shards_size() != 1) {
-        return Invalid(absl::StrFormat("replicated object has %d shards, want 1",
-                                       item.shards_size()));
+        return Invalid(
+            absl::StrFormat("replicated object has %d shards, want 1", item.shards_size()));
       }
       return absl::OkStatus();
     case v1::PER_RANK:
@@ -157,8 +157,8 @@ absl::Status ValidateItem(const v1::ManifestHeader& h, const BlobSizes& blob_siz
                           const v1::ItemEntry& item) {
   if (absl::Status s = ValidateItemName(item.name()); !s.ok()) return Invalid(s.message());
   for (int i = 0; i < item.shards_size(); ++i) {
-    CKPTD_RETURN_IF_ERROR(ValidateShardPlacement(h, blob_sizes, item.shards(i),
-                                                 static_cast<size_t>(i)));
+    CKPTD_RETURN_IF_ERROR(
+        ValidateShardPlacement(h, blob_sizes, item.shards(i), static_cast<size_t>(i)));
   }
   switch (item.kind()) {
     case v1::TENSOR:
@@ -166,17 +166,16 @@ absl::Status ValidateItem(const v1::ManifestHeader& h, const BlobSizes& blob_siz
     case v1::OBJECT:
       return ValidateObject(item);
     default:
-      return Invalid(absl::StrFormat("item kind %d is unspecified or unknown",
-                                     static_cast<int>(item.kind())));
+      return Invalid(
+          absl::StrFormat("item kind %d is unspecified or unknown", static_cast<int>(item.kind())));
   }
 }
 
 }  // namespace
 
 absl::Status ValidateManifest(const Manifest& m) {
-  const std::string where =
-      absl::StrFormat("manifest of job \"%s\" step %d", EscapeName(m.header.job()),
-                      m.header.step());
+  const std::string where = absl::StrFormat("manifest of job \"%s\" step %d",
+                                            EscapeName(m.header.job()), m.header.step());
   BlobSizes blob_sizes;
   CKPTD_RETURN_IF_ERROR(Annotate(ValidateHeader(m, &blob_sizes), where));
   for (size_t i = 0; i < m.items.size(); ++i) {

@@ -3,8 +3,8 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "format/text.h"
 #include "common/limits.h"
+#include "format/text.h"
 
 namespace ckptd {
 namespace {
@@ -17,9 +17,8 @@ bool IsJobChar(char c) {
 
 absl::Status JobError(std::string_view job, std::string_view rule) {
   return absl::InvalidArgumentError(
-      absl::StrCat("job name \"", EscapeName(job), "\" ", AbslView(rule),
-                   ": job names are 1..", limits::kJobNameBytesMax,
-                   " bytes of [A-Za-z0-9._-], not starting with '.'"));
+      absl::StrCat("job name \"", EscapeName(job), "\" ", AbslView(rule), ": job names are 1..",
+                   limits::kJobNameBytesMax, " bytes of [A-Za-z0-9._-], not starting with '.'"));
 }
 
 }  // namespace
@@ -46,8 +45,8 @@ absl::Status ValidateItemName(std::string_view item) {
   if (item.empty()) return absl::InvalidArgumentError("item name is empty");
   if (item.size() > limits::kItemNameBytesMax) {
     return absl::InvalidArgumentError(
-        absl::StrCat("item name \"", EscapeName(item.substr(0, 64)), "...\" is ",
-                     item.size(), " bytes long; the limit is ", limits::kItemNameBytesMax));
+        absl::StrCat("item name \"", EscapeName(item.substr(0, 64)), "...\" is ", item.size(),
+                     " bytes long; the limit is ", limits::kItemNameBytesMax));
   }
   for (size_t i = 0; i < item.size(); ++i) {
     auto c = static_cast<unsigned char>(item[i]);
@@ -69,8 +68,8 @@ std::string CheckpointDir(std::string_view job, uint64_t step) {
 absl::StatusOr<uint64_t> ParseStepDirName(std::string_view name) {
   std::string_view prefix(kStepDirPrefix);
   auto bad = [&](std::string_view why) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "\"", EscapeName(name), "\" is not a step directory name: ", AbslView(why)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("\"", EscapeName(name), "\" is not a step directory name: ", AbslView(why)));
   };
   if (name.size() != prefix.size() + kStepDigits || name.substr(0, prefix.size()) != prefix) {
     return bad("want \"step-\" followed by 20 digits");

@@ -7,8 +7,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "ckptd/status.h"
-#include "format/region_internal.h"
 #include "common/limits.h"
+#include "format/region_internal.h"
 
 namespace ckptd {
 
@@ -107,8 +107,8 @@ namespace {
 
 absl::Status BoxError(const v1::Region& region, std::span<const uint64_t> shape,
                       std::string_view why) {
-  return absl::InvalidArgumentError(absl::StrFormat("region %s %s shape %s", DescribeRegion(region),
-                                                    why, DescribeShape(shape)));
+  return absl::InvalidArgumentError(
+      absl::StrFormat("region %s %s shape %s", DescribeRegion(region), why, DescribeShape(shape)));
 }
 
 absl::Status ValidateBox(const v1::Region& region, std::span<const uint64_t> shape) {
@@ -161,9 +161,9 @@ absl::Status ValidateRegion(const v1::Region& region, std::span<const uint64_t> 
     uint64_t start = region.flat().start();
     uint64_t count = region.flat().count();
     if (start > numel || count > numel - start) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "region %s is outside shape %s (%d elements)", DescribeRegion(region),
-          DescribeShape(shape), numel));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("region %s is outside shape %s (%d elements)", DescribeRegion(region),
+                          DescribeShape(shape), numel));
     }
   }
   return absl::OkStatus();

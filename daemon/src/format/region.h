@@ -72,8 +72,8 @@ absl::Status CheckNoOverlap(std::span<const uint64_t> shape, std::span<const v1:
 // of src_region) to its place in `dst` (the buffer of dst_region), a memcpy per contiguous run.
 // Returns the number of elements copied. src and dst must not overlap.
 uint64_t CopyRegion(std::span<const uint64_t> shape, uint32_t elem_bytes,
-                    const v1::Region& src_region, const uint8_t* src,
-                    const v1::Region& dst_region, uint8_t* dst);
+                    const v1::Region& src_region, const uint8_t* src, const v1::Region& dst_region,
+                    uint8_t* dst);
 
 // Calls fn(src_pos, dst_pos, elems) for each run of elements of the intersection of src_region
 // and dst_region that is contiguous in both regions' buffers (positions in elements from the start
@@ -88,8 +88,8 @@ uint64_t ForEachCopyRun(std::span<const uint64_t> shape, const v1::Region& src_r
 // copied chunk by chunk through a bounded buffer. Flat ranges split into flat ranges; boxes into
 // boxes (blocks of the outermost dim that has room, recursing into single rows when one row is
 // too large). Empty for an empty region.
-std::vector<v1::Region> ContiguousChunks(std::span<const uint64_t> shape,
-                                         const v1::Region& region, uint64_t max_elems);
+std::vector<v1::Region> ContiguousChunks(std::span<const uint64_t> shape, const v1::Region& region,
+                                         uint64_t max_elems);
 
 // A byte range [offset, offset + len).
 struct ByteRange {
@@ -101,7 +101,6 @@ struct ByteRange {
 // The byte ranges of src_region's buffer that CopyRegion(shape, elem_bytes, src_region, ...,
 // dst_region, ...) reads: sorted, disjoint, adjacent ones merged. Empty if they do not intersect.
 std::vector<ByteRange> NeededByteRanges(std::span<const uint64_t> shape, uint32_t elem_bytes,
-                                        const v1::Region& src_region,
-                                        const v1::Region& dst_region);
+                                        const v1::Region& src_region, const v1::Region& dst_region);
 
 }  // namespace ckptd

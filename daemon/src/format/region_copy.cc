@@ -71,8 +71,8 @@ uint64_t ForEachRun(std::span<const uint64_t> shape, const v1::Region& src_regio
     uint64_t src_start = src_region.flat().start();
     uint64_t dst_start = dst_region.flat().start();
     uint64_t lo = std::max(src_start, dst_start);
-    uint64_t hi = std::min(src_start + src_region.flat().count(),
-                           dst_start + dst_region.flat().count());
+    uint64_t hi =
+        std::min(src_start + src_region.flat().count(), dst_start + dst_region.flat().count());
     if (hi <= lo) return 0;
     fn(lo - src_start, lo - dst_start, hi - lo);
     return hi - lo;
@@ -103,13 +103,12 @@ uint64_t ForEachCopyRun(std::span<const uint64_t> shape, const v1::Region& src_r
 }
 
 uint64_t CopyRegion(std::span<const uint64_t> shape, uint32_t elem_bytes,
-                    const v1::Region& src_region, const uint8_t* src,
-                    const v1::Region& dst_region, uint8_t* dst) {
-  return ForEachRun(shape, src_region, dst_region,
-                    [&](uint64_t src_pos, uint64_t dst_pos, uint64_t elems) {
-                      std::memcpy(dst + dst_pos * elem_bytes, src + src_pos * elem_bytes,
-                                  elems * elem_bytes);
-                    });
+                    const v1::Region& src_region, const uint8_t* src, const v1::Region& dst_region,
+                    uint8_t* dst) {
+  return ForEachRun(
+      shape, src_region, dst_region, [&](uint64_t src_pos, uint64_t dst_pos, uint64_t elems) {
+        std::memcpy(dst + dst_pos * elem_bytes, src + src_pos * elem_bytes, elems * elem_bytes);
+      });
 }
 
 std::vector<ByteRange> NeededByteRanges(std::span<const uint64_t> shape, uint32_t elem_bytes,
@@ -135,8 +134,8 @@ std::vector<ByteRange> NeededByteRanges(std::span<const uint64_t> shape, uint32_
 
 namespace {
 
-void ChunkBox(std::vector<uint64_t>& off, std::vector<uint64_t>& len, size_t d,
-              uint64_t max_elems, std::vector<v1::Region>* out) {
+void ChunkBox(std::vector<uint64_t>& off, std::vector<uint64_t>& len, size_t d, uint64_t max_elems,
+              std::vector<v1::Region>* out) {
   const size_t n = len.size();
   auto emit = [&]() {
     v1::Region r;
@@ -173,8 +172,8 @@ void ChunkBox(std::vector<uint64_t>& off, std::vector<uint64_t>& len, size_t d,
 
 }  // namespace
 
-std::vector<v1::Region> ContiguousChunks(std::span<const uint64_t> shape,
-                                         const v1::Region& region, uint64_t max_elems) {
+std::vector<v1::Region> ContiguousChunks(std::span<const uint64_t> shape, const v1::Region& region,
+                                         uint64_t max_elems) {
   CKPTD_CHECK(max_elems >= 1);
   std::vector<v1::Region> out;
   if (RegionElements(region, shape) == 0) return out;

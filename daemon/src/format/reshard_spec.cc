@@ -63,8 +63,10 @@ std::string ParseLayout(const std::string& layout, ReshardRule* rule) {
              absl::SimpleAtoi(head.substr(3), &rule->dim) && rule->dim < limits::kTensorDimsMax) {
     rule->kind = ReshardRule::kDim;
   } else {
-    return absl::StrFormat("unknown layout \"%s\"; expected rows, cols, dimD (D < 16), flat or "
-                           "grid", head);
+    return absl::StrFormat(
+        "unknown layout \"%s\"; expected rows, cols, dimD (D < 16), flat or "
+        "grid",
+        head);
   }
   return "";
 }
@@ -124,11 +126,11 @@ absl::StatusOr<ReshardSpec> ParseReshardSpec(std::string_view text) {
       rule.pattern = Trim(std::string_view(rule_text).substr(0, eq));
       layout = Trim(std::string_view(rule_text).substr(eq + 1));
     }
-    std::string problem = rule.pattern.empty() ? "empty item pattern before '='"
-                                               : ParseLayout(layout, &rule);
+    std::string problem =
+        rule.pattern.empty() ? "empty item pattern before '='" : ParseLayout(layout, &rule);
     if (!problem.empty()) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "reshard spec \"%s\": rule %d \"%s\": %s", spec.text, index, rule_text, problem));
+      return absl::InvalidArgumentError(absl::StrFormat("reshard spec \"%s\": rule %d \"%s\": %s",
+                                                        spec.text, index, rule_text, problem));
     }
     spec.rules.push_back(std::move(rule));
   }

@@ -36,8 +36,8 @@ struct ReshardRule {
   enum Kind { kConsolidated, kDim, kLastDim, kFlat, kGrid };
   std::string pattern = "*";
   Kind kind = kConsolidated;
-  uint32_t dim = 0;              // kDim
-  std::vector<uint32_t> parts;   // kDim, kLastDim, kFlat: one count; kGrid: one per leading dim
+  uint32_t dim = 0;             // kDim
+  std::vector<uint32_t> parts;  // kDim, kLastDim, kFlat: one count; kGrid: one per leading dim
 };
 
 struct ReshardSpec {

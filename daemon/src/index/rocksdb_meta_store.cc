@@ -154,9 +154,10 @@ class RocksDbMetaStore : public MetaStore {
     if (needs_resume_.load()) {
       rocksdb::Status r = db_->Resume();
       if (r.IsBusy()) {  // RocksDB's own recovery runs (it polls for free space)
-        return absl::UnavailableError(absl::StrCat(
-            what, ": the index (", dir_, ") is recovering from an earlier failed write; it "
-            "resumes by itself once its volume has space again, retry"));
+        return absl::UnavailableError(
+            absl::StrCat(what, ": the index (", dir_,
+                         ") is recovering from an earlier failed write; it "
+                         "resumes by itself once its volume has space again, retry"));
       }
       if (!r.ok()) {
         absl::Status st = FromRocks(r, what + ": the index is read-only until it recovers", dir_);

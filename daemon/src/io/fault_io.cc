@@ -118,9 +118,7 @@ absl::Status FaultIo::Fsync(const FileHandle& file) {
   return TrackSyncLocked(file.path);
 }
 
-absl::StatusOr<uint64_t> FaultIo::FileSize(const FileHandle& file) {
-  return base_->FileSize(file);
-}
+absl::StatusOr<uint64_t> FaultIo::FileSize(const FileHandle& file) { return base_->FileSize(file); }
 
 absl::Status FaultIo::Rename(const std::string& from, const std::string& to) {
   if (int err = Check(Op::kRename)) {

@@ -103,7 +103,7 @@ class FaultIo : public Io {
  private:
   struct Fault {
     bool armed = false;
-    bool once = false;     // FailNext: disarm after firing
+    bool once = false;       // FailNext: disarm after firing
     uint64_t pass_left = 0;  // calls still let through before failing
     int err = 0;
   };

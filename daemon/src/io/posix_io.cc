@@ -113,15 +113,14 @@ absl::Status MkdirOne(PosixIo& io, const std::string& dir) {
 
 }  // namespace
 
-std::string TransferContext(bool is_write, const FileHandle& file, uint64_t offset,
-                            uint64_t len) {
+std::string TransferContext(bool is_write, const FileHandle& file, uint64_t offset, uint64_t len) {
   return absl::StrCat(is_write ? "write " : "read ", file.path, " at offset ", offset, " (", len,
                       " bytes)");
 }
 
 absl::Status ShortFileStatus(const FileHandle& file, uint64_t offset, uint64_t len) {
-  return absl::DataLossError(absl::StrCat("read ", file.path, " at offset ", offset,
-                                          ": file ends ", len, " bytes before the slice does"));
+  return absl::DataLossError(absl::StrCat("read ", file.path, " at offset ", offset, ": file ends ",
+                                          len, " bytes before the slice does"));
 }
 
 absl::StatusOr<FileHandle> PosixIo::Open(const std::string& path, int flags, mode_t mode,

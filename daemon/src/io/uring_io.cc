@@ -13,8 +13,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "ckptd/status.h"
-#include "io/posix_io.h"
 #include "common/limits.h"
+#include "io/posix_io.h"
 #include "spdlog/spdlog.h"
 
 namespace ckptd::io_internal {
@@ -174,8 +174,8 @@ class Batch {
       Fail(ErrnoStatus(-res, TransferContext(is_write_, file_, op.offset, op.len)));
     } else if (res == 0) {
       if (is_write_) {
-        Fail(absl::DataLossError(absl::StrCat(
-            TransferContext(is_write_, file_, op.offset, op.len), ": wrote 0 bytes")));
+        Fail(absl::DataLossError(
+            absl::StrCat(TransferContext(is_write_, file_, op.offset, op.len), ": wrote 0 bytes")));
       } else {
         Fail(ShortFileStatus(file_, op.offset, op.len));
       }
@@ -234,8 +234,7 @@ class UringIo : public PosixIo {
       return ErrnoStatus(-rc, absl::StrCat("io_uring_queue_init(", depth_, ") for ", file.path));
     }
     bool ring_broken = false;
-    absl::Status status =
-        Batch(&tls_ring.ring, depth_, is_write, file, slices).Run(&ring_broken);
+    absl::Status status = Batch(&tls_ring.ring, depth_, is_write, file, slices).Run(&ring_broken);
     if (ring_broken) tls_ring.Reset();
     return status;
   }

@@ -100,9 +100,8 @@ void ArenaFdServer::Accept(std::vector<Conn>* conns) {
     close(fd);
     return;
   }
-  conns->push_back(Conn{fd, *uid, "",
-                        std::chrono::steady_clock::now() +
-                            std::chrono::milliseconds(kIoTimeoutMs)});
+  conns->push_back(Conn{
+      fd, *uid, "", std::chrono::steady_clock::now() + std::chrono::milliseconds(kIoTimeoutMs)});
 }
 
 namespace {
@@ -150,8 +149,9 @@ bool ArenaFdServer::ReadMore(Conn& c) {
     }
     c.request.append(buf, static_cast<size_t>(n));
     if (c.request.size() > kSessionIdBytesMax) {
-      Reply(c.fd, absl::InvalidArgumentError(absl::StrCat(
-                      "a session id has at most ", kSessionIdBytesMax, " bytes")),
+      Reply(c.fd,
+            absl::InvalidArgumentError(
+                absl::StrCat("a session id has at most ", kSessionIdBytesMax, " bytes")),
             "", -1);
       return false;
     }
@@ -159,8 +159,9 @@ bool ArenaFdServer::ReadMore(Conn& c) {
 }
 
 bool ArenaFdServer::Expire(Conn& c) {
-  Reply(c.fd, absl::DeadlineExceededError(absl::StrCat(
-                  "no complete session id within ", kIoTimeoutMs, " ms")),
+  Reply(c.fd,
+        absl::DeadlineExceededError(
+            absl::StrCat("no complete session id within ", kIoTimeoutMs, " ms")),
         "", -1);
   return true;
 }
@@ -172,8 +173,8 @@ void ArenaFdServer::Answer(const Conn& c) {
     Reply(c.fd, g.status(), "", -1);
     return;
   }
-  Reply(c.fd, absl::OkStatus(),
-        absl::StrCat(g->name, " ", g->generation, " ", g->resident ? 1 : 0), g->fd);
+  Reply(c.fd, absl::OkStatus(), absl::StrCat(g->name, " ", g->generation, " ", g->resident ? 1 : 0),
+        g->fd);
 }
 
 }  // namespace ckptd

@@ -30,9 +30,9 @@
 namespace ckptd {
 
 struct ListenOptions {
-  std::string path;     // at most 107 bytes
-  uint32_t mode = 0600;  // permission bits of the socket file
-  int64_t gid = -1;      // group of the socket file; -1 keeps the daemon's
+  std::string path;        // at most 107 bytes
+  uint32_t mode = 0600;    // permission bits of the socket file
+  int64_t gid = -1;        // group of the socket file; -1 keeps the daemon's
   int64_t admin_gid = -1;  // members (and uid 0) are admin callers; -1: uid 0 only
 };
 

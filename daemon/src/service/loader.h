@@ -9,11 +9,11 @@
 // Ownership: borrows options, storage, arena and regions (they outlive it); owns the pool of
 // reusable load buffers and the reader pool (joined when the loader is destroyed).
 // Threads: any thread, concurrently (each Load runs on its caller's thread; prefetched batches on
-// the reader pool, waiting for a reader when all are busy); the only lock is load_buffers_mu_, held only to take or return a buffer.
-// Errors (Load): NOT_FOUND for an item not in the checkpoint or a per-rank object not saved by
-// the rank asked; INVALID_ARGUMENT / OUT_OF_RANGE for a bad region or destination; the arena's
-// and region registry's lease errors; RESOURCE_EXHAUSTED when no read buffer can be allocated;
-// DATA_LOSS when a block does not verify; the storage's read errors.
+// the reader pool, waiting for a reader when all are busy); the only lock is load_buffers_mu_, held
+// only to take or return a buffer. Errors (Load): NOT_FOUND for an item not in the checkpoint or a
+// per-rank object not saved by the rank asked; INVALID_ARGUMENT / OUT_OF_RANGE for a bad region or
+// destination; the arena's and region registry's lease errors; RESOURCE_EXHAUSTED when no read
+// buffer can be allocated; DATA_LOSS when a block does not verify; the storage's read errors.
 #pragma once
 
 #include <cstdint>

@@ -73,9 +73,8 @@ absl::Status SessionTable::CheckUid(uint32_t uid, const std::string& id) const {
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(id);
   if (it == sessions_.end() || it->second.uid != uid) {
-    return UnknownSession(absl::StrCat(
-        "unknown session \"", id, "\" for uid ", uid,
-        " (a session's arena goes only to the uid that opened it)"));
+    return UnknownSession(absl::StrCat("unknown session \"", id, "\" for uid ", uid,
+                                       " (a session's arena goes only to the uid that opened it)"));
   }
   return absl::OkStatus();
 }

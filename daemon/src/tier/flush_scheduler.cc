@@ -97,8 +97,8 @@ absl::Status LayOutRankBlob(absl::FunctionRef<const uint8_t*(const v1::StagedSha
     uint64_t len = placed.length;
     if (m.target_case() == v1::MemRef::kExtentId && shards_per_extent[s->extent_id()] == 1 &&
         m.offset() + placed.padded_length <= s->extent_length()) {
-      CKPTD_RETURN_IF_ERROR(GuardedZero(const_cast<uint8_t*>(src) + len,
-                                        placed.padded_length - len, "staged extent tail"));
+      CKPTD_RETURN_IF_ERROR(GuardedZero(const_cast<uint8_t*>(src) + len, placed.padded_length - len,
+                                        "staged extent tail"));
       len = placed.padded_length;
     }
     pieces->push_back(BlobPiece{src, len, placed.offset});

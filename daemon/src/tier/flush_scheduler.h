@@ -6,8 +6,8 @@
 //     the latest flush_gate_ms after its first rank staged (GateElapsed, checked every GateTick);
 //   - posting a rank's flush on the flush pool (Post; the debug flush delay is applied there);
 //   - writing one rank's blob (WriteRankBlob: lay out the shards, checksum every block — on the
-//     checksum pool ("crc-<i>") while the blob is written, for large blobs — write with O_DIRECT from where the bytes
-//     are staged, fdatasync).
+//     checksum pool ("crc-<i>") while the blob is written, for large blobs — write with O_DIRECT
+//     from where the bytes are staged, fdatasync).
 // The lifecycle (service/flush.cc FlushRank) decides which ranks to flush and records the result
 // ("persisted", extents freed). The remote and RAM tiers extend this part: a tier is where a
 // persisted rank's blob goes next, scheduled here.

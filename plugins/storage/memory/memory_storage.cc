@@ -162,8 +162,8 @@ absl::Status MemoryStorage::WriteAt(const std::string& path, std::span<const IoS
   for (const IoSlice& s : slices) {
     if (s.len == 0) continue;
     if (s.len > UINT64_MAX - s.offset) {
-      return absl::InvalidArgumentError(absl::StrCat("write memory blob ", path, " at offset ",
-                                                     s.offset, ": slice overflows"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("write memory blob ", path, " at offset ", s.offset, ": slice overflows"));
     }
     if (data.size() < s.offset + s.len) data.resize(s.offset + s.len);
     std::memcpy(data.data() + s.offset, s.buf, s.len);
@@ -181,8 +181,7 @@ absl::Status MemoryStorage::SyncPath(const std::string& path) {
   return absl::OkStatus();
 }
 
-absl::Status MemoryStorage::ReadAt(const std::string& path,
-                                   std::span<const IoSlice> slices) const {
+absl::Status MemoryStorage::ReadAt(const std::string& path, std::span<const IoSlice> slices) const {
   absl::MutexLock lock(&mu_);
   auto it = files_.find(path);
   if (it == files_.end() || !it->second.current) {

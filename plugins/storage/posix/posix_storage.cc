@@ -13,8 +13,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "ckptd/status.h"
-#include "ckptd/storage_path.h"
 #include "ckptd/storage.h"
+#include "ckptd/storage_path.h"
 #include "ckptd/sync_point.h"
 #include "spdlog/spdlog.h"
 

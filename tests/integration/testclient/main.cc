@@ -122,9 +122,9 @@ int Load(const Args& a) {
   if (a.Str("step") != "latest") step = a.Num("step", 1);
   std::vector<std::string> items;
   if (!a.Str("items").empty()) items = absl::StrSplit(a.Str("items"), ',');
-  absl::Status s = ckptd_it::VerifyCheckpoint(
-      **client, a.Str("job"), step, a.Num("seed", 1), items,
-      static_cast<uint32_t>(a.Num("world", 4)), !a.flags.count("no-objects") && items.empty());
+  absl::Status s = ckptd_it::VerifyCheckpoint(**client, a.Str("job"), step, a.Num("seed", 1), items,
+                                              static_cast<uint32_t>(a.Num("world", 4)),
+                                              !a.flags.count("no-objects") && items.empty());
   if (!s.ok()) return Fail("verify", s);
   std::printf("verified\n");
   return 0;

@@ -90,8 +90,8 @@ inline absl::Status VerifyCheckpoint(ckptd::Client& client, const std::string& j
   for (size_t i = 0; i < wanted.size(); ++i) {
     std::vector<uint8_t> want = GlobalBytes(*wanted[i], seed);
     if (got[i] != want) {
-      return absl::DataLossError(absl::StrCat("item ", wanted[i]->name, " differs: ",
-                                              HexAround(got[i], want)));
+      return absl::DataLossError(
+          absl::StrCat("item ", wanted[i]->name, " differs: ", HexAround(got[i], want)));
     }
     if (r->item_bytes.size() > i && r->item_bytes[i] != want.size()) {
       return absl::DataLossError(absl::StrCat("item ", wanted[i]->name, ": load reported ",

@@ -26,13 +26,13 @@ struct TensorItem {
 
 inline const std::vector<TensorItem>& StateDict() {
   static const std::vector<TensorItem> items = {
-      {"model.embed.weight", ckptd::DType::kFloat32, {64, 33}},         // 8448 B: not 4 KiB-multiple
+      {"model.embed.weight", ckptd::DType::kFloat32, {64, 33}},  // 8448 B: not 4 KiB-multiple
       {"model.layers.0.attn.qkv", ckptd::DType::kBFloat16, {128, 96}},  // 24576 B
       {"model.layers.0.mlp.fc1", ckptd::DType::kFloat16, {32, 20}},
       {"model.token_ids", ckptd::DType::kInt64, {16, 5}},
       {"model.mask", ckptd::DType::kBool, {12, 7}},
       {"model.layers.0.mlp.fc1.fp8", ckptd::DType::kFloat8E4M3FN, {40, 101}},
-      {"optim.step", ckptd::DType::kFloat32, {}, /*sharded=*/false},            // 0-d, replicated
+      {"optim.step", ckptd::DType::kFloat32, {}, /*sharded=*/false},  // 0-d, replicated
       {"model.empty", ckptd::DType::kFloat32, {0, 8}, /*sharded=*/false, /*rank0_only=*/true},
   };
   return items;

@@ -1,12 +1,13 @@
 // ckptctl's safetensors planner as pure code: packing at the exact size limit, names, headers,
 // the index, byte sizes, and the inputs it must refuse.
+#include "safetensors.h"
+
 #include <catch2/catch.hpp>
 
 #include "absl/strings/str_format.h"
-#include "safetensors.h"
 
-using ckptd::DType;
 using Catch::Matchers::Contains;
+using ckptd::DType;
 namespace st = ckptctl::safetensors;
 
 namespace {
@@ -28,9 +29,9 @@ const std::map<std::string, std::string> kMeta = {{"format", "pt"}};
 }  // namespace
 
 TEST_CASE("safetensors plan: one file, header framing and offsets", "[unit]") {
-  auto files = st::Plan({T("b", DType::kBFloat16, {2, 3}), T("a", DType::kFloat32, {}),
-                         T("c", DType::kBool, {0, 4})},
-                        st::kMaxFileBytesDefault, kMeta);
+  auto files = st::Plan(
+      {T("b", DType::kBFloat16, {2, 3}), T("a", DType::kFloat32, {}), T("c", DType::kBool, {0, 4})},
+      st::kMaxFileBytesDefault, kMeta);
   REQUIRE(files.ok());
   REQUIRE(files->size() == 1);
   const st::FilePlan& f = (*files)[0];

@@ -1,3 +1,5 @@
+#include "dataplane/arena.h"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -9,7 +11,6 @@
 #include <thread>
 
 #include "common/limits.h"
-#include "dataplane/arena.h"
 #include "dataplane/memory_guard.h"
 #include "dataplane/region_registry.h"
 
@@ -118,8 +119,7 @@ TEST_CASE("arena: full arena waits, then fails stating bytes asked and free", "[
   CHECK(third.ok());
 }
 
-TEST_CASE("arena: a restarted daemon adopts the segment and restores journaled extents",
-          "[unit]") {
+TEST_CASE("arena: a restarted daemon adopts the segment and restores journaled extents", "[unit]") {
   ArenaFixture f;
   ExtentInfo kept;
   {
@@ -148,8 +148,7 @@ TEST_CASE("arena: a restarted daemon adopts the segment and restores journaled e
   CHECK((*again)->Restore(kept.id + 2, kV, kept.offset + 65536, 4096).code() ==
         absl::StatusCode::kDataLoss);  // no segment of that uid
   CHECK((*again)->free_bytes() == (*again)->capacity_bytes() - kept.length);
-  CHECK((*again)->Adopt(kU, seg.name, seg.generation).code() ==
-        absl::StatusCode::kAlreadyExists);
+  CHECK((*again)->Adopt(kU, seg.name, seg.generation).code() == absl::StatusCode::kAlreadyExists);
   again->reset();
   // Another size, generation or uid: never adopted, never touched.
   auto other = f.Open(32 << 20, false);
@@ -321,10 +320,8 @@ TEST_CASE("region registry bounds-checks every access", "[unit]") {
   REQUIRE(id.ok());
   CHECK(reg.Acquire("s", *id, 0, 1 << 20).ok());
   CHECK(reg.Acquire("s", *id, (1 << 20) - 1, 1).ok());
-  CHECK(reg.Acquire("s", *id, (1 << 20) - 1, 2).status().code() ==
-        absl::StatusCode::kOutOfRange);
-  CHECK(reg.Acquire("s", *id, ~uint64_t{0}, 2).status().code() ==
-        absl::StatusCode::kOutOfRange);
+  CHECK(reg.Acquire("s", *id, (1 << 20) - 1, 2).status().code() == absl::StatusCode::kOutOfRange);
+  CHECK(reg.Acquire("s", *id, ~uint64_t{0}, 2).status().code() == absl::StatusCode::kOutOfRange);
   CHECK(reg.Acquire("other", *id, 0, 1).status().code() == absl::StatusCode::kNotFound);
   CHECK(reg.Acquire("s", *id + 7, 0, 1).status().code() == absl::StatusCode::kNotFound);
   req.set_size_bytes(2 << 20);
@@ -359,9 +356,9 @@ TEST_CASE("region registry refuses memory that is not the caller's", "[unit]") {
   REQUIRE(arena.ok());
   REQUIRE((*arena)->Segment(getuid()).ok());
   StagingArena* a = arena->get();
-  RegionRegistry reg(ForbiddenRegions{
-      "/ckptd-unittest-daemon-",
-      [a](uint64_t dev, uint64_t ino) { return a->IsSegment(dev, ino); }});
+  RegionRegistry reg(ForbiddenRegions{"/ckptd-unittest-daemon-", [a](uint64_t dev, uint64_t ino) {
+                                        return a->IsSegment(dev, ino);
+                                      }});
   v1::RegisterRegionRequest req;
   req.set_kind(v1::SHM);
   req.set_size_bytes(4096);

@@ -40,8 +40,8 @@ TEST_CASE("Crc32c implementations agree and extend", "[unit]") {
   std::mt19937_64 rng(42);
   std::vector<uint8_t> buf(5008);  // room for misalignment
   for (auto& b : buf) b = static_cast<uint8_t>(rng());
-  for (size_t n : {size_t{1}, size_t{7}, size_t{8}, size_t{9}, size_t{63}, size_t{4096},
-                   size_t{4999}}) {
+  for (size_t n :
+       {size_t{1}, size_t{7}, size_t{8}, size_t{9}, size_t{63}, size_t{4096}, size_t{4999}}) {
     for (size_t misalign : {size_t{0}, size_t{1}, size_t{3}}) {
       const uint8_t* p = buf.data() + misalign;
       uint32_t whole = Crc32cPortable(p, n);

@@ -32,10 +32,14 @@ struct Fixture {
 
 v1::DType DTypeOfSize(uint32_t size) {
   switch (size) {
-    case 1: return v1::UINT8;
-    case 2: return v1::BFLOAT16;
-    case 4: return v1::FLOAT32;
-    default: return v1::INT64;
+    case 1:
+      return v1::UINT8;
+    case 2:
+      return v1::BFLOAT16;
+    case 4:
+      return v1::FLOAT32;
+    default:
+      return v1::INT64;
   }
 }
 
@@ -73,9 +77,9 @@ void AddTensor(std::mt19937_64& rng, Fixture* f, const std::string& name,
   global.resize(testing::RefNumel(shape) * elem);
   for (char& c : global) c = static_cast<char>(rng());
   for (const v1::Region& r : partition) {
-    v1::ShardEntry s = Store(f, static_cast<uint32_t>(rng() % blobs),
-                             Gather(shape, elem, global, r), align,
-                             f->m.header.checksum_block_bytes());
+    v1::ShardEntry s =
+        Store(f, static_cast<uint32_t>(rng() % blobs), Gather(shape, elem, global, r), align,
+              f->m.header.checksum_block_bytes());
     *s.mutable_region() = r;
     *item.add_shards() = s;
   }
@@ -130,14 +134,13 @@ Executed Execute(const Fixture& f, const LoadPlan& plan, const PlanOptions& o) {
     std::vector<std::pair<uint64_t, uint64_t>> verified;
     for (uint32_t c = run.first_check; c < run.first_check + run.check_count; ++c) {
       const BlockCheck& k = plan.checks[c];
-      uint64_t n = std::min<uint64_t>(k.end_block * block, k.shard->length()) -
-                   k.first_block * block;
+      uint64_t n =
+          std::min<uint64_t>(k.end_block * block, k.shard->length()) - k.first_block * block;
       REQUIRE(k.run_offset + n <= run.length);
       REQUIRE(run.offset + k.run_offset == k.shard->offset() + k.first_block * block);
       absl::Status st = VerifyBlocks(
           buf.data() + k.run_offset, k.first_block, n, k.shard->length(),
-          std::span<const uint32_t>(k.shard->block_crc32c().data(),
-                                    k.shard->block_crc32c().size()),
+          std::span<const uint32_t>(k.shard->block_crc32c().data(), k.shard->block_crc32c().size()),
           block, "test");
       if (!st.ok() && ex.status.ok()) ex.status = st;
       verified.emplace_back(k.run_offset, k.run_offset + n);
@@ -149,8 +152,7 @@ Executed Execute(const Fixture& f, const LoadPlan& plan, const PlanOptions& o) {
       bool covered = false;  // every byte used was verified in this run
       for (auto [b, e] : verified) covered |= b <= cp.run_offset && cp.run_offset + cp.bytes <= e;
       REQUIRE(covered);
-      std::memcpy(ex.dst[cp.request].data() + cp.dst_offset, buf.data() + cp.run_offset,
-                  cp.bytes);
+      std::memcpy(ex.dst[cp.request].data() + cp.dst_offset, buf.data() + cp.run_offset, cp.bytes);
     }
   }
   CHECK(read == plan.read_bytes);
@@ -173,8 +175,8 @@ Case RandomCase(std::mt19937_64& rng, uint64_t align, uint32_t block) {
   for (int i = 0; i < items; ++i) {
     std::vector<uint64_t> shape = testing::RandomShape(rng, 3, 14);
     uint32_t elem = 1u << (rng() % 4);
-    AddTensor(rng, &c.f, "t" + std::to_string(i), shape, elem,
-              testing::RandomPartition(rng, shape), align, blobs);
+    AddTensor(rng, &c.f, "t" + std::to_string(i), shape, elem, testing::RandomPartition(rng, shape),
+              align, blobs);
   }
   if (rng() % 3 == 0) {  // an object item with two per-rank copies
     v1::ItemEntry obj;
@@ -305,8 +307,8 @@ TEST_CASE("PlanLoad rejects bad regions and uncovered data", "[unit]") {
   std::vector<PlanRequest> req = {{&f.m.items[0], Box({0, 0}, {9, 8}), nullptr}};
   absl::StatusOr<LoadPlan> plan = PlanLoad(f.m, req);
   CHECK(plan.status().code() == absl::StatusCode::kInvalidArgument);
-  CHECK_THAT(std::string(plan.status().message()), Catch::Contains("item \"w\"") &&
-                                                       Catch::Contains("box[0:9, 0:8]"));
+  CHECK_THAT(std::string(plan.status().message()),
+             Catch::Contains("item \"w\"") && Catch::Contains("box[0:9, 0:8]"));
   req[0].region = Box({2, 0}, {4, 8});
   plan = PlanLoad(f.m, req);
   CHECK(plan.status().code() == absl::StatusCode::kFailedPrecondition);
@@ -357,14 +359,15 @@ TEST_CASE("PlanLoad is exact at 10k shards", "[unit]") {
     REQUIRE(ex.status.ok());
     for (size_t i = 0; i < dst.size(); ++i) {
       std::string want(plan.request_bytes[i], '\0');
-      CopyRegion(shape, 4, v1::Region(), reinterpret_cast<const uint8_t*>(global.data()),
-                 dst[i], reinterpret_cast<uint8_t*>(want.data()));
+      CopyRegion(shape, 4, v1::Region(), reinterpret_cast<const uint8_t*>(global.data()), dst[i],
+                 reinterpret_cast<uint8_t*>(want.data()));
       REQUIRE(ex.dst[i] == want);
     }
   };
   check({Flat(0, 333'333), Flat(333'333, 333'334), Flat(666'667, 333'333)});
   std::vector<v1::Region> cols;
-  for (uint64_t c = 0; c < 1000; c += 143) cols.push_back(Box({0, c}, {1000, std::min<uint64_t>(143, 1000 - c)}));
+  for (uint64_t c = 0; c < 1000; c += 143)
+    cols.push_back(Box({0, c}, {1000, std::min<uint64_t>(143, 1000 - c)}));
   check(cols);
 }
 

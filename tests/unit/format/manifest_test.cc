@@ -320,8 +320,9 @@ TEST_CASE("A partial manifest may not hold an element twice", "[unit]") {
   t.mutable_shards(1)->mutable_region()->mutable_box()->set_offsets(0, 3);
   absl::Status s = ValidateManifest(m);
   CHECK(s.code() == absl::StatusCode::kFailedPrecondition);
-  CHECK(Message(s) == "manifest of job \"llama3-8b\" step 1000: item \"model.layers.1.weight\": "
-                      "regions box[0:4, 0:8] and box[3:7, 0:8] overlap");
+  CHECK(Message(s) ==
+        "manifest of job \"llama3-8b\" step 1000: item \"model.layers.1.weight\": "
+        "regions box[0:4, 0:8] and box[3:7, 0:8] overlap");
   CHECK(!EncodeManifest(m).ok());
   m.header.set_item_count(m.items.size());
   m.header.set_segment_count(1);

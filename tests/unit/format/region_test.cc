@@ -24,10 +24,9 @@ TEST_CASE("NumElements", "[unit]") {
         limits::kTensorElementsMax);
   CHECK(NumElements(std::vector<uint64_t>{limits::kTensorElementsMax, 2}).status().code() ==
         absl::StatusCode::kInvalidArgument);
-  CHECK(NumElements(std::vector<uint64_t>{uint64_t{1} << 32, uint64_t{1} << 32, 0})
-            .status()
-            .code() ==
-        absl::StatusCode::kInvalidArgument);
+  CHECK(
+      NumElements(std::vector<uint64_t>{uint64_t{1} << 32, uint64_t{1} << 32, 0}).status().code() ==
+      absl::StatusCode::kInvalidArgument);
   CHECK(NumElements(std::vector<uint64_t>(limits::kTensorDimsMax, 2)).ok());
   CHECK(NumElements(std::vector<uint64_t>(limits::kTensorDimsMax + 1, 1)).status().code() ==
         absl::StatusCode::kInvalidArgument);
@@ -126,26 +125,28 @@ TEST_CASE("CheckCoverage finds gaps and overlaps", "[unit]") {
   CHECK(!CheckCoverage(shape, std::vector<v1::Region>{}, "w").ok());
   CHECK(CheckCoverage(std::vector<uint64_t>{0, 3}, std::vector<v1::Region>{}, "w").ok());
   CHECK(CheckCoverage(std::vector<uint64_t>{}, std::vector<v1::Region>{Box({}, {})}, "w").ok());
-  CHECK(!CheckCoverage(std::vector<uint64_t>{},
-                       std::vector<v1::Region>{Box({}, {}), Flat(0, 1)}, "w").ok());
+  CHECK(
+      !CheckCoverage(std::vector<uint64_t>{}, std::vector<v1::Region>{Box({}, {}), Flat(0, 1)}, "w")
+           .ok());
 }
 
 TEST_CASE("CheckNoOverlap allows gaps, never overlaps", "[unit]") {
   std::vector<uint64_t> shape = {8, 8};
   CHECK(CheckNoOverlap(shape, std::vector<v1::Region>{}, "w").ok());
   CHECK(CheckNoOverlap(shape, std::vector<v1::Region>{Flat(0, 32), Flat(40, 8)}, "w").ok());
-  CHECK(CheckNoOverlap(shape, std::vector<v1::Region>{Box({0, 0}, {8, 4}), Box({0, 4}, {5, 4})},
-                       "w").ok());
+  CHECK(
+      CheckNoOverlap(shape, std::vector<v1::Region>{Box({0, 0}, {8, 4}), Box({0, 4}, {5, 4})}, "w")
+          .ok());
   // A gap in a dim of the sweep, then boxes again.
-  CHECK(CheckNoOverlap(shape, std::vector<v1::Region>{Box({0, 0}, {2, 3}), Box({5, 2}, {3, 6})},
-                       "w").ok());
+  CHECK(
+      CheckNoOverlap(shape, std::vector<v1::Region>{Box({0, 0}, {2, 3}), Box({5, 2}, {3, 6})}, "w")
+          .ok());
   CHECK(Message(CheckNoOverlap(shape, std::vector<v1::Region>{Flat(0, 2), Flat(1, 2)}, "w")) ==
         "item \"w\": regions flat[0:2) and flat[1:3) overlap");
-  CHECK(Message(CheckNoOverlap(shape, std::vector<v1::Region>{Box({0, 0}, {2, 3}),
-                                                               Box({5, 2}, {3, 6}),
-                                                               Box({6, 0}, {1, 3})},
-                               "w")) ==
-        "item \"w\": regions box[6:7, 0:3] and box[5:8, 2:8] overlap");
+  CHECK(Message(CheckNoOverlap(
+            shape,
+            std::vector<v1::Region>{Box({0, 0}, {2, 3}), Box({5, 2}, {3, 6}), Box({6, 0}, {1, 3})},
+            "w")) == "item \"w\": regions box[6:7, 0:3] and box[5:8, 2:8] overlap");
   CHECK(!CheckNoOverlap(shape, std::vector<v1::Region>{Box({0, 0}, {9, 8})}, "w").ok());
 }
 

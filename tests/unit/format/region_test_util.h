@@ -1,8 +1,8 @@
 // Reference (brute-force) helpers and random generators for the region tests.
 #pragma once
 
-#include <cstdint>
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <random>
 #include <vector>

@@ -21,8 +21,8 @@ TEST_CASE("ParseReshardSpec accepts the grammar and names bad rules", "[unit]") 
   }
   CHECK_THAT(Error(""), Catch::Contains("empty"));
   CHECK_THAT(Error("rows:0"), Catch::Contains("rule 1 \"rows:0\": block count must be 1.."));
-  CHECK_THAT(Error("rows:4; w=slices:3"), Catch::Contains("rule 2") &&
-                                              Catch::Contains("unknown layout \"slices\""));
+  CHECK_THAT(Error("rows:4; w=slices:3"),
+             Catch::Contains("rule 2") && Catch::Contains("unknown layout \"slices\""));
   CHECK_THAT(Error("=rows:2"), Catch::Contains("empty item pattern"));
   CHECK_THAT(Error("grid:300x300"), Catch::Contains("at most 65536 blocks"));
   CHECK_THAT(Error("dim16:2"), Catch::Contains("unknown layout"));
@@ -56,8 +56,8 @@ TEST_CASE("TargetRegions cover every tensor exactly once (random shapes and spec
   const uint64_t seed = testing::TestSeed();
   INFO("seed " << seed << " (replay: CKPTD_TEST_SEED=" << seed << ")");
   std::mt19937_64 rng(seed);
-  const char* specs[] = {"consolidated", "rows:3", "cols:5", "dim1:2", "dim7:2", "flat:7",
-                         "grid:2x3", "grid:3x1x2", "grid:4x4x4x4"};
+  const char* specs[] = {"consolidated", "rows:3",   "cols:5",     "dim1:2",      "dim7:2",
+                         "flat:7",       "grid:2x3", "grid:3x1x2", "grid:4x4x4x4"};
   for (int i = 0; i < 500; ++i) {
     std::vector<uint64_t> shape = testing::RandomShape(rng, 4, 9);
     const char* text = specs[rng() % std::size(specs)];

@@ -1,11 +1,10 @@
 // The key schema: round trips, ordering, and rejection of malformed keys.
+#include "index/keys.h"
+
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <string>
 #include <vector>
-
-#include <catch2/catch.hpp>
-
-#include "index/keys.h"
 
 namespace ckptd {
 namespace {
@@ -13,8 +12,7 @@ namespace {
 using std::string_literals::operator""s;
 
 TEST_CASE("keys round trip every kind", "[unit]") {
-  for (uint64_t step : {uint64_t{0}, uint64_t{1}, uint64_t{255}, uint64_t{1} << 40,
-                        ~uint64_t{0}}) {
+  for (uint64_t step : {uint64_t{0}, uint64_t{1}, uint64_t{255}, uint64_t{1} << 40, ~uint64_t{0}}) {
     INFO("step " << step);
     CHECK(*keys::DecodeJob(keys::Job("llama3-8b-run42")) == "llama3-8b-run42");
     auto c = keys::DecodeCheckpoint(keys::Checkpoint("job", step));

@@ -1,8 +1,8 @@
 // MemoryMetaStore's power-loss model (memory_meta_store.h): a synced write makes every write
 // before it durable; DropUnsynced() forgets the rest; Crash() refuses writes.
-#include <catch2/catch.hpp>
-
 #include "index/memory_meta_store.h"
+
+#include <catch2/catch.hpp>
 
 namespace ckptd {
 namespace {

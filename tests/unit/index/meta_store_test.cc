@@ -1,13 +1,13 @@
 // MetaStore contract, run against both implementations, plus RocksDB persistence and locking.
+#include "index/meta_store.h"
+
+#include <catch2/catch.hpp>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include <catch2/catch.hpp>
-
-#include "index/keys.h"
-#include "index/meta_store.h"
 #include "../io/test_dir.h"
+#include "index/keys.h"
 
 namespace ckptd {
 namespace {

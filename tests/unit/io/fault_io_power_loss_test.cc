@@ -2,12 +2,11 @@
 // written through it, and the crash fence.
 #include <fcntl.h>
 
+#include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
-
-#include <catch2/catch.hpp>
 
 #include "io/fault_io.h"
 #include "test_dir.h"
@@ -43,7 +42,7 @@ TEST_CASE("FaultIo power loss: unsynced data and unsynced entries are lost, sync
   Write(io, root + "/old", "rewritten, never synced", false);
   Write(io, root + "/synced-new", "data", true);  // data synced, entry not
   Write(io, root + "/kept", "kept", true);
-  REQUIRE(io.FsyncDir(root).ok());                 // now both entries are durable
+  REQUIRE(io.FsyncDir(root).ok());  // now both entries are durable
   Write(io, root + "/kept", "kept, then more", false);
   Write(io, root + "/lost", "never synced", false);
   REQUIRE(io.PowerLoss().ok());
@@ -80,7 +79,7 @@ TEST_CASE("FaultIo power loss: a rename or removal needs its directory synced", 
     REQUIRE(io.RemoveAll(root + "/sub").ok());
     CHECK_FALSE(std::filesystem::exists(root + "/sub"));
     REQUIRE(io.Unlink(root + "/manifest.tmp").ok());
-    REQUIRE(io.FsyncDir(root).ok());  // both removals are in root
+    REQUIRE(io.FsyncDir(root).ok());   // both removals are in root
     REQUIRE(io.RemoveAll(root).ok());  // root's parent is never synced
     REQUIRE(io.PowerLoss().ok());
     CHECK(std::filesystem::exists(root));

@@ -1,14 +1,14 @@
 // FaultIo: arming, counting and forwarding.
+#include "io/fault_io.h"
+
 #include <fcntl.h>
 
+#include <catch2/catch.hpp>
 #include <cerrno>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include <catch2/catch.hpp>
-
-#include "io/fault_io.h"
 #include "test_dir.h"
 
 namespace ckptd {

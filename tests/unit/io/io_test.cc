@@ -1,8 +1,11 @@
 // Io: both implementations (io_uring and pread/pwrite) must behave identically.
+#include "ckptd/io.h"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -10,11 +13,8 @@
 #include <thread>
 #include <vector>
 
-#include <catch2/catch.hpp>
-
-#include "ckptd/io.h"
-#include "io/posix_io.h"
 #include "common/limits.h"
+#include "io/posix_io.h"
 #include "test_buffers.h"
 #include "test_dir.h"
 

@@ -1,12 +1,11 @@
 // MemoryStorage: the crash model (durable vs unsynced state) other modules' fault tests rely on.
+#include "storage/memory/memory_storage.h"
+
+#include <catch2/catch.hpp>
 #include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <catch2/catch.hpp>
-
-#include "storage/memory/memory_storage.h"
 
 namespace ckptd {
 namespace {

@@ -1,4 +1,5 @@
 // PosixStorage over both Io implementations, and its failure paths through FaultIo.
+#include <catch2/catch.hpp>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -9,12 +10,10 @@
 #include <thread>
 #include <vector>
 
-#include <catch2/catch.hpp>
-
 #include "ckptd/io.h"
 #include "ckptd/storage.h"
-#include "io/fault_io.h"
 #include "common/limits.h"
+#include "io/fault_io.h"
 #include "test_buffers.h"
 #include "test_dir.h"
 

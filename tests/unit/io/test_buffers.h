@@ -2,13 +2,12 @@
 #pragma once
 
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
-
-#include <catch2/catch.hpp>
 
 #include "common/limits.h"
 
@@ -21,8 +20,8 @@ using AlignedBuf = std::unique_ptr<char, FreeDeleter>;
 
 inline AlignedBuf Aligned(uint64_t bytes) {
   // aligned_alloc wants a size that is a multiple of the alignment.
-  uint64_t rounded = (bytes + limits::kAlignmentBytes - 1) / limits::kAlignmentBytes *
-                     limits::kAlignmentBytes;
+  uint64_t rounded =
+      (bytes + limits::kAlignmentBytes - 1) / limits::kAlignmentBytes * limits::kAlignmentBytes;
   void* p = std::aligned_alloc(limits::kAlignmentBytes, rounded);
   REQUIRE(p != nullptr);
   return AlignedBuf(static_cast<char*>(p));

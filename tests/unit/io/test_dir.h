@@ -4,12 +4,11 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 
+#include <catch2/catch.hpp>
 #include <cerrno>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
-
-#include <catch2/catch.hpp>
 
 namespace ckptd::testing {
 

@@ -248,7 +248,8 @@ void CheckBlobsFollowTheLayout(Rig& rig, const std::string& job, uint64_t step) 
   }
   for (const v1::BlobInfo& info : m->header.blobs()) {
     INFO(dir << "/" << info.name());
-    CHECK(info.SerializeAsString() == MakeBlobInfo(info.id(), info.size_bytes()).SerializeAsString());
+    CHECK(info.SerializeAsString() ==
+          MakeBlobInfo(info.id(), info.size_bytes()).SerializeAsString());
     std::vector<const v1::ShardEntry*> shards = by_blob[info.id()];
     std::stable_sort(shards.begin(), shards.end(), [](auto* a, auto* b) {
       return std::make_pair(a->length() > 0, a->offset()) <

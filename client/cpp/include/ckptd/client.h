@@ -146,8 +146,8 @@ struct RegionRef {
 struct BufferRef {
   enum Kind { kArena, kRegion };
   Kind kind = kArena;
-  uint64_t id = 0;      // kArena: ArenaBuffer::extent_id; kRegion: the RegisterShm() handle
-  uint64_t offset = 0;  // bytes from the start of the buffer or region
+  uint64_t id = 0;          // kArena: ArenaBuffer::extent_id; kRegion: the RegisterShm() handle
+  uint64_t offset = 0;      // bytes from the start of the buffer or region
   uint64_t generation = 0;  // kArena: ArenaBuffer::generation
 
   static BufferRef InArena(const ArenaBuffer& buffer, uint64_t offset = 0);
@@ -173,8 +173,15 @@ struct InPlaceObjectShard {
 // kDeleting: a Delete is removing it (gone once the Delete returns; a crash mid-delete leaves it
 // here until the Delete is repeated or the daemon restarts). kCorrupt: committed, but its manifest
 // no longer verifies — never `latest`, and a load is DATA_LOSS.
-enum class CheckpointState { kUnspecified, kStaging, kPersisting, kCommitted, kAborted, kDeleting,
-                             kCorrupt };
+enum class CheckpointState {
+  kUnspecified,
+  kStaging,
+  kPersisting,
+  kCommitted,
+  kAborted,
+  kDeleting,
+  kCorrupt
+};
 const char* CheckpointStateName(CheckpointState state);  // "STAGING", ...
 
 enum class WaitFor { kAllStaged, kCommitted };
@@ -258,9 +265,9 @@ struct InPlaceLoadTarget {
 };
 
 struct LoadResult {
-  uint64_t step = 0;                // the step loaded (resolves "latest")
-  uint64_t bytes_read = 0;          // bytes the daemon read from storage
-  std::vector<uint64_t> item_bytes; // bytes written per target, in the order given
+  uint64_t step = 0;                  // the step loaded (resolves "latest")
+  uint64_t bytes_read = 0;            // bytes the daemon read from storage
+  std::vector<uint64_t> item_bytes;   // bytes written per target, in the order given
   uint64_t bytes_needed = 0;          // distinct stored bytes the targets use
   uint64_t bytes_needed_aligned = 0;  // the same with each contiguous range rounded to 4 KiB
 };
@@ -378,8 +385,7 @@ class Client {
                                   uint32_t rank, std::span<const LoadTarget> targets);
   // The same into arena buffers or registered regions; copies nothing.
   absl::StatusOr<LoadResult> LoadInPlace(const std::string& job, std::optional<uint64_t> step,
-                                         uint32_t rank,
-                                         std::span<const InPlaceLoadTarget> targets);
+                                         uint32_t rank, std::span<const InPlaceLoadTarget> targets);
   // One object item (for per-rank objects, `rank`'s copy).
   absl::StatusOr<std::string> LoadObject(const std::string& job, std::optional<uint64_t> step,
                                          uint32_t rank, const std::string& item);
@@ -393,7 +399,7 @@ class Client {
                                            uint32_t rank);
 
   // --- catalog --------------------------------------------------------------------------------
-  absl::StatusOr<std::vector<JobInfo>> ListJobs();                      // all pages
+  absl::StatusOr<std::vector<JobInfo>> ListJobs();  // all pages
   absl::StatusOr<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& job);
   absl::StatusOr<CheckpointInfo> GetStatus(const std::string& job, uint64_t step);
   absl::StatusOr<std::vector<ItemInfo>> Inspect(const std::string& job, uint64_t step);
