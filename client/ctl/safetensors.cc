@@ -73,9 +73,9 @@ absl::Status CheckTensor(const Tensor& t) {
   }
   const uint64_t esize = ckptd::DTypeSize(t.dtype);
   if (numel > UINT64_MAX / esize || numel * esize != t.bytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tensor \"", t.name, "\": ", t.bytes, " bytes do not match ", *dtype,
-                     " shape [", absl::StrJoin(t.shape, ","), "]"));
+    return absl::InvalidArgumentError(absl::StrCat("tensor \"", t.name, "\": ", t.bytes,
+                                                   " bytes do not match ", *dtype, " shape [",
+                                                   absl::StrJoin(t.shape, ","), "]"));
   }
   return absl::OkStatus();
 }
@@ -109,25 +109,11 @@ std::vector<std::vector<size_t>> Pack(const std::vector<Tensor>& tensors,
 }  // namespace
 
 absl::StatusOr<std::string> SafetensorsDType(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat32: return std::string("F32");
-    case DType::kFloat64: return std::string("F64");
-    case DType::kFloat16: return std::string("F16");
-    case DType::kBFloat16: return std::string("BF16");
-    case DType::kFloat8E4M3FN: return std::string("F8_E4M3");
-    case DType::kFloat8E5M2: return std::string("F8_E5M2");
-    case DType::kInt8: return std::string("I8");
-    case DType::kUInt8: return std::string("U8");
-    case DType::kInt16: return std::string("I16");
-    case DType::kInt32: return std::string("I32");
-    case DType::kInt64: return std::string("I64");
-    case DType::kBool: return std::string("BOOL");
-    case DType::kUInt16: return std::string("U16");
-    case DType::kUInt32: return std::string("U32");
-    case DType::kUInt64: return std::string("U64");
+  if (static_cast<size_t>(dtype) >= ckptd::kDTypeCount) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dtype ", static_cast<int>(dtype), " has no safetensors equivalent"));
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("dtype ", static_cast<int>(dtype), " has no safetensors equivalent"));
+  return std::string(ckptd::DTypeSafetensorsName(dtype));
 }
 
 std::string JsonString(const std::string& s) {
@@ -135,13 +121,27 @@ std::string JsonString(const std::string& s) {
   for (char ch : s) {
     auto c = static_cast<unsigned char>(ch);
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (c < 0x20 || c == 0x7f) {
           absl::StrAppend(&out, "\\u00", absl::Hex(c, absl::kZeroPad2));
@@ -168,9 +168,9 @@ absl::Status ValidateUtf8(const std::string& s, const std::string& what) {
     static constexpr uint32_t kMinForLength[] = {0, 0, 0x80, 0x800, 0x10000};
     ok = ok && cp >= kMinForLength[n] && cp <= 0x10ffff && (cp < 0xd800 || cp > 0xdfff);
     if (!ok) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, " \"", Printable(s), "\" is not valid UTF-8 (at byte ", i,
-          "), which a safetensors header (JSON) cannot hold"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " \"", Printable(s), "\" is not valid UTF-8 (at byte ", i,
+                       "), which a safetensors header (JSON) cannot hold"));
     }
     i += n;
   }
@@ -178,11 +178,16 @@ absl::Status ValidateUtf8(const std::string& s, const std::string& what) {
 }
 
 absl::StatusOr<uint64_t> ParseByteSize(const std::string& text) {
-  static const std::pair<const char*, uint64_t> kUnits[] = {
-      {"", 1},           {"B", 1},
-      {"KB", 1000},      {"MB", 1000 * 1000}, {"GB", 1000ull * 1000 * 1000},
-      {"TB", 1000ull * 1000 * 1000 * 1000},
-      {"KIB", 1ull << 10}, {"MIB", 1ull << 20}, {"GIB", 1ull << 30}, {"TIB", 1ull << 40}};
+  static const std::pair<const char*, uint64_t> kUnits[] = {{"", 1},
+                                                            {"B", 1},
+                                                            {"KB", 1000},
+                                                            {"MB", 1000 * 1000},
+                                                            {"GB", 1000ull * 1000 * 1000},
+                                                            {"TB", 1000ull * 1000 * 1000 * 1000},
+                                                            {"KIB", 1ull << 10},
+                                                            {"MIB", 1ull << 20},
+                                                            {"GIB", 1ull << 30},
+                                                            {"TIB", 1ull << 40}};
   size_t digits = 0;
   while (digits < text.size() && absl::ascii_isdigit(static_cast<unsigned char>(text[digits]))) {
     ++digits;
@@ -210,9 +215,8 @@ absl::StatusOr<std::vector<FilePlan>> Plan(const std::vector<Tensor>& tensors,
                                            const std::map<std::string, std::string>& metadata) {
   if (tensors.empty()) return absl::InvalidArgumentError("no tensors to export");
   if (max_file_bytes < kMaxFileBytesMin) {
-    return absl::InvalidArgumentError(absl::StrCat("max file size ", max_file_bytes,
-                                                   " bytes is below the minimum of ",
-                                                   kMaxFileBytesMin));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max file size ", max_file_bytes, " bytes is below the minimum of ", kMaxFileBytesMin));
   }
   for (const auto& [key, value] : metadata) {
     if (absl::Status s = ValidateUtf8(key + value, "metadata"); !s.ok()) return s;
@@ -231,12 +235,12 @@ absl::StatusOr<std::vector<FilePlan>> Plan(const std::vector<Tensor>& tensors,
   std::sort(order.begin(), order.end(),
             [&](size_t a, size_t b) { return tensors[a].name < tensors[b].name; });
   const std::string meta = MetadataJson(metadata);
-  std::vector<std::vector<size_t>> packed = Pack(tensors, order, dtypes, max_file_bytes,
-                                                 meta.size());
+  std::vector<std::vector<size_t>> packed =
+      Pack(tensors, order, dtypes, max_file_bytes, meta.size());
   if (packed.size() > kFilesMax) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the export would need ", packed.size(), " files of at most ", max_file_bytes,
-        " bytes; the limit is ", kFilesMax, ": raise --max_file_bytes"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the export would need ", packed.size(), " files of at most ", max_file_bytes,
+                     " bytes; the limit is ", kFilesMax, ": raise --max_file_bytes"));
   }
   std::vector<FilePlan> files;
   for (const std::vector<size_t>& members : packed) {

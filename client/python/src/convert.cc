@@ -1,7 +1,7 @@
 #include "convert.h"
-#include "nogil.h"
 
 #include <fcntl.h>
+#include <pybind11/stl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -9,7 +9,9 @@
 #include <cerrno>
 #include <cstring>
 
-#include <pybind11/stl.h>
+#include "ckptd/v1/common.pb.h"
+#include "ckptd/v1/dtype_table.h"
+#include "nogil.h"
 
 namespace ckptd::py_binding {
 
@@ -20,11 +22,19 @@ void Throw(const absl::Status& s) {
 }
 
 DType ParseDType(const std::string& name) {
-  for (int i = 0; i <= static_cast<int>(DType::kUInt64); ++i) {
-    auto d = static_cast<DType>(i);
-    if (name == DTypeName(d)) return d;
-  }
-  throw py::value_error("ckptd: unsupported dtype \"" + name + "\"");
+  absl::StatusOr<DType> dtype = ckptd::DTypeFromName(name);
+  if (!dtype.ok()) throw py::value_error("ckptd: unsupported dtype \"" + name + "\"");
+  return *dtype;
+}
+
+py::tuple DTypeTable() {
+  py::list rows;
+#define CKPTD_PY_DTYPE_ROW(proto, client, name, size, safetensors, numpy_native)        \
+  rows.append(py::make_tuple(py::str(name), size, static_cast<int>(::ckptd::v1::proto), \
+                             py::str(safetensors), numpy_native));
+  CKPTD_DTYPES(CKPTD_PY_DTYPE_ROW)
+#undef CKPTD_PY_DTYPE_ROW
+  return py::tuple(rows);
 }
 
 std::vector<uint64_t> ToU64(const py::handle& seq) {
@@ -136,11 +146,10 @@ py::dict InfoDict(const CheckpointInfo& c) {
   d["item_count"] = c.item_count;
   py::list ranks;
   for (const RankProgress& r : c.ranks) {
-    ranks.append(py::dict(py::arg("rank") = r.rank, py::arg("staged") = r.staged,
-                          py::arg("persisted") = r.persisted,
-                          py::arg("bytes_staged") = r.bytes_staged,
-                          py::arg("bytes_persisted") = r.bytes_persisted,
-                          py::arg("shard_count") = r.shard_count));
+    ranks.append(py::dict(
+        py::arg("rank") = r.rank, py::arg("staged") = r.staged, py::arg("persisted") = r.persisted,
+        py::arg("bytes_staged") = r.bytes_staged, py::arg("bytes_persisted") = r.bytes_persisted,
+        py::arg("shard_count") = r.shard_count));
   }
   d["ranks"] = ranks;
   d["missing_ranks"] = c.missing_ranks;

@@ -7,6 +7,9 @@
 // copy_stats(). Sources already in daemon memory (arena buffers, registered shm slabs) are saved
 // without any copy.
 
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -15,13 +18,10 @@
 #include <string>
 #include <vector>
 
-#include <pybind11/pybind11.h>
-#include <pybind11/stl.h>
-
 #include "ckptd/client.h"
+#include "ckptd/strided_copy.h"
 #include "convert.h"
 #include "nogil.h"
-#include "ckptd/strided_copy.h"
 
 namespace py = pybind11;
 
@@ -91,14 +91,18 @@ class PyClient {
     std::vector<TensorIn> ts;
     for (py::handle h : tensors) {
       auto t = h.cast<py::tuple>();
-      TensorIn in{t[0].cast<std::string>(), ParseDType(t[1].cast<std::string>()), ToU64(t[2]),
-                  ParseRegion(t[3]), ParseMemory(t[4]), 0};
+      TensorIn in{t[0].cast<std::string>(),
+                  ParseDType(t[1].cast<std::string>()),
+                  ToU64(t[2]),
+                  ParseRegion(t[3]),
+                  ParseMemory(t[4]),
+                  0};
       absl::StatusOr<uint64_t> n = in.region.ElementCount(in.global_shape);
-      if (!n.ok()) Throw(absl::Status(n.status().code(), "item " + in.item + ": " +
-                                                             std::string(n.status().message())));
+      if (!n.ok())
+        Throw(absl::Status(n.status().code(),
+                           "item " + in.item + ": " + std::string(n.status().message())));
       in.bytes = *n * DTypeSize(in.dtype);
-      if (in.mem.kind == Memory::kMem &&
-          static_cast<uint64_t>(in.mem.view.Bytes()) != in.bytes) {
+      if (in.mem.kind == Memory::kMem && static_cast<uint64_t>(in.mem.view.Bytes()) != in.bytes) {
         throw py::value_error("ckptd: item " + in.item + ": the array has " +
                               std::to_string(in.mem.view.Bytes()) + " bytes, its region needs " +
                               std::to_string(in.bytes));
@@ -233,7 +237,8 @@ class PyClient {
       py::dict d;
       d["name"] = i.name;
       d["kind"] = i.kind == ItemInfo::kTensor ? "tensor" : "object";
-      d["dtype"] = i.kind == ItemInfo::kTensor ? py::object(py::str(DTypeName(i.dtype))) : py::none();
+      d["dtype"] =
+          i.kind == ItemInfo::kTensor ? py::object(py::str(DTypeName(i.dtype))) : py::none();
       d["shape"] = i.shape;
       d["per_rank"] = i.per_rank;
       d["shard_count"] = i.shard_count;
@@ -252,8 +257,8 @@ class PyClient {
     }
     py::list out;
     for (const JobInfo& j : Check(std::move(r))) {
-      py::object latest = j.latest_committed_step ? py::object(py::int_(*j.latest_committed_step))
-                                                  : py::none();
+      py::object latest =
+          j.latest_committed_step ? py::object(py::int_(*j.latest_committed_step)) : py::none();
       out.append(py::dict(py::arg("job") = j.job, py::arg("owner_uid") = j.owner_uid,
                           py::arg("checkpoint_count") = j.checkpoint_count,
                           py::arg("latest_committed_step") = latest));
@@ -352,8 +357,7 @@ class PyClient {
       if (!obj_bytes[i].empty()) {
         const ArenaBuffer& b = (*bufs)[next++];
         const auto n = static_cast<int64_t>(obj_bytes[i].size());
-        Gather(StridedView{reinterpret_cast<uintptr_t>(obj_bytes[i].data()), {n}, {1}, 1},
-               b.data);
+        Gather(StridedView{reinterpret_cast<uintptr_t>(obj_bytes[i].data()), {n}, {1}, 1}, b.data);
         ref = BufferRef::InArena(b);
       }
       objs.push_back(InPlaceObjectShard{obj_items[i], obj_per_rank[i], ref, obj_bytes[i].size()});
@@ -379,6 +383,8 @@ py::dict CopyStatsDict() {
 PYBIND11_MODULE(_ckptd, m) {
   using namespace ckptd::py_binding;
   m.doc() = "Low-level binding over libckptd-client; use the ckptd package instead.";
+  // The one dtype table; ckptd/_arrays.py builds its maps from it.
+  m.attr("DTYPES") = DTypeTable();
 
   py::class_<PyArenaBuffer>(m, "ArenaBuffer", py::buffer_protocol())
       .def_buffer([](PyArenaBuffer& b) {
@@ -386,11 +392,11 @@ PYBIND11_MODULE(_ckptd, m) {
                                {static_cast<py::ssize_t>(b.buffer.size)}, {1});
       })
       .def_property_readonly("size", [](const PyArenaBuffer& b) { return b.buffer.size; })
-      .def_property_readonly("address",
-                             [](const PyArenaBuffer& b) {
-                               return reinterpret_cast<uintptr_t>(b.buffer.data);
-                             })
-      .def_property_readonly("extent_id", [](const PyArenaBuffer& b) { return b.buffer.extent_id; });
+      .def_property_readonly(
+          "address",
+          [](const PyArenaBuffer& b) { return reinterpret_cast<uintptr_t>(b.buffer.data); })
+      .def_property_readonly("extent_id",
+                             [](const PyArenaBuffer& b) { return b.buffer.extent_id; });
 
   py::class_<ShmSlab, std::shared_ptr<ShmSlab>>(m, "ShmSlab", py::buffer_protocol())
       .def_buffer([](ShmSlab& s) {

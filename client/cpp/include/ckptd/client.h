@@ -50,10 +50,12 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "ckptd/v1/dtype_table.h"
 
 namespace ckptd {
 
@@ -61,29 +63,28 @@ namespace internal {
 class ClientCore;
 }  // namespace internal
 
-// Element type of a tensor (ckptd.v1.DType).
+// Element type of a tensor (ckptd.v1.DType): kFloat32, kFloat64, kFloat16, kBFloat16,
+// kFloat8E4M3FN, kFloat8E5M2, kInt8, kUInt8, kInt16, kInt32, kInt64, kBool, kUInt16, kUInt32,
+// kUInt64 — one enumerator per row of ckptd/v1/dtype_table.h (the one dtype table), in its order.
 enum class DType {
-  kFloat32,
-  kFloat64,
-  kFloat16,
-  kBFloat16,
-  kFloat8E4M3FN,
-  kFloat8E5M2,
-  kInt8,
-  kUInt8,
-  kInt16,
-  kInt32,
-  kInt64,
-  kBool,
-  kUInt16,
-  kUInt32,
-  kUInt64,
+#define CKPTD_CLIENT_DTYPE(proto, client, name, size, safetensors, numpy_native) client,
+  CKPTD_DTYPES(CKPTD_CLIENT_DTYPE)
+#undef CKPTD_CLIENT_DTYPE
 };
+// The number of DType enumerators (their values are 0 .. kDTypeCount - 1).
+#define CKPTD_CLIENT_DTYPE_ONE(proto, client, name, size, safetensors, numpy_native) +1
+inline constexpr size_t kDTypeCount = 0 CKPTD_DTYPES(CKPTD_CLIENT_DTYPE_ONE);
+#undef CKPTD_CLIENT_DTYPE_ONE
 
-// Bytes per element: 8, 4, 2 or 1.
+// Bytes per element: 8, 4, 2 or 1 (the table's SIZE).
 size_t DTypeSize(DType dtype);
-// "float32", "bfloat16", ... (lower case, as numpy/torch spell them).
+// "float32", "bfloat16", ... (the table's NAME: lower case, as numpy/torch spell them).
 const char* DTypeName(DType dtype);
+// "F32", "BF16", ... (the table's SAFETENSORS: the Hugging Face safetensors dtype string).
+const char* DTypeSafetensorsName(DType dtype);
+// Inverse of DTypeName: INVALID_ARGUMENT for a name that is not in the table. (Not ParseDType:
+// that is the daemon's, on v1::DType, and a binary may link both.)
+absl::StatusOr<DType> DTypeFromName(std::string_view name);
 
 // Which part of a tensor item a shard covers or a load asks for, in global coordinates.
 struct Region {
@@ -146,8 +147,8 @@ struct RegionRef {
 struct BufferRef {
   enum Kind { kArena, kRegion };
   Kind kind = kArena;
-  uint64_t id = 0;      // kArena: ArenaBuffer::extent_id; kRegion: the RegisterShm() handle
-  uint64_t offset = 0;  // bytes from the start of the buffer or region
+  uint64_t id = 0;          // kArena: ArenaBuffer::extent_id; kRegion: the RegisterShm() handle
+  uint64_t offset = 0;      // bytes from the start of the buffer or region
   uint64_t generation = 0;  // kArena: ArenaBuffer::generation
 
   static BufferRef InArena(const ArenaBuffer& buffer, uint64_t offset = 0);
@@ -173,8 +174,15 @@ struct InPlaceObjectShard {
 // kDeleting: a Delete is removing it (gone once the Delete returns; a crash mid-delete leaves it
 // here until the Delete is repeated or the daemon restarts). kCorrupt: committed, but its manifest
 // no longer verifies — never `latest`, and a load is DATA_LOSS.
-enum class CheckpointState { kUnspecified, kStaging, kPersisting, kCommitted, kAborted, kDeleting,
-                             kCorrupt };
+enum class CheckpointState {
+  kUnspecified,
+  kStaging,
+  kPersisting,
+  kCommitted,
+  kAborted,
+  kDeleting,
+  kCorrupt
+};
 const char* CheckpointStateName(CheckpointState state);  // "STAGING", ...
 
 enum class WaitFor { kAllStaged, kCommitted };
@@ -258,9 +266,9 @@ struct InPlaceLoadTarget {
 };
 
 struct LoadResult {
-  uint64_t step = 0;                // the step loaded (resolves "latest")
-  uint64_t bytes_read = 0;          // bytes the daemon read from storage
-  std::vector<uint64_t> item_bytes; // bytes written per target, in the order given
+  uint64_t step = 0;                  // the step loaded (resolves "latest")
+  uint64_t bytes_read = 0;            // bytes the daemon read from storage
+  std::vector<uint64_t> item_bytes;   // bytes written per target, in the order given
   uint64_t bytes_needed = 0;          // distinct stored bytes the targets use
   uint64_t bytes_needed_aligned = 0;  // the same with each contiguous range rounded to 4 KiB
 };
@@ -378,8 +386,7 @@ class Client {
                                   uint32_t rank, std::span<const LoadTarget> targets);
   // The same into arena buffers or registered regions; copies nothing.
   absl::StatusOr<LoadResult> LoadInPlace(const std::string& job, std::optional<uint64_t> step,
-                                         uint32_t rank,
-                                         std::span<const InPlaceLoadTarget> targets);
+                                         uint32_t rank, std::span<const InPlaceLoadTarget> targets);
   // One object item (for per-rank objects, `rank`'s copy).
   absl::StatusOr<std::string> LoadObject(const std::string& job, std::optional<uint64_t> step,
                                          uint32_t rank, const std::string& item);
@@ -393,7 +400,7 @@ class Client {
                                            uint32_t rank);
 
   // --- catalog --------------------------------------------------------------------------------
-  absl::StatusOr<std::vector<JobInfo>> ListJobs();                      // all pages
+  absl::StatusOr<std::vector<JobInfo>> ListJobs();  // all pages
   absl::StatusOr<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& job);
   absl::StatusOr<CheckpointInfo> GetStatus(const std::string& job, uint64_t step);
   absl::StatusOr<std::vector<ItemInfo>> Inspect(const std::string& job, uint64_t step);
