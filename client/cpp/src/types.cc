@@ -45,7 +45,7 @@ const char* DTypeSafetensorsName(DType dtype) {
 
 absl::StatusOr<DType> DTypeFromName(std::string_view name) {
 #define CKPTD_CLIENT_DTYPE_PARSE(proto, client, dtype_name, size, safetensors, numpy_native) \
-  if (name == dtype_name) return DType::client;
+  if (name == (dtype_name)) return DType::client;
   CKPTD_DTYPES(CKPTD_CLIENT_DTYPE_PARSE)
 #undef CKPTD_CLIENT_DTYPE_PARSE
   return absl::InvalidArgumentError(

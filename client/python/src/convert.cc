@@ -29,9 +29,9 @@ DType ParseDType(const std::string& name) {
 
 py::tuple DTypeTable() {
   py::list rows;
-#define CKPTD_PY_DTYPE_ROW(proto, client, name, size, safetensors, numpy_native)        \
-  rows.append(py::make_tuple(py::str(name), size, static_cast<int>(::ckptd::v1::proto), \
-                             py::str(safetensors), numpy_native));
+#define CKPTD_PY_DTYPE_ROW(proto, client, name, size, safetensors, numpy_native)          \
+  rows.append(py::make_tuple(py::str(name), (size), static_cast<int>(::ckptd::v1::proto), \
+                             py::str(safetensors), (numpy_native)));
   CKPTD_DTYPES(CKPTD_PY_DTYPE_ROW)
 #undef CKPTD_PY_DTYPE_ROW
   return py::tuple(rows);

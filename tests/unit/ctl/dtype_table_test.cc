@@ -51,6 +51,7 @@ TEST_CASE("the daemon, the C++ client and ckptctl agree with the dtype table", "
     CHECK(protos.insert(r.proto).second);
     // Client enum values are the row index; the wire value is one more.
     CHECK(static_cast<size_t>(r.client) == i);
+    CHECK(ckptd::kDTypes[i] == r.client);
     CHECK(static_cast<int>(r.proto) == static_cast<int>(r.client) + 1);
     // C++ client: size, name, name -> enum, enum <-> wire.
     CHECK(ckptd::DTypeSize(r.client) == r.size);

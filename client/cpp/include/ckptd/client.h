@@ -45,6 +45,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <optional>
@@ -71,10 +72,13 @@ enum class DType {
   CKPTD_DTYPES(CKPTD_CLIENT_DTYPE)
 #undef CKPTD_CLIENT_DTYPE
 };
-// The number of DType enumerators (their values are 0 .. kDTypeCount - 1).
-#define CKPTD_CLIENT_DTYPE_ONE(proto, client, name, size, safetensors, numpy_native) +1
-inline constexpr size_t kDTypeCount = 0 CKPTD_DTYPES(CKPTD_CLIENT_DTYPE_ONE);
-#undef CKPTD_CLIENT_DTYPE_ONE
+// Every DType, in order (kDTypes[i] has the value i).
+inline constexpr DType kDTypes[] = {
+#define CKPTD_CLIENT_DTYPE_ALL(proto, client, name, size, safetensors, numpy_native) DType::client,
+    CKPTD_DTYPES(CKPTD_CLIENT_DTYPE_ALL)
+#undef CKPTD_CLIENT_DTYPE_ALL
+};
+inline constexpr size_t kDTypeCount = std::size(kDTypes);
 
 // Bytes per element: 8, 4, 2 or 1 (the table's SIZE).
 size_t DTypeSize(DType dtype);
