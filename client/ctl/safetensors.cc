@@ -109,40 +109,11 @@ std::vector<std::vector<size_t>> Pack(const std::vector<Tensor>& tensors,
 }  // namespace
 
 absl::StatusOr<std::string> SafetensorsDType(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat32:
-      return std::string("F32");
-    case DType::kFloat64:
-      return std::string("F64");
-    case DType::kFloat16:
-      return std::string("F16");
-    case DType::kBFloat16:
-      return std::string("BF16");
-    case DType::kFloat8E4M3FN:
-      return std::string("F8_E4M3");
-    case DType::kFloat8E5M2:
-      return std::string("F8_E5M2");
-    case DType::kInt8:
-      return std::string("I8");
-    case DType::kUInt8:
-      return std::string("U8");
-    case DType::kInt16:
-      return std::string("I16");
-    case DType::kInt32:
-      return std::string("I32");
-    case DType::kInt64:
-      return std::string("I64");
-    case DType::kBool:
-      return std::string("BOOL");
-    case DType::kUInt16:
-      return std::string("U16");
-    case DType::kUInt32:
-      return std::string("U32");
-    case DType::kUInt64:
-      return std::string("U64");
+  if (static_cast<size_t>(dtype) >= ckptd::kDTypeCount) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dtype ", static_cast<int>(dtype), " has no safetensors equivalent"));
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("dtype ", static_cast<int>(dtype), " has no safetensors equivalent"));
+  return std::string(ckptd::DTypeSafetensorsName(dtype));
 }
 
 std::string JsonString(const std::string& s) {

@@ -1,5 +1,5 @@
-// Conversions between client.h types and ckptd.v1 messages. The enum orders of DType match the
-// proto's (proto value = C++ value + 1), but are spelled out so a reorder cannot go unnoticed.
+// Conversions between client.h types and ckptd.v1 messages. DType's conversions are expanded from
+// the one dtype table (ckptd/v1/dtype_table.h), which names both enumerators of each row.
 #include "convert.h"
 
 #include "absl/strings/str_cat.h"
@@ -10,72 +10,22 @@ namespace v1 = ::ckptd::v1;
 
 v1::DType ToProto(DType dtype) {
   switch (dtype) {
-    case DType::kFloat32:
-      return v1::FLOAT32;
-    case DType::kFloat64:
-      return v1::FLOAT64;
-    case DType::kFloat16:
-      return v1::FLOAT16;
-    case DType::kBFloat16:
-      return v1::BFLOAT16;
-    case DType::kFloat8E4M3FN:
-      return v1::FLOAT8_E4M3FN;
-    case DType::kFloat8E5M2:
-      return v1::FLOAT8_E5M2;
-    case DType::kInt8:
-      return v1::INT8;
-    case DType::kUInt8:
-      return v1::UINT8;
-    case DType::kInt16:
-      return v1::INT16;
-    case DType::kInt32:
-      return v1::INT32;
-    case DType::kInt64:
-      return v1::INT64;
-    case DType::kBool:
-      return v1::BOOL;
-    case DType::kUInt16:
-      return v1::UINT16;
-    case DType::kUInt32:
-      return v1::UINT32;
-    case DType::kUInt64:
-      return v1::UINT64;
+#define CKPTD_DTYPE_TO_PROTO(proto, client, name, size, safetensors, numpy_native) \
+  case DType::client:                                                              \
+    return v1::proto;
+    CKPTD_DTYPES(CKPTD_DTYPE_TO_PROTO)
+#undef CKPTD_DTYPE_TO_PROTO
   }
   return v1::DTYPE_UNSPECIFIED;
 }
 
 absl::StatusOr<DType> FromProto(v1::DType dtype) {
   switch (dtype) {
-    case v1::FLOAT32:
-      return DType::kFloat32;
-    case v1::FLOAT64:
-      return DType::kFloat64;
-    case v1::FLOAT16:
-      return DType::kFloat16;
-    case v1::BFLOAT16:
-      return DType::kBFloat16;
-    case v1::FLOAT8_E4M3FN:
-      return DType::kFloat8E4M3FN;
-    case v1::FLOAT8_E5M2:
-      return DType::kFloat8E5M2;
-    case v1::INT8:
-      return DType::kInt8;
-    case v1::UINT8:
-      return DType::kUInt8;
-    case v1::INT16:
-      return DType::kInt16;
-    case v1::INT32:
-      return DType::kInt32;
-    case v1::INT64:
-      return DType::kInt64;
-    case v1::BOOL:
-      return DType::kBool;
-    case v1::UINT16:
-      return DType::kUInt16;
-    case v1::UINT32:
-      return DType::kUInt32;
-    case v1::UINT64:
-      return DType::kUInt64;
+#define CKPTD_DTYPE_FROM_PROTO(proto, client, name, size, safetensors, numpy_native) \
+  case v1::proto:                                                                    \
+    return DType::client;
+    CKPTD_DTYPES(CKPTD_DTYPE_FROM_PROTO)
+#undef CKPTD_DTYPE_FROM_PROTO
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("dtype ", static_cast<int>(dtype), " is not known to this client"));

@@ -12,63 +12,44 @@ namespace ckptd {
 
 size_t DTypeSize(DType dtype) {
   switch (dtype) {
-    case DType::kFloat64:
-    case DType::kInt64:
-    case DType::kUInt64:
-      return 8;
-    case DType::kFloat32:
-    case DType::kInt32:
-    case DType::kUInt32:
-      return 4;
-    case DType::kFloat16:
-    case DType::kBFloat16:
-    case DType::kInt16:
-    case DType::kUInt16:
-      return 2;
-    case DType::kFloat8E4M3FN:
-    case DType::kFloat8E5M2:
-    case DType::kInt8:
-    case DType::kUInt8:
-    case DType::kBool:
-      return 1;
+#define CKPTD_CLIENT_DTYPE_SIZE(proto, client, name, size, safetensors, numpy_native) \
+  case DType::client:                                                                 \
+    return size;
+    CKPTD_DTYPES(CKPTD_CLIENT_DTYPE_SIZE)
+#undef CKPTD_CLIENT_DTYPE_SIZE
   }
   return 0;
 }
 
 const char* DTypeName(DType dtype) {
   switch (dtype) {
-    case DType::kFloat32:
-      return "float32";
-    case DType::kFloat64:
-      return "float64";
-    case DType::kFloat16:
-      return "float16";
-    case DType::kBFloat16:
-      return "bfloat16";
-    case DType::kFloat8E4M3FN:
-      return "float8_e4m3fn";
-    case DType::kFloat8E5M2:
-      return "float8_e5m2";
-    case DType::kInt8:
-      return "int8";
-    case DType::kUInt8:
-      return "uint8";
-    case DType::kInt16:
-      return "int16";
-    case DType::kInt32:
-      return "int32";
-    case DType::kInt64:
-      return "int64";
-    case DType::kBool:
-      return "bool";
-    case DType::kUInt16:
-      return "uint16";
-    case DType::kUInt32:
-      return "uint32";
-    case DType::kUInt64:
-      return "uint64";
+#define CKPTD_CLIENT_DTYPE_NAME(proto, client, name, size, safetensors, numpy_native) \
+  case DType::client:                                                                 \
+    return name;
+    CKPTD_DTYPES(CKPTD_CLIENT_DTYPE_NAME)
+#undef CKPTD_CLIENT_DTYPE_NAME
   }
   return "unknown";
+}
+
+const char* DTypeSafetensorsName(DType dtype) {
+  switch (dtype) {
+#define CKPTD_CLIENT_DTYPE_ST(proto, client, name, size, safetensors, numpy_native) \
+  case DType::client:                                                               \
+    return safetensors;
+    CKPTD_DTYPES(CKPTD_CLIENT_DTYPE_ST)
+#undef CKPTD_CLIENT_DTYPE_ST
+  }
+  return "unknown";
+}
+
+absl::StatusOr<DType> DTypeFromName(std::string_view name) {
+#define CKPTD_CLIENT_DTYPE_PARSE(proto, client, dtype_name, size, safetensors, numpy_native) \
+  if (name == (dtype_name)) return DType::client;
+  CKPTD_DTYPES(CKPTD_CLIENT_DTYPE_PARSE)
+#undef CKPTD_CLIENT_DTYPE_PARSE
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown dtype \"", absl::string_view(name.data(), name.size()), "\""));
 }
 
 const char* CheckpointStateName(CheckpointState state) {

@@ -10,25 +10,27 @@ from typing import Any
 
 import numpy as np
 
+from . import _ckptd
+
 try:  # bfloat16 / float8 for numpy, only where the optional package is already installed
     import ml_dtypes as _ml_dtypes  # type: ignore[import-not-found,unused-ignore]
 except ImportError:  # pragma: no cover - depends on the environment
     _ml_dtypes = None
 
-# ckptd dtype name -> bytes per element
-ITEMSIZE: dict[str, int] = {
-    "float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1,
-    "float8_e5m2": 1, "int8": 1, "uint8": 1, "int16": 2, "int32": 4, "int64": 8, "bool": 1,
-    "uint16": 2, "uint32": 4, "uint64": 8,
-}  # fmt: skip
+# The one dtype table (proto/ckptd/v1/dtype_table.h), as the binding exports it: rows of
+# (name, itemsize, wire value, safetensors name, numpy_native) in wire order.
+DTYPES: tuple[tuple[str, int, int, str, bool], ...] = _ckptd.DTYPES
 
-_NUMPY_NATIVE = {
-    "float32", "float64", "float16", "int8", "uint8", "int16", "int32", "int64", "bool",
-    "uint16", "uint32", "uint64",
-}  # fmt: skip
+# ckptd dtype name -> bytes per element
+ITEMSIZE: dict[str, int] = {name: size for name, size, _, _, _ in DTYPES}
+
+# The dtypes numpy itself has (np.dtype(name)); the others come from ml_dtypes when installed.
+_NUMPY_NATIVE = {name for name, _, _, _, native in DTYPES if native}
 
 # Stand-ins when numpy has no such type and ml_dtypes is missing: same-size raw integers.
-_RAW_STANDIN = {"bfloat16": np.uint16, "float8_e4m3fn": np.uint8, "float8_e5m2": np.uint8}
+_RAW_STANDIN = {
+    name: np.dtype(f"uint{8 * size}") for name, size, _, _, native in DTYPES if not native
+}
 
 
 def is_torch_tensor(x: object) -> bool:
@@ -55,7 +57,7 @@ def numpy_dtype(name: str) -> np.dtype[Any]:
 def torch_dtype(name: str) -> Any:
     import torch
 
-    return getattr(torch, "bool" if name == "bool" else name)
+    return getattr(torch, name)
 
 
 def dtype_name(x: Any) -> str:

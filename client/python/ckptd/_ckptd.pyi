@@ -2,6 +2,10 @@
 
 from typing import Any
 
+# The one dtype table (proto/ckptd/v1/dtype_table.h): (name, itemsize, wire value, safetensors
+# name, numpy_native) per dtype, in wire order.
+DTYPES: tuple[tuple[str, int, int, str, bool], ...]
+
 class ArenaBuffer:
     @property
     def size(self) -> int: ...

@@ -9,6 +9,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include "ckptd/v1/common.pb.h"
+#include "ckptd/v1/dtype_table.h"
 #include "nogil.h"
 
 namespace ckptd::py_binding {
@@ -20,11 +22,19 @@ void Throw(const absl::Status& s) {
 }
 
 DType ParseDType(const std::string& name) {
-  for (int i = 0; i <= static_cast<int>(DType::kUInt64); ++i) {
-    auto d = static_cast<DType>(i);
-    if (name == DTypeName(d)) return d;
-  }
-  throw py::value_error("ckptd: unsupported dtype \"" + name + "\"");
+  absl::StatusOr<DType> dtype = ckptd::DTypeFromName(name);
+  if (!dtype.ok()) throw py::value_error("ckptd: unsupported dtype \"" + name + "\"");
+  return *dtype;
+}
+
+py::tuple DTypeTable() {
+  py::list rows;
+#define CKPTD_PY_DTYPE_ROW(proto, client, name, size, safetensors, numpy_native)          \
+  rows.append(py::make_tuple(py::str(name), (size), static_cast<int>(::ckptd::v1::proto), \
+                             py::str(safetensors), (numpy_native)));
+  CKPTD_DTYPES(CKPTD_PY_DTYPE_ROW)
+#undef CKPTD_PY_DTYPE_ROW
+  return py::tuple(rows);
 }
 
 std::vector<uint64_t> ToU64(const py::handle& seq) {

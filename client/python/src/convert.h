@@ -32,8 +32,11 @@ inline void Check(const absl::Status& s) {
   if (!s.ok()) Throw(s);
 }
 
-// "float32", "bfloat16", ... (DTypeName); ValueError otherwise.
+// "float32", "bfloat16", ... (ckptd::DTypeFromName, the dtype table's names); ValueError otherwise.
 DType ParseDType(const std::string& name);
+// The one dtype table (ckptd/v1/dtype_table.h) as Python sees it, exported as `_ckptd.DTYPES`:
+// a tuple of (name, itemsize, wire value, safetensors name, numpy_native) rows in wire order.
+py::tuple DTypeTable();
 std::vector<uint64_t> ToU64(const py::handle& seq);
 std::vector<int64_t> ToI64(const py::handle& seq);
 // ("whole",) | ("box", offsets, lengths) | ("flat", start, count)

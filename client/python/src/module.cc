@@ -383,6 +383,8 @@ py::dict CopyStatsDict() {
 PYBIND11_MODULE(_ckptd, m) {
   using namespace ckptd::py_binding;
   m.doc() = "Low-level binding over libckptd-client; use the ckptd package instead.";
+  // The one dtype table; ckptd/_arrays.py builds its maps from it.
+  m.attr("DTYPES") = DTypeTable();
 
   py::class_<PyArenaBuffer>(m, "ArenaBuffer", py::buffer_protocol())
       .def_buffer([](PyArenaBuffer& b) {

@@ -1,8 +1,7 @@
 #include "format/dtype.h"
 
-#include <array>
-
 #include "absl/strings/str_format.h"
+#include "ckptd/v1/dtype_table.h"
 #include "format/text.h"
 
 namespace ckptd {
@@ -14,23 +13,13 @@ struct DTypeInfo {
   uint32_t size_bytes;
 };
 
-constexpr std::array<DTypeInfo, 15> kDTypes = {{
-    {v1::FLOAT32, "float32", 4},
-    {v1::FLOAT64, "float64", 8},
-    {v1::FLOAT16, "float16", 2},
-    {v1::BFLOAT16, "bfloat16", 2},
-    {v1::FLOAT8_E4M3FN, "float8_e4m3fn", 1},
-    {v1::FLOAT8_E5M2, "float8_e5m2", 1},
-    {v1::INT8, "int8", 1},
-    {v1::UINT8, "uint8", 1},
-    {v1::INT16, "int16", 2},
-    {v1::INT32, "int32", 4},
-    {v1::INT64, "int64", 8},
-    {v1::BOOL, "bool", 1},
-    {v1::UINT16, "uint16", 2},
-    {v1::UINT32, "uint32", 4},
-    {v1::UINT64, "uint64", 8},
-}};
+// Expanded from ckptd/v1/dtype_table.h, the one table.
+constexpr DTypeInfo kDTypes[] = {
+#define CKPTD_DTYPE_INFO(proto, client, name, size, safetensors, numpy_native) \
+  {v1::proto, name, size},
+    CKPTD_DTYPES(CKPTD_DTYPE_INFO)
+#undef CKPTD_DTYPE_INFO
+};
 
 const DTypeInfo* Find(v1::DType dtype) {
   for (const DTypeInfo& info : kDTypes) {

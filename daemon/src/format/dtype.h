@@ -1,4 +1,5 @@
-// Element types of tensor items: their sizes and names. Pure functions, thread-safe.
+// Element types of tensor items: their sizes and names, from the one table
+// (ckptd/v1/dtype_table.h). Pure functions, thread-safe.
 #pragma once
 
 #include <cstdint>

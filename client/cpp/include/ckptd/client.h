@@ -45,15 +45,18 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "ckptd/v1/dtype_table.h"
 
 namespace ckptd {
 
@@ -61,29 +64,31 @@ namespace internal {
 class ClientCore;
 }  // namespace internal
 
-// Element type of a tensor (ckptd.v1.DType).
+// Element type of a tensor (ckptd.v1.DType): kFloat32, kFloat64, kFloat16, kBFloat16,
+// kFloat8E4M3FN, kFloat8E5M2, kInt8, kUInt8, kInt16, kInt32, kInt64, kBool, kUInt16, kUInt32,
+// kUInt64 — one enumerator per row of ckptd/v1/dtype_table.h (the one dtype table), in its order.
 enum class DType {
-  kFloat32,
-  kFloat64,
-  kFloat16,
-  kBFloat16,
-  kFloat8E4M3FN,
-  kFloat8E5M2,
-  kInt8,
-  kUInt8,
-  kInt16,
-  kInt32,
-  kInt64,
-  kBool,
-  kUInt16,
-  kUInt32,
-  kUInt64,
+#define CKPTD_CLIENT_DTYPE(proto, client, name, size, safetensors, numpy_native) client,
+  CKPTD_DTYPES(CKPTD_CLIENT_DTYPE)
+#undef CKPTD_CLIENT_DTYPE
 };
+// Every DType, in order (kDTypes[i] has the value i).
+inline constexpr DType kDTypes[] = {
+#define CKPTD_CLIENT_DTYPE_ALL(proto, client, name, size, safetensors, numpy_native) DType::client,
+    CKPTD_DTYPES(CKPTD_CLIENT_DTYPE_ALL)
+#undef CKPTD_CLIENT_DTYPE_ALL
+};
+inline constexpr size_t kDTypeCount = std::size(kDTypes);
 
-// Bytes per element: 8, 4, 2 or 1.
+// Bytes per element: 8, 4, 2 or 1 (the table's SIZE).
 size_t DTypeSize(DType dtype);
-// "float32", "bfloat16", ... (lower case, as numpy/torch spell them).
+// "float32", "bfloat16", ... (the table's NAME: lower case, as numpy/torch spell them).
 const char* DTypeName(DType dtype);
+// "F32", "BF16", ... (the table's SAFETENSORS: the Hugging Face safetensors dtype string).
+const char* DTypeSafetensorsName(DType dtype);
+// Inverse of DTypeName: INVALID_ARGUMENT for a name that is not in the table. (Not ParseDType:
+// that is the daemon's, on v1::DType, and a binary may link both.)
+absl::StatusOr<DType> DTypeFromName(std::string_view name);
 
 // Which part of a tensor item a shard covers or a load asks for, in global coordinates.
 struct Region {
