@@ -399,6 +399,7 @@ absl::StatusOr<std::vector<MappedExtent>> ClientCore::Reserve(const Session& ses
   out.reserve(sizes.size());
   auto fail = [&](absl::Status s) {
     std::vector<uint64_t> ids;
+    ids.reserve(out.size());
     for (const MappedExtent& e : out) ids.push_back(e.id);
     ReleaseQuietly(session, ids);
     return s;

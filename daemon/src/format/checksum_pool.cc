@@ -14,7 +14,7 @@ struct BlockCrcJob::State {
   absl::Status first;  // of the pieces run on the calling thread
 };
 
-BlockCrcJob& BlockCrcJob::operator=(BlockCrcJob&& other) {
+BlockCrcJob& BlockCrcJob::operator=(BlockCrcJob&& other) noexcept {
   if (this != &other) {
     (void)Wait();
     state_ = std::move(other.state_);

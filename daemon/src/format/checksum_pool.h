@@ -46,7 +46,7 @@ class BlockCrcJob {
   BlockCrcJob() = default;  // nothing to compute: OK
   explicit BlockCrcJob(std::shared_ptr<State> state) : state_(std::move(state)) {}
   BlockCrcJob(BlockCrcJob&&) = default;
-  BlockCrcJob& operator=(BlockCrcJob&& other);
+  BlockCrcJob& operator=(BlockCrcJob&& other) noexcept;
   ~BlockCrcJob();
   // Blocks until every task of the job is done; the first error.
   absl::Status Wait();

@@ -53,7 +53,7 @@ ReaderPool::ReaderPool(Io* io, Options options)
 
 namespace {
 
-WorkerPool::Task CancellableTask(std::shared_ptr<ReadTicket::State> state,
+WorkerPool::Task CancellableTask(const std::shared_ptr<ReadTicket::State>& state,
                                  std::function<void()> run) {
   return WorkerPool::Task{std::move(run), [state] {
                             state->Finish(1, absl::CancelledError(absl::StrCat(

@@ -222,7 +222,7 @@ class CheckpointService {
   void PostGatedFlushesLocked(PendingCheckpoint& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // flush.cc: one rank's flush on a pool thread (the blob itself: flush_.WriteRankBlob).
-  void FlushRank(Key key, uint32_t rank) ABSL_LOCKS_EXCLUDED(mu_);
+  void FlushRank(const Key& key, uint32_t rank) ABSL_LOCKS_EXCLUDED(mu_);
 
   // commit.cc
   void CommitCheckpoint(Key key);
@@ -331,10 +331,10 @@ class CheckpointService {
   // Claims job->target (refused while it exists, is being written or rewritten, or the source
   // is being rewritten), records its row and `first` (synced, mu_ released, the target held in
   // reshards_), then starts the reshard's thread.
-  absl::Status ClaimAndStartReshard(std::shared_ptr<ReshardJob> job,
+  absl::Status ClaimAndStartReshard(const std::shared_ptr<ReshardJob>& job,
                                     std::vector<MetaStore::Write> first, v1::CheckpointStatus* resp)
       ABSL_LOCKS_EXCLUDED(mu_);
-  void RunReshard(std::shared_ptr<ReshardJob> job) ABSL_LOCKS_EXCLUDED(mu_);
+  void RunReshard(const std::shared_ptr<ReshardJob>& job) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<Manifest> WriteReshard(ReshardJob& job);
   // Appends the bytes of `whole` (a target tensor region, or an object's copy) read from the
   // source to `out`, growing shard->length() and the job's progress.

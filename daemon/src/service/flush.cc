@@ -12,7 +12,7 @@
 
 namespace ckptd {
 
-void CheckpointService::FlushRank(Key key, uint32_t rank) {
+void CheckpointService::FlushRank(const Key& key, uint32_t rank) {
   v1::RankRecord rec;
   std::vector<RegionLease> leases;
   bool write = false;

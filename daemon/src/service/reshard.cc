@@ -166,10 +166,10 @@ absl::Status CheckpointService::Reshard(const Caller& caller, const v1::ReshardR
     first.push_back({keys::Job(target_job), jr.SerializeAsString()});
   }
 
-  return ClaimAndStartReshard(std::move(job), std::move(first), resp);
+  return ClaimAndStartReshard(job, std::move(first), resp);
 }
 
-absl::Status CheckpointService::ClaimAndStartReshard(std::shared_ptr<ReshardJob> job,
+absl::Status CheckpointService::ClaimAndStartReshard(const std::shared_ptr<ReshardJob>& job,
                                                      std::vector<MetaStore::Write> first,
                                                      v1::CheckpointStatus* resp) {
   const std::string src_name = CkptName(job->source.first, job->source.second);
@@ -324,7 +324,7 @@ absl::StatusOr<Manifest> CheckpointService::WriteReshard(ReshardJob& job) {
   return m;
 }
 
-void CheckpointService::RunReshard(std::shared_ptr<ReshardJob> job) {
+void CheckpointService::RunReshard(const std::shared_ptr<ReshardJob>& job) {
   absl::StatusOr<Manifest> m = WriteReshard(*job);
   absl::Status st = m.status();
   if (st.ok() && job->cancel.load()) st = absl::CancelledError(job->cancel_reason);

@@ -11,8 +11,8 @@ namespace ckptd {
 
 namespace {
 // Clients decide on the reason (proto: ErrorReason), never on this text.
-absl::Status UnknownSession(std::string message) {
-  return WithReason(absl::FailedPreconditionError(std::move(message)), v1::UNKNOWN_SESSION);
+absl::Status UnknownSession(absl::string_view message) {
+  return WithReason(absl::FailedPreconditionError(message), v1::UNKNOWN_SESSION);
 }
 }  // namespace
 
