@@ -48,8 +48,15 @@ bool Client::arena_pinned_for_cuda() const {
   return session.ok() && session->arena != nullptr && session->arena->pinned_for_cuda();
 }
 
-absl::StatusOr<uint64_t> Client::RegisterShm(const std::string& shm_name, uint64_t size_bytes) {
-  return core_->RegisterShm(shm_name, size_bytes);
+absl::StatusOr<uint64_t> Client::RegisterShm(const std::string& shm_name, uint64_t size_bytes,
+                                             const void* mapped_at) {
+  return core_->RegisterShm(shm_name, size_bytes, mapped_at);
+}
+
+std::optional<BufferRef> Client::Locate(const void* data, uint64_t bytes) {
+  absl::StatusOr<Session> session = core_->EnsureSession();
+  if (!session.ok()) return std::nullopt;
+  return core_->Locate(*session, data, bytes);
 }
 
 absl::Status Client::Unregister(uint64_t handle) { return core_->Unregister(handle); }

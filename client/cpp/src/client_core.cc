@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -368,6 +369,7 @@ absl::Status ClientCore::HelloLocked() {
   session_.limits = resp.limits();
   daemon_instance_ = resp.daemon_instance();
   outstanding_.clear();  // extents of the old session were released with it
+  outstanding_at_.clear();
   ReregisterLocked();
   if (restarted) reconnects_.fetch_add(1);
   return absl::OkStatus();
@@ -447,9 +449,12 @@ void ClientCore::ReleaseQuietly(const Session& session, const std::vector<uint64
              [&](grpc::ClientContext* c) { return stub_->ReleaseExtents(c, req, &resp); });
 }
 
-void ClientCore::AddOutstanding(uint64_t generation, uint64_t extent_id, uint64_t bytes) {
+void ClientCore::AddOutstanding(uint64_t generation, const MappedExtent& extent) {
   absl::MutexLock l(&mu_);
-  if (generation == session_.generation) outstanding_[extent_id] = bytes;
+  if (generation != session_.generation) return;
+  const auto at = reinterpret_cast<uintptr_t>(extent.data);
+  outstanding_[extent.id] = Outstanding{at, extent.length};
+  outstanding_at_[at] = extent.id;
 }
 
 absl::Status ClientCore::TakeOutstanding(uint64_t generation, uint64_t extent_id) {
@@ -459,16 +464,65 @@ absl::Status ClientCore::TakeOutstanding(uint64_t generation, uint64_t extent_id
         "arena buffer ", extent_id, " belongs to a previous daemon instance (generation ",
         generation, ", now ", session_.generation, ")"));
   }
-  if (outstanding_.erase(extent_id) == 0) {
+  auto it = outstanding_.find(extent_id);
+  if (it == outstanding_.end()) {
     return absl::FailedPreconditionError(
         absl::StrCat("arena buffer ", extent_id, " is not allocated: already saved or released"));
   }
+  outstanding_at_.erase(it->second.data);
+  outstanding_.erase(it);
   return absl::OkStatus();
+}
+
+std::vector<uint64_t> ClientCore::OutstandingAt(std::span<const void* const> addresses) {
+  absl::MutexLock l(&mu_);
+  std::vector<uint64_t> ids;
+  for (const void* p : addresses) {
+    const auto at = reinterpret_cast<uintptr_t>(p);
+    auto it = outstanding_at_.upper_bound(at);
+    if (it == outstanding_at_.begin()) continue;
+    --it;
+    const Outstanding& o = outstanding_.at(it->second);
+    if (at - o.data >= o.bytes) continue;
+    if (std::find(ids.begin(), ids.end(), it->second) == ids.end()) ids.push_back(it->second);
+  }
+  return ids;
+}
+
+std::optional<BufferRef> ClientCore::Locate(const Session& session, const void* data,
+                                            uint64_t bytes) {
+  const auto at = reinterpret_cast<uintptr_t>(data);
+  if (bytes == 0 || at == 0) return std::nullopt;
+  absl::MutexLock l(&mu_);
+  if (session.generation != session_.generation) return std::nullopt;
+  auto fits = [&](uintptr_t start, uint64_t size) {
+    return at >= start && at - start <= size && bytes <= size - (at - start);
+  };
+  auto it = outstanding_at_.upper_bound(at);
+  if (it != outstanding_at_.begin()) {
+    --it;
+    const Outstanding& o = outstanding_.at(it->second);
+    if (fits(o.data, o.bytes)) {
+      BufferRef ref;
+      ref.kind = BufferRef::kArena;
+      ref.id = it->second;
+      ref.offset = at - o.data;
+      ref.generation = session.generation;
+      return ref;
+    }
+  }
+  for (const auto& [handle, r] : regions_) {
+    if (r.mapped_at != 0 && fits(r.mapped_at, r.size_bytes)) {
+      return BufferRef::InRegion(RegionRef{handle, at - r.mapped_at});
+    }
+  }
+  return std::nullopt;
 }
 
 // --- regions -----------------------------------------------------------------------------------
 
-absl::StatusOr<uint64_t> ClientCore::RegisterShm(const std::string& shm_name, uint64_t size_bytes) {
+absl::StatusOr<uint64_t> ClientCore::RegisterShm(const std::string& shm_name, uint64_t size_bytes,
+                                                 const void* mapped_at) {
   if (shm_name.empty() || size_bytes == 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("RegisterShm(\"", shm_name, "\", ", size_bytes, "): need a name and a size"));
@@ -487,7 +541,8 @@ absl::StatusOr<uint64_t> ClientCore::RegisterShm(const std::string& shm_name, ui
       Call("RegisterRegion", options_.rpc_timeout_ms,
            [&](grpc::ClientContext* c) { return stub_->RegisterRegion(c, req, &resp); }));
   uint64_t handle = next_handle_++;
-  regions_[handle] = ShmRegion{shm_name, size_bytes, resp.region_id(), ""};
+  regions_[handle] =
+      ShmRegion{shm_name, size_bytes, resp.region_id(), "", reinterpret_cast<uintptr_t>(mapped_at)};
   return handle;
 }
 
@@ -565,10 +620,11 @@ absl::Status ClientCore::ArenaMemRef(const Session& session, const BufferRef& re
     return absl::FailedPreconditionError(
         absl::StrCat("arena buffer ", ref.id, " is not allocated: already saved or released"));
   }
-  if (ref.offset > it->second || length > it->second - ref.offset) {
+  const uint64_t size = it->second.bytes;
+  if (ref.offset > size || length > size - ref.offset) {
     return absl::InvalidArgumentError(absl::StrCat("bytes [", ref.offset, ", +", length,
-                                                   ") outside arena buffer ", ref.id, " of ",
-                                                   it->second, " bytes"));
+                                                   ") outside arena buffer ", ref.id, " of ", size,
+                                                   " bytes"));
   }
   out->set_extent_id(ref.id);
   return absl::OkStatus();

@@ -18,7 +18,10 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -125,13 +128,22 @@ class ClientCore {
   // Best effort (the caller is already failing, or the extents are only scratch).
   void ReleaseQuietly(const Session& session, const std::vector<uint64_t>& extent_ids);
 
-  // Zero-copy buffers handed to the caller (Allocate); consumed by SaveInPlace or Release.
-  void AddOutstanding(uint64_t generation, uint64_t extent_id, uint64_t bytes);
+  // Zero-copy buffers handed to the caller (Allocate); consumed by a save or Release.
+  void AddOutstanding(uint64_t generation, const MappedExtent& extent);
   // Forgets it; FAILED_PRECONDITION if it was not outstanding in the current session.
   absl::Status TakeOutstanding(uint64_t generation, uint64_t extent_id);
+  // The extent ids of the outstanding buffers holding these addresses (each at most once).
+  std::vector<uint64_t> OutstandingAt(std::span<const void* const> addresses);
 
-  // Registered shm regions, by stable client handle.
-  absl::StatusOr<uint64_t> RegisterShm(const std::string& shm_name, uint64_t size_bytes);
+  // Daemon-visible memory holding all of [data, data + bytes) in this process: an outstanding
+  // arena buffer of `session`, or a registered region whose mapping the caller named. nullopt for
+  // anything else (caller memory), for bytes == 0, and for ranges that straddle a buffer's end.
+  std::optional<BufferRef> Locate(const Session& session, const void* data, uint64_t bytes);
+
+  // Registered shm regions, by stable client handle. mapped_at: where this process maps the
+  // region (nullptr: unknown), so Locate() recognises memory in it.
+  absl::StatusOr<uint64_t> RegisterShm(const std::string& shm_name, uint64_t size_bytes,
+                                       const void* mapped_at);
   absl::Status Unregister(uint64_t handle);
   // The daemon's id for [offset, offset + length) of region `handle` in the current session.
   absl::StatusOr<uint64_t> RegionId(uint64_t handle, uint64_t offset, uint64_t length);
@@ -154,6 +166,11 @@ class ClientCore {
     uint64_t size_bytes = 0;
     uint64_t server_id = 0;  // 0: not registered with the current instance
     std::string error;       // why re-registration failed
+    uintptr_t mapped_at = 0;  // this process's mapping (0: not told)
+  };
+  struct Outstanding {
+    uintptr_t data = 0;
+    uint64_t bytes = 0;
   };
 
   ClientCore(ClientOptions options, std::string target, std::shared_ptr<grpc::Channel> channel);
@@ -183,8 +200,9 @@ class ClientCore {
   Session session_ ABSL_GUARDED_BY(mu_);
   uint64_t next_handle_ ABSL_GUARDED_BY(mu_) = 1;
   std::unordered_map<uint64_t, ShmRegion> regions_ ABSL_GUARDED_BY(mu_);
-  // Allocate()d extents of this session not yet consumed or released: id -> usable bytes.
-  std::unordered_map<uint64_t, uint64_t> outstanding_ ABSL_GUARDED_BY(mu_);
+  // Allocate()d extents of this session not yet consumed or released, by id and by address.
+  std::unordered_map<uint64_t, Outstanding> outstanding_ ABSL_GUARDED_BY(mu_);
+  std::map<uintptr_t, uint64_t> outstanding_at_ ABSL_GUARDED_BY(mu_);  // data -> extent id
 
   // The Attach stream of the current session and its reader thread.
   std::unique_ptr<grpc::ClientContext> attach_ctx_ ABSL_GUARDED_BY(mu_);

@@ -1,6 +1,12 @@
-// Client: the load paths. Load() has the daemon write into arena extents and copies each byte once
-// into the caller's buffer; LoadInPlace() copies nothing; LoadObject()/LoadAll() are built on Load.
+// Client: the load path. Load() and LoadInPlace() go through BatchedLoad: one batching policy
+// (BatchBytes), one Load RPC per batch, two in flight; the daemon writes into arena scratch (copied
+// or scattered once into the caller's memory) or straight into daemon-visible destinations.
+// LoadObject(s)/LoadAll() are built on Load.
 #include <algorithm>
+#include <chrono>
+#include <memory>
+
+#include "absl/synchronization/notification.h"
 
 #include "absl/strings/str_cat.h"
 #include "ckptd/client.h"
@@ -36,16 +42,6 @@ v1::LoadItemRequest* AddItem(const std::string& item, const Region& region,
   return r;
 }
 
-LoadResult MakeResult(const v1::LoadResponse& resp, std::vector<uint64_t> item_bytes) {
-  LoadResult r;
-  r.step = resp.step();
-  r.bytes_read = resp.bytes_read();
-  r.item_bytes = std::move(item_bytes);
-  r.bytes_needed = resp.bytes_needed();
-  r.bytes_needed_aligned = resp.bytes_needed_aligned();
-  return r;
-}
-
 // Bytes written per request item, in request order. The daemon answers items in request order;
 // matching by position keeps two regions of one item apart.
 absl::StatusOr<std::vector<uint64_t>> ItemBytes(const v1::LoadRequest& req,
@@ -70,79 +66,6 @@ absl::StatusOr<std::vector<uint64_t>> ItemBytes(const v1::LoadRequest& req,
 
 }  // namespace
 
-absl::StatusOr<LoadResult> Client::Load(const std::string& job, std::optional<uint64_t> step,
-                                        uint32_t rank, std::span<const LoadTarget> targets) {
-  std::vector<uint64_t> sizes;
-  for (const LoadTarget& t : targets) {
-    if (t.item.empty()) return absl::InvalidArgumentError("load target with an empty item name");
-    if (t.bytes > 0 && t.dest == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("load target ", t.item, ": dest is null for ", t.bytes, " bytes"));
-    }
-    if (t.bytes > 0) sizes.push_back(t.bytes);
-  }
-  absl::StatusOr<Session> session = core_->EnsureSession();
-  if (!session.ok()) return session.status();
-  absl::StatusOr<std::vector<MappedExtent>> extents = core_->Reserve(*session, sizes);
-  if (!extents.ok()) return extents.status();
-  std::vector<uint64_t> ids;
-  for (const MappedExtent& e : *extents) ids.push_back(e.id);
-
-  v1::LoadRequest req;
-  FillLoadHeader(*session, job, step, rank, &req);
-  std::vector<const MappedExtent*> extent_of;  // per target; null for empty ones
-  size_t next = 0;
-  for (const LoadTarget& t : targets) {
-    v1::LoadItemRequest* item = AddItem(t.item, t.region, t.object_rank, &req);
-    if (t.bytes == 0) {
-      extent_of.push_back(nullptr);
-      continue;
-    }
-    const MappedExtent& e = (*extents)[next++];
-    item->mutable_dest()->set_extent_id(e.id);
-    item->mutable_dest()->set_length(t.bytes);
-    extent_of.push_back(&e);
-  }
-  v1::LoadResponse resp;
-  absl::Status s = core_->Call("Load", core_->rpc_timeout_ms(), [&](grpc::ClientContext* c) {
-    return core_->stub().Load(c, req, &resp);
-  });
-  absl::StatusOr<std::vector<uint64_t>> written =
-      s.ok() ? ItemBytes(req, resp) : absl::StatusOr<std::vector<uint64_t>>(s);
-  if (written.ok()) {
-    for (size_t i = 0; i < targets.size(); ++i) {
-      if (extent_of[i] != nullptr) {
-        internal::CountedCopy(targets[i].dest, extent_of[i]->data, (*written)[i], /*is_load=*/true);
-      }
-    }
-  }
-  core_->ReleaseQuietly(*session, ids);  // scratch extents; the daemon frees them at Goodbye too
-  if (!written.ok()) return written.status();
-  return MakeResult(resp, *std::move(written));
-}
-
-absl::StatusOr<LoadResult> Client::LoadInPlace(const std::string& job, std::optional<uint64_t> step,
-                                               uint32_t rank,
-                                               std::span<const InPlaceLoadTarget> targets) {
-  absl::StatusOr<Session> session = core_->EnsureSession();
-  if (!session.ok()) return session.status();
-  v1::LoadRequest req;
-  FillLoadHeader(*session, job, step, rank, &req);
-  for (const InPlaceLoadTarget& t : targets) {
-    if (t.item.empty()) return absl::InvalidArgumentError("load target with an empty item name");
-    v1::LoadItemRequest* item = AddItem(t.item, t.region, t.object_rank, &req);
-    absl::Status s = core_->ToMemRef(*session, t.dest, t.bytes, item->mutable_dest());
-    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("item ", t.item, ": ", s.message()));
-  }
-  v1::LoadResponse resp;
-  CKPTD_CLIENT_RETURN_IF_ERROR(
-      core_->Call("Load", core_->rpc_timeout_ms(),
-                  [&](grpc::ClientContext* c) { return core_->stub().Load(c, req, &resp); }));
-  absl::StatusOr<std::vector<uint64_t>> written = ItemBytes(req, resp);
-  if (!written.ok()) return written.status();
-  return MakeResult(resp, *std::move(written));
-}
-
 namespace {
 
 // Items of (job, step) named in `names` (all when empty), every page.
@@ -164,6 +87,333 @@ absl::StatusOr<std::vector<ItemInfo>> InspectItems(internal::ClientCore& core,
   } while (!req.page_token().empty());
   return items;
 }
+
+// The load batching policy (Client::load_batch_bytes): a batch uses at most this much arena
+// scratch, and at most a quarter of the arena, so that the two batches in flight leave half of it
+// to other clients' saves and loads.
+constexpr uint64_t kLoadBatchBytesMax = 128ull << 20;
+constexpr uint64_t kLoadArenaShareDivisor = 4;
+constexpr uint64_t kExtentAlignmentDefault = 4096;      // used if Hello's limits leave it 0
+constexpr uint64_t kLoadRequestsDefault = 262144;       // daemon's limits::kLoadRequestsMax
+
+uint64_t Alignment(const Session& session) {
+  uint64_t a = session.limits.extent_alignment_bytes();
+  return a == 0 ? kExtentAlignmentDefault : a;
+}
+
+uint64_t BatchBytes(const Session& session) {
+  const uint64_t align = Alignment(session);
+  const uint64_t arena = session.arena != nullptr ? session.arena->size() : 0;
+  const uint64_t bytes = std::min(kLoadBatchBytesMax, arena / kLoadArenaShareDivisor);
+  return std::max(align, bytes / align * align);
+}
+
+uint64_t RoundUp(uint64_t bytes, uint64_t align) { return (bytes + align - 1) / align * align; }
+
+// One request item of a load: a whole target, or a flat slice of one too large for a batch.
+struct Piece {
+  size_t target = 0;  // index of the caller's target it fills
+  const std::string* item = nullptr;
+  Region region;
+  std::optional<uint32_t> object_rank;
+  uint64_t bytes = 0;
+  std::optional<BufferRef> in_daemon;    // daemon-visible destination: written in place
+  uint8_t* dest = nullptr;               // contiguous caller memory
+  const StridedView* strided = nullptr;  // strided caller memory
+  bool via_arena() const { return bytes > 0 && !in_daemon.has_value(); }
+};
+
+// One Load RPC: its pieces, their arena scratch, the call in flight.
+struct Batch {
+  std::vector<size_t> pieces;
+  std::vector<MappedExtent> scratch;  // one per piece with via_arena(), in order
+  v1::LoadRequest req;
+  v1::LoadResponse resp;
+  grpc::ClientContext ctx;
+  grpc::Status status;
+  absl::Notification done;
+  bool started = false;
+};
+
+// The one load path (Load, LoadInPlace, LoadObject(s), LoadAll): plans pieces into batches and
+// runs them with two in flight — batch i+1's read overlaps batch i's copy out of the arena.
+class BatchedLoad {
+ public:
+  BatchedLoad(internal::ClientCore& core, const Session& session, std::string job,
+              std::optional<uint64_t> step, uint32_t rank, std::vector<Piece> pieces)
+      : core_(core),
+        session_(session),
+        job_(std::move(job)),
+        step_(step),
+        rank_(rank),
+        pieces_(std::move(pieces)) {}
+
+  // Splits caller-memory pieces larger than a batch into flat slices (whole and flat regions of
+  // tensors, contiguous destinations: the slices are consecutive bytes of the destination).
+  absl::Status SliceLarge() {
+    const uint64_t budget = BatchBytes(session_);
+    std::vector<std::string> names;
+    for (const Piece& p : pieces_) {
+      if (Sliceable(p, budget)) names.push_back(*p.item);
+    }
+    if (names.empty()) return absl::OkStatus();
+    CKPTD_CLIENT_RETURN_IF_ERROR(Resolve());
+    absl::StatusOr<std::vector<ItemInfo>> infos = InspectItems(core_, job_, *step_, names);
+    if (!infos.ok()) return infos.status();
+    std::vector<Piece> out;
+    for (Piece& p : pieces_) {
+      auto info = std::find_if(infos->begin(), infos->end(),
+                               [&](const ItemInfo& i) { return i.name == *p.item; });
+      if (!Sliceable(p, budget) || info == infos->end() || info->kind != ItemInfo::kTensor) {
+        out.push_back(std::move(p));
+        continue;
+      }
+      const uint64_t esize = DTypeSize(info->dtype);
+      const uint64_t first = p.region.kind == Region::kFlat ? p.region.flat_start : 0;
+      const uint64_t elements = p.bytes / esize;
+      const uint64_t per_slice = std::max<uint64_t>(budget / esize, 1);
+      for (uint64_t done = 0; done < elements; done += per_slice) {
+        Piece slice = p;
+        const uint64_t count = std::min(per_slice, elements - done);
+        slice.region = Region::Flat(first + done, count);
+        slice.bytes = count * esize;
+        slice.dest = p.dest + done * esize;
+        out.push_back(std::move(slice));
+      }
+    }
+    pieces_ = std::move(out);
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<LoadResult> Run(size_t target_count) {
+    Plan();
+    if (batches_.size() > 1) CKPTD_CLIENT_RETURN_IF_ERROR(Resolve());  // every batch, one step
+    result_.item_bytes.assign(target_count, 0);
+    absl::Status status = Start(*batches_[0]);
+    for (size_t i = 0; i < batches_.size(); ++i) {
+      if (status.ok() && i + 1 < batches_.size()) status = Start(*batches_[i + 1]);
+      absl::Status finished = Finish(*batches_[i]);
+      if (status.ok()) status = finished;
+    }
+    if (!status.ok()) return status;
+    return std::move(result_);
+  }
+
+ private:
+  static bool Sliceable(const Piece& p, uint64_t budget) {
+    return p.via_arena() && p.strided == nullptr && !p.object_rank.has_value() &&
+           p.bytes > budget && p.region.kind != Region::kBox;
+  }
+
+  absl::Status Resolve() {
+    if (step_.has_value()) return absl::OkStatus();
+    v1::LatestRequest req;
+    req.set_job(job_);
+    v1::LatestResponse resp;
+    CKPTD_CLIENT_RETURN_IF_ERROR(
+        core_.Call("Latest", core_.rpc_timeout_ms(),
+                   [&](grpc::ClientContext* c) { return core_.stub().Latest(c, req, &resp); }));
+    step_ = resp.step();
+    return absl::OkStatus();
+  }
+
+  // Consecutive pieces into batches of at most BatchBytes() of scratch and the daemon's limit of
+  // items per Load; a piece larger than a batch (a box, a strided destination, an object) goes
+  // alone. Always at least one batch (an empty load still checks that the checkpoint exists).
+  void Plan() {
+    const uint64_t budget = BatchBytes(session_);
+    const uint64_t align = Alignment(session_);
+    uint64_t max_items = session_.limits.max_load_requests();
+    if (max_items == 0) max_items = kLoadRequestsDefault;
+    batches_.push_back(std::make_unique<Batch>());
+    uint64_t used = 0;
+    for (size_t i = 0; i < pieces_.size(); ++i) {
+      const uint64_t cost = pieces_[i].via_arena() ? RoundUp(pieces_[i].bytes, align) : 0;
+      Batch& open = *batches_.back();
+      if (!open.pieces.empty() && (used + cost > budget || open.pieces.size() >= max_items)) {
+        batches_.push_back(std::make_unique<Batch>());
+        used = 0;
+      }
+      batches_.back()->pieces.push_back(i);
+      used += cost;
+    }
+  }
+
+  // Reserves the batch's scratch, builds its request and sends it (async: the caller's thread goes
+  // on copying the previous batch out).
+  absl::Status Start(Batch& b) {
+    std::vector<uint64_t> sizes;
+    for (size_t i : b.pieces) {
+      if (pieces_[i].via_arena()) sizes.push_back(pieces_[i].bytes);
+    }
+    absl::StatusOr<std::vector<MappedExtent>> scratch = core_.Reserve(session_, sizes);
+    if (!scratch.ok()) return scratch.status();
+    b.scratch = *std::move(scratch);
+    FillLoadHeader(session_, job_, step_, rank_, &b.req);
+    size_t next = 0;
+    for (size_t i : b.pieces) {
+      const Piece& p = pieces_[i];
+      v1::LoadItemRequest* item = AddItem(*p.item, p.region, p.object_rank, &b.req);
+      if (p.via_arena()) {
+        item->mutable_dest()->set_extent_id(b.scratch[next++].id);
+        item->mutable_dest()->set_length(p.bytes);
+      } else if (p.in_daemon.has_value()) {
+        absl::Status s = core_.ToMemRef(session_, *p.in_daemon, p.bytes, item->mutable_dest());
+        if (!s.ok()) {
+          ReleaseScratch(b);
+          return absl::Status(s.code(), absl::StrCat("item ", *p.item, ": ", s.message()));
+        }
+      }
+    }
+    b.ctx.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::milliseconds(core_.rpc_timeout_ms()));
+    b.started = true;
+    core_.stub().async()->Load(&b.ctx, &b.req, &b.resp, [&b](grpc::Status s) {
+      b.status = std::move(s);
+      b.done.Notify();
+    });
+    return absl::OkStatus();
+  }
+
+  // Waits for a started batch, copies its scratch out (or scatters it) and releases the scratch.
+  absl::Status Finish(Batch& b) {
+    if (!b.started) return absl::OkStatus();
+    b.done.WaitForNotification();
+    absl::Status s = core_.Convert("Load", core_.rpc_timeout_ms(), b.status);
+    absl::StatusOr<std::vector<uint64_t>> written =
+        s.ok() ? ItemBytes(b.req, b.resp) : absl::StatusOr<std::vector<uint64_t>>(s);
+    if (written.ok()) {
+      size_t next = 0;
+      for (size_t k = 0; k < b.pieces.size(); ++k) {
+        const Piece& p = pieces_[b.pieces[k]];
+        const uint64_t got = (*written)[k];
+        result_.item_bytes[p.target] += got;
+        if (!p.via_arena()) continue;
+        const MappedExtent& e = b.scratch[next++];
+        if (p.strided == nullptr) {
+          internal::CountedCopy(p.dest, e.data, got, /*is_load=*/true);
+        } else if (got == p.bytes) {  // else the caller reports the size mismatch
+          Scatter(e.data, *p.strided);
+        }
+      }
+      result_.step = b.resp.step();
+      result_.bytes_read += b.resp.bytes_read();
+      result_.bytes_needed += b.resp.bytes_needed();
+      result_.bytes_needed_aligned += b.resp.bytes_needed_aligned();
+    }
+    ReleaseScratch(b);
+    return written.status();
+  }
+
+  void ReleaseScratch(Batch& b) {
+    std::vector<uint64_t> ids;
+    for (const MappedExtent& e : b.scratch) ids.push_back(e.id);
+    core_.ReleaseQuietly(session_, ids);  // the daemon frees them at Goodbye too
+    b.scratch.clear();
+  }
+
+  internal::ClientCore& core_;
+  const Session& session_;
+  const std::string job_;
+  std::optional<uint64_t> step_;
+  const uint32_t rank_;
+  std::vector<Piece> pieces_;
+  std::vector<std::unique_ptr<Batch>> batches_;
+  LoadResult result_;
+};
+
+absl::Status CheckTarget(const std::string& item, const void* dest, const StridedView* strided,
+                         uint64_t bytes) {
+  if (item.empty()) return absl::InvalidArgumentError("load target with an empty item name");
+  if (strided != nullptr) {
+    if (strided->Bytes() < 0 || static_cast<uint64_t>(strided->Bytes()) != bytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("load target ", item, ": the destination has ", strided->Bytes(),
+                       " bytes, the target says ", bytes));
+    }
+    if (bytes > 0 && strided->data == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("load target ", item, ": dest is null"));
+    }
+    return absl::OkStatus();
+  }
+  if (bytes > 0 && dest == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("load target ", item, ": dest is null for ", bytes, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<LoadResult> RunLoad(internal::ClientCore& core, const Session& session,
+                                   const std::string& job, std::optional<uint64_t> step,
+                                   uint32_t rank, std::vector<Piece> pieces, size_t targets) {
+  BatchedLoad load(core, session, job, step, rank, std::move(pieces));
+  CKPTD_CLIENT_RETURN_IF_ERROR(load.SliceLarge());
+  return load.Run(targets);
+}
+
+}  // namespace
+
+uint64_t Client::load_batch_bytes() const {
+  absl::StatusOr<Session> session = core_->EnsureSession();
+  return session.ok() && session->arena != nullptr ? BatchBytes(*session) : 0;
+}
+
+absl::StatusOr<LoadResult> Client::Load(const std::string& job, std::optional<uint64_t> step,
+                                        uint32_t rank, std::span<const LoadTarget> targets) {
+  for (const LoadTarget& t : targets) {
+    CKPTD_CLIENT_RETURN_IF_ERROR(
+        CheckTarget(t.item, t.dest, t.strided.has_value() ? &*t.strided : nullptr, t.bytes));
+  }
+  absl::StatusOr<Session> session = core_->EnsureSession();
+  if (!session.ok()) return session.status();
+  std::vector<Piece> pieces;
+  pieces.reserve(targets.size());
+  for (size_t i = 0; i < targets.size(); ++i) {
+    const LoadTarget& t = targets[i];
+    Piece p;
+    p.target = i;
+    p.item = &t.item;
+    p.region = t.region;
+    p.object_rank = t.object_rank;
+    p.bytes = t.bytes;
+    const StridedView* strided = t.strided.has_value() ? &*t.strided : nullptr;
+    void* flat = strided == nullptr          ? t.dest
+                 : strided->Contiguous()     ? reinterpret_cast<void*>(strided->data)
+                                             : nullptr;
+    if (flat != nullptr) {
+      p.dest = static_cast<uint8_t*>(flat);
+      p.in_daemon = core_->Locate(*session, flat, t.bytes);
+    } else {
+      p.strided = strided;
+    }
+    pieces.push_back(std::move(p));
+  }
+  return RunLoad(*core_, *session, job, step, rank, std::move(pieces), targets.size());
+}
+
+absl::StatusOr<LoadResult> Client::LoadInPlace(const std::string& job, std::optional<uint64_t> step,
+                                               uint32_t rank,
+                                               std::span<const InPlaceLoadTarget> targets) {
+  std::vector<Piece> pieces;
+  pieces.reserve(targets.size());
+  for (size_t i = 0; i < targets.size(); ++i) {
+    const InPlaceLoadTarget& t = targets[i];
+    if (t.item.empty()) return absl::InvalidArgumentError("load target with an empty item name");
+    Piece p;
+    p.target = i;
+    p.item = &t.item;
+    p.region = t.region;
+    p.object_rank = t.object_rank;
+    p.bytes = t.bytes;
+    if (t.bytes > 0) p.in_daemon = t.dest;
+    pieces.push_back(std::move(p));
+  }
+  absl::StatusOr<Session> session = core_->EnsureSession();
+  if (!session.ok()) return session.status();
+  return RunLoad(*core_, *session, job, step, rank, std::move(pieces), targets.size());
+}
+
+namespace {
 
 bool ObjectVisibleTo(const ItemInfo& info, uint32_t rank) {
   if (!info.per_rank || info.object_ranks.empty()) return true;
@@ -247,48 +497,19 @@ absl::StatusOr<LoadedCheckpoint> Client::LoadAll(const std::string& job,
   absl::StatusOr<uint64_t> resolved = ResolveStep(job, step);
   if (!resolved.ok()) return resolved.status();
   out.step = *resolved;
-  absl::StatusOr<Session> session = core_->EnsureSession();
-  if (!session.ok()) return session.status();
+  CKPTD_CLIENT_RETURN_IF_ERROR(core_->EnsureSession().status());
   absl::StatusOr<std::vector<ItemInfo>> items = InspectItems(*core_, job, out.step, {});
   if (!items.ok()) return items.status();
 
-  // A quarter of the arena per batch leaves room for other ranks' saves and loads.
-  const uint64_t budget = std::max<uint64_t>(session->arena->size() / 4, 1);
-  uint64_t max_targets = session->limits.max_load_requests();
-  if (max_targets == 0) max_targets = 262144;  // daemon's limits::kLoadRequestsMax
-
-  std::vector<LoadTarget> batch;
-  std::vector<std::string*> object_of;  // per target in batch: the object string, or null
-  uint64_t batch_bytes = 0;
-  auto flush = [&]() -> absl::Status {
-    if (batch.empty()) return absl::OkStatus();
-    absl::StatusOr<LoadResult> r = Load(job, out.step, rank, batch);
-    if (!r.ok()) return r.status();
-    for (size_t i = 0; i < batch.size(); ++i) {
-      if (object_of[i] != nullptr) object_of[i]->resize(r->item_bytes[i]);
-    }
-    batch.clear();
-    object_of.clear();
-    batch_bytes = 0;
-    return absl::OkStatus();
-  };
-  auto add = [&](LoadTarget t, std::string* object) -> absl::Status {
-    if (!batch.empty() && (batch_bytes + t.bytes > budget || batch.size() >= max_targets)) {
-      CKPTD_CLIENT_RETURN_IF_ERROR(flush());
-    }
-    batch_bytes += t.bytes;
-    batch.push_back(std::move(t));
-    object_of.push_back(object);
-    return absl::OkStatus();
-  };
-
+  std::vector<LoadTarget> targets;
+  std::vector<std::string*> object_of;  // per target: the object string, or null
   for (const ItemInfo& info : *items) {
     if (info.kind == ItemInfo::kObject) {
       if (!ObjectVisibleTo(info, rank)) continue;
       std::string& bytes = out.objects[info.name];
       bytes.assign(info.bytes, '\0');
-      CKPTD_CLIENT_RETURN_IF_ERROR(
-          add(LoadTarget{info.name, Region::Whole(), bytes.data(), bytes.size()}, &bytes));
+      targets.push_back(LoadTarget{info.name, Region::Whole(), bytes.data(), bytes.size()});
+      object_of.push_back(&bytes);
       continue;
     }
     absl::StatusOr<uint64_t> total =
@@ -298,23 +519,14 @@ absl::StatusOr<LoadedCheckpoint> Client::LoadAll(const std::string& job,
     tensor.dtype = info.dtype;
     tensor.shape = info.shape;
     tensor.bytes.resize(*total);
-    if (*total <= budget) {
-      CKPTD_CLIENT_RETURN_IF_ERROR(
-          add(LoadTarget{info.name, Region::Whole(), tensor.bytes.data(), *total}, nullptr));
-      continue;
-    }
-    // Larger than a batch: flat row-major slices, each written at its place in the tensor.
-    const uint64_t elem = DTypeSize(info.dtype);
-    const uint64_t elements = *total / elem;
-    const uint64_t per_slice = std::max<uint64_t>(budget / elem, 1);
-    for (uint64_t start = 0; start < elements; start += per_slice) {
-      uint64_t count = std::min(per_slice, elements - start);
-      CKPTD_CLIENT_RETURN_IF_ERROR(add(LoadTarget{info.name, Region::Flat(start, count),
-                                                  tensor.bytes.data() + start * elem, count * elem},
-                                       nullptr));
-    }
+    targets.push_back(LoadTarget{info.name, Region::Whole(), tensor.bytes.data(), *total});
+    object_of.push_back(nullptr);
   }
-  CKPTD_CLIENT_RETURN_IF_ERROR(flush());
+  absl::StatusOr<LoadResult> r = Load(job, out.step, rank, targets);
+  if (!r.ok()) return r.status();
+  for (size_t i = 0; i < targets.size(); ++i) {
+    if (object_of[i] != nullptr) object_of[i]->resize(r->item_bytes[i]);
+  }
   return out;
 }
 

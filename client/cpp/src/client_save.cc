@@ -1,5 +1,7 @@
-// Client: the save paths. Save() makes the one copy of each shard into the staging arena;
-// Allocate()/SaveInPlace() make none.
+// Client: the save path. Save() and SaveInPlace() go through SaveSources: the one copy of each
+// shard in caller memory into the staging arena (strided sources gathered in that pass), none for
+// shards in daemon-visible memory; Allocate()/Release*() manage the caller's arena buffers.
+#include <algorithm>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -38,19 +40,101 @@ void FillHeader(const Session& session, const std::string& job, uint64_t step, u
   req->set_world_size(world_size);
 }
 
-absl::Status CheckSaveInputs(std::span<const TensorShard> tensors,
-                             std::span<const ObjectShard> objects) {
-  for (const TensorShard& t : tensors) {
-    CKPTD_CLIENT_RETURN_IF_ERROR(
-        internal::CheckTensorBytes(t.item, t.dtype, t.global_shape, t.region, t.bytes));
-    if (t.bytes > 0 && t.data == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tensor shard of item ", t.item, ": data is null for ", t.bytes, " bytes"));
+// Where one shard's bytes come from: caller memory (contiguous `data` or `strided`), copied once
+// into an extent of its own, or daemon-visible memory (`in_daemon`), not copied.
+struct Source {
+  const std::string* item = nullptr;
+  uint64_t bytes = 0;
+  const void* data = nullptr;
+  const StridedView* strided = nullptr;
+  std::optional<BufferRef> in_daemon;
+};
+
+absl::Status CheckSource(const std::string& item, const void* data, const StridedView* strided,
+                         uint64_t bytes) {
+  if (strided != nullptr) {
+    if (strided->Bytes() < 0 || static_cast<uint64_t>(strided->Bytes()) != bytes) {
+      return absl::InvalidArgumentError(absl::StrCat("shard of item ", item, ": the array has ",
+                                                     strided->Bytes(), " bytes, its region needs ",
+                                                     bytes));
     }
+    if (bytes > 0 && strided->data == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("shard of item ", item, ": data is null"));
+    }
+    return absl::OkStatus();
   }
-  for (const ObjectShard& o : objects) {
-    if (o.item.empty()) return absl::InvalidArgumentError("object shard with an empty item name");
+  if (bytes > 0 && data == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shard of item ", item, ": data is null for ", bytes, " bytes"));
   }
+  return absl::OkStatus();
+}
+
+// The one save path (Save and SaveInPlace): `req` holds the header and one spec per source, in
+// order. Sources in caller memory that lie in daemon-visible memory are not copied; the others are
+// copied once into extents reserved together. On success the arena buffers the daemon took are
+// no longer outstanding; on failure the extents reserved here are released.
+absl::StatusOr<SaveResult> SaveSources(internal::ClientCore& core, const Session& session,
+                                       v1::SaveRequest& req, std::vector<Source>& sources) {
+  std::vector<uint64_t> sizes;
+  for (Source& src : sources) {
+    if (src.bytes == 0 || src.in_daemon.has_value()) continue;
+    const void* flat = src.strided == nullptr ? src.data
+                       : src.strided->Contiguous()
+                           ? reinterpret_cast<const void*>(src.strided->data)
+                           : nullptr;
+    if (flat != nullptr) src.in_daemon = core.Locate(session, flat, src.bytes);
+    if (!src.in_daemon.has_value()) sizes.push_back(src.bytes);
+  }
+  absl::StatusOr<std::vector<MappedExtent>> extents = core.Reserve(session, sizes);
+  if (!extents.ok()) return extents.status();
+  std::vector<uint64_t> ids;
+  for (const MappedExtent& e : *extents) ids.push_back(e.id);
+  auto fail = [&](const absl::Status& s) {
+    // The daemon refuses to release extents it took ownership of, so this is safe even when the
+    // failure was only the answer getting lost.
+    core.ReleaseQuietly(session, ids);
+    return s;
+  };
+
+  std::set<uint64_t> consumed;  // arena buffers the daemon will own
+  size_t next = 0;
+  for (size_t i = 0; i < sources.size(); ++i) {
+    const Source& src = sources[i];
+    v1::MemRef* ref = req.mutable_shards(static_cast<int>(i))->mutable_data();
+    if (src.bytes == 0) continue;  // an empty MemRef: no target, length 0
+    if (src.in_daemon.has_value()) {
+      absl::Status s = core.ToMemRef(session, *src.in_daemon, src.bytes, ref);
+      if (!s.ok()) {
+        return fail(absl::Status(s.code(), absl::StrCat("item ", *src.item, ": ", s.message())));
+      }
+      if (src.in_daemon->kind == BufferRef::kArena) consumed.insert(src.in_daemon->id);
+      continue;
+    }
+    const MappedExtent& e = (*extents)[next++];
+    if (src.strided != nullptr) {
+      Gather(*src.strided, e.data);  // counted by strided_copy
+    } else {
+      internal::CountedCopy(e.data, src.data, src.bytes, /*is_load=*/false);
+    }
+    ref->set_extent_id(e.id);
+    ref->set_offset(0);
+    ref->set_length(src.bytes);
+  }
+
+  v1::SaveResponse resp;
+  absl::Status s = core.Call("Save", core.rpc_timeout_ms(), [&](grpc::ClientContext* c) {
+    return core.stub().Save(c, req, &resp);
+  });
+  if (!s.ok()) return fail(s);
+  for (uint64_t id : consumed) {
+    (void)core.TakeOutstanding(session.generation, id);  // the daemon owns it now
+  }
+  return SaveResult{resp.bytes_staged(), internal::FromProto(resp.state())};
+}
+
+absl::Status CheckObjectName(const std::string& item) {
+  if (item.empty()) return absl::InvalidArgumentError("object shard with an empty item name");
   return absl::OkStatus();
 }
 
@@ -59,57 +143,28 @@ absl::Status CheckSaveInputs(std::span<const TensorShard> tensors,
 absl::StatusOr<SaveResult> Client::Save(const std::string& job, uint64_t step, uint32_t rank,
                                         uint32_t world_size, std::span<const TensorShard> tensors,
                                         std::span<const ObjectShard> objects) {
-  CKPTD_CLIENT_RETURN_IF_ERROR(CheckSaveInputs(tensors, objects));
+  std::vector<Source> sources;
+  sources.reserve(tensors.size() + objects.size());
+  for (const TensorShard& t : tensors) {
+    CKPTD_CLIENT_RETURN_IF_ERROR(
+        internal::CheckTensorBytes(t.item, t.dtype, t.global_shape, t.region, t.bytes));
+    const StridedView* strided = t.strided.has_value() ? &*t.strided : nullptr;
+    CKPTD_CLIENT_RETURN_IF_ERROR(CheckSource(t.item, t.data, strided, t.bytes));
+    sources.push_back(Source{&t.item, t.bytes, t.data, strided, std::nullopt});
+  }
+  for (const ObjectShard& o : objects) {
+    CKPTD_CLIENT_RETURN_IF_ERROR(CheckObjectName(o.item));
+    sources.push_back(Source{&o.item, o.data().size(), o.data().data(), nullptr, std::nullopt});
+  }
   absl::StatusOr<Session> session = core_->EnsureSession();
   if (!session.ok()) return session.status();
-
-  // One extent per non-empty shard, all in one reservation.
-  std::vector<uint64_t> sizes;
-  for (const TensorShard& t : tensors) {
-    if (t.bytes > 0) sizes.push_back(t.bytes);
-  }
-  for (const ObjectShard& o : objects) {
-    if (!o.bytes.empty()) sizes.push_back(o.bytes.size());
-  }
-  absl::StatusOr<std::vector<MappedExtent>> extents = core_->Reserve(*session, sizes);
-  if (!extents.ok()) return extents.status();
-  std::vector<uint64_t> ids;
-  for (const MappedExtent& e : *extents) ids.push_back(e.id);
-
   v1::SaveRequest req;
   FillHeader(*session, job, step, rank, world_size, &req);
-  size_t next = 0;
-  auto attach = [&](const void* src, uint64_t bytes, v1::ShardSpec* spec) {
-    if (bytes == 0) return;  // an empty MemRef: no target, length 0
-    const MappedExtent& e = (*extents)[next++];
-    internal::CountedCopy(e.data, src, bytes, /*is_load=*/false);
-    v1::MemRef* ref = spec->mutable_data();
-    ref->set_extent_id(e.id);
-    ref->set_offset(0);
-    ref->set_length(bytes);
-  };
   for (const TensorShard& t : tensors) {
-    v1::ShardSpec* spec = req.add_shards();
-    FillTensorSpec(t.item, t.dtype, t.global_shape, t.region, spec);
-    attach(t.data, t.bytes, spec);
+    FillTensorSpec(t.item, t.dtype, t.global_shape, t.region, req.add_shards());
   }
-  for (const ObjectShard& o : objects) {
-    v1::ShardSpec* spec = req.add_shards();
-    FillObjectSpec(o.item, o.per_rank, spec);
-    attach(o.bytes.data(), o.bytes.size(), spec);
-  }
-
-  v1::SaveResponse resp;
-  absl::Status s = core_->Call("Save", core_->rpc_timeout_ms(), [&](grpc::ClientContext* c) {
-    return core_->stub().Save(c, req, &resp);
-  });
-  if (!s.ok()) {
-    // The daemon refuses to release extents it took ownership of, so this is safe even when the
-    // failure was only the answer getting lost.
-    core_->ReleaseQuietly(*session, ids);
-    return s;
-  }
-  return SaveResult{resp.bytes_staged(), internal::FromProto(resp.state())};
+  for (const ObjectShard& o : objects) FillObjectSpec(o.item, o.per_rank, req.add_shards());
+  return SaveSources(*core_, *session, req, sources);
 }
 
 absl::StatusOr<ArenaBuffer> Client::Allocate(uint64_t bytes) {
@@ -119,7 +174,7 @@ absl::StatusOr<ArenaBuffer> Client::Allocate(uint64_t bytes) {
   absl::StatusOr<std::vector<MappedExtent>> extents = core_->Reserve(*session, {bytes});
   if (!extents.ok()) return extents.status();
   const MappedExtent& e = extents->front();
-  core_->AddOutstanding(session->generation, e.id, e.length);
+  core_->AddOutstanding(session->generation, e);
   ArenaBuffer buffer;
   buffer.extent_id = e.id;
   buffer.data = e.data;
@@ -142,23 +197,55 @@ absl::StatusOr<std::vector<ArenaBuffer>> Client::AllocateMany(std::span<const ui
   if (!extents.ok()) return extents.status();
   out.reserve(extents->size());
   for (const MappedExtent& e : *extents) {
-    core_->AddOutstanding(session->generation, e.id, e.length);
+    core_->AddOutstanding(session->generation, e);
     out.push_back(ArenaBuffer{e.id, e.data, e.length, session->generation, session->arena});
   }
   return out;
 }
 
+absl::StatusOr<std::vector<ArenaBuffer>> Client::Stage(std::span<const StridedView> sources) {
+  std::vector<uint64_t> sizes;
+  sizes.reserve(sources.size());
+  for (const StridedView& v : sources) {
+    if (v.Bytes() < 0) return absl::InvalidArgumentError("Stage: a source has a negative size");
+    if (v.Bytes() > 0 && v.data == 0) return absl::InvalidArgumentError("Stage: a source is null");
+    sizes.push_back(std::max<uint64_t>(static_cast<uint64_t>(v.Bytes()), 1));
+  }
+  absl::StatusOr<std::vector<ArenaBuffer>> bufs = AllocateMany(sizes);
+  if (!bufs.ok()) return bufs.status();
+  for (size_t i = 0; i < sources.size(); ++i) Gather(sources[i], (*bufs)[i].data);
+  return bufs;
+}
+
+namespace {
+
+// Forgets the outstanding buffers `ids` of `generation` and releases them, best effort.
+void ReleaseOutstanding(internal::ClientCore& core, uint64_t generation,
+                        const std::vector<uint64_t>& ids) {
+  std::vector<uint64_t> taken;
+  for (uint64_t id : ids) {
+    if (core.TakeOutstanding(generation, id).ok()) taken.push_back(id);
+  }
+  if (taken.empty()) return;
+  absl::StatusOr<Session> session = core.EnsureSession();
+  if (!session.ok() || session->generation != generation) return;
+  core.ReleaseQuietly(*session, taken);
+}
+
+}  // namespace
+
 void Client::ReleaseMany(std::span<const ArenaBuffer> buffers) {
-  uint64_t generation = core_->generation();
+  const uint64_t generation = core_->generation();
   std::vector<uint64_t> ids;
   for (const ArenaBuffer& b : buffers) {
-    if (b.generation != generation) continue;  // died with its daemon
-    if (core_->TakeOutstanding(b.generation, b.extent_id).ok()) ids.push_back(b.extent_id);
+    if (b.generation == generation) ids.push_back(b.extent_id);  // else: died with its daemon
   }
-  if (ids.empty()) return;
-  absl::StatusOr<Session> session = core_->EnsureSession();
-  if (!session.ok() || session->generation != generation) return;
-  core_->ReleaseQuietly(*session, ids);
+  ReleaseOutstanding(*core_, generation, ids);
+}
+
+void Client::ReleaseAt(std::span<const void* const> addresses) {
+  const uint64_t generation = core_->generation();
+  ReleaseOutstanding(*core_, generation, core_->OutstandingAt(addresses));
 }
 
 absl::Status Client::Release(const ArenaBuffer& buffer) {
@@ -180,45 +267,26 @@ absl::StatusOr<SaveResult> Client::SaveInPlace(const std::string& job, uint64_t 
                                                uint32_t world_size,
                                                std::span<const InPlaceTensorShard> tensors,
                                                std::span<const InPlaceObjectShard> objects) {
+  std::vector<Source> sources;
+  sources.reserve(tensors.size() + objects.size());
   for (const InPlaceTensorShard& t : tensors) {
     CKPTD_CLIENT_RETURN_IF_ERROR(
         internal::CheckTensorBytes(t.item, t.dtype, t.global_shape, t.region, t.bytes));
+    sources.push_back(Source{&t.item, t.bytes, nullptr, nullptr, t.data});
   }
   for (const InPlaceObjectShard& o : objects) {
-    if (o.item.empty()) return absl::InvalidArgumentError("object shard with an empty item name");
+    CKPTD_CLIENT_RETURN_IF_ERROR(CheckObjectName(o.item));
+    sources.push_back(Source{&o.item, o.bytes, nullptr, nullptr, o.data});
   }
   absl::StatusOr<Session> session = core_->EnsureSession();
   if (!session.ok()) return session.status();
-
   v1::SaveRequest req;
   FillHeader(*session, job, step, rank, world_size, &req);
-  std::set<uint64_t> consumed;  // arena buffers the daemon will own
-  auto attach = [&](const std::string& item, const BufferRef& ref, uint64_t bytes,
-                    v1::ShardSpec* spec) -> absl::Status {
-    absl::Status s = core_->ToMemRef(*session, ref, bytes, spec->mutable_data());
-    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("item ", item, ": ", s.message()));
-    if (bytes > 0 && ref.kind == BufferRef::kArena) consumed.insert(ref.id);
-    return absl::OkStatus();
-  };
   for (const InPlaceTensorShard& t : tensors) {
-    v1::ShardSpec* spec = req.add_shards();
-    FillTensorSpec(t.item, t.dtype, t.global_shape, t.region, spec);
-    CKPTD_CLIENT_RETURN_IF_ERROR(attach(t.item, t.data, t.bytes, spec));
+    FillTensorSpec(t.item, t.dtype, t.global_shape, t.region, req.add_shards());
   }
-  for (const InPlaceObjectShard& o : objects) {
-    v1::ShardSpec* spec = req.add_shards();
-    FillObjectSpec(o.item, o.per_rank, spec);
-    CKPTD_CLIENT_RETURN_IF_ERROR(attach(o.item, o.data, o.bytes, spec));
-  }
-
-  v1::SaveResponse resp;
-  CKPTD_CLIENT_RETURN_IF_ERROR(
-      core_->Call("Save", core_->rpc_timeout_ms(),
-                  [&](grpc::ClientContext* c) { return core_->stub().Save(c, req, &resp); }));
-  for (uint64_t id : consumed) {
-    (void)core_->TakeOutstanding(session->generation, id);  // the daemon owns it now
-  }
-  return SaveResult{resp.bytes_staged(), internal::FromProto(resp.state())};
+  for (const InPlaceObjectShard& o : objects) FillObjectSpec(o.item, o.per_rank, req.add_shards());
+  return SaveSources(*core_, *session, req, sources);
 }
 
 }  // namespace ckptd

@@ -76,8 +76,9 @@ def dtype_name(x: Any) -> str:
     return name
 
 
-def memory(x: Any) -> tuple[str, int, list[int], list[int], int]:
-    """("mem", address, shape, byte strides, itemsize) of a CPU array or tensor."""
+def view(x: Any) -> tuple[int, list[int], list[int], int]:
+    """(address, shape, byte strides, itemsize) of a CPU array or tensor: how libckptd-client
+    sees it (it recognises views of daemon memory by their address)."""
     if is_torch_tensor(x):
         if x.device.type != "cpu":
             raise ValueError(
@@ -87,12 +88,12 @@ def memory(x: Any) -> tuple[str, int, list[int], list[int], int]:
         if x.is_conj() or x.is_neg():
             x = x.resolve_conj().resolve_neg()
         itemsize = x.element_size()
-        return ("mem", x.data_ptr(), list(x.shape), [s * itemsize for s in x.stride()], itemsize)
+        return (x.data_ptr(), list(x.shape), [s * itemsize for s in x.stride()], itemsize)
     if not isinstance(x, np.ndarray):
         x = np.asarray(x)
     if not x.dtype.isnative:
         raise ValueError("ckptd: byte-swapped numpy arrays are not supported")
-    return ("mem", x.__array_interface__["data"][0], list(x.shape), list(x.strides), x.itemsize)
+    return (x.__array_interface__["data"][0], list(x.shape), list(x.strides), x.itemsize)
 
 
 def nbytes(x: Any) -> int:
@@ -103,12 +104,6 @@ def nbytes(x: Any) -> int:
 
 def shape_of(x: Any) -> list[int]:
     return [int(d) for d in x.shape]
-
-
-def is_contiguous(x: Any) -> bool:
-    if is_torch_tensor(x):
-        return bool(x.is_contiguous())
-    return bool(np.asarray(x).flags["C_CONTIGUOUS"])
 
 
 def address(x: Any) -> int:

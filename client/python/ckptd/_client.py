@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import bisect
 import os
 import pickle
 import threading
-import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -17,12 +15,7 @@ import numpy as np
 from . import _arrays, _ckptd
 
 DEFAULT_SOCKET = "/var/lib/ckptd/ckptd.sock"
-_ALIGN = 4096  # slab arrays start on a page; load batches round to the daemon's extent alignment
-# Loads run in batches of at most this many bytes (or 1/4 of the arena, if less), two at once: the
-# daemon reads one batch while this process copies the other out of the arena. Together they
-# take at most half of the arena, so other clients can still reserve.
-_LOAD_BATCH_BYTES = 128 << 20
-_LOAD_BATCHES_IN_FLIGHT = 2
+_ALIGN = 4096  # slab arrays start on a page
 
 
 Rows = list[dict[str, Any]]  # catalog answers: one dict per job / checkpoint / item
@@ -113,49 +106,6 @@ class SaveHandle:
             return self._committed
 
 
-class _Ranges:
-    """Address ranges of daemon-visible buffers, to recognise arrays that live in them."""
-
-    def __init__(self, weak: bool) -> None:
-        self._weak = weak
-        self._lock = threading.Lock()
-        self._starts: list[int] = []
-        self._entries: dict[int, tuple[int, Any]] = {}  # start -> (end, buffer or weakref)
-
-    def add(self, start: int, size: int, buffer: Any) -> None:
-        with self._lock:
-            if self._weak:
-                for s in [s for s, (_, r) in self._entries.items() if r() is None]:
-                    self._drop(s)
-            if start not in self._entries:
-                bisect.insort(self._starts, start)
-            self._entries[start] = (start + size, weakref.ref(buffer) if self._weak else buffer)
-
-    def _drop(self, start: int) -> None:
-        del self._entries[start]
-        self._starts.pop(bisect.bisect_left(self._starts, start))
-
-    def pop(self, start: int) -> Any:
-        with self._lock:
-            entry = self._entries.get(start)
-            if entry is None:
-                return None
-            self._drop(start)
-            return entry[1]() if self._weak else entry[1]
-
-    def find(self, address: int, nbytes: int) -> tuple[Any, int] | None:
-        with self._lock:
-            i = bisect.bisect_right(self._starts, address) - 1
-            if i < 0:
-                return None
-            start = self._starts[i]
-            end, ref = self._entries[start]
-            buffer = ref() if self._weak else ref
-            if buffer is None or address + nbytes > end:
-                return None
-            return buffer, address - start
-
-
 class _Slabs:
     """Registered shm slabs of one client, carved into 4 KiB-aligned arrays (ckptd.empty). A slab
     lives while any array over it does; its memory is then unregistered and unlinked."""
@@ -166,14 +116,12 @@ class _Slabs:
         self._lock = threading.Lock()
         self._current: Any = None
         self._used = 0
-        self.ranges = _Ranges(weak=True)
 
     def allocate(self, nbytes: int) -> tuple[Any, int]:
         size = max(_ALIGN, -(-nbytes // _ALIGN) * _ALIGN)
         with self._lock:
             if self._current is None or self._used + size > self._current.size:
                 slab = self._client._native.new_slab(max(size, self._slab_bytes))
-                self.ranges.add(slab.address, slab.size, slab)
                 self._current, self._used = slab, 0
             offset = self._used
             self._used += size
@@ -206,7 +154,6 @@ class Client:
         )
         self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ckptd")
         self._slabs = _Slabs(self, slab_bytes)
-        self._arena = _Ranges(weak=False)  # staged buffers not yet handed to the daemon
 
     # --- memory ---------------------------------------------------------------------------------
     def empty(self, shape: Sequence[int] | int, dtype: Any = np.float32) -> Any:
@@ -231,13 +178,12 @@ class Client:
         ):
             out[i] = view
         try:
-            bufs = self._native.stage([_arrays.memory(arrays[i]) for i in host]) if host else []
+            bufs = self._native.stage([_arrays.view(arrays[i]) for i in host]) if host else []
         except BaseException:
             self.release([out[i] for i in device])
             raise
         for i, b in zip(host, bufs, strict=True):
             a = arrays[i]
-            self._arena.add(b.address, b.size, b)
             out[i] = _arrays.view_of(
                 b,
                 0,
@@ -273,8 +219,6 @@ class Client:
         except BaseException:
             self._native.release(bufs)
             raise
-        for b in bufs:
-            self._arena.add(b.address, b.size, b)
         return views
 
     @property
@@ -283,25 +227,9 @@ class Client:
         return bool(self._native.arena_pinned_for_cuda())
 
     def release(self, staged: Iterable[Any]) -> None:
-        """Gives back the arena buffers of stage() views that were not saved."""
-        bufs = []
-        for v in staged:
-            found = self._arena.find(_arrays.address(v), 0)
-            if found is not None and self._arena.pop(found[0].address) is not None:
-                bufs.append(found[0])
-        self._native.release(bufs)
-
-    def _memory_of(self, x: Any) -> tuple[Any, ...]:
-        """Where a save reads x from: daemon memory in place, else a gather from caller memory."""
-        if _arrays.is_contiguous(x):
-            addr, n = _arrays.address(x), _arrays.nbytes(x)
-            found = self._arena.find(addr, n)
-            if found is not None:
-                return ("arena", found[0], found[1])
-            found = self._slabs.ranges.find(addr, n)
-            if found is not None:
-                return ("region", found[0], found[1])
-        return _arrays.memory(x)
+        """Gives back the arena buffers of stage() views that were not saved (libckptd-client
+        finds each view's buffer; views of anything else are skipped)."""
+        self._native.release_at([_arrays.address(v) for v in staged])
 
     # --- save -----------------------------------------------------------------------------------
     def save(
@@ -348,7 +276,7 @@ class Client:
                         _arrays.dtype_name(data),
                         [int(d) for d in shard.global_shape],
                         _region_spec(shard.region),
-                        self._memory_of(data),
+                        _arrays.view(data),
                     )
                 )
             per_rank = set(per_rank_objects)
@@ -365,9 +293,6 @@ class Client:
             except BaseException:
                 self.release(staged_views)
                 raise
-            for spec in specs:
-                if spec[4][0] == "arena":
-                    self._arena.pop(spec[4][1].address)
             del keep[:]
             return result
 
@@ -449,43 +374,25 @@ class Client:
         self, job: str, step: int, targets: Sequence[tuple[str, Region, Any]], *, rank: int = 0
     ) -> int:
         """Loads (item, region, destination) targets and returns the bytes the daemon read from
-        storage. Targets are grouped in batches of at most _LOAD_BATCH_BYTES (a larger single
-        target is a batch of its own), and two batches are in flight at once, so the daemon's
-        reads overlap the copies out of the arena."""
-        arena = self._native.arena_bytes()
-        # Extents are whole multiples of the daemon's alignment (Hello's limits).
-        align = self._native.extent_alignment_bytes() or _ALIGN
-        budget = max(align, min(_LOAD_BATCH_BYTES, arena // (2 * _LOAD_BATCHES_IN_FLIGHT)))
-        batches: list[list[tuple[Any, ...]]] = [[]]
-        batch_bytes = 0
-        for item, region, dest in targets:
-            n = _arrays.nbytes(dest)
-            rounded = -(-n // align) * align
-            if batches[-1] and batch_bytes + rounded > budget:
-                batches.append([])
-                batch_bytes = 0
-            batches[-1].append((item, _region_spec(region), self._memory_of(dest), n))
-            batch_bytes += rounded
+        storage. One call of libckptd-client's Load: it batches by its one policy (at most
+        load_batch_bytes of arena scratch per Load RPC, two in flight, so the daemon's reads
+        overlap the copies out of the arena), copies nothing for ckptd.empty()/stage() memory."""
+        specs = [
+            (item, _region_spec(region), _arrays.view(dest), _arrays.nbytes(dest))
+            for item, region, dest in targets
+        ]
+        if not specs:
+            return 0
+        out = self._native.load(job, step, rank, specs)
+        for (item, _, _, n), got in zip(specs, out["item_bytes"], strict=True):
+            if got != n:
+                from ._errors import InvalidArgumentError
 
-        def run(batch: list[tuple[Any, ...]]) -> int:
-            out = self._native.load(job, step, rank, batch)
-            for (item, _, _, n), got in zip(batch, out["item_bytes"], strict=True):
-                if got != n:
-                    from ._errors import InvalidArgumentError
-
-                    raise InvalidArgumentError(
-                        f"job {job} step {step} item {item}: the destination has {n} bytes, the "
-                        f"checkpoint has {got} for the region asked (dtype or shape mismatch)"
-                    )
-            return int(out["bytes_read"])
-
-        batches = [b for b in batches if b]
-        if len(batches) <= 1:
-            return sum(run(b) for b in batches)
-        with ThreadPoolExecutor(
-            max_workers=_LOAD_BATCHES_IN_FLIGHT, thread_name_prefix="ckptd-load"
-        ) as pool:
-            return sum(f.result() for f in [pool.submit(run, b) for b in batches])
+                raise InvalidArgumentError(
+                    f"job {job} step {step} item {item}: the destination has {n} bytes, the "
+                    f"checkpoint has {got} for the region asked (dtype or shape mismatch)"
+                )
+        return int(out["bytes_read"])
 
     def load_object(
         self, job: str, step: int | str, item: str, *, rank: int = 0, raw: bool = False

@@ -80,7 +80,7 @@ ShmSlab::ShmSlab(std::shared_ptr<Client> client, uint64_t bytes)
   absl::StatusOr<uint64_t> handle;
   {
     ReleasedGil released;
-    handle = client_->RegisterShm(name_, bytes);
+    handle = client_->RegisterShm(name_, bytes, data_);  // Save/Load then find views in it
   }
   if (!handle.ok()) {
     munmap(data_, bytes_);
@@ -99,35 +99,15 @@ ShmSlab::~ShmSlab() {
   shm_unlink(name_.c_str());
 }
 
-Memory ParseMemory(const py::handle& h) {
+StridedView ParseView(const py::handle& h) {
   auto t = h.cast<py::tuple>();
-  auto kind = t[0].cast<std::string>();
-  Memory m;
-  if (kind == "mem") {
-    m.kind = Memory::kMem;
-    m.view.data = t[1].cast<uintptr_t>();
-    m.view.shape = ToI64(t[2]);
-    m.view.strides = ToI64(t[3]);
-    m.view.itemsize = t[4].cast<int64_t>();
-    if (m.view.shape.size() != m.view.strides.size()) throw py::value_error("shape/strides rank");
-    return m;
-  }
-  auto offset = t[2].cast<uint64_t>();
-  if (kind == "region") {
-    auto& slab = t[1].cast<ShmSlab&>();
-    m.kind = Memory::kRegion;
-    m.ref = BufferRef::InRegion(RegionRef{slab.handle(), offset});
-    m.mapped = static_cast<uint8_t*>(slab.data()) + offset;
-    return m;
-  }
-  if (kind == "arena") {
-    auto& buf = t[1].cast<PyArenaBuffer&>();
-    m.kind = Memory::kArena;
-    m.ref = BufferRef::InArena(buf.buffer, offset);
-    m.mapped = static_cast<uint8_t*>(buf.buffer.data) + offset;
-    return m;
-  }
-  throw py::value_error("ckptd: unknown memory kind \"" + kind + "\"");
+  StridedView v;
+  v.data = t[0].cast<uintptr_t>();
+  v.shape = ToI64(t[1]);
+  v.strides = ToI64(t[2]);
+  v.itemsize = t[3].cast<int64_t>();
+  if (v.shape.size() != v.strides.size()) throw py::value_error("ckptd: shape/strides rank");
+  return v;
 }
 
 py::dict InfoDict(const CheckpointInfo& c) {

@@ -1,6 +1,5 @@
 // Conversions between Python values and libckptd-client types for the ckptd._ckptd binding:
-// errors, dtypes, regions, memory descriptors (caller memory, registered shm slabs, arena
-// buffers) and status dicts. Called with the GIL held.
+// errors, dtypes, regions, views of memory and status dicts; the shm slabs behind ckptd.empty(). Called with the GIL held.
 #pragma once
 
 #include <pybind11/pybind11.h>
@@ -42,11 +41,6 @@ std::vector<int64_t> ToI64(const py::handle& seq);
 // ("whole",) | ("box", offsets, lengths) | ("flat", start, count)
 Region ParseRegion(const py::handle& h);
 
-// An extent of the staging arena handed to Python (a writable buffer).
-struct PyArenaBuffer {
-  ArenaBuffer buffer;
-};
-
 // A POSIX shm object created by this process and registered with the daemon: memory the daemon
 // reads and writes in place (ckptd.empty). Unregistered and unlinked when the last view goes.
 class ShmSlab {
@@ -69,26 +63,9 @@ class ShmSlab {
   uint64_t handle_ = 0;
 };
 
-// A source or destination of bytes, parsed from Python with the GIL held.
-//   ("mem", address, shape, strides_bytes, itemsize)   caller memory (numpy / torch)
-//   ("region", ShmSlab, offset)                         a registered shm slab
-//   ("arena", ArenaBuffer, offset)                      an arena buffer
-struct Memory {
-  enum Kind { kMem, kRegion, kArena } kind = kMem;
-  StridedView view;
-  BufferRef ref;
-  void* mapped = nullptr;  // kRegion / kArena: address of the bytes in this process
-};
-Memory ParseMemory(const py::handle& h);
-
-struct TensorIn {
-  std::string item;
-  DType dtype;
-  std::vector<uint64_t> global_shape;
-  Region region;
-  Memory mem;
-  uint64_t bytes = 0;
-};
+// A view of caller memory, parsed from Python: (address, shape, byte strides, itemsize).
+// ValueError when shape and strides differ in rank.
+StridedView ParseView(const py::handle& h);
 
 // A checkpoint's status as the dict ckptd/_client.py documents.
 py::dict InfoDict(const CheckpointInfo& c);

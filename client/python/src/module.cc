@@ -1,11 +1,12 @@
-// ckptd._ckptd: the pybind11 binding over libckptd-client. Deliberately low level: plain tuples
-// and ints in, dicts out. The Python layer (ckptd/_client.py) turns numpy arrays and torch
-// tensors into (address, shape, strides) triples, so the binding depends on neither.
+// ckptd._ckptd: the pybind11 binding over libckptd-client, and only a binding: it converts Python
+// values to the library's types and calls it with the GIL released. Plain tuples and ints in,
+// dicts out. The Python layer (ckptd/_client.py) turns numpy arrays and torch tensors into views
+// (address, shape, byte strides, itemsize), so the binding depends on neither.
 //
-// Copies. Tensor bytes are gathered straight into reserved arena extents (strided sources in the
-// same pass) with the GIL released, then saved with SaveInPlace: one copy per byte, counted in
-// copy_stats(). Sources already in daemon memory (arena buffers, registered shm slabs) are saved
-// without any copy.
+// Copies: none here. The library's Save()/Load() make the one copy between caller memory and the
+// arena (gathering/scattering strided views), recognise views in daemon memory (stage()d arena
+// buffers, registered shm slabs) by themselves and copy nothing for them, and batch loads by
+// their one policy.
 
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -51,168 +52,102 @@ class PyClient {
   std::shared_ptr<Client> client() const { return client_; }
 
   // Reserves arena buffers without filling them (the caller copies into them, e.g. from a GPU).
-  std::vector<PyArenaBuffer> Allocate(const std::vector<uint64_t>& sizes) {
+  std::vector<ArenaBuffer> Allocate(const std::vector<uint64_t>& sizes) {
     absl::StatusOr<std::vector<ArenaBuffer>> got;
     {
       ReleasedGil released;
       got = client_->AllocateMany(sizes);
     }
-    std::vector<PyArenaBuffer> out;
-    for (ArenaBuffer& b : Check(std::move(got))) out.push_back(PyArenaBuffer{std::move(b)});
-    return out;
+    return Check(std::move(got));
   }
 
-  // Reserves arena buffers and gathers each source into its own: the one copy of a save.
-  std::vector<PyArenaBuffer> Stage(const py::list& sources) {
+  // Copies each view once into an arena buffer of its own (Client::Stage).
+  std::vector<ArenaBuffer> Stage(const py::list& sources) {
     std::vector<StridedView> views;
-    std::vector<uint64_t> sizes;
-    for (py::handle h : sources) {
-      Memory m = ParseMemory(h);
-      if (m.kind != Memory::kMem) throw py::value_error("stage(): only caller memory");
-      sizes.push_back(std::max<uint64_t>(m.view.Bytes(), 1));
-      views.push_back(m.view);
+    for (py::handle h : sources) views.push_back(ParseView(h));
+    absl::StatusOr<std::vector<ArenaBuffer>> got;
+    {
+      ReleasedGil released;
+      got = client_->Stage(views);
     }
-    std::vector<PyArenaBuffer> out = Allocate(sizes);
-    ReleasedGil released;
-    for (size_t i = 0; i < views.size(); ++i) Gather(views[i], out[i].buffer.data);
-    return out;
+    return Check(std::move(got));
   }
 
-  void ReleaseBuffers(const std::vector<PyArenaBuffer*>& buffers) {
-    std::vector<ArenaBuffer> bufs;
-    for (const PyArenaBuffer* b : buffers) bufs.push_back(b->buffer);
+  void ReleaseBuffers(const std::vector<ArenaBuffer>& buffers) {
     ReleasedGil released;
-    client_->ReleaseMany(bufs);
+    client_->ReleaseMany(buffers);
   }
 
-  // tensors: [(item, dtype, global_shape, region, memory)], objects: [(item, per_rank, bytes)]
+  // Gives back the arena buffers holding these addresses (views of stage()/allocate() buffers).
+  void ReleaseAt(const std::vector<uintptr_t>& addresses) {
+    std::vector<const void*> at;
+    for (uintptr_t a : addresses) at.push_back(reinterpret_cast<const void*>(a));
+    ReleasedGil released;
+    client_->ReleaseAt(at);
+  }
+
+  // tensors: [(item, dtype, global_shape, region, view)], objects: [(item, per_rank, bytes)]
   py::dict Save(const std::string& job, uint64_t step, uint32_t rank, uint32_t world_size,
                 const py::list& tensors, const py::list& objects) {
-    std::vector<TensorIn> ts;
+    std::vector<TensorShard> ts;
     for (py::handle h : tensors) {
       auto t = h.cast<py::tuple>();
-      TensorIn in{t[0].cast<std::string>(),
-                  ParseDType(t[1].cast<std::string>()),
-                  ToU64(t[2]),
-                  ParseRegion(t[3]),
-                  ParseMemory(t[4]),
-                  0};
-      absl::StatusOr<uint64_t> n = in.region.ElementCount(in.global_shape);
-      if (!n.ok())
+      TensorShard shard;
+      shard.item = t[0].cast<std::string>();
+      shard.dtype = ParseDType(t[1].cast<std::string>());
+      shard.global_shape = ToU64(t[2]);
+      shard.region = ParseRegion(t[3]);
+      shard.strided = ParseView(t[4]);
+      absl::StatusOr<uint64_t> n = shard.region.ElementCount(shard.global_shape);
+      if (!n.ok()) {
         Throw(absl::Status(n.status().code(),
-                           "item " + in.item + ": " + std::string(n.status().message())));
-      in.bytes = *n * DTypeSize(in.dtype);
-      if (in.mem.kind == Memory::kMem && static_cast<uint64_t>(in.mem.view.Bytes()) != in.bytes) {
-        throw py::value_error("ckptd: item " + in.item + ": the array has " +
-                              std::to_string(in.mem.view.Bytes()) + " bytes, its region needs " +
-                              std::to_string(in.bytes));
+                           "item " + shard.item + ": " + std::string(n.status().message())));
       }
-      ts.push_back(std::move(in));
+      shard.bytes = *n * DTypeSize(shard.dtype);
+      ts.push_back(std::move(shard));
     }
-    std::vector<std::string> obj_items;
-    std::vector<bool> obj_per_rank;
-    std::vector<std::string_view> obj_bytes;  // views of immutable bytes objects held by `objects`
+    std::vector<ObjectShard> objs;  // borrowed views of immutable bytes objects held by `objects`
     for (py::handle h : objects) {
       auto t = h.cast<py::tuple>();
-      obj_items.push_back(t[0].cast<std::string>());
-      obj_per_rank.push_back(t[1].cast<bool>());
-      obj_bytes.push_back(t[2].cast<std::string_view>());
+      ObjectShard o;
+      o.item = t[0].cast<std::string>();
+      o.per_rank = t[1].cast<bool>();
+      o.borrowed = t[2].cast<std::string_view>();
+      objs.push_back(std::move(o));
     }
     absl::StatusOr<SaveResult> result;
     {
       ReleasedGil released;
-      result = SaveLocked(job, step, rank, world_size, ts, obj_items, obj_per_rank, obj_bytes);
+      result = client_->Save(job, step, rank, world_size, ts, objs);
     }
     SaveResult r = Check(std::move(result));
     return py::dict(py::arg("bytes_staged") = r.bytes_staged,
                     py::arg("state") = CheckpointStateName(r.state));
   }
 
-  // targets: [(item, region, memory, nbytes)]; returns {step, bytes_read, item_bytes}.
+  // targets: [(item, region, view, nbytes)]; returns {step, bytes_read, item_bytes}. One call of
+  // the library's Load: it batches (one Load RPC per batch, two in flight) and copies.
   py::dict Load(const std::string& job, const py::object& step, uint32_t rank,
                 const py::list& targets) {
-    struct Target {
-      std::string item;
-      Region region;
-      Memory mem;
-      uint64_t bytes;
-    };
-    std::vector<Target> ts;
+    std::vector<LoadTarget> ts;
     for (py::handle h : targets) {
       auto t = h.cast<py::tuple>();
-      ts.push_back(Target{t[0].cast<std::string>(), ParseRegion(t[1]), ParseMemory(t[2]),
-                          t[3].cast<uint64_t>()});
+      LoadTarget target;
+      target.item = t[0].cast<std::string>();
+      target.region = ParseRegion(t[1]);
+      target.strided = ParseView(t[2]);
+      target.bytes = t[3].cast<uint64_t>();
+      ts.push_back(std::move(target));
     }
     std::optional<uint64_t> s = StepArg(step);
-    LoadResult total;
-    total.item_bytes.assign(ts.size(), 0);
-    absl::Status status;
+    absl::StatusOr<LoadResult> result;
     {
       ReleasedGil released;
-      // Contiguous caller memory: Load() (the library's one copy). Strided caller memory: into
-      // arena buffers, then scattered (our one copy). Daemon memory: in place.
-      std::vector<LoadTarget> direct;
-      std::vector<size_t> direct_idx;
-      std::vector<InPlaceLoadTarget> inplace;
-      std::vector<size_t> inplace_idx;
-      std::vector<size_t> strided_idx;
-      std::vector<uint64_t> strided_sizes;
-      for (size_t i = 0; i < ts.size(); ++i) {
-        Target& t = ts[i];
-        if (t.mem.kind != Memory::kMem) {
-          inplace.push_back(InPlaceLoadTarget{t.item, t.region, t.mem.ref, t.bytes});
-          inplace_idx.push_back(i);
-        } else if (t.mem.view.Contiguous() || t.bytes == 0) {
-          direct.push_back(
-              LoadTarget{t.item, t.region, reinterpret_cast<void*>(t.mem.view.data), t.bytes});
-          direct_idx.push_back(i);
-        } else {
-          strided_idx.push_back(i);
-          strided_sizes.push_back(t.bytes);
-        }
-      }
-      std::vector<ArenaBuffer> scratch;
-      if (!strided_sizes.empty()) {
-        absl::StatusOr<std::vector<ArenaBuffer>> got = client_->AllocateMany(strided_sizes);
-        status = got.status();
-        if (got.ok()) scratch = *std::move(got);
-        for (size_t k = 0; k < scratch.size(); ++k) {
-          const Target& t = ts[strided_idx[k]];
-          inplace.push_back(
-              InPlaceLoadTarget{t.item, t.region, BufferRef::InArena(scratch[k]), t.bytes});
-          inplace_idx.push_back(strided_idx[k]);
-        }
-      }
-      auto merge = [&](const LoadResult& r, const std::vector<size_t>& idx) {
-        total.step = r.step;
-        total.bytes_read += r.bytes_read;
-        for (size_t k = 0; k < idx.size() && k < r.item_bytes.size(); ++k) {
-          total.item_bytes[idx[k]] = r.item_bytes[k];
-        }
-      };
-      if (status.ok() && !direct.empty()) {
-        absl::StatusOr<LoadResult> r = client_->Load(job, s, rank, direct);
-        status = r.status();
-        if (r.ok()) {
-          merge(*r, direct_idx);
-          if (!s.has_value()) s = r->step;  // both calls read the same checkpoint
-        }
-      }
-      if (status.ok() && !inplace.empty()) {
-        absl::StatusOr<LoadResult> r = client_->LoadInPlace(job, s, rank, inplace);
-        status = r.status();
-        if (r.ok()) merge(*r, inplace_idx);
-      }
-      if (status.ok()) {
-        for (size_t k = 0; k < scratch.size(); ++k) {
-          ckptd::Scatter(scratch[k].data, ts[strided_idx[k]].mem.view);
-        }
-      }
-      client_->ReleaseMany(scratch);
+      result = client_->Load(job, s, rank, ts);
     }
-    Check(status);
-    return py::dict(py::arg("step") = total.step, py::arg("bytes_read") = total.bytes_read,
-                    py::arg("item_bytes") = total.item_bytes);
+    LoadResult r = Check(std::move(result));
+    return py::dict(py::arg("step") = r.step, py::arg("bytes_read") = r.bytes_read,
+                    py::arg("item_bytes") = r.item_bytes);
   }
 
   py::bytes LoadObject(const std::string& job, const py::object& step, uint32_t rank,
@@ -323,50 +258,6 @@ class PyClient {
   }
 
  private:
-  absl::StatusOr<SaveResult> SaveLocked(const std::string& job, uint64_t step, uint32_t rank,
-                                        uint32_t world_size, std::vector<TensorIn>& ts,
-                                        const std::vector<std::string>& obj_items,
-                                        const std::vector<bool>& obj_per_rank,
-                                        const std::vector<std::string_view>& obj_bytes) {
-    std::vector<uint64_t> sizes;
-    for (const TensorIn& t : ts) {
-      if (t.mem.kind == Memory::kMem && t.bytes > 0) sizes.push_back(t.bytes);
-    }
-    for (std::string_view b : obj_bytes) {
-      if (!b.empty()) sizes.push_back(b.size());
-    }
-    absl::StatusOr<std::vector<ArenaBuffer>> bufs = client_->AllocateMany(sizes);
-    if (!bufs.ok()) return bufs.status();
-    size_t next = 0;
-    std::vector<InPlaceTensorShard> shards;
-    for (TensorIn& t : ts) {
-      BufferRef ref = t.mem.ref;
-      if (t.mem.kind == Memory::kMem) {
-        ref = BufferRef{};
-        if (t.bytes > 0) {
-          const ArenaBuffer& b = (*bufs)[next++];
-          Gather(t.mem.view, b.data);
-          ref = BufferRef::InArena(b);
-        }
-      }
-      shards.push_back(InPlaceTensorShard{t.item, t.dtype, t.global_shape, t.region, ref, t.bytes});
-    }
-    std::vector<InPlaceObjectShard> objs;
-    for (size_t i = 0; i < obj_items.size(); ++i) {
-      BufferRef ref{};
-      if (!obj_bytes[i].empty()) {
-        const ArenaBuffer& b = (*bufs)[next++];
-        const auto n = static_cast<int64_t>(obj_bytes[i].size());
-        Gather(StridedView{reinterpret_cast<uintptr_t>(obj_bytes[i].data()), {n}, {1}, 1}, b.data);
-        ref = BufferRef::InArena(b);
-      }
-      objs.push_back(InPlaceObjectShard{obj_items[i], obj_per_rank[i], ref, obj_bytes[i].size()});
-    }
-    absl::StatusOr<SaveResult> r = client_->SaveInPlace(job, step, rank, world_size, shards, objs);
-    client_->ReleaseMany(*bufs);  // no-op for the buffers the daemon took
-    return r;
-  }
-
   std::shared_ptr<Client> client_;
 };
 
@@ -386,17 +277,16 @@ PYBIND11_MODULE(_ckptd, m) {
   // The one dtype table; ckptd/_arrays.py builds its maps from it.
   m.attr("DTYPES") = DTypeTable();
 
-  py::class_<PyArenaBuffer>(m, "ArenaBuffer", py::buffer_protocol())
-      .def_buffer([](PyArenaBuffer& b) {
-        return py::buffer_info(b.buffer.data, 1, py::format_descriptor<uint8_t>::format(), 1,
-                               {static_cast<py::ssize_t>(b.buffer.size)}, {1});
+  // ckptd::ArenaBuffer itself (it shares the arena mapping: views over it keep it mapped).
+  py::class_<ckptd::ArenaBuffer>(m, "ArenaBuffer", py::buffer_protocol())
+      .def_buffer([](ckptd::ArenaBuffer& b) {
+        return py::buffer_info(b.data, 1, py::format_descriptor<uint8_t>::format(), 1,
+                               {static_cast<py::ssize_t>(b.size)}, {1});
       })
-      .def_property_readonly("size", [](const PyArenaBuffer& b) { return b.buffer.size; })
+      .def_property_readonly("size", [](const ckptd::ArenaBuffer& b) { return b.size; })
       .def_property_readonly(
-          "address",
-          [](const PyArenaBuffer& b) { return reinterpret_cast<uintptr_t>(b.buffer.data); })
-      .def_property_readonly("extent_id",
-                             [](const PyArenaBuffer& b) { return b.buffer.extent_id; });
+          "address", [](const ckptd::ArenaBuffer& b) { return reinterpret_cast<uintptr_t>(b.data); })
+      .def_property_readonly("extent_id", [](const ckptd::ArenaBuffer& b) { return b.extent_id; });
 
   py::class_<ShmSlab, std::shared_ptr<ShmSlab>>(m, "ShmSlab", py::buffer_protocol())
       .def_buffer([](ShmSlab& s) {
@@ -418,6 +308,7 @@ PYBIND11_MODULE(_ckptd, m) {
       .def("stage", &PyClient::Stage)
       .def("allocate", &PyClient::Allocate)
       .def("release", &PyClient::ReleaseBuffers)
+      .def("release_at", &PyClient::ReleaseAt)
       .def("save", &PyClient::Save)
       .def("load", &PyClient::Load)
       .def("load_object", &PyClient::LoadObject)
@@ -446,10 +337,10 @@ PYBIND11_MODULE(_ckptd, m) {
       .def("resolve_step", &PyClient::ResolveStep)
       .def("delete", &PyClient::Delete)
       .def("arena_bytes", &PyClient::ArenaBytes)
-      .def("extent_alignment_bytes",
+      .def("load_batch_bytes",
            [](PyClient& c) {
              ReleasedGil released;
-             return c.client()->extent_alignment_bytes();
+             return c.client()->load_batch_bytes();
            })
       .def("arena_pinned_for_cuda",
            [](PyClient& c) {

@@ -10,11 +10,16 @@
 //   // commits the checkpoint by itself once ranks 0..world_size-1 have saved.
 //   (*client)->WaitCommitted("run42", step, 600000);     // optional: block until durable
 //
-// Copies. Save() copies each shard's bytes exactly once, straight into the daemon's shared-memory
-// staging arena. Allocate()/SaveFromArena() and RegisterShm()/SaveInPlace() copy nothing. Load()
-// has the daemon write into arena extents and copies each byte once into the caller's buffer;
-// LoadInPlace() into arena buffers or registered regions copies nothing. copy_stats() counts the
-// library's copies so tests can check these claims.
+// Copies: the one native data path. Save() copies each shard's bytes exactly once, straight into
+// the daemon's shared-memory staging arena (a strided source is gathered in that same pass) — or
+// not at all when they already are in daemon-visible memory: an Allocate()d arena buffer or a
+// region registered with its mapping (RegisterShm(..., mapped_at)). Load() batches its targets by
+// one policy (load_batch_bytes(), one Load RPC per batch, two batches in flight so the daemon
+// reads one while the library copies the other out) and copies each byte once from the arena into
+// the caller's buffer (scattering a strided destination in the same pass), or not at all for a
+// destination in daemon-visible memory. SaveInPlace()/LoadInPlace() name daemon memory
+// explicitly. copy_stats() counts the library's copies so tests can check these claims. The
+// Python binding and ckptctl are layers over these calls; they copy nothing themselves.
 //
 // Threads. Every method of Client is thread-safe; RPCs of different threads run concurrently (the
 // internal mutex is held only around session state, and while re-connecting). copy_stats() is
@@ -56,6 +61,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "ckptd/strided_copy.h"
 #include "ckptd/v1/dtype_table.h"
 
 namespace ckptd {
@@ -110,9 +116,9 @@ struct Region {
   absl::StatusOr<uint64_t> ElementCount(std::span<const uint64_t> global_shape) const;
 };
 
-// One tensor shard in the caller's memory. `data` holds the region's row-major bytes; `bytes` must
-// equal the region's element count * DTypeSize(dtype). The caller owns `data`; it is only read
-// during the call.
+// One tensor shard. `data` holds the region's row-major bytes; `bytes` must equal the region's
+// element count * DTypeSize(dtype). The caller owns `data`; it is only read during the call —
+// unless it lies in daemon-visible memory (see Save()).
 struct TensorShard {
   std::string item;
   DType dtype = DType::kFloat32;
@@ -120,6 +126,10 @@ struct TensorShard {
   Region region;
   const void* data = nullptr;
   uint64_t bytes = 0;
+  // Set for a source that is not contiguous (a numpy array or torch tensor view): its elements
+  // are read through it, in row-major order (`data` is then not used); strided->Bytes() must
+  // equal `bytes`.
+  std::optional<StridedView> strided;
 };
 
 // An opaque object (pickled state, RNG, dataloader position). per_rank: one copy per saving rank;
@@ -128,6 +138,10 @@ struct ObjectShard {
   std::string item;
   bool per_rank = false;
   std::string bytes;
+  // Set instead of `bytes` to save bytes the caller keeps alive during the call, without first
+  // copying them into `bytes` (the binding's pickled objects).
+  std::optional<std::string_view> borrowed;
+  std::string_view data() const { return borrowed.has_value() ? *borrowed : bytes; }
 };
 
 // An extent of the daemon's staging arena, mapped into this process (see Allocate()). The data is
@@ -146,8 +160,9 @@ struct RegionRef {
   uint64_t offset = 0;
 };
 
-// Daemon-visible memory for the zero-copy calls: an arena buffer or a registered region, at a byte
-// offset into it.
+// A place in daemon-visible memory — the one name for it on the client side: an arena buffer or a
+// registered region, at a byte offset into it. (On the wire it is a v1::MemRef; in the daemon an
+// arena buffer is an extent, ExtentInfo.)
 struct BufferRef {
   enum Kind { kArena, kRegion };
   Kind kind = kArena;
@@ -259,6 +274,9 @@ struct LoadTarget {
   uint64_t bytes = 0;
   // Per-rank objects: load the copy saved by this rank instead of the loading rank's.
   std::optional<uint32_t> object_rank;
+  // Set for a destination that is not contiguous: the loaded row-major bytes are scattered into
+  // its elements (`dest` is then not used); strided->Bytes() must equal `bytes`.
+  std::optional<StridedView> strided;
 };
 // The same, into daemon-visible memory (no copy by the library).
 struct InPlaceLoadTarget {
@@ -328,9 +346,12 @@ class Client {
   Client& operator=(const Client&) = delete;
 
   // --- save -----------------------------------------------------------------------------------
-  // Stages one rank's shards: reserves one extent per non-empty shard, copies each shard into it
-  // once, and sends Save. Returns once staged; the caller's buffers may then be reused. On failure
-  // the extents reserved are released.
+  // Stages one rank's shards: reserves one extent per non-empty shard in caller memory, copies
+  // each such shard into it once, and sends Save. Returns once staged; the caller's buffers may
+  // then be reused. A shard whose bytes lie in daemon-visible memory (Locate()) is not copied: an
+  // Allocate()d buffer holding it then belongs to the daemon (as with SaveInPlace), a registered
+  // region's bytes must stay unchanged until the checkpoint is committed. On failure the extents
+  // reserved are released.
   absl::StatusOr<SaveResult> Save(const std::string& job, uint64_t step, uint32_t rank,
                                   uint32_t world_size, std::span<const TensorShard> tensors,
                                   std::span<const ObjectShard> objects = {});
@@ -355,17 +376,29 @@ class Client {
   // Gives back an unused buffer. Buffers of a previous daemon instance are only forgotten.
   // FAILED_PRECONDITION when it was consumed by a save or released already.
   absl::Status Release(const ArenaBuffer& buffer);
+  // Gives back the Allocate()d buffers holding these addresses (views handed out by a binding);
+  // addresses in no outstanding buffer are skipped. Best effort, like ReleaseMany().
+  void ReleaseAt(std::span<const void* const> addresses);
+  // Where [data, data + bytes) lies in daemon-visible memory of the current session: an
+  // outstanding Allocate()d buffer, or a region registered with its mapping. nullopt for caller
+  // memory (and for bytes == 0). Save() and Load() use it to copy nothing for such memory.
+  std::optional<BufferRef> Locate(const void* data, uint64_t bytes);
   // Allocate() for several buffers in one reservation (all or none); each size must be > 0.
-  // Used by bindings that gather strided tensors straight into the arena (their one copy).
   absl::StatusOr<std::vector<ArenaBuffer>> AllocateMany(std::span<const uint64_t> sizes);
+  // Allocates one buffer per source (one reservation, all or none) and copies each source into
+  // its own, gathering strided ones: the one copy of a save, done ahead (the binding's stage()).
+  // Saving the buffers' bytes later copies nothing. An empty source gets a 1-byte buffer.
+  absl::StatusOr<std::vector<ArenaBuffer>> Stage(std::span<const StridedView> sources);
   // Release() for several buffers in one call; buffers consumed or released already are skipped
   // (best effort: the daemon also frees a session's extents when it ends).
   void ReleaseMany(std::span<const ArenaBuffer> buffers);
 
   // --- registered shared memory ---------------------------------------------------------------
   // Lets the daemon read/write `size_bytes` of the POSIX shm object `shm_name` (created by the
-  // caller). Returns a handle that stays valid across daemon restarts.
-  absl::StatusOr<uint64_t> RegisterShm(const std::string& shm_name, uint64_t size_bytes);
+  // caller). Returns a handle that stays valid across daemon restarts. mapped_at: where this
+  // process maps the object, so that Save()/Load() recognise memory in it and copy nothing.
+  absl::StatusOr<uint64_t> RegisterShm(const std::string& shm_name, uint64_t size_bytes,
+                                       const void* mapped_at = nullptr);
   absl::Status Unregister(uint64_t handle);
 
   // --- commit ---------------------------------------------------------------------------------
@@ -384,11 +417,14 @@ class Client {
 
   // --- load -----------------------------------------------------------------------------------
   // Loads items (or regions of them) of a COMMITTED checkpoint (nullopt: the latest) into the
-  // caller's buffers, through arena extents (one copy per byte). The targets' bytes must fit in
-  // the arena at once; LoadAll() batches for you.
+  // caller's buffers, through arena extents (one copy per byte; none for a destination in
+  // daemon-visible memory). Any number of targets of any size: they are loaded in batches of at
+  // most load_batch_bytes() of arena scratch, two in flight; a contiguous whole or flat target
+  // larger than a batch is read in flat slices. item_bytes has one entry per target; bytes_read,
+  // bytes_needed(_aligned) are summed over the batches.
   absl::StatusOr<LoadResult> Load(const std::string& job, std::optional<uint64_t> step,
                                   uint32_t rank, std::span<const LoadTarget> targets);
-  // The same into arena buffers or registered regions; copies nothing.
+  // The same into arena buffers or registered regions, named explicitly; copies nothing.
   absl::StatusOr<LoadResult> LoadInPlace(const std::string& job, std::optional<uint64_t> step,
                                          uint32_t rank, std::span<const InPlaceLoadTarget> targets);
   // One object item (for per-rank objects, `rank`'s copy).
@@ -399,7 +435,7 @@ class Client {
   absl::StatusOr<std::map<uint32_t, std::string>> LoadObjects(const std::string& job,
                                                               std::optional<uint64_t> step,
                                                               const std::string& item);
-  // Every tensor (whole) and every object visible to `rank`, batched to fit the arena.
+  // Every tensor (whole) and every object visible to `rank` (one Load, batched by its policy).
   absl::StatusOr<LoadedCheckpoint> LoadAll(const std::string& job, std::optional<uint64_t> step,
                                            uint32_t rank);
 
@@ -433,6 +469,11 @@ class Client {
   // The granularity of arena extents, as the daemon announced it in Hello (Limits); 0 before the
   // first session. Callers that size batches of extents (the Python client) round to it.
   uint64_t extent_alignment_bytes() const;
+  // The load batching policy's batch size: the arena scratch one Load RPC uses at most,
+  // min(128 MiB, a quarter of the arena), in whole extents. Two batches are in flight, so a load
+  // leaves at least half of the arena to other clients. Streaming readers (ckptctl export) read
+  // chunks of this size. 0 before the first session.
+  uint64_t load_batch_bytes() const;
 
  private:
   explicit Client(std::unique_ptr<internal::ClientCore> core);
