@@ -26,10 +26,8 @@ namespace fs = std::filesystem;
 namespace st = safetensors;
 
 constexpr const char* kIndexName = "model.safetensors.index.json";
-// Load() goes through the daemon's staging arena: a chunk is at most this, and at most a quarter
-// of the arena so that trainers saving at the same time keep room.
-constexpr uint64_t kChunkBytesMax = 64ull << 20;
-constexpr uint64_t kArenaShareDivisor = 4;
+// Tensors stream in chunks of the client library's load batch (Client::load_batch_bytes: the one
+// load batching policy, which leaves room in the arena to trainers saving at the same time).
 // When the arena is busy (RESOURCE_EXHAUSTED) chunks halve down to this before giving up.
 constexpr uint64_t kChunkBytesMin = 64ull << 10;
 
@@ -318,9 +316,8 @@ void PrintResult(const Context& ctx, const ExportOptions& o, const Source& src,
 absl::Status WriteExport(ckptd::Client& client, const ExportOptions& o, const Source& src,
                          const std::vector<st::FilePlan>& files,
                          const std::vector<std::string>& existing) {
-  uint64_t chunk = kChunkBytesMax;
-  if (client.arena_bytes() > 0) chunk = std::min(chunk, client.arena_bytes() / kArenaShareDivisor);
-  TensorStreamer streamer(client, o.job, src.step, std::max(chunk, kChunkBytesMin));
+  TensorStreamer streamer(client, o.job, src.step,
+                          std::max(client.load_batch_bytes(), kChunkBytesMin));
   TempFiles temps(o.dir);
   std::vector<std::string> names;
   for (const st::FilePlan& f : files) {

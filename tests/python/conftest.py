@@ -3,21 +3,40 @@
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import shutil
 import signal
 import socket as socketlib
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 STAGING_BYTES = 64 << 20
+
+
+def run_rank(rank: int, fn: Any, *args: Any) -> None:
+    """The body of one rank spawned by torch.multiprocessing: fn(rank, *args), then a hard exit.
+
+    A failure raises as usual (torch reports it with the rank's traceback). faulthandler prints
+    every thread's Python stack if the rank dies of a signal. After success the rank leaves with
+    os._exit: interpreter finalization of a process that ran gloo has aborted intermittently in CI
+    ("terminate called without an active exception", from a native thread torch or gloo leaves
+    joinable at teardown), which is not what these tests check. ckptd's own exit path is tested by
+    test_exit.py, which lets the interpreter finalize with client calls in flight."""
+    faulthandler.enable()
+    fn(rank, *args)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def daemon_binary() -> str:

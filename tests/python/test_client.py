@@ -132,6 +132,32 @@ def test_load_in_several_batches_in_flight(client: ckptd.Client) -> None:
         client.load("py-batches", 1, bad)
 
 
+def test_one_load_mixing_memory_kinds_is_planned_once(client: ckptd.Client) -> None:
+    """Destinations in daemon memory (ckptd.empty), plain arrays and strided views go in one call
+    of libckptd-client's Load, so the daemon plans them together and reads shared blocks once."""
+    w = np.arange(64 * 32, dtype=np.float32).reshape(64, 32)  # 8 KiB: two 4 KiB blocks
+    client.save("py-mixed", 1, {"w": w}).committed().result(60)
+    in_daemon = client.empty((16, 32), np.float32)  # rows 0..16: the first 2 KiB
+    plain = np.empty((16, 32), np.float32)  # rows 16..32: the same 4 KiB block
+    strided = np.zeros((32, 32), np.float32).T  # rows 32..64 (the second block), not contiguous
+    ckptd.reset_copy_stats()
+    n = client.load_into(
+        "py-mixed",
+        1,
+        [
+            ("w", ckptd.Box([0, 0], [16, 32]), in_daemon),
+            ("w", ckptd.Box([16, 0], [16, 32]), plain),
+            ("w", ckptd.Box([32, 0], [32, 32]), strided),
+        ],
+    )
+    np.testing.assert_array_equal(in_daemon, w[:16])
+    np.testing.assert_array_equal(plain, w[16:32])
+    np.testing.assert_array_equal(strided, w[32:])
+    assert n == 8192  # each 4 KiB block read once, not once per memory kind
+    # One copy for the plain and strided destinations, none for daemon memory.
+    assert ckptd.copy_stats()["load_bytes"] == plain.nbytes + strided.nbytes
+
+
 def test_sharded_save_from_two_ranks(client: ckptd.Client) -> None:
     full = np.arange(40 * 8, dtype=np.int32).reshape(40, 8)
     shards = [

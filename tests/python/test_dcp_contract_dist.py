@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from conftest import Daemon, free_port
+from conftest import Daemon, free_port, run_rank
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
@@ -53,7 +53,7 @@ def init(rank: int, world: int) -> None:
 
 def spawn(fn: Callable[..., None], world: int, *args: Any) -> None:
     os.environ["MASTER_PORT"] = str(free_port())
-    mp.start_processes(fn, args=args, nprocs=world, join=True, start_method="spawn")
+    mp.start_processes(run_rank, args=(fn, *args), nprocs=world, join=True, start_method="spawn")
 
 
 def wait_committed(client: ckptd.Client, job: str, step: int, timeout_s: float) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from conftest import Daemon, free_port
+from conftest import Daemon, free_port, run_rank
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
@@ -191,7 +191,7 @@ def load_2(rank: int, sock: str, fsdir: str) -> None:
 
 
 def spawn(fn: Callable[..., None], world: int, *args: Any) -> None:
-    mp.start_processes(fn, args=args, nprocs=world, join=True, start_method="spawn")
+    mp.start_processes(run_rank, args=(fn, *args), nprocs=world, join=True, start_method="spawn")
 
 
 @pytest.fixture(scope="module")

@@ -164,8 +164,8 @@ class ClientCore {
   struct ShmRegion {
     std::string shm_name;
     uint64_t size_bytes = 0;
-    uint64_t server_id = 0;  // 0: not registered with the current instance
-    std::string error;       // why re-registration failed
+    uint64_t server_id = 0;   // 0: not registered with the current instance
+    std::string error;        // why re-registration failed
     uintptr_t mapped_at = 0;  // this process's mapping (0: not told)
   };
   struct Outstanding {

@@ -6,9 +6,8 @@
 #include <chrono>
 #include <memory>
 
-#include "absl/synchronization/notification.h"
-
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "ckptd/client.h"
 #include "client_core.h"
 #include "convert.h"
@@ -93,8 +92,8 @@ absl::StatusOr<std::vector<ItemInfo>> InspectItems(internal::ClientCore& core,
 // to other clients' saves and loads.
 constexpr uint64_t kLoadBatchBytesMax = 128ull << 20;
 constexpr uint64_t kLoadArenaShareDivisor = 4;
-constexpr uint64_t kExtentAlignmentDefault = 4096;      // used if Hello's limits leave it 0
-constexpr uint64_t kLoadRequestsDefault = 262144;       // daemon's limits::kLoadRequestsMax
+constexpr uint64_t kExtentAlignmentDefault = 4096;  // used if Hello's limits leave it 0
+constexpr uint64_t kLoadRequestsDefault = 262144;   // daemon's limits::kLoadRequestsMax
 
 uint64_t Alignment(const Session& session) {
   uint64_t a = session.limits.extent_alignment_bytes();
@@ -327,9 +326,9 @@ absl::Status CheckTarget(const std::string& item, const void* dest, const Stride
   if (item.empty()) return absl::InvalidArgumentError("load target with an empty item name");
   if (strided != nullptr) {
     if (strided->Bytes() < 0 || static_cast<uint64_t>(strided->Bytes()) != bytes) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("load target ", item, ": the destination has ", strided->Bytes(),
-                       " bytes, the target says ", bytes));
+      return absl::InvalidArgumentError(absl::StrCat("load target ", item, ": the destination has ",
+                                                     strided->Bytes(), " bytes, the target says ",
+                                                     bytes));
     }
     if (bytes > 0 && strided->data == 0) {
       return absl::InvalidArgumentError(absl::StrCat("load target ", item, ": dest is null"));
@@ -377,9 +376,9 @@ absl::StatusOr<LoadResult> Client::Load(const std::string& job, std::optional<ui
     p.object_rank = t.object_rank;
     p.bytes = t.bytes;
     const StridedView* strided = t.strided.has_value() ? &*t.strided : nullptr;
-    void* flat = strided == nullptr          ? t.dest
-                 : strided->Contiguous()     ? reinterpret_cast<void*>(strided->data)
-                                             : nullptr;
+    void* flat = strided == nullptr      ? t.dest
+                 : strided->Contiguous() ? reinterpret_cast<void*>(strided->data)
+                                         : nullptr;
     if (flat != nullptr) {
       p.dest = static_cast<uint8_t*>(flat);
       p.in_daemon = core_->Locate(*session, flat, t.bytes);

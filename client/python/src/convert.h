@@ -1,5 +1,6 @@
 // Conversions between Python values and libckptd-client types for the ckptd._ckptd binding:
-// errors, dtypes, regions, views of memory and status dicts; the shm slabs behind ckptd.empty(). Called with the GIL held.
+// errors, dtypes, regions, views of memory and status dicts; the shm slabs behind ckptd.empty().
+// Called with the GIL held.
 #pragma once
 
 #include <pybind11/pybind11.h>

@@ -285,7 +285,8 @@ PYBIND11_MODULE(_ckptd, m) {
       })
       .def_property_readonly("size", [](const ckptd::ArenaBuffer& b) { return b.size; })
       .def_property_readonly(
-          "address", [](const ckptd::ArenaBuffer& b) { return reinterpret_cast<uintptr_t>(b.data); })
+          "address",
+          [](const ckptd::ArenaBuffer& b) { return reinterpret_cast<uintptr_t>(b.data); })
       .def_property_readonly("extent_id", [](const ckptd::ArenaBuffer& b) { return b.extent_id; });
 
   py::class_<ShmSlab, std::shared_ptr<ShmSlab>>(m, "ShmSlab", py::buffer_protocol())
