@@ -169,12 +169,13 @@ class CheckpointService {
   // `id` if it is a live session of `caller` (SessionTable::Check).
   absl::StatusOr<std::string> SessionOf(const Caller& caller, const std::string& id) const;
   absl::Status ValidateSave(const v1::SaveRequest& req) const;
-  // The checkpoint `req` stages into: the one being saved, or a new one (after checking that
-  // no row exists, the key is not being rewritten, `caller` may write the job of owner `owner`,
-  // and the open limits). May release mu_ to read the row (ReadRowLocked).
-  absl::StatusOr<PendingCheckpoint*> FindOrOpenLocked(
-      const Caller& caller, const v1::SaveRequest& req,
-      const absl::StatusOr<std::optional<uint32_t>>& owner) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The checkpoint `req` stages into: the one being saved (no index read: the hot path of every
+  // rank after the first), or a new one, after checking that no row exists, the key is not being
+  // rewritten, `caller` may write the job (its owner row is read only then) and the open limits.
+  // May release mu_ to read the rows (ReadRowLocked, JobOwner).
+  absl::StatusOr<PendingCheckpoint*> FindOrOpenLocked(const Caller& caller,
+                                                      const v1::SaveRequest& req)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // RESOURCE_EXHAUSTED when opening one more checkpoint of `job` would pass
   // kOpenCheckpointsPerJobMax or kOpenCheckpointsMax.
   absl::Status CheckOpenLimitsLocked(const std::string& job, const std::string& what) const

@@ -337,13 +337,21 @@ absl::Status CheckpointService::JournalUnlocked(PendingCheckpoint& p,
   return st;
 }
 
-absl::StatusOr<PendingCheckpoint*> CheckpointService::FindOrOpenLocked(
-    const Caller& caller, const v1::SaveRequest& req,
-    const absl::StatusOr<std::optional<uint32_t>>& owner) {
+absl::StatusOr<PendingCheckpoint*> CheckpointService::FindOrOpenLocked(const Caller& caller,
+                                                                     const v1::SaveRequest& req) {
   const Key key{req.job(), req.step()};
   const std::string what = CkptName(req.job(), req.step());
+  // The job's owner matters only to the Save that opens the checkpoint, so only that one reads
+  // its row (with mu_ released, before the checkpoint's row, as the checks below expect).
+  std::optional<absl::StatusOr<std::optional<uint32_t>>> owner;
   while (true) {
     if (auto it = pending_.find(key); it != pending_.end()) return it->second.get();
+    if (!owner.has_value()) {
+      mu_.Unlock();
+      owner = JobOwner(req.job());
+      mu_.Lock();
+      continue;  // another rank may have opened it meanwhile
+    }
     // Read with mu_ released; the maps are checked after it, consistent with the row.
     CKPTD_ASSIGN_OR_RETURN(std::optional<v1::CheckpointRecord> existing,
                            ReadRowLocked(key, /*corrupt_is_error=*/true));
@@ -357,12 +365,12 @@ absl::StatusOr<PendingCheckpoint*> CheckpointService::FindOrOpenLocked(
           absl::StrCat(what, " is already ", v1::CheckpointState_Name(existing->summary().state()),
                        "; delete it first or save another step"));
     }
-    if (!owner.ok()) return owner.status();
-    CKPTD_RETURN_IF_ERROR(AccessAllowed(caller, req.job(), *owner, Access::kWrite));
+    if (!owner->ok()) return owner->status();
+    CKPTD_RETURN_IF_ERROR(AccessAllowed(caller, req.job(), **owner, Access::kWrite));
     CKPTD_RETURN_IF_ERROR(CheckOpenLimitsLocked(req.job(), what));
     auto p = std::make_unique<PendingCheckpoint>(req.job(), req.step());
     p->owner_uid = caller.uid;
-    p->job_recorded = owner->has_value();
+    p->job_recorded = (*owner)->has_value();
     p->world_size = req.world_size();
     p->created_unix_ms = NowMs();
     p->checksum_block_bytes = deps_.options->checksum_block_bytes;
@@ -384,11 +392,8 @@ absl::Status CheckpointService::Save(const Caller& caller, const v1::SaveRequest
   rank.rec.set_blob_name(BlobName(req.rank()));
   CKPTD_RETURN_IF_ERROR(ResolveSaveData(session, req, &rank));
 
-  // The job's owner, read before the lifecycle lock (used only if this Save opens the checkpoint).
-  absl::StatusOr<std::optional<uint32_t>> owner = JobOwner(req.job());
-
   absl::MutexLock lock(&mu_);
-  CKPTD_ASSIGN_OR_RETURN(PendingCheckpoint * found, FindOrOpenLocked(caller, req, owner));
+  CKPTD_ASSIGN_OR_RETURN(PendingCheckpoint * found, FindOrOpenLocked(caller, req));
   PendingCheckpoint& p = *found;
   if (p.owner_uid != caller.uid) {
     return absl::PermissionDeniedError(absl::StrCat(what, " is being saved by uid ", p.owner_uid,
