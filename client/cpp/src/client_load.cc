@@ -321,25 +321,16 @@ class BatchedLoad {
   LoadResult result_;
 };
 
-absl::Status CheckTarget(const std::string& item, const void* dest, const StridedView* strided,
-                         uint64_t bytes) {
-  if (item.empty()) return absl::InvalidArgumentError("load target with an empty item name");
-  if (strided != nullptr) {
-    if (strided->Bytes() < 0 || static_cast<uint64_t>(strided->Bytes()) != bytes) {
-      return absl::InvalidArgumentError(absl::StrCat("load target ", item, ": the destination has ",
-                                                     strided->Bytes(), " bytes, the target says ",
-                                                     bytes));
-    }
-    if (bytes > 0 && strided->data == 0) {
-      return absl::InvalidArgumentError(absl::StrCat("load target ", item, ": dest is null"));
-    }
-    return absl::OkStatus();
-  }
-  if (bytes > 0 && dest == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("load target ", item, ": dest is null for ", bytes, " bytes"));
-  }
-  return absl::OkStatus();
+// The piece that is all of target `i` (its memory filled in by the caller).
+template <typename Target>
+Piece PieceOf(size_t i, const Target& t) {
+  Piece p;
+  p.target = i;
+  p.item = &t.item;
+  p.region = t.region;
+  p.object_rank = t.object_rank;
+  p.bytes = t.bytes;
+  return p;
 }
 
 absl::StatusOr<LoadResult> RunLoad(internal::ClientCore& core, const Session& session,
@@ -360,8 +351,9 @@ uint64_t Client::load_batch_bytes() const {
 absl::StatusOr<LoadResult> Client::Load(const std::string& job, std::optional<uint64_t> step,
                                         uint32_t rank, std::span<const LoadTarget> targets) {
   for (const LoadTarget& t : targets) {
-    CKPTD_CLIENT_RETURN_IF_ERROR(
-        CheckTarget(t.item, t.dest, t.strided.has_value() ? &*t.strided : nullptr, t.bytes));
+    if (t.item.empty()) return absl::InvalidArgumentError("load target with an empty item name");
+    CKPTD_CLIENT_RETURN_IF_ERROR(internal::CheckCallerMemory(
+        absl::StrCat("load target ", t.item), t.dest, t.strided ? &*t.strided : nullptr, t.bytes));
   }
   absl::StatusOr<Session> session = core_->EnsureSession();
   if (!session.ok()) return session.status();
@@ -369,16 +361,9 @@ absl::StatusOr<LoadResult> Client::Load(const std::string& job, std::optional<ui
   pieces.reserve(targets.size());
   for (size_t i = 0; i < targets.size(); ++i) {
     const LoadTarget& t = targets[i];
-    Piece p;
-    p.target = i;
-    p.item = &t.item;
-    p.region = t.region;
-    p.object_rank = t.object_rank;
-    p.bytes = t.bytes;
+    Piece p = PieceOf(i, t);
     const StridedView* strided = t.strided.has_value() ? &*t.strided : nullptr;
-    void* flat = strided == nullptr      ? t.dest
-                 : strided->Contiguous() ? reinterpret_cast<void*>(strided->data)
-                                         : nullptr;
+    void* flat = internal::ContiguousAddress(t.dest, strided);
     if (flat != nullptr) {
       p.dest = static_cast<uint8_t*>(flat);
       p.in_daemon = core_->Locate(*session, flat, t.bytes);
@@ -398,12 +383,7 @@ absl::StatusOr<LoadResult> Client::LoadInPlace(const std::string& job, std::opti
   for (size_t i = 0; i < targets.size(); ++i) {
     const InPlaceLoadTarget& t = targets[i];
     if (t.item.empty()) return absl::InvalidArgumentError("load target with an empty item name");
-    Piece p;
-    p.target = i;
-    p.item = &t.item;
-    p.region = t.region;
-    p.object_rank = t.object_rank;
-    p.bytes = t.bytes;
+    Piece p = PieceOf(i, t);
     if (t.bytes > 0) p.in_daemon = t.dest;
     pieces.push_back(std::move(p));
   }

@@ -50,26 +50,6 @@ struct Source {
   std::optional<BufferRef> in_daemon;
 };
 
-absl::Status CheckSource(const std::string& item, const void* data, const StridedView* strided,
-                         uint64_t bytes) {
-  if (strided != nullptr) {
-    if (strided->Bytes() < 0 || static_cast<uint64_t>(strided->Bytes()) != bytes) {
-      return absl::InvalidArgumentError(absl::StrCat("shard of item ", item, ": the array has ",
-                                                     strided->Bytes(), " bytes, its region needs ",
-                                                     bytes));
-    }
-    if (bytes > 0 && strided->data == 0) {
-      return absl::InvalidArgumentError(absl::StrCat("shard of item ", item, ": data is null"));
-    }
-    return absl::OkStatus();
-  }
-  if (bytes > 0 && data == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("shard of item ", item, ": data is null for ", bytes, " bytes"));
-  }
-  return absl::OkStatus();
-}
-
 // The one save path (Save and SaveInPlace): `req` holds the header and one spec per source, in
 // order. Sources in caller memory that lie in daemon-visible memory are not copied; the others are
 // copied once into extents reserved together. On success the arena buffers the daemon took are
@@ -79,10 +59,7 @@ absl::StatusOr<SaveResult> SaveSources(internal::ClientCore& core, const Session
   std::vector<uint64_t> sizes;
   for (Source& src : sources) {
     if (src.bytes == 0 || src.in_daemon.has_value()) continue;
-    const void* flat = src.strided == nullptr ? src.data
-                       : src.strided->Contiguous()
-                           ? reinterpret_cast<const void*>(src.strided->data)
-                           : nullptr;
+    const void* flat = internal::ContiguousAddress(src.data, src.strided);
     if (flat != nullptr) src.in_daemon = core.Locate(session, flat, src.bytes);
     if (!src.in_daemon.has_value()) sizes.push_back(src.bytes);
   }
@@ -149,7 +126,8 @@ absl::StatusOr<SaveResult> Client::Save(const std::string& job, uint64_t step, u
     CKPTD_CLIENT_RETURN_IF_ERROR(
         internal::CheckTensorBytes(t.item, t.dtype, t.global_shape, t.region, t.bytes));
     const StridedView* strided = t.strided.has_value() ? &*t.strided : nullptr;
-    CKPTD_CLIENT_RETURN_IF_ERROR(CheckSource(t.item, t.data, strided, t.bytes));
+    CKPTD_CLIENT_RETURN_IF_ERROR(internal::CheckCallerMemory(absl::StrCat("shard of item ", t.item),
+                                                             t.data, strided, t.bytes));
     sources.push_back(Source{&t.item, t.bytes, t.data, strided, std::nullopt});
   }
   for (const ObjectShard& o : objects) {

@@ -21,4 +21,16 @@ absl::Status CheckTensorBytes(const std::string& item, DType dtype,
                               const std::vector<uint64_t>& shape, const Region& region,
                               uint64_t bytes);
 
+// INVALID_ARGUMENT naming `what` unless caller memory of `bytes` bytes is usable: a strided view
+// of exactly `bytes` bytes at a non-null address, or else a non-null `data` (when bytes > 0).
+absl::Status CheckCallerMemory(const std::string& what, const void* data,
+                               const StridedView* strided, uint64_t bytes);
+
+// The address of the bytes when they are contiguous (`data`, or a contiguous view's), else null:
+// what Locate() can look up.
+inline void* ContiguousAddress(const void* data, const StridedView* strided) {
+  if (strided == nullptr) return const_cast<void*>(data);
+  return strided->Contiguous() ? reinterpret_cast<void*>(strided->data) : nullptr;
+}
+
 }  // namespace ckptd::internal

@@ -205,6 +205,21 @@ absl::Status CheckTensorBytes(const std::string& item, DType dtype,
   return absl::OkStatus();
 }
 
+absl::Status CheckCallerMemory(const std::string& what, const void* data,
+                               const StridedView* strided, uint64_t bytes) {
+  if (strided != nullptr) {
+    if (strided->Bytes() < 0 || static_cast<uint64_t>(strided->Bytes()) != bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": the view has ", strided->Bytes(),
+                                                     " bytes, ", bytes, " are needed"));
+    }
+    data = reinterpret_cast<const void*>(strided->data);
+  }
+  if (bytes > 0 && data == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": null memory for ", bytes, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
 void CountedCopy(void* dst, const void* src, uint64_t bytes, bool is_load) {
   if (bytes == 0) return;
   std::memcpy(dst, src, bytes);

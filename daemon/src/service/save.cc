@@ -338,7 +338,7 @@ absl::Status CheckpointService::JournalUnlocked(PendingCheckpoint& p,
 }
 
 absl::StatusOr<PendingCheckpoint*> CheckpointService::FindOrOpenLocked(const Caller& caller,
-                                                                     const v1::SaveRequest& req) {
+                                                                       const v1::SaveRequest& req) {
   const Key key{req.job(), req.step()};
   const std::string what = CkptName(req.job(), req.step());
   // The job's owner matters only to the Save that opens the checkpoint, so only that one reads
