@@ -306,6 +306,7 @@ class BatchedLoad {
 
   void ReleaseScratch(Batch& b) {
     std::vector<uint64_t> ids;
+    ids.reserve(b.scratch.size());
     for (const MappedExtent& e : b.scratch) ids.push_back(e.id);
     core_.ReleaseQuietly(session_, ids);  // the daemon frees them at Goodbye too
     b.scratch.clear();
