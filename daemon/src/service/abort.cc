@@ -50,18 +50,10 @@ void CheckpointService::FinishAbortLocked(PendingCheckpoint& p) {
   KeyChangedLocked(key);
   changed_.SignalAll();
   if (!deps_.flush_pool->Post([this, a] { RecordAbort(a); })) {
-    // Shutting down (the pool drains what it took): a restart sees the journal rows of an
-    // unfinished checkpoint and aborts or resumes it; record the abort now, under the lock (the
-    // one synced write under mu_ left: only when the flush pool refuses, i.e. stopping or full).
-    // Recorded first, extents and files after (see RecordAbort).
-    absl::Status st = committer_.Commit(keys::Checkpoint(key.first, key.second), a.writes);
-    if (!st.ok())
-      spdlog::error("recording abort of {}: {}", CkptName(key.first, key.second), st.ToString());
-    if (st.ok()) deps_.arena->Free(a.extent_ids);
-    absl::Status removed = st.ok() ? deps_.storage->RemoveAll(rec.dir()) : absl::OkStatus();
-    if (!removed.ok()) spdlog::error("removing {}: {}", rec.dir(), removed.ToString());
-    rewriting_.erase(key);
-    KeyChangedLocked(key);
+    // The flush pool refuses (full, or shutting down): no synced write under mu_ — the record
+    // waits in unrecorded_aborts_ for housekeeping's next retry, or for Shutdown, which writes
+    // what is left once the pool has drained. Until then the key stays in rewriting_.
+    unrecorded_aborts_.push_back(std::move(a));
   }
 }
 

@@ -93,7 +93,7 @@ class CheckpointService {
   explicit CheckpointService(ServiceDeps deps);
   ~CheckpointService();
 
-  // At start, before serving (recovery.cc lists the steps): repairs rows that do not parse,
+  // At start, before serving (recovery.h lists the steps): repairs rows that do not parse,
   // finishes interrupted deletes, adopts verified manifests without a COMMITTED row, resumes
   // staged checkpoints from the arena (or aborts them when the arena was lost), aborts rows
   // without a manifest and verifies each job's newest manifest (CORRUPT ones are never latest).
@@ -284,26 +284,10 @@ class CheckpointService {
   // being saved, resharded, deleted or marked already.
   absl::Status MarkCorrupt(const std::string& job, uint64_t step, const absl::Status& why);
 
-  // recovery.cc
-  absl::Status AdoptManifests();
-  absl::Status CheckCommittedRows();
-  absl::Status ResumePending();
-  absl::Status ResumeOne(const v1::CheckpointRecord& rec, const std::vector<v1::RankRecord>& ranks);
-  void AbortRecovered(const v1::CheckpointRecord& rec, const std::string& reason);
-  void RemoveOrphanSegments();
-  // Logs one entry recovery could not use (naming its path or index key) and keeps it for the
-  // summary logged when recovery ends.
-  void RecoveryProblem(std::string what);
-  // Rows that do not parse: a checkpoint row is rebuilt from its manifest when that verifies,
-  // recorded CORRUPT when a manifest is there but does not verify, else ABORTED (and its partial
-  // files collected); job rows and keys that do not decode are reported and left alone.
-  absl::Status RepairIndexRows();
-  // Finishes every delete a crash interrupted (rows left DELETING).
-  absl::Status FinishDeletes();
-  // Per job, verifies the manifest of the newest COMMITTED checkpoint; one that does not verify
-  // is marked CORRUPT and the next older one is verified, until one does.
-  absl::Status VerifyNewestCommitted();
+  // recovery.h: a part of its own, run once at start (Recover), with access to the lifecycle.
+  friend class Recovery;
 
+  // housekeeping.cc
   // The housekeeping thread: a pass (stage timeouts, the flush gate, abort retries) under mu_,
   // then unattached sessions ended with mu_ released; until Shutdown.
   void Housekeeping() ABSL_LOCKS_EXCLUDED(mu_);
@@ -363,13 +347,12 @@ class CheckpointService {
   std::map<Key, std::string> rewriting_ ABSL_GUARDED_BY(mu_);
   static constexpr size_t kKeyEpochBuckets = 64;
   std::array<uint64_t, kKeyEpochBuckets> key_epochs_ ABSL_GUARDED_BY(mu_) = {};
-  // Aborts whose synced ABORTED row failed (an index error), retried by Housekeeping.
+  // Aborts whose synced ABORTED row failed (an index error) or that the flush pool refused,
+  // retried by Housekeeping; Shutdown writes what is left after the pool drained.
   std::vector<AbortRecord> unrecorded_aborts_ ABSL_GUARDED_BY(mu_);
   // The last failure of each abort whose ABORTED row is not written yet (Abort answers it).
   std::map<Key, absl::Status> abort_write_failed_ ABSL_GUARDED_BY(mu_);
   absl::Time last_abort_retry_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  // What recovery skipped or repaired (Recover only, before the service is used).
-  std::vector<std::string> recovery_problems_;
   std::thread housekeeper_;
   // Reshards ("reshard-<i>", one thread per reshard that may run: kReshardJobsMax), last so it is
   // destroyed (joined) first.

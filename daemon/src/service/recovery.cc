@@ -1,21 +1,6 @@
-// Recovery at start, housekeeping while running, and shutdown.
-//
-// The manifest on storage is the truth; the index is the node's journal. Recovery:
-//   1. repairs index rows that do not parse (RepairIndexRows);
-//   2. finishes deletes a crash interrupted: rows left DELETING (catalog.cc, the tombstone);
-//   3. adopts every verified manifest whose index row is not COMMITTED (a crash between the
-//      manifest rename and the COMMITTED row, or a checkpoint directory copied in from elsewhere);
-//   4. resumes checkpoints journaled as STAGING/PERSISTING from the arena when the arena is the
-//      one they were staged into (same generation), else ABORTs them and removes their files;
-//   5. ABORTs COMMITTED rows whose manifest is gone;
-//   6. ABORTs reshards that were running (their source is intact: they can simply run again);
-//   7. verifies the newest COMMITTED manifest of every job; one that does not verify is CORRUPT
-//      and the next older one is verified, so `latest` is always a checkpoint that loads.
-// What it cannot use it skips, names (path or index key) in the log, and counts in a summary
-// line; the daemon starts and serves everything else: a stray file or directory in the data dir
-// (data/notes.txt, data/job/notes, a step directory with a bad name), a row that does not parse,
-// a manifest that does not verify. Only failures of the index itself or of listing the data
-// dir's root stop the start.
+// Recovery at start: the steps and their contract are in recovery.h.
+#include "service/recovery.h"
+
 #include <signal.h>
 
 #include <algorithm>
@@ -75,8 +60,9 @@ v1::CheckpointRecord BareRecord(const std::string& job, uint64_t step) {
 
 }  // namespace
 
-absl::Status CheckpointService::Recover() {
-  recovery_problems_.clear();
+absl::Status CheckpointService::Recover() { return Recovery(*this).Run(); }
+
+absl::Status Recovery::Run() {
   CKPTD_RETURN_IF_ERROR(RepairIndexRows());
   CKPTD_SYNC_POINT("recovery.rows_repaired");
   CKPTD_RETURN_IF_ERROR(FinishDeletes());
@@ -89,11 +75,11 @@ absl::Status CheckpointService::Recover() {
   CKPTD_SYNC_POINT("recovery.committed_rows_checked");
   CKPTD_RETURN_IF_ERROR(VerifyNewestCommitted());
   CKPTD_SYNC_POINT("recovery.newest_verified");
-  const size_t n = recovery_problems_.size();
+  const size_t n = problems_.size();
   if (n > 0) {
     std::vector<std::string> shown(
-        recovery_problems_.begin(),
-        recovery_problems_.begin() + static_cast<long>(std::min(n, kRecoverySummaryProblemsMax)));
+        problems_.begin(),
+        problems_.begin() + static_cast<long>(std::min(n, kRecoverySummaryProblemsMax)));
     spdlog::warn("recovery: {} entr{} skipped or repaired; serving everything else: {}{}", n,
                  n == 1 ? "y" : "ies", absl::StrJoin(shown, " | "),
                  n > shown.size() ? " | ..." : "");
@@ -101,72 +87,73 @@ absl::Status CheckpointService::Recover() {
   return absl::OkStatus();
 }
 
-void CheckpointService::RecoveryProblem(std::string what) {
+void Recovery::Problem(std::string what) {
   spdlog::warn("recovery: {}", what);
-  recovery_problems_.push_back(std::move(what));
+  problems_.push_back(std::move(what));
 }
 
-absl::Status CheckpointService::RepairIndexRows() {
-  CKPTD_RETURN_IF_ERROR(
-      deps_.meta->Scan(keys::JobPrefix(), "", 0, [&](std::string_view key, std::string_view v) {
+absl::Status Recovery::RepairIndexRows() {
+  CKPTD_RETURN_IF_ERROR(svc_.deps_.meta->Scan(
+      keys::JobPrefix(), "", 0, [&](std::string_view key, std::string_view v) {
         v1::JobRecord jr;
         if (!jr.ParseFromArray(v.data(), static_cast<int>(v.size()))) {
-          RecoveryProblem(absl::StrCat(
+          Problem(absl::StrCat(
               "index row \"", EscapeKey(key),
               "\" (a job's owner) does not parse; calls on that job answer DATA_LOSS"));
         }
         return true;
       }));
   std::vector<std::string> broken;
-  CKPTD_RETURN_IF_ERROR(deps_.meta->Scan(keys::AllCheckpointsPrefix(), "", 0,
-                                         [&](std::string_view key, std::string_view v) {
-                                           v1::CheckpointRecord rec;
-                                           if (!ParseRow(key, v, &rec)) broken.emplace_back(key);
-                                           return true;
-                                         }));
+  CKPTD_RETURN_IF_ERROR(svc_.deps_.meta->Scan(keys::AllCheckpointsPrefix(), "", 0,
+                                              [&](std::string_view key, std::string_view v) {
+                                                v1::CheckpointRecord rec;
+                                                if (!ParseRow(key, v, &rec))
+                                                  broken.emplace_back(key);
+                                                return true;
+                                              }));
   for (const std::string& key : broken) {
     absl::StatusOr<std::pair<std::string, uint64_t>> id = keys::DecodeCheckpoint(key);
     if (!id.ok() || !ValidateJobStep(id->first, id->second).ok()) {
-      RecoveryProblem(absl::StrCat("index row \"", EscapeKey(key),
-                                   "\" does not parse or names no checkpoint; skipped"));
+      Problem(absl::StrCat("index row \"", EscapeKey(key),
+                           "\" does not parse or names no checkpoint; skipped"));
       continue;
     }
     const auto& [job, step] = *id;
     const std::string dir = CheckpointDir(job, step);
     const std::string what =
-        absl::StrCat("the index row of ", CkptName(job, step), " (", deps_.storage->Describe(), "/",
-                     dir, ") does not parse or names another checkpoint");
+        absl::StrCat("the index row of ", CkptName(job, step), " (", svc_.deps_.storage->Describe(),
+                     "/", dir, ") does not parse or names another checkpoint");
     absl::StatusOr<bool> has_manifest =
-        deps_.storage->Exists(absl::StrCat(dir, "/", kManifestFileName));
+        svc_.deps_.storage->Exists(absl::StrCat(dir, "/", kManifestFileName));
     if (!has_manifest.ok()) {
-      RecoveryProblem(absl::StrCat(what, "; left as is: ", has_manifest.status().ToString()));
+      Problem(absl::StrCat(what, "; left as is: ", has_manifest.status().ToString()));
       continue;
     }
     if (!*has_manifest) {
       AbortRecovered(BareRecord(job, step), absl::StrCat(what, " and it has no manifest"));
-      RecoveryProblem(absl::StrCat(what, "; it has no manifest: ABORTED"));
+      Problem(absl::StrCat(what, "; it has no manifest: ABORTED"));
       continue;
     }
-    absl::StatusOr<Manifest> m = ReadManifest(*deps_.storage, job, step);
+    absl::StatusOr<Manifest> m = ReadManifest(*svc_.deps_.storage, job, step);
     if (m.ok()) {
-      CKPTD_RETURN_IF_ERROR(IndexCommitted(*m, dir));
-      RecoveryProblem(absl::StrCat(what, "; rebuilt from its manifest (COMMITTED)"));
+      CKPTD_RETURN_IF_ERROR(svc_.IndexCommitted(*m, dir));
+      Problem(absl::StrCat(what, "; rebuilt from its manifest (COMMITTED)"));
       continue;
     }
     v1::CheckpointRecord rec = BareRecord(job, step);
     rec.mutable_summary()->set_state(v1::CORRUPT);
     rec.mutable_summary()->set_error(absl::StrCat(
         "its index row did not parse and its manifest does not verify: ", m.status().message()));
-    CKPTD_RETURN_IF_ERROR(PutRecordSync(rec));
-    RecoveryProblem(absl::StrCat(what, " and its manifest does not verify (", m.status().ToString(),
-                                 "): CORRUPT"));
+    CKPTD_RETURN_IF_ERROR(svc_.PutRecordSync(rec));
+    Problem(absl::StrCat(what, " and its manifest does not verify (", m.status().ToString(),
+                         "): CORRUPT"));
   }
   return absl::OkStatus();
 }
 
-absl::Status CheckpointService::FinishDeletes() {
+absl::Status Recovery::FinishDeletes() {
   std::vector<v1::CheckpointRecord> deleting;
-  CKPTD_RETURN_IF_ERROR(deps_.meta->Scan(
+  CKPTD_RETURN_IF_ERROR(svc_.deps_.meta->Scan(
       keys::AllCheckpointsPrefix(), "", 0, [&](std::string_view key, std::string_view v) {
         v1::CheckpointRecord rec;
         if (ParseRow(key, v, &rec) && rec.summary().state() == v1::DELETING) {
@@ -177,70 +164,69 @@ absl::Status CheckpointService::FinishDeletes() {
   for (v1::CheckpointRecord& rec : deleting) {
     const std::string job = rec.summary().job();
     const uint64_t step = rec.summary().step();
-    absl::Status st = RemoveCheckpoint(job, step, std::move(rec));
+    absl::Status st = svc_.RemoveCheckpoint(job, step, std::move(rec));
     if (st.ok()) {
       spdlog::info("recovery: finished the interrupted delete of {}", CkptName(job, step));
     } else {
-      RecoveryProblem(absl::StrCat("could not finish the delete of ", CkptName(job, step),
-                                   " (it stays DELETING; delete it again): ", st.ToString()));
+      Problem(absl::StrCat("could not finish the delete of ", CkptName(job, step),
+                           " (it stays DELETING; delete it again): ", st.ToString()));
     }
   }
   return absl::OkStatus();
 }
 
-absl::Status CheckpointService::AdoptManifests() {
-  const std::string root = deps_.storage->Describe();
-  CKPTD_ASSIGN_OR_RETURN(std::vector<std::string> jobs, deps_.storage->List(""));
+absl::Status Recovery::AdoptManifests() {
+  const std::string root = svc_.deps_.storage->Describe();
+  CKPTD_ASSIGN_OR_RETURN(std::vector<std::string> jobs, svc_.deps_.storage->List(""));
   for (const std::string& job : jobs) {
     if (absl::Status valid = ValidateJobName(job); !valid.ok()) {
-      RecoveryProblem(
+      Problem(
           absl::StrCat(root, "/", job, " is not a job directory (", valid.message(), "); skipped"));
       continue;
     }
-    absl::StatusOr<std::vector<std::string>> steps = deps_.storage->List(job);
+    absl::StatusOr<std::vector<std::string>> steps = svc_.deps_.storage->List(job);
     if (!steps.ok()) {
-      RecoveryProblem(absl::StrCat(root, "/", job, " is not a job directory (",
-                                   steps.status().ToString(), "); skipped"));
+      Problem(absl::StrCat(root, "/", job, " is not a job directory (", steps.status().ToString(),
+                           "); skipped"));
       continue;
     }
     for (const std::string& step_dir : *steps) {
       absl::StatusOr<uint64_t> step = ParseStepDirName(step_dir);
       if (!step.ok()) {
-        RecoveryProblem(absl::StrCat(root, "/", job, "/", step_dir,
-                                     " is not a checkpoint directory (", step.status().message(),
-                                     "); skipped"));
+        Problem(absl::StrCat(root, "/", job, "/", step_dir, " is not a checkpoint directory (",
+                             step.status().message(), "); skipped"));
         continue;
       }
       std::string dir = CheckpointDir(job, *step);
       std::string path = absl::StrCat(dir, "/", kManifestFileName);
-      absl::StatusOr<bool> exists = deps_.storage->Exists(path);
+      absl::StatusOr<bool> exists = svc_.deps_.storage->Exists(path);
       if (!exists.ok()) {
-        RecoveryProblem(absl::StrCat(root, "/", path, " cannot be checked (",
-                                     exists.status().ToString(), "); skipped"));
+        Problem(absl::StrCat(root, "/", path, " cannot be checked (", exists.status().ToString(),
+                             "); skipped"));
         continue;
       }
       if (!*exists) continue;
-      absl::StatusOr<std::optional<v1::CheckpointRecord>> rec = ReadRecord(job, *step);
+      absl::StatusOr<std::optional<v1::CheckpointRecord>> rec = svc_.ReadRecord(job, *step);
       if (!rec.ok()) {
         if (!absl::IsDataLoss(rec.status())) return rec.status();
-        RecoveryProblem(absl::StrCat(rec.status().message(), "; ", root, "/", dir, " skipped"));
+        Problem(absl::StrCat(rec.status().message(), "; ", root, "/", dir, " skipped"));
         continue;
       }
       const v1::CheckpointState state =
           *rec ? (*rec)->summary().state() : v1::CHECKPOINT_STATE_UNSPECIFIED;
       if (state == v1::COMMITTED || state == v1::DELETING) continue;
-      absl::StatusOr<Manifest> m = ReadManifest(*deps_.storage, job, *step);
+      absl::StatusOr<Manifest> m = ReadManifest(*svc_.deps_.storage, job, *step);
       if (!m.ok()) {
         if (state != v1::CORRUPT) {
-          RecoveryProblem(absl::StrCat(root, "/", path, " does not verify; ", CkptName(job, *step),
-                                       " not exposed: ", m.status().ToString()));
+          Problem(absl::StrCat(root, "/", path, " does not verify; ", CkptName(job, *step),
+                               " not exposed: ", m.status().ToString()));
         } else {
           spdlog::warn("recovery: {} stays CORRUPT: {}", CkptName(job, *step),
                        m.status().ToString());
         }
         continue;
       }
-      CKPTD_RETURN_IF_ERROR(IndexCommitted(*m, dir));
+      CKPTD_RETURN_IF_ERROR(svc_.IndexCommitted(*m, dir));
       spdlog::info("recovery: adopted {} from its manifest{}", CkptName(job, *step),
                    state == v1::CORRUPT ? " (it was CORRUPT; the manifest verifies again)" : "");
     }
@@ -248,41 +234,41 @@ absl::Status CheckpointService::AdoptManifests() {
   return absl::OkStatus();
 }
 
-void CheckpointService::AbortRecovered(const v1::CheckpointRecord& rec, const std::string& reason) {
+void Recovery::AbortRecovered(const v1::CheckpointRecord& rec, const std::string& reason) {
   const v1::CheckpointSummary& s = rec.summary();
   spdlog::warn("recovery: checkpoint {}/{} ABORTED: {}", s.job(), s.step(), reason);
-  absl::Status st = deps_.storage->RemoveAll(CheckpointDir(s.job(), s.step()));
+  absl::Status st = svc_.deps_.storage->RemoveAll(CheckpointDir(s.job(), s.step()));
   if (!st.ok()) spdlog::error("recovery: removing files: {}", st.ToString());
   CKPTD_SYNC_POINT("recovery.aborted_files_removed");
   v1::CheckpointRecord out = rec;
   out.mutable_summary()->set_state(v1::ABORTED);
   out.mutable_summary()->set_error(reason);
   out.mutable_summary()->mutable_tiers()->Clear();
-  st = PutRecordSync(out);
-  if (st.ok()) st = deps_.meta->DeletePrefix(keys::RankPrefix(s.job(), s.step()), false);
-  if (st.ok()) st = deps_.meta->DeletePrefix(keys::BlobPrefix(s.job(), s.step()), true);
-  if (st.ok()) st = deps_.meta->DeletePrefix(keys::ItemPrefix(s.job(), s.step()), true);
+  st = svc_.PutRecordSync(out);
+  if (st.ok()) st = svc_.deps_.meta->DeletePrefix(keys::RankPrefix(s.job(), s.step()), false);
+  if (st.ok()) st = svc_.deps_.meta->DeletePrefix(keys::BlobPrefix(s.job(), s.step()), true);
+  if (st.ok()) st = svc_.deps_.meta->DeletePrefix(keys::ItemPrefix(s.job(), s.step()), true);
   if (!st.ok()) spdlog::error("recovery: recording abort: {}", st.ToString());
 }
 
-absl::Status CheckpointService::ResumePending() {
+absl::Status Recovery::ResumePending() {
   std::vector<v1::CheckpointRecord> open;
   std::vector<v1::CheckpointRecord> aborted;
-  CKPTD_RETURN_IF_ERROR(deps_.meta->Scan(keys::AllCheckpointsPrefix(), "", 0,
-                                         [&](std::string_view key, std::string_view v) {
-                                           v1::CheckpointRecord rec;
-                                           if (!ParseRow(key, v, &rec)) return true;
-                                           auto state = rec.summary().state();
-                                           if (state == v1::STAGING || state == v1::PERSISTING)
-                                             open.push_back(rec);
-                                           if (state == v1::ABORTED) aborted.push_back(rec);
-                                           return true;
-                                         }));
+  CKPTD_RETURN_IF_ERROR(svc_.deps_.meta->Scan(keys::AllCheckpointsPrefix(), "", 0,
+                                              [&](std::string_view key, std::string_view v) {
+                                                v1::CheckpointRecord rec;
+                                                if (!ParseRow(key, v, &rec)) return true;
+                                                auto state = rec.summary().state();
+                                                if (state == v1::STAGING || state == v1::PERSISTING)
+                                                  open.push_back(rec);
+                                                if (state == v1::ABORTED) aborted.push_back(rec);
+                                                return true;
+                                              }));
   for (const v1::CheckpointRecord& rec : aborted) {
     // Collect partial data an interrupted abort may have left; what cannot be removed now is
     // only space (the checkpoint is ABORTED either way), retried at the next start.
     const std::string dir = CheckpointDir(rec.summary().job(), rec.summary().step());
-    if (absl::Status st = deps_.storage->RemoveAll(dir); !st.ok()) {
+    if (absl::Status st = svc_.deps_.storage->RemoveAll(dir); !st.ok()) {
       spdlog::warn("recovery: the files of aborted checkpoint {} stay for now: {}", dir,
                    st.ToString());
     }
@@ -295,7 +281,7 @@ absl::Status CheckpointService::ResumePending() {
     }
     std::vector<v1::RankRecord> ranks;
     std::string bad_row;
-    CKPTD_RETURN_IF_ERROR(deps_.meta->Scan(
+    CKPTD_RETURN_IF_ERROR(svc_.deps_.meta->Scan(
         keys::RankPrefix(rec.summary().job(), rec.summary().step()), "", 0,
         [&](std::string_view key, std::string_view v) {
           if (!ranks.emplace_back().ParseFromArray(v.data(), static_cast<int>(v.size()))) {
@@ -306,8 +292,8 @@ absl::Status CheckpointService::ResumePending() {
         }));
     if (!bad_row.empty()) {
       std::string why = absl::StrCat("its journal row \"", bad_row, "\" does not parse");
-      RecoveryProblem(absl::StrCat(CkptName(rec.summary().job(), rec.summary().step()),
-                                   " cannot resume: ", why, "; ABORTED"));
+      Problem(absl::StrCat(CkptName(rec.summary().job(), rec.summary().step()),
+                           " cannot resume: ", why, "; ABORTED"));
       AbortRecovered(rec, why);
       continue;
     }
@@ -317,8 +303,8 @@ absl::Status CheckpointService::ResumePending() {
   return absl::OkStatus();
 }
 
-absl::Status CheckpointService::ResumeOne(const v1::CheckpointRecord& rec,
-                                          const std::vector<v1::RankRecord>& ranks) {
+absl::Status Recovery::ResumeOne(const v1::CheckpointRecord& rec,
+                                 const std::vector<v1::RankRecord>& ranks) {
   const v1::CheckpointSummary& s = rec.summary();
   auto p = std::make_unique<PendingCheckpoint>(s.job(), s.step());
   p->world_size = s.world_size();
@@ -326,10 +312,10 @@ absl::Status CheckpointService::ResumeOne(const v1::CheckpointRecord& rec,
   p->partial = s.partial();
   // Its owner is its job's: only that uid may add ranks, and the job's row, already written, is
   // not journaled again (with another owner).
-  CKPTD_ASSIGN_OR_RETURN(std::optional<uint32_t> owner, JobOwner(s.job()));
+  CKPTD_ASSIGN_OR_RETURN(std::optional<uint32_t> owner, svc_.JobOwner(s.job()));
   p->owner_uid = owner.value_or(0);
   p->job_recorded = owner.has_value();
-  p->checksum_block_bytes = deps_.options->checksum_block_bytes;
+  p->checksum_block_bytes = svc_.deps_.options->checksum_block_bytes;
   if (!ranks.empty()) p->checksum_block_bytes = RankBlockBytes(ranks.front());
   for (const v1::RankRecord& rr : ranks) {
     PendingRank pr;
@@ -345,7 +331,7 @@ absl::Status CheckpointService::ResumeOne(const v1::CheckpointRecord& rec,
                                                   "survive the restart"));
         }
         std::optional<ArenaSegmentInfo> seg =
-            deps_.arena->SegmentOfGeneration(rr.arena_generation());
+            svc_.deps_.arena->SegmentOfGeneration(rr.arena_generation());
         if (!seg || !seg->adopted) {
           return absl::DataLossError(
               absl::StrCat("recovery: the staging arena segment was lost (rank ", rr.rank(),
@@ -354,8 +340,8 @@ absl::Status CheckpointService::ResumeOne(const v1::CheckpointRecord& rec,
         }
         if (std::find(pr.extent_ids.begin(), pr.extent_ids.end(), sh.extent_id()) ==
             pr.extent_ids.end()) {
-          CKPTD_RETURN_IF_ERROR(deps_.arena->Restore(sh.extent_id(), seg->uid, sh.arena_offset(),
-                                                     sh.extent_length()));
+          CKPTD_RETURN_IF_ERROR(svc_.deps_.arena->Restore(sh.extent_id(), seg->uid,
+                                                          sh.arena_offset(), sh.extent_length()));
           pr.extent_ids.push_back(sh.extent_id());
         }
       }
@@ -378,20 +364,20 @@ absl::Status CheckpointService::ResumeOne(const v1::CheckpointRecord& rec,
   }
   spdlog::info("recovery: resuming checkpoint {}/{} ({} of {} ranks staged)", p->job, p->step,
                p->ranks.size(), p->world_size);
-  absl::MutexLock lock(&mu_);
-  Key key{p->job, p->step};
-  PendingCheckpoint& pp = *pending_.emplace(key, std::move(p)).first->second;
-  KeyChangedLocked(key);
+  absl::MutexLock lock(&svc_.mu_);
+  CheckpointService::Key key{p->job, p->step};
+  PendingCheckpoint& pp = *svc_.pending_.emplace(key, std::move(p)).first->second;
+  svc_.KeyChangedLocked(key);
   for (auto& [r, pr] : pp.ranks) {
-    if (!pr.persisted()) PostFlush(key, r);
+    if (!pr.persisted()) svc_.PostFlush(key, r);
   }
-  MaybeStartCommitLocked(pp);
+  svc_.MaybeStartCommitLocked(pp);
   return absl::OkStatus();
 }
 
-absl::Status CheckpointService::CheckCommittedRows() {
+absl::Status Recovery::CheckCommittedRows() {
   std::vector<v1::CheckpointRecord> committed;
-  CKPTD_RETURN_IF_ERROR(deps_.meta->Scan(
+  CKPTD_RETURN_IF_ERROR(svc_.deps_.meta->Scan(
       keys::AllCheckpointsPrefix(), "", 0, [&](std::string_view key, std::string_view v) {
         v1::CheckpointRecord rec;
         if (ParseRow(key, v, &rec) && rec.summary().state() == v1::COMMITTED) {
@@ -402,10 +388,10 @@ absl::Status CheckpointService::CheckCommittedRows() {
   for (const v1::CheckpointRecord& rec : committed) {
     std::string path = absl::StrCat(CheckpointDir(rec.summary().job(), rec.summary().step()), "/",
                                     kManifestFileName);
-    absl::StatusOr<bool> exists = deps_.storage->Exists(path);
+    absl::StatusOr<bool> exists = svc_.deps_.storage->Exists(path);
     if (!exists.ok()) {
-      RecoveryProblem(absl::StrCat(deps_.storage->Describe(), "/", path, " cannot be checked (",
-                                   exists.status().ToString(), "); left COMMITTED"));
+      Problem(absl::StrCat(svc_.deps_.storage->Describe(), "/", path, " cannot be checked (",
+                           exists.status().ToString(), "); left COMMITTED"));
       continue;
     }
     if (!*exists) AbortRecovered(rec, "recovery: its manifest is missing from storage");
@@ -413,9 +399,9 @@ absl::Status CheckpointService::CheckCommittedRows() {
   return absl::OkStatus();
 }
 
-absl::Status CheckpointService::VerifyNewestCommitted() {
+absl::Status Recovery::VerifyNewestCommitted() {
   std::map<std::string, std::vector<uint64_t>> committed;  // job → steps, oldest first
-  CKPTD_RETURN_IF_ERROR(deps_.meta->Scan(
+  CKPTD_RETURN_IF_ERROR(svc_.deps_.meta->Scan(
       keys::AllCheckpointsPrefix(), "", 0, [&](std::string_view key, std::string_view v) {
         v1::CheckpointRecord rec;
         if (ParseRow(key, v, &rec) && rec.summary().state() == v1::COMMITTED) {
@@ -427,97 +413,21 @@ absl::Status CheckpointService::VerifyNewestCommitted() {
     for (auto step = steps.rbegin(); step != steps.rend(); ++step) {
       // GetManifest keeps what verifies in the manifest cache: the first load of the latest
       // checkpoint after a restart does not read it again.
-      absl::StatusOr<std::shared_ptr<const Manifest>> m = GetManifest(job, *step);
+      absl::StatusOr<std::shared_ptr<const Manifest>> m = svc_.GetManifest(job, *step);
       if (m.ok()) break;
-      const std::string path = absl::StrCat(deps_.storage->Describe(), "/",
+      const std::string path = absl::StrCat(svc_.deps_.storage->Describe(), "/",
                                             CheckpointDir(job, *step), "/", kManifestFileName);
       if (!absl::IsDataLoss(m.status())) {
-        RecoveryProblem(absl::StrCat(path, " cannot be read to verify it (", m.status().ToString(),
-                                     "); ", CkptName(job, *step), " left COMMITTED"));
+        Problem(absl::StrCat(path, " cannot be read to verify it (", m.status().ToString(), "); ",
+                             CkptName(job, *step), " left COMMITTED"));
         break;
       }
-      RecoveryProblem(
+      Problem(
           absl::StrCat(path, " does not verify: ", CkptName(job, *step),
                        " is CORRUPT, latest falls back to an older one: ", m.status().ToString()));
     }
   }
   return absl::OkStatus();
-}
-
-void CheckpointService::Start() {
-  housekeeper_ = std::thread([this] { Housekeeping(); });
-}
-
-void CheckpointService::Housekeeping() {
-  while (HousekeepingPass()) {
-    // Outside the lifecycle lock: the session table's lock, and the arena's and region
-    // registry's (ending a session releases what it held).
-    size_t n = sessions_.ExpireUnattached(absl::Milliseconds(limits::kSessionAttachTimeoutMs));
-    if (n > 0)
-      spdlog::info("{} sessions ended: not attached within {} ms", n,
-                   limits::kSessionAttachTimeoutMs);
-  }
-}
-
-bool CheckpointService::HousekeepingPass() {
-  absl::MutexLock lock(&mu_);
-  if (stopping_) return false;
-  // The wait releases mu_; a pass holds it only for its scan (no I/O: posts only).
-  changed_.WaitWithTimeout(&mu_, flush_.GateTick());
-  if (stopping_) return false;
-  const uint64_t now = NowMs();
-  std::vector<PendingCheckpoint*> expired;
-  for (auto& [key, p] : pending_) {
-    if (p->staging() && !p->partial && now - p->created_unix_ms > deps_.options->stage_timeout_ms) {
-      expired.push_back(p.get());
-    }
-  }
-  for (auto& [key, p] : pending_) {
-    if (flush_.GateElapsed(p->first_staged_unix_ms, now)) {
-      PostGatedFlushesLocked(*p);
-    }
-  }
-  for (PendingCheckpoint* p : expired) {
-    std::vector<uint32_t> missing;
-    for (uint32_t r = 0; r < p->world_size && missing.size() < 33; ++r) {
-      if (!p->ranks.contains(r)) missing.push_back(r);
-    }
-    AbortLocked(*p,
-                absl::StrCat("stage timeout: ranks [", absl::StrJoin(missing, ", "),
-                             missing.size() > 32 ? ", ..." : "", "] of ", p->world_size,
-                             " were not staged within ", deps_.options->stage_timeout_ms, " ms"));
-  }
-  // Aborts whose ABORTED row failed: written again (RecordAbort), at most every kAbortRetryMs
-  // (changed_ wakes this loop at every failure; retrying at once would spin against an index
-  // that is recovering).
-  std::vector<AbortRecord> retry;
-  if (absl::Now() - last_abort_retry_ >= absl::Milliseconds(limits::kAbortRetryMs)) {
-    last_abort_retry_ = absl::Now();
-    retry.swap(unrecorded_aborts_);
-  }
-  for (AbortRecord& a : retry) {
-    if (!deps_.flush_pool->Post([this, a] { RecordAbort(a); })) {
-      unrecorded_aborts_.push_back(std::move(a));
-    }
-  }
-  return true;
-}
-
-bool CheckpointService::Shutdown(absl::Duration grace, bool* drained_out) {
-  {
-    absl::MutexLock lock(&mu_);
-    if (stopping_ && !housekeeper_.joinable()) return pending_.empty();
-    stopping_ = true;
-    changed_.SignalAll();
-  }
-  if (housekeeper_.joinable()) housekeeper_.join();
-  StopReshards();
-  bool drained = deps_.flush_pool->Drain(grace);
-  if (drained_out != nullptr) *drained_out = drained;
-  if (drained) deps_.flush_pool->Stop();
-  absl::MutexLock lock(&mu_);
-  if (!drained) spdlog::warn("shutdown: flushes still running after the grace period");
-  return drained && pending_.empty();
 }
 
 }  // namespace ckptd
