@@ -98,14 +98,21 @@ test-cpp: build
 # to $(BUILD_ASAN)/sanitizer/: any file there fails the tier, even from a process whose test
 # passed (a daemon's report at its clean exit).
 SAN_LOG = $(BUILD_ASAN)/sanitizer/report
+# Fails on any sanitizer report. One line is not a finding: LeakSanitizer saying it could not
+# suspend a thread that was exiting while it stopped the world ("False leaks are possible"); a
+# leak it then found would still be reported below that line, and fail.
+SAN_BENIGN = ^==[0-9]+==Running thread [0-9]+ was not suspended\. False leaks are possible\.$$
+CHECK_SAN_REPORTS = if compgen -G "$(SAN_LOG).*" >/dev/null; then \
+	  if cat $(SAN_LOG).* | grep -Ev '$(SAN_BENIGN)' | grep -q .; then \
+	    echo "sanitizer reports:"; cat $(SAN_LOG).*; exit 1; fi; \
+	  echo "sanitizer notes (not findings):"; cat $(SAN_LOG).*; fi
 test-asan: build-asan
 	@rm -rf $(BUILD_ASAN)/sanitizer && mkdir -p $(BUILD_ASAN)/sanitizer
 	@cd $(BUILD_ASAN) && ASAN_OPTIONS=detect_leaks=1:log_path=$(SAN_LOG) \
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:log_path=$(SAN_LOG) \
 	  LSAN_OPTIONS=suppressions=$(ROOT)/tests/lsan.supp \
 	  ctest --output-on-failure -j 2 --timeout 900
-	@if compgen -G "$(SAN_LOG).*" >/dev/null; then \
-	  echo "sanitizer reports:"; cat $(SAN_LOG).*; exit 1; fi
+	@$(CHECK_SAN_REPORTS)
 
 # The Python tier: builds the ckptd package (client/python, the extension compiled by this CMake
 # project in client/python/build/) into the current Python, then runs tests/python against
@@ -126,8 +133,7 @@ test-python-asan: build-asan python
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:log_path=$(SAN_LOG) \
 	  LSAN_OPTIONS=suppressions=$(ROOT)/tests/lsan.supp \
 	  $(PYTHON) -m pytest -p no:cacheprovider -q .
-	@if compgen -G "$(SAN_LOG).*" >/dev/null; then \
-	  echo "sanitizer reports:"; cat $(SAN_LOG).*; exit 1; fi
+	@$(CHECK_SAN_REPORTS)
 
 # --- the static tiers (make lint; the first part of make test) ---------------------------------
 # The project's C++ sources: every .cc/.h git knows or would add (tracked, or untracked and not
