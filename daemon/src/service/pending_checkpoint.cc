@@ -72,6 +72,18 @@ uint64_t PendingCheckpoint::AddRank(uint32_t r, PendingRank rank) {
     auto inserted = stored_copy.emplace(StoredCopyKey(s, r), std::make_pair(r, size_t(i))).second;
     sh->set_replica(!inserted);
     bytes += s.data().length();
+  }
+  NoteItems(r, rank.rec);
+  rank.rec.set_bytes(bytes);
+  ranks.emplace(r, std::move(rank));
+  if (ranks.size() == world_size)
+    Transition(CheckpointPhase::kStaging, CheckpointPhase::kPersisting);
+  return bytes;
+}
+
+void PendingCheckpoint::NoteItems(uint32_t r, const v1::RankRecord& rec) {
+  for (const v1::StagedShard& sh : rec.shards()) {
+    const v1::ShardSpec& s = sh.spec();
     if (items.contains(s.item())) continue;
     ItemMeta m;
     m.kind = s.has_tensor() ? v1::TENSOR : v1::OBJECT;
@@ -84,11 +96,6 @@ uint64_t PendingCheckpoint::AddRank(uint32_t r, PendingRank rank) {
     m.first_rank = r;
     items.emplace(s.item(), std::move(m));
   }
-  rank.rec.set_bytes(bytes);
-  ranks.emplace(r, std::move(rank));
-  if (ranks.size() == world_size)
-    Transition(CheckpointPhase::kStaging, CheckpointPhase::kPersisting);
-  return bytes;
 }
 
 const char* CheckpointPhaseName(CheckpointPhase phase) {

@@ -124,6 +124,10 @@ class PendingCheckpoint {
   // verify); its new items are recorded; the checkpoint turns kPersisting once every rank is
   // staged. Returns the rank's bytes (replicas included).
   uint64_t AddRank(uint32_t r, PendingRank rank);
+  // Records the items of `rec`'s shards that no rank recorded before (kind, dtype, global shape,
+  // scope; `r` as their first rank). AddRank does it for a new rank; recovery, rebuilding a
+  // journaled checkpoint rank by rank, does it with the replica flags the journal recorded.
+  void NoteItems(uint32_t r, const v1::RankRecord& rec);
 
  private:
   CheckpointPhase phase_ = CheckpointPhase::kStaging;

@@ -345,18 +345,11 @@ absl::Status Recovery::ResumeOne(const v1::CheckpointRecord& rec,
           pr.extent_ids.push_back(sh.extent_id());
         }
       }
-      std::string rkey = StoredCopyKey(spec, rr.rank());
-      if (!sh.replica()) p->stored_copy[rkey] = {rr.rank(), static_cast<size_t>(i)};
-      if (!p->items.contains(spec.item())) {
-        ItemMeta m;
-        m.kind = spec.has_tensor() ? v1::TENSOR : v1::OBJECT;
-        m.dtype = spec.tensor().dtype();
-        m.shape.assign(spec.tensor().global_shape().begin(), spec.tensor().global_shape().end());
-        m.scope = spec.object().scope();
-        m.first_rank = rr.rank();
-        p->items.emplace(spec.item(), std::move(m));
+      if (!sh.replica()) {
+        p->stored_copy[StoredCopyKey(spec, rr.rank())] = {rr.rank(), static_cast<size_t>(i)};
       }
     }
+    p->NoteItems(rr.rank(), rr);
     p->ranks.emplace(rr.rank(), std::move(pr));
   }
   if (p->partial || p->ranks.size() == p->world_size) {
