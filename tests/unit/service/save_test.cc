@@ -315,6 +315,42 @@ TEST_CASE("save: Abort answers once the abort is durable", "[unit][fault]") {
   CHECK(rig.State(8) == v1::ABORTED);
 }
 
+TEST_CASE(
+    "save: an abort the flush pool refuses is recorded by Shutdown, outside the lifecycle lock",
+    "[unit][fault]") {
+  Rig rig;
+  absl::StatusOr<v1::Extent> e = Reserve(rig, 64 * 64 * 4);
+  REQUIRE(e.ok());
+  v1::SaveRequest req = BareSave(rig, 9, 0, 2);  // rank 0 of 2: stays open
+  AddRows(&req, "w", 64, 64, 0, 64, e->id(), 0);
+  v1::SaveResponse resp;
+  REQUIRE(rig.svc->Save(rig.caller, req, &resp).ok());
+  rig.pool->Stop();  // the flush pool refuses from now on (as while the daemon stops)
+  rig.meta_gate.Arm(keys::Checkpoint(kJob, 9));  // hold the ABORTED row's synced write
+  auto abort = std::async(std::launch::async, [&] { return Abort(rig, 9); });
+  // Nobody can write the row: the Abort waits (its record is queued for a retry).
+  CHECK(abort.wait_for(std::chrono::milliseconds(600)) == std::future_status::timeout);
+  auto shutdown =
+      std::async(std::launch::async, [&] { return rig.svc->Shutdown(absl::Seconds(5)); });
+  REQUIRE(rig.meta_gate.WaitReached());  // Shutdown writes it
+  // ... with the lifecycle lock free: a status call answers while the write is held.
+  auto status = std::async(std::launch::async, [&] {
+    v1::GetStatusRequest g;
+    g.set_job(kJob);
+    g.set_step(9);
+    v1::CheckpointStatus out;
+    return rig.svc->GetStatus(rig.caller, g, &out);
+  });
+  CHECK(status.wait_for(std::chrono::seconds(5)) == std::future_status::ready);
+  rig.meta_gate.Release();
+  CHECK(abort.get().ok());
+  shutdown.get();
+  // Durable: the next start finds it ABORTED, not STAGING to resume.
+  rig.Restart();
+  REQUIRE(rig.recovered.ok());
+  CHECK(rig.State(9) == v1::ABORTED);
+}
+
 TEST_CASE("save: open checkpoints per job are capped", "[unit]") {
   Rig rig;
   std::vector<uint64_t> extents;
