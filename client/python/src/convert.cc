@@ -1,17 +1,9 @@
 #include "convert.h"
 
-#include <fcntl.h>
 #include <pybind11/stl.h>
-#include <sys/mman.h>
-#include <unistd.h>
-
-#include <atomic>
-#include <cerrno>
-#include <cstring>
 
 #include "ckptd/v1/common.pb.h"
 #include "ckptd/v1/dtype_table.h"
-#include "nogil.h"
 
 namespace ckptd::py_binding {
 
@@ -55,48 +47,6 @@ Region ParseRegion(const py::handle& h) {
   if (kind == "box") return Region::Box(ToU64(t[1]), ToU64(t[2]));
   if (kind == "flat") return Region::Flat(t[1].cast<uint64_t>(), t[2].cast<uint64_t>());
   throw py::value_error("ckptd: unknown region kind \"" + kind + "\"");
-}
-
-ShmSlab::ShmSlab(std::shared_ptr<Client> client, uint64_t bytes)
-    : client_(std::move(client)), bytes_(bytes) {
-  static std::atomic<uint64_t> counter{0};
-  name_ = "/ckptd-py-" + std::to_string(getpid()) + "-" + std::to_string(counter++);
-  int fd = shm_open(name_.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
-  if (fd < 0) Throw(absl::InternalError("shm_open " + name_ + ": " + std::strerror(errno)));
-  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-    int err = errno;
-    close(fd);
-    shm_unlink(name_.c_str());
-    Throw(absl::ResourceExhaustedError("ftruncate " + name_ + ": " + std::strerror(err)));
-  }
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  int err = errno;
-  close(fd);
-  if (p == MAP_FAILED) {
-    shm_unlink(name_.c_str());
-    Throw(absl::ResourceExhaustedError("mmap " + name_ + ": " + std::strerror(err)));
-  }
-  data_ = p;
-  absl::StatusOr<uint64_t> handle;
-  {
-    ReleasedGil released;
-    handle = client_->RegisterShm(name_, bytes, data_);  // Save/Load then find views in it
-  }
-  if (!handle.ok()) {
-    munmap(data_, bytes_);
-    shm_unlink(name_.c_str());
-    Throw(handle.status());
-  }
-  handle_ = *handle;
-}
-
-ShmSlab::~ShmSlab() {
-  {
-    ReleasedGil released;
-    (void)client_->Unregister(handle_);
-  }
-  munmap(data_, bytes_);
-  shm_unlink(name_.c_str());
 }
 
 StridedView ParseView(const py::handle& h) {

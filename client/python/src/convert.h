@@ -1,5 +1,5 @@
 // Conversions between Python values and libckptd-client types for the ckptd._ckptd binding:
-// errors, dtypes, regions, views of memory and status dicts; the shm slabs behind ckptd.empty().
+// errors, dtypes, regions, views of memory and status dicts.
 // Called with the GIL held.
 #pragma once
 
@@ -41,28 +41,6 @@ std::vector<uint64_t> ToU64(const py::handle& seq);
 std::vector<int64_t> ToI64(const py::handle& seq);
 // ("whole",) | ("box", offsets, lengths) | ("flat", start, count)
 Region ParseRegion(const py::handle& h);
-
-// A POSIX shm object created by this process and registered with the daemon: memory the daemon
-// reads and writes in place (ckptd.empty). Unregistered and unlinked when the last view goes.
-class ShmSlab {
- public:
-  ShmSlab(std::shared_ptr<Client> client, uint64_t bytes);
-  ~ShmSlab();
-  ShmSlab(const ShmSlab&) = delete;
-  ShmSlab& operator=(const ShmSlab&) = delete;
-
-  void* data() const { return data_; }
-  uint64_t bytes() const { return bytes_; }
-  uint64_t handle() const { return handle_; }
-  const std::string& name() const { return name_; }
-
- private:
-  std::shared_ptr<Client> client_;
-  std::string name_;
-  void* data_ = nullptr;
-  uint64_t bytes_ = 0;
-  uint64_t handle_ = 0;
-};
 
 // A view of caller memory, parsed from Python: (address, shape, byte strides, itemsize).
 // ValueError when shape and strides differ in rank.

@@ -23,6 +23,7 @@
 #include "ckptd/strided_copy.h"
 #include "convert.h"
 #include "nogil.h"
+#include "slab.h"
 
 namespace py = pybind11;
 
@@ -354,6 +355,8 @@ PYBIND11_MODULE(_ckptd, m) {
   // Before finalization: from then on a thread finishing a call of ours parks instead of taking
   // the GIL back (nogil.h).
   py::module_::import("atexit").attr("register")(py::cpp_function(&OnPythonExit));
+  // Slabs (ckptd.empty) whose objects outlive finalization are unlinked by name at exit.
+  py::module_::import("atexit").attr("register")(py::cpp_function(&UnlinkSlabsAtExit));
 
   m.def("copy_stats", &CopyStatsDict);
   m.def("reset_copy_stats", &ckptd::Client::reset_copy_stats);
