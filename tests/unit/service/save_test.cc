@@ -294,14 +294,19 @@ TEST_CASE("save: a rank is flushed only once its journal row is written", "[unit
   CHECK(rig.LoadCheck(1, 0x11).ok());
 }
 
-TEST_CASE("save: Abort answers once the abort is durable", "[unit][fault]") {
-  Rig rig;
+// Stages rank 0 of a 2-rank checkpoint `step` (one 64 x 64 float32 item): it stays open.
+void StageOpenRank(Rig& rig, uint64_t step) {
   absl::StatusOr<v1::Extent> e = Reserve(rig, 64 * 64 * 4);
   REQUIRE(e.ok());
-  v1::SaveRequest req = BareSave(rig, 8, 0, 2);  // rank 0 of 2: stays open
+  v1::SaveRequest req = BareSave(rig, step, 0, 2);
   AddRows(&req, "w", 64, 64, 0, 64, e->id(), 0);
   v1::SaveResponse resp;
   REQUIRE(rig.svc->Save(rig.caller, req, &resp).ok());
+}
+
+TEST_CASE("save: Abort answers once the abort is durable", "[unit][fault]") {
+  Rig rig;
+  StageOpenRank(rig, 8);
   rig.meta_gate.Arm(keys::Checkpoint(kJob, 8));  // hold the ABORTED row's synced write
   auto abort = std::async(std::launch::async, [&] { return Abort(rig, 8); });
   REQUIRE(rig.meta_gate.WaitReached());
@@ -319,12 +324,7 @@ TEST_CASE(
     "save: an abort the flush pool refuses is recorded by Shutdown, outside the lifecycle lock",
     "[unit][fault]") {
   Rig rig;
-  absl::StatusOr<v1::Extent> e = Reserve(rig, 64 * 64 * 4);
-  REQUIRE(e.ok());
-  v1::SaveRequest req = BareSave(rig, 9, 0, 2);  // rank 0 of 2: stays open
-  AddRows(&req, "w", 64, 64, 0, 64, e->id(), 0);
-  v1::SaveResponse resp;
-  REQUIRE(rig.svc->Save(rig.caller, req, &resp).ok());
+  StageOpenRank(rig, 9);
   rig.pool->Stop();  // the flush pool refuses from now on (as while the daemon stops)
   rig.meta_gate.Arm(keys::Checkpoint(kJob, 9));  // hold the ABORTED row's synced write
   auto abort = std::async(std::launch::async, [&] { return Abort(rig, 9); });
