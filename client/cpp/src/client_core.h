@@ -30,6 +30,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "arena_mapping.h"
 #include "ckptd/client.h"
 #include "ckptd/v1/ckptd.grpc.pb.h"
 #include "ckptd/v1/ckptd.pb.h"
@@ -49,39 +50,6 @@ namespace v1 = ::ckptd::v1;
 // Errors of syscalls: ckptd::ErrnoStatus (daemon/include/ckptd/status.h), the one errno mapping
 // of the daemon and the client.
 using ::ckptd::ErrnoStatus;
-
-// The staging arena segment of this process's uid in one daemon instance, mapped MAP_SHARED
-// read/write. Unmapped when the last shared_ptr goes (ArenaBuffers share it, so their memory
-// never vanishes under the caller).
-class ArenaMapping {
- public:
-  // Fetches the segment's descriptor from the daemon's arena socket `arena_socket` for
-  // `session_id` (the protocol is in ckptd.proto, above HelloResponse) and maps `bytes` of it,
-  // with MAP_POPULATE when the daemon says every page exists. pin_for_cuda: also page-lock the
-  // mapping for CUDA (cudaHostRegister); FAILED_PRECONDITION when that fails (nothing stays mapped
-  // then). Errors: the daemon's answer (its code and message), UNAVAILABLE when the socket cannot
-  // be reached, INTERNAL for a malformed answer or a segment smaller than announced.
-  static absl::StatusOr<std::shared_ptr<ArenaMapping>> Map(const std::string& arena_socket,
-                                                           const std::string& session_id,
-                                                           uint64_t bytes, bool pin_for_cuda);
-  ~ArenaMapping();
-  ArenaMapping(const ArenaMapping&) = delete;
-  ArenaMapping& operator=(const ArenaMapping&) = delete;
-
-  // [offset, offset + length) of the arena; INTERNAL when the daemon named bytes outside it.
-  absl::StatusOr<uint8_t*> At(uint64_t offset, uint64_t length) const;
-  const std::string& name() const { return name_; }
-  uint64_t size() const { return bytes_; }
-  bool pinned_for_cuda() const { return pinned_for_cuda_; }
-
- private:
-  ArenaMapping(std::string name, uint8_t* base, uint64_t bytes)
-      : name_(std::move(name)), base_(base), bytes_(bytes) {}
-  std::string name_;
-  uint8_t* base_;
-  uint64_t bytes_;
-  bool pinned_for_cuda_ = false;
-};
 
 // A consistent view of the session for one call.
 struct Session {

@@ -1,0 +1,49 @@
+// Internal to libckptd-client: the staging arena segment mapped into this process.
+// Resource: one MAP_SHARED mapping (and, when pinned, a CUDA host registration) per daemon
+// instance. Owner: shared by the session and every ArenaBuffer handed out of it; unmapped when the
+// last shared_ptr goes, so a buffer's memory never vanishes under the caller, even after the
+// daemon restarted (the new instance gets a new mapping).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace ckptd::internal {
+
+// The staging arena segment of this process's uid in one daemon instance, mapped MAP_SHARED
+// read/write. Unmapped when the last shared_ptr goes (ArenaBuffers share it, so their memory
+// never vanishes under the caller).
+class ArenaMapping {
+ public:
+  // Fetches the segment's descriptor from the daemon's arena socket `arena_socket` for
+  // `session_id` (the protocol is in ckptd.proto, above HelloResponse) and maps `bytes` of it,
+  // with MAP_POPULATE when the daemon says every page exists. pin_for_cuda: also page-lock the
+  // mapping for CUDA (cudaHostRegister); FAILED_PRECONDITION when that fails (nothing stays mapped
+  // then). Errors: the daemon's answer (its code and message), UNAVAILABLE when the socket cannot
+  // be reached, INTERNAL for a malformed answer or a segment smaller than announced.
+  static absl::StatusOr<std::shared_ptr<ArenaMapping>> Map(const std::string& arena_socket,
+                                                           const std::string& session_id,
+                                                           uint64_t bytes, bool pin_for_cuda);
+  ~ArenaMapping();
+  ArenaMapping(const ArenaMapping&) = delete;
+  ArenaMapping& operator=(const ArenaMapping&) = delete;
+
+  // [offset, offset + length) of the arena; INTERNAL when the daemon named bytes outside it.
+  absl::StatusOr<uint8_t*> At(uint64_t offset, uint64_t length) const;
+  const std::string& name() const { return name_; }
+  uint64_t size() const { return bytes_; }
+  bool pinned_for_cuda() const { return pinned_for_cuda_; }
+
+ private:
+  ArenaMapping(std::string name, uint8_t* base, uint64_t bytes)
+      : name_(std::move(name)), base_(base), bytes_(bytes) {}
+  std::string name_;
+  uint8_t* base_;
+  uint64_t bytes_;
+  bool pinned_for_cuda_ = false;
+};
+
+}  // namespace ckptd::internal
