@@ -133,6 +133,22 @@ absl::Status MakeStateDirs(const DaemonOptions& o) {
   return MakeDir(o.data_dir, 0700, -1);
 }
 
+// The remote tier's storage (null without one): remote_dir through the posix plugin. The
+// directory must exist (a shared mount the operator set up); a missing one is an error at start
+// naming it, not a directory silently made on the local disk.
+absl::StatusOr<std::unique_ptr<Storage>> OpenRemoteTier(const DaemonOptions& o, Io* io) {
+  if (o.remote_dir.empty()) return std::unique_ptr<Storage>();
+  std::error_code ec;
+  if (!std::filesystem::is_directory(o.remote_dir, ec)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "remote_dir ", o.remote_dir, " is not a directory (mount the shared file system first)"));
+  }
+  std::unique_ptr<Storage> remote = NewPosixStorage(o.remote_dir, io);
+  CKPTD_RETURN_IF_ERROR(Annotate(remote->List("").status(), remote->Describe()));
+  spdlog::info("remote tier: {} (default tier policy {})", remote->Describe(), o.tier_policy);
+  return remote;
+}
+
 // --debug_crash_at (test builds): armed before recovery, so recovery's crash points count too.
 absl::Status ArmCrashPoint(const DaemonOptions& o) {
   if (o.debug_crash_at.empty()) return absl::OkStatus();
@@ -169,6 +185,11 @@ int Run(const DaemonOptions& o) {
   std::unique_ptr<Io> io = NewUringIo(o.io_queue_depth);
   if (!o.direct_io) io = NewBufferedIo(std::move(io));
   std::unique_ptr<Storage> storage = NewPosixStorage(o.data_dir, io.get());
+  absl::StatusOr<std::unique_ptr<Storage>> remote = OpenRemoteTier(o, io.get());
+  if (!remote.ok()) {
+    spdlog::critical("remote tier: {}", remote.status().ToString());
+    return 1;
+  }
   StagingArena* arena_ptr = arena->get();
   RegionRegistry regions(ForbiddenRegions{"/" + prefix, [arena_ptr](uint64_t dev, uint64_t ino) {
                                             return arena_ptr->IsSegment(dev, ino);
@@ -181,6 +202,7 @@ int Run(const DaemonOptions& o) {
   Executor reserve_pool("reserve", o.waiters_max, o.waiters_max);
   Executor load_pool("load", o.load_threads, o.rpc_queue_max);
   ServiceDeps deps{&o, meta->get(), storage.get(), arena->get(), &regions, &flush_pool};
+  deps.remote = remote->get();
   CheckpointService svc(deps);
   if (absl::Status st = svc.Recover(); !st.ok()) {
     spdlog::critical("recovery failed: {}", st.ToString());

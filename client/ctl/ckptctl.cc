@@ -28,8 +28,9 @@ commands:
   inspect JOB STEP         items: name, kind, dtype (or object scope), shape, shards, bytes
   rm JOB STEP              delete a checkpoint
   latest JOB               the newest committed step
-  wait JOB STEP [--timeout_ms N] [--until committed|staged]
-                           block until the checkpoint is committed (or all ranks staged); exit 1
+  wait JOB STEP [--timeout_ms N] [--until committed|staged|remote]
+                           block until the checkpoint is committed (or all ranks staged, or also
+                           durable on the remote tier); exit 1
                            if it was aborted or the timeout (default 600000 ms) passed
   reshard JOB STEP TARGET_STEP SPEC [--target_job JOB2]
                            write a new checkpoint JOB2/TARGET_STEP (JOB2 defaults to JOB) holding
@@ -106,8 +107,8 @@ std::string Parse(int argc, char** argv, Args* args) {
       }
       args->timeout_given = true;
     } else if (a == "--until") {
-      if (!take("--until") || (value != "committed" && value != "staged")) {
-        return "--until needs committed or staged";
+      if (!take("--until") || (value != "committed" && value != "staged" && value != "remote")) {
+        return "--until needs committed, staged or remote";
       }
       args->until = value;
       args->until_given = true;
@@ -207,7 +208,7 @@ int Run(const Args& args) {
     s = ckptctl::Latest(ctx, p[1]);
   } else if (cmd == "wait") {
     if (!need(2, "JOB STEP")) return 2;
-    s = ckptctl::Wait(ctx, p[1], step, args.timeout_ms, args.until == "staged");
+    s = ckptctl::Wait(ctx, p[1], step, args.timeout_ms, args.until);
   } else if (cmd == "reshard") {
     uint64_t target_step = 0;
     if (n != 4) return Usage("reshard takes JOB STEP TARGET_STEP SPEC");

@@ -50,12 +50,29 @@ absl::Status PrintJson(const google::protobuf::Message& msg) {
   return absl::OkStatus();
 }
 
+// "local,remote", or with an upload under way "local,remote (uploading 61%)", "local,remote
+// (pending)", "local,remote (retrying, 3 failed: <error>)".
 std::string TiersString(const v1::Tiers& t) {
   std::vector<std::string> parts;
   if (t.staged()) parts.push_back("staged");
   if (t.local()) parts.push_back("local");
-  if (t.remote()) parts.push_back("remote");
-  return parts.empty() ? "-" : absl::StrJoin(parts, ",");
+  const v1::Upload& u = t.upload();
+  if (t.remote()) {
+    parts.push_back("remote");
+  } else if (t.has_upload()) {
+    const uint64_t pct = u.bytes_total() == 0 ? 0 : u.bytes_done() * 100 / u.bytes_total();
+    switch (u.state()) {
+      case v1::UPLOAD_RUNNING:
+        parts.push_back(absl::StrCat("remote (uploading ", pct, "%)"));
+        break;
+      case v1::UPLOAD_RETRYING:
+        parts.push_back(absl::StrCat("remote (retrying, ", u.attempts(), " failed: ", u.error(), ")"));
+        break;
+      default:
+        parts.push_back("remote (pending)");
+    }
+  }
+  return parts.empty() ? "-" : absl::StrJoin(parts, ", ");
 }
 
 std::string StateString(const v1::CheckpointSummary& s) {
@@ -211,11 +228,14 @@ absl::Status Latest(Context& ctx, const std::string& job) {
 }
 
 absl::Status Wait(Context& ctx, const std::string& job, uint64_t step, uint32_t timeout_ms,
-                  bool until_staged) {
+                  const std::string& until) {
+  const bool until_staged = until == "staged";
   v1::WaitRequest req;
   req.set_job(job);
   req.set_step(step);
-  req.set_until(until_staged ? v1::WAIT_FOR_ALL_STAGED : v1::WAIT_FOR_COMMITTED);
+  req.set_until(until_staged       ? v1::WAIT_FOR_ALL_STAGED
+                : until == "remote" ? v1::WAIT_FOR_REMOTE
+                                    : v1::WAIT_FOR_COMMITTED);
   req.set_timeout_ms(timeout_ms);
   v1::CheckpointStatus resp;
   absl::Status s = Call(ctx, int64_t{timeout_ms} + kWaitMarginMs,
@@ -224,7 +244,8 @@ absl::Status Wait(Context& ctx, const std::string& job, uint64_t step, uint32_t 
   if (ctx.json) {
     s = PrintJson(resp);
   } else {
-    std::cout << job << "/" << step << ": " << StateString(resp.summary()) << "\n";
+    std::cout << job << "/" << step << ": " << StateString(resp.summary())
+              << "   tiers: " << TiersString(resp.summary().tiers()) << "\n";
   }
   if (!s.ok()) return s;
   const v1::CheckpointState state = resp.summary().state();

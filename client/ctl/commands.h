@@ -28,8 +28,10 @@ absl::Status Remove(Context& ctx, const std::string& job, uint64_t step);
 absl::Status Latest(Context& ctx, const std::string& job);
 // FAILED until the checkpoint reached `until`: ABORTED, or DEADLINE_EXCEEDED naming the ranks
 // still missing.
+// until: "committed", "staged" (every rank staged) or "remote" (committed and durable on the
+// remote tier).
 absl::Status Wait(Context& ctx, const std::string& job, uint64_t step, uint32_t timeout_ms,
-                  bool until_staged);
+                  const std::string& until);
 // Starts an offline reshard of job/step into target_job (empty: job)/target_step.
 absl::Status Reshard(Context& ctx, const std::string& job, uint64_t step,
                      const std::string& target_job, uint64_t target_step, const std::string& spec);

@@ -131,6 +131,18 @@ const std::map<std::string, OptionDef>& Defs() {
        {"SIGTERM waits this long for flushes",
         IntSetter(&O::shutdown_grace_s, "shutdown_grace_s")}},
       {"log_format", {"text or json", StringSetter(&O::log_format)}},
+      {"tier_policy",
+       {"tiers of a checkpoint whose Save names none: local | local+remote",
+        StringSetter(&O::tier_policy)}},
+      {"remote_dir",
+       {"remote tier: a directory on a shared file system", StringSetter(&O::remote_dir)}},
+      {"upload_threads",
+       {"threads uploading to the remote tier", IntSetter(&O::upload_threads, "upload_threads")}},
+      {"upload_chunk_bytes",
+       {"bytes per upload read/write", IntSetter(&O::upload_chunk_bytes, "upload_chunk_bytes")}},
+      {"upload_retry_max_ms",
+       {"longest backoff between upload attempts",
+        IntSetter(&O::upload_retry_max_ms, "upload_retry_max_ms")}},
       {"socket_mode",
        {"socket permission bits, octal (0600 or 0660)", OctalSetter(&O::socket_mode)}},
       {"socket_group",
@@ -262,6 +274,7 @@ absl::Status DaemonOptions::Validate() {
     CKPTD_RETURN_IF_ERROR(
         Annotate(ParseSyncPointCrash(debug_crash_at).status(), "option debug_crash_at"));
   }
+  CKPTD_RETURN_IF_ERROR(ValidateTiers());
   if (log_format != "text" && log_format != "json") {
     return absl::InvalidArgumentError(
         absl::StrCat("option log_format = \"", log_format, "\": expected text or json"));
@@ -274,6 +287,34 @@ absl::Status DaemonOptions::Validate() {
         "option log_level = \"", log_level, "\": expected trace, debug, info, warn or error"));
   }
   return absl::OkStatus();
+}
+
+absl::Status DaemonOptions::ValidateTiers() const {
+  if (tier_policy != "local" && tier_policy != "local+remote" && tier_policy != "remote") {
+    return absl::InvalidArgumentError(absl::StrCat("option tier_policy = \"", tier_policy,
+                                                   "\": expected local or local+remote"));
+  }
+  if (tier_policy == "remote") {
+    return absl::InvalidArgumentError(
+        "option tier_policy = \"remote\": flushing straight to the store is not built yet; use "
+        "local+remote");
+  }
+  if (tier_policy == "local+remote" && remote_dir.empty()) {
+    return absl::InvalidArgumentError(
+        "option tier_policy = \"local+remote\" needs a remote tier (remote_dir)");
+  }
+  if (!remote_dir.empty() && (remote_dir == data_dir || remote_dir == state_dir)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "option remote_dir = \"", remote_dir, "\" is the local data or state dir, not a remote tier"));
+  }
+  CKPTD_RETURN_IF_ERROR(Range("upload_threads", upload_threads, 1, limits::kUploadThreadsMax));
+  CKPTD_RETURN_IF_ERROR(Range("upload_chunk_bytes", upload_chunk_bytes, limits::kAlignmentBytes,
+                              limits::kUploadChunkBytesMax));
+  if (upload_chunk_bytes % limits::kAlignmentBytes != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "option upload_chunk_bytes = ", upload_chunk_bytes, " is not a multiple of 4096"));
+  }
+  return Range("upload_retry_max_ms", upload_retry_max_ms, 1000, 3'600'000);
 }
 
 std::string OptionsUsage() {

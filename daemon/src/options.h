@@ -85,6 +85,24 @@ struct DaemonOptions {
   // Seconds SIGTERM waits for in-flight flushes before exiting (the rest stays journaled).
   // Default: 30
   uint32_t shutdown_grace_s = 30;
+  // The tiers a checkpoint is made durable on when its Save names none: "local", or
+  // "local+remote" (COMMITTED on local storage, then uploaded to the remote tier in the
+  // background; needs remote_dir). "remote" (straight from the arena to the store) is refused:
+  // not built yet. Default: local
+  std::string tier_policy = "local";
+  // The remote tier: a directory on a shared file system (NFS, Lustre, a mounted bucket), written
+  // through the posix storage plugin. Checkpoints keep their relative paths there
+  // (<job>/step-<20 digits>/), so the directory is self-contained: any daemon configured with it
+  // lists and loads them. Empty: no remote tier. Default: ""
+  std::string remote_dir;
+  // Threads that upload committed checkpoints to the remote tier. Default: 2
+  uint32_t upload_threads = 2;
+  // Bytes each upload thread reads from local storage and writes to the store at a time (a
+  // multiple of 4096). Default: 8388608 (8 MiB)
+  uint64_t upload_chunk_bytes = 8ull << 20;
+  // A failed upload is retried after a backoff doubling from 1 s up to this, forever (the store
+  // may be down for hours; the checkpoint stays COMMITTED locally meanwhile). Default: 60000
+  uint64_t upload_retry_max_ms = 60000;
   // "text" or "json". Default: text
   std::string log_format = "text";
   // trace, debug, info, warn, error. Default: info
@@ -106,6 +124,9 @@ struct DaemonOptions {
 
   // Fills derived defaults and checks every field; INVALID_ARGUMENT naming the option.
   absl::Status Validate();
+
+ private:
+  absl::Status ValidateTiers() const;
 };
 
 // Parses argv (argv[0] skipped). --help returns NOT_FOUND with the usage text as message.

@@ -50,6 +50,8 @@ enum class Workload {
   kReshardAbort,  // the same, slowed down, then cancelled with ckptctl abort
   kRecovery,      // a delete crashes with a reshard running and step 3 staged; the restart
                   // (which has the point armed) then has every kind of work to recover
+  kUpload,        // step 3 saved with local+remote: committed locally, then uploaded to the
+                  // remote tier (a directory of the case); the restart keeps that tier
 };
 
 struct Case {
@@ -78,6 +80,7 @@ const Case kCases[] = {
     {"abort.recorded", 1, Workload::kAbort},
     {"abort.files_removed", 1, Workload::kAbort},
     {"delete.tombstone_written", 1, Workload::kDelete},
+    {"delete.remote_removed", 1, Workload::kDelete},
     {"delete.manifest_removed", 1, Workload::kDelete},
     {"delete.dir_removed", 1, Workload::kDelete},
     {"delete.rows_removed", 1, Workload::kDelete},
@@ -89,6 +92,9 @@ const Case kCases[] = {
     {"commit.indexed", 1, Workload::kReshard},
     {"reshard.committed", 1, Workload::kReshard},
     {"reshard.abort_files_removed", 1, Workload::kReshardAbort},
+    {"upload.blobs_copied", 1, Workload::kUpload},
+    {"upload.manifest_put", 1, Workload::kUpload},
+    {"upload.durable", 1, Workload::kUpload},
     {"recovery.rows_repaired", 1, Workload::kRecovery},
     {"recovery.deletes_finished", 1, Workload::kRecovery},
     {"recovery.manifests_adopted", 1, Workload::kRecovery},
@@ -152,6 +158,7 @@ void StartReshard(const Daemon& d) {
 void RunWorkload(Daemon& d, const Case& c) {
   switch (c.workload) {
     case Workload::kSave:
+    case Workload::kUpload:
       SaveRanks(d, kWorld);
       return;
     case Workload::kAbort:
@@ -177,6 +184,13 @@ void RunWorkload(Daemon& d, const Case& c) {
   }
 }
 
+// The remote tier of kUpload cases, kept across the restart.
+std::vector<std::string> RemoteTierFlags(const Case& c, const std::string& case_dir) {
+  if (c.workload != Workload::kUpload) return {};
+  std::filesystem::create_directories(case_dir + "/remote");
+  return {"--remote_dir=" + case_dir + "/remote", "--tier_policy=local+remote"};
+}
+
 std::vector<std::string> WorkloadFlags(const Case& c) {
   switch (c.workload) {
     case Workload::kAbort:
@@ -194,7 +208,8 @@ std::vector<std::string> WorkloadFlags(const Case& c) {
 std::vector<Expect> Expectations(Workload w) {
   std::vector<Expect> out = {{1, kSeed1, May::kStayCommitted}, {2, kSeed2, May::kStayCommitted}};
   if (w == Workload::kDelete || w == Workload::kRecovery) out[1].may = May::kBeDeleted;
-  if (w == Workload::kSave || w == Workload::kAbort || w == Workload::kRecovery) {
+  if (w == Workload::kSave || w == Workload::kAbort || w == Workload::kRecovery ||
+      w == Workload::kUpload) {
     out.push_back({kNewStep, kSeed3, May::kBeInFlight});
   }
   if (w == Workload::kReshard || w == Workload::kReshardAbort || w == Workload::kRecovery) {
@@ -278,8 +293,10 @@ int RunCase(const std::string& base_state, const Case& c, std::vector<std::strin
   const std::string state = dir.path() + "/state";
   CopyTree(base_state + "/index", state + "/index");
   CopyTree(base_state + "/data", state + "/data");
-  Daemon d(DaemonConfig{
-      .state_dir = state, .staging_bytes_max = 16ull << 20, .extra_flags = WorkloadFlags(c)});
+  std::vector<std::string> flags = WorkloadFlags(c);
+  const std::vector<std::string> remote = RemoteTierFlags(c, dir.path());
+  flags.insert(flags.end(), remote.begin(), remote.end());
+  Daemon d(DaemonConfig{.state_dir = state, .staging_bytes_max = 16ull << 20, .extra_flags = flags});
   RunWorkload(d, c);
   const int rc = d.WaitExit(30000);
   if (rc < 0 || d.Log().find(CrashLine(c)) == std::string::npos) {
@@ -288,7 +305,9 @@ int RunCase(const std::string& base_state, const Case& c, std::vector<std::strin
     d.Kill9();
     return 0;
   }
-  d.Restart({"--stage_timeout_ms=10000"});
+  std::vector<std::string> restart = {"--stage_timeout_ms=10000"};
+  restart.insert(restart.end(), remote.begin(), remote.end());
+  d.Restart(restart);
   int checked = 0;
   for (const Expect& e : Expectations(c.workload)) {
     std::string wrong = Check(d, e, outcomes);

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,13 +70,18 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def start_daemon(staging_bytes: int = STAGING_BYTES) -> Daemon:
+def start_daemon(staging_bytes: int = STAGING_BYTES, flags: Sequence[str] = ()) -> Daemon:
     state_dir = tempfile.mkdtemp(prefix="ckpy", dir="/tmp")
     sock = os.path.join(state_dir, "ckptd.sock")
     log = os.path.join(state_dir, "ckptd.log")
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [daemon_binary(), f"--state_dir={state_dir}", f"--staging_bytes_max={staging_bytes}"],
+            [
+                daemon_binary(),
+                f"--state_dir={state_dir}",
+                f"--staging_bytes_max={staging_bytes}",
+                *flags,
+            ],
             stdout=out,
             stderr=subprocess.STDOUT,
             preexec_fn=_die_with_parent,

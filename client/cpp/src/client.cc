@@ -69,7 +69,9 @@ absl::StatusOr<CheckpointInfo> Client::Wait(const std::string& job, uint64_t ste
   v1::WaitRequest req;
   req.set_job(job);
   req.set_step(step);
-  req.set_until(until == WaitFor::kAllStaged ? v1::WAIT_FOR_ALL_STAGED : v1::WAIT_FOR_COMMITTED);
+  req.set_until(until == WaitFor::kAllStaged ? v1::WAIT_FOR_ALL_STAGED
+                : until == WaitFor::kRemote  ? v1::WAIT_FOR_REMOTE
+                                             : v1::WAIT_FOR_COMMITTED);
   req.set_timeout_ms(std::min(timeout_ms, kWaitTimeoutMsMax));
   v1::CheckpointStatus resp;
   int64_t deadline_ms =

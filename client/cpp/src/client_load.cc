@@ -297,6 +297,7 @@ class BatchedLoad {
       }
       result_.step = b.resp.step();
       result_.bytes_read += b.resp.bytes_read();
+      result_.bytes_read_remote += b.resp.bytes_read_remote();
       result_.bytes_needed += b.resp.bytes_needed();
       result_.bytes_needed_aligned += b.resp.bytes_needed_aligned();
     }

@@ -31,9 +31,22 @@ void FillObjectSpec(const std::string& item, bool per_rank, v1::ShardSpec* spec)
   spec->mutable_object()->set_scope(per_rank ? v1::PER_RANK : v1::REPLICATED);
 }
 
-void FillHeader(const Session& session, const std::string& job, uint64_t step, uint32_t rank,
-                uint32_t world_size, v1::SaveRequest* req) {
+v1::TierPolicy ToProto(TierPolicy p) {
+  switch (p) {
+    case TierPolicy::kLocal:
+      return v1::TIER_LOCAL;
+    case TierPolicy::kLocalAndRemote:
+      return v1::TIER_LOCAL_AND_REMOTE;
+    case TierPolicy::kDefault:
+      break;
+  }
+  return v1::TIER_POLICY_DEFAULT;
+}
+
+void FillHeader(const Session& session, TierPolicy policy, const std::string& job, uint64_t step,
+                uint32_t rank, uint32_t world_size, v1::SaveRequest* req) {
   req->set_session_id(session.session_id);
+  req->set_tier_policy(ToProto(policy));
   req->set_job(job);
   req->set_step(step);
   req->set_rank(rank);
@@ -137,7 +150,7 @@ absl::StatusOr<SaveResult> Client::Save(const std::string& job, uint64_t step, u
   absl::StatusOr<Session> session = core_->EnsureSession();
   if (!session.ok()) return session.status();
   v1::SaveRequest req;
-  FillHeader(*session, job, step, rank, world_size, &req);
+  FillHeader(*session, core_->options().tier_policy, job, step, rank, world_size, &req);
   for (const TensorShard& t : tensors) {
     FillTensorSpec(t.item, t.dtype, t.global_shape, t.region, req.add_shards());
   }
@@ -259,7 +272,7 @@ absl::StatusOr<SaveResult> Client::SaveInPlace(const std::string& job, uint64_t 
   absl::StatusOr<Session> session = core_->EnsureSession();
   if (!session.ok()) return session.status();
   v1::SaveRequest req;
-  FillHeader(*session, job, step, rank, world_size, &req);
+  FillHeader(*session, core_->options().tier_policy, job, step, rank, world_size, &req);
   for (const InPlaceTensorShard& t : tensors) {
     FillTensorSpec(t.item, t.dtype, t.global_shape, t.region, req.add_shards());
   }

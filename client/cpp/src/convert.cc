@@ -79,6 +79,31 @@ CheckpointInfo FromProto(const v1::CheckpointSummary& s) {
   info.tiers.staged = s.tiers().staged();
   info.tiers.local = s.tiers().local();
   info.tiers.remote = s.tiers().remote();
+  if (s.tiers().has_upload()) {
+    const v1::Upload& u = s.tiers().upload();
+    UploadProgress& p = info.tiers.upload;
+    switch (u.state()) {
+      case v1::UPLOAD_PENDING:
+        p.state = UploadProgress::kPending;
+        break;
+      case v1::UPLOAD_RUNNING:
+        p.state = UploadProgress::kRunning;
+        break;
+      case v1::UPLOAD_RETRYING:
+        p.state = UploadProgress::kRetrying;
+        break;
+      case v1::UPLOAD_DURABLE:
+        p.state = UploadProgress::kDurable;
+        break;
+      default:
+        p.state = UploadProgress::kNone;
+    }
+    p.bytes_done = u.bytes_done();
+    p.bytes_total = u.bytes_total();
+    p.error = u.error();
+    p.attempts = u.attempts();
+    p.store = u.store();
+  }
   info.created_unix_ms = s.created_unix_ms();
   info.committed_unix_ms = s.committed_unix_ms();
   info.partial = s.partial();

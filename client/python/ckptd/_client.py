@@ -72,6 +72,7 @@ class LoadResult:
     tensors: dict[str, Any] = field(default_factory=dict)
     objects: dict[str, Any] = field(default_factory=dict)
     bytes_read: int = 0  # bytes the daemon read from storage for this load
+    bytes_read_remote: int = 0  # of bytes_read, those read from the remote tier
 
 
 class SaveHandle:
@@ -98,9 +99,7 @@ class SaveHandle:
 
                 def wait() -> dict[str, Any]:
                     self._staged.result()
-                    return self._client.wait(
-                        self.job, self.step, committed=True, timeout_ms=wait_ms
-                    )
+                    return self._client.wait(self.job, self.step, timeout_ms=wait_ms)
 
                 self._committed = self._client._executor.submit(wait)
             return self._committed
@@ -141,7 +140,11 @@ class Client:
         slab_bytes: int = 64 << 20,
         client_name: str = "",
         pin_cuda: bool = False,
+        tier_policy: str = "default",
     ) -> None:
+        # tier_policy: the tiers every checkpoint this client saves is made durable on —
+        # "default" (the daemon's tier_policy), "local", or "local+remote" (committed locally,
+        # then uploaded to the daemon's remote tier; wait(..., until="remote") waits for that).
         path = os.fspath(socket) if socket is not None else os.environ.get("CKPTD_SOCKET", "")
         self.socket = path or DEFAULT_SOCKET
         self.wait_timeout_ms = wait_timeout_ms
@@ -151,6 +154,7 @@ class Client:
             connect_timeout_ms,
             client_name or f"ckptd-py/{os.getpid()}",
             pin_cuda,
+            tier_policy,
         )
         self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ckptd")
         self._slabs = _Slabs(self, slab_bytes)
@@ -304,11 +308,21 @@ class Client:
         return SaveHandle(self, job, step, staged)
 
     def wait(
-        self, job: str, step: int, *, committed: bool = True, timeout_ms: int | None = None
+        self,
+        job: str,
+        step: int,
+        *,
+        committed: bool = True,
+        until: str | None = None,
+        timeout_ms: int | None = None,
     ) -> dict[str, Any]:
-        """Blocks until (job, step) is COMMITTED (or all ranks staged) and returns its status."""
+        """Blocks until (job, step) is COMMITTED and returns its status. `until` "staged" waits
+        only until every rank is staged (as committed=False), "remote" until it is also durable on
+        the daemon's remote tier."""
         ms = self.wait_timeout_ms if timeout_ms is None else timeout_ms
-        return dict(self._native.wait(job, step, committed, ms))
+        if until is None:
+            until = "committed" if committed else "staged"
+        return dict(self._native.wait(job, step, until, ms))
 
     def commit_partial(self, job: str, step: int) -> dict[str, Any]:
         """Commits the ranks staged so far as an intentionally partial checkpoint."""
@@ -364,7 +378,9 @@ class Client:
                     raise NotFoundError(
                         f"job {job} step {resolved}: no tensor items {sorted(missing)}"
                     )
-        result.bytes_read = self.load_into(job, resolved, targets, rank=rank)
+        read = self._load_into(job, resolved, targets, rank=rank)
+        result.bytes_read = int(read["bytes_read"])
+        result.bytes_read_remote = int(read["bytes_read_remote"])
         for name in object_names:
             data = self._native.load_object(job, resolved, rank, name)
             result.objects[name] = data if raw_objects else pickle.loads(data)
@@ -377,12 +393,17 @@ class Client:
         storage. One call of libckptd-client's Load: it batches by its one policy (at most
         load_batch_bytes of arena scratch per Load RPC, two in flight, so the daemon's reads
         overlap the copies out of the arena), copies nothing for ckptd.empty()/stage() memory."""
+        return int(self._load_into(job, step, targets, rank=rank)["bytes_read"])
+
+    def _load_into(
+        self, job: str, step: int, targets: Sequence[tuple[str, Region, Any]], *, rank: int = 0
+    ) -> dict[str, Any]:
         specs = [
             (item, _region_spec(region), _arrays.view(dest), _arrays.nbytes(dest))
             for item, region, dest in targets
         ]
         if not specs:
-            return 0
+            return {"bytes_read": 0, "bytes_read_remote": 0}
         out = self._native.load(job, step, rank, specs)
         for (item, _, _, n), got in zip(specs, out["item_bytes"], strict=True):
             if got != n:
@@ -392,7 +413,7 @@ class Client:
                     f"job {job} step {step} item {item}: the destination has {n} bytes, the "
                     f"checkpoint has {got} for the region asked (dtype or shape mismatch)"
                 )
-        return int(out["bytes_read"])
+        return dict(out)
 
     def load_object(
         self, job: str, step: int | str, item: str, *, rank: int = 0, raw: bool = False

@@ -69,6 +69,13 @@ py::dict InfoDict(const CheckpointInfo& c) {
   d["bytes"] = c.bytes;
   d["tiers"] = py::dict(py::arg("staged") = c.tiers.staged, py::arg("local") = c.tiers.local,
                         py::arg("remote") = c.tiers.remote);
+  if (c.tiers.upload.state != UploadProgress::kNone) {
+    static const char* kStates[] = {"none", "pending", "running", "retrying", "durable"};
+    const UploadProgress& u = c.tiers.upload;
+    d["upload"] = py::dict(py::arg("state") = kStates[u.state], py::arg("bytes_done") = u.bytes_done,
+                           py::arg("bytes_total") = u.bytes_total, py::arg("error") = u.error,
+                           py::arg("attempts") = u.attempts, py::arg("store") = u.store);
+  }
   d["created_unix_ms"] = c.created_unix_ms;
   d["committed_unix_ms"] = c.committed_unix_ms;
   d["partial"] = c.partial;

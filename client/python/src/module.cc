@@ -35,9 +35,17 @@ using ckptd::StridedView;
 class PyClient {
  public:
   PyClient(const std::string& socket_path, int rpc_timeout_ms, int connect_timeout_ms,
-           const std::string& client_name, bool pin_cuda) {
+           const std::string& client_name, bool pin_cuda, const std::string& tier_policy) {
     ClientOptions o;
     o.pin_arena_for_cuda = pin_cuda;
+    if (tier_policy == "local") {
+      o.tier_policy = TierPolicy::kLocal;
+    } else if (tier_policy == "local+remote") {
+      o.tier_policy = TierPolicy::kLocalAndRemote;
+    } else if (!tier_policy.empty() && tier_policy != "default") {
+      throw py::value_error("tier_policy \"" + tier_policy +
+                            "\": expected \"default\", \"local\" or \"local+remote\"");
+    }
     o.socket_path = socket_path;
     o.rpc_timeout_ms = rpc_timeout_ms;
     o.connect_timeout_ms = connect_timeout_ms;
@@ -148,6 +156,7 @@ class PyClient {
     }
     LoadResult r = Check(std::move(result));
     return py::dict(py::arg("step") = r.step, py::arg("bytes_read") = r.bytes_read,
+                    py::arg("bytes_read_remote") = r.bytes_read_remote,
                     py::arg("item_bytes") = r.item_bytes);
   }
 
@@ -302,9 +311,9 @@ PYBIND11_MODULE(_ckptd, m) {
       .def_property_readonly("name", &ShmSlab::name);
 
   py::class_<PyClient>(m, "Client")
-      .def(py::init<const std::string&, int, int, const std::string&, bool>(),
+      .def(py::init<const std::string&, int, int, const std::string&, bool, const std::string&>(),
            py::arg("socket_path"), py::arg("rpc_timeout_ms"), py::arg("connect_timeout_ms"),
-           py::arg("client_name"), py::arg("pin_cuda"))
+           py::arg("client_name"), py::arg("pin_cuda"), py::arg("tier_policy"))
       .def("new_slab",
            [](PyClient& c, uint64_t bytes) { return std::make_shared<ShmSlab>(c.client(), bytes); })
       .def("stage", &PyClient::Stage)
@@ -322,9 +331,17 @@ PYBIND11_MODULE(_ckptd, m) {
              return c.InfoCall([&] { return c.client()->GetStatus(job, step); });
            })
       .def("wait",
-           [](PyClient& c, const std::string& job, uint64_t step, bool committed,
+           [](PyClient& c, const std::string& job, uint64_t step, const std::string& until_name,
               uint32_t timeout_ms) {
-             auto until = committed ? ckptd::WaitFor::kCommitted : ckptd::WaitFor::kAllStaged;
+             ckptd::WaitFor until = ckptd::WaitFor::kCommitted;
+             if (until_name == "staged") {
+               until = ckptd::WaitFor::kAllStaged;
+             } else if (until_name == "remote") {
+               until = ckptd::WaitFor::kRemote;
+             } else if (until_name != "committed") {
+               throw py::value_error("until \"" + until_name +
+                                     "\": expected \"staged\", \"committed\" or \"remote\"");
+             }
              return c.InfoCall([&] { return c.client()->Wait(job, step, until, timeout_ms); });
            })
       .def("commit",

@@ -86,5 +86,11 @@ inline absl::Status Annotate(const absl::Status& s, std::string_view context) {
   if (s.ok()) return s;
   return absl::Status(s.code(), absl::StrCat(std::string(context), ": ", s.message()));
 }
+// The same for a StatusOr: its value passes through untouched.
+template <typename T>
+absl::StatusOr<T> Annotate(absl::StatusOr<T> s, std::string_view context) {
+  if (s.ok()) return s;
+  return Annotate(s.status(), context);
+}
 
 }  // namespace ckptd

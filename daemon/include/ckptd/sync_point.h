@@ -61,11 +61,16 @@ inline constexpr std::string_view kSyncPoints[] = {
     "put_atomic.dir_synced",    // the directory is fsync'd: the manifest is durable
     "commit.manifest_durable",  // PutAtomic returned; the index row is not COMMITTED yet
     "commit.indexed",           // the COMMITTED row (and item rows) are synced
+    // Upload to the remote tier (tier/remote_tier.cc): blobs, then the manifest, then the row.
+    "upload.blobs_copied",     // every blob is durable on the store; the manifest is not
+    "upload.manifest_put",     // the manifest is durable on the store; the row is not DURABLE
+    "upload.durable",          // the 'U' row is DURABLE (synced)
     // Abort (save.cc RecordAbort): the ABORTED row first, then the files.
     "abort.recorded",       // the ABORTED row is synced, journal rows gone; files still there
     "abort.files_removed",  // the checkpoint's directory is removed (durably)
     // Delete (catalog.cc RemoveCheckpoint, also run by recovery for a tombstone).
     "delete.tombstone_written",  // the DELETING row is synced
+    "delete.remote_removed",     // the remote copy and its 'U' row are gone (remote tier)
     "delete.manifest_removed",   // the manifest is gone (durably)
     "delete.dir_removed",        // the directory is gone (durably)
     "delete.rows_removed",       // item/rank/blob rows deleted (not synced); the row remains

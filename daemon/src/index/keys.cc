@@ -103,6 +103,12 @@ std::string BlobPrefix(std::string_view job, uint64_t step) {
   return StepScoped(kBlobTag, job, step);
 }
 
+std::string Upload(std::string_view job, uint64_t step) {
+  return StepScoped(kUploadTag, job, step);
+}
+std::string UploadPrefix(std::string_view job) { return JobScoped(kUploadTag, job); }
+std::string AllUploadsPrefix() { return std::string(1, kUploadTag); }
+
 std::string Meta(std::string_view name) {
   std::string key(1, kMetaTag);
   key.append(name);
@@ -120,6 +126,13 @@ absl::StatusOr<std::pair<std::string, uint64_t>> DecodeCheckpoint(std::string_vi
   auto parts = SplitStepScoped("checkpoint", kCheckpointTag, key);
   if (!parts.ok()) return parts.status();
   if (!parts->rest.empty()) return Malformed("checkpoint", key, "trailing bytes");
+  return std::make_pair(std::move(parts->job), parts->step);
+}
+
+absl::StatusOr<std::pair<std::string, uint64_t>> DecodeUpload(std::string_view key) {
+  auto parts = SplitStepScoped("upload", kUploadTag, key);
+  if (!parts.ok()) return parts.status();
+  if (!parts->rest.empty()) return Malformed("upload", key, "trailing bytes");
   return std::make_pair(std::move(parts->job), parts->step);
 }
 

@@ -27,6 +27,11 @@
 //                                                      may have written, recorded before it is
 //                                                      created, so an abort (or recovery)
 //                                                      collects exactly those files.
+//   'U' job \0 be64(step)            UploadRecord      the remote tier's upload of a checkpoint
+//                                                      committed locally: PENDING (in the batch
+//                                                      that records COMMITTED), DURABLE once the
+//                                                      manifest is on the store; restart resumes
+//                                                      the others (tier/remote_tier.h).
 //   'M' name                         (per name)        daemon metadata: schema version, ...
 //
 // Encoding rules, and why:
@@ -66,6 +71,7 @@ inline constexpr char kRankTag = 'R';
 inline constexpr char kItemTag = 'I';
 inline constexpr char kBlobTag = 'B';
 inline constexpr char kMetaTag = 'M';
+inline constexpr char kUploadTag = 'U';
 
 std::string Job(std::string_view job);
 std::string JobPrefix();  // "J"
@@ -78,11 +84,15 @@ std::string Item(std::string_view job, uint64_t step, std::string_view item);
 std::string ItemPrefix(std::string_view job, uint64_t step);
 std::string Blob(std::string_view job, uint64_t step, std::string_view blob);
 std::string BlobPrefix(std::string_view job, uint64_t step);
+std::string Upload(std::string_view job, uint64_t step);
+std::string UploadPrefix(std::string_view job);  // 'U' job '\0'
+std::string AllUploadsPrefix();                  // "U"
 std::string Meta(std::string_view name);
 
 // INVALID_ARGUMENT for keys of another kind or malformed ones.
 absl::StatusOr<std::string> DecodeJob(std::string_view key);
 absl::StatusOr<std::pair<std::string, uint64_t>> DecodeCheckpoint(std::string_view key);
+absl::StatusOr<std::pair<std::string, uint64_t>> DecodeUpload(std::string_view key);
 absl::StatusOr<std::tuple<std::string, uint64_t, uint32_t>> DecodeRank(std::string_view key);
 // The item name (the tail after job and step).
 absl::StatusOr<std::string> DecodeItem(std::string_view key);

@@ -279,6 +279,17 @@ absl::Status CheckpointService::ListCheckpoints(const Caller& caller,
     recs.resize(page);
     resp->set_next_page_token(absl::StrCat(recs.back().summary().step()));
   }
+  std::map<uint64_t, v1::UploadRecord> uploads;
+  if (remote_.enabled()) {
+    CKPTD_ASSIGN_OR_RETURN(uploads, remote_.ReadRows(req.job()));
+  }
+  for (v1::CheckpointRecord& rec : recs) {
+    auto row = uploads.find(rec.summary().step());
+    if (rec.summary().state() == v1::COMMITTED && row != uploads.end()) {
+      remote_.Fill(req.job(), rec.summary().step(), row->second,
+                   rec.mutable_summary()->mutable_tiers());
+    }
+  }
   absl::MutexLock lock(&mu_);
   for (const v1::CheckpointRecord& rec : recs) {
     auto it = pending_.find(Key{req.job(), rec.summary().step()});
@@ -310,8 +321,20 @@ absl::Status CheckpointService::GetStatus(const Caller& caller, const v1::GetSta
   if (rec->summary().state() == v1::COMMITTED) {
     resp->set_bytes_staged(rec->summary().bytes());
     resp->set_bytes_persisted(rec->summary().bytes());
+    FillRemoteTier(resp->mutable_summary());
   }
   return absl::OkStatus();
+}
+
+void CheckpointService::FillRemoteTier(v1::CheckpointSummary* summary) {
+  if (!remote_.enabled() || summary->tier_policy() != v1::TIER_LOCAL_AND_REMOTE) return;
+  absl::StatusOr<std::optional<v1::UploadRecord>> row =
+      remote_.ReadRow(summary->job(), summary->step());
+  if (!row.ok()) {
+    summary->mutable_tiers()->mutable_upload()->set_error(std::string(row.status().message()));
+    return;
+  }
+  remote_.Fill(summary->job(), summary->step(), *row, summary->mutable_tiers());
 }
 
 absl::Status CheckpointService::Inspect(const Caller& caller, const v1::InspectRequest& req,
@@ -452,6 +475,11 @@ absl::Status CheckpointService::RemoveCheckpoint(const std::string& job, uint64_
         Annotate(PutRecordSync(rec), "recording DELETING (the tombstone) in the index"));
     CKPTD_SYNC_POINT("delete.tombstone_written");
   }
+  // The remote copy first (its manifest, then its blobs, then its upload row): a delete is of
+  // every tier, and a store keeping a copy of a deleted checkpoint would resurrect it on the
+  // next daemon that adopts from the store.
+  CKPTD_RETURN_IF_ERROR(remote_.Remove(job, step, dir));
+  CKPTD_SYNC_POINT("delete.remote_removed");
   // The manifest first: should the index be lost, no directory with a manifest is left to adopt.
   CKPTD_RETURN_IF_ERROR(deps_.storage->RemoveAll(absl::StrCat(dir, "/", kManifestFileName)));
   CKPTD_SYNC_POINT("delete.manifest_removed");

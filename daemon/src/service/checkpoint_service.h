@@ -70,6 +70,7 @@
 #include "service/pending_checkpoint.h"
 #include "service/sessions.h"
 #include "tier/flush_scheduler.h"
+#include "tier/remote_tier.h"
 
 namespace ckptd {
 
@@ -80,6 +81,8 @@ struct ServiceDeps {
   StagingArena* arena = nullptr;
   RegionRegistry* regions = nullptr;
   Executor* flush_pool = nullptr;
+  // The remote tier (tier/remote_tier.h); null when the daemon has none.
+  Storage* remote = nullptr;
   // The time of housekeeping decisions (stage timeouts, the flush gate, unattached sessions) and
   // of recorded timestamps; see common/clock.h for what stays on real time. Default: the real
   // clock.
@@ -87,6 +90,14 @@ struct ServiceDeps {
 };
 
 class BlobAppender;  // reshard.cc
+
+// Where a checkpoint recorded COMMITTED is durable: its policy, whether its local copy is there,
+// and whether its remote copy is (adopted from the store) or is to be uploaded (PENDING row).
+struct CommittedTiers {
+  v1::TierPolicy policy = v1::TIER_LOCAL;
+  bool local = true;
+  bool remote_durable = false;
+};
 
 class CheckpointService {
  public:
@@ -174,7 +185,8 @@ class CheckpointService {
   // rewritten, `caller` may write the job (its owner row is read only then) and the open limits.
   // May release mu_ to read the rows (ReadRowLocked, JobOwner).
   absl::StatusOr<PendingCheckpoint*> FindOrOpenLocked(const Caller& caller,
-                                                      const v1::SaveRequest& req)
+                                                      const v1::SaveRequest& req,
+                                                      v1::TierPolicy policy)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // RESOURCE_EXHAUSTED when opening one more checkpoint of `job` would pass
   // kOpenCheckpointsPerJobMax or kOpenCheckpointsMax.
@@ -229,9 +241,21 @@ class CheckpointService {
   void CommitCheckpoint(Key key);
   absl::StatusOr<Manifest> BuildManifestLocked(const PendingCheckpoint& p) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status WriteCommitted(const Manifest& m, const std::string& dir);
-  // Records a durable manifest in the index (COMMITTED row, item rows, journal removed), synced.
-  absl::Status IndexCommitted(const Manifest& m, const std::string& dir);
+  absl::Status WriteCommitted(const Manifest& m, const std::string& dir, v1::TierPolicy policy);
+  // Records a durable manifest in the index (COMMITTED row, item rows, journal removed, the
+  // upload row when the policy has a remote tier), synced.
+  absl::Status IndexCommitted(const Manifest& m, const std::string& dir, CommittedTiers tiers = {});
+  // The tiers to read a COMMITTED checkpoint from, fastest first: local when its row says so,
+  // then the remote tier when its copy there is durable. FAILED_PRECONDITION when none.
+  absl::StatusOr<std::vector<Storage*>> ReadTiers(const v1::CheckpointRecord& rec);
+  // The tier policy a Save asks for, resolved against the daemon's default; FAILED_PRECONDITION
+  // for a remote tier this daemon does not have, UNIMPLEMENTED for TIER_REMOTE.
+  absl::StatusOr<v1::TierPolicy> ResolveTierPolicy(const v1::SaveRequest& req) const;
+  // Fills summary->tiers' remote side from the upload row (read here) and progress.
+  void FillRemoteTier(v1::CheckpointSummary* summary);
+  // Wait(WAIT_FOR_REMOTE) of a COMMITTED checkpoint: RemoteTier::WaitDurable with mu_ released.
+  absl::Status WaitRemoteLocked(const std::string& job, uint64_t step, absl::Time deadline,
+                                v1::CheckpointStatus* resp) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // load.cc
   // The verified manifest of (job, step), from the cache or storage. One that does not verify
@@ -298,6 +322,8 @@ class CheckpointService {
   std::string instance_id_;
   // Every synced index write (committer.h); its own lock, never held across the write.
   Committer committer_;
+  // Uploads of committed checkpoints to the remote tier (its own lock and threads).
+  RemoteTier remote_;
   // The flush gate, flush posting and the blob writes of the local tier (no lock of its own).
   FlushScheduler flush_;
 

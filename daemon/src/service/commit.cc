@@ -109,8 +109,14 @@ absl::StatusOr<Manifest> CheckpointService::BuildManifestLocked(const PendingChe
   return m;
 }
 
-absl::Status CheckpointService::IndexCommitted(const Manifest& m, const std::string& dir) {
+absl::Status CheckpointService::IndexCommitted(const Manifest& m, const std::string& dir,
+                                               CommittedTiers tiers) {
   const v1::ManifestHeader& h = m.header;
+  if (tiers.policy == v1::TIER_LOCAL_AND_REMOTE && !remote_.enabled()) {
+    spdlog::warn("{} was saved with a remote tier, but this daemon has none: local only",
+                 CkptName(h.job(), h.step()));
+    tiers.policy = v1::TIER_LOCAL;
+  }
   v1::CheckpointRecord rec;
   v1::CheckpointSummary* s = rec.mutable_summary();
   s->set_job(h.job());
@@ -118,7 +124,9 @@ absl::Status CheckpointService::IndexCommitted(const Manifest& m, const std::str
   s->set_state(v1::COMMITTED);
   s->set_world_size(h.world_size());
   s->set_bytes(h.total_bytes());
-  s->mutable_tiers()->set_local(true);
+  s->mutable_tiers()->set_local(tiers.local);
+  s->mutable_tiers()->set_remote(tiers.remote_durable);
+  s->set_tier_policy(tiers.policy);
   s->set_created_unix_ms(h.created_unix_ms());
   s->set_committed_unix_ms(h.committed_unix_ms());
   s->set_partial(h.partial());
@@ -145,14 +153,22 @@ absl::Status CheckpointService::IndexCommitted(const Manifest& m, const std::str
   for (const v1::BlobInfo& b : h.blobs()) {
     writes.push_back({keys::Blob(h.job(), h.step(), b.name()), std::nullopt});
   }
+  if (tiers.policy == v1::TIER_LOCAL_AND_REMOTE) {
+    uint64_t bytes_total = 0;
+    for (const v1::BlobInfo& b : h.blobs()) bytes_total += b.size_bytes();
+    writes.push_back(tiers.remote_durable
+                         ? remote_.DurableRow(h.job(), h.step(), dir, bytes_total)
+                         : remote_.PendingRow(h.job(), h.step(), dir, bytes_total));
+  }
   return committer_.Commit(keys::Checkpoint(h.job(), h.step()), std::move(writes));
 }
 
-absl::Status CheckpointService::WriteCommitted(const Manifest& m, const std::string& dir) {
+absl::Status CheckpointService::WriteCommitted(const Manifest& m, const std::string& dir,
+                                               v1::TierPolicy policy) {
   CKPTD_ASSIGN_OR_RETURN(std::string bytes, EncodeManifest(m));
   CKPTD_RETURN_IF_ERROR(deps_.storage->PutAtomic(absl::StrCat(dir, "/", kManifestFileName), bytes));
   CKPTD_SYNC_POINT("commit.manifest_durable");
-  CKPTD_RETURN_IF_ERROR(IndexCommitted(m, dir));
+  CKPTD_RETURN_IF_ERROR(IndexCommitted(m, dir, CommittedTiers{.policy = policy}));
   CKPTD_SYNC_POINT("commit.indexed");
   return absl::OkStatus();
 }
@@ -160,6 +176,7 @@ absl::Status CheckpointService::WriteCommitted(const Manifest& m, const std::str
 void CheckpointService::CommitCheckpoint(Key key) {
   absl::StatusOr<Manifest> m;
   const std::string dir = CheckpointDir(key.first, key.second);
+  v1::TierPolicy policy = v1::TIER_LOCAL;
   {
     absl::MutexLock lock(&mu_);
     PendingCheckpoint& p = *pending_.at(key);
@@ -171,9 +188,10 @@ void CheckpointService::CommitCheckpoint(Key key) {
     // it, and it takes no ranks, flushes or journal writes.
     CKPTD_CHECK(p.committing());
     m = BuildManifestLocked(p);
+    policy = p.tier_policy;
   }
   CKPTD_SYNC_POINT("commit.manifest_built");
-  absl::Status st = m.ok() ? WriteCommitted(*m, dir) : m.status();
+  absl::Status st = m.ok() ? WriteCommitted(*m, dir, policy) : m.status();
   absl::MutexLock lock(&mu_);
   PendingCheckpoint& p = *pending_.at(key);
   if (!st.ok()) {
@@ -184,6 +202,9 @@ void CheckpointService::CommitCheckpoint(Key key) {
                m->items.size(), m->header.total_bytes(), p.ranks.size(),
                p.partial ? ", partial" : "");
   manifest_cache_.Put(key, std::make_shared<const Manifest>(*std::move(m)));
+  if (policy == v1::TIER_LOCAL_AND_REMOTE && remote_.enabled()) {
+    remote_.Track(key.first, key.second, dir);
+  }
   // No journal write can be in flight: a committing checkpoint takes no ranks and no partial
   // commit, and the commit started with none in flight.
   CKPTD_CHECK(p.journals_in_flight == 0);

@@ -10,6 +10,11 @@
 namespace ckptd {
 
 void CheckpointService::Start() {
+  // Uploads the index holds that are not durable yet resume (after recovery, before serving).
+  absl::Status resumed = remote_.Start();
+  if (!resumed.ok()) {
+    spdlog::error("remote tier: the uploads to resume could not be read: {}", resumed.ToString());
+  }
   housekeeper_ = std::thread([this] { Housekeeping(); });
 }
 
@@ -77,6 +82,7 @@ bool CheckpointService::Shutdown(absl::Duration grace, bool* drained_out) {
   }
   if (housekeeper_.joinable()) housekeeper_.join();
   StopReshards();
+  remote_.Stop();
   bool drained = deps_.flush_pool->Drain(grace);
   if (drained_out != nullptr) *drained_out = drained;
   if (drained) deps_.flush_pool->Stop();

@@ -15,11 +15,26 @@ absl::StatusOr<std::shared_ptr<const Manifest>> CheckpointService::GetManifest(
     return cached;
   }
   std::string path = absl::StrCat(CheckpointDir(job, step), "/", kManifestFileName);
-  CKPTD_ASSIGN_OR_RETURN(std::string bytes, deps_.storage->Get(path));
-  absl::StatusOr<Manifest> m = DecodeManifest(bytes, path);
-  if (m.ok() && (m->header.job() != job || m->header.step() != step)) {
-    m = absl::DataLossError(
-        absl::StrCat("manifest ", path, " belongs to ", m->header.job(), "/", m->header.step()));
+  // From the fastest tier that has a manifest that verifies (one a tier lacks, or that does not
+  // verify there, is read from the next).
+  std::vector<Storage*> tiers = {deps_.storage};
+  CKPTD_ASSIGN_OR_RETURN(std::optional<v1::CheckpointRecord> rec, ReadRecord(job, step));
+  if (rec) {
+    CKPTD_ASSIGN_OR_RETURN(tiers, ReadTiers(*rec));
+  }
+  absl::StatusOr<Manifest> m;
+  for (size_t t = 0; t < tiers.size(); ++t) {
+    absl::StatusOr<std::string> bytes = tiers[t]->Get(path);
+    m = bytes.ok() ? DecodeManifest(*bytes, path) : bytes.status();
+    if (m.ok() && (m->header.job() != job || m->header.step() != step)) {
+      m = absl::DataLossError(absl::StrCat("manifest ", path, " belongs to ", m->header.job(), "/",
+                                           m->header.step()));
+    }
+    if (m.ok() || !(absl::IsNotFound(m.status()) || absl::IsDataLoss(m.status()))) break;
+    if (t + 1 < tiers.size()) {
+      spdlog::warn("{}: {} ({}); reading it from {}", CkptName(job, step), tiers[t]->Describe(),
+                   m.status().ToString(), tiers[t + 1]->Describe());
+    }
   }
   if (!m.ok()) {
     // A committed checkpoint whose manifest does not verify is CORRUPT from here on: never
@@ -33,6 +48,25 @@ absl::StatusOr<std::shared_ptr<const Manifest>> CheckpointService::GetManifest(
   auto shared = std::make_shared<const Manifest>(*std::move(m));
   manifest_cache_.Put(Key{job, step}, shared);
   return shared;
+}
+
+absl::StatusOr<std::vector<Storage*>> CheckpointService::ReadTiers(
+    const v1::CheckpointRecord& rec) {
+  std::vector<Storage*> tiers;
+  const v1::CheckpointSummary& s = rec.summary();
+  if (s.tiers().local()) tiers.push_back(deps_.storage);
+  if (remote_.enabled() && s.tier_policy() == v1::TIER_LOCAL_AND_REMOTE) {
+    CKPTD_ASSIGN_OR_RETURN(std::optional<v1::UploadRecord> row, remote_.ReadRow(s.job(), s.step()));
+    if (row && row->upload().state() == v1::UPLOAD_DURABLE) tiers.push_back(remote_.remote());
+  }
+  if (tiers.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        CkptName(s.job(), s.step()), " is on no tier this daemon can read (",
+        s.tiers().remote() ? "its copy is on a remote tier this daemon is not configured with"
+                           : "no local or remote copy",
+        ")"));
+  }
+  return tiers;
 }
 
 absl::Status CheckpointService::Load(const Caller& caller, const v1::LoadRequest& req,
@@ -60,8 +94,9 @@ absl::Status CheckpointService::Load(const Caller& caller, const v1::LoadRequest
         v1::CheckpointState_Name(rec->summary().state()), "; only COMMITTED checkpoints load"));
   }
   CKPTD_ASSIGN_OR_RETURN(std::shared_ptr<const Manifest> m, GetManifest(req.job(), step));
+  CKPTD_ASSIGN_OR_RETURN(std::vector<Storage*> tiers, ReadTiers(*rec));
   resp->set_step(step);
-  return loader_.Load(session, *m, req, resp);
+  return loader_.Load(session, *m, req, tiers, remote_.remote(), resp);
 }
 
 }  // namespace ckptd

@@ -293,8 +293,8 @@ void Loader::ReturnLoadBuffer(AlignedBuffer buf, uint64_t bytes) {
   }
 }
 
-absl::Status Loader::ReadPlan(const Manifest& m, const LoadPlan& plan,
-                              std::span<uint8_t* const> dst, uint64_t* bytes_read) {
+absl::Status Loader::ReadPlanFrom(Storage* storage, const Manifest& m, const LoadPlan& plan,
+                                  std::span<uint8_t* const> dst, uint64_t* bytes_read) {
   if (plan.runs.empty()) return absl::OkStatus();
   uint64_t largest = 0;
   for (const ReadRun& r : plan.runs) largest = std::max(largest, r.length);
@@ -316,7 +316,7 @@ absl::Status Loader::ReadPlan(const Manifest& m, const LoadPlan& plan,
     return absl::OkStatus();
   };
   CKPTD_RETURN_IF_ERROR(allocate(0));
-  BatchReader reader(storage_, m, plan, cap);
+  BatchReader reader(storage, m, plan, cap);
   int cur = 0;
   BatchReader::Batch batch = reader.Read(0, bufs[cur].get());
   while (true) {
@@ -356,8 +356,33 @@ absl::Status Loader::ReadPlan(const Manifest& m, const LoadPlan& plan,
   }
 }
 
+absl::Status Loader::ReadPlan(const Manifest& m, const LoadPlan& plan,
+                              std::span<uint8_t* const> dst, std::span<Storage* const> tiers,
+                              std::span<uint64_t> bytes_read) {
+  Storage* const own[] = {storage_};
+  uint64_t own_bytes = 0;
+  if (tiers.empty()) {
+    tiers = own;
+    bytes_read = std::span<uint64_t>(&own_bytes, 1);
+  }
+  CKPTD_CHECK(bytes_read.size() == tiers.size());
+  const std::string ckpt = absl::StrCat(m.header.job(), "/", m.header.step());
+  absl::Status st;
+  for (size_t t = 0; t < tiers.size(); ++t) {
+    st = ReadPlanFrom(tiers[t], m, plan, dst, &bytes_read[t]);
+    const bool other_tier_may_have_it = absl::IsNotFound(st) || absl::IsDataLoss(st);
+    if (st.ok() || !other_tier_may_have_it || t + 1 == tiers.size()) return st;
+    spdlog::warn("load of {}: {} failed ({}); reading from {} instead", ckpt, tiers[t]->Describe(),
+                 st.ToString(), tiers[t + 1]->Describe());
+  }
+  return st;
+}
+
 absl::Status Loader::Load(const std::string& session, const Manifest& m, const v1::LoadRequest& req,
+                          std::span<Storage* const> tiers, const Storage* remote,
                           v1::LoadResponse* resp) {
+  Storage* const own[] = {storage_};
+  if (tiers.empty()) tiers = own;
   std::vector<MemoryLease> leases;  // held until the copies are done
   std::vector<PlanRequest> requests(req.items_size());
   std::vector<uint8_t*> dst(req.items_size());
@@ -374,9 +399,14 @@ absl::Status Loader::Load(const std::string& session, const Manifest& m, const v
   if (options_->debug_load_delay_ms > 0) {
     absl::SleepFor(absl::Milliseconds(options_->debug_load_delay_ms));
   }
-  uint64_t bytes_read = 0;
-  CKPTD_RETURN_IF_ERROR(ReadPlan(m, *plan, dst, &bytes_read));
-  resp->set_bytes_read(bytes_read);
+  std::vector<uint64_t> bytes_read(tiers.size());
+  CKPTD_RETURN_IF_ERROR(ReadPlan(m, *plan, dst, tiers, bytes_read));
+  uint64_t total = 0;
+  for (size_t t = 0; t < bytes_read.size(); ++t) {
+    total += bytes_read[t];
+    if (t < tiers.size() && tiers[t] == remote) resp->set_bytes_read_remote(bytes_read[t]);
+  }
+  resp->set_bytes_read(total);
   resp->set_bytes_needed(plan->needed_bytes);
   resp->set_bytes_needed_aligned(plan->needed_aligned_bytes);
   return absl::OkStatus();

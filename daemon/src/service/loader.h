@@ -46,16 +46,23 @@ class Loader {
          RegionRegistry* regions);
 
   // Loads req.items() of `m` (verified, COMMITTED) into their destinations in `session`'s
-  // memory; fills resp's items and byte counts (not its step).
+  // memory, reading from `tiers` (fastest first; see ReadPlan); fills resp's items and byte
+  // counts (not its step); bytes read from `remote` go to bytes_read_remote too.
   absl::Status Load(const std::string& session, const Manifest& m, const v1::LoadRequest& req,
-                    v1::LoadResponse* resp) ABSL_LOCKS_EXCLUDED(load_buffers_mu_);
+                    std::span<Storage* const> tiers, const Storage* remote, v1::LoadResponse* resp)
+      ABSL_LOCKS_EXCLUDED(load_buffers_mu_);
   // Plan options for manifests with checksum blocks of `block_bytes`.
   PlanOptions LoadPlanOptions(uint32_t block_bytes) const;
   // Executes a plan of `m`: reads its runs in batches of at most options.load_buffer_bytes (the
   // next batch on a second thread while this one is verified), verifies every block used and
   // copies into dst[request] (each sized plan.request_bytes). Reshard reads through it too.
+  // Reads from tiers[0]; when that fails with NOT_FOUND (a blob missing) or DATA_LOSS (a block
+  // that does not verify, a short blob), logs it and executes the whole plan again from the next
+  // tier (the destinations are overwritten with verified bytes). bytes_read[i] counts what was
+  // read from tiers[i] (sized like tiers). Empty `tiers`: the loader's own storage only.
   absl::Status ReadPlan(const Manifest& m, const LoadPlan& plan, std::span<uint8_t* const> dst,
-                        uint64_t* bytes_read) ABSL_LOCKS_EXCLUDED(load_buffers_mu_);
+                        std::span<Storage* const> tiers, std::span<uint64_t> bytes_read)
+      ABSL_LOCKS_EXCLUDED(load_buffers_mu_);
 
  private:
   // Checks one requested item and its destination; fills the planner's request, the destination
@@ -71,6 +78,10 @@ class Loader {
   // reuse after their first use (touched once, so later loads do not fault them in page by
   // page), at most two per load thread; larger ones are allocated for the one load. Null when
   // memory is exhausted.
+  // ReadPlan from one storage.
+  absl::Status ReadPlanFrom(Storage* storage, const Manifest& m, const LoadPlan& plan,
+                            std::span<uint8_t* const> dst, uint64_t* bytes_read)
+      ABSL_LOCKS_EXCLUDED(load_buffers_mu_);
   AlignedBuffer AcquireLoadBuffer(uint64_t bytes) ABSL_LOCKS_EXCLUDED(load_buffers_mu_);
   void ReturnLoadBuffer(AlignedBuffer buf, uint64_t bytes) ABSL_LOCKS_EXCLUDED(load_buffers_mu_);
 

@@ -100,6 +100,9 @@ class PendingCheckpoint {
   // item '\0' RegionKey → (rank, shard index) of the copy that is stored.
   absl::flat_hash_map<std::string, std::pair<uint32_t, size_t>> stored_copy;
   bool partial = false;  // committed as an intentionally partial set (Commit(partial))
+  // The tiers it is made durable on (resolved: never TIER_POLICY_DEFAULT), fixed by the Save that
+  // opened it and journaled in its summary.
+  v1::TierPolicy tier_policy = v1::TIER_LOCAL;
   std::string error;     // why it was aborted
   int flushes_in_flight = 0;
   // Journal writes in flight with the lifecycle lock released; their rows land in the order

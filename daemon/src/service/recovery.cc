@@ -67,7 +67,10 @@ absl::Status Recovery::Run() {
   CKPTD_SYNC_POINT("recovery.rows_repaired");
   CKPTD_RETURN_IF_ERROR(FinishDeletes());
   CKPTD_SYNC_POINT("recovery.deletes_finished");
-  CKPTD_RETURN_IF_ERROR(AdoptManifests());
+  CKPTD_RETURN_IF_ERROR(AdoptManifests(*svc_.deps_.storage, /*remote=*/false));
+  if (svc_.remote_.enabled()) {
+    CKPTD_RETURN_IF_ERROR(AdoptManifests(*svc_.remote_.remote(), /*remote=*/true));
+  }
   CKPTD_SYNC_POINT("recovery.manifests_adopted");
   CKPTD_RETURN_IF_ERROR(ResumePending());
   CKPTD_SYNC_POINT("recovery.pending_resumed");
@@ -175,16 +178,22 @@ absl::Status Recovery::FinishDeletes() {
   return absl::OkStatus();
 }
 
-absl::Status Recovery::AdoptManifests() {
-  const std::string root = svc_.deps_.storage->Describe();
-  CKPTD_ASSIGN_OR_RETURN(std::vector<std::string> jobs, svc_.deps_.storage->List(""));
+absl::Status Recovery::AdoptManifests(Storage& storage, bool remote) {
+  const std::string root = storage.Describe();
+  absl::StatusOr<std::vector<std::string>> listed = storage.List("");
+  if (remote && !listed.ok()) {
+    Problem(absl::StrCat("the remote tier ", root, " cannot be listed (", listed.status().ToString(),
+                         "); its checkpoints are not adopted until the next start"));
+    return absl::OkStatus();
+  }
+  CKPTD_ASSIGN_OR_RETURN(std::vector<std::string> jobs, std::move(listed));
   for (const std::string& job : jobs) {
     if (absl::Status valid = ValidateJobName(job); !valid.ok()) {
       Problem(
           absl::StrCat(root, "/", job, " is not a job directory (", valid.message(), "); skipped"));
       continue;
     }
-    absl::StatusOr<std::vector<std::string>> steps = svc_.deps_.storage->List(job);
+    absl::StatusOr<std::vector<std::string>> steps = storage.List(job);
     if (!steps.ok()) {
       Problem(absl::StrCat(root, "/", job, " is not a job directory (", steps.status().ToString(),
                            "); skipped"));
@@ -199,7 +208,7 @@ absl::Status Recovery::AdoptManifests() {
       }
       std::string dir = CheckpointDir(job, *step);
       std::string path = absl::StrCat(dir, "/", kManifestFileName);
-      absl::StatusOr<bool> exists = svc_.deps_.storage->Exists(path);
+      absl::StatusOr<bool> exists = storage.Exists(path);
       if (!exists.ok()) {
         Problem(absl::StrCat(root, "/", path, " cannot be checked (", exists.status().ToString(),
                              "); skipped"));
@@ -215,7 +224,9 @@ absl::Status Recovery::AdoptManifests() {
       const v1::CheckpointState state =
           *rec ? (*rec)->summary().state() : v1::CHECKPOINT_STATE_UNSPECIFIED;
       if (state == v1::COMMITTED || state == v1::DELETING) continue;
-      absl::StatusOr<Manifest> m = ReadManifest(*svc_.deps_.storage, job, *step);
+      // From the store only what this node has no row of (a row here is this node's word).
+      if (remote && *rec) continue;
+      absl::StatusOr<Manifest> m = ReadManifest(storage, job, *step);
       if (!m.ok()) {
         if (state != v1::CORRUPT) {
           Problem(absl::StrCat(root, "/", path, " does not verify; ", CkptName(job, *step),
@@ -226,8 +237,10 @@ absl::Status Recovery::AdoptManifests() {
         }
         continue;
       }
-      CKPTD_RETURN_IF_ERROR(svc_.IndexCommitted(*m, dir));
-      spdlog::info("recovery: adopted {} from its manifest{}", CkptName(job, *step),
+      CommittedTiers tiers;
+      if (remote) tiers = {.policy = v1::TIER_LOCAL_AND_REMOTE, .local = false, .remote_durable = true};
+      CKPTD_RETURN_IF_ERROR(svc_.IndexCommitted(*m, dir, tiers));
+      spdlog::info("recovery: adopted {} from its manifest on {}{}", CkptName(job, *step), root,
                    state == v1::CORRUPT ? " (it was CORRUPT; the manifest verifies again)" : "");
     }
   }
@@ -310,6 +323,8 @@ absl::Status Recovery::ResumeOne(const v1::CheckpointRecord& rec,
   p->world_size = s.world_size();
   p->created_unix_ms = s.created_unix_ms();
   p->partial = s.partial();
+  p->tier_policy = s.tier_policy() == v1::TIER_LOCAL_AND_REMOTE ? v1::TIER_LOCAL_AND_REMOTE
+                                                                : v1::TIER_LOCAL;
   // Its owner is its job's: only that uid may add ranks, and the job's row, already written, is
   // not journaled again (with another owner).
   CKPTD_ASSIGN_OR_RETURN(std::optional<uint32_t> owner, svc_.JobOwner(s.job()));
@@ -378,7 +393,8 @@ absl::Status Recovery::CheckCommittedRows() {
         }
         return true;
       }));
-  for (const v1::CheckpointRecord& rec : committed) {
+  for (v1::CheckpointRecord& rec : committed) {
+    if (!rec.summary().tiers().local()) continue;  // on the remote tier only
     std::string path = absl::StrCat(CheckpointDir(rec.summary().job(), rec.summary().step()), "/",
                                     kManifestFileName);
     absl::StatusOr<bool> exists = svc_.deps_.storage->Exists(path);
@@ -387,7 +403,17 @@ absl::Status Recovery::CheckCommittedRows() {
                            exists.status().ToString(), "); left COMMITTED"));
       continue;
     }
-    if (!*exists) AbortRecovered(rec, "recovery: its manifest is missing from storage");
+    if (*exists) continue;
+    // Gone locally: still COMMITTED where the remote tier holds a durable copy.
+    absl::StatusOr<std::vector<Storage*>> tiers = svc_.ReadTiers(rec);
+    if (tiers.ok() && tiers->size() == 2) {
+      rec.mutable_summary()->mutable_tiers()->set_local(false);
+      CKPTD_RETURN_IF_ERROR(svc_.PutRecordSync(rec));
+      Problem(absl::StrCat(svc_.deps_.storage->Describe(), "/", path,
+                           " is missing; the checkpoint stays COMMITTED on the remote tier"));
+      continue;
+    }
+    AbortRecovered(rec, "recovery: its manifest is missing from storage");
   }
   return absl::OkStatus();
 }

@@ -7,6 +7,9 @@
 //   2. FinishDeletes: rows left DELETING (a crashed Delete's tombstone) are deleted to the end;
 //   3. AdoptManifests: every verified manifest whose row is not COMMITTED is indexed COMMITTED (a
 //      crash between the manifest rename and the row, or a directory copied in from elsewhere);
+//      then, with a remote tier, every verified manifest on the store of a checkpoint this node
+//      has no row of is indexed COMMITTED on the remote tier alone (a store that cannot be listed
+//      is a reported problem, not a failed start);
 //   4. ResumePending: STAGING/PERSISTING rows resume from the arena when it is the one they were
 //      staged into (same generation: their extents are restored and their flushes posted), else
 //      they are ABORTED and their files removed; interrupted reshards are ABORTED (their source
@@ -31,6 +34,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "ckptd/storage.h"
 #include "ckptd/v1/index.pb.h"
 
 namespace ckptd {
@@ -49,7 +53,9 @@ class Recovery {
  private:
   absl::Status RepairIndexRows();
   absl::Status FinishDeletes();
-  absl::Status AdoptManifests();
+  // From local storage, then (remote) from the remote tier: there only checkpoints this node has
+  // no row of are adopted, recorded on the remote tier alone (a fresh node restoring a job).
+  absl::Status AdoptManifests(Storage& storage, bool remote);
   absl::Status ResumePending();
   // Rebuilds one journaled checkpoint from its rows and enters it into the lifecycle.
   absl::Status ResumeOne(const v1::CheckpointRecord& rec, const std::vector<v1::RankRecord>& ranks);

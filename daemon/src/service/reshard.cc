@@ -26,6 +26,7 @@ struct CheckpointService::ReshardJob {
   Key target;
   ReshardSpec spec;
   std::shared_ptr<const Manifest> src;
+  std::vector<Storage*> src_tiers;  // where the source is read from (ReadTiers)
   v1::CheckpointRecord rec;  // the target's row (PERSISTING until done)
   uint32_t world_size = 1;
   std::atomic<uint64_t> bytes_done{0};
@@ -132,6 +133,7 @@ absl::Status CheckpointService::Reshard(const Caller& caller, const v1::ReshardR
   job->target = Key{target_job, req.target_step()};
   job->spec = std::move(spec);
   job->src = m;
+  CKPTD_ASSIGN_OR_RETURN(job->src_tiers, ReadTiers(*src));
   for (const v1::ItemEntry& item : m->items) {
     const ReshardRule* rule =
         item.kind() == v1::TENSOR ? MatchRule(job->spec, item.name()) : nullptr;
@@ -245,8 +247,8 @@ absl::Status CheckpointService::CopyShard(ReshardJob& job, const PlanRequest& wh
     CKPTD_ASSIGN_OR_RETURN(LoadPlan plan, PlanLoad(*job.src, std::span(&part, 1), options));
     chunk.resize(plan.request_bytes[0]);
     uint8_t* dst = chunk.data();
-    uint64_t read = 0;
-    CKPTD_RETURN_IF_ERROR(loader_.ReadPlan(*job.src, plan, std::span(&dst, 1), &read));
+    std::vector<uint64_t> read(job.src_tiers.size());
+    CKPTD_RETURN_IF_ERROR(loader_.ReadPlan(*job.src, plan, std::span(&dst, 1), job.src_tiers, read));
     CKPTD_RETURN_IF_ERROR(out.Append(chunk.data(), chunk.size()));
     shard->set_length(shard->length() + chunk.size());
     job.bytes_done += chunk.size();
@@ -329,7 +331,7 @@ void CheckpointService::RunReshard(const std::shared_ptr<ReshardJob>& job) {
   absl::Status st = m.status();
   if (st.ok() && job->cancel.load()) st = absl::CancelledError(job->cancel_reason);
   if (st.ok()) {
-    st = WriteCommitted(*m, CheckpointDir(job->target.first, job->target.second));
+    st = WriteCommitted(*m, CheckpointDir(job->target.first, job->target.second), v1::TIER_LOCAL);
   }
   if (st.ok()) {
     CKPTD_SYNC_POINT("reshard.committed");

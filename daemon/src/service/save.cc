@@ -45,6 +45,7 @@ CheckpointService::CheckpointService(ServiceDeps deps)
     : deps_(deps),
       instance_id_(RandomHexId()),
       committer_(deps.meta),
+      remote_(deps.options, deps.meta, &committer_, deps.storage, deps.remote),
       flush_(deps.options, deps.storage, deps.arena, deps.flush_pool),
       loader_(deps.options, deps.storage, deps.arena, deps.regions),
       sessions_(
@@ -263,6 +264,7 @@ v1::CheckpointSummary CheckpointService::SummaryLocked(const PendingCheckpoint& 
   s.set_partial(p.partial);
   s.set_error(p.error);
   s.set_item_count(p.items.size());
+  s.set_tier_policy(p.tier_policy);
   uint64_t bytes = 0;
   bool staged = false;
   for (const auto& [r, pr] : p.ranks) {
@@ -337,8 +339,34 @@ absl::Status CheckpointService::JournalUnlocked(PendingCheckpoint& p,
   return st;
 }
 
+absl::StatusOr<v1::TierPolicy> CheckpointService::ResolveTierPolicy(
+    const v1::SaveRequest& req) const {
+  v1::TierPolicy policy = req.tier_policy();
+  if (policy == v1::TIER_POLICY_DEFAULT) {
+    policy = deps_.options->tier_policy == "local+remote" ? v1::TIER_LOCAL_AND_REMOTE
+                                                          : v1::TIER_LOCAL;
+  }
+  const std::string what = CkptName(req.job(), req.step());
+  if (!v1::TierPolicy_IsValid(policy)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": tier policy ", static_cast<int>(policy), " is not one this daemon knows"));
+  }
+  if (policy == v1::TIER_REMOTE) {
+    return absl::UnimplementedError(absl::StrCat(
+        what, ": tier policy TIER_REMOTE (straight from the arena to the store) is not built yet; "
+              "use TIER_LOCAL_AND_REMOTE"));
+  }
+  if (policy == v1::TIER_LOCAL_AND_REMOTE && !remote_.enabled()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, ": tier policy TIER_LOCAL_AND_REMOTE, but this daemon has no remote tier "
+              "(start it with --remote_dir)"));
+  }
+  return policy;
+}
+
 absl::StatusOr<PendingCheckpoint*> CheckpointService::FindOrOpenLocked(const Caller& caller,
-                                                                       const v1::SaveRequest& req) {
+                                                                       const v1::SaveRequest& req,
+                                                                       v1::TierPolicy policy) {
   const Key key{req.job(), req.step()};
   const std::string what = CkptName(req.job(), req.step());
   // The job's owner matters only to the Save that opens the checkpoint, so only that one reads
@@ -374,6 +402,7 @@ absl::StatusOr<PendingCheckpoint*> CheckpointService::FindOrOpenLocked(const Cal
     p->world_size = req.world_size();
     p->created_unix_ms = NowMs();
     p->checksum_block_bytes = deps_.options->checksum_block_bytes;
+    p->tier_policy = policy;
     PendingCheckpoint* opened = pending_.emplace(key, std::move(p)).first->second.get();
     KeyChangedLocked(key);
     return opened;
@@ -390,10 +419,11 @@ absl::Status CheckpointService::Save(const Caller& caller, const v1::SaveRequest
   rank.rec.set_rank(req.rank());
   rank.rec.set_arena_generation(deps_.arena->Generation(caller.uid));
   rank.rec.set_blob_name(BlobName(req.rank()));
+  CKPTD_ASSIGN_OR_RETURN(const v1::TierPolicy policy, ResolveTierPolicy(req));
   CKPTD_RETURN_IF_ERROR(ResolveSaveData(session, req, &rank));
 
   absl::MutexLock lock(&mu_);
-  CKPTD_ASSIGN_OR_RETURN(PendingCheckpoint * found, FindOrOpenLocked(caller, req));
+  CKPTD_ASSIGN_OR_RETURN(PendingCheckpoint * found, FindOrOpenLocked(caller, req, policy));
   PendingCheckpoint& p = *found;
   if (p.owner_uid != caller.uid) {
     return absl::PermissionDeniedError(absl::StrCat(what, " is being saved by uid ", p.owner_uid,
@@ -409,6 +439,11 @@ absl::Status CheckpointService::Save(const Caller& caller, const v1::SaveRequest
     return absl::InvalidArgumentError(absl::StrCat(what, ": rank ", req.rank(), " says world_size ",
                                                    req.world_size(), " but earlier ranks said ",
                                                    p.world_size));
+  }
+  if (p.tier_policy != policy) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": rank ", req.rank(), " asks for tier policy ", v1::TierPolicy_Name(policy),
+        " but earlier ranks asked for ", v1::TierPolicy_Name(p.tier_policy)));
   }
   if (p.ranks.contains(req.rank())) {
     return absl::AlreadyExistsError(
@@ -518,7 +553,10 @@ absl::Status CheckpointService::Wait(const Caller& caller, const v1::WaitRequest
       if (rec && rec->summary().state() == v1::ABORTED && !busy) {
         return absl::AbortedError(absl::StrCat(what, " was aborted: ", rec->summary().error()));
       }
-      if (rec && rec->summary().state() == v1::COMMITTED && !busy) return absl::OkStatus();
+      if (rec && rec->summary().state() == v1::COMMITTED && !busy) {
+        if (until != v1::WAIT_FOR_REMOTE) return absl::OkStatus();
+        return WaitRemoteLocked(req.job(), req.step(), deadline, resp);
+      }
     }
     if (changed_.WaitWithDeadline(&mu_, deadline)) break;
   }
@@ -529,6 +567,15 @@ absl::Status CheckpointService::Wait(const Caller& caller, const v1::WaitRequest
   return absl::DeadlineExceededError(absl::StrCat(
       what, " is ", v1::CheckpointState_Name(it->second->api_state()), " after ", req.timeout_ms(),
       " ms", missing.empty() ? "" : absl::StrCat("; ranks missing: ", RanksList(missing))));
+}
+
+absl::Status CheckpointService::WaitRemoteLocked(const std::string& job, uint64_t step,
+                                                 absl::Time deadline, v1::CheckpointStatus* resp) {
+  mu_.Unlock();
+  absl::Status st = remote_.WaitDurable(job, step, deadline);
+  FillRemoteTier(resp->mutable_summary());
+  mu_.Lock();
+  return st;
 }
 
 absl::Status CheckpointService::Commit(const Caller& caller, const v1::CommitRequest& req,

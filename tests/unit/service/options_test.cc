@@ -96,3 +96,47 @@ TEST_CASE("options: debug_crash_at names a crash point, and needs a build with t
 
 }  // namespace
 }  // namespace ckptd
+
+namespace ckptd {
+namespace {
+
+// The tier options (README "Tiers"): a policy with a remote tier needs one; "remote" is refused
+// as not built; the remote dir may not be the local data or state dir; upload limits hold.
+TEST_CASE("options: tier policy and remote tier are validated", "[unit]") {
+  auto ok = ParseOptions({"--state_dir=/tmp/x", "--remote_dir=/mnt/shared",
+                          "--tier_policy=local+remote", "--upload_threads=4"});
+  REQUIRE(ok.ok());
+  CHECK(ok->tier_policy == "local+remote");
+  CHECK(ok->remote_dir == "/mnt/shared");
+  CHECK(ok->upload_threads == 4);
+  auto defaults = ParseOptions({"--state_dir=/tmp/x"});
+  REQUIRE(defaults.ok());
+  CHECK(defaults->tier_policy == "local");
+  CHECK(defaults->remote_dir.empty());
+
+  struct Bad {
+    std::vector<std::string> args;
+    const char* says;
+  };
+  const Bad bad[] = {
+      {{"--tier_policy=local+remote"}, "needs a remote tier (remote_dir)"},
+      {{"--tier_policy=remote", "--remote_dir=/mnt/s"}, "not built yet"},
+      {{"--tier_policy=cloud"}, "expected local or local+remote"},
+      {{"--remote_dir=/tmp/x/data"}, "is the local data or state dir"},
+      {{"--remote_dir=/mnt/s", "--upload_threads=0"}, "upload_threads"},
+      {{"--remote_dir=/mnt/s", "--upload_chunk_bytes=5000"}, "not a multiple of 4096"},
+      {{"--remote_dir=/mnt/s", "--upload_retry_max_ms=10"}, "upload_retry_max_ms"},
+  };
+  for (const Bad& b : bad) {
+    std::vector<std::string> args = {"--state_dir=/tmp/x"};
+    args.insert(args.end(), b.args.begin(), b.args.end());
+    auto o = ParseOptions(args);
+    INFO(b.args.back());
+    REQUIRE_FALSE(o.ok());
+    CHECK(o.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(std::string(o.status().message()).find(b.says) != std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace ckptd

@@ -204,7 +204,25 @@ enum class CheckpointState {
 };
 const char* CheckpointStateName(CheckpointState state);  // "STAGING", ...
 
-enum class WaitFor { kAllStaged, kCommitted };
+// kRemote: COMMITTED and durable on the remote tier (FAILED_PRECONDITION for a checkpoint saved
+// without one).
+enum class WaitFor { kAllStaged, kCommitted, kRemote };
+
+// Which tiers a checkpoint is made durable on (the daemon's tier_policy when kDefault).
+// kLocalAndRemote: COMMITTED on local storage, then uploaded to the daemon's remote tier in the
+// background (FAILED_PRECONDITION from Save when the daemon has none).
+enum class TierPolicy { kDefault, kLocal, kLocalAndRemote };
+
+// The upload of a checkpoint to the remote tier.
+struct UploadProgress {
+  enum State { kNone, kPending, kRunning, kRetrying, kDurable };
+  State state = kNone;
+  uint64_t bytes_done = 0;
+  uint64_t bytes_total = 0;
+  std::string error;  // the last attempt's failure (kRetrying)
+  uint32_t attempts = 0;
+  std::string store;  // e.g. "posix:/mnt/shared/ckpt"
+};
 
 struct SaveResult {
   uint64_t bytes_staged = 0;
@@ -215,6 +233,7 @@ struct Tiers {
   bool staged = false;  // some bytes are in the staging arena
   bool local = false;   // durable on local storage
   bool remote = false;  // durable on the remote store
+  UploadProgress upload;  // kNone unless the checkpoint's policy has a remote tier
 };
 
 struct RankProgress {
@@ -290,6 +309,7 @@ struct InPlaceLoadTarget {
 struct LoadResult {
   uint64_t step = 0;                  // the step loaded (resolves "latest")
   uint64_t bytes_read = 0;            // bytes the daemon read from storage
+  uint64_t bytes_read_remote = 0;     // of bytes_read, those read from the remote tier
   std::vector<uint64_t> item_bytes;   // bytes written per target, in the order given
   uint64_t bytes_needed = 0;          // distinct stored bytes the targets use
   uint64_t bytes_needed_aligned = 0;  // the same with each contiguous range rounded to 4 KiB
@@ -334,6 +354,8 @@ struct ClientOptions {
   // when no CUDA runtime loads or it refuses (no GPU). Costs about 0.1-0.3 s per GiB once per
   // connection (and again after a daemon restart re-maps the arena). Default: false
   bool pin_arena_for_cuda = false;
+  // The tier policy of every checkpoint this client saves. Default: kDefault (the daemon's)
+  TierPolicy tier_policy = TierPolicy::kDefault;
 };
 
 class Client {

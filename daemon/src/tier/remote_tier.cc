@@ -1,0 +1,383 @@
+#include "tier/remote_tier.h"
+
+#include <pthread.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "ckptd/status.h"
+#include "ckptd/sync_point.h"
+#include "common/align.h"
+#include "common/limits.h"
+#include "format/manifest.h"
+#include "format/names.h"
+#include "index/keys.h"
+#include "spdlog/spdlog.h"
+
+namespace ckptd {
+namespace {
+
+// Backoff before attempt n+1 after n failures: 1 s, 2 s, 4 s, ... capped.
+absl::Duration Backoff(uint32_t failures, uint64_t max_ms) {
+  uint64_t ms = 1000;
+  for (uint32_t i = 1; i < failures && ms < max_ms; ++i) ms *= 2;
+  return absl::Milliseconds(std::min(ms, max_ms));
+}
+
+std::string Name(const std::string& job, uint64_t step) { return absl::StrCat(job, "/", step); }
+
+MetaStore::Write RowWrite(const std::string& job, uint64_t step, const std::string& dir,
+                          const v1::Upload& state) {
+  v1::UploadRecord rec;
+  *rec.mutable_upload() = state;
+  rec.mutable_upload()->set_bytes_done(0);  // progress is not kept
+  rec.set_dir(dir);
+  return MetaStore::Write{keys::Upload(job, step), rec.SerializeAsString()};
+}
+
+}  // namespace
+
+RemoteTier::RemoteTier(const DaemonOptions* options, MetaStore* meta, Committer* committer,
+                       Storage* local, Storage* remote)
+    : options_(options), meta_(meta), committer_(committer), local_(local), remote_(remote) {}
+
+RemoteTier::~RemoteTier() { Stop(); }
+
+MetaStore::Write RemoteTier::PendingRow(const std::string& job, uint64_t step,
+                                        const std::string& dir, uint64_t bytes_total) const {
+  v1::Upload u;
+  u.set_state(v1::UPLOAD_PENDING);
+  u.set_bytes_total(bytes_total);
+  u.set_store(remote_ != nullptr ? remote_->Describe() : "");
+  return RowWrite(job, step, dir, u);
+}
+
+MetaStore::Write RemoteTier::DurableRow(const std::string& job, uint64_t step,
+                                        const std::string& dir, uint64_t bytes_total) const {
+  v1::Upload u;
+  u.set_state(v1::UPLOAD_DURABLE);
+  u.set_bytes_total(bytes_total);
+  u.set_store(remote_ != nullptr ? remote_->Describe() : "");
+  return RowWrite(job, step, dir, u);
+}
+
+absl::Status RemoteTier::Start() {
+  if (!enabled()) return absl::OkStatus();
+  CKPTD_RETURN_IF_ERROR(RefillFromIndex());
+  for (uint32_t i = 0; i < options_->upload_threads; ++i) {
+    threads_.emplace_back([this, i] {
+      pthread_setname_np(pthread_self(), absl::StrCat("upload-", i).c_str());
+      ThreadMain();
+    });
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RemoteTier::RefillFromIndex() {
+  std::vector<std::shared_ptr<Upload>> found;
+  {
+    absl::MutexLock lock(&mu_);
+    refill_ = false;
+  }
+  CKPTD_RETURN_IF_ERROR(meta_->Scan(
+      keys::AllUploadsPrefix(), "", 0, [&](std::string_view key, std::string_view value) {
+        absl::StatusOr<std::pair<std::string, uint64_t>> id = keys::DecodeUpload(key);
+        v1::UploadRecord rec;
+        if (!id.ok() || !rec.ParseFromArray(value.data(), static_cast<int>(value.size()))) {
+          spdlog::warn("remote tier: an upload row that does not parse is skipped");
+          return true;
+        }
+        if (rec.upload().state() == v1::UPLOAD_DURABLE) return true;
+        auto u = std::make_shared<Upload>();
+        u->job = id->first;
+        u->step = id->second;
+        u->dir = rec.dir();
+        u->state = rec.upload();
+        u->state.set_state(v1::UPLOAD_PENDING);
+        found.push_back(std::move(u));
+        return found.size() < limits::kUploadsTrackedMax;
+      }));
+  absl::MutexLock lock(&mu_);
+  for (std::shared_ptr<Upload>& u : found) {
+    if (tracked_.size() >= limits::kUploadsTrackedMax) {
+      refill_ = true;
+      break;
+    }
+    Key key{u->job, u->step};
+    if (tracked_.contains(key)) continue;
+    spdlog::info("remote tier: upload of {} to {} queued", Name(u->job, u->step),
+                 remote_->Describe());
+    tracked_.emplace(std::move(key), std::move(u));
+  }
+  if (found.size() >= limits::kUploadsTrackedMax) refill_ = true;
+  changed_.SignalAll();
+  return absl::OkStatus();
+}
+
+void RemoteTier::Track(const std::string& job, uint64_t step, const std::string& dir) {
+  CKPTD_CHECK(enabled());
+  absl::MutexLock lock(&mu_);
+  if (tracked_.size() >= limits::kUploadsTrackedMax) {
+    refill_ = true;  // its PENDING row is durable: taken up when a tracked upload finishes
+    return;
+  }
+  auto u = std::make_shared<Upload>();
+  u->job = job;
+  u->step = step;
+  u->dir = dir;
+  u->state.set_state(v1::UPLOAD_PENDING);
+  u->state.set_store(remote_->Describe());
+  tracked_.emplace(Key{job, step}, std::move(u));
+  changed_.SignalAll();
+}
+
+absl::StatusOr<std::optional<v1::UploadRecord>> RemoteTier::ReadRow(const std::string& job,
+                                                                    uint64_t step) const {
+  CKPTD_ASSIGN_OR_RETURN(std::optional<std::string> value, meta_->Get(keys::Upload(job, step)));
+  if (!value) return std::nullopt;
+  v1::UploadRecord rec;
+  if (!rec.ParseFromString(*value)) {
+    return absl::DataLossError(absl::StrCat("the upload row of ", Name(job, step),
+                                            " in the index does not parse"));
+  }
+  return rec;
+}
+
+absl::StatusOr<std::map<uint64_t, v1::UploadRecord>> RemoteTier::ReadRows(
+    const std::string& job) const {
+  std::map<uint64_t, v1::UploadRecord> rows;
+  CKPTD_RETURN_IF_ERROR(meta_->Scan(
+      keys::UploadPrefix(job), "", 0, [&](std::string_view key, std::string_view value) {
+        absl::StatusOr<std::pair<std::string, uint64_t>> id = keys::DecodeUpload(key);
+        v1::UploadRecord rec;
+        if (id.ok() && id->first == job &&
+            rec.ParseFromArray(value.data(), static_cast<int>(value.size()))) {
+          rows.emplace(id->second, std::move(rec));
+        }
+        return true;
+      }));
+  return rows;
+}
+
+void RemoteTier::Fill(const std::string& job, uint64_t step,
+                      const std::optional<v1::UploadRecord>& row, v1::Tiers* out) const {
+  if (!row) return;
+  *out->mutable_upload() = row->upload();
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = tracked_.find(Key{job, step});
+    if (it != tracked_.end()) {
+      *out->mutable_upload() = it->second->state;
+      out->mutable_upload()->set_bytes_done(it->second->bytes_done.load());
+    }
+  }
+  out->set_remote(out->upload().state() == v1::UPLOAD_DURABLE);
+}
+
+absl::Status RemoteTier::WaitDurable(const std::string& job, uint64_t step, absl::Time deadline) {
+  const std::string name = Name(job, step);
+  while (true) {
+    CKPTD_ASSIGN_OR_RETURN(std::optional<v1::UploadRecord> row, ReadRow(job, step));
+    if (!row) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint ", name, " has no remote copy or upload (its tier policy is local)"));
+    }
+    if (row->upload().state() == v1::UPLOAD_DURABLE) return absl::OkStatus();
+    absl::MutexLock lock(&mu_);
+    auto it = tracked_.find(Key{job, step});
+    if (absl::Now() >= deadline) {
+      v1::Upload s = it != tracked_.end() ? it->second->state : row->upload();
+      uint64_t done = it != tracked_.end() ? it->second->bytes_done.load() : 0;
+      return absl::DeadlineExceededError(absl::StrCat(
+          "checkpoint ", name, " is not durable on ", s.store(), " yet: upload ",
+          v1::UploadState_Name(s.state()), ", ", done, " of ", s.bytes_total(), " bytes",
+          s.error().empty() ? "" : absl::StrCat(", last attempt failed: ", s.error())));
+    }
+    // Wakes when an upload finishes; re-reads the row at least every 100 ms (an upload the
+    // tracked set could not take yet is not signalled).
+    changed_.WaitWithDeadline(&mu_, std::min(deadline, absl::Now() + absl::Milliseconds(100)));
+  }
+}
+
+absl::Status RemoteTier::Remove(const std::string& job, uint64_t step, const std::string& dir) {
+  if (!enabled()) return absl::OkStatus();
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = tracked_.find(Key{job, step});
+    if (it != tracked_.end()) {
+      std::shared_ptr<Upload> u = it->second;
+      u->cancel = true;
+      while (u->running) changed_.Wait(&mu_);
+      tracked_.erase(Key{job, step});
+    }
+  }
+  // The manifest first: a store left with blobs and no manifest shows nothing to load.
+  CKPTD_RETURN_IF_ERROR(Annotate(remote_->RemoveAll(absl::StrCat(dir, "/", kManifestFileName)),
+                                 absl::StrCat("removing the remote copy of ", Name(job, step))));
+  CKPTD_RETURN_IF_ERROR(Annotate(remote_->RemoveAll(dir),
+                                 absl::StrCat("removing the remote copy of ", Name(job, step))));
+  std::vector<MetaStore::Write> row{{keys::Upload(job, step), std::nullopt}};
+  return committer_->Commit(keys::Checkpoint(job, step), std::move(row));
+}
+
+void RemoteTier::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    changed_.SignalAll();
+  }
+  stop_ = true;
+  for (std::thread& t : threads_) t.join();
+  threads_.clear();
+}
+
+uint64_t RemoteTier::durable_count() const {
+  absl::MutexLock lock(&mu_);
+  return durable_count_;
+}
+
+std::shared_ptr<RemoteTier::Upload> RemoteTier::NextLocked(absl::Time now, absl::Time* wake) {
+  std::shared_ptr<Upload> best;
+  *wake = absl::InfiniteFuture();
+  for (auto& [key, u] : tracked_) {
+    if (u->running || u->cancel) continue;
+    if (u->next_attempt > now) {
+      *wake = std::min(*wake, u->next_attempt);
+      continue;
+    }
+    if (best == nullptr || u->next_attempt < best->next_attempt) best = u;
+  }
+  return best;
+}
+
+void RemoteTier::ThreadMain() {
+  absl::MutexLock lock(&mu_);
+  while (!stopping_) {
+    if (refill_) {
+      mu_.Unlock();
+      absl::Status st = RefillFromIndex();
+      mu_.Lock();
+      if (!st.ok()) spdlog::warn("remote tier: reading the uploads to resume: {}", st.ToString());
+    }
+    absl::Time wake;
+    std::shared_ptr<Upload> u = NextLocked(absl::Now(), &wake);
+    if (u == nullptr) {
+      changed_.WaitWithDeadline(&mu_, wake);
+      continue;
+    }
+    u->running = true;
+    u->state.set_state(v1::UPLOAD_RUNNING);
+    u->bytes_done = 0;
+    mu_.Unlock();
+    absl::Status st = Attempt(*u);
+    mu_.Lock();
+    Finished(u, st);
+  }
+}
+
+void RemoteTier::Finished(const std::shared_ptr<Upload>& u, const absl::Status& st) {
+  u->running = false;
+  changed_.SignalAll();
+  const std::string name = Name(u->job, u->step);
+  if (u->cancel) return;  // Remove erases it
+  if (absl::IsCancelled(st) && !stop_) {  // its checkpoint was deleted: nothing to upload
+    tracked_.erase(Key{u->job, u->step});
+    return;
+  }
+  if (st.ok()) {
+    spdlog::info("remote tier: {} is durable on {} ({} bytes, {} failed attempts before)", name,
+                 remote_->Describe(), u->state.bytes_total(), u->state.attempts());
+    tracked_.erase(Key{u->job, u->step});
+    ++durable_count_;
+    refill_ = refill_ || tracked_.size() + 1 >= limits::kUploadsTrackedMax;
+    return;
+  }
+  if (stop_) return;  // abandoned by Stop: the row stays, the next start redoes it
+  u->state.set_attempts(u->state.attempts() + 1);
+  u->state.set_error(std::string(st.message()));
+  u->state.set_state(v1::UPLOAD_RETRYING);
+  const absl::Duration wait = Backoff(u->state.attempts(), options_->upload_retry_max_ms);
+  u->next_attempt = absl::Now() + wait;
+  spdlog::warn("remote tier: upload of {} to {} failed (attempt {}), retrying in {}: {}", name,
+               remote_->Describe(), u->state.attempts(), absl::FormatDuration(wait),
+               st.ToString());
+}
+
+absl::Status RemoteTier::WriteRow(const Upload& u, const v1::Upload& state) {
+  std::vector<MetaStore::Write> row{RowWrite(u.job, u.step, u.dir, state)};
+  return committer_->Commit(keys::Checkpoint(u.job, u.step), std::move(row));
+}
+
+absl::Status RemoteTier::Attempt(Upload& u) {
+  const std::string name = Name(u.job, u.step);
+  const std::string manifest_path = absl::StrCat(u.dir, "/", kManifestFileName);
+  absl::StatusOr<std::string> read = local_->Get(manifest_path);
+  if (absl::IsNotFound(read.status())) {
+    // Deleted meanwhile (its row taken up from the index just before the delete removed it)?
+    CKPTD_ASSIGN_OR_RETURN(std::optional<v1::UploadRecord> row, ReadRow(u.job, u.step));
+    if (!row) return absl::CancelledError(absl::StrCat(name, " was deleted"));
+  }
+  CKPTD_ASSIGN_OR_RETURN(
+      std::string manifest,
+      Annotate(std::move(read), absl::StrCat("reading the local manifest of ", name)));
+  CKPTD_ASSIGN_OR_RETURN(Manifest m, DecodeManifest(manifest, manifest_path));
+  uint64_t total = manifest.size();
+  for (const v1::BlobInfo& b : m.header.blobs()) total += b.size_bytes();
+  {
+    absl::MutexLock lock(&mu_);
+    u.state.set_bytes_total(total);
+  }
+  for (const v1::BlobInfo& b : m.header.blobs()) {
+    CKPTD_RETURN_IF_ERROR(CopyBlob(u, absl::StrCat(u.dir, "/", b.name()), b.size_bytes()));
+  }
+  CKPTD_SYNC_POINT("upload.blobs_copied");
+  if (u.cancel || stop_) return absl::CancelledError(absl::StrCat("upload of ", name, " stopped"));
+  CKPTD_RETURN_IF_ERROR(Annotate(remote_->PutAtomic(manifest_path, manifest),
+                                 absl::StrCat("writing the manifest of ", name, " to ",
+                                              remote_->Describe())));
+  u.bytes_done += manifest.size();
+  CKPTD_SYNC_POINT("upload.manifest_put");
+  v1::Upload durable;
+  {
+    absl::MutexLock lock(&mu_);
+    durable = u.state;
+  }
+  durable.set_state(v1::UPLOAD_DURABLE);
+  durable.clear_error();
+  CKPTD_RETURN_IF_ERROR(WriteRow(u, durable));
+  CKPTD_SYNC_POINT("upload.durable");
+  return absl::OkStatus();
+}
+
+absl::Status RemoteTier::CopyBlob(Upload& u, const std::string& path, uint64_t manifest_size) {
+  absl::StatusOr<std::unique_ptr<BlobReader>> reader = local_->OpenBlob(path);
+  // A rank whose shards were all replicas (or empty) wrote no blob.
+  if (!reader.ok() && absl::IsNotFound(reader.status()) && manifest_size == 0) {
+    return absl::OkStatus();
+  }
+  CKPTD_RETURN_IF_ERROR(
+      Annotate(reader.status(), absl::StrCat("reading ", path, " from local storage")));
+  const uint64_t size = (*reader)->size_bytes();
+  CKPTD_ASSIGN_OR_RETURN(std::unique_ptr<BlobWriter> writer,
+                         Annotate(remote_->CreateBlob(path),
+                                  absl::StrCat("creating ", path, " on ", remote_->Describe())));
+  const uint64_t chunk = std::min<uint64_t>(options_->upload_chunk_bytes, RoundUp(size, 4096));
+  AlignedBuffer buf = AllocateAligned(std::max<uint64_t>(chunk, 4096));
+  if (buf == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("uploading ", path, ": no memory for a ", chunk, "-byte buffer"));
+  }
+  for (uint64_t off = 0; off < size; off += chunk) {
+    if (u.cancel || stop_) return absl::CancelledError(absl::StrCat("upload of ", path, " stopped"));
+    const uint64_t len = std::min(chunk, size - off);
+    IoSlice slice{buf.get(), len, off};
+    CKPTD_RETURN_IF_ERROR(Annotate((*reader)->Read(std::span<const IoSlice>(&slice, 1)),
+                                   absl::StrCat("reading ", path, " from local storage")));
+    CKPTD_RETURN_IF_ERROR(Annotate(writer->Write(std::span<const IoSlice>(&slice, 1)),
+                                   absl::StrCat("writing ", path, " to ", remote_->Describe())));
+    u.bytes_done += len;
+  }
+  return Annotate(writer->Sync(), absl::StrCat("syncing ", path, " on ", remote_->Describe()));
+}
+
+}  // namespace ckptd

@@ -1,0 +1,144 @@
+// RemoteTier: the tier above local storage (DESIGN.md "Tiers"). A checkpoint saved under the
+// policy TIER_LOCAL_AND_REMOTE commits locally as always; its COMMITTED row is written in one
+// synced batch with a PENDING upload row ('U' key, index/keys.h), and this part then copies it
+// to the remote store in the background: every blob (read from local storage, written to the
+// store, synced), then the manifest last (so the store never shows a manifest whose blobs are not
+// all there), then the row DURABLE (synced). The remote copy keeps the checkpoint's relative
+// directory, so the store is self-contained: any daemon configured with it loads from it.
+//
+// Ownership: borrows options, index, committer and both storages (they outlive it). Owns the
+// tracked uploads (at most limits::kUploadsTrackedMax in memory; the rest stay PENDING in the
+// index and are taken up as tracked ones finish) and its threads ("upload-<i>",
+// options.upload_threads), joined by Stop or the destructor.
+// Lifetimes: an upload lives from its PENDING row until its row is DURABLE or Remove deletes it
+// with the checkpoint. A failed attempt (store down, 5xx, a local read error) is retried after a
+// backoff doubling from 1 s to options.upload_retry_max_ms, forever: the checkpoint stays
+// COMMITTED locally meanwhile, with the last error shown in its status. Stop abandons an attempt
+// between two chunks; its row stays PENDING and the next start copies it again from the start
+// (blobs are rewritten whole; the manifest is written only after every blob).
+// Threads: every public method from any thread. No lock is held across I/O: mu_ guards only the
+// tracked set. The caller's locks (the lifecycle lock) must not be held across WaitDurable or
+// Remove (both wait).
+// Errors: the storages' and the index's; WaitDurable's FAILED_PRECONDITION for a checkpoint with
+// no upload and DEADLINE_EXCEEDED naming the upload's state, progress and last error.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "ckptd/storage.h"
+#include "ckptd/v1/index.pb.h"
+#include "index/meta_store.h"
+#include "options.h"
+#include "service/committer.h"
+
+namespace ckptd {
+
+class RemoteTier {
+ public:
+  // `remote` null: no remote tier (enabled() false; Track is a bug, the reads answer "none").
+  RemoteTier(const DaemonOptions* options, MetaStore* meta, Committer* committer, Storage* local,
+             Storage* remote);
+  ~RemoteTier();
+
+  bool enabled() const { return remote_ != nullptr; }
+  Storage* remote() const { return remote_; }
+
+  // The 'U' row of a new PENDING upload of (job, step), for the caller's COMMITTED batch.
+  MetaStore::Write PendingRow(const std::string& job, uint64_t step, const std::string& dir,
+                              uint64_t bytes_total) const;
+  // The 'U' row of a checkpoint adopted from the store (already there: DURABLE).
+  MetaStore::Write DurableRow(const std::string& job, uint64_t step, const std::string& dir,
+                              uint64_t bytes_total) const;
+
+  // Starts the upload threads and tracks every upload the index holds that is not DURABLE (a
+  // restart resumes them). Once, after recovery.
+  absl::Status Start() ABSL_LOCKS_EXCLUDED(mu_);
+  // Tracks the upload of (job, step) whose PENDING row is durable. Never blocks on I/O.
+  void Track(const std::string& job, uint64_t step, const std::string& dir)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The 'U' row of (job, step), if any; DATA_LOSS when it does not parse.
+  absl::StatusOr<std::optional<v1::UploadRecord>> ReadRow(const std::string& job,
+                                                          uint64_t step) const;
+  // Every 'U' row of `job`, by step (rows that do not parse are skipped).
+  absl::StatusOr<std::map<uint64_t, v1::UploadRecord>> ReadRows(const std::string& job) const;
+  // Fills out->remote and out->upload from `row` and, while it is being copied, its progress.
+  void Fill(const std::string& job, uint64_t step, const std::optional<v1::UploadRecord>& row,
+            v1::Tiers* out) const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Waits until (job, step) is durable on the store (OK) or `deadline` (DEADLINE_EXCEEDED naming
+  // state, progress and last error). FAILED_PRECONDITION when it has no upload.
+  absl::Status WaitDurable(const std::string& job, uint64_t step, absl::Time deadline)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // For Delete (and recovery finishing one): stops the upload of (job, step) if one runs (waits
+  // for its thread to let go), removes the remote copy (the manifest first, then the directory)
+  // and the 'U' row (synced). Idempotent; OK when it has no remote copy or no remote tier.
+  absl::Status Remove(const std::string& job, uint64_t step, const std::string& dir)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Stops the threads; an attempt in flight is abandoned between chunks (its row stays).
+  void Stop() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Uploads made durable since start.
+  uint64_t durable_count() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct Upload {
+    std::string job;
+    uint64_t step = 0;
+    std::string dir;
+    // Guarded by mu_ (the thread running it reads `cancel` through the atomic).
+    v1::Upload state;
+    bool running = false;
+    absl::Time next_attempt = absl::InfinitePast();
+    std::atomic<bool> cancel{false};
+    std::atomic<uint64_t> bytes_done{0};
+  };
+  using Key = std::pair<std::string, uint64_t>;
+
+  void ThreadMain() ABSL_LOCKS_EXCLUDED(mu_);
+  // The runnable upload due first (not running, its backoff over), or null; *wake is when the
+  // next one becomes due.
+  std::shared_ptr<Upload> NextLocked(absl::Time now, absl::Time* wake)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Tracks rows of the index not tracked yet, up to kUploadsTrackedMax.
+  absl::Status RefillFromIndex() ABSL_LOCKS_EXCLUDED(mu_);
+  // One attempt: blobs, the manifest, the DURABLE row.
+  absl::Status Attempt(Upload& u);
+  absl::Status CopyBlob(Upload& u, const std::string& path, uint64_t manifest_size);
+  absl::Status WriteRow(const Upload& u, const v1::Upload& state);
+  // After an attempt: forget it (durable or cancelled) or schedule its retry.
+  void Finished(const std::shared_ptr<Upload>& u, const absl::Status& st)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const DaemonOptions* const options_;
+  MetaStore* const meta_;
+  Committer* const committer_;
+  Storage* const local_;
+  Storage* const remote_;
+
+  mutable absl::Mutex mu_;
+  absl::CondVar changed_;  // an upload became runnable, finished, or let go; stopping
+  std::map<Key, std::shared_ptr<Upload>> tracked_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool refill_ ABSL_GUARDED_BY(mu_) = false;  // the index may hold rows not tracked
+  uint64_t durable_count_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<bool> stop_{false};
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace ckptd

@@ -1,0 +1,252 @@
+// The remote tier (issue 11 part 2) against real daemons: the posix plugin on a directory standing
+// for a shared file system (each test's own temp dir). A checkpoint saved with local+remote
+// commits locally, then uploads in the background (blobs, then the manifest, then the index row);
+// Wait(kRemote) waits for that; status and ckptctl show the tier; a daemon with an empty state dir
+// adopts what the store holds and loads it in another layout; a local blob missing or corrupt is
+// read from the remote tier instead; a failed upload is retried until it succeeds; a restart
+// resumes an interrupted upload; delete removes both copies.
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "ckptd/sync_point.h"
+#include "harness.h"
+#include "testclient/rank_io.h"
+
+using namespace ckptd_it;
+
+namespace {
+
+constexpr char kJob[] = "remote-job";
+
+std::vector<std::string> RemoteFlags(const std::string& remote, const std::string& policy) {
+  return {"--remote_dir=" + remote, "--tier_policy=" + policy, "--upload_retry_max_ms=1000"};
+}
+
+// Saves the 4 ranks of (kJob, step) with `policy` and waits until COMMITTED.
+void SaveWith(const Daemon& d, uint64_t step, uint64_t seed, ckptd::TierPolicy policy) {
+  ckptd::ClientOptions o;
+  o.socket_path = d.socket();
+  o.tier_policy = policy;
+  auto client = ckptd::Client::Connect(o);
+  REQUIRE(client.ok());
+  for (uint32_t r = 0; r < 4; ++r) {
+    auto saved = SaveRank(**client, kJob, step, r, 4, seed);
+    REQUIRE(saved.ok());
+  }
+  REQUIRE((*client)->WaitCommitted(kJob, step, 30000).ok());
+}
+
+std::string StepPath(const std::string& root, uint64_t step) {
+  return root + "/" + kJob + "/" + StepDir(step);
+}
+
+// Loads one item whole from `d`; the result (bytes read, of them from the remote tier).
+ckptd::LoadResult LoadItem(const Daemon& d, uint64_t step, const std::string& item,
+                           std::vector<uint8_t>* out) {
+  const TensorItem* t = nullptr;
+  for (const TensorItem& x : StateDict()) {
+    if (x.name == item) t = &x;
+  }
+  REQUIRE(t != nullptr);
+  out->assign(ElementCount(t->shape) * ckptd::DTypeSize(t->dtype), 0);
+  auto client = d.Connect();
+  std::vector<ckptd::LoadTarget> targets = {
+      {item, ckptd::Region::Whole(), out->data(), out->size()}};
+  auto r = client->Load(kJob, step, 0, targets);
+  INFO(r.status().ToString() << "\nlog:\n" << d.Log());
+  REQUIRE(r.ok());
+  return *r;
+}
+
+}  // namespace
+
+TEST_CASE("remote tier: local+remote uploads after commit; a fresh node loads from the store",
+          "[integration][remote]") {
+  TempDir shared;
+  const std::string remote = shared.path() + "/store";
+  std::filesystem::create_directories(remote);
+  Daemon a(DaemonConfig{.extra_flags = RemoteFlags(remote, "local")});
+  SaveWith(a, 1, 11, ckptd::TierPolicy::kLocalAndRemote);
+  SaveWith(a, 2, 12, ckptd::TierPolicy::kLocal);
+
+  auto client = a.Connect();
+  auto durable = client->Wait(kJob, 1, ckptd::WaitFor::kRemote, 30000);
+  INFO(durable.status().ToString() << "\nlog:\n" << a.Log());
+  REQUIRE(durable.ok());
+  CHECK(durable->tiers.local);
+  CHECK(durable->tiers.remote);
+  CHECK(durable->tiers.upload.state == ckptd::UploadProgress::kDurable);
+  CHECK(durable->tiers.upload.store == "posix:" + remote);
+  CHECK(PathExists(StepPath(remote, 1) + "/manifest.ckm"));
+  // A checkpoint saved local only has no upload: Wait(kRemote) says so.
+  auto local_only = client->Wait(kJob, 2, ckptd::WaitFor::kRemote, 1000);
+  CHECK(local_only.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(!PathExists(StepPath(remote, 2)));
+  CommandResult ls = RunCtl(a, {"ls", kJob});
+  INFO(ls.output);
+  CHECK(ls.output.find("local, remote") != std::string::npos);
+  CommandResult wait = RunCtl(a, {"wait", kJob, "1", "--until", "remote"});
+  CHECK(wait.exit_code == 0);
+
+  // A fresh daemon (empty state dir: a new node) configured with the store adopts step 1 from it
+  // and loads it whole (another layout than the 4 row shards it was saved as), bit-exact, every
+  // byte read from the remote tier.
+  Daemon b(DaemonConfig{.extra_flags = RemoteFlags(remote, "local")});
+  auto bc = b.Connect();
+  auto latest = bc->Latest(kJob);
+  INFO(b.Log());
+  REQUIRE(latest.ok());
+  CHECK(*latest == 1);
+  auto st = bc->GetStatus(kJob, 1);
+  REQUIRE(st.ok());
+  CHECK(!st->tiers.local);
+  CHECK(st->tiers.remote);
+  CHECK(VerifyInProcess(b, kJob, 1, 11) == "");
+  std::vector<uint8_t> got;
+  ckptd::LoadResult r = LoadItem(b, 1, StateDict().front().name, &got);
+  CHECK(r.bytes_read > 0);
+  CHECK(r.bytes_read_remote == r.bytes_read);
+  CHECK(got == GlobalBytes(StateDict().front(), 11));
+
+  // Deleting on the node that uploaded it removes both copies; the fresh node's index still
+  // lists it until it is deleted there too (no daemon talks to another), but its load then
+  // finds no manifest on any tier.
+  CHECK(RunCtl(a, {"rm", kJob, "1"}).exit_code == 0);
+  CHECK(!PathExists(StepPath(remote, 1)));
+  CHECK(!PathExists(StepPath(a.data_dir(), 1)));
+  CHECK(VerifyInProcess(b, kJob, 1, 11) != "");
+}
+
+TEST_CASE("remote tier: a missing or corrupt local blob is read from the remote tier",
+          "[integration][remote]") {
+  TempDir shared;
+  const std::string remote = shared.path() + "/store";
+  std::filesystem::create_directories(remote);
+  Daemon d(DaemonConfig{.extra_flags = RemoteFlags(remote, "local+remote")});
+  SaveWith(d, 1, 21, ckptd::TierPolicy::kDefault);
+  auto client = d.Connect();
+  REQUIRE(client->Wait(kJob, 1, ckptd::WaitFor::kRemote, 30000).ok());
+  std::vector<uint8_t> got;
+  CHECK(LoadItem(d, 1, StateDict().front().name, &got).bytes_read_remote == 0);
+
+  // Flip bytes of every local blob: the checksums fail locally, the remote copy verifies.
+  for (const auto& e : std::filesystem::directory_iterator(StepPath(d.data_dir(), 1))) {
+    if (e.path().extension() != ".blob") continue;
+    std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
+    char c = 0;
+    f.seekg(0);
+    f.read(&c, 1);
+    c = static_cast<char>(c ^ 0x5A);
+    f.seekp(0);
+    f.write(&c, 1);
+  }
+  ckptd::LoadResult r = LoadItem(d, 1, StateDict().front().name, &got);
+  CHECK(r.bytes_read_remote > 0);
+  CHECK(got == GlobalBytes(StateDict().front(), 21));
+  CHECK(d.Log().find("reading from posix:" + remote) != std::string::npos);
+
+  // A local blob gone altogether: the same.
+  for (const auto& e : std::filesystem::directory_iterator(StepPath(d.data_dir(), 1))) {
+    if (e.path().extension() == ".blob") std::filesystem::remove(e.path());
+  }
+  CHECK(VerifyInProcess(d, kJob, 1, 21) == "");
+}
+
+TEST_CASE("remote tier: a failing store is retried, the error shown, until the upload succeeds",
+          "[integration][remote][fault]") {
+  TempDir shared;
+  const std::string remote = shared.path() + "/store";
+  std::filesystem::create_directories(remote);
+  // A file where the job's directory must go: every upload attempt fails (ENOTDIR / EEXIST).
+  { std::ofstream(remote + "/" + kJob) << "in the way"; }
+  Daemon d(DaemonConfig{.extra_flags = RemoteFlags(remote, "local+remote")});
+  SaveWith(d, 1, 31, ckptd::TierPolicy::kDefault);
+  auto client = d.Connect();
+  // COMMITTED locally all along; the remote side retries and says why.
+  auto first = client->Wait(kJob, 1, ckptd::WaitFor::kRemote, 2500);
+  CHECK(first.status().code() == absl::StatusCode::kDeadlineExceeded);
+  INFO(first.status().ToString());
+  CHECK(first.status().message().find("last attempt failed") != std::string::npos);
+  auto st = client->GetStatus(kJob, 1);
+  REQUIRE(st.ok());
+  CHECK(st->state == ckptd::CheckpointState::kCommitted);
+  CHECK(st->tiers.local);
+  CHECK(!st->tiers.remote);
+  CHECK(st->tiers.upload.state == ckptd::UploadProgress::kRetrying);
+  CHECK(st->tiers.upload.attempts >= 1);
+  CHECK(!st->tiers.upload.error.empty());
+  CommandResult ls = RunCtl(d, {"ls", kJob});
+  INFO(ls.output);
+  CHECK(ls.output.find("remote (retrying") != std::string::npos);
+  CHECK(VerifyInProcess(d, kJob, 1, 31) == "");  // loads meanwhile, from local
+
+  std::filesystem::remove(remote + "/" + kJob);  // the store is back
+  auto durable = client->Wait(kJob, 1, ckptd::WaitFor::kRemote, 30000);
+  INFO(durable.status().ToString() << "\nlog:\n" << d.Log());
+  REQUIRE(durable.ok());
+  CHECK(durable->tiers.remote);
+  CHECK(PathExists(StepPath(remote, 1) + "/manifest.ckm"));
+}
+
+#if CKPTD_TEST_HOOKS
+TEST_CASE("remote tier: a daemon killed mid-upload resumes it at restart",
+          "[integration][remote][crash]") {
+  for (const char* point : {"upload.blobs_copied", "upload.manifest_put", "upload.durable"}) {
+    DYNAMIC_SECTION(point) {
+      TempDir shared;
+      const std::string remote = shared.path() + "/store";
+      std::filesystem::create_directories(remote);
+      std::vector<std::string> flags = RemoteFlags(remote, "local+remote");
+      flags.push_back(std::string("--debug_crash_at=") + point);
+      Daemon d(DaemonConfig{.extra_flags = flags});
+      {
+        auto client = d.Connect();
+        for (uint32_t r = 0; r < 4; ++r) REQUIRE(SaveRank(*client, kJob, 1, r, 4, 41).ok());
+      }
+      REQUIRE(d.WaitExit(30000) >= 0);
+      CHECK(d.Log().find(std::string("crash point ") + point) != std::string::npos);
+      // Before the row is DURABLE the store may hold blobs (and, past manifest_put, a manifest
+      // that verifies: the copy is complete); a restart finishes the upload either way.
+      d.Restart(RemoteFlags(remote, "local+remote"));
+      auto client = d.Connect();
+      auto durable = client->Wait(kJob, 1, ckptd::WaitFor::kRemote, 30000);
+      INFO(durable.status().ToString() << "\nlog:\n" << d.Log());
+      REQUIRE(durable.ok());
+      CHECK(VerifyInProcess(d, kJob, 1, 41) == "");
+      Daemon fresh(DaemonConfig{.extra_flags = RemoteFlags(remote, "local")});
+      CHECK(VerifyInProcess(fresh, kJob, 1, 41) == "");
+    }
+  }
+}
+#endif
+
+TEST_CASE("remote tier: bad configuration and policies are refused with the cause",
+          "[integration][remote]") {
+  TempDir dir;
+  CommandResult no_remote = RunCommand(
+      {CKPTD_BIN, "--state_dir=" + dir.path() + "/s1", "--tier_policy=local+remote"});
+  CHECK(no_remote.exit_code == 2);
+  CHECK(no_remote.output.find("needs a remote tier (remote_dir)") != std::string::npos);
+  CommandResult remote_only = RunCommand(
+      {CKPTD_BIN, "--state_dir=" + dir.path() + "/s2", "--tier_policy=remote"});
+  CHECK(remote_only.exit_code == 2);
+  CHECK(remote_only.output.find("not built yet") != std::string::npos);
+  CommandResult missing = RunCommand({CKPTD_BIN, "--state_dir=" + dir.path() + "/s3",
+                                      "--remote_dir=" + dir.path() + "/nowhere"});
+  CHECK(missing.exit_code != 0);
+  CHECK(missing.output.find("is not a directory") != std::string::npos);
+
+  // A Save asking for a remote tier the daemon does not have.
+  Daemon d;
+  ckptd::ClientOptions o;
+  o.socket_path = d.socket();
+  o.tier_policy = ckptd::TierPolicy::kLocalAndRemote;
+  auto client = ckptd::Client::Connect(o);
+  REQUIRE(client.ok());
+  auto saved = SaveRank(**client, kJob, 1, 0, 1, 51);
+  CHECK(saved.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(saved.status().message().find("no remote tier") != std::string::npos);
+}
