@@ -279,6 +279,7 @@ std::string UnsettledInLs(const Daemon& d) {
   for (std::sregex_iterator it(ls.output.begin(), ls.output.end(), state_re), end; it != end;
        ++it) {
     const std::string s = (*it)[1];
+    if (s.rfind("UPLOAD_", 0) == 0) continue;  // the remote tier's upload state, not a checkpoint's
     if (s != "COMMITTED" && s != "ABORTED") bad += " " + s;
   }
   return bad.empty() ? "" : absl::StrCat("ckptctl ls shows", bad, ":\n", ls.output);

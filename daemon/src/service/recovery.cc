@@ -238,7 +238,13 @@ absl::Status Recovery::AdoptManifests(Storage& storage, bool remote) {
         continue;
       }
       CommittedTiers tiers;
-      if (remote) tiers = {.policy = v1::TIER_LOCAL_AND_REMOTE, .local = false, .remote_durable = true};
+      if (remote) {
+        tiers = {.policy = v1::TIER_LOCAL_AND_REMOTE, .local = false, .remote_durable = true};
+      } else if (*rec && (*rec)->summary().tier_policy() == v1::TIER_LOCAL_AND_REMOTE) {
+        // Its journal row says it was saved local+remote (the manifest does not): its upload is
+        // recorded PENDING with COMMITTED, as the commit it finishes would have.
+        tiers.policy = v1::TIER_LOCAL_AND_REMOTE;
+      }
       CKPTD_RETURN_IF_ERROR(svc_.IndexCommitted(*m, dir, tiers));
       spdlog::info("recovery: adopted {} from its manifest on {}{}", CkptName(job, *step), root,
                    state == v1::CORRUPT ? " (it was CORRUPT; the manifest verifies again)" : "");

@@ -51,7 +51,9 @@ constexpr uint8_t kFill1 = 0x11;
 constexpr uint8_t kFill2 = 0x22;
 constexpr uint8_t kFill3 = 0x33;
 
-enum class Workload { kSave, kAbort, kDelete, kReshard, kReshardAbort, kRecovery };
+// kUpload: step 3 saved with local+remote, the remote tier a directory on the same modelled disk
+// (its unsynced writes are lost too: stricter than a store that keeps power).
+enum class Workload { kSave, kAbort, kDelete, kReshard, kReshardAbort, kRecovery, kUpload };
 
 struct Case {
   const char* point;
@@ -79,6 +81,7 @@ const Case kCases[] = {
     {"abort.recorded", 1, Workload::kAbort},
     {"abort.files_removed", 1, Workload::kAbort},
     {"delete.tombstone_written", 1, Workload::kDelete},
+    {"delete.remote_removed", 1, Workload::kDelete},
     {"delete.manifest_removed", 1, Workload::kDelete},
     {"delete.dir_removed", 1, Workload::kDelete},
     {"delete.rows_removed", 1, Workload::kDelete},
@@ -90,6 +93,9 @@ const Case kCases[] = {
     {"commit.indexed", 1, Workload::kReshard},
     {"reshard.committed", 1, Workload::kReshard},
     {"reshard.abort_files_removed", 1, Workload::kReshardAbort},
+    {"upload.blobs_copied", 1, Workload::kUpload},
+    {"upload.manifest_put", 1, Workload::kUpload},
+    {"upload.durable", 1, Workload::kUpload},
     {"recovery.rows_repaired", 1, Workload::kRecovery},
     {"recovery.deletes_finished", 1, Workload::kRecovery},
     {"recovery.manifests_adopted", 1, Workload::kRecovery},
@@ -138,6 +144,7 @@ struct PowerRig {
   MemoryMetaStore meta;
   std::unique_ptr<FaultIo> io;
   std::unique_ptr<Storage> storage;
+  std::unique_ptr<Storage> remote;  // EnableRemote()
   std::string shm;
   std::unique_ptr<StagingArena> arena;
   std::unique_ptr<RegionRegistry> regions;
@@ -159,6 +166,13 @@ struct PowerRig {
     REQUIRE(io->EnablePowerLoss(dir + "/trash").ok());
     storage = NewPosixStorage(dir + "/data", io.get());
   }
+  // The remote tier, before Start: every checkpoint saved local+remote.
+  void EnableRemote() {
+    std::filesystem::create_directories(dir + "/remote");
+    options.remote_dir = dir + "/remote";
+    options.tier_policy = "local+remote";
+    remote = NewPosixStorage(dir + "/remote", io.get());
+  }
   ~PowerRig() {
     Stop();
     std::filesystem::remove_all(dir);
@@ -170,8 +184,9 @@ struct PowerRig {
     arena = OpenTestArena(shm, 16 << 20);
     regions = std::make_unique<RegionRegistry>();
     pool = std::make_unique<Executor>("flush", 2, 1024);
-    svc = std::make_unique<CheckpointService>(
-        ServiceDeps{&options, &meta, storage.get(), arena.get(), regions.get(), pool.get()});
+    ServiceDeps deps{&options, &meta, storage.get(), arena.get(), regions.get(), pool.get()};
+    deps.remote = remote.get();
+    svc = std::make_unique<CheckpointService>(deps);
     recovered = svc->Recover();
     if (!recovered.ok()) return;
     svc->Start();
@@ -234,10 +249,11 @@ struct PowerRig {
       if (!Save(step, r, fill).ok()) return;
     }
   }
-  absl::Status Wait(uint64_t step) {
+  absl::Status Wait(uint64_t step, v1::WaitFor until = v1::WAIT_FOR_COMMITTED) {
     v1::WaitRequest w;
     w.set_job(kJob);
     w.set_step(step);
+    w.set_until(until);
     w.set_timeout_ms(10000);
     v1::CheckpointStatus st;
     return svc->Wait(caller, w, &st);
@@ -335,6 +351,7 @@ bool RunWorkload(PowerRig& rig, const Case& c) {
   CrashArm arm(c.point, c.nth, rig.io.get(), &rig.meta);
   switch (c.workload) {
     case Workload::kSave:
+    case Workload::kUpload:
       rig.SaveAll(kNewStep, kFill3);
       break;
     case Workload::kAbort:
@@ -372,7 +389,8 @@ struct Expect {
 std::vector<Expect> Expectations(Workload w) {
   std::vector<Expect> out = {{1, kFill1, May::kStayCommitted}, {2, kFill2, May::kStayCommitted}};
   if (w == Workload::kDelete || w == Workload::kRecovery) out[1].may = May::kBeDeleted;
-  if (w == Workload::kSave || w == Workload::kAbort || w == Workload::kRecovery) {
+  if (w == Workload::kSave || w == Workload::kAbort || w == Workload::kRecovery ||
+      w == Workload::kUpload) {
     out.push_back({kNewStep, kFill3, May::kBeInFlight});
   }
   if (w == Workload::kReshard || w == Workload::kReshardAbort || w == Workload::kRecovery) {
@@ -435,6 +453,7 @@ int RunCase(const Case& c, std::vector<std::string>* problems,
     rig.options.debug_reshard_delay_ms = 50;  // still running when the delete crashes
     rig.options.flush_gate_ms = 600000;       // step 3 stays staged, unflushed
   }
+  if (c.workload == Workload::kUpload) rig.EnableRemote();
   rig.Start();
   REQUIRE(rig.recovered.ok());
   rig.SaveAll(1, kFill1);
@@ -455,6 +474,13 @@ int RunCase(const Case& c, std::vector<std::string>* problems,
     ++checked;
     if (std::string wrong = Check(rig, e, outcomes); !wrong.empty()) {
       problems->push_back(absl::StrCat(label, ": ", wrong));
+    }
+  }
+  // An upload the power loss interrupted is resumed by the restart and completes.
+  absl::StatusOr<v1::CheckpointStatus> now = rig.Status(kNewStep);
+  if (c.workload == Workload::kUpload && now.ok() && now->summary().state() == v1::COMMITTED) {
+    if (absl::Status up = rig.Wait(kNewStep, v1::WAIT_FOR_REMOTE); !up.ok()) {
+      problems->push_back(absl::StrCat(label, ": the upload did not complete: ", up.ToString()));
     }
   }
   for (const v1::CheckpointSummary& s : rig.List()) {
