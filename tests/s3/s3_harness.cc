@@ -116,7 +116,6 @@ absl::StatusOr<HttpResult> Request(const std::string& method, const std::string&
   ReadState rs{&body, 0};
   curl_slist* headers = nullptr;
   headers = curl_slist_append(headers, "x-amz-content-sha256: UNSIGNED-PAYLOAD");
-  headers = curl_slist_append(headers, "Expect:");
   CURLcode rc = CURLE_OK;
   auto set = [&](CURLoption o, auto v) {
     if (rc == CURLE_OK) rc = curl_easy_setopt(e, o, v);

@@ -2,8 +2,8 @@
 //   - Every request carries "x-amz-content-sha256: UNSIGNED-PAYLOAD": S3 requires the header,
 //     curl 7.88 does not add it, and signing the payload's hash would mean reading every part
 //     twice. With the header set, curl signs it and uses its value as the payload hash.
-//   - "Expect:" is sent empty: curl otherwise waits for a "100 Continue" before every body over
-//     1 KiB, one round trip per part, or a whole second where a proxy drops the 100.
+//   - curl's own "Expect: 100-continue" on uploads is left alone: removing it with an empty
+//     "Expect:" header makes curl 7.88 sign a header it then does not send (SignatureDoesNotMatch).
 //   - A fresh easy handle per attempt, on a multi handle kept in a pool: the multi handle's
 //     connection cache is what makes connections survive from one call to the next. (curl's
 //     share interface is not used for connections: sharing them between threads is a known
@@ -295,7 +295,7 @@ CURLcode Configure(Transfer& t, const S3Options& o, const S3Credentials& c,
   auto set = [&](CURLoption opt, auto value) {
     if (rc == CURLE_OK) rc = curl_easy_setopt(e, opt, value);
   };
-  std::vector<std::string> lines = {"x-amz-content-sha256: UNSIGNED-PAYLOAD", "Expect:"};
+  std::vector<std::string> lines = {"x-amz-content-sha256: UNSIGNED-PAYLOAD"};
   if (!c.session_token.empty()) lines.push_back("x-amz-security-token: " + c.session_token);
   lines.insert(lines.end(), r.headers.begin(), r.headers.end());
   for (const std::string& line : lines) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <set>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -307,11 +308,26 @@ absl::Status S3Storage::RemoveAll(const std::string& path) {
   CKPTD_RETURN_IF_ERROR(DeleteKeys({key}));
   const std::string under = key + "/";
   std::string token;
+  std::set<std::string> dirs = {under};
   do {
     CKPTD_ASSIGN_OR_RETURN(ListPage page, ListOnce(under, "", s3_limits::kListPageKeys, token));
     CKPTD_RETURN_IF_ERROR(DeleteKeys(page.keys));
+    for (const std::string& k : page.keys) {
+      for (size_t slash = k.find('/', under.size()); slash != std::string::npos;
+           slash = k.find('/', slash + 1)) {
+        dirs.insert(k.substr(0, slash + 1));
+      }
+    }
     token = std::move(page.next_token);
   } while (!token.empty());
+  // Stores backed by a file system (SeaweedFS) keep emptied directories and list them as
+  // common prefixes until "<dir>/" itself is deleted, deepest first; elsewhere these DELETEs
+  // are no-ops.
+  std::vector<std::string> deepest_first(dirs.begin(), dirs.end());
+  std::sort(deepest_first.begin(), deepest_first.end(), [](const auto& a, const auto& b) {
+    return std::count(a.begin(), a.end(), '/') > std::count(b.begin(), b.end(), '/');
+  });
+  for (const std::string& d : deepest_first) CKPTD_RETURN_IF_ERROR(DeleteKeys({d}));
   // Uploads in progress under the path (a writer that died before aborting): their parts are
   // invisible to listings but cost storage.
   std::string marker;
