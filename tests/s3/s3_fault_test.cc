@@ -96,12 +96,11 @@ TEST_CASE("S3 faults: a multipart upload that fails is aborted, no parts left", 
   CHECK(absl::IsFailedPrecondition((*w)->Sync()));
 }
 
-TEST_CASE("S3 faults: a store stopped and restarted is survived by a later call",
-          "[s3][fault]") {
+TEST_CASE("S3 faults: a store stopped and restarted is survived by a later call", "[s3][fault]") {
   CKPTD_REQUIRE_WEED(shared);
   // Its own weed: stopping the shared one would fail the tests running beside this one.
-  const std::string dir = absl::StrCat(std::filesystem::temp_directory_path().string(),
-                                       "/ckptd-s3-restart-", getpid());
+  const std::string dir =
+      absl::StrCat(std::filesystem::temp_directory_path().string(), "/ckptd-s3-restart-", getpid());
   std::filesystem::remove_all(dir);
   auto weed = testing::WeedServer::Start(dir);
   REQUIRE(weed.ok());

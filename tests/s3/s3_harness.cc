@@ -197,14 +197,27 @@ absl::StatusOr<std::unique_ptr<WeedServer>> WeedServer::Start(const std::string&
 
 absl::Status WeedServer::Launch(uint32_t ready_timeout_ms) {
   auto port = [this](Port p) { return std::to_string(ports_[p]); };
-  std::vector<std::string> argv = {
-      weed_, "server", "-dir=" + dir_ + "/data", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-      "-master.port=" + port(kMaster), "-master.port.grpc=" + port(kMasterGrpc),
-      "-volume.port=" + port(kVolume), "-volume.port.grpc=" + port(kVolumeGrpc), "-filer",
-      "-filer.port=" + port(kFiler), "-filer.port.grpc=" + port(kFilerGrpc),
-      "-filer.localSocket=" + dir_ + "/filer.sock", "-s3", "-s3.port=" + port(kS3),
-      "-s3.port.grpc=" + port(kS3Grpc), "-s3.port.iceberg=0", "-s3.port.lance=0",
-      "-s3.config=" + dir_ + "/s3.json", "-master.volumeSizeLimitMB=64", "-volume.max=0"};
+  std::vector<std::string> argv = {weed_,
+                                   "server",
+                                   "-dir=" + dir_ + "/data",
+                                   "-ip=127.0.0.1",
+                                   "-ip.bind=127.0.0.1",
+                                   "-master.port=" + port(kMaster),
+                                   "-master.port.grpc=" + port(kMasterGrpc),
+                                   "-volume.port=" + port(kVolume),
+                                   "-volume.port.grpc=" + port(kVolumeGrpc),
+                                   "-filer",
+                                   "-filer.port=" + port(kFiler),
+                                   "-filer.port.grpc=" + port(kFilerGrpc),
+                                   "-filer.localSocket=" + dir_ + "/filer.sock",
+                                   "-s3",
+                                   "-s3.port=" + port(kS3),
+                                   "-s3.port.grpc=" + port(kS3Grpc),
+                                   "-s3.port.iceberg=0",
+                                   "-s3.port.lance=0",
+                                   "-s3.config=" + dir_ + "/s3.json",
+                                   "-master.volumeSizeLimitMB=64",
+                                   "-volume.max=0"};
   CKPTD_ASSIGN_OR_RETURN(pid_, Spawn(argv, dir_ + "/weed.log"));
   // Ready when the gateway accepts a signed bucket creation (the filer behind it is up too).
   absl::Time deadline = absl::Now() + absl::Milliseconds(ready_timeout_ms);
@@ -220,9 +233,8 @@ absl::Status WeedServer::Launch(uint32_t ready_timeout_ms) {
   }
   KillGroup(pid_, 2000);
   pid_ = -1;
-  return absl::UnavailableError(absl::StrCat("weed not ready after ", ready_timeout_ms,
-                                             " ms (", last.message(), "); see ", dir_,
-                                             "/weed.log"));
+  return absl::UnavailableError(absl::StrCat("weed not ready after ", ready_timeout_ms, " ms (",
+                                             last.message(), "); see ", dir_, "/weed.log"));
 }
 
 absl::StatusOr<std::unique_ptr<WeedServer>> WeedServer::Attach(const std::string& dir) {
@@ -232,7 +244,8 @@ absl::StatusOr<std::unique_ptr<WeedServer>> WeedServer::Attach(const std::string
   if (!(in >> w->endpoint_ >> w->pid_)) {
     return absl::NotFoundError(absl::StrCat("no weed state in ", dir, "/state"));
   }
-  w->ports_[kS3] = static_cast<uint16_t>(std::stoi(w->endpoint_.substr(w->endpoint_.rfind(':') + 1)));
+  w->ports_[kS3] =
+      static_cast<uint16_t>(std::stoi(w->endpoint_.substr(w->endpoint_.rfind(':') + 1)));
   CKPTD_RETURN_IF_ERROR(w->CreateBucket(kWeedBucket));
   return w;
 }
@@ -251,7 +264,7 @@ WeedServer::~WeedServer() {
 
 absl::Status WeedServer::Stop() {
   if (!owned_) return absl::FailedPreconditionError("an attached weed is not ours to stop");
-  KillGroup(pid_, 10'000);
+  KillGroup(pid_, 3000);
   pid_ = -1;
   return absl::OkStatus();
 }
@@ -268,15 +281,15 @@ absl::Status WeedServer::CreateBucket(const std::string& bucket) {
       r.body.find("BucketAlreadyExists") != std::string::npos) {
     return absl::OkStatus();
   }
-  return absl::UnavailableError(absl::StrCat("create bucket ", bucket, ": HTTP ", r.status, " ",
-                                             r.body.substr(0, 200)));
+  return absl::UnavailableError(
+      absl::StrCat("create bucket ", bucket, ": HTTP ", r.status, " ", r.body.substr(0, 200)));
 }
 
 absl::StatusOr<std::vector<std::string>> WeedServer::ListUploads(const std::string& bucket,
                                                                  const std::string& prefix) {
   CKPTD_ASSIGN_OR_RETURN(
-      HttpResult r, SignedRequest("GET", absl::StrCat(endpoint_, "/", bucket, "?prefix=", prefix,
-                                                      "&uploads=")));
+      HttpResult r,
+      SignedRequest("GET", absl::StrCat(endpoint_, "/", bucket, "?prefix=", prefix, "&uploads=")));
   if (r.status != 200) {
     return absl::InternalError(absl::StrCat("ListMultipartUploads: HTTP ", r.status, " ", r.body));
   }
@@ -298,11 +311,10 @@ absl::StatusOr<std::unique_ptr<FaultProxy>> FaultProxy::Start(uint16_t upstream_
   const std::string dir = tmpl;
   const std::string port_file = dir + "/port";
   const char* python = std::getenv("PYTHON");
-  CKPTD_ASSIGN_OR_RETURN(
-      p->pid_, Spawn({python != nullptr && *python != '\0' ? python : "python3",
-                      CKPTD_FAULT_PROXY_PY, "--upstream-port", std::to_string(upstream_port),
-                      "--port-file", port_file},
-                     dir + "/proxy.log"));
+  CKPTD_ASSIGN_OR_RETURN(p->pid_, Spawn({python != nullptr && *python != '\0' ? python : "python3",
+                                         CKPTD_FAULT_PROXY_PY, "--upstream-port",
+                                         std::to_string(upstream_port), "--port-file", port_file},
+                                        dir + "/proxy.log"));
   absl::Time deadline = absl::Now() + absl::Seconds(10);
   while (absl::Now() < deadline) {
     std::ifstream in(port_file);

@@ -52,7 +52,7 @@ class WeedServer {
   // Writes DIR/state for Attach.
   absl::Status WriteState() const;
 
-  // Kills the process group (SIGTERM, then SIGKILL after 10 s) and reaps it. Owned only.
+  // Kills the process group (SIGTERM, then SIGKILL after 3 s) and reaps it. Owned only.
   absl::Status Stop();
   // Starts it again on the same ports and data (after Stop). Owned only.
   absl::Status Restart(uint32_t ready_timeout_ms = 60'000);

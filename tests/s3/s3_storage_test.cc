@@ -2,9 +2,9 @@
 // caller's buffer reused between Writes), ranged reads, the writer's order contract, aborts,
 // PutIfAbsent races, and NewS3Storage's start-up errors.
 #include <atomic>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <cstring>
 #include <random>
 #include <thread>
 #include <vector>
@@ -129,8 +129,8 @@ TEST_CASE("S3 ranged reads of random slices are bit-exact", "[s3]") {
     REQUIRE((*r)->Read(slices).ok());
     for (size_t i = 0; i < slices.size(); ++i) {
       INFO("slice " << i << " offset " << slices[i].offset << " len " << slices[i].len);
-      CHECK(std::memcmp(buf.data() + want[i].first, data.data() + want[i].second,
-                        slices[i].len) == 0);
+      CHECK(std::memcmp(buf.data() + want[i].first, data.data() + want[i].second, slices[i].len) ==
+            0);
     }
   }
   char b[16];
@@ -258,8 +258,8 @@ TEST_CASE("NewS3Storage: wrong credentials, a missing bucket, no store", "[s3]")
   SECTION("Describe names the store, never a credential") {
     S3Options o = TestOptions("");
     auto storage = Open(o);
-    CHECK(storage->Describe() == absl::StrCat("s3:", weed->endpoint(), "/", o.bucket, "/",
-                                              o.prefix));
+    CHECK(storage->Describe() ==
+          absl::StrCat("s3:", weed->endpoint(), "/", o.bucket, "/", o.prefix));
   }
 }
 

@@ -46,8 +46,9 @@ void CheckContract(Storage& s) {
   CHECK(*s.Exists("a/y"));
   CHECK(*s.Exists("a/y/z"));
   CHECK_FALSE(*s.Exists("a/y/q"));
-  CHECK_FALSE(*s.Exists("a/"
-                        "yy"));
+  CHECK_FALSE(
+      *s.Exists("a/"
+                "yy"));
 
   // PutIfAbsent: only the first one, content unchanged.
   REQUIRE(s.PutIfAbsent("a/commit", "first").ok());
@@ -86,8 +87,8 @@ void CheckContract(Storage& s) {
 }
 
 TEST_CASE("storage contract: posix", "[s3][contract]") {
-  std::string root = absl::StrCat(std::filesystem::temp_directory_path().string(),
-                                  "/ckptd-contract-", getpid());
+  std::string root =
+      absl::StrCat(std::filesystem::temp_directory_path().string(), "/ckptd-contract-", getpid());
   std::filesystem::remove_all(root);
   std::filesystem::create_directories(root);
   auto io = NewPosixIo();
