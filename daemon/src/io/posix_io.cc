@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>  // renameat2, RENAME_NOREPLACE
 
 #include "absl/strings/str_cat.h"
 #include "ckptd/status.h"
@@ -193,6 +194,18 @@ absl::Status PosixIo::Rename(const std::string& from, const std::string& to) {
   if (rename(from.c_str(), to.c_str()) != 0) {
     return ErrnoStatus(errno, absl::StrCat("rename ", from, " -> ", to));
   }
+  return absl::OkStatus();
+}
+
+absl::Status PosixIo::RenameNoReplace(const std::string& from, const std::string& to) {
+  const std::string what = absl::StrCat("rename (no replace) ", from, " -> ", to);
+  if (renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), RENAME_NOREPLACE) == 0) {
+    return absl::OkStatus();
+  }
+  // File systems without RENAME_NOREPLACE (EINVAL) still refuse to link over an existing name.
+  if (errno != EINVAL && errno != ENOSYS) return ErrnoStatus(errno, what);
+  if (link(from.c_str(), to.c_str()) != 0) return ErrnoStatus(errno, what);
+  if (unlink(from.c_str()) != 0) return ErrnoStatus(errno, absl::StrCat(what, ": unlink"));
   return absl::OkStatus();
 }
 

@@ -81,6 +81,18 @@ absl::Status MemoryStorage::PutAtomic(const std::string& path, std::string_view 
   return absl::OkStatus();
 }
 
+absl::Status MemoryStorage::PutIfAbsent(const std::string& path, std::string_view data) {
+  CKPTD_RETURN_IF_ERROR(ValidateStoragePath(path, false));
+  absl::MutexLock lock(&mu_);
+  File& f = files_[path];
+  if (f.current) {
+    return absl::AlreadyExistsError(absl::StrCat("memory object ", path, " already exists"));
+  }
+  f.current = std::string(data);
+  f.durable = f.current;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::string> MemoryStorage::Get(const std::string& path) {
   CKPTD_RETURN_IF_ERROR(ValidateStoragePath(path, false));
   absl::MutexLock lock(&mu_);

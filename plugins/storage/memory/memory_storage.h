@@ -33,6 +33,8 @@ class MemoryStorage : public Storage {
   absl::StatusOr<std::unique_ptr<BlobWriter>> CreateBlob(const std::string& path) override;
   absl::StatusOr<std::unique_ptr<BlobReader>> OpenBlob(const std::string& path) override;
   absl::Status PutAtomic(const std::string& path, std::string_view data) override;
+  // Durable when it returns, like PutAtomic; ALREADY_EXISTS while `path` exists now.
+  absl::Status PutIfAbsent(const std::string& path, std::string_view data) override;
   absl::StatusOr<std::string> Get(const std::string& path) override;
   absl::StatusOr<bool> Exists(const std::string& path) override;
   absl::StatusOr<std::vector<std::string>> List(const std::string& dir) override;

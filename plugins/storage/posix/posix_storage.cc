@@ -196,6 +196,28 @@ class PosixStorage : public Storage {
     return absl::OkStatus();
   }
 
+  // The temporary file is complete and synced before it gets the name, and RENAME_NOREPLACE
+  // gives the name to one writer only: a loser's temporary is removed, the winner's content
+  // never torn.
+  absl::Status PutIfAbsent(const std::string& path, std::string_view data) override {
+    CKPTD_ASSIGN_OR_RETURN(std::string full, Full(path, false));
+    std::string parent = ParentOf(full);
+    CKPTD_RETURN_IF_ERROR(io_->MkdirAll(parent));
+    std::string tmp = full + TempSuffix();
+    CKPTD_ASSIGN_OR_RETURN(FileHandle file,
+                           io_->Open(tmp, O_WRONLY | O_CREAT | O_EXCL, 0600, false));
+    absl::Status status = WriteTemp(file, data);
+    if (status.ok()) {
+      status = io_->RenameNoReplace(tmp, full);
+    }
+    if (!status.ok()) {
+      absl::Status removed = io_->Unlink(tmp);
+      if (!removed.ok() && !absl::IsNotFound(removed)) spdlog::warn("{}", removed.ToString());
+      return status;
+    }
+    return io_->FsyncDir(parent);
+  }
+
   absl::StatusOr<std::string> Get(const std::string& path) override {
     CKPTD_ASSIGN_OR_RETURN(std::string full, Full(path, false));
     CKPTD_ASSIGN_OR_RETURN(FileHandle file, io_->Open(full, O_RDONLY, 0, false));

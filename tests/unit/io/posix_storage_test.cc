@@ -288,6 +288,18 @@ TEST_CASE("PosixStorage write and sync failures propagate with the path", "[unit
     io.FailNextFsyncDir(EIO);
     CHECK(absl::IsDataLoss(storage->PutAtomic("j/MANIFEST", "new")));
   }
+  SECTION("PutIfAbsent: once only; a failed one leaves no temporary file") {
+    REQUIRE(storage->PutIfAbsent("j/commit", "first").ok());
+    CHECK(absl::IsAlreadyExists(storage->PutIfAbsent("j/commit", "second")));
+    io.FailNextRename(EIO);  // RenameNoReplace counts as a rename
+    CHECK(absl::IsDataLoss(storage->PutIfAbsent("j/other", "x")));
+    io.FailNextSync(EIO);
+    CHECK(absl::IsDataLoss(storage->PutIfAbsent("j/other", "x")));
+    CHECK(*storage->Get("j/commit") == "first");
+    CHECK(*storage->List("j") == std::vector<std::string>{"commit"});
+    REQUIRE(storage->PutIfAbsent("j/other", "x").ok());
+    CHECK(*storage->Get("j/other") == "x");
+  }
   SECTION("RemoveAll syncs the parent directory, and says so when that fails") {
     REQUIRE(storage->PutAtomic("j/7/manifest", "m").ok());
     io.FailNextFsyncDir(EIO);

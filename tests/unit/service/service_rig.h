@@ -98,6 +98,9 @@ class GatedStorage : public Storage {
   absl::Status PutAtomic(const std::string& p, std::string_view d) override {
     return base_->PutAtomic(p, d);
   }
+  absl::Status PutIfAbsent(const std::string& p, std::string_view d) override {
+    return base_->PutIfAbsent(p, d);
+  }
   absl::StatusOr<std::string> Get(const std::string& p) override { return base_->Get(p); }
   absl::StatusOr<bool> Exists(const std::string& p) override { return base_->Exists(p); }
   absl::StatusOr<std::vector<std::string>> List(const std::string& d) override {

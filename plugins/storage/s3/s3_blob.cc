@@ -1,0 +1,307 @@
+// Multipart writes and ranged reads. The writer keeps at most one part's worth of the caller's
+// bytes (the carry: what did not fill a part by the end of a Write); every full part is sent
+// from the caller's own slices while Write runs, which Client::Run guarantees is over when it
+// returns.
+#include "storage/s3/s3_blob.h"
+
+#include <sstream>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "ckptd/status.h"
+#include "pugixml.hpp"
+#include "spdlog/spdlog.h"
+
+namespace ckptd::s3 {
+namespace {
+
+std::string UploadQuery(const std::string& upload_id) {
+  return QueryParams({{"uploadId", upload_id}});
+}
+
+// The CompleteMultipartUpload document for parts 1..n with their ETags.
+std::string CompleteBody(const std::vector<std::string>& etags) {
+  pugi::xml_document doc;
+  pugi::xml_node root = doc.append_child("CompleteMultipartUpload");
+  for (size_t i = 0; i < etags.size(); ++i) {
+    pugi::xml_node part = root.append_child("Part");
+    part.append_child("PartNumber").text().set(static_cast<unsigned long long>(i + 1));
+    part.append_child("ETag").text().set(etags[i].c_str());
+  }
+  std::ostringstream out;
+  doc.save(out, "", pugi::format_raw);
+  return out.str();
+}
+
+class S3BlobWriter : public BlobWriter {
+ public:
+  S3BlobWriter(Client* client, std::string key) : client_(client), key_(std::move(key)) {}
+
+  ~S3BlobWriter() override {
+    if (state_ == State::kOpen && !upload_id_.empty()) {
+      spdlog::info("S3 blob {} dropped before Sync: aborting its multipart upload", key_);
+      AbortQuietly();
+    }
+  }
+
+  absl::Status Write(std::span<const IoSlice> slices) override {
+    CKPTD_RETURN_IF_ERROR(CheckOpen());
+    absl::Status s = WriteParts(slices);
+    if (!s.ok()) Fail();
+    return s;
+  }
+
+  absl::Status Sync() override {
+    CKPTD_RETURN_IF_ERROR(CheckOpen());
+    absl::Status s = Finish();
+    if (!s.ok()) {
+      Fail();
+      return s;
+    }
+    state_ = State::kSynced;
+    return absl::OkStatus();
+  }
+
+ private:
+  enum class State { kOpen, kSynced, kFailed };
+
+  absl::Status CheckOpen() const {
+    if (state_ == State::kSynced)
+      return absl::FailedPreconditionError("blob writer already synced");
+    if (state_ == State::kFailed) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("S3 blob ", key_, ": the writer failed earlier and was aborted"));
+    }
+    return absl::OkStatus();
+  }
+
+  void Fail() {
+    state_ = State::kFailed;
+    if (!upload_id_.empty()) AbortQuietly();
+    carry_.clear();
+    carry_.shrink_to_fit();
+  }
+
+  void AbortQuietly() {
+    absl::Status s = AbortUpload(client_, key_, upload_id_);
+    if (!s.ok()) spdlog::warn("aborting S3 multipart upload of {}: {}", key_, s.ToString());
+    upload_id_.clear();
+  }
+
+  absl::Status CheckContiguous(std::span<const IoSlice> slices, uint64_t* end) const {
+    *end = next_offset_;
+    for (const IoSlice& s : slices) {
+      if (s.len == 0) continue;
+      if (s.offset != *end) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "S3 blob ", key_, ": write at offset ", s.offset, " but the blob is written up to ",
+            *end, " (writes must cover it contiguously from 0, in increasing offset order)"));
+      }
+      if (s.len > UINT64_MAX - *end) {
+        return absl::InvalidArgumentError(absl::StrCat("S3 blob ", key_, ": slice overflows"));
+      }
+      *end += s.len;
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status WriteParts(std::span<const IoSlice> slices) {
+    uint64_t end = 0;
+    CKPTD_RETURN_IF_ERROR(CheckContiguous(slices, &end));
+    const uint64_t part = client_->options().part_size_bytes;
+    const uint64_t total = carry_.size() + (end - next_offset_);
+    const uint64_t full = total / part;
+    if (etags_.size() + full + 1 > s3_limits::kPartsMax) {
+      return absl::ResourceExhaustedError(absl::StrCat("S3 blob ", key_, ": over ",
+                                                       s3_limits::kPartsMax, " parts of ", part,
+                                                       " bytes (raise part_size_bytes)"));
+    }
+    if (full == 0) {  // everything fits in the carry
+      for (const IoSlice& s : slices) carry_.append(static_cast<const char*>(s.buf), s.len);
+      next_offset_ = end;
+      return absl::OkStatus();
+    }
+    // Cut carry + slices into `full` parts (views) and a tail (views into the slices only).
+    std::vector<std::string_view> views;
+    if (!carry_.empty()) views.emplace_back(carry_);
+    for (const IoSlice& s : slices) {
+      if (s.len > 0) views.emplace_back(static_cast<const char*>(s.buf), s.len);
+    }
+    std::vector<Request> reqs(full);
+    size_t v = 0;
+    uint64_t used = 0;  // of views[v]
+    for (Request& r : reqs) {
+      uint64_t need = part;
+      while (need > 0) {
+        uint64_t take = std::min<uint64_t>(need, views[v].size() - used);
+        r.body.push_back(views[v].substr(used, take));
+        need -= take;
+        used += take;
+        if (used == views[v].size()) {
+          ++v;
+          used = 0;
+        }
+      }
+    }
+    CKPTD_RETURN_IF_ERROR(SendParts(reqs));
+    std::string tail;
+    for (; v < views.size(); ++v, used = 0) tail.append(views[v].substr(used));
+    carry_ = std::move(tail);
+    next_offset_ = end;
+    return absl::OkStatus();
+  }
+
+  // Sends `reqs` (bodies set) as the next parts, starting the upload if needed.
+  absl::Status SendParts(std::vector<Request>& reqs) {
+    CKPTD_RETURN_IF_ERROR(StartUpload());
+    std::vector<Request*> ptrs;
+    for (Request& r : reqs) {
+      r.method = "PUT";
+      r.key = key_;
+      r.query = QueryParams({{"partNumber", std::to_string(etags_.size() + ptrs.size() + 1)},
+                             {"uploadId", upload_id_}});
+      ptrs.push_back(&r);
+    }
+    CKPTD_RETURN_IF_ERROR(client_->Run(ptrs, client_->options().parts_in_flight));
+    for (const Request& r : reqs) {
+      if (r.etag.empty()) {
+        return absl::InternalError(
+            absl::StrCat(client_->What(r), " (", r.query, "): the answer has no ETag"));
+      }
+      etags_.push_back(r.etag);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status StartUpload() {
+    if (!upload_id_.empty()) return absl::OkStatus();
+    Request r;
+    r.method = "POST";
+    r.key = key_;
+    r.query = QueryParams({{"uploads", ""}});
+    CKPTD_RETURN_IF_ERROR(client_->RunOne(r));
+    pugi::xml_document doc;
+    if (doc.load_buffer(r.response.data(), r.response.size())) {
+      upload_id_ = doc.child("InitiateMultipartUploadResult").child_value("UploadId");
+    }
+    if (upload_id_.empty()) {
+      return absl::InternalError(
+          absl::StrCat(client_->What(r), " (CreateMultipartUpload): no UploadId in the answer"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Finish() {
+    if (upload_id_.empty()) {  // under one part: one PUT
+      Request r;
+      r.method = "PUT";
+      r.key = key_;
+      r.body.emplace_back(carry_);
+      CKPTD_RETURN_IF_ERROR(client_->RunOne(r));
+      carry_.clear();
+      return absl::OkStatus();
+    }
+    if (!carry_.empty()) {
+      std::vector<Request> last(1);
+      last[0].body.emplace_back(carry_);
+      CKPTD_RETURN_IF_ERROR(SendParts(last));
+      carry_.clear();
+    }
+    Request r;
+    r.method = "POST";
+    r.key = key_;
+    r.query = UploadQuery(upload_id_);
+    r.headers.push_back("Content-Type: application/xml");
+    r.error_in_200 = true;  // S3 may answer 200 and fail in the body
+    std::string body = CompleteBody(etags_);
+    r.body.emplace_back(body);
+    CKPTD_RETURN_IF_ERROR(client_->RunOne(r));
+    upload_id_.clear();
+    return absl::OkStatus();
+  }
+
+  Client* client_;
+  const std::string key_;
+  State state_ = State::kOpen;
+  uint64_t next_offset_ = 0;        // bytes written so far (carry included)
+  std::string carry_;               // < part_size_bytes not yet sent
+  std::string upload_id_;           // empty: no multipart upload started (or it ended)
+  std::vector<std::string> etags_;  // of parts 1..n
+};
+
+class S3BlobReader : public BlobReader {
+ public:
+  S3BlobReader(Client* client, std::string key, uint64_t size_bytes)
+      : client_(client), key_(std::move(key)), size_bytes_(size_bytes) {}
+
+  absl::Status Read(std::span<const IoSlice> slices) override {
+    std::vector<IoSlice> ranges;
+    for (const IoSlice& s : slices) {
+      if (s.len == 0) continue;
+      if (s.offset > size_bytes_ || size_bytes_ - s.offset < s.len) {
+        return absl::DataLossError(absl::StrCat("S3 blob ", key_, " is ", size_bytes_,
+                                                " bytes; a read of ", s.len, " at offset ",
+                                                s.offset, " runs past its end"));
+      }
+      IoSlice* prev = ranges.empty() ? nullptr : &ranges.back();
+      if (prev != nullptr && prev->offset + prev->len == s.offset &&
+          static_cast<char*>(prev->buf) + prev->len == s.buf) {
+        prev->len += s.len;  // adjacent in the blob and in memory: one GET
+      } else {
+        ranges.push_back(s);
+      }
+    }
+    const uint64_t chunk = client_->options().part_size_bytes;
+    std::vector<Request> reqs;
+    for (const IoSlice& s : ranges) {
+      for (uint64_t at = 0; at < s.len; at += chunk) {
+        Request& r = reqs.emplace_back();
+        r.method = "GET";
+        r.key = key_;
+        r.sink = static_cast<char*>(s.buf) + at;
+        r.sink_len = std::min(chunk, s.len - at);
+        const uint64_t first = s.offset + at;
+        r.headers.push_back(absl::StrCat("Range: bytes=", first, "-", first + r.sink_len - 1));
+      }
+    }
+    std::vector<Request*> ptrs;
+    for (Request& r : reqs) ptrs.push_back(&r);
+    CKPTD_RETURN_IF_ERROR(client_->Run(ptrs, client_->options().get_in_flight));
+    for (const Request& r : reqs) {
+      if (r.received != r.sink_len) {
+        return absl::DataLossError(absl::StrCat(client_->What(r), " (", r.headers[0],
+                                                "): the answer has ", r.received, " of ",
+                                                r.sink_len, " bytes"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  uint64_t size_bytes() const override { return size_bytes_; }
+
+ private:
+  Client* client_;
+  const std::string key_;
+  const uint64_t size_bytes_;
+};
+
+}  // namespace
+
+absl::Status AbortUpload(Client* client, const std::string& key, const std::string& upload_id) {
+  Request r;
+  r.method = "DELETE";
+  r.key = key;
+  r.query = UploadQuery(upload_id);
+  r.not_found_ok = true;  // NoSuchUpload: already gone
+  return client->RunOne(r);
+}
+
+std::unique_ptr<BlobWriter> NewBlobWriter(Client* client, std::string key) {
+  return std::make_unique<S3BlobWriter>(client, std::move(key));
+}
+
+std::unique_ptr<BlobReader> NewBlobReader(Client* client, std::string key, uint64_t size_bytes) {
+  return std::make_unique<S3BlobReader>(client, std::move(key), size_bytes);
+}
+
+}  // namespace ckptd::s3

@@ -1,0 +1,360 @@
+#include "s3_harness.h"
+
+#include <arpa/inet.h>
+#include <curl/curl.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "ckptd/status.h"
+#include "pugixml.hpp"
+
+#ifndef CKPTD_FAULT_PROXY_PY
+#error "CKPTD_FAULT_PROXY_PY must name tests/s3/fault_proxy.py"
+#endif
+
+namespace ckptd::testing {
+namespace {
+
+// A free loopback port (bound, read, released: another process could take it before weed does,
+// which Start reports as a failure to become ready).
+absl::StatusOr<uint16_t> FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return ErrnoStatus(errno, "socket");
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  absl::Status s;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    s = ErrnoStatus(errno, "bind 127.0.0.1:0");
+  }
+  close(fd);
+  if (!s.ok()) return s;
+  return ntohs(addr.sin_port);
+}
+
+// Starts argv in a new process group, stdout+stderr to `log`.
+absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv, const std::string& log) {
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = fork();
+  if (pid < 0) return ErrnoStatus(errno, "fork");
+  if (pid == 0) {
+    setpgid(0, 0);
+    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+      dup2(fd, 1);
+      dup2(fd, 2);
+    }
+    int devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (devnull >= 0) dup2(devnull, 0);
+    execvp(args[0], args.data());
+    _exit(127);
+  }
+  setpgid(pid, pid);  // also here: no race with a kill before the child ran
+  return pid;
+}
+
+// SIGTERM to the group, SIGKILL after `grace_ms`, then reap.
+void KillGroup(pid_t pid, int grace_ms) {
+  if (pid <= 0) return;
+  kill(-pid, SIGTERM);
+  absl::Time deadline = absl::Now() + absl::Milliseconds(grace_ms);
+  while (absl::Now() < deadline) {
+    if (waitpid(pid, nullptr, WNOHANG) == pid) {
+      kill(-pid, SIGKILL);  // anything it left in the group
+      return;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  kill(-pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+}
+
+size_t Append(char* data, size_t size, size_t n, void* out) {
+  static_cast<std::string*>(out)->append(data, size * n);
+  return size * n;
+}
+
+struct ReadState {
+  const std::string* body;
+  size_t at;
+};
+
+size_t ReadBody(char* out, size_t size, size_t n, void* arg) {
+  auto* st = static_cast<ReadState*>(arg);
+  size_t take = std::min(size * n, st->body->size() - st->at);
+  std::memcpy(out, st->body->data() + st->at, take);
+  st->at += take;
+  return take;
+}
+
+absl::StatusOr<HttpResult> Request(const std::string& method, const std::string& url,
+                                   const std::string& body, bool sign, int timeout_ms) {
+  static const CURLcode init = curl_global_init(CURL_GLOBAL_DEFAULT);
+  if (init != CURLE_OK) return absl::InternalError("curl_global_init");
+  CURL* e = curl_easy_init();
+  if (e == nullptr) return absl::InternalError("curl_easy_init");
+  HttpResult result;
+  ReadState rs{&body, 0};
+  curl_slist* headers = nullptr;
+  headers = curl_slist_append(headers, "x-amz-content-sha256: UNSIGNED-PAYLOAD");
+  CURLcode rc = CURLE_OK;
+  auto set = [&](CURLoption o, auto v) {
+    if (rc == CURLE_OK) rc = curl_easy_setopt(e, o, v);
+  };
+  set(CURLOPT_URL, url.c_str());
+  set(CURLOPT_NOSIGNAL, 1L);
+  set(CURLOPT_TIMEOUT_MS, static_cast<long>(timeout_ms));
+  set(CURLOPT_HTTPHEADER, headers);
+  set(CURLOPT_WRITEFUNCTION, &Append);
+  set(CURLOPT_WRITEDATA, static_cast<void*>(&result.body));
+  if (sign) {
+    set(CURLOPT_AWS_SIGV4, "aws:amz:us-east-1:s3");
+    set(CURLOPT_USERNAME, kWeedAccessKey);
+    set(CURLOPT_PASSWORD, kWeedSecretKey);
+  }
+  if (method == "PUT") {
+    set(CURLOPT_UPLOAD, 1L);
+    set(CURLOPT_INFILESIZE_LARGE, static_cast<curl_off_t>(body.size()));
+    set(CURLOPT_READFUNCTION, &ReadBody);
+    set(CURLOPT_READDATA, static_cast<void*>(&rs));
+  } else if (method != "GET") {
+    set(CURLOPT_CUSTOMREQUEST, method.c_str());
+  }
+  if (rc == CURLE_OK) rc = curl_easy_perform(e);
+  if (rc == CURLE_OK) rc = curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &result.status);
+  curl_slist_free_all(headers);
+  curl_easy_cleanup(e);
+  if (rc != CURLE_OK) {
+    return absl::UnavailableError(absl::StrCat(method, " ", url, ": ", curl_easy_strerror(rc)));
+  }
+  return result;
+}
+
+}  // namespace
+
+std::string FindWeed() {
+  const char* env = std::getenv("CKPTD_WEED");
+  if (env != nullptr && *env != '\0') return access(env, X_OK) == 0 ? env : "";
+  const char* path = std::getenv("PATH");
+  if (path == nullptr) return "";
+  for (absl::string_view dir : absl::StrSplit(path, ':')) {
+    if (dir.empty()) continue;
+    std::string candidate = absl::StrCat(dir, "/weed");
+    if (access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return "";
+}
+
+absl::StatusOr<HttpResult> SignedRequest(const std::string& method, const std::string& url,
+                                         const std::string& body) {
+  return Request(method, url, body, true, 30'000);
+}
+
+absl::StatusOr<std::unique_ptr<WeedServer>> WeedServer::Start(const std::string& dir,
+                                                              uint32_t ready_timeout_ms) {
+  std::unique_ptr<WeedServer> w(new WeedServer());
+  w->weed_ = FindWeed();
+  if (w->weed_.empty()) return absl::NotFoundError("no `weed` binary (CKPTD_WEED or PATH)");
+  w->dir_ = dir;
+  w->owned_ = true;
+  std::error_code ec;
+  std::filesystem::create_directories(dir + "/data", ec);
+  if (ec) return absl::InternalError(absl::StrCat("mkdir ", dir, ": ", ec.message()));
+  for (uint16_t& port : w->ports_) {
+    CKPTD_ASSIGN_OR_RETURN(port, FreePort());
+  }
+  w->endpoint_ = absl::StrCat("http://127.0.0.1:", w->ports_[kS3]);
+  // The identities file: only these credentials are accepted, so every request is really
+  // signed and checked.
+  std::ofstream cfg(dir + "/s3.json");
+  cfg << R"({"identities":[{"name":"ckptd-test","credentials":[{"accessKey":")" << kWeedAccessKey
+      << R"(","secretKey":")" << kWeedSecretKey
+      << R"("}],"actions":["Admin","Read","Write","List","Tagging"]}]})";
+  cfg.close();
+  if (!cfg) return absl::InternalError(absl::StrCat("writing ", dir, "/s3.json"));
+  CKPTD_RETURN_IF_ERROR(w->Launch(ready_timeout_ms));
+  return w;
+}
+
+absl::Status WeedServer::Launch(uint32_t ready_timeout_ms) {
+  auto port = [this](Port p) { return std::to_string(ports_[p]); };
+  std::vector<std::string> argv = {weed_,
+                                   "server",
+                                   "-dir=" + dir_ + "/data",
+                                   "-ip=127.0.0.1",
+                                   "-ip.bind=127.0.0.1",
+                                   "-master.port=" + port(kMaster),
+                                   "-master.port.grpc=" + port(kMasterGrpc),
+                                   "-volume.port=" + port(kVolume),
+                                   "-volume.port.grpc=" + port(kVolumeGrpc),
+                                   "-filer",
+                                   "-filer.port=" + port(kFiler),
+                                   "-filer.port.grpc=" + port(kFilerGrpc),
+                                   "-filer.localSocket=" + dir_ + "/filer.sock",
+                                   "-s3",
+                                   "-s3.port=" + port(kS3),
+                                   "-s3.port.grpc=" + port(kS3Grpc),
+                                   "-s3.port.iceberg=0",
+                                   "-s3.port.lance=0",
+                                   "-s3.config=" + dir_ + "/s3.json",
+                                   "-master.volumeSizeLimitMB=64",
+                                   "-volume.max=0"};
+  CKPTD_ASSIGN_OR_RETURN(pid_, Spawn(argv, dir_ + "/weed.log"));
+  // Ready when the gateway accepts a signed bucket creation (the filer behind it is up too).
+  absl::Time deadline = absl::Now() + absl::Milliseconds(ready_timeout_ms);
+  absl::Status last = absl::UnavailableError("not tried");
+  while (absl::Now() < deadline) {
+    if (waitpid(pid_, nullptr, WNOHANG) == pid_) {
+      pid_ = -1;
+      return absl::UnavailableError(absl::StrCat("weed exited at start; see ", dir_, "/weed.log"));
+    }
+    last = CreateBucket(kWeedBucket);
+    if (last.ok()) return absl::OkStatus();
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  KillGroup(pid_, 2000);
+  pid_ = -1;
+  return absl::UnavailableError(absl::StrCat("weed not ready after ", ready_timeout_ms, " ms (",
+                                             last.message(), "); see ", dir_, "/weed.log"));
+}
+
+absl::StatusOr<std::unique_ptr<WeedServer>> WeedServer::Attach(const std::string& dir) {
+  std::ifstream in(dir + "/state");
+  std::unique_ptr<WeedServer> w(new WeedServer());
+  w->dir_ = dir;
+  if (!(in >> w->endpoint_ >> w->pid_)) {
+    return absl::NotFoundError(absl::StrCat("no weed state in ", dir, "/state"));
+  }
+  w->ports_[kS3] =
+      static_cast<uint16_t>(std::stoi(w->endpoint_.substr(w->endpoint_.rfind(':') + 1)));
+  CKPTD_RETURN_IF_ERROR(w->CreateBucket(kWeedBucket));
+  return w;
+}
+
+absl::Status WeedServer::WriteState() const {
+  std::ofstream out(dir_ + "/state");
+  out << endpoint_ << " " << pid_ << "\n";
+  out.close();
+  if (!out) return absl::InternalError(absl::StrCat("writing ", dir_, "/state"));
+  return absl::OkStatus();
+}
+
+WeedServer::~WeedServer() {
+  if (owned_) Stop().IgnoreError();
+}
+
+absl::Status WeedServer::Stop() {
+  if (!owned_) return absl::FailedPreconditionError("an attached weed is not ours to stop");
+  KillGroup(pid_, 3000);
+  pid_ = -1;
+  return absl::OkStatus();
+}
+
+absl::Status WeedServer::Restart(uint32_t ready_timeout_ms) {
+  if (!owned_) return absl::FailedPreconditionError("an attached weed is not ours to restart");
+  if (pid_ > 0) CKPTD_RETURN_IF_ERROR(Stop());
+  return Launch(ready_timeout_ms);
+}
+
+absl::Status WeedServer::CreateBucket(const std::string& bucket) {
+  CKPTD_ASSIGN_OR_RETURN(HttpResult r, Request("PUT", endpoint_ + "/" + bucket, "", true, 5000));
+  if (r.status == 200 || r.body.find("BucketAlreadyOwnedByYou") != std::string::npos ||
+      r.body.find("BucketAlreadyExists") != std::string::npos) {
+    return absl::OkStatus();
+  }
+  return absl::UnavailableError(
+      absl::StrCat("create bucket ", bucket, ": HTTP ", r.status, " ", r.body.substr(0, 200)));
+}
+
+absl::StatusOr<std::vector<std::string>> WeedServer::ListUploads(const std::string& bucket,
+                                                                 const std::string& prefix) {
+  CKPTD_ASSIGN_OR_RETURN(
+      HttpResult r,
+      SignedRequest("GET", absl::StrCat(endpoint_, "/", bucket, "?prefix=", prefix, "&uploads=")));
+  if (r.status != 200) {
+    return absl::InternalError(absl::StrCat("ListMultipartUploads: HTTP ", r.status, " ", r.body));
+  }
+  pugi::xml_document doc;
+  if (!doc.load_buffer(r.body.data(), r.body.size())) {
+    return absl::InternalError("ListMultipartUploads: not XML: " + r.body);
+  }
+  std::vector<std::string> keys;
+  for (pugi::xml_node u : doc.child("ListMultipartUploadsResult").children("Upload")) {
+    keys.emplace_back(u.child_value("Key"));
+  }
+  return keys;
+}
+
+absl::StatusOr<std::unique_ptr<FaultProxy>> FaultProxy::Start(uint16_t upstream_port) {
+  std::unique_ptr<FaultProxy> p(new FaultProxy());
+  char tmpl[] = "/tmp/ckptd-fault-proxy.XXXXXX";
+  if (mkdtemp(tmpl) == nullptr) return ErrnoStatus(errno, "mkdtemp");
+  const std::string dir = tmpl;
+  const std::string port_file = dir + "/port";
+  const char* python = std::getenv("PYTHON");
+  CKPTD_ASSIGN_OR_RETURN(p->pid_, Spawn({python != nullptr && *python != '\0' ? python : "python3",
+                                         CKPTD_FAULT_PROXY_PY, "--upstream-port",
+                                         std::to_string(upstream_port), "--port-file", port_file},
+                                        dir + "/proxy.log"));
+  absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (absl::Now() < deadline) {
+    std::ifstream in(port_file);
+    int port = 0;
+    if (in >> port && port > 0) {
+      p->endpoint_ = absl::StrCat("http://127.0.0.1:", port);
+      std::filesystem::remove_all(dir);
+      return p;
+    }
+    if (waitpid(p->pid_, nullptr, WNOHANG) == p->pid_) {
+      p->pid_ = -1;
+      return absl::UnavailableError("fault_proxy.py exited at start; see " + dir + "/proxy.log");
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return absl::UnavailableError("fault_proxy.py did not report its port within 10 s");
+}
+
+FaultProxy::~FaultProxy() { KillGroup(pid_, 2000); }
+
+absl::StatusOr<std::string> FaultProxy::Control(const std::string& query) {
+  CKPTD_ASSIGN_OR_RETURN(HttpResult r,
+                         Request("GET", endpoint_ + "/__fault?" + query, "", false, 5000));
+  if (r.status != 200) return absl::InternalError("fault proxy control: " + r.body);
+  return r.body;
+}
+
+absl::Status FaultProxy::Arm(const std::string& mode, uint32_t count, double fraction,
+                             const std::string& match, uint32_t delay_ms) {
+  char* m = curl_easy_escape(nullptr, match.c_str(), static_cast<int>(match.size()));
+  if (m == nullptr) return absl::InternalError("curl_easy_escape");
+  std::string q = absl::StrCat("mode=", mode, "&count=", count, "&fraction=", fraction,
+                               "&delay_ms=", delay_ms, "&match=", m);
+  curl_free(m);
+  return Control(q).status();
+}
+
+absl::StatusOr<uint64_t> FaultProxy::Injected() {
+  CKPTD_ASSIGN_OR_RETURN(std::string body, Control("stats=1"));
+  return std::stoull(body);
+}
+
+}  // namespace ckptd::testing

@@ -1,0 +1,114 @@
+// A real S3 store for tests: SeaweedFS's `weed server` on loopback with SigV4 credentials, and a
+// fault-injecting HTTP proxy (fault_proxy.py) to put in front of it. Reusable by any test binary
+// (link ckptd_s3_harness); it never talks to anything but 127.0.0.1.
+//
+// WeedServer::Start launches weed in its own process group on free loopback ports, waits
+// (bounded) until its S3 gateway answers signed requests, and creates the test bucket; Stop kills
+// the process group. A server can be shared by several test processes: `ckptd_s3_tests
+// --start-weed DIR` starts one and writes DIR/state, and processes that find CKPTD_S3_SHARED=DIR
+// in their environment attach to it (ctest runs every test case in its own process; the s3
+// tests' fixture starts one weed for all of them).
+//
+// Thread safety: none; one thread drives a harness object.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace ckptd::testing {
+
+inline constexpr char kWeedAccessKey[] = "AKIDCKPTDTEST0000001";
+inline constexpr char kWeedSecretKey[] = "ckptd-test-secret-not-a-real-one";
+inline constexpr char kWeedBucket[] = "ckptd-test";
+inline constexpr char kWeedRegion[] = "us-east-1";
+// The SeaweedFS version deploy/setup.sh installs and these tests were written against.
+inline constexpr char kWeedVersion[] = "4.48";
+
+// The `weed` binary: $CKPTD_WEED, else the first `weed` on PATH; empty if none.
+std::string FindWeed();
+
+class WeedServer {
+ public:
+  // Starts weed with its data in `dir` (created). Bounded: UNAVAILABLE naming the log file if it
+  // is not ready within `ready_timeout_ms`.
+  static absl::StatusOr<std::unique_ptr<WeedServer>> Start(const std::string& dir,
+                                                           uint32_t ready_timeout_ms = 60'000);
+  // Attaches to the server whose state `--start-weed` wrote in `dir` (not owned: Stop and the
+  // destructor leave it running).
+  static absl::StatusOr<std::unique_ptr<WeedServer>> Attach(const std::string& dir);
+  ~WeedServer();
+
+  // http://127.0.0.1:<s3 port>
+  const std::string& endpoint() const { return endpoint_; }
+  uint16_t s3_port() const { return ports_[kS3]; }
+  bool owned() const { return owned_; }
+  // Writes DIR/state for Attach.
+  absl::Status WriteState() const;
+
+  // Kills the process group (SIGTERM, then SIGKILL after 3 s) and reaps it. Owned only.
+  absl::Status Stop();
+  // Starts it again on the same ports and data (after Stop). Owned only.
+  absl::Status Restart(uint32_t ready_timeout_ms = 60'000);
+
+  // Creates `bucket` (an existing one is fine).
+  absl::Status CreateBucket(const std::string& bucket);
+  // Multipart uploads in progress in `bucket` whose key starts with `prefix`.
+  absl::StatusOr<std::vector<std::string>> ListUploads(const std::string& bucket,
+                                                       const std::string& prefix);
+
+ private:
+  enum Port { kMaster, kMasterGrpc, kVolume, kVolumeGrpc, kFiler, kFilerGrpc, kS3, kS3Grpc, kN };
+  WeedServer() = default;
+  absl::Status Launch(uint32_t ready_timeout_ms);
+
+  std::string weed_;
+  std::string dir_;
+  std::string endpoint_;
+  uint16_t ports_[kN] = {};
+  pid_t pid_ = -1;  // also the process group
+  bool owned_ = false;
+};
+
+// One signed request (curl, SigV4 with the harness credentials) to `url`: HTTP status and body.
+struct HttpResult {
+  long status = 0;
+  std::string body;
+};
+absl::StatusOr<HttpResult> SignedRequest(const std::string& method, const std::string& url,
+                                         const std::string& body = "");
+
+// fault_proxy.py on a free loopback port in front of 127.0.0.1:<upstream_port>. It forwards
+// requests byte for byte (Host kept, so SigV4 still verifies) unless a fault is armed.
+class FaultProxy {
+ public:
+  static absl::StatusOr<std::unique_ptr<FaultProxy>> Start(uint16_t upstream_port);
+  ~FaultProxy();
+
+  const std::string& endpoint() const { return endpoint_; }
+
+  // Arms a fault for requests whose "METHOD /path?query" contains `match` (empty: all): `mode`
+  // is "500", "503", "slowdown" (503 + SlowDown XML), "reset" (TCP RST after reading the
+  // request) or "delay" (forward after `delay_ms`). It hits the next `count` matching requests,
+  // and then each later one with probability `fraction`. "none" disarms.
+  absl::Status Arm(const std::string& mode, uint32_t count, double fraction = 0,
+                   const std::string& match = "", uint32_t delay_ms = 0);
+  absl::Status Disarm() { return Arm("none", 0); }
+  // Faults injected since the start.
+  absl::StatusOr<uint64_t> Injected();
+
+ private:
+  FaultProxy() = default;
+  absl::StatusOr<std::string> Control(const std::string& query);
+
+  pid_t pid_ = -1;
+  std::string endpoint_;
+};
+
+}  // namespace ckptd::testing
