@@ -37,6 +37,7 @@
 #include "service/checkpoint_service.h"
 #include "service/executor.h"
 #include "spdlog/spdlog.h"
+#include "storage/s3/s3_storage.h"
 
 namespace ckptd {
 namespace {
@@ -137,6 +138,21 @@ absl::Status MakeStateDirs(const DaemonOptions& o) {
 // directory must exist (a shared mount the operator set up); a missing one is an error at start
 // naming it, not a directory silently made on the local disk.
 absl::StatusOr<std::unique_ptr<Storage>> OpenRemoteTier(const DaemonOptions& o, Io* io) {
+  if (!o.remote_s3_bucket.empty()) {
+    S3Options s3;
+    s3.endpoint = o.remote_s3_endpoint;
+    s3.bucket = o.remote_s3_bucket;
+    s3.prefix = o.remote_s3_prefix;
+    s3.region = o.remote_s3_region;
+    s3.path_style = o.remote_s3_path_style;
+    s3.tls_verify = o.remote_s3_tls_verify;
+    s3.ca_path = o.remote_s3_ca_path;
+    s3.part_size_bytes = o.remote_s3_part_size_bytes;
+    s3.parts_in_flight = o.remote_s3_parts_in_flight;
+    CKPTD_ASSIGN_OR_RETURN(std::unique_ptr<Storage> remote, NewS3Storage(std::move(s3)));
+    spdlog::info("remote tier: {} (default tier policy {})", remote->Describe(), o.tier_policy);
+    return remote;
+  }
   if (o.remote_dir.empty()) return std::unique_ptr<Storage>();
   std::error_code ec;
   if (!std::filesystem::is_directory(o.remote_dir, ec)) {

@@ -136,6 +136,26 @@ const std::map<std::string, OptionDef>& Defs() {
         StringSetter(&O::tier_policy)}},
       {"remote_dir",
        {"remote tier: a directory on a shared file system", StringSetter(&O::remote_dir)}},
+      {"remote_s3_bucket",
+       {"remote tier: an S3 bucket (with remote_s3_endpoint)", StringSetter(&O::remote_s3_bucket)}},
+      {"remote_s3_endpoint",
+       {"remote tier: the S3 endpoint, http(s)://host[:port]",
+        StringSetter(&O::remote_s3_endpoint)}},
+      {"remote_s3_prefix", {"remote tier: key prefix in the bucket", StringSetter(&O::remote_s3_prefix)}},
+      {"remote_s3_region", {"remote tier: SigV4 region", StringSetter(&O::remote_s3_region)}},
+      {"remote_s3_path_style",
+       {"remote tier: path-style addressing",
+        BoolSetter(&O::remote_s3_path_style, "remote_s3_path_style")}},
+      {"remote_s3_tls_verify",
+       {"remote tier: verify TLS certificates",
+        BoolSetter(&O::remote_s3_tls_verify, "remote_s3_tls_verify")}},
+      {"remote_s3_ca_path", {"remote tier: CA bundle file", StringSetter(&O::remote_s3_ca_path)}},
+      {"remote_s3_part_size_bytes",
+       {"remote tier: multipart part size",
+        IntSetter(&O::remote_s3_part_size_bytes, "remote_s3_part_size_bytes")}},
+      {"remote_s3_parts_in_flight",
+       {"remote tier: parts uploaded at once per blob",
+        IntSetter(&O::remote_s3_parts_in_flight, "remote_s3_parts_in_flight")}},
       {"upload_threads",
        {"threads uploading to the remote tier", IntSetter(&O::upload_threads, "upload_threads")}},
       {"upload_chunk_bytes",
@@ -299,9 +319,18 @@ absl::Status DaemonOptions::ValidateTiers() const {
         "option tier_policy = \"remote\": flushing straight to the store is not built yet; use "
         "local+remote");
   }
-  if (tier_policy == "local+remote" && remote_dir.empty()) {
+  if (!remote_dir.empty() && !remote_s3_bucket.empty()) {
     return absl::InvalidArgumentError(
-        "option tier_policy = \"local+remote\" needs a remote tier (remote_dir)");
+        "options remote_dir and remote_s3_bucket both name a remote tier; give one");
+  }
+  if (tier_policy == "local+remote" && remote_dir.empty() && remote_s3_bucket.empty()) {
+    return absl::InvalidArgumentError(
+        "option tier_policy = \"local+remote\" needs a remote tier (remote_dir or "
+        "remote_s3_bucket)");
+  }
+  if (!remote_s3_bucket.empty() && remote_s3_endpoint.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("option remote_s3_bucket = \"", remote_s3_bucket,
+                                                   "\" needs remote_s3_endpoint"));
   }
   if (!remote_dir.empty() && (remote_dir == data_dir || remote_dir == state_dir)) {
     return absl::InvalidArgumentError(absl::StrCat(

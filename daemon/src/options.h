@@ -95,6 +95,29 @@ struct DaemonOptions {
   // (<job>/step-<20 digits>/), so the directory is self-contained: any daemon configured with it
   // lists and loads them. Empty: no remote tier. Default: ""
   std::string remote_dir;
+  // The remote tier on an S3-compatible store (AWS S3, MinIO, Ceph RGW, SeaweedFS) through the S3
+  // plugin (plugins/storage/s3/s3_storage.h): the bucket, under remote_s3_prefix. Exclusive with
+  // remote_dir. Credentials come from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY /
+  // AWS_SESSION_TOKEN, else the shared credentials file (AWS_SHARED_CREDENTIALS_FILE or
+  // ~/.aws/credentials, profile AWS_PROFILE); they are never logged. The daemon checks at start
+  // that the bucket answers. Empty: no S3 tier. Default: ""
+  std::string remote_s3_bucket;
+  // "http(s)://host[:port]" of the store; required with remote_s3_bucket. Default: ""
+  std::string remote_s3_endpoint;
+  // Key prefix inside the bucket (no leading or trailing '/'). Default: ""
+  std::string remote_s3_prefix;
+  // SigV4 region. Default: us-east-1
+  std::string remote_s3_region = "us-east-1";
+  // Path-style addressing (MinIO, Ceph, SeaweedFS); false: virtual-host style (AWS).
+  // Default: true
+  bool remote_s3_path_style = true;
+  // Verify the store's TLS certificate (https). Default: true
+  bool remote_s3_tls_verify = true;
+  // CA bundle for TLS verification; empty: the system's. Default: ""
+  std::string remote_s3_ca_path;
+  // Multipart part size (5 MiB..5 GiB) and parts in flight per blob upload. Default: 16777216, 8
+  uint64_t remote_s3_part_size_bytes = 16ull << 20;
+  uint32_t remote_s3_parts_in_flight = 8;
   // Threads that upload committed checkpoints to the remote tier. Default: 2
   uint32_t upload_threads = 2;
   // Bytes each upload thread reads from local storage and writes to the store at a time (a

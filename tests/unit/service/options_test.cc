@@ -119,13 +119,16 @@ TEST_CASE("options: tier policy and remote tier are validated", "[unit]") {
     const char* says;
   };
   const Bad bad[] = {
-      {{"--tier_policy=local+remote"}, "needs a remote tier (remote_dir)"},
+      {{"--tier_policy=local+remote"}, "needs a remote tier (remote_dir or"},
       {{"--tier_policy=remote", "--remote_dir=/mnt/s"}, "not built yet"},
       {{"--tier_policy=cloud"}, "expected local or local+remote"},
       {{"--remote_dir=/tmp/x/data"}, "is the local data or state dir"},
       {{"--remote_dir=/mnt/s", "--upload_threads=0"}, "upload_threads"},
       {{"--remote_dir=/mnt/s", "--upload_chunk_bytes=5000"}, "not a multiple of 4096"},
       {{"--remote_dir=/mnt/s", "--upload_retry_max_ms=10"}, "upload_retry_max_ms"},
+      {{"--remote_dir=/mnt/s", "--remote_s3_bucket=b", "--remote_s3_endpoint=http://127.0.0.1:1"},
+       "give one"},
+      {{"--remote_s3_bucket=b"}, "needs remote_s3_endpoint"},
   };
   for (const Bad& b : bad) {
     std::vector<std::string> args = {"--state_dir=/tmp/x"};

