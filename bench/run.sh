@@ -10,7 +10,13 @@
 #                            dcp_zoc included: DCP's two-future recipe, ckptd against DefaultStager)
 #   BENCH_TRAIN_ROUNDS=8 BENCH_TRAIN_EVERY=5    the training-loop overhead (blocks of 5 steps)
 #   BENCH_REPS=3                               repetitions of ckptd's saves/loads and of memcpy
-#   BENCH_ONLY=all|planner|reshard|ckpt|train                      run one part only
+#   BENCH_REMOTE_GB=1 BENCH_REMOTE_ROUNDS=3   the remote tier on S3 (bench/remote_bench.py: a local
+#                            SeaweedFS `weed` on loopback; ckptd's upload/download/resharded load
+#                            against boto3's s3transfer and the disk, rounds interleaved)
+#   BENCH_REMOTE_PART_MIB=8 BENCH_REMOTE_PARTS_IN_FLIGHT=8   part size and concurrency of both
+#   BENCH_REMOTE_SYSTEMS=ckptd,ckptd_chunk,s3transfer,disk_read  (add s3transfer_signed: boto3's
+#                            default config over http, SHA-256 of every part)
+#   BENCH_ONLY=all|planner|reshard|ckpt|train|remote               run one part only
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BUILD="${BUILD:-$ROOT/build}"
@@ -64,6 +70,14 @@ python3 "$ROOT/bench/train_bench.py" --daemon "$BUILD/ckptd" --out "$OUT" \
   --state-dir "$STATE-train" --rounds "${BENCH_TRAIN_ROUNDS:-8}" --every "${BENCH_TRAIN_EVERY:-5}" \
   ${BENCH_TRAIN_SYSTEMS:+--systems "$BENCH_TRAIN_SYSTEMS"}
 rm -rf "$STATE-train"
+fi
+
+if [ "$ONLY" = all ] || [ "$ONLY" = remote ]; then
+echo "bench: remote tier on S3 (${BENCH_REMOTE_GB:-1} GiB, SeaweedFS on loopback) against s3transfer"
+python3 "$ROOT/bench/remote_bench.py" --daemon "$BUILD/ckptd" --out "$OUT" \
+  --work-dir "$STATE-remote" --gb "${BENCH_REMOTE_GB:-1}" --rounds "${BENCH_REMOTE_ROUNDS:-3}" \
+  --part-mib "${BENCH_REMOTE_PART_MIB:-8}" --parts-in-flight "${BENCH_REMOTE_PARTS_IN_FLIGHT:-8}" \
+  --systems "${BENCH_REMOTE_SYSTEMS:-ckptd,ckptd_chunk,s3transfer,disk_read}"
 fi
 
 python3 "$ROOT/bench/summarize.py" "$OUT"

@@ -67,6 +67,9 @@ fi
 
 have matplotlib || pip_install matplotlib
 
+# boto3 (its s3transfer is the peer of bench/remote_bench.py); pinned, installed only if missing.
+have boto3 || pip_install "boto3==1.43.11"
+
 # fio measures the data directory's O_DIRECT limits (a Debian package).
 if ! command -v fio >/dev/null; then
   SUDO=""

@@ -259,6 +259,11 @@ def main() -> None:
     checkpoint(load(out / "ckpt.jsonl"))
     print()
     train(load(out / "train.jsonl"))
+    remote_rows = load(out / "remote.jsonl")
+    if remote_rows:
+        from remote_bench import table
+
+        table(remote_rows)
 
 
 if __name__ == "__main__":
