@@ -38,6 +38,9 @@ commands:
                            "*.bias=consolidated; *=grid:2x4" (README: "Offline reshard"); runs in
                            the daemon: follow it with status, cancel it with abort
   abort JOB STEP [REASON]  abort a checkpoint being saved, or cancel a reshard writing it
+  gc [JOB] [--dry_run]     apply the daemon's retention (keep_local, keep_remote) now, to JOB or
+                           every job you may delete; prints each copy dropped or checkpoint
+                           deleted (exit 1 if any failed); --dry_run only lists them
   export JOB STEP|latest [--format safetensors] [--max_file_bytes SIZE] [--force] DIR
                            write the checkpoint's tensors, consolidated, as Hugging Face
                            safetensors: model-0000i-of-0000N.safetensors (model.safetensors if
@@ -57,6 +60,7 @@ struct Args {
   std::string socket;
   bool json = false;
   bool help = false;
+  bool dry_run = false;  // gc
   uint32_t timeout_ms = kWaitTimeoutMsDefault;
   bool timeout_given = false;
   std::string until = "committed";
@@ -131,6 +135,8 @@ std::string Parse(int argc, char** argv, Args* args) {
     } else if (a == "--target_job") {
       if (!take("--target_job") || value.empty()) return "--target_job needs a job name";
       args->target_job = value;
+    } else if (a == "--dry_run" || a == "--dry-run") {
+      args->dry_run = true;
     } else if (a == "--force") {
       args->force = true;
       args->export_flag_given = true;
@@ -186,6 +192,7 @@ int Run(const Args& args) {
   if (!args.target_job.empty() && cmd != "reshard") {
     return Usage("--target_job applies to reshard only");
   }
+  if (args.dry_run && cmd != "gc") return Usage("--dry_run applies to gc only");
   if (args.export_flag_given && cmd != "export") {
     return Usage("--format, --max_file_bytes and --force apply to export only");
   }
@@ -220,6 +227,9 @@ int Run(const Args& args) {
     if (n != 2 && n != 3) return Usage("abort takes JOB STEP [REASON]");
     if (!absl::SimpleAtoi(p[2], &step)) return Usage("STEP must be a non-negative integer");
     s = ckptctl::Abort(ctx, p[1], step, n == 3 ? p[3] : "");
+  } else if (cmd == "gc") {
+    if (n > 1) return Usage("gc takes [JOB]");
+    s = ckptctl::CollectGarbage(ctx, n == 1 ? p[1] : "", args.dry_run);
   } else if (cmd == "export") {
     if (n != 3) return Usage("export takes JOB STEP|latest DIR");
     ckptctl::ExportOptions o{.job = p[1],

@@ -215,6 +215,36 @@ absl::Status Remove(Context& ctx, const std::string& job, uint64_t step) {
   return absl::OkStatus();
 }
 
+absl::Status CollectGarbage(Context& ctx, const std::string& job, bool dry_run) {
+  v1::GcRequest req;
+  req.set_job(job);
+  req.set_dry_run(dry_run);
+  v1::GcResponse resp;
+  absl::Status s = Call(ctx, ctx.rpc_timeout_ms, [&](grpc::ClientContext* c) {
+    return ctx.stub->CollectGarbage(c, req, &resp);
+  });
+  if (!s.ok()) return s;
+  absl::Status first = absl::OkStatus();
+  for (const v1::GcAction& a : resp.actions()) {
+    if (!a.error().empty() && first.ok()) {
+      first = absl::AbortedError(absl::StrCat(a.action(), " ", a.job(), "/", a.step(), ": ",
+                                              a.error()));
+    }
+  }
+  if (ctx.json) {
+    absl::Status printed = PrintJson(resp);
+    return printed.ok() ? first : printed;
+  }
+  if (resp.actions().empty()) std::cout << "nothing to collect\n";
+  Table t({"JOB", ">STEP", "ACTION", "WHY", "RESULT"});
+  for (const v1::GcAction& a : resp.actions()) {
+    t.AddRow({a.job(), std::to_string(a.step()), a.action(), a.why(),
+              dry_run ? "(dry run)" : (a.error().empty() ? "done" : a.error())});
+  }
+  if (!resp.actions().empty()) std::cout << t.Render();
+  return first;
+}
+
 absl::Status Latest(Context& ctx, const std::string& job) {
   v1::LatestRequest req;
   req.set_job(job);

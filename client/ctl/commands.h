@@ -35,6 +35,9 @@ absl::Status Wait(Context& ctx, const std::string& job, uint64_t step, uint32_t 
 // Starts an offline reshard of job/step into target_job (empty: job)/target_step.
 absl::Status Reshard(Context& ctx, const std::string& job, uint64_t step,
                      const std::string& target_job, uint64_t target_step, const std::string& spec);
+// Applies retention now (job empty: every job the caller may delete). Prints every action; when
+// one failed, returns ABORTED naming the first failure.
+absl::Status CollectGarbage(Context& ctx, const std::string& job, bool dry_run);
 // Aborts a checkpoint being saved, or cancels a reshard writing it.
 absl::Status Abort(Context& ctx, const std::string& job, uint64_t step, const std::string& reason);
 

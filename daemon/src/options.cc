@@ -156,6 +156,13 @@ const std::map<std::string, OptionDef>& Defs() {
       {"remote_s3_parts_in_flight",
        {"remote tier: parts uploaded at once per blob",
         IntSetter(&O::remote_s3_parts_in_flight, "remote_s3_parts_in_flight")}},
+      {"keep_local",
+       {"retention: local copies kept per job (0: all)", IntSetter(&O::keep_local, "keep_local")}},
+      {"keep_remote",
+       {"retention: remote copies kept per job (0: all)",
+        IntSetter(&O::keep_remote, "keep_remote")}},
+      {"gc_interval_ms",
+       {"how often retention is applied", IntSetter(&O::gc_interval_ms, "gc_interval_ms")}},
       {"upload_threads",
        {"threads uploading to the remote tier", IntSetter(&O::upload_threads, "upload_threads")}},
       {"upload_chunk_bytes",
@@ -343,6 +350,10 @@ absl::Status DaemonOptions::ValidateTiers() const {
     return absl::InvalidArgumentError(absl::StrCat(
         "option upload_chunk_bytes = ", upload_chunk_bytes, " is not a multiple of 4096"));
   }
+  if (keep_remote > 0 && remote_dir.empty() && remote_s3_bucket.empty()) {
+    return absl::InvalidArgumentError("option keep_remote needs a remote tier");
+  }
+  CKPTD_RETURN_IF_ERROR(Range("gc_interval_ms", gc_interval_ms, 1000, 86'400'000));
   return Range("upload_retry_max_ms", upload_retry_max_ms, 1000, 3'600'000);
 }
 

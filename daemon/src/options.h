@@ -126,6 +126,15 @@ struct DaemonOptions {
   // A failed upload is retried after a backoff doubling from 1 s up to this, forever (the store
   // may be down for hours; the checkpoint stays COMMITTED locally meanwhile). Default: 60000
   uint64_t upload_retry_max_ms = 60000;
+  // Retention (README "Tiers"): per job, keep the local copies of the newest keep_local
+  // checkpoints that have one and the remote copies of the newest keep_remote; older copies go
+  // (a checkpoint whose only durable copy goes is deleted; a local copy whose upload is under
+  // way stays). 0: keep all. Applied every gc_interval_ms and by `ckptctl gc`. Default: 0, 0
+  uint32_t keep_local = 0;
+  uint32_t keep_remote = 0;
+  // How often housekeeping applies retention (when keep_local or keep_remote is set).
+  // Default: 60000
+  uint64_t gc_interval_ms = 60000;
   // "text" or "json". Default: text
   std::string log_format = "text";
   // trace, debug, info, warn, error. Default: info

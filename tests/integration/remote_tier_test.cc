@@ -250,3 +250,82 @@ TEST_CASE("remote tier: bad configuration and policies are refused with the caus
   CHECK(saved.status().code() == absl::StatusCode::kFailedPrecondition);
   CHECK(saved.status().message().find("no remote tier") != std::string::npos);
 }
+
+TEST_CASE("remote tier: retention keeps the newest copies per tier, gc and housekeeping apply it",
+          "[integration][remote][retention]") {
+  TempDir shared;
+  const std::string remote = shared.path() + "/store";
+  std::filesystem::create_directories(remote);
+  std::vector<std::string> flags = RemoteFlags(remote, "local+remote");
+  flags.push_back("--keep_local=1");
+  flags.push_back("--keep_remote=2");
+  flags.push_back("--gc_interval_ms=3600000");  // only ckptctl gc during the test
+  Daemon d(DaemonConfig{.extra_flags = flags});
+  auto client = d.Connect();
+  for (uint64_t step = 1; step <= 4; ++step) {
+    SaveWith(d, step, 80 + step, ckptd::TierPolicy::kDefault);
+    REQUIRE(client->Wait(kJob, step, ckptd::WaitFor::kRemote, 30000).ok());
+  }
+  CommandResult dry = RunCtl(d, {"gc", kJob, "--dry_run"});
+  INFO(dry.output);
+  CHECK(dry.exit_code == 0);
+  CHECK(dry.output.find("drop local") != std::string::npos);
+  CHECK(dry.output.find("(dry run)") != std::string::npos);
+  CHECK(PathExists(StepPath(d.data_dir(), 1)));  // nothing done
+
+  CommandResult gc = RunCtl(d, {"gc", kJob});
+  INFO(gc.output << "\nlog:\n" << d.Log());
+  CHECK(gc.exit_code == 0);
+  // 4: both copies; 3: remote only; 2, 1: past both limits, deleted.
+  auto s4 = client->GetStatus(kJob, 4);
+  auto s3 = client->GetStatus(kJob, 3);
+  REQUIRE(s4.ok());
+  REQUIRE(s3.ok());
+  CHECK((s4->tiers.local && s4->tiers.remote));
+  CHECK((!s3->tiers.local && s3->tiers.remote));
+  CHECK(client->GetStatus(kJob, 2).status().code() == absl::StatusCode::kNotFound);
+  CHECK(client->GetStatus(kJob, 1).status().code() == absl::StatusCode::kNotFound);
+  CHECK(!PathExists(StepPath(d.data_dir(), 3)));
+  CHECK(!PathExists(StepPath(remote, 2)));
+  CHECK(!PathExists(StepPath(remote, 1)));
+  CHECK(VerifyInProcess(d, kJob, 3, 83) == "");  // from the remote copy
+  CHECK(VerifyInProcess(d, kJob, 4, 84) == "");
+  CHECK(RunCtl(d, {"gc", kJob}).output.find("nothing to collect") != std::string::npos);
+  // A restart keeps the tiers as retention left them.
+  d.Restart(flags);
+  auto again = d.Connect()->GetStatus(kJob, 3);
+  REQUIRE(again.ok());
+  CHECK((!again->tiers.local && again->tiers.remote));
+}
+
+TEST_CASE("remote tier: retention never drops a local copy whose upload is still under way",
+          "[integration][remote][retention]") {
+  TempDir shared;
+  const std::string remote = shared.path() + "/store";
+  std::filesystem::create_directories(remote);
+  { std::ofstream(remote + "/" + kJob) << "in the way"; }  // every upload fails
+  std::vector<std::string> flags = RemoteFlags(remote, "local+remote");
+  flags.push_back("--keep_local=1");
+  flags.push_back("--gc_interval_ms=1000");  // housekeeping applies it
+  Daemon d(DaemonConfig{.extra_flags = flags});
+  for (uint64_t step = 1; step <= 3; ++step) SaveWith(d, step, 90 + step, ckptd::TierPolicy::kDefault);
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // two housekeeping rounds
+  for (uint64_t step = 1; step <= 3; ++step) {
+    INFO("step " << step << "\nlog:\n" << d.Log());
+    CHECK(VerifyInProcess(d, kJob, step, 90 + step) == "");
+  }
+  // Once uploads succeed, the next round drops the old local copies.
+  std::filesystem::remove(remote + "/" + kJob);
+  auto client = d.Connect();
+  for (uint64_t step = 1; step <= 3; ++step) {
+    REQUIRE(client->Wait(kJob, step, ckptd::WaitFor::kRemote, 30000).ok());
+  }
+  bool trimmed = false;
+  for (int i = 0; i < 100 && !trimmed; ++i) {
+    trimmed = !PathExists(StepPath(d.data_dir(), 1)) && !PathExists(StepPath(d.data_dir(), 2));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  CHECK(trimmed);
+  CHECK(PathExists(StepPath(d.data_dir(), 3)));
+  CHECK(VerifyInProcess(d, kJob, 1, 91) == "");  // from the store
+}

@@ -71,6 +71,7 @@
 #include "service/sessions.h"
 #include "tier/flush_scheduler.h"
 #include "tier/remote_tier.h"
+#include "tier/retention.h"
 
 namespace ckptd {
 
@@ -164,6 +165,13 @@ class CheckpointService {
                        v1::InspectResponse* resp) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Delete(const Caller& caller, const v1::DeleteRequest& req) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Latest(const Caller& caller, const v1::LatestRequest& req, v1::LatestResponse* resp)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Retention now (retention.cc; tier/retention.h has the rules): for `req.job` or every job
+  // `caller` may delete, plans with keep_local / keep_remote and executes each step (unless
+  // dry_run): "delete" as Delete does, "drop local" / "drop remote" by removing that tier's copy
+  // (files first, then the row), each with the key claimed in rewriting_. A step that fails is
+  // reported in its action's error; the others still run.
+  absl::Status CollectGarbage(const Caller& caller, const v1::GcRequest& req, v1::GcResponse* resp)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Starts an offline reshard (reshard.cc); see the Reshard RPC.
   absl::Status Reshard(const Caller& caller, const v1::ReshardRequest& req,
@@ -311,12 +319,25 @@ class CheckpointService {
   // recovery.h: a part of its own, run once at start (Recover), with access to the lifecycle.
   friend class Recovery;
 
+  // retention.cc
+  // Plans one job's retention from its rows.
+  absl::StatusOr<std::vector<RetentionStep>> PlanJobRetention(const std::string& job);
+  // Executes one step; its error, if any.
+  absl::Status ApplyRetention(const Caller& caller, const std::string& job,
+                              const RetentionStep& step) ABSL_LOCKS_EXCLUDED(mu_);
+  // Removes the local copy of a checkpoint whose remote copy is durable (key claimed).
+  absl::Status DropLocalCopy(const std::string& job, uint64_t step) ABSL_LOCKS_EXCLUDED(mu_);
+
   // housekeeping.cc
   // The housekeeping thread: a pass (stage timeouts, the flush gate, abort retries) under mu_,
   // then unattached sessions ended with mu_ released; until Shutdown.
   void Housekeeping() ABSL_LOCKS_EXCLUDED(mu_);
   // One pass (waits up to a tick first); false once stopping.
   bool HousekeepingPass() ABSL_LOCKS_EXCLUDED(mu_);
+  // Retention every gc_interval_ms when keep_local or keep_remote is set (housekeeping's thread,
+  // no lock held).
+  void MaybeCollectGarbage() ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Time last_gc_ = absl::InfinitePast();  // housekeeping's thread only
 
   ServiceDeps deps_;
   std::string instance_id_;

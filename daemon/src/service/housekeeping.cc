@@ -26,7 +26,21 @@ void CheckpointService::Housekeeping() {
     if (n > 0)
       spdlog::info("{} sessions ended: not attached within {} ms", n,
                    limits::kSessionAttachTimeoutMs);
+    MaybeCollectGarbage();
   }
+}
+
+void CheckpointService::MaybeCollectGarbage() {
+  const DaemonOptions& o = *deps_.options;
+  if (o.keep_local == 0 && o.keep_remote == 0) return;
+  const absl::Time now = absl::Now();
+  if (now - last_gc_ < absl::Milliseconds(o.gc_interval_ms)) return;
+  last_gc_ = now;
+  // As the daemon itself: every job (an admin caller).
+  const Caller daemon{.uid = 0, .gid = 0, .pid = 0, .connection = 0, .admin = true};
+  v1::GcResponse done;
+  absl::Status st = CollectGarbage(daemon, v1::GcRequest(), &done);
+  if (!st.ok()) spdlog::warn("retention: {}", st.ToString());
 }
 
 bool CheckpointService::HousekeepingPass() {
