@@ -66,7 +66,8 @@ std::string TiersString(const v1::Tiers& t) {
         parts.push_back(absl::StrCat("remote (uploading ", pct, "%)"));
         break;
       case v1::UPLOAD_RETRYING:
-        parts.push_back(absl::StrCat("remote (retrying, ", u.attempts(), " failed: ", u.error(), ")"));
+        parts.push_back(
+            absl::StrCat("remote (retrying, ", u.attempts(), " failed: ", u.error(), ")"));
         break;
       default:
         parts.push_back("remote (pending)");
@@ -227,8 +228,8 @@ absl::Status CollectGarbage(Context& ctx, const std::string& job, bool dry_run) 
   absl::Status first = absl::OkStatus();
   for (const v1::GcAction& a : resp.actions()) {
     if (!a.error().empty() && first.ok()) {
-      first = absl::AbortedError(absl::StrCat(a.action(), " ", a.job(), "/", a.step(), ": ",
-                                              a.error()));
+      first = absl::AbortedError(
+          absl::StrCat(a.action(), " ", a.job(), "/", a.step(), ": ", a.error()));
     }
   }
   if (ctx.json) {
@@ -263,7 +264,7 @@ absl::Status Wait(Context& ctx, const std::string& job, uint64_t step, uint32_t 
   v1::WaitRequest req;
   req.set_job(job);
   req.set_step(step);
-  req.set_until(until_staged       ? v1::WAIT_FOR_ALL_STAGED
+  req.set_until(until_staged        ? v1::WAIT_FOR_ALL_STAGED
                 : until == "remote" ? v1::WAIT_FOR_REMOTE
                                     : v1::WAIT_FOR_COMMITTED);
   req.set_timeout_ms(timeout_ms);

@@ -141,7 +141,8 @@ const std::map<std::string, OptionDef>& Defs() {
       {"remote_s3_endpoint",
        {"remote tier: the S3 endpoint, http(s)://host[:port]",
         StringSetter(&O::remote_s3_endpoint)}},
-      {"remote_s3_prefix", {"remote tier: key prefix in the bucket", StringSetter(&O::remote_s3_prefix)}},
+      {"remote_s3_prefix",
+       {"remote tier: key prefix in the bucket", StringSetter(&O::remote_s3_prefix)}},
       {"remote_s3_region", {"remote tier: SigV4 region", StringSetter(&O::remote_s3_region)}},
       {"remote_s3_path_style",
        {"remote tier: path-style addressing",
@@ -318,8 +319,8 @@ absl::Status DaemonOptions::Validate() {
 
 absl::Status DaemonOptions::ValidateTiers() const {
   if (tier_policy != "local" && tier_policy != "local+remote" && tier_policy != "remote") {
-    return absl::InvalidArgumentError(absl::StrCat("option tier_policy = \"", tier_policy,
-                                                   "\": expected local or local+remote"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("option tier_policy = \"", tier_policy, "\": expected local or local+remote"));
   }
   if (tier_policy == "remote") {
     return absl::InvalidArgumentError(
@@ -340,8 +341,9 @@ absl::Status DaemonOptions::ValidateTiers() const {
                                                    "\" needs remote_s3_endpoint"));
   }
   if (!remote_dir.empty() && (remote_dir == data_dir || remote_dir == state_dir)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "option remote_dir = \"", remote_dir, "\" is the local data or state dir, not a remote tier"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("option remote_dir = \"", remote_dir,
+                     "\" is the local data or state dir, not a remote tier"));
   }
   CKPTD_RETURN_IF_ERROR(Range("upload_threads", upload_threads, 1, limits::kUploadThreadsMax));
   CKPTD_RETURN_IF_ERROR(Range("upload_chunk_bytes", upload_chunk_bytes, limits::kAlignmentBytes,

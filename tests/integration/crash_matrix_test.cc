@@ -297,7 +297,8 @@ int RunCase(const std::string& base_state, const Case& c, std::vector<std::strin
   std::vector<std::string> flags = WorkloadFlags(c);
   const std::vector<std::string> remote = RemoteTierFlags(c, dir.path());
   flags.insert(flags.end(), remote.begin(), remote.end());
-  Daemon d(DaemonConfig{.state_dir = state, .staging_bytes_max = 16ull << 20, .extra_flags = flags});
+  Daemon d(
+      DaemonConfig{.state_dir = state, .staging_bytes_max = 16ull << 20, .extra_flags = flags});
   RunWorkload(d, c);
   const int rc = d.WaitExit(30000);
   if (rc < 0 || d.Log().find(CrashLine(c)) == std::string::npos) {

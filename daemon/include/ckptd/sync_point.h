@@ -62,9 +62,9 @@ inline constexpr std::string_view kSyncPoints[] = {
     "commit.manifest_durable",  // PutAtomic returned; the index row is not COMMITTED yet
     "commit.indexed",           // the COMMITTED row (and item rows) are synced
     // Upload to the remote tier (tier/remote_tier.cc): blobs, then the manifest, then the row.
-    "upload.blobs_copied",     // every blob is durable on the store; the manifest is not
-    "upload.manifest_put",     // the manifest is durable on the store; the row is not DURABLE
-    "upload.durable",          // the 'U' row is DURABLE (synced)
+    "upload.blobs_copied",  // every blob is durable on the store; the manifest is not
+    "upload.manifest_put",  // the manifest is durable on the store; the row is not DURABLE
+    "upload.durable",       // the 'U' row is DURABLE (synced)
     // Abort (save.cc RecordAbort): the ABORTED row first, then the files.
     "abort.recorded",       // the ABORTED row is synced, journal rows gone; files still there
     "abort.files_removed",  // the checkpoint's directory is removed (durably)

@@ -87,8 +87,7 @@ class GrpcCheckpointService final : public v1::Checkpoint::CallbackService {
   grpc::ServerUnaryReactor* Reshard(grpc::CallbackServerContext* ctx, const v1::ReshardRequest* req,
                                     v1::CheckpointStatus* resp) override;
   grpc::ServerUnaryReactor* CollectGarbage(grpc::CallbackServerContext* ctx,
-                                           const v1::GcRequest* req,
-                                           v1::GcResponse* resp) override;
+                                           const v1::GcRequest* req, v1::GcResponse* resp) override;
 
  private:
   template <typename Fn>

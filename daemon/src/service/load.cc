@@ -27,8 +27,8 @@ absl::StatusOr<std::shared_ptr<const Manifest>> CheckpointService::GetManifest(
     absl::StatusOr<std::string> bytes = tiers[t]->Get(path);
     m = bytes.ok() ? DecodeManifest(*bytes, path) : bytes.status();
     if (m.ok() && (m->header.job() != job || m->header.step() != step)) {
-      m = absl::DataLossError(absl::StrCat("manifest ", path, " belongs to ", m->header.job(), "/",
-                                           m->header.step()));
+      m = absl::DataLossError(
+          absl::StrCat("manifest ", path, " belongs to ", m->header.job(), "/", m->header.step()));
     }
     if (m.ok() || !(absl::IsNotFound(m.status()) || absl::IsDataLoss(m.status()))) break;
     if (t + 1 < tiers.size()) {

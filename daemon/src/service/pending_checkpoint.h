@@ -103,7 +103,7 @@ class PendingCheckpoint {
   // The tiers it is made durable on (resolved: never TIER_POLICY_DEFAULT), fixed by the Save that
   // opened it and journaled in its summary.
   v1::TierPolicy tier_policy = v1::TIER_LOCAL;
-  std::string error;     // why it was aborted
+  std::string error;  // why it was aborted
   int flushes_in_flight = 0;
   // Journal writes in flight with the lifecycle lock released; their rows land in the order
   // they were queued at the committer (one FIFO), so no write waits for another here.

@@ -182,7 +182,8 @@ absl::Status Recovery::AdoptManifests(Storage& storage, bool remote) {
   const std::string root = storage.Describe();
   absl::StatusOr<std::vector<std::string>> listed = storage.List("");
   if (remote && !listed.ok()) {
-    Problem(absl::StrCat("the remote tier ", root, " cannot be listed (", listed.status().ToString(),
+    Problem(absl::StrCat("the remote tier ", root, " cannot be listed (",
+                         listed.status().ToString(),
                          "); its checkpoints are not adopted until the next start"));
     return absl::OkStatus();
   }
@@ -329,8 +330,8 @@ absl::Status Recovery::ResumeOne(const v1::CheckpointRecord& rec,
   p->world_size = s.world_size();
   p->created_unix_ms = s.created_unix_ms();
   p->partial = s.partial();
-  p->tier_policy = s.tier_policy() == v1::TIER_LOCAL_AND_REMOTE ? v1::TIER_LOCAL_AND_REMOTE
-                                                                : v1::TIER_LOCAL;
+  p->tier_policy =
+      s.tier_policy() == v1::TIER_LOCAL_AND_REMOTE ? v1::TIER_LOCAL_AND_REMOTE : v1::TIER_LOCAL;
   // Its owner is its job's: only that uid may add ranks, and the job's row, already written, is
   // not journaled again (with another owner).
   CKPTD_ASSIGN_OR_RETURN(std::optional<uint32_t> owner, svc_.JobOwner(s.job()));

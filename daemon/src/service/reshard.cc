@@ -27,7 +27,7 @@ struct CheckpointService::ReshardJob {
   ReshardSpec spec;
   std::shared_ptr<const Manifest> src;
   std::vector<Storage*> src_tiers;  // where the source is read from (ReadTiers)
-  v1::CheckpointRecord rec;  // the target's row (PERSISTING until done)
+  v1::CheckpointRecord rec;         // the target's row (PERSISTING until done)
   uint32_t world_size = 1;
   std::atomic<uint64_t> bytes_done{0};
   std::atomic<bool> cancel{false};
@@ -248,7 +248,8 @@ absl::Status CheckpointService::CopyShard(ReshardJob& job, const PlanRequest& wh
     chunk.resize(plan.request_bytes[0]);
     uint8_t* dst = chunk.data();
     std::vector<uint64_t> read(job.src_tiers.size());
-    CKPTD_RETURN_IF_ERROR(loader_.ReadPlan(*job.src, plan, std::span(&dst, 1), job.src_tiers, read));
+    CKPTD_RETURN_IF_ERROR(
+        loader_.ReadPlan(*job.src, plan, std::span(&dst, 1), job.src_tiers, read));
     CKPTD_RETURN_IF_ERROR(out.Append(chunk.data(), chunk.size()));
     shard->set_length(shard->length() + chunk.size());
     job.bytes_done += chunk.size();

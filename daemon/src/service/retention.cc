@@ -18,8 +18,8 @@ absl::StatusOr<std::vector<RetentionStep>> CheckpointService::PlanJobRetention(
         v1::CheckpointRecord rec;
         if (rec.ParseFromArray(value.data(), static_cast<int>(value.size())) &&
             rec.summary().state() == v1::COMMITTED && rec.summary().job() == job) {
-          newest_first.push_back(
-              RetainedCheckpoint{.step = rec.summary().step(), .local = rec.summary().tiers().local()});
+          newest_first.push_back(RetainedCheckpoint{.step = rec.summary().step(),
+                                                    .local = rec.summary().tiers().local()});
         }
         return true;
       }));
@@ -116,8 +116,8 @@ absl::Status CheckpointService::DropLocalCopy(const std::string& job, uint64_t s
   // checked again here, with the key claimed).
   CKPTD_ASSIGN_OR_RETURN(std::optional<v1::UploadRecord> row, remote_.ReadRow(job, step));
   if (!row || row->upload().state() != v1::UPLOAD_DURABLE) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        CkptName(job, step), " has no durable remote copy; its local copy stays"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(CkptName(job, step), " has no durable remote copy; its local copy stays"));
   }
   const std::string dir = CheckpointDir(job, step);
   // Files first (the manifest first), then the row: a crash between leaves a row whose local

@@ -343,23 +343,25 @@ absl::StatusOr<v1::TierPolicy> CheckpointService::ResolveTierPolicy(
     const v1::SaveRequest& req) const {
   v1::TierPolicy policy = req.tier_policy();
   if (policy == v1::TIER_POLICY_DEFAULT) {
-    policy = deps_.options->tier_policy == "local+remote" ? v1::TIER_LOCAL_AND_REMOTE
-                                                          : v1::TIER_LOCAL;
+    policy =
+        deps_.options->tier_policy == "local+remote" ? v1::TIER_LOCAL_AND_REMOTE : v1::TIER_LOCAL;
   }
   const std::string what = CkptName(req.job(), req.step());
   if (!v1::TierPolicy_IsValid(policy)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, ": tier policy ", static_cast<int>(policy), " is not one this daemon knows"));
+    return absl::InvalidArgumentError(absl::StrCat(what, ": tier policy ", static_cast<int>(policy),
+                                                   " is not one this daemon knows"));
   }
   if (policy == v1::TIER_REMOTE) {
     return absl::UnimplementedError(absl::StrCat(
-        what, ": tier policy TIER_REMOTE (straight from the arena to the store) is not built yet; "
-              "use TIER_LOCAL_AND_REMOTE"));
+        what,
+        ": tier policy TIER_REMOTE (straight from the arena to the store) is not built yet; "
+        "use TIER_LOCAL_AND_REMOTE"));
   }
   if (policy == v1::TIER_LOCAL_AND_REMOTE && !remote_.enabled()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        what, ": tier policy TIER_LOCAL_AND_REMOTE, but this daemon has no remote tier "
-              "(start it with --remote_dir)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(what,
+                     ": tier policy TIER_LOCAL_AND_REMOTE, but this daemon has no remote tier "
+                     "(start it with --remote_dir)"));
   }
   return policy;
 }

@@ -137,8 +137,8 @@ absl::StatusOr<std::optional<v1::UploadRecord>> RemoteTier::ReadRow(const std::s
   if (!value) return std::nullopt;
   v1::UploadRecord rec;
   if (!rec.ParseFromString(*value)) {
-    return absl::DataLossError(absl::StrCat("the upload row of ", Name(job, step),
-                                            " in the index does not parse"));
+    return absl::DataLossError(
+        absl::StrCat("the upload row of ", Name(job, step), " in the index does not parse"));
   }
   return rec;
 }
@@ -279,7 +279,7 @@ void RemoteTier::Finished(const std::shared_ptr<Upload>& u, const absl::Status& 
   u->running = false;
   changed_.SignalAll();
   const std::string name = Name(u->job, u->step);
-  if (u->cancel) return;  // Remove erases it
+  if (u->cancel) return;                  // Remove erases it
   if (absl::IsCancelled(st) && !stop_) {  // its checkpoint was deleted: nothing to upload
     tracked_.erase(Key{u->job, u->step});
     return;
@@ -299,8 +299,7 @@ void RemoteTier::Finished(const std::shared_ptr<Upload>& u, const absl::Status& 
   const absl::Duration wait = Backoff(u->state.attempts(), options_->upload_retry_max_ms);
   u->next_attempt = absl::Now() + wait;
   spdlog::warn("remote tier: upload of {} to {} failed (attempt {}), retrying in {}: {}", name,
-               remote_->Describe(), u->state.attempts(), absl::FormatDuration(wait),
-               st.ToString());
+               remote_->Describe(), u->state.attempts(), absl::FormatDuration(wait), st.ToString());
 }
 
 absl::Status RemoteTier::WriteRow(const Upload& u, const v1::Upload& state) {
@@ -332,9 +331,9 @@ absl::Status RemoteTier::Attempt(Upload& u) {
   }
   CKPTD_SYNC_POINT("upload.blobs_copied");
   if (u.cancel || stop_) return absl::CancelledError(absl::StrCat("upload of ", name, " stopped"));
-  CKPTD_RETURN_IF_ERROR(Annotate(remote_->PutAtomic(manifest_path, manifest),
-                                 absl::StrCat("writing the manifest of ", name, " to ",
-                                              remote_->Describe())));
+  CKPTD_RETURN_IF_ERROR(
+      Annotate(remote_->PutAtomic(manifest_path, manifest),
+               absl::StrCat("writing the manifest of ", name, " to ", remote_->Describe())));
   u.bytes_done += manifest.size();
   CKPTD_SYNC_POINT("upload.manifest_put");
   v1::Upload durable;
@@ -368,7 +367,8 @@ absl::Status RemoteTier::CopyBlob(Upload& u, const std::string& path, uint64_t m
         absl::StrCat("uploading ", path, ": no memory for a ", chunk, "-byte buffer"));
   }
   for (uint64_t off = 0; off < size; off += chunk) {
-    if (u.cancel || stop_) return absl::CancelledError(absl::StrCat("upload of ", path, " stopped"));
+    if (u.cancel || stop_)
+      return absl::CancelledError(absl::StrCat("upload of ", path, " stopped"));
     const uint64_t len = std::min(chunk, size - off);
     IoSlice slice{buf.get(), len, off};
     CKPTD_RETURN_IF_ERROR(Annotate((*reader)->Read(std::span<const IoSlice>(&slice, 1)),

@@ -33,11 +33,11 @@ TEST_CASE("retention: keep_local and keep_remote per tier", "[unit]") {
 TEST_CASE("retention: a copy that is the only durable one goes only with its checkpoint",
           "[unit]") {
   std::vector<RetainedCheckpoint> c = {
-      {.step = 9, .local = true},                                // newest, local only
-      {.step = 8, .local = true, .upload_pending = true},       // upload under way: stays
-      {.step = 7, .local = true},                                // local only: deleted
-      {.step = 6, .local = false, .remote = true},              // remote only, within keep_remote
-      {.step = 5, .local = false, .remote = true},              // remote only, past it: deleted
+      {.step = 9, .local = true},                          // newest, local only
+      {.step = 8, .local = true, .upload_pending = true},  // upload under way: stays
+      {.step = 7, .local = true},                          // local only: deleted
+      {.step = 6, .local = false, .remote = true},         // remote only, within keep_remote
+      {.step = 5, .local = false, .remote = true},         // remote only, past it: deleted
   };
   CHECK(Render(PlanRetention(c, 1, 1)) == "7:delete 5:delete ");
   // Ranks count per tier: 6 is the newest remote copy, so keep_remote 1 keeps it.

@@ -230,9 +230,9 @@ struct SaveResult {
 };
 
 struct Tiers {
-  bool staged = false;  // some bytes are in the staging arena
-  bool local = false;   // durable on local storage
-  bool remote = false;  // durable on the remote store
+  bool staged = false;    // some bytes are in the staging arena
+  bool local = false;     // durable on local storage
+  bool remote = false;    // durable on the remote store
   UploadProgress upload;  // kNone unless the checkpoint's policy has a remote tier
 };
 
