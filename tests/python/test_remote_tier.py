@@ -36,7 +36,9 @@ def test_local_and_remote_then_a_fresh_node_loads_from_the_store(store: str) -> 
         w = np.arange(64 * 32, dtype=np.float32).reshape(64, 32)
         for rank in range(2):  # two row halves
             rows = w[rank * 32 : (rank + 1) * 32]
-            shard = ckptd.Shard(rows, global_shape=w.shape, region=ckptd.Box((rank * 32, 0), (32, 32)))
+            shard = ckptd.Shard(
+                rows, global_shape=w.shape, region=ckptd.Box((rank * 32, 0), (32, 32))
+            )
             c.save("pyremote", 5, {"w": shard}, {"meta": {"lr": 0.1}}, rank=rank, world_size=2)
         info = c.wait("pyremote", 5, until="remote", timeout_ms=30000)
         assert info["tiers"]["local"] and info["tiers"]["remote"]
