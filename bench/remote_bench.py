@@ -85,6 +85,30 @@ def stop_group(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
         pass
 
 
+WEED_PID: dict[str, int] = {}  # "pid": the running weed server's
+
+
+def proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process `pid` (all its threads) so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_now(client_pid: int | None) -> tuple[float, float]:
+    """(CPU seconds of the client side: the daemon `client_pid`, else this process; of weed)."""
+    if client_pid is None:
+        t = os.times()
+        mine = t.user + t.system
+    else:
+        mine = proc_cpu_s(client_pid)
+    return mine, proc_cpu_s(WEED_PID["pid"])
+
+
+def cpu_since(before: tuple[float, float], client_pid: int | None) -> dict[str, float]:
+    now = cpu_now(client_pid)
+    return {"cpu_client_s": now[0] - before[0], "cpu_store_s": now[1] - before[1]}
+
+
 def s3_client(endpoint: str, concurrency: int, signed: bool = False) -> Any:
     import boto3
     from botocore.config import Config
@@ -156,6 +180,7 @@ def weed_server(weed: str, work: Path) -> Iterator[str]:
             start_new_session=True,
         )
     endpoint = f"http://127.0.0.1:{p['s3']}"
+    WEED_PID["pid"] = proc.pid
     try:
         client = s3_client(endpoint, 1)
         deadline = time.monotonic() + 90
@@ -350,16 +375,18 @@ def s3t_download(client: Any, args: Any, keys: list[str], dest: Path) -> float:
 
 
 def ckptd_upload(d: Daemon, step: int, tensors: dict[str, Any]) -> tuple[float, int, dict]:
-    """(seconds from COMMITTED to durable on the store, upload bytes_total, upload status)."""
+    """(seconds from COMMITTED to durable on the store, upload bytes_total, upload status and
+    the CPU seconds of the daemon and of the store meanwhile)."""
     import ckptd
 
     save(d.sock, step, tensors)
+    cpu = cpu_now(d.proc.pid)
     t0 = time.perf_counter()
     with ckptd.connect(d.sock) as c:
         st = c.wait(JOB, step, until="remote", timeout_ms=600_000)
     elapsed = time.perf_counter() - t0
     up = dict(st.get("tiers", {}).get("upload", st.get("upload", {})))
-    return elapsed, int(up.get("bytes_total", 0)), up
+    return elapsed, int(up.get("bytes_total", 0)), up | cpu_since(cpu, d.proc.pid)
 
 
 def delete_step(d: Daemon, step: int) -> None:
@@ -495,14 +522,31 @@ def one_round(
     def up_ckptd(name: str) -> Callable[[], None]:
         def go() -> None:
             s, n, st = ckptd_upload(daemons[name], step, tensors)
-            out.add(part="upload", system=name, round=r, bytes=n, seconds=s, state=st.get("state"))
+            cpu = {k: v for k, v in st.items() if k.startswith("cpu_")}
+            out.add(
+                part="upload",
+                system=name,
+                round=r,
+                bytes=n,
+                seconds=s,
+                state=st.get("state"),
+                **cpu,
+            )
 
         return go
 
     def up_s3t(name: str, client: Any) -> Callable[[], None]:
         def go() -> None:
+            cpu = cpu_now(None)
             s = s3t_upload(client, args, files, f"{name}/r{r}")
-            out.add(part="upload", system=name, round=r, bytes=blob_bytes, seconds=s)
+            out.add(
+                part="upload",
+                system=name,
+                round=r,
+                bytes=blob_bytes,
+                seconds=s,
+                **cpu_since(cpu, None),
+            )
 
         return go
 
@@ -532,6 +576,7 @@ def one_round(
         with ckptd.connect(fresh.sock, rpc_timeout_ms=600_000) as c:
 
             def dl_ckptd() -> None:
+                cpu = cpu_now(fresh.proc.pid)
                 t0 = time.perf_counter()
                 res = c.load(JOB, step, into=dests)
                 s = time.perf_counter() - t0
@@ -542,6 +587,7 @@ def one_round(
                     bytes=res.bytes_read,
                     bytes_read_remote=res.bytes_read_remote,
                     seconds=s,
+                    **cpu_since(cpu, fresh.proc.pid),
                 )
                 if r == 0:
                     for n, t in tensors.items():
@@ -551,8 +597,16 @@ def one_round(
                     d.fill(0)
 
             def dl_s3t() -> None:
+                cpu = cpu_now(None)
                 s = s3t_download(fair, args, keys, work / "dl")
-                out.add(part="download", system="s3transfer", round=r, bytes=blob_bytes, seconds=s)
+                out.add(
+                    part="download",
+                    system="s3transfer",
+                    round=r,
+                    bytes=blob_bytes,
+                    seconds=s,
+                    **cpu_since(cpu, None),
+                )
 
             for fn in rotate([dl_ckptd, dl_s3t], r):
                 fn()
@@ -664,15 +718,23 @@ def table(rows: list[dict[str, Any]]) -> None:
         return statistics.median(x["gbps"] for x in rs) if rs else None
 
     n = len({row["round"] for row in rows})
-    print(f"\n| part | system | median GB/s ({n} rounds) | / s3transfer | / disk read |")
-    print("|---|---|---|---|---|")
+    print(
+        f"\n| part | system | median GB/s ({n} rounds) | / s3transfer | / disk read "
+        "| client CPU s/GB | store CPU s/GB |"
+    )
+    print("|---|---|---|---|---|---|---|")
     disk = med("upload", "disk_read")
     for part, system in sorted(by):
         g, base = med(part, system), med(part, "s3transfer")
         assert g is not None
         vs = f"{g / base:.2f}" if base else "-"
         vd = f"{g / disk:.2f}" if disk and part == "upload" else "-"
-        print(f"| {part} | {system} | {g:.3f} | {vs} | {vd} |")
+        rs = by[(part, system)]
+        cpu = [
+            f"{statistics.median(x[k] / (x['bytes'] / GB) for x in rs):.2f}" if k in rs[0] else "-"
+            for k in ("cpu_client_s", "cpu_store_s")
+        ]
+        print(f"| {part} | {system} | {g:.3f} | {vs} | {vd} | {cpu[0]} | {cpu[1]} |")
     re: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
         if row["part"] == "reshard":
