@@ -14,9 +14,9 @@ One run, every system side by side on the same machine, store and bytes, in inte
             files, page cache dropped for them first), multipart_chunksize = part size,
             max_concurrency = parts in flight, all files submitted at once; payload unsigned and
             no checksums (what ckptd sends: UNSIGNED-PAYLOAD; botocore signs the payload over
-            http unless told not to). `s3transfer_signed` is boto3's default config over http
-            (SHA-256 of every part for the signature, CRC32 checksum): the same library as most
-            users run it against a plain-http store.
+            http unless told not to). `s3transfer_signed` (opt-in, --systems) is boto3's
+            default config over http (SHA-256 of every part for the signature, CRC32 checksum):
+            the same library as most users run it against a plain-http store.
             disk: dd iflag=direct of the same files (the local read limit under the upload).
   download  a fresh daemon (empty state dir, same bucket and prefix) adopts the checkpoint from
             the store; ckptd loads every item into pre-faulted numpy arrays; s3transfer downloads
