@@ -69,3 +69,28 @@ def test_local_and_remote_then_a_fresh_node_loads_from_the_store(store: str) -> 
         np.testing.assert_array_equal(cols, w[:, 16:])
     finally:
         stop(b)
+
+
+def test_dcp_save_with_a_remote_tier_loads_on_a_fresh_node(store: str) -> None:
+    """ckptd.torch needs no change beyond configuration: StorageWriter(tier_policy=...)."""
+    torch = pytest.importorskip("torch")
+    dcp = pytest.importorskip("torch.distributed.checkpoint")
+    import ckptd.torch as ct
+
+    sd = {"w": torch.randn(48, 16), "b": torch.arange(16, dtype=torch.bfloat16), "step": 7}
+    a = start_daemon(flags=[f"--remote_dir={store}"])
+    try:
+        writer = ct.StorageWriter("dcp/remote/step-3", socket=a.socket, tier_policy="local+remote")
+        dcp.save(sd, storage_writer=writer)
+        c = ckptd.connect(a.socket)
+        assert c.wait("dcp.remote", 3, until="remote", timeout_ms=30000)["tiers"]["remote"]
+    finally:
+        stop(a)
+    b = start_daemon(flags=[f"--remote_dir={store}"])
+    try:
+        out = {"w": torch.zeros(48, 16), "b": torch.zeros(16, dtype=torch.bfloat16), "step": 0}
+        dcp.load(out, storage_reader=ct.StorageReader("dcp/remote/step-3", socket=b.socket))
+        assert torch.equal(out["w"], sd["w"]) and torch.equal(out["b"], sd["b"])
+        assert out["step"] == 7
+    finally:
+        stop(b)

@@ -81,7 +81,9 @@ class _StagedSave:
     sizes: dict[Any, int]  # _index_key -> bytes
 
 
-def connect(socket: str | None) -> ckptd.Client:
+def connect(socket: str | None, tier_policy: str = "default") -> ckptd.Client:
+    if tier_policy != "default":
+        return ckptd.connect(socket, tier_policy=tier_policy)
     return ckptd.connect(socket) if socket else ckptd.default_client()
 
 
@@ -94,7 +96,7 @@ class LazyClient:
     @property
     def client(self) -> ckptd.Client:
         if self._client is None:
-            self._client = connect(self.socket)
+            self._client = connect(self.socket, getattr(self, "tier_policy", "default"))
         return self._client
 
     def __getstate__(self) -> dict[str, Any]:
@@ -194,11 +196,15 @@ class StorageWriter(LazyClient, _DcpWriter, AsyncStager):
         socket: str | None = None,
         commit_timeout_ms: int = 3600 * 1000,
         async_staging: bool = False,
+        tier_policy: str = "default",
         _extensions: Sequence[Any] | None = None,
     ) -> None:
         super().__init__()
         refuse_extensions(_extensions, "StorageWriter")
         self.socket = socket
+        # The tiers the checkpoints this writer saves are made durable on: "default" (the
+        # daemon's tier_policy), "local" or "local+remote" (README "Tiers").
+        self.tier_policy = tier_policy
         self.commit_timeout_ms = commit_timeout_ms
         self.async_staging = async_staging
         self._client: ckptd.Client | None = None
