@@ -115,14 +115,17 @@ struct DaemonOptions {
   bool remote_s3_tls_verify = true;
   // CA bundle for TLS verification; empty: the system's. Default: ""
   std::string remote_s3_ca_path;
-  // Multipart part size (5 MiB..5 GiB) and parts in flight per blob upload. Default: 16777216, 8
-  uint64_t remote_s3_part_size_bytes = 16ull << 20;
+  // Multipart part size (5 MiB..5 GiB) and parts in flight per blob upload. Default: 8388608, 8
+  uint64_t remote_s3_part_size_bytes = 8ull << 20;
   uint32_t remote_s3_parts_in_flight = 8;
   // Threads that upload committed checkpoints to the remote tier. Default: 2
   uint32_t upload_threads = 2;
-  // Bytes each upload thread reads from local storage and writes to the store at a time (a
-  // multiple of 4096). Default: 8388608 (8 MiB)
-  uint64_t upload_chunk_bytes = 8ull << 20;
+  // Bytes each upload thread reads from local storage and hands the store at a time (a multiple
+  // of 4096; one buffer per upload thread). The S3 plugin sends only the whole parts of one
+  // write at once, so a chunk of remote_s3_part_size_bytes x remote_s3_parts_in_flight keeps
+  // every part in flight (bench/RESULTS.md: 8 MiB chunks kept one part in flight).
+  // Default: 67108864 (64 MiB: 8 parts of 8 MiB)
+  uint64_t upload_chunk_bytes = 64ull << 20;
   // A failed upload is retried after a backoff doubling from 1 s up to this, forever (the store
   // may be down for hours; the checkpoint stays COMMITTED locally meanwhile). Default: 60000
   uint64_t upload_retry_max_ms = 60000;

@@ -150,7 +150,7 @@ static_assert(kChecksumPoolThreads <= kWorkerPoolThreadsMax &&
 // uploads it tracks in memory at once (beyond that a checkpoint's upload stays PENDING in the
 // index and is taken up when one finishes: the tracked set is refilled from the index).
 inline constexpr uint64_t kUploadThreadsMax = 16;
-inline constexpr uint64_t kUploadChunkBytesMax = 64 * kMiB;
+inline constexpr uint64_t kUploadChunkBytesMax = 256 * kMiB;
 inline constexpr uint64_t kUploadsTrackedMax = 1024;
 static_assert(kUploadThreadsMax <= kWorkerPoolThreadsMax);
 static_assert(kUploadChunkBytesMax % kAlignmentBytes == 0);
