@@ -156,9 +156,9 @@ absl::Status CheckpointService::IndexCommitted(const Manifest& m, const std::str
   if (tiers.policy == v1::TIER_LOCAL_AND_REMOTE) {
     uint64_t bytes_total = 0;
     for (const v1::BlobInfo& b : h.blobs()) bytes_total += b.size_bytes();
-    writes.push_back(tiers.remote_durable
-                         ? remote_.DurableRow(h.job(), h.step(), dir, bytes_total)
-                         : remote_.PendingRow(h.job(), h.step(), dir, bytes_total));
+    writes.push_back(
+        remote_.NewRow(h.job(), h.step(), dir, bytes_total,
+                       tiers.remote_durable ? v1::UPLOAD_DURABLE : v1::UPLOAD_PENDING));
   }
   return committer_.Commit(keys::Checkpoint(h.job(), h.step()), std::move(writes));
 }

@@ -43,19 +43,10 @@ RemoteTier::RemoteTier(const DaemonOptions* options, MetaStore* meta, Committer*
 
 RemoteTier::~RemoteTier() { Stop(); }
 
-MetaStore::Write RemoteTier::PendingRow(const std::string& job, uint64_t step,
-                                        const std::string& dir, uint64_t bytes_total) const {
+MetaStore::Write RemoteTier::NewRow(const std::string& job, uint64_t step, const std::string& dir,
+                                    uint64_t bytes_total, v1::UploadState state) const {
   v1::Upload u;
-  u.set_state(v1::UPLOAD_PENDING);
-  u.set_bytes_total(bytes_total);
-  u.set_store(remote_ != nullptr ? remote_->Describe() : "");
-  return RowWrite(job, step, dir, u);
-}
-
-MetaStore::Write RemoteTier::DurableRow(const std::string& job, uint64_t step,
-                                        const std::string& dir, uint64_t bytes_total) const {
-  v1::Upload u;
-  u.set_state(v1::UPLOAD_DURABLE);
+  u.set_state(state);
   u.set_bytes_total(bytes_total);
   u.set_store(remote_ != nullptr ? remote_->Describe() : "");
   return RowWrite(job, step, dir, u);

@@ -56,12 +56,10 @@ class RemoteTier {
   bool enabled() const { return remote_ != nullptr; }
   Storage* remote() const { return remote_; }
 
-  // The 'U' row of a new PENDING upload of (job, step), for the caller's COMMITTED batch.
-  MetaStore::Write PendingRow(const std::string& job, uint64_t step, const std::string& dir,
-                              uint64_t bytes_total) const;
-  // The 'U' row of a checkpoint adopted from the store (already there: DURABLE).
-  MetaStore::Write DurableRow(const std::string& job, uint64_t step, const std::string& dir,
-                              uint64_t bytes_total) const;
+  // The 'U' row of (job, step) for the caller's COMMITTED batch: UPLOAD_PENDING for a new upload,
+  // UPLOAD_DURABLE for a checkpoint adopted from the store (already there).
+  MetaStore::Write NewRow(const std::string& job, uint64_t step, const std::string& dir,
+                          uint64_t bytes_total, v1::UploadState state) const;
 
   // Starts the upload threads and tracks every upload the index holds that is not DURABLE (a
   // restart resumes them). Once, after recovery.

@@ -25,7 +25,8 @@ std::string CompleteBody(const std::vector<std::string>& etags) {
   pugi::xml_node root = doc.append_child("CompleteMultipartUpload");
   for (size_t i = 0; i < etags.size(); ++i) {
     pugi::xml_node part = root.append_child("Part");
-    part.append_child("PartNumber").text().set(static_cast<unsigned long long>(i + 1));
+    const unsigned long long number = i + 1;
+    part.append_child("PartNumber").text().set(number);
     part.append_child("ETag").text().set(etags[i].c_str());
   }
   std::ostringstream out;
@@ -265,6 +266,7 @@ class S3BlobReader : public BlobReader {
       }
     }
     std::vector<Request*> ptrs;
+    ptrs.reserve(reqs.size());
     for (Request& r : reqs) ptrs.push_back(&r);
     CKPTD_RETURN_IF_ERROR(client_->Run(ptrs, client_->options().get_in_flight));
     for (const Request& r : reqs) {

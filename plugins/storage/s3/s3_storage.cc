@@ -255,6 +255,7 @@ class S3Storage : public Storage {
       reqs.back().not_found_ok = true;
     }
     std::vector<Request*> ptrs;
+    ptrs.reserve(reqs.size());
     for (Request& r : reqs) ptrs.push_back(&r);
     return client_->Run(ptrs, client_->options().get_in_flight);
   }
