@@ -326,17 +326,6 @@ absl::Status CheckpointService::GetStatus(const Caller& caller, const v1::GetSta
   return absl::OkStatus();
 }
 
-void CheckpointService::FillRemoteTier(v1::CheckpointSummary* summary) {
-  if (!remote_.enabled() || summary->tier_policy() != v1::TIER_LOCAL_AND_REMOTE) return;
-  absl::StatusOr<std::optional<v1::UploadRecord>> row =
-      remote_.ReadRow(summary->job(), summary->step());
-  if (!row.ok()) {
-    summary->mutable_tiers()->mutable_upload()->set_error(std::string(row.status().message()));
-    return;
-  }
-  remote_.Fill(summary->job(), summary->step(), *row, summary->mutable_tiers());
-}
-
 absl::Status CheckpointService::Inspect(const Caller& caller, const v1::InspectRequest& req,
                                         v1::InspectResponse* resp) {
   CKPTD_RETURN_IF_ERROR(ValidateJobName(req.job()));

@@ -41,6 +41,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -268,8 +269,11 @@ class CheckpointService {
   // load.cc
   // The verified manifest of (job, step), from the cache or storage. One that does not verify
   // (DATA_LOSS) marks a COMMITTED checkpoint CORRUPT.
-  absl::StatusOr<std::shared_ptr<const Manifest>> GetManifest(const std::string& job,
-                                                              uint64_t step);
+  // `tiers`: where to read it, when the caller already has them (ReadTiers); else the row is
+  // read to find them.
+  absl::StatusOr<std::shared_ptr<const Manifest>> GetManifest(
+      const std::string& job, uint64_t step,
+      std::optional<std::vector<Storage*>> tiers = std::nullopt);
   // catalog.cc
   enum class Access { kRead, kWrite, kDelete };
   // OK when `caller` may do `access` to `job` (see Hello's comment); OK for a job that does not

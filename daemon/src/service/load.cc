@@ -10,7 +10,7 @@
 namespace ckptd {
 
 absl::StatusOr<std::shared_ptr<const Manifest>> CheckpointService::GetManifest(
-    const std::string& job, uint64_t step) {
+    const std::string& job, uint64_t step, std::optional<std::vector<Storage*>> known_tiers) {
   if (std::shared_ptr<const Manifest> cached = manifest_cache_.Get(Key{job, step})) {
     return cached;
   }
@@ -18,9 +18,13 @@ absl::StatusOr<std::shared_ptr<const Manifest>> CheckpointService::GetManifest(
   // From the fastest tier that has a manifest that verifies (one a tier lacks, or that does not
   // verify there, is read from the next).
   std::vector<Storage*> tiers = {deps_.storage};
-  CKPTD_ASSIGN_OR_RETURN(std::optional<v1::CheckpointRecord> rec, ReadRecord(job, step));
-  if (rec) {
-    CKPTD_ASSIGN_OR_RETURN(tiers, ReadTiers(*rec));
+  if (known_tiers) {
+    tiers = *std::move(known_tiers);
+  } else {
+    CKPTD_ASSIGN_OR_RETURN(std::optional<v1::CheckpointRecord> rec, ReadRecord(job, step));
+    if (rec) {
+      CKPTD_ASSIGN_OR_RETURN(tiers, ReadTiers(*rec));
+    }
   }
   absl::StatusOr<Manifest> m;
   for (size_t t = 0; t < tiers.size(); ++t) {
@@ -50,25 +54,6 @@ absl::StatusOr<std::shared_ptr<const Manifest>> CheckpointService::GetManifest(
   return shared;
 }
 
-absl::StatusOr<std::vector<Storage*>> CheckpointService::ReadTiers(
-    const v1::CheckpointRecord& rec) {
-  std::vector<Storage*> tiers;
-  const v1::CheckpointSummary& s = rec.summary();
-  if (s.tiers().local()) tiers.push_back(deps_.storage);
-  if (remote_.enabled() && s.tier_policy() == v1::TIER_LOCAL_AND_REMOTE) {
-    CKPTD_ASSIGN_OR_RETURN(std::optional<v1::UploadRecord> row, remote_.ReadRow(s.job(), s.step()));
-    if (row && row->upload().state() == v1::UPLOAD_DURABLE) tiers.push_back(remote_.remote());
-  }
-  if (tiers.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        CkptName(s.job(), s.step()), " is on no tier this daemon can read (",
-        s.tiers().remote() ? "its copy is on a remote tier this daemon is not configured with"
-                           : "no local or remote copy",
-        ")"));
-  }
-  return tiers;
-}
-
 absl::Status CheckpointService::Load(const Caller& caller, const v1::LoadRequest& req,
                                      v1::LoadResponse* resp) {
   CKPTD_ASSIGN_OR_RETURN(std::string session, SessionOf(caller, req.session_id()));
@@ -93,8 +78,9 @@ absl::Status CheckpointService::Load(const Caller& caller, const v1::LoadRequest
         "checkpoint ", req.job(), "/", step, " is ",
         v1::CheckpointState_Name(rec->summary().state()), "; only COMMITTED checkpoints load"));
   }
-  CKPTD_ASSIGN_OR_RETURN(std::shared_ptr<const Manifest> m, GetManifest(req.job(), step));
+  // The row and its tiers are read once here; GetManifest reads neither again.
   CKPTD_ASSIGN_OR_RETURN(std::vector<Storage*> tiers, ReadTiers(*rec));
+  CKPTD_ASSIGN_OR_RETURN(std::shared_ptr<const Manifest> m, GetManifest(req.job(), step, tiers));
   resp->set_step(step);
   return loader_.Load(session, *m, req, tiers, remote_.remote(), resp);
 }

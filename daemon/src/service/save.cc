@@ -339,33 +339,6 @@ absl::Status CheckpointService::JournalUnlocked(PendingCheckpoint& p,
   return st;
 }
 
-absl::StatusOr<v1::TierPolicy> CheckpointService::ResolveTierPolicy(
-    const v1::SaveRequest& req) const {
-  v1::TierPolicy policy = req.tier_policy();
-  if (policy == v1::TIER_POLICY_DEFAULT) {
-    policy =
-        deps_.options->tier_policy == "local+remote" ? v1::TIER_LOCAL_AND_REMOTE : v1::TIER_LOCAL;
-  }
-  const std::string what = CkptName(req.job(), req.step());
-  if (!v1::TierPolicy_IsValid(policy)) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": tier policy ", static_cast<int>(policy),
-                                                   " is not one this daemon knows"));
-  }
-  if (policy == v1::TIER_REMOTE) {
-    return absl::UnimplementedError(absl::StrCat(
-        what,
-        ": tier policy TIER_REMOTE (straight from the arena to the store) is not built yet; "
-        "use TIER_LOCAL_AND_REMOTE"));
-  }
-  if (policy == v1::TIER_LOCAL_AND_REMOTE && !remote_.enabled()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(what,
-                     ": tier policy TIER_LOCAL_AND_REMOTE, but this daemon has no remote tier "
-                     "(start it with --remote_dir)"));
-  }
-  return policy;
-}
-
 absl::StatusOr<PendingCheckpoint*> CheckpointService::FindOrOpenLocked(const Caller& caller,
                                                                        const v1::SaveRequest& req,
                                                                        v1::TierPolicy policy) {
@@ -569,15 +542,6 @@ absl::Status CheckpointService::Wait(const Caller& caller, const v1::WaitRequest
   return absl::DeadlineExceededError(absl::StrCat(
       what, " is ", v1::CheckpointState_Name(it->second->api_state()), " after ", req.timeout_ms(),
       " ms", missing.empty() ? "" : absl::StrCat("; ranks missing: ", RanksList(missing))));
-}
-
-absl::Status CheckpointService::WaitRemoteLocked(const std::string& job, uint64_t step,
-                                                 absl::Time deadline, v1::CheckpointStatus* resp) {
-  mu_.Unlock();
-  absl::Status st = remote_.WaitDurable(job, step, deadline);
-  FillRemoteTier(resp->mutable_summary());
-  mu_.Lock();
-  return st;
 }
 
 absl::Status CheckpointService::Commit(const Caller& caller, const v1::CommitRequest& req,

@@ -1,0 +1,76 @@
+// Tiers of CheckpointService: the lifecycle's and the catalog's side of the tiers — the policy a
+// Save asks for, which tiers a COMMITTED checkpoint is read from, its remote tier in a status,
+// and Wait(WAIT_FOR_REMOTE). The uploads themselves are tier/remote_tier.h's.
+#include "absl/strings/str_cat.h"
+#include "ckptd/status.h"
+#include "service/checkpoint_service.h"
+
+namespace ckptd {
+
+absl::StatusOr<v1::TierPolicy> CheckpointService::ResolveTierPolicy(
+    const v1::SaveRequest& req) const {
+  v1::TierPolicy policy = req.tier_policy();
+  if (policy == v1::TIER_POLICY_DEFAULT) {
+    policy =
+        deps_.options->tier_policy == "local+remote" ? v1::TIER_LOCAL_AND_REMOTE : v1::TIER_LOCAL;
+  }
+  const std::string what = CkptName(req.job(), req.step());
+  if (!v1::TierPolicy_IsValid(policy)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": tier policy ", static_cast<int>(policy),
+                                                   " is not one this daemon knows"));
+  }
+  if (policy == v1::TIER_REMOTE) {
+    return absl::UnimplementedError(absl::StrCat(
+        what,
+        ": tier policy TIER_REMOTE (straight from the arena to the store) is not built yet; "
+        "use TIER_LOCAL_AND_REMOTE"));
+  }
+  if (policy == v1::TIER_LOCAL_AND_REMOTE && !remote_.enabled()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what,
+                     ": tier policy TIER_LOCAL_AND_REMOTE, but this daemon has no remote tier "
+                     "(start it with --remote_dir)"));
+  }
+  return policy;
+}
+
+absl::StatusOr<std::vector<Storage*>> CheckpointService::ReadTiers(
+    const v1::CheckpointRecord& rec) {
+  std::vector<Storage*> tiers;
+  const v1::CheckpointSummary& s = rec.summary();
+  if (s.tiers().local()) tiers.push_back(deps_.storage);
+  if (remote_.enabled() && s.tier_policy() == v1::TIER_LOCAL_AND_REMOTE) {
+    CKPTD_ASSIGN_OR_RETURN(std::optional<v1::UploadRecord> row, remote_.ReadRow(s.job(), s.step()));
+    if (row && row->upload().state() == v1::UPLOAD_DURABLE) tiers.push_back(remote_.remote());
+  }
+  if (tiers.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        CkptName(s.job(), s.step()), " is on no tier this daemon can read (",
+        s.tiers().remote() ? "its copy is on a remote tier this daemon is not configured with"
+                           : "no local or remote copy",
+        ")"));
+  }
+  return tiers;
+}
+
+void CheckpointService::FillRemoteTier(v1::CheckpointSummary* summary) {
+  if (!remote_.enabled() || summary->tier_policy() != v1::TIER_LOCAL_AND_REMOTE) return;
+  absl::StatusOr<std::optional<v1::UploadRecord>> row =
+      remote_.ReadRow(summary->job(), summary->step());
+  if (!row.ok()) {
+    summary->mutable_tiers()->mutable_upload()->set_error(std::string(row.status().message()));
+    return;
+  }
+  remote_.Fill(summary->job(), summary->step(), *row, summary->mutable_tiers());
+}
+
+absl::Status CheckpointService::WaitRemoteLocked(const std::string& job, uint64_t step,
+                                                 absl::Time deadline, v1::CheckpointStatus* resp) {
+  mu_.Unlock();
+  absl::Status st = remote_.WaitDurable(job, step, deadline);
+  FillRemoteTier(resp->mutable_summary());
+  mu_.Lock();
+  return st;
+}
+
+}  // namespace ckptd
