@@ -93,17 +93,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (argc == 3 && std::strcmp(argv[1], "--stop-weed") == 0) {
-    std::ifstream in(std::string(argv[2]) + "/state");
-    std::string endpoint;
-    pid_t pid = -1;
-    if (in >> endpoint >> pid && pid > 0 && kill(-pid, SIGTERM) == 0) {
-      // Not our child (its starter exited): wait for the group to be gone, bounded.
-      for (int i = 0; i < 150 && kill(-pid, 0) == 0; ++i) usleep(20'000);
-      kill(-pid, SIGKILL);
-      for (int i = 0; i < 100 && kill(-pid, 0) == 0; ++i) usleep(20'000);
-    }
-    std::error_code ec;
-    std::filesystem::remove_all(argv[2], ec);
+    WeedServer::StopShared(argv[2]);
     return 0;
   }
   int rc = Catch::Session().run(argc, argv);

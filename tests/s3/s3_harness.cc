@@ -209,7 +209,7 @@ absl::Status WeedServer::Launch(uint32_t ready_timeout_ms) {
                                    "-filer",
                                    "-filer.port=" + port(kFiler),
                                    "-filer.port.grpc=" + port(kFilerGrpc),
-                                   "-filer.localSocket=" + dir_ + "/filer.sock",
+                                   "-filer.localSocket=" + FilerSocket(),
                                    "-s3",
                                    "-s3.port=" + port(kS3),
                                    "-s3.port.grpc=" + port(kS3Grpc),
@@ -225,6 +225,7 @@ absl::Status WeedServer::Launch(uint32_t ready_timeout_ms) {
   while (absl::Now() < deadline) {
     if (waitpid(pid_, nullptr, WNOHANG) == pid_) {
       pid_ = -1;
+      RemoveSockets();
       return absl::UnavailableError(absl::StrCat("weed exited at start; see ", dir_, "/weed.log"));
     }
     last = CreateBucket(kWeedBucket);
@@ -233,6 +234,7 @@ absl::Status WeedServer::Launch(uint32_t ready_timeout_ms) {
   }
   KillGroup(pid_, 2000);
   pid_ = -1;
+  RemoveSockets();
   return absl::UnavailableError(absl::StrCat("weed not ready after ", ready_timeout_ms, " ms (",
                                              last.message(), "); see ", dir_, "/weed.log"));
 }
@@ -241,21 +243,37 @@ absl::StatusOr<std::unique_ptr<WeedServer>> WeedServer::Attach(const std::string
   std::ifstream in(dir + "/state");
   std::unique_ptr<WeedServer> w(new WeedServer());
   w->dir_ = dir;
-  if (!(in >> w->endpoint_ >> w->pid_)) {
-    return absl::NotFoundError(absl::StrCat("no weed state in ", dir, "/state"));
-  }
-  w->ports_[kS3] =
-      static_cast<uint16_t>(std::stoi(w->endpoint_.substr(w->endpoint_.rfind(':') + 1)));
+  bool read = static_cast<bool>(in >> w->endpoint_ >> w->pid_);
+  for (uint16_t& port : w->ports_) read = read && static_cast<bool>(in >> port);
+  if (!read) return absl::NotFoundError(absl::StrCat("no weed state in ", dir, "/state"));
   CKPTD_RETURN_IF_ERROR(w->CreateBucket(kWeedBucket));
   return w;
 }
 
 absl::Status WeedServer::WriteState() const {
   std::ofstream out(dir_ + "/state");
-  out << endpoint_ << " " << pid_ << "\n";
+  out << endpoint_ << " " << pid_;
+  for (uint16_t port : ports_) out << " " << port;
+  out << "\n";
   out.close();
   if (!out) return absl::InternalError(absl::StrCat("writing ", dir_, "/state"));
   return absl::OkStatus();
+}
+
+void WeedServer::StopShared(const std::string& dir) {
+  std::ifstream in(dir + "/state");
+  WeedServer w;
+  bool read = static_cast<bool>(in >> w.endpoint_ >> w.pid_);
+  for (uint16_t& port : w.ports_) read = read && static_cast<bool>(in >> port);
+  if (read && w.pid_ > 0 && kill(-w.pid_, SIGTERM) == 0) {
+    // Not our child (its starter exited): wait for the group to be gone, bounded.
+    for (int i = 0; i < 150 && kill(-w.pid_, 0) == 0; ++i) usleep(20'000);
+    kill(-w.pid_, SIGKILL);
+    for (int i = 0; i < 100 && kill(-w.pid_, 0) == 0; ++i) usleep(20'000);
+  }
+  if (read) w.RemoveSockets();
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
 }
 
 WeedServer::~WeedServer() {
@@ -266,7 +284,26 @@ absl::Status WeedServer::Stop() {
   if (!owned_) return absl::FailedPreconditionError("an attached weed is not ours to stop");
   KillGroup(pid_, 3000);
   pid_ = -1;
+  RemoveSockets();
   return absl::OkStatus();
+}
+
+// Unix sockets need short paths (108 bytes with the NUL), and a build dir deep in a CI checkout
+// is too long for one: weed died at start with "bind: invalid argument". So the filer's local
+// socket lives in /tmp, named by its port as weed names its own.
+std::string WeedServer::FilerSocket() const {
+  return absl::StrCat("/tmp/ckptd-weed-filer-", ports_[kFiler], ".sock");
+}
+
+// weed leaves its gRPC sockets (/tmp/seaweedfs-<server>-<port>.sock) behind when killed; machines
+// are reused, so the ones of our ports go with the server.
+void WeedServer::RemoveSockets() const {
+  unlink(FilerSocket().c_str());
+  for (uint16_t port : ports_) {
+    for (const char* kind : {"master-grpc", "volume-grpc", "filer-grpc", "s3", "s3-grpc"}) {
+      unlink(absl::StrCat("/tmp/seaweedfs-", kind, "-", port, ".sock").c_str());
+    }
+  }
 }
 
 absl::Status WeedServer::Restart(uint32_t ready_timeout_ms) {

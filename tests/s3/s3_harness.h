@@ -51,6 +51,9 @@ class WeedServer {
   bool owned() const { return owned_; }
   // Writes DIR/state for Attach.
   absl::Status WriteState() const;
+  // Stops the server DIR/state names (not our child: `--start-weed` exited), removes the sockets
+  // it leaves in /tmp, and DIR. Quiet when there is none.
+  static void StopShared(const std::string& dir);
 
   // Kills the process group (SIGTERM, then SIGKILL after 3 s) and reaps it. Owned only.
   absl::Status Stop();
@@ -67,6 +70,8 @@ class WeedServer {
   enum Port { kMaster, kMasterGrpc, kVolume, kVolumeGrpc, kFiler, kFilerGrpc, kS3, kS3Grpc, kN };
   WeedServer() = default;
   absl::Status Launch(uint32_t ready_timeout_ms);
+  std::string FilerSocket() const;
+  void RemoveSockets() const;
 
   std::string weed_;
   std::string dir_;
