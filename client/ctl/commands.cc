@@ -163,6 +163,19 @@ absl::Status Status(Context& ctx, const std::string& job, uint64_t step) {
             << "  ranks missing: "
             << (resp.missing_ranks().empty() ? "none" : absl::StrJoin(resp.missing_ranks(), ","))
             << "\n";
+  if (!resp.nodes().empty()) {
+    // Spanning nodes: this daemon first, then the parts it read from the shared tier.
+    std::cout << "  spans nodes (" << resp.summary().local_world_size()
+              << " ranks through this daemon)"
+              << (resp.waiting_for().empty() ? "" : "; waiting for " + resp.waiting_for()) << "\n";
+    Table nodes({"NODE", "RANKS", "PART", "ROLE"});
+    for (const v1::NodeStatus& n : resp.nodes()) {
+      nodes.AddRow({n.node(), n.ranks().empty() ? "-" : absl::StrJoin(n.ranks(), ","),
+                    n.part_durable() ? "on the shared tier" : "not yet",
+                    n.coordinator() ? "coordinator" : ""});
+    }
+    std::cout << "\n" << nodes.Render();
+  }
   if (resp.ranks().empty()) return absl::OkStatus();
   Table t({">RANK", "STAGED", "PERSISTED", ">BYTES_STAGED", ">BYTES_PERSISTED", ">SHARDS"});
   for (const v1::RankStatus& r : resp.ranks()) {

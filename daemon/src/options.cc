@@ -1,7 +1,10 @@
 #include "options.h"
 
 #include <grp.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -164,6 +167,12 @@ const std::map<std::string, OptionDef>& Defs() {
         IntSetter(&O::keep_remote, "keep_remote")}},
       {"gc_interval_ms",
        {"how often retention is applied", IntSetter(&O::gc_interval_ms, "gc_interval_ms")}},
+      {"node_id",
+       {"this daemon's name on the shared tier (default: the host name)",
+        StringSetter(&O::node_id)}},
+      {"cluster_poll_ms",
+       {"how often a checkpoint spanning nodes reads the shared tier",
+        IntSetter(&O::cluster_poll_ms, "cluster_poll_ms")}},
       {"upload_threads",
        {"threads uploading to the remote tier", IntSetter(&O::upload_threads, "upload_threads")}},
       {"upload_chunk_bytes",
@@ -303,6 +312,23 @@ absl::Status DaemonOptions::Validate() {
         Annotate(ParseSyncPointCrash(debug_crash_at).status(), "option debug_crash_at"));
   }
   CKPTD_RETURN_IF_ERROR(ValidateTiers());
+  if (node_id.empty()) {
+    char host[256] = {};
+    if (gethostname(host, sizeof(host) - 1) != 0 || host[0] == '\0') {
+      return absl::InvalidArgumentError("option node_id: not given, and the host has no name");
+    }
+    node_id = host;
+  }
+  const bool node_id_ok =
+      node_id.size() <= 64 && std::all_of(node_id.begin(), node_id.end(), [](char c) {
+        return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_';
+      });
+  if (!node_id_ok) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("option node_id = \"", node_id,
+                     "\": at most 64 letters, digits, '.', '-' or '_' (it names a file on the "
+                     "shared tier)"));
+  }
   if (log_format != "text" && log_format != "json") {
     return absl::InvalidArgumentError(
         absl::StrCat("option log_format = \"", log_format, "\": expected text or json"));
@@ -356,6 +382,8 @@ absl::Status DaemonOptions::ValidateTiers() const {
     return absl::InvalidArgumentError("option keep_remote needs a remote tier");
   }
   CKPTD_RETURN_IF_ERROR(Range("gc_interval_ms", gc_interval_ms, 1000, 86'400'000));
+  CKPTD_RETURN_IF_ERROR(Range("cluster_poll_ms", cluster_poll_ms, 10, 60'000));
+
   return Range("upload_retry_max_ms", upload_retry_max_ms, 1000, 3'600'000);
 }
 

@@ -138,6 +138,14 @@ struct DaemonOptions {
   // How often housekeeping applies retention (when keep_local or keep_remote is set).
   // Default: 60000
   uint64_t gc_interval_ms = 60000;
+  // Checkpoints that span nodes (README "Checkpoints that span nodes"): this daemon's name on the
+  // shared tier (its node part is <dir>/cluster/<node_id>.part; letters, digits, '.', '-', '_',
+  // at most 64). Every daemon of a job needs its own. Default: the host name
+  std::string node_id;
+  // How often a daemon reads the shared tier for a checkpoint spanning nodes (the coordinator:
+  // the other nodes' parts; the others: the coordinator's decision). Bounds the commit latency
+  // across nodes. Default: 200
+  uint64_t cluster_poll_ms = 200;
   // "text" or "json". Default: text
   std::string log_format = "text";
   // trace, debug, info, warn, error. Default: info

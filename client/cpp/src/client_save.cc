@@ -43,10 +43,11 @@ v1::TierPolicy ToProto(TierPolicy p) {
   return v1::TIER_POLICY_DEFAULT;
 }
 
-void FillHeader(const Session& session, TierPolicy policy, const std::string& job, uint64_t step,
-                uint32_t rank, uint32_t world_size, v1::SaveRequest* req) {
+void FillHeader(const Session& session, const ClientOptions& options, const std::string& job,
+                uint64_t step, uint32_t rank, uint32_t world_size, v1::SaveRequest* req) {
   req->set_session_id(session.session_id);
-  req->set_tier_policy(ToProto(policy));
+  req->set_tier_policy(ToProto(options.tier_policy));
+  req->set_local_world_size(options.local_world_size);
   req->set_job(job);
   req->set_step(step);
   req->set_rank(rank);
@@ -150,7 +151,7 @@ absl::StatusOr<SaveResult> Client::Save(const std::string& job, uint64_t step, u
   absl::StatusOr<Session> session = core_->EnsureSession();
   if (!session.ok()) return session.status();
   v1::SaveRequest req;
-  FillHeader(*session, core_->options().tier_policy, job, step, rank, world_size, &req);
+  FillHeader(*session, core_->options(), job, step, rank, world_size, &req);
   for (const TensorShard& t : tensors) {
     FillTensorSpec(t.item, t.dtype, t.global_shape, t.region, req.add_shards());
   }
@@ -272,7 +273,7 @@ absl::StatusOr<SaveResult> Client::SaveInPlace(const std::string& job, uint64_t 
   absl::StatusOr<Session> session = core_->EnsureSession();
   if (!session.ok()) return session.status();
   v1::SaveRequest req;
-  FillHeader(*session, core_->options().tier_policy, job, step, rank, world_size, &req);
+  FillHeader(*session, core_->options(), job, step, rank, world_size, &req);
   for (const InPlaceTensorShard& t : tensors) {
     FillTensorSpec(t.item, t.dtype, t.global_shape, t.region, req.add_shards());
   }

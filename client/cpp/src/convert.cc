@@ -109,6 +109,7 @@ CheckpointInfo FromProto(const v1::CheckpointSummary& s) {
   info.partial = s.partial();
   info.error = s.error();
   info.item_count = s.item_count();
+  info.local_world_size = s.local_world_size();
   return info;
 }
 
@@ -127,6 +128,13 @@ CheckpointInfo FromProto(const v1::CheckpointStatus& status) {
   info.missing_ranks.assign(status.missing_ranks().begin(), status.missing_ranks().end());
   info.bytes_staged = status.bytes_staged();
   info.bytes_persisted = status.bytes_persisted();
+  for (const v1::NodeStatus& n : status.nodes()) {
+    info.nodes.push_back(NodeProgress{.node = n.node(),
+                                      .ranks = {n.ranks().begin(), n.ranks().end()},
+                                      .part_durable = n.part_durable(),
+                                      .coordinator = n.coordinator()});
+  }
+  info.waiting_for = status.waiting_for();
   return info;
 }
 

@@ -141,10 +141,17 @@ class Client:
         client_name: str = "",
         pin_cuda: bool = False,
         tier_policy: str = "default",
+        local_world_size: int = 0,
     ) -> None:
         # tier_policy: the tiers every checkpoint this client saves is made durable on —
         # "default" (the daemon's tier_policy), "local", or "local+remote" (committed locally,
         # then uploaded to the daemon's remote tier; wait(..., until="remote") waits for that).
+        # local_world_size: the ranks of a checkpoint saving through this client's daemon
+        # (torchrun's LOCAL_WORLD_SIZE), the same on every rank of the node; fewer than the
+        # world size makes the checkpoint span nodes, one daemon each, committed through their
+        # shared tier (needs "local+remote"). 0: all ranks save through this daemon.
+        if local_world_size < 0:
+            raise ValueError(f"local_world_size {local_world_size} is negative")
         path = os.fspath(socket) if socket is not None else os.environ.get("CKPTD_SOCKET", "")
         self.socket = path or DEFAULT_SOCKET
         self.wait_timeout_ms = wait_timeout_ms
@@ -155,6 +162,7 @@ class Client:
             client_name or f"ckptd-py/{os.getpid()}",
             pin_cuda,
             tier_policy,
+            local_world_size,
         )
         self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ckptd")
         self._slabs = _Slabs(self, slab_bytes)

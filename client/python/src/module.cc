@@ -35,9 +35,11 @@ using ckptd::StridedView;
 class PyClient {
  public:
   PyClient(const std::string& socket_path, int rpc_timeout_ms, int connect_timeout_ms,
-           const std::string& client_name, bool pin_cuda, const std::string& tier_policy) {
+           const std::string& client_name, bool pin_cuda, const std::string& tier_policy,
+           uint32_t local_world_size) {
     ClientOptions o;
     o.pin_arena_for_cuda = pin_cuda;
+    o.local_world_size = local_world_size;
     if (tier_policy == "local") {
       o.tier_policy = TierPolicy::kLocal;
     } else if (tier_policy == "local+remote") {
@@ -313,7 +315,8 @@ PYBIND11_MODULE(_ckptd, m) {
   py::class_<PyClient>(m, "Client")
       .def(py::init<const std::string&, int, int, const std::string&, bool, const std::string&>(),
            py::arg("socket_path"), py::arg("rpc_timeout_ms"), py::arg("connect_timeout_ms"),
-           py::arg("client_name"), py::arg("pin_cuda"), py::arg("tier_policy"))
+           py::arg("client_name"), py::arg("pin_cuda"), py::arg("tier_policy"),
+           py::arg("local_world_size"))
       .def("new_slab",
            [](PyClient& c, uint64_t bytes) { return std::make_shared<ShmSlab>(c.client(), bytes); })
       .def("stage", &PyClient::Stage)

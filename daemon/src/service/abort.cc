@@ -9,6 +9,7 @@
 #include "format/names.h"
 #include "index/keys.h"
 #include "service/checkpoint_service.h"
+#include "service/node_parts.h"
 #include "spdlog/spdlog.h"
 
 namespace ckptd {
@@ -37,7 +38,18 @@ void CheckpointService::FinishAbortLocked(PendingCheckpoint& p) {
   *rec.mutable_summary() = SummaryLocked(p);
   rec.mutable_summary()->mutable_tiers()->Clear();
   rec.set_dir(CheckpointDir(p.job, p.step));
-  AbortRecord a{key, {{keys::Checkpoint(p.job, p.step), rec.SerializeAsString()}}, {}, 0};
+  AbortRecord a{key, {{keys::Checkpoint(p.job, p.step), rec.SerializeAsString()}}, {}, 0, {}};
+  if (p.multi_node() && p.coordinator() && !p.cluster.abort_decided) {
+    // The coordinator aborted before its cluster thread decided (a stage timeout while staging,
+    // a failed flush): the other nodes learn it from the store. No commit decision can be there:
+    // only the cluster thread writes one, in kCommitting, which nothing aborts.
+    v1::ClusterDecision d;
+    d.set_commit(false);
+    d.set_reason(p.error.substr(0, 1024));
+    d.set_node(deps_.options->node_id);
+    d.set_decided_unix_ms(NowMs());
+    a.cluster_decision = d.SerializeAsString();
+  }
   for (const auto& [r, pr] : p.ranks) {
     a.writes.push_back({keys::Rank(p.job, p.step, r), std::nullopt});
     a.writes.push_back({keys::Blob(p.job, p.step, pr.rec.blob_name()), std::nullopt});
@@ -65,6 +77,14 @@ void CheckpointService::RecordAbort(AbortRecord a) {
   // or its staged ranks' extents reused by another checkpoint (found by the simulation: it
   // committed with that checkpoint's bytes, its checksums computed over them).
   const std::string dir = CheckpointDir(a.key.first, a.key.second);
+  if (!a.cluster_decision.empty() && a.attempts == 0) {
+    // Best effort: the other nodes give up on their own after twice stage_timeout_ms.
+    absl::Status decided = remote_.remote()->PutIfAbsent(DecisionPath(dir), a.cluster_decision);
+    if (!decided.ok() && !absl::IsAlreadyExists(decided)) {
+      spdlog::warn("{}: writing the abort decision for the other nodes: {}",
+                   CkptName(a.key.first, a.key.second), decided.ToString());
+    }
+  }
   absl::Status st = committer_.Commit(keys::Checkpoint(a.key.first, a.key.second), a.writes);
   if (!st.ok()) {
     // Retried by every housekeeping pass; logged on the first failure and now and then.
@@ -109,6 +129,7 @@ absl::Status CheckpointService::Abort(const Caller& caller, const v1::AbortReque
   if (p.committing()) {
     return absl::FailedPreconditionError(absl::StrCat(what, " is already committing"));
   }
+  if (p.multi_node() && !p.aborting()) return AbortAcrossNodesLocked(p, req, resp);
   FillStatusLocked(p, resp);
   AbortLocked(p, req.reason().empty() ? "aborted by a client" : req.reason().substr(0, 1024));
   resp->mutable_summary()->set_state(v1::ABORTED);
@@ -133,6 +154,50 @@ absl::Status CheckpointService::Abort(const Caller& caller, const v1::AbortReque
                      " ms (a flush still running, or the index refusing writes; "
                      "it is retried): a daemon restart now could still resume it"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointService::AbortAcrossNodesLocked(PendingCheckpoint& p,
+                                                       const v1::AbortRequest& req,
+                                                       v1::CheckpointStatus* resp) {
+  const std::string what = CkptName(p.job, p.step);
+  if (!p.coordinator()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what,
+        " spans nodes and this daemon does not hold rank 0: abort it on the coordinator "
+        "(the daemon of rank 0), which decides for every node"));
+  }
+  const std::string reason =
+      req.reason().empty() ? "aborted by a client" : req.reason().substr(0, 1024);
+  if (p.phase() != CheckpointPhase::kAwaitingCluster) {
+    // Not published yet: no commit decision can exist; the abort decision follows the row.
+    FillStatusLocked(p, resp);
+    AbortLocked(p, reason);
+    resp->mutable_summary()->set_state(v1::ABORTED);
+    return absl::OkStatus();
+  }
+  // The cluster thread decides (the store may hold a decision already).
+  p.cluster.abort_requested = reason;
+  cluster_wake_ = true;
+  changed_.SignalAll();
+  const Key key{p.job, p.step};
+  const absl::Time deadline = absl::Now() + absl::Milliseconds(limits::kAbortDurableWaitMs);
+  while (pending_.contains(key) || rewriting_.contains(key)) {
+    if (changed_.WaitWithDeadline(&mu_, deadline)) break;
+  }
+  if (pending_.contains(key) || rewriting_.contains(key)) {
+    return absl::DeadlineExceededError(
+        absl::StrCat(what, ": the abort is asked for but not decided on the shared tier after ",
+                     limits::kAbortDurableWaitMs, " ms (the store unreachable?); it is retried"));
+  }
+  CKPTD_ASSIGN_OR_RETURN(std::optional<v1::CheckpointRecord> row,
+                         ReadRowLocked(key, /*corrupt_is_error=*/false));
+  if (row && row->summary().state() == v1::COMMITTED) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, " was committed across nodes before the abort was decided"));
+  }
+  if (row) *resp->mutable_summary() = row->summary();
+  resp->mutable_summary()->set_state(v1::ABORTED);
   return absl::OkStatus();
 }
 

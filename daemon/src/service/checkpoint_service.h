@@ -223,6 +223,11 @@ class CheckpointService {
   void MaybeStartCommitLocked(PendingCheckpoint& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AbortLocked(PendingCheckpoint& p, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Abort of a checkpoint spanning nodes: refused but on the coordinator, where it is the abort
+  // decision on the shared tier (the cluster thread writes it; waited for).
+  absl::Status AbortAcrossNodesLocked(PendingCheckpoint& p, const v1::AbortRequest& req,
+                                      v1::CheckpointStatus* resp)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Forgets an aborted, idle `p` (it is gone on return): the key enters rewriting_ ("being
   // aborted") until RecordAbort, posted to the flush pool, wrote the ABORTED row outside mu_,
   // then freed the extents of its unpersisted ranks and removed its files.
@@ -234,6 +239,9 @@ class CheckpointService {
     std::vector<MetaStore::Write> writes;
     std::vector<uint64_t> extent_ids;
     uint64_t attempts = 0;  // failed writes so far
+    // Spanning nodes, on the coordinator: the abort decision to write to the shared tier first
+    // (a serialized ClusterDecision; empty: none to write).
+    std::string cluster_decision;
   };
   // Writes `a`; on failure keeps it in unrecorded_aborts_ for housekeeping to post again (the
   // key stays in rewriting_, its extents allocated).
@@ -253,7 +261,10 @@ class CheckpointService {
   absl::Status WriteCommitted(const Manifest& m, const std::string& dir, v1::TierPolicy policy);
   // Records a durable manifest in the index (COMMITTED row, item rows, journal removed, the
   // upload row when the policy has a remote tier), synced.
-  absl::Status IndexCommitted(const Manifest& m, const std::string& dir, CommittedTiers tiers = {});
+  // `journaled`: further ranks whose journal rows go too (a node's ranks that a partial commit
+  // across nodes left out of the manifest).
+  absl::Status IndexCommitted(const Manifest& m, const std::string& dir, CommittedTiers tiers = {},
+                              const std::vector<uint32_t>& journaled = {});
   // The tiers to read a COMMITTED checkpoint from, fastest first: local when its row says so,
   // then the remote tier when its copy there is durable. FAILED_PRECONDITION when none.
   absl::StatusOr<std::vector<Storage*>> ReadTiers(const v1::CheckpointRecord& rec);
@@ -331,6 +342,37 @@ class CheckpointService {
                               const RetentionStep& step) ABSL_LOCKS_EXCLUDED(mu_);
   // Removes the local copy of a checkpoint whose remote copy is durable (key claimed).
   absl::Status DropLocalCopy(const std::string& job, uint64_t step) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // cluster.cc: checkpoints spanning nodes (the top of cluster.cc has the protocol).
+  // What one step of the cluster thread needs of a checkpoint, copied under mu_.
+  struct ClusterWork;
+  // The cluster thread ("cluster"): every cluster_poll_ms (sooner when woken), one step for each
+  // checkpoint spanning nodes; until Shutdown.
+  void ClusterLoop() ABSL_LOCKS_EXCLUDED(mu_);
+  std::vector<ClusterWork> ClusterWorkLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ClusterStep(ClusterWork& w) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status PublishPart(const ClusterWork& w) ABSL_LOCKS_EXCLUDED(mu_);
+  // Coordinator: reads the parts not read yet into p.cluster.parts; returns all of them.
+  absl::StatusOr<std::map<std::string, v1::NodePart>> ReadParts(const ClusterWork& w)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Coordinator: merges `parts` and builds the manifest (validated).
+  absl::StatusOr<Manifest> BuildClusterManifest(const ClusterWork& w,
+                                                const std::map<std::string, v1::NodePart>& parts)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void DecideCommit(ClusterWork& w) ABSL_LOCKS_EXCLUDED(mu_);
+  void DecideAbort(const ClusterWork& w, const std::string& reason) ABSL_LOCKS_EXCLUDED(mu_);
+  // Decided commit: the store's manifest (the coordinator writes it when missing) recorded
+  // COMMITTED here.
+  void FinishClusterCommit(const ClusterWork& w) ABSL_LOCKS_EXCLUDED(mu_);
+  void CommitFromStore(const ClusterWork& w, Manifest m) ABSL_LOCKS_EXCLUDED(mu_);
+  // Sets what `key`'s checkpoint waits for (status); false when it is gone.
+  bool SetWaitingFor(const Key& key, const std::string& what) ABSL_LOCKS_EXCLUDED(mu_);
+  bool InNodePartLocked(const PendingCheckpoint& p, uint32_t rank) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FillNodesLocked(const PendingCheckpoint& p, v1::CheckpointStatus* out) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool cluster_wake_ ABSL_GUARDED_BY(mu_) = false;  // a checkpoint needs the cluster thread now
+  std::thread cluster_thread_;
 
   // housekeeping.cc
   // The housekeeping thread: a pass (stage timeouts, the flush gate, abort retries) under mu_,
@@ -412,6 +454,8 @@ class CheckpointService {
 
 // "checkpoint job/7", for messages.
 std::string CkptName(const std::string& job, uint64_t step);
+// "[0, 3, 5]" (the first 32, then the count), for messages.
+std::string RanksList(const std::vector<uint32_t>& ranks);
 // The job name is valid and the step within limits::kStepMax; INVALID_ARGUMENT otherwise.
 absl::Status ValidateJobStep(const std::string& job, uint64_t step);
 

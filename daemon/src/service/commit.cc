@@ -110,7 +110,8 @@ absl::StatusOr<Manifest> CheckpointService::BuildManifestLocked(const PendingChe
 }
 
 absl::Status CheckpointService::IndexCommitted(const Manifest& m, const std::string& dir,
-                                               CommittedTiers tiers) {
+                                               CommittedTiers tiers,
+                                               const std::vector<uint32_t>& journaled) {
   const v1::ManifestHeader& h = m.header;
   if (tiers.policy == v1::TIER_LOCAL_AND_REMOTE && !remote_.enabled()) {
     spdlog::warn("{} was saved with a remote tier, but this daemon has none: local only",
@@ -149,6 +150,10 @@ absl::Status CheckpointService::IndexCommitted(const Manifest& m, const std::str
   }
   for (uint32_t r : h.ranks_present()) {
     writes.push_back({keys::Rank(h.job(), h.step(), r), std::nullopt});
+  }
+  for (uint32_t r : journaled) {
+    writes.push_back({keys::Rank(h.job(), h.step(), r), std::nullopt});
+    writes.push_back({keys::Blob(h.job(), h.step(), BlobName(r)), std::nullopt});
   }
   for (const v1::BlobInfo& b : h.blobs()) {
     writes.push_back({keys::Blob(h.job(), h.step(), b.name()), std::nullopt});

@@ -16,6 +16,7 @@ void CheckpointService::Start() {
     spdlog::error("remote tier: the uploads to resume could not be read: {}", resumed.ToString());
   }
   housekeeper_ = std::thread([this] { Housekeeping(); });
+  if (remote_.enabled()) cluster_thread_ = std::thread([this] { ClusterLoop(); });
 }
 
 void CheckpointService::Housekeeping() {
@@ -62,6 +63,14 @@ bool CheckpointService::HousekeepingPass() {
     }
   }
   for (PendingCheckpoint* p : expired) {
+    if (p->multi_node()) {
+      AbortLocked(*p,
+                  absl::StrCat("stage timeout: ", p->ranks.size(), " of the ", p->local_world_size,
+                               " ranks saving through this daemon (local_world_size) were "
+                               "staged within ",
+                               deps_.options->stage_timeout_ms, " ms"));
+      continue;
+    }
     std::vector<uint32_t> missing;
     for (uint32_t r = 0; r < p->world_size && missing.size() < 33; ++r) {
       if (!p->ranks.contains(r)) missing.push_back(r);
@@ -95,6 +104,7 @@ bool CheckpointService::Shutdown(absl::Duration grace, bool* drained_out) {
     changed_.SignalAll();
   }
   if (housekeeper_.joinable()) housekeeper_.join();
+  if (cluster_thread_.joinable()) cluster_thread_.join();
   StopReshards();
   remote_.Stop();
   bool drained = deps_.flush_pool->Drain(grace);

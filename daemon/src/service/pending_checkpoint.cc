@@ -15,9 +15,12 @@ bool LegalStep(CheckpointPhase from, CheckpointPhase to) {
     case P::kStaging:
       return to == P::kPersisting || to == P::kAborting;
     case P::kPersisting:
+      return to == P::kCommitting || to == P::kAwaitingCluster || to == P::kAborting;
+    case P::kAwaitingCluster:
       return to == P::kCommitting || to == P::kAborting;
     case P::kCommitting:
-      return to == P::kCommitted || to == P::kAborting || to == P::kPersisting;
+      return to == P::kCommitted || to == P::kAborting || to == P::kPersisting ||
+             to == P::kAwaitingCluster;
     case P::kAborting:
       return to == P::kAborted;
     case P::kCommitted:
@@ -76,7 +79,7 @@ uint64_t PendingCheckpoint::AddRank(uint32_t r, PendingRank rank) {
   NoteItems(r, rank.rec);
   rank.rec.set_bytes(bytes);
   ranks.emplace(r, std::move(rank));
-  if (ranks.size() == world_size)
+  if (ranks.size() == expected_ranks())
     Transition(CheckpointPhase::kStaging, CheckpointPhase::kPersisting);
   return bytes;
 }
@@ -104,6 +107,8 @@ const char* CheckpointPhaseName(CheckpointPhase phase) {
       return "staging";
     case CheckpointPhase::kPersisting:
       return "persisting";
+    case CheckpointPhase::kAwaitingCluster:
+      return "awaiting the cluster";
     case CheckpointPhase::kCommitting:
       return "committing";
     case CheckpointPhase::kAborting:
@@ -150,6 +155,7 @@ v1::CheckpointState PendingCheckpoint::api_state() const {
     case CheckpointPhase::kStaging:
       return v1::STAGING;
     case CheckpointPhase::kPersisting:
+    case CheckpointPhase::kAwaitingCluster:
     case CheckpointPhase::kCommitting:
       return v1::PERSISTING;
     case CheckpointPhase::kCommitted:
@@ -163,7 +169,7 @@ v1::CheckpointState PendingCheckpoint::api_state() const {
 
 bool PendingCheckpoint::ready_to_commit() const {
   if (ranks.empty() || journals_in_flight > 0) return false;
-  if (!partial && ranks.size() < world_size) return false;
+  if (!partial && ranks.size() < expected_ranks()) return false;
   for (const auto& [r, pr] : ranks) {
     if (!pr.persisted()) return false;
   }

@@ -8,6 +8,13 @@
 //   kCommitting ──manifest + COMMITTED row durable──▶ kCommitted (the object is dropped)
 //   kStaging | kPersisting | kCommitting ──abort / failure──▶ kAborting ──idle──▶ kAborted
 //   kCommitting ──the pool refused the commit task (shutting down)──▶ kPersisting
+// Spanning nodes (multi_node(): "all ranks" are this daemon's local_world_size;
+// service/cluster.cc):
+//   kPersisting ──every local rank persisted──▶ kAwaitingCluster (the cluster thread publishes
+//   this node's part, then waits for the other parts or the coordinator's decision)
+//   ──decided to commit──▶ kCommitting ──COMMITTED row durable──▶ kCommitted
+//   kCommitting ──its COMMITTED row failed (the store's decision stands: retried)──▶
+//   kAwaitingCluster;  kAwaitingCluster ──abort decided──▶ kAborting
 //
 // A rank: kJournaling (accepted, its journal row being written) ──durable──▶ kJournaled
 //   ──flush posted──▶ kFlushing ──blob synced and "persisted" journaled──▶ kPersisted;
@@ -29,6 +36,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "ckptd/v1/ckptd.pb.h"
+#include "ckptd/v1/cluster.pb.h"
 #include "ckptd/v1/index.pb.h"
 #include "dataplane/region_registry.h"
 
@@ -39,12 +47,14 @@ namespace ckptd {
 std::string StoredCopyKey(const v1::ShardSpec& spec, uint32_t rank);
 
 enum class CheckpointPhase : uint8_t {
-  kStaging,     // takes ranks (STAGING)
-  kPersisting,  // every rank staged, or committed partial: takes no ranks (PERSISTING)
-  kCommitting,  // the commit task is posted or running (PERSISTING)
-  kAborting,    // aborted; waits for in-flight work before its ABORTED row is recorded (ABORTED)
-  kCommitted,   // final: the COMMITTED row is durable
-  kAborted,     // final: handed to the abort recorder
+  kStaging,          // takes ranks (STAGING)
+  kPersisting,       // every rank staged, or committed partial: takes no ranks (PERSISTING)
+  kAwaitingCluster,  // spanning nodes: the part is published or being published; waits for
+                     // the other nodes' parts or the coordinator's decision (PERSISTING)
+  kCommitting,       // the commit task is posted or running (PERSISTING)
+  kAborting,   // aborted; waits for in-flight work before its ABORTED row is recorded (ABORTED)
+  kCommitted,  // final: the COMMITTED row is durable
+  kAborted,    // final: handed to the abort recorder
 };
 enum class RankPhase : uint8_t { kJournaling, kJournaled, kFlushing, kPersisted };
 
@@ -81,6 +91,17 @@ struct PendingRank {
   RankPhase phase_ = RankPhase::kJournaling;
 };
 
+// A checkpoint spanning nodes, this daemon's side (service/cluster.cc). Guarded like every field
+// of PendingCheckpoint; the cluster thread fills it from what it read on the shared tier.
+struct ClusterState {
+  bool part_durable = false;  // this node's blobs and part are on the shared tier
+  // Read from the shared tier (the coordinator reads every part): node → its part.
+  std::map<std::string, v1::NodePart> parts;
+  std::string waiting_for;      // for status, in words
+  std::string abort_requested;  // coordinator: an Abort's reason, for the cluster thread to decide
+  bool abort_decided = false;   // the abort decision is on the shared tier
+};
+
 class PendingCheckpoint {
  public:
   PendingCheckpoint(std::string job, uint64_t step) : job(std::move(job)), step(step) {}
@@ -90,6 +111,9 @@ class PendingCheckpoint {
   uint32_t owner_uid = 0;     // the uid of its first Save; only it may add ranks
   bool job_recorded = false;  // the job's JobRecord (owner) is in the index
   uint32_t world_size = 0;
+  // The ranks that save through this daemon: world_size, or fewer for a checkpoint spanning nodes.
+  uint32_t local_world_size = 0;
+  ClusterState cluster;
   uint64_t created_unix_ms = 0;
   uint64_t first_staged_unix_ms = 0;  // when its first rank staged (the flush gate's start)
   // Fixed when the checkpoint is created (options.checksum_block_bytes) and journaled with every
@@ -115,6 +139,12 @@ class PendingCheckpoint {
   bool staging() const { return phase_ == CheckpointPhase::kStaging; }
   bool aborting() const { return phase_ == CheckpointPhase::kAborting; }
   bool committing() const { return phase_ == CheckpointPhase::kCommitting; }
+  // Spans nodes: saved through several daemons, committed through the shared tier.
+  bool multi_node() const { return local_world_size != 0 && local_world_size < world_size; }
+  // The ranks this daemon waits for before it commits (or, spanning nodes, publishes its part).
+  uint32_t expected_ranks() const { return multi_node() ? local_world_size : world_size; }
+  // Spanning nodes: this daemon holds rank 0, so it decides commit or abort.
+  bool coordinator() const { return ranks.contains(0); }
   // No flush, journal write or commit is in flight (an abort may finish).
   bool idle() const { return flushes_in_flight == 0 && journals_in_flight == 0 && !committing(); }
   // Every rank expected is staged (all of world_size, or those there when committed partial)

@@ -332,6 +332,12 @@ absl::Status Recovery::ResumeOne(const v1::CheckpointRecord& rec,
   p->partial = s.partial();
   p->tier_policy =
       s.tier_policy() == v1::TIER_LOCAL_AND_REMOTE ? v1::TIER_LOCAL_AND_REMOTE : v1::TIER_LOCAL;
+  p->local_world_size = s.local_world_size() != 0 ? s.local_world_size() : s.world_size();
+  if (p->multi_node() && !svc_.remote_.enabled()) {
+    return absl::FailedPreconditionError(
+        "it spans nodes and commits through the shared tier, but this daemon has no remote tier "
+        "now");
+  }
   // Its owner is its job's: only that uid may add ranks, and the job's row, already written, is
   // not journaled again (with another owner).
   CKPTD_ASSIGN_OR_RETURN(std::optional<uint32_t> owner, svc_.JobOwner(s.job()));
@@ -374,11 +380,13 @@ absl::Status Recovery::ResumeOne(const v1::CheckpointRecord& rec,
     p->NoteItems(rr.rank(), rr);
     p->ranks.emplace(rr.rank(), std::move(pr));
   }
-  if (p->partial || p->ranks.size() == p->world_size) {
+  if (p->partial || p->ranks.size() == p->expected_ranks()) {
     p->Transition(CheckpointPhase::kStaging, CheckpointPhase::kPersisting);
   }
-  spdlog::info("recovery: resuming checkpoint {}/{} ({} of {} ranks staged)", p->job, p->step,
-               p->ranks.size(), p->world_size);
+  spdlog::info(
+      "recovery: resuming checkpoint {}/{} ({} of {} ranks staged{})", p->job, p->step,
+      p->ranks.size(), p->expected_ranks(),
+      p->multi_node() ? absl::StrCat(" here; it spans nodes, world_size ", p->world_size) : "");
   absl::MutexLock lock(&svc_.mu_);
   CheckpointService::Key key{p->job, p->step};
   PendingCheckpoint& pp = *svc_.pending_.emplace(key, std::move(p)).first->second;

@@ -15,6 +15,14 @@
 #include "spdlog/spdlog.h"
 
 namespace ckptd {
+namespace {
+
+// The ranks saving through this daemon (0 in the request: all of them).
+uint32_t LocalWorldSize(const v1::SaveRequest& req) {
+  return req.local_world_size() == 0 ? req.world_size() : req.local_world_size();
+}
+
+}  // namespace
 
 std::string CkptName(const std::string& job, uint64_t step) {
   return absl::StrCat("checkpoint ", job, "/", step);
@@ -29,8 +37,6 @@ absl::Status ValidateJobStep(const std::string& job, uint64_t step) {
   return absl::OkStatus();
 }
 
-namespace {
-
 std::string RanksList(const std::vector<uint32_t>& ranks) {
   if (ranks.size() > 32) {
     return absl::StrCat("[", absl::StrJoin(ranks.begin(), ranks.begin() + 32, ", "), ", ... (",
@@ -38,8 +44,6 @@ std::string RanksList(const std::vector<uint32_t>& ranks) {
   }
   return absl::StrCat("[", absl::StrJoin(ranks, ", "), "]");
 }
-
-}  // namespace
 
 CheckpointService::CheckpointService(ServiceDeps deps)
     : deps_(deps),
@@ -102,6 +106,11 @@ absl::Status CheckpointService::ValidateSave(const v1::SaveRequest& req) const {
   if (req.rank() >= req.world_size()) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": rank ", req.rank(), " is not below world_size ", req.world_size()));
+  }
+  if (req.local_world_size() > req.world_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": local_world_size ",
+                                                   req.local_world_size(), " is above world_size ",
+                                                   req.world_size()));
   }
   if (static_cast<uint64_t>(req.shards_size()) > limits::kShardsPerSaveMax) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": ", req.shards_size(),
@@ -265,6 +274,7 @@ v1::CheckpointSummary CheckpointService::SummaryLocked(const PendingCheckpoint& 
   s.set_error(p.error);
   s.set_item_count(p.items.size());
   s.set_tier_policy(p.tier_policy);
+  if (p.multi_node()) s.set_local_world_size(p.local_world_size);
   uint64_t bytes = 0;
   bool staged = false;
   for (const auto& [r, pr] : p.ranks) {
@@ -295,11 +305,12 @@ void CheckpointService::FillStatusLocked(const PendingCheckpoint& p,
   }
   if (!p.partial) {
     for (uint32_t r = 0; r < p.world_size; ++r) {
-      if (!p.ranks.contains(r)) out->add_missing_ranks(r);
+      if (!p.ranks.contains(r) && !InNodePartLocked(p, r)) out->add_missing_ranks(r);
     }
   }
   out->set_bytes_staged(staged);
   out->set_bytes_persisted(persisted);
+  if (p.multi_node()) FillNodesLocked(p, out);
 }
 
 std::vector<MetaStore::Write> CheckpointService::JournalWritesLocked(
@@ -378,6 +389,7 @@ absl::StatusOr<PendingCheckpoint*> CheckpointService::FindOrOpenLocked(const Cal
     p->created_unix_ms = NowMs();
     p->checksum_block_bytes = deps_.options->checksum_block_bytes;
     p->tier_policy = policy;
+    p->local_world_size = LocalWorldSize(req);
     PendingCheckpoint* opened = pending_.emplace(key, std::move(p)).first->second.get();
     KeyChangedLocked(key);
     return opened;
@@ -420,6 +432,11 @@ absl::Status CheckpointService::Save(const Caller& caller, const v1::SaveRequest
         what, ": rank ", req.rank(), " asks for tier policy ", v1::TierPolicy_Name(policy),
         " but earlier ranks asked for ", v1::TierPolicy_Name(p.tier_policy)));
   }
+  if (p.local_world_size != LocalWorldSize(req)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": rank ", req.rank(),
+                                                   " says local_world_size ", LocalWorldSize(req),
+                                                   " but earlier ranks said ", p.local_world_size));
+  }
   if (p.ranks.contains(req.rank())) {
     return absl::AlreadyExistsError(
         absl::StrCat(what, ": rank ", req.rank(), " is already staged"));
@@ -453,7 +470,7 @@ absl::Status CheckpointService::Save(const Caller& caller, const v1::SaveRequest
   // The flush gate: flushing beside ranks still copying into the arena slows their copies (CPU
   // for checksums, and the disk queue every rank's synced journal write waits behind), so flushes
   // start once every rank is staged, or at the latest flush_gate_ms after the first one.
-  if (p.ranks.size() == p.world_size || flush_.GateElapsed(p.first_staged_unix_ms, NowMs())) {
+  if (p.ranks.size() == p.expected_ranks() || flush_.GateElapsed(p.first_staged_unix_ms, NowMs())) {
     PostGatedFlushesLocked(p);
   }
   changed_.SignalAll();
@@ -484,6 +501,14 @@ void CheckpointService::PostGatedFlushesLocked(PendingCheckpoint& p) {
 
 void CheckpointService::MaybeStartCommitLocked(PendingCheckpoint& p) {
   if (p.phase() != CheckpointPhase::kPersisting || !p.ready_to_commit()) return;
+  if (p.multi_node()) {
+    // The cluster thread publishes this node's part and commits with the others (cluster.cc).
+    p.Transition(CheckpointPhase::kPersisting, CheckpointPhase::kAwaitingCluster);
+    p.cluster.waiting_for = "publishing this node's part";
+    cluster_wake_ = true;
+    changed_.SignalAll();
+    return;
+  }
   p.Transition(CheckpointPhase::kPersisting, CheckpointPhase::kCommitting);
   Key key{p.job, p.step};
   if (!deps_.flush_pool->Post([this, key] { CommitCheckpoint(key); })) {
@@ -506,7 +531,7 @@ absl::Status CheckpointService::Wait(const Caller& caller, const v1::WaitRequest
     auto it = pending_.find(Key{req.job(), req.step()});
     if (it != pending_.end()) {
       PendingCheckpoint& p = *it->second;
-      if (until == v1::WAIT_FOR_ALL_STAGED && (p.ranks.size() == p.world_size || p.partial)) {
+      if (until == v1::WAIT_FOR_ALL_STAGED && (p.ranks.size() == p.expected_ranks() || p.partial)) {
         FillStatusLocked(p, resp);
         return absl::OkStatus();
       }
@@ -565,6 +590,12 @@ absl::Status CheckpointService::Commit(const Caller& caller, const v1::CommitReq
   if (p.committing()) {  // already being committed: nothing to journal (and no row to race)
     FillStatusLocked(p, resp);
     return absl::OkStatus();
+  }
+  if (p.multi_node() && !p.coordinator()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what,
+                     " spans nodes and this daemon does not hold rank 0: commit it partial on the "
+                     "coordinator (the daemon of rank 0), which commits the node parts there are"));
   }
   p.partial = true;
   if (p.staging()) p.Transition(CheckpointPhase::kStaging, CheckpointPhase::kPersisting);

@@ -25,6 +25,15 @@ absl::StatusOr<v1::TierPolicy> CheckpointService::ResolveTierPolicy(
         ": tier policy TIER_REMOTE (straight from the arena to the store) is not built yet; "
         "use TIER_LOCAL_AND_REMOTE"));
   }
+  const bool spans_nodes = req.local_world_size() != 0 && req.local_world_size() < req.world_size();
+  if (spans_nodes && policy != v1::TIER_LOCAL_AND_REMOTE) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, " spans nodes (local_world_size ", req.local_world_size(),
+                     " of world_size ", req.world_size(),
+                     "): its nodes commit it through the shared tier, so it needs the tier "
+                     "policy local+remote (it has ",
+                     v1::TierPolicy_Name(policy), ")"));
+  }
   if (policy == v1::TIER_LOCAL_AND_REMOTE && !remote_.enabled()) {
     return absl::FailedPreconditionError(
         absl::StrCat(what,

@@ -339,6 +339,17 @@ absl::Status RemoteTier::Attempt(Upload& u) {
   return absl::OkStatus();
 }
 
+absl::Status RemoteTier::CopyBlobs(const std::string& dir,
+                                   const std::vector<std::pair<std::string, uint64_t>>& blobs) {
+  CKPTD_CHECK(enabled());
+  Upload u;  // progress and cancellation of this call only
+  u.dir = dir;
+  for (const auto& [name, size] : blobs) {
+    CKPTD_RETURN_IF_ERROR(CopyBlob(u, absl::StrCat(dir, "/", name), size));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status RemoteTier::CopyBlob(Upload& u, const std::string& path, uint64_t manifest_size) {
   absl::StatusOr<std::unique_ptr<BlobReader>> reader = local_->OpenBlob(path);
   // A rank whose shards were all replicas (or empty) wrote no blob.

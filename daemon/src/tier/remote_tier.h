@@ -88,6 +88,13 @@ class RemoteTier {
   absl::Status Remove(const std::string& job, uint64_t step, const std::string& dir)
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Copies blobs of `dir` (path relative to `dir`, the size they must have; 0: the blob may be
+  // absent, a rank that stored only replicas writes none) from local storage to the store, each
+  // synced, on the caller's thread: a node's share of a checkpoint spanning nodes
+  // (service/cluster.cc). CANCELLED once the tier stops.
+  absl::Status CopyBlobs(const std::string& dir,
+                         const std::vector<std::pair<std::string, uint64_t>>& blobs);
+
   // Stops the threads; an attempt in flight is abandoned between chunks (its row stays).
   void Stop() ABSL_LOCKS_EXCLUDED(mu_);
 

@@ -245,6 +245,15 @@ struct RankProgress {
   uint32_t shard_count = 0;
 };
 
+// A checkpoint spanning nodes, one daemon's view (GetStatus, Wait): this daemon first, then the
+// node parts it read from the shared tier.
+struct NodeProgress {
+  std::string node;             // the daemon's node_id
+  std::vector<uint32_t> ranks;  // this daemon's staged ranks; another's ranks in its part
+  bool part_durable = false;    // its part is on the shared tier
+  bool coordinator = false;     // holds rank 0: decides commit or abort
+};
+
 // A checkpoint's summary, plus per-rank progress where the call returns it (GetStatus, Wait,
 // Commit, Abort; empty in ListCheckpoints and once COMMITTED from a manifest).
 struct CheckpointInfo {
@@ -263,6 +272,11 @@ struct CheckpointInfo {
   std::vector<uint32_t> missing_ranks;
   uint64_t bytes_staged = 0;
   uint64_t bytes_persisted = 0;
+  // Being saved across nodes: the ranks saving through this daemon (0: single node), the nodes
+  // seen, and what the commit waits for, in words.
+  uint32_t local_world_size = 0;
+  std::vector<NodeProgress> nodes;
+  std::string waiting_for;
 };
 
 struct JobInfo {
@@ -356,6 +370,11 @@ struct ClientOptions {
   bool pin_arena_for_cuda = false;
   // The tier policy of every checkpoint this client saves. Default: kDefault (the daemon's)
   TierPolicy tier_policy = TierPolicy::kDefault;
+  // The ranks of a checkpoint that save through this client's daemon (torchrun's
+  // LOCAL_WORLD_SIZE), the same in every client of the node. Fewer than a save's world_size: the
+  // checkpoint spans nodes, one daemon each, committed through their shared tier (needs
+  // kLocalAndRemote; README "Checkpoints that span nodes"). 0: all of them. Default: 0
+  uint32_t local_world_size = 0;
 };
 
 class Client {

@@ -81,10 +81,22 @@ class _StagedSave:
     sizes: dict[Any, int]  # _index_key -> bytes
 
 
-def connect(socket: str | None, tier_policy: str = "default") -> ckptd.Client:
-    if tier_policy != "default":
-        return ckptd.connect(socket, tier_policy=tier_policy)
+def connect(
+    socket: str | None, tier_policy: str = "default", local_world_size: int = 0
+) -> ckptd.Client:
+    if tier_policy != "default" or local_world_size:
+        return ckptd.connect(socket, tier_policy=tier_policy, local_world_size=local_world_size)
     return ckptd.connect(socket) if socket else ckptd.default_client()
+
+
+def spanning_local_world_size(explicit: int | None) -> int:
+    """The local_world_size to save with: `explicit`, else torchrun's LOCAL_WORLD_SIZE; 0 (one
+    daemon for every rank) unless it is below the world size of the default process group."""
+    local = explicit if explicit is not None else int(os.environ.get("LOCAL_WORLD_SIZE", "0"))
+    if local < 0:
+        raise ValueError(f"local_world_size {local} is negative")
+    _, world = rank_world()
+    return local if 0 < local < world else 0
 
 
 class LazyClient:
@@ -96,7 +108,11 @@ class LazyClient:
     @property
     def client(self) -> ckptd.Client:
         if self._client is None:
-            self._client = connect(self.socket, getattr(self, "tier_policy", "default"))
+            self._client = connect(
+                self.socket,
+                getattr(self, "tier_policy", "default"),
+                spanning_local_world_size(getattr(self, "local_world_size", 0)),
+            )
         return self._client
 
     def __getstate__(self) -> dict[str, Any]:
@@ -197,6 +213,7 @@ class StorageWriter(LazyClient, _DcpWriter, AsyncStager):
         commit_timeout_ms: int = 3600 * 1000,
         async_staging: bool = False,
         tier_policy: str = "default",
+        local_world_size: int | None = None,
         _extensions: Sequence[Any] | None = None,
     ) -> None:
         super().__init__()
@@ -205,6 +222,10 @@ class StorageWriter(LazyClient, _DcpWriter, AsyncStager):
         # The tiers the checkpoints this writer saves are made durable on: "default" (the
         # daemon's tier_policy), "local" or "local+remote" (README "Tiers").
         self.tier_policy = tier_policy
+        # The ranks saving through this node's daemon (None: torchrun's LOCAL_WORLD_SIZE). Below
+        # the world size, each node's daemon takes its ranks and they commit together through
+        # the shared tier (README "Checkpoints that span nodes"; needs "local+remote").
+        self.local_world_size = local_world_size
         self.commit_timeout_ms = commit_timeout_ms
         self.async_staging = async_staging
         self._client: ckptd.Client | None = None

@@ -1,0 +1,469 @@
+// Checkpoints that span nodes (README "Checkpoints that span nodes"). The ranks of one checkpoint
+// save through several daemons, one per node (SaveRequest.local_world_size < world_size), and the
+// shared tier — the remote store, or a shared file system — is their only channel: no daemon
+// talks to another. Each daemon stages, flushes and journals its own ranks as for any checkpoint;
+// once its local_world_size ranks are persisted (kAwaitingCluster) the cluster thread, every
+// cluster_poll_ms:
+//   1. publishes this node's part: its blobs copied to the store and synced, then
+//      <dir>/cluster/<node_id>.part (PutIfAbsent; a part already there with the same ranks is
+//      this node's from before a restart, another one is a second daemon with this node_id);
+//   2. on the coordinator (the daemon holding rank 0): reads the parts until they cover ranks
+//      0..world_size-1 (committed partial: the parts there are), merges them (node_parts.h),
+//      builds and validates the manifest as a single-node commit does, writes the decision
+//      <dir>/cluster/decision = commit (PutIfAbsent: one decision, ever), then the manifest, then
+//      its COMMITTED row. An abort (Abort, the stage timeout, parts that do not merge) is the
+//      decision abort, written the same way. Once a decision is on the store it is final;
+//   3. on the others: reads the decision; commit → reads and verifies the manifest and records
+//      COMMITTED; abort → aborts. They never decide: Abort and a partial Commit are refused
+//      there, and one that hears nothing for twice stage_timeout_ms gives up locally (its part
+//      stays on the store, for a coordinator that may still commit).
+// A COMMITTED checkpoint spanning nodes is read from the store (tiers.local false): a node's
+// local copy holds only its own blobs, and is removed once the COMMITTED row is durable.
+//
+// Crashes: every step can be repeated. A restarted daemon resumes the checkpoint from its journal
+// (its ranks persisted: kAwaitingCluster), publishes its part again (accepted: the same ranks),
+// and reads the decision before it decides anything; a commit decision whose manifest is missing
+// (the coordinator died between the two) is completed by the coordinator. The coordinator moves
+// to kCommitting before it writes a commit decision, so no Abort can race it (Abort refuses
+// kCommitting, and asks the cluster thread for the abort decision in kAwaitingCluster).
+// Ownership: the part, decision and manifest files are the checkpoint's (Delete removes its
+// remote directory). Threads: the cluster thread only; store I/O with no lock held.
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "ckptd/status.h"
+#include "format/blob_layout.h"
+#include "format/names.h"
+#include "service/checkpoint_service.h"
+#include "service/node_parts.h"
+#include "spdlog/spdlog.h"
+
+namespace ckptd {
+
+struct CheckpointService::ClusterWork {
+  Key key;
+  std::string dir;
+  CheckpointPhase phase = CheckpointPhase::kStaging;
+  bool coordinator = false;
+  bool part_durable = false;
+  bool partial = false;
+  uint32_t world_size = 0;
+  uint64_t created_unix_ms = 0;
+  std::string abort_requested;
+  v1::NodePart part;                                    // this node's (kAwaitingCluster)
+  std::vector<std::pair<std::string, uint64_t>> blobs;  // its blobs and their sizes
+  std::vector<uint32_t> own_ranks;
+};
+
+void CheckpointService::ClusterLoop() {
+  while (true) {
+    std::vector<ClusterWork> work;
+    {
+      absl::MutexLock lock(&mu_);
+      const absl::Time until = absl::Now() + absl::Milliseconds(deps_.options->cluster_poll_ms);
+      while (!stopping_ && !cluster_wake_) {
+        if (changed_.WaitWithDeadline(&mu_, until)) break;
+      }
+      if (stopping_) return;
+      cluster_wake_ = false;
+      work = ClusterWorkLocked();
+    }
+    for (ClusterWork& w : work) ClusterStep(w);
+  }
+}
+
+std::vector<CheckpointService::ClusterWork> CheckpointService::ClusterWorkLocked() {
+  std::vector<ClusterWork> work;
+  for (auto& [key, p] : pending_) {
+    if (!p->multi_node() || p->aborting() || p->committing()) continue;
+    ClusterWork& w = work.emplace_back();
+    w.key = key;
+    w.dir = CheckpointDir(key.first, key.second);
+    w.phase = p->phase();
+    w.coordinator = p->coordinator();
+    w.part_durable = p->cluster.part_durable;
+    w.partial = p->partial;
+    w.world_size = p->world_size;
+    w.created_unix_ms = p->created_unix_ms;
+    w.abort_requested = p->cluster.abort_requested;
+    for (const auto& [r, pr] : p->ranks) w.own_ranks.push_back(r);
+    if (w.phase != CheckpointPhase::kAwaitingCluster || w.part_durable) continue;
+    v1::NodePart& part = w.part;
+    part.set_format_version(kNodePartFormatVersion);
+    part.set_job(p->job);
+    part.set_step(p->step);
+    part.set_world_size(p->world_size);
+    part.set_node(deps_.options->node_id);
+    part.set_checksum_block_bytes(p->checksum_block_bytes);
+    part.set_created_unix_ms(p->created_unix_ms);
+    for (const auto& [r, pr] : p->ranks) {
+      *part.add_ranks() = pr.rec;
+      uint64_t size = 0;
+      for (const v1::StagedShard& s : pr.rec.shards()) {
+        if (!s.replica()) size = std::max(size, ShardEndInBlob(s.stored()));
+      }
+      w.blobs.emplace_back(pr.rec.blob_name(), size);
+    }
+  }
+  return work;
+}
+
+bool CheckpointService::SetWaitingFor(const Key& key, const std::string& what) {
+  absl::MutexLock lock(&mu_);
+  auto it = pending_.find(key);
+  if (it == pending_.end()) return false;
+  it->second->cluster.waiting_for = what;
+  return true;
+}
+
+void CheckpointService::ClusterStep(ClusterWork& w) {
+  Storage* const store = remote_.remote();
+  const std::string what = CkptName(w.key.first, w.key.second);
+  if (w.phase == CheckpointPhase::kAwaitingCluster && !w.part_durable) {
+    absl::Status st = PublishPart(w);
+    if (!st.ok()) {
+      spdlog::warn("{}: publishing this node's part (retried): {}", what, st.ToString());
+      SetWaitingFor(w.key, absl::StrCat("publishing this node's part (retried): ", st.message()));
+      return;
+    }
+    absl::MutexLock lock(&mu_);
+    auto it = pending_.find(w.key);
+    if (it == pending_.end()) return;
+    it->second->cluster.part_durable = true;
+    w.part_durable = true;
+  }
+  // The decision, if there is one, is final.
+  absl::StatusOr<std::string> raw = store->Get(DecisionPath(w.dir));
+  if (!raw.ok() && !absl::IsNotFound(raw.status())) {
+    SetWaitingFor(w.key, absl::StrCat("reading the decision (retried): ", raw.status().message()));
+    return;
+  }
+  if (raw.ok()) {
+    v1::ClusterDecision d;
+    if (!d.ParseFromString(*raw)) {
+      SetWaitingFor(w.key, absl::StrCat("the decision on ", store->Describe(),
+                                        " does not parse: ", DecisionPath(w.dir)));
+      return;
+    }
+    if (d.commit()) {
+      FinishClusterCommit(w);
+      return;
+    }
+    absl::MutexLock lock(&mu_);
+    auto it = pending_.find(w.key);
+    if (it == pending_.end() || it->second->aborting() || it->second->committing()) return;
+    it->second->cluster.abort_requested.clear();
+    it->second->cluster.waiting_for.clear();
+    AbortLocked(*it->second,
+                absl::StrCat("aborted by the coordinator (node ", d.node(), "): ", d.reason()));
+    return;
+  }
+  const uint64_t now = NowMs();
+  const uint64_t timeout = deps_.options->stage_timeout_ms;
+  if (!w.coordinator) {
+    if (w.phase != CheckpointPhase::kAwaitingCluster) return;
+    if (now - w.created_unix_ms > 2 * timeout) {
+      absl::MutexLock lock(&mu_);
+      auto it = pending_.find(w.key);
+      if (it == pending_.end() || it->second->aborting() || it->second->committing()) return;
+      AbortLocked(*it->second,
+                  absl::StrCat("no decision from the coordinator (the daemon of rank 0) within ",
+                               2 * timeout, " ms; this node's part stays on ", store->Describe()));
+      return;
+    }
+    SetWaitingFor(w.key, "the coordinator's decision (the daemon of rank 0)");
+    return;
+  }
+  if (w.phase != CheckpointPhase::kAwaitingCluster) return;
+  absl::StatusOr<std::map<std::string, v1::NodePart>> parts = ReadParts(w);
+  if (!parts.ok()) {
+    SetWaitingFor(w.key,
+                  absl::StrCat("reading the node parts (retried): ", parts.status().message()));
+    return;
+  }
+  std::set<uint32_t> covered;
+  for (const auto& [node, part] : *parts) {
+    for (const v1::RankRecord& r : part.ranks()) covered.insert(r.rank());
+  }
+  std::vector<uint32_t> missing;
+  for (uint32_t r = 0; r < w.world_size; ++r) {
+    if (!covered.contains(r)) missing.push_back(r);
+  }
+  if (!w.abort_requested.empty()) {
+    DecideAbort(w, w.abort_requested);
+    return;
+  }
+  if (!w.partial && !missing.empty()) {
+    if (now - w.created_unix_ms > timeout) {
+      DecideAbort(w, absl::StrCat("stage timeout: ranks ", RanksList(missing), " of ", w.world_size,
+                                  " are in no node's part on ", store->Describe(), " after ",
+                                  timeout, " ms"));
+      return;
+    }
+    SetWaitingFor(w.key, absl::StrCat("the node parts of ranks ", RanksList(missing)));
+    return;
+  }
+  DecideCommit(w);
+}
+
+absl::Status CheckpointService::PublishPart(const ClusterWork& w) {
+  Storage* const store = remote_.remote();
+  CKPTD_RETURN_IF_ERROR(remote_.CopyBlobs(w.dir, w.blobs));
+  const std::string path = NodePartPath(w.dir, w.part.node());
+  absl::Status put = store->PutIfAbsent(path, w.part.SerializeAsString());
+  if (!absl::IsAlreadyExists(put)) {
+    return Annotate(put, absl::StrCat("writing ", path, " to ", store->Describe()));
+  }
+  // There already: ours from before a restart (the same ranks), or another daemon's.
+  CKPTD_ASSIGN_OR_RETURN(std::string there, store->Get(path));
+  v1::NodePart theirs;
+  std::vector<uint32_t> ours, found;
+  for (const v1::RankRecord& r : w.part.ranks()) ours.push_back(r.rank());
+  if (theirs.ParseFromString(there)) {
+    for (const v1::RankRecord& r : theirs.ranks()) found.push_back(r.rank());
+  }
+  if (found != ours) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        path, " on ", store->Describe(), " holds ranks ", RanksList(found), ", this daemon's are ",
+        RanksList(ours), ": another daemon of this job has node_id \"", w.part.node(),
+        "\" (give each its own)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::map<std::string, v1::NodePart>> CheckpointService::ReadParts(
+    const ClusterWork& w) {
+  Storage* const store = remote_.remote();
+  std::map<std::string, v1::NodePart> known;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = pending_.find(w.key);
+    if (it == pending_.end()) return known;
+    known = it->second->cluster.parts;
+  }
+  CKPTD_ASSIGN_OR_RETURN(std::vector<std::string> names, store->List(ClusterDirOf(w.dir)));
+  std::map<std::string, v1::NodePart> added;
+  for (const std::string& name : names) {
+    absl::string_view node = name;
+    if (!absl::ConsumeSuffix(&node, ".part") || known.contains(std::string(node))) continue;
+    const std::string path = NodePartPath(w.dir, std::string(node));
+    CKPTD_ASSIGN_OR_RETURN(std::string bytes, store->Get(path));
+    v1::NodePart part;
+    if (!part.ParseFromString(bytes)) {
+      return absl::DataLossError(absl::StrCat(path, " on ", store->Describe(), " does not parse"));
+    }
+    added.emplace(std::string(node), std::move(part));
+  }
+  absl::MutexLock lock(&mu_);
+  auto it = pending_.find(w.key);
+  if (it == pending_.end()) return known;
+  for (auto& [node, part] : added) it->second->cluster.parts.emplace(node, part);
+  return it->second->cluster.parts;
+}
+
+absl::StatusOr<Manifest> CheckpointService::BuildClusterManifest(
+    const ClusterWork& w, const std::map<std::string, v1::NodePart>& parts) {
+  CKPTD_ASSIGN_OR_RETURN(std::unique_ptr<PendingCheckpoint> merged,
+                         MergeNodeParts(w.key.first, w.key.second, w.world_size, w.partial, parts));
+  absl::StatusOr<Manifest> m;
+  {
+    absl::MutexLock lock(&mu_);
+    m = BuildManifestLocked(*merged);
+  }
+  if (!m.ok()) return m.status();
+  CKPTD_RETURN_IF_ERROR(EncodeManifest(*m).status());  // validates
+  return m;
+}
+
+void CheckpointService::DecideCommit(ClusterWork& w) {
+  Storage* const store = remote_.remote();
+  const std::string what = CkptName(w.key.first, w.key.second);
+  absl::StatusOr<std::map<std::string, v1::NodePart>> parts = ReadParts(w);
+  absl::StatusOr<Manifest> m = parts.ok() ? BuildClusterManifest(w, *parts) : parts.status();
+  if (!m.ok()) {
+    if (absl::IsInvalidArgument(m.status())) {
+      DecideAbort(w,
+                  absl::StrCat("the node parts do not make a checkpoint: ", m.status().message()));
+    } else {
+      SetWaitingFor(w.key, absl::StrCat("building the manifest (retried): ", m.status().message()));
+    }
+    return;
+  }
+  {
+    // From here no Abort can race the decision (Abort refuses kCommitting).
+    absl::MutexLock lock(&mu_);
+    auto it = pending_.find(w.key);
+    if (it == pending_.end() || it->second->phase() != CheckpointPhase::kAwaitingCluster) return;
+    if (!it->second->cluster.abort_requested.empty()) return;  // the next step decides abort
+    it->second->Transition(CheckpointPhase::kAwaitingCluster, CheckpointPhase::kCommitting);
+    it->second->cluster.waiting_for = "writing the commit decision";
+  }
+  v1::ClusterDecision d;
+  d.set_commit(true);
+  d.set_node(deps_.options->node_id);
+  d.set_decided_unix_ms(NowMs());
+  absl::Status st = store->PutIfAbsent(DecisionPath(w.dir), d.SerializeAsString());
+  auto back_to_waiting = [&](const std::string& why) {
+    absl::MutexLock lock(&mu_);
+    auto it = pending_.find(w.key);
+    if (it == pending_.end()) return;
+    it->second->Transition(CheckpointPhase::kCommitting, CheckpointPhase::kAwaitingCluster);
+    it->second->cluster.waiting_for = why;
+  };
+  if (absl::IsAlreadyExists(st)) {
+    // Decided before (by this daemon before a restart): the next step reads it.
+    back_to_waiting("reading the decision");
+    return;
+  }
+  if (!st.ok()) {
+    back_to_waiting(absl::StrCat("writing the commit decision (retried): ", st.message()));
+    return;
+  }
+  absl::StatusOr<std::string> bytes = EncodeManifest(*m);
+  st = bytes.ok() ? store->PutAtomic(absl::StrCat(w.dir, "/", kManifestFileName), *bytes)
+                  : bytes.status();
+  if (!st.ok()) {
+    // Decided: the manifest is written again by the next step (FinishClusterCommit).
+    back_to_waiting(absl::StrCat("writing the manifest (retried): ", st.message()));
+    return;
+  }
+  spdlog::info("{}: committed across {} nodes", what, parts->size());
+  w.phase = CheckpointPhase::kCommitting;
+  CommitFromStore(w, *std::move(m));
+}
+
+void CheckpointService::DecideAbort(const ClusterWork& w, const std::string& reason) {
+  Storage* const store = remote_.remote();
+  v1::ClusterDecision d;
+  d.set_commit(false);
+  d.set_reason(reason.substr(0, 1024));
+  d.set_node(deps_.options->node_id);
+  d.set_decided_unix_ms(NowMs());
+  absl::Status st = store->PutIfAbsent(DecisionPath(w.dir), d.SerializeAsString());
+  if (absl::IsAlreadyExists(st)) return;  // the next step reads what was decided
+  if (!st.ok()) {
+    SetWaitingFor(w.key, absl::StrCat("writing the abort decision (retried): ", st.message()));
+    return;
+  }
+  absl::MutexLock lock(&mu_);
+  auto it = pending_.find(w.key);
+  if (it == pending_.end() || it->second->aborting() || it->second->committing()) return;
+  it->second->cluster.abort_decided = true;  // RecordAbort writes no second decision
+  AbortLocked(*it->second, reason);
+}
+
+void CheckpointService::FinishClusterCommit(const ClusterWork& w) {
+  Storage* const store = remote_.remote();
+  const std::string path = absl::StrCat(w.dir, "/", kManifestFileName);
+  if (w.phase != CheckpointPhase::kAwaitingCluster) {
+    // Not all of this node's ranks are persisted yet (a partial commit left them out, or they
+    // are still flushing): recorded once they are.
+    SetWaitingFor(w.key, "this node's ranks, to record the commit decided");
+    return;
+  }
+  absl::StatusOr<std::string> bytes = store->Get(path);
+  if (absl::IsNotFound(bytes.status()) && w.coordinator) {
+    // Decided, but the coordinator stopped before the manifest: written again.
+    absl::StatusOr<std::map<std::string, v1::NodePart>> parts = ReadParts(w);
+    absl::StatusOr<Manifest> m = parts.ok() ? BuildClusterManifest(w, *parts) : parts.status();
+    absl::StatusOr<std::string> encoded = m.ok() ? EncodeManifest(*m) : m.status();
+    absl::Status st = encoded.ok() ? store->PutAtomic(path, *encoded) : encoded.status();
+    if (!st.ok()) {
+      SetWaitingFor(w.key, absl::StrCat("writing the manifest (retried): ", st.message()));
+      return;
+    }
+    bytes = std::move(encoded);
+  }
+  if (!bytes.ok()) {
+    SetWaitingFor(w.key,
+                  absl::IsNotFound(bytes.status())
+                      ? std::string("the coordinator's manifest (decided: commit)")
+                      : absl::StrCat("reading the manifest (retried): ", bytes.status().message()));
+    return;
+  }
+  absl::StatusOr<Manifest> m = DecodeManifest(*bytes, path);
+  if (!m.ok()) {
+    SetWaitingFor(w.key, absl::StrCat("the manifest on ", store->Describe(),
+                                      " does not verify: ", m.status().message()));
+    return;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = pending_.find(w.key);
+    if (it == pending_.end() || it->second->phase() != CheckpointPhase::kAwaitingCluster) return;
+    it->second->Transition(CheckpointPhase::kAwaitingCluster, CheckpointPhase::kCommitting);
+  }
+  CommitFromStore(w, *std::move(m));
+}
+
+void CheckpointService::CommitFromStore(const ClusterWork& w, Manifest m) {
+  const std::string what = CkptName(w.key.first, w.key.second);
+  // This node's ranks the manifest leaves out (a partial commit): their journal rows go too.
+  std::set<uint32_t> present(m.header.ranks_present().begin(), m.header.ranks_present().end());
+  std::vector<uint32_t> left_out;
+  for (uint32_t r : w.own_ranks) {
+    if (!present.contains(r)) left_out.push_back(r);
+  }
+  absl::Status st = IndexCommitted(
+      m, w.dir,
+      CommittedTiers{.policy = v1::TIER_LOCAL_AND_REMOTE, .local = false, .remote_durable = true},
+      left_out);
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = pending_.find(w.key);
+    CKPTD_CHECK(it != pending_.end() && it->second->committing());
+    PendingCheckpoint& p = *it->second;
+    if (!st.ok()) {
+      // The store's decision stands: the row is written again by the next step.
+      p.Transition(CheckpointPhase::kCommitting, CheckpointPhase::kAwaitingCluster);
+      p.cluster.waiting_for = absl::StrCat("recording COMMITTED (retried): ", st.message());
+      spdlog::error("{}: recording COMMITTED (retried): {}", what, st.ToString());
+      return;
+    }
+    spdlog::info("{} COMMITTED across nodes ({} items, {} bytes, {} ranks, {} here)", what,
+                 m.items.size(), m.header.total_bytes(), m.header.ranks_present_size(),
+                 p.ranks.size());
+    CKPTD_CHECK(p.journals_in_flight == 0 && p.flushes_in_flight == 0);
+    manifest_cache_.Put(w.key, std::make_shared<const Manifest>(std::move(m)));
+    p.Transition(CheckpointPhase::kCommitting, CheckpointPhase::kCommitted);
+    pending_.erase(w.key);
+    KeyChangedLocked(w.key);
+    changed_.SignalAll();
+  }
+  // Read from the store from now on: this node's blobs alone are no local copy.
+  absl::Status removed = deps_.storage->RemoveAll(w.dir);
+  if (!removed.ok()) spdlog::warn("{}: removing the local blobs: {}", what, removed.ToString());
+}
+
+bool CheckpointService::InNodePartLocked(const PendingCheckpoint& p, uint32_t rank) const {
+  for (const auto& [node, part] : p.cluster.parts) {
+    for (const v1::RankRecord& r : part.ranks()) {
+      if (r.rank() == rank) return true;
+    }
+  }
+  return false;
+}
+
+void CheckpointService::FillNodesLocked(const PendingCheckpoint& p,
+                                        v1::CheckpointStatus* out) const {
+  v1::NodeStatus* self = out->add_nodes();
+  self->set_node(deps_.options->node_id);
+  for (const auto& [r, pr] : p.ranks) self->add_ranks(r);
+  self->set_part_durable(p.cluster.part_durable);
+  self->set_coordinator(p.coordinator());
+  for (const auto& [node, part] : p.cluster.parts) {
+    if (node == deps_.options->node_id) continue;
+    v1::NodeStatus* n = out->add_nodes();
+    n->set_node(node);
+    for (const v1::RankRecord& r : part.ranks()) {
+      n->add_ranks(r.rank());
+      n->set_coordinator(n->coordinator() || r.rank() == 0);
+    }
+    n->set_part_durable(true);
+  }
+  out->set_waiting_for(p.cluster.waiting_for);
+}
+
+}  // namespace ckptd
