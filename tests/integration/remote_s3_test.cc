@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "harness.h"
+#include "multi_node.h"
 #include "s3_harness.h"
 #include "testclient/rank_io.h"
 
@@ -180,4 +181,50 @@ TEST_CASE("remote tier on S3: wrong credentials or a missing bucket stop the dae
   CHECK(denied.exit_code != 0);
   CHECK(denied.output.find(ckptd::testing::kWeedBucket) != std::string::npos);
   CHECK(denied.output.find("not-the-secret") == std::string::npos);
+}
+
+TEST_CASE(
+    "spanning nodes on S3: ranks over two daemons commit through the bucket; a store down "
+    "holds one node's part back until it returns; a fresh node restores from the bucket",
+    "[integration][remote][s3][multinode]") {
+  TempDir dir;
+  CKPTD_WEED_OR_SKIP(weed, dir);
+  auto proxy = FaultProxy::Start(weed->s3_port());
+  REQUIRE(proxy.ok());
+  auto node = [&](const std::string& endpoint, const std::string& id) {
+    std::vector<std::string> f = S3Flags(endpoint, "span", "local+remote");
+    f.push_back("--node_id=" + id);
+    f.push_back("--cluster_poll_ms=50");
+    return f;
+  };
+  Daemon a(DaemonConfig{.extra_flags = node(weed->endpoint(), "node-a")});
+  Daemon b(DaemonConfig{.extra_flags = node((*proxy)->endpoint(), "node-b")});
+  auto ca = ConnectNode(a, 2);
+  auto cb = ConnectNode(b, 2);
+  // Not contiguous: node a holds ranks 0 and 3, node b ranks 1 and 2; node b's store is down.
+  REQUIRE((*proxy)->Arm("reset", 1000000, 1.0).ok());
+  for (uint32_t r : {0u, 3u}) REQUIRE(SaveRank(*ca, kJob, 9, r, 4, 79).ok());
+  for (uint32_t r : {1u, 2u}) REQUIRE(SaveRank(*cb, kJob, 9, r, 4, 79).ok());
+  auto held = WaitForWaiting(*cb, kJob, 9, "publishing this node's part (retried)", 60000);
+  INFO(b.Log());
+  REQUIRE(held.ok());
+  auto coordinator = WaitForWaiting(*ca, kJob, 9, "ranks [1, 2]", 20000);
+  REQUIRE(coordinator.ok());
+  CHECK(coordinator->state == ckptd::CheckpointState::kPersisting);
+
+  REQUIRE((*proxy)->Disarm().ok());  // the store is back: b publishes, a commits, b learns it
+  for (auto* c : {ca.get(), cb.get()}) {
+    absl::Status committed = c->WaitCommitted(kJob, 9, 60000);
+    INFO(committed.ToString() << "\nnode a:\n" << a.Log() << "\nnode b:\n" << b.Log());
+    REQUIRE(committed.ok());
+  }
+  CHECK(VerifyInProcess(b, kJob, 9, 79) == "");
+
+  // A new node, empty state dir, the same bucket: lists it and loads it in another layout.
+  Daemon c(DaemonConfig{.extra_flags = S3Flags(weed->endpoint(), "span", "local")});
+  auto latest = c.Connect()->Latest(kJob);
+  REQUIRE(latest.ok());
+  CHECK(*latest == 9);
+  CHECK(VerifyInProcess(c, kJob, 9, 79) == "");
+  CHECK(CheckPartialLoadFromStore(c, kJob, 9, 79) == "");
 }

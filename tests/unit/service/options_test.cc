@@ -1,5 +1,7 @@
 #include "options.h"
 
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
@@ -113,6 +115,14 @@ TEST_CASE("options: tier policy and remote tier are validated", "[unit]") {
   REQUIRE(defaults.ok());
   CHECK(defaults->tier_policy == "local");
   CHECK(defaults->remote_dir.empty());
+  // The node's name on the shared tier: the host name unless given.
+  char host[256] = {};
+  REQUIRE(gethostname(host, sizeof(host) - 1) == 0);
+  CHECK(defaults->node_id == host);
+  CHECK(defaults->cluster_poll_ms == 200);
+  auto named = ParseOptions({"--state_dir=/tmp/x", "--node_id=rack2.node-17_a"});
+  REQUIRE(named.ok());
+  CHECK(named->node_id == "rack2.node-17_a");
 
   struct Bad {
     std::vector<std::string> args;
@@ -129,6 +139,9 @@ TEST_CASE("options: tier policy and remote tier are validated", "[unit]") {
       {{"--remote_dir=/mnt/s", "--remote_s3_bucket=b", "--remote_s3_endpoint=http://127.0.0.1:1"},
        "give one"},
       {{"--remote_s3_bucket=b"}, "needs remote_s3_endpoint"},
+      {{"--node_id=a/b"}, "option node_id = \"a/b\": at most 64 letters"},
+      {{"--node_id=" + std::string(65, 'n')}, "at most 64 letters"},
+      {{"--cluster_poll_ms=1"}, "cluster_poll_ms"},
   };
   for (const Bad& b : bad) {
     std::vector<std::string> args = {"--state_dir=/tmp/x"};
