@@ -313,7 +313,8 @@ PYBIND11_MODULE(_ckptd, m) {
       .def_property_readonly("name", &ShmSlab::name);
 
   py::class_<PyClient>(m, "Client")
-      .def(py::init<const std::string&, int, int, const std::string&, bool, const std::string&>(),
+      .def(py::init<const std::string&, int, int, const std::string&, bool, const std::string&,
+                    uint32_t>(),
            py::arg("socket_path"), py::arg("rpc_timeout_ms"), py::arg("connect_timeout_ms"),
            py::arg("client_name"), py::arg("pin_cuda"), py::arg("tier_policy"),
            py::arg("local_world_size"))
