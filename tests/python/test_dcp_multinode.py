@@ -19,12 +19,6 @@ from conftest import Daemon, free_port, start_daemon
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 import torch.distributed.checkpoint as dcp  # noqa: E402
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict  # noqa: E402
-from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
-from torch.distributed.tensor import Shard, distribute_tensor  # noqa: E402
-
-import ckptd  # noqa: E402
-import ckptd.torch as ct  # noqa: E402
 from test_dcp_dist import (  # noqa: E402
     BIG_COLS,
     BIG_ROWS,
@@ -36,6 +30,12 @@ from test_dcp_dist import (  # noqa: E402
     sharded_model,
     spawn,
 )
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict  # noqa: E402
+from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
+from torch.distributed.tensor import Shard, distribute_tensor  # noqa: E402
+
+import ckptd  # noqa: E402
+import ckptd.torch as ct  # noqa: E402
 
 
 def save_over_two_nodes(rank: int, sockets: list[str]) -> None:
