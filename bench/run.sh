@@ -16,7 +16,9 @@
 #   BENCH_REMOTE_PART_MIB=8 BENCH_REMOTE_PARTS_IN_FLIGHT=8   part size and concurrency of both
 #   BENCH_REMOTE_SYSTEMS=ckptd,ckptd_chunk,s3transfer,disk_read  (add s3transfer_signed: boto3's
 #                            default config over http, SHA-256 of every part)
-#   BENCH_ONLY=all|planner|reshard|ckpt|train|remote               run one part only
+#   BENCH_CLUSTER_ROUNDS=9   checkpoints spanning nodes (bench/cluster_merge_bench.cc,
+#                            bench/cluster_commit_bench.py: 1, 2 and 3 daemons on a shared dir)
+#   BENCH_ONLY=all|planner|reshard|ckpt|train|remote|cluster       run one part only
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BUILD="${BUILD:-$ROOT/build}"
@@ -38,6 +40,13 @@ if [ "$ONLY" = all ] || [ "$ONLY" = planner ]; then
 echo "bench: planner (100k tensors / 1M shards; decode reported separately)"
 "$BUILD/ckptd_bench_planner" --reps 3 | tee "$OUT/planner.jsonl"
 
+fi
+
+if [ "$ONLY" = all ] || [ "$ONLY" = cluster ]; then
+echo "bench: checkpoints spanning nodes (the coordinator's merge at 1k/10k ranks; commit latency)"
+"$BUILD/ckptd_bench_cluster_merge" --ranks 1000,10000 --reps 3 | tee "$OUT/cluster_merge.jsonl"
+python3 "$ROOT/bench/cluster_commit_bench.py" --daemon "$BUILD/ckptd" --out "$OUT" \
+  --rounds "${BENCH_CLUSTER_ROUNDS:-9}"
 fi
 
 if [ "$ONLY" = all ] || [ "$ONLY" = reshard ]; then

@@ -7,7 +7,7 @@
 //           keys only (scans never interleave jobs).
 //   mode 2: u32le length-prefixed values: a CheckpointRecord, then RankRecords. As recovery and
 //           commit use them: the record's key round-trips, and the ranks' persisted shards become
-//           a manifest (BuildManifestLocked's way) that ValidateManifest judges without crashing;
+//           a manifest (BuildManifest's way) that ValidateManifest judges without crashing;
 //           if it accepts, the manifest round-trips through EncodeManifest / DecodeManifest.
 #include <map>
 #include <string>
@@ -110,7 +110,7 @@ void CheckEncodings(FuzzedDataProvider& fdp) {
              "kind prefixes");
 }
 
-// The manifest commit would write for these journal rows (commit.cc BuildManifestLocked, without
+// The manifest commit would write for these journal rows (commit.cc BuildManifest, without
 // replicas' crc comparison): items by name, their shards as flushed, one blob per rank.
 Manifest BuildManifest(const v1::CheckpointRecord& rec, const std::vector<v1::RankRecord>& ranks) {
   const v1::CheckpointSummary& s = rec.summary();

@@ -11,7 +11,7 @@
 //    ParseStepDirName inverts StepDirName; BlobName(rank) is a valid plain file name;
 //  - a valid tensor shard's byte count fits 64 bits; two shards with equal RegionKey hold the
 //    same number of elements;
-//  - a Save the checks accept becomes a manifest (as BuildManifestLocked builds it: one blob for
+//  - a Save the checks accept becomes a manifest (as BuildManifest builds it: one blob for
 //    the rank, shards packed at 4 KiB offsets) that ValidateManifest accepts as partial — what
 //    the daemon acknowledged as staged must be committable — and that round-trips through
 //    EncodeManifest / DecodeManifest.
@@ -122,7 +122,7 @@ bool SameItem(const v1::ShardSpec& a, const v1::ShardSpec& b) {
                     b.tensor().global_shape().begin(), b.tensor().global_shape().end());
 }
 
-// The manifest a commit of this one rank's Save would write (commit.cc BuildManifestLocked).
+// The manifest a commit of this one rank's Save would write (commit.cc BuildManifest).
 Manifest BuildManifest(const v1::SaveRequest& req, uint32_t block) {
   Manifest m;
   v1::ManifestHeader& h = m.header;

@@ -256,8 +256,6 @@ class CheckpointService {
 
   // commit.cc
   void CommitCheckpoint(Key key);
-  absl::StatusOr<Manifest> BuildManifestLocked(const PendingCheckpoint& p) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status WriteCommitted(const Manifest& m, const std::string& dir, v1::TierPolicy policy);
   // Records a durable manifest in the index (COMMITTED row, item rows, journal removed, the
   // upload row when the policy has a remote tier), synced.

@@ -267,13 +267,8 @@ absl::StatusOr<Manifest> CheckpointService::BuildClusterManifest(
     const ClusterWork& w, const std::map<std::string, v1::NodePart>& parts) {
   CKPTD_ASSIGN_OR_RETURN(std::unique_ptr<PendingCheckpoint> merged,
                          MergeNodeParts(w.key.first, w.key.second, w.world_size, w.partial, parts));
-  absl::StatusOr<Manifest> m;
-  {
-    absl::MutexLock lock(&mu_);
-    m = BuildManifestLocked(*merged);
-  }
-  if (!m.ok()) return m.status();
-  CKPTD_RETURN_IF_ERROR(EncodeManifest(*m).status());  // validates
+  CKPTD_ASSIGN_OR_RETURN(Manifest m, BuildManifest(*merged, NowMs()));
+  CKPTD_RETURN_IF_ERROR(EncodeManifest(m).status());  // validates
   return m;
 }
 

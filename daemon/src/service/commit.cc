@@ -39,7 +39,7 @@ v1::ItemInfo ItemInfoOf(const v1::ItemEntry& item) {
 
 }  // namespace
 
-absl::StatusOr<Manifest> CheckpointService::BuildManifestLocked(const PendingCheckpoint& p) const {
+absl::StatusOr<Manifest> BuildManifest(const PendingCheckpoint& p, uint64_t committed_unix_ms) {
   Manifest m;
   v1::ManifestHeader& h = m.header;
   h.set_format_version(kManifestFormatVersion);
@@ -48,7 +48,7 @@ absl::StatusOr<Manifest> CheckpointService::BuildManifestLocked(const PendingChe
   h.set_world_size(p.world_size);
   h.set_partial(p.partial);
   h.set_created_unix_ms(p.created_unix_ms);
-  h.set_committed_unix_ms(NowMs());
+  h.set_committed_unix_ms(committed_unix_ms);
   h.set_checksum_block_bytes(p.checksum_block_bytes);
   std::map<std::string, v1::ItemEntry> items;
   // Owner shard of each stored region, to attach replicas: (rank, shard index) → entry.
@@ -192,7 +192,7 @@ void CheckpointService::CommitCheckpoint(Key key) {
     // Nothing aborts a committing checkpoint but its own commit's failure (below): Abort refuses
     // it, and it takes no ranks, flushes or journal writes.
     CKPTD_CHECK(p.committing());
-    m = BuildManifestLocked(p);
+    m = BuildManifest(p, NowMs());
     policy = p.tier_policy;
   }
   CKPTD_SYNC_POINT("commit.manifest_built");

@@ -78,7 +78,7 @@ absl::StatusOr<std::unique_ptr<PendingCheckpoint>> MergeNodeParts(
                                                    missing.front()));
   }
   // One stored copy per region: the lowest rank's among those that wrote bytes for it; the
-  // others (another node's first copy) become replicas — BuildManifestLocked checks they match.
+  // others (another node's first copy) become replicas — BuildManifest checks they match.
   for (auto& [r, pr] : merged->ranks) {
     for (int i = 0; i < pr.rec.shards_size(); ++i) {
       v1::StagedShard* sh = pr.rec.mutable_shards(i);

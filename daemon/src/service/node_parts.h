@@ -23,7 +23,7 @@ std::string ClusterDirOf(const std::string& dir);
 std::string NodePartPath(const std::string& dir, const std::string& node);
 std::string DecisionPath(const std::string& dir);
 
-// The checkpoint the parts make together, for BuildManifestLocked: every rank of every part
+// The checkpoint the parts make together, for BuildManifest: every rank of every part
 // (persisted), one stored copy per region — a region stored by ranks on several nodes (each node
 // stores its own first copy) keeps the lowest rank's, the others become replicas, which the
 // manifest build checks byte for byte (their checksums). Checks that the parts agree (job, step,

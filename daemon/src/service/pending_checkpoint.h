@@ -35,10 +35,12 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
 #include "ckptd/v1/ckptd.pb.h"
 #include "ckptd/v1/cluster.pb.h"
 #include "ckptd/v1/index.pb.h"
 #include "dataplane/region_registry.h"
+#include "format/manifest.h"
 
 namespace ckptd {
 
@@ -165,5 +167,10 @@ class PendingCheckpoint {
  private:
   CheckpointPhase phase_ = CheckpointPhase::kStaging;
 };
+
+// The manifest of `p` (every rank persisted): its items with their stored shards, replicas
+// attached to the stored copy — INVALID_ARGUMENT when a tensor replica's bytes (checksums) differ
+// from it. Pure (service/commit.cc); the caller validates it (EncodeManifest).
+absl::StatusOr<Manifest> BuildManifest(const PendingCheckpoint& p, uint64_t committed_unix_ms);
 
 }  // namespace ckptd

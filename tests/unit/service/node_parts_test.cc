@@ -210,4 +210,43 @@ TEST_CASE("MergeNodeParts: ranks spread over nodes at random merge alike (proper
   }
 }
 
+TEST_CASE("MergeNodeParts then BuildManifest: one valid manifest; replicas across nodes checked",
+          "[unit]") {
+  v1::NodePart a = Part("node-a", {0, 1}, 4, /*bias=*/true);
+  v1::NodePart b = Part("node-b", {2, 3}, 4, /*bias=*/true);
+  MarkNodeReplicas(&a);
+  MarkNodeReplicas(&b);
+  auto merged = MergeNodeParts(kJob, 3, 4, false, {{"node-a", a}, {"node-b", b}});
+  REQUIRE(merged.ok());
+  auto m = BuildManifest(**merged, 42);
+  REQUIRE(m.ok());
+  CHECK(m->header.world_size() == 4);
+  CHECK(m->header.ranks_present_size() == 4);
+  CHECK(m->header.committed_unix_ms() == 42);
+  CHECK(m->items.size() == 2);
+  for (const v1::ItemEntry& item : m->items) {
+    if (item.name() == "b") {
+      REQUIRE(item.shards_size() == 1);
+      CHECK(item.shards(0).saved_by_rank() == 0);
+      CHECK(item.shards(0).replica_ranks_size() == 3);
+    } else {
+      CHECK(item.shards_size() == 4);
+    }
+  }
+  auto encoded = EncodeManifest(*m);
+  INFO(encoded.status().ToString());
+  CHECK(encoded.ok());
+
+  // Node b's copy of the replicated region holds other bytes: no manifest.
+  for (v1::StagedShard& s : *b.mutable_ranks(0)->mutable_shards()) {
+    if (s.spec().item() == "b") s.mutable_stored()->set_block_crc32c(0, 8);
+  }
+  auto differ = MergeNodeParts(kJob, 3, 4, false, {{"node-a", a}, {"node-b", b}});
+  REQUIRE(differ.ok());
+  auto refused = BuildManifest(**differ, 42);
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(refused.status().message()).find("saved different bytes") != std::string::npos);
+}
+
 }  // namespace ckptd
