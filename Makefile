@@ -21,6 +21,12 @@ STATE ?= $(ROOT)/state
 CMAKE ?= /usr/bin/cmake
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
+# The sanitizer tiers (ASan + UBSan, TSan, fuzz) build at -O1 with line tables only (-g1, which
+# clang reads as -gline-tables-only): enough for symbolized reports, and about 2.5x faster to compile than -O2 -g
+# under the sanitizers (service/save.cc: 58 s against 154 s), which keeps a fresh clone's make test
+# within CI's time.
+SAN_CMAKE_FLAGS = -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  '-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG' '-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG'
 PYTHON ?= python3
 
 .PHONY: setup build build-asan build-fuzz run test test-cpp test-asan test-fuzz test-python \
@@ -38,7 +44,7 @@ build: setup
 # there — unit binaries of every module and the integration tests, whose daemon, ckptctl and
 # test clients are then sanitized too. Any report fails the test that caused it.
 build-asan: setup
-	@$(CMAKE) -S . -B $(BUILD_ASAN) $(CMAKE_FLAGS) -DCKPTD_SANITIZE=ON >/dev/null
+	@$(CMAKE) -S . -B $(BUILD_ASAN) $(SAN_CMAKE_FLAGS) -DCKPTD_SANITIZE=ON >/dev/null
 	@$(CMAKE) --build $(BUILD_ASAN) -j $(JOBS)
 
 # The ThreadSanitizer tier: the service, dataplane and common unit tests and the io module's reader
@@ -51,7 +57,7 @@ BUILD_TSAN ?= $(ROOT)/build-tsan
 TSAN_TARGETS ?= ckptd_unit_service ckptd_unit_dataplane ckptd_unit_common ckptd_unit_io
 build-tsan: setup
 	@bash tests/tsan/build_absl.sh $(BUILD_TSAN)/absl
-	@$(CMAKE) -S . -B $(BUILD_TSAN) $(CMAKE_FLAGS) -DCKPTD_TSAN=ON \
+	@$(CMAKE) -S . -B $(BUILD_TSAN) $(SAN_CMAKE_FLAGS) -DCKPTD_TSAN=ON \
 	  -DCMAKE_PREFIX_PATH=$(BUILD_TSAN)/absl/install >/dev/null
 	@$(CMAKE) --build $(BUILD_TSAN) -j $(JOBS) --target $(TSAN_TARGETS)
 
@@ -69,7 +75,7 @@ test-tsan: build-tsan
 # after replaying its regressions, two at a time; any crash fails the target.
 FUZZ_SECONDS ?= 20
 build-fuzz: setup
-	@CC=clang-15 CXX=clang++-15 $(CMAKE) -S . -B $(BUILD_FUZZ) $(CMAKE_FLAGS) \
+	@CC=clang-15 CXX=clang++-15 $(CMAKE) -S . -B $(BUILD_FUZZ) $(SAN_CMAKE_FLAGS) \
 	  -DCMAKE_C_COMPILER=clang-15 -DCMAKE_CXX_COMPILER=clang++-15 -DCKPTD_FUZZ=ON >/dev/null
 	@$(CMAKE) --build $(BUILD_FUZZ) -j $(JOBS)
 

@@ -25,6 +25,8 @@ dpkg-source -x "$OUT/src"/abseil_*.dsc "$OUT/src/abseil" >/dev/null
 echo "tsan: building abseil with -fsanitize=thread"
 cmake -S "$OUT/src/abseil" -B "$OUT/build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_CXX_FLAGS="-fsanitize=thread" -DCMAKE_C_FLAGS="-fsanitize=thread" \
+  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
+  -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
   -DBUILD_TESTING=OFF -DABSL_PROPAGATE_CXX_STD=ON -DCMAKE_CXX_STANDARD=17 \
   -DCMAKE_POSITION_INDEPENDENT_CODE=ON -DCMAKE_INSTALL_PREFIX="$OUT/install" \
   -DCMAKE_POLICY_VERSION_MINIMUM=3.5 >/dev/null
