@@ -345,22 +345,17 @@ absl::Status DaemonOptions::Validate() {
 
 absl::Status DaemonOptions::ValidateTiers() const {
   if (tier_policy != "local" && tier_policy != "local+remote" && tier_policy != "remote") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("option tier_policy = \"", tier_policy, "\": expected local or local+remote"));
-  }
-  if (tier_policy == "remote") {
-    return absl::InvalidArgumentError(
-        "option tier_policy = \"remote\": flushing straight to the store is not built yet; use "
-        "local+remote");
+    return absl::InvalidArgumentError(absl::StrCat("option tier_policy = \"", tier_policy,
+                                                   "\": expected local, local+remote or remote"));
   }
   if (!remote_dir.empty() && !remote_s3_bucket.empty()) {
     return absl::InvalidArgumentError(
         "options remote_dir and remote_s3_bucket both name a remote tier; give one");
   }
-  if (tier_policy == "local+remote" && remote_dir.empty() && remote_s3_bucket.empty()) {
-    return absl::InvalidArgumentError(
-        "option tier_policy = \"local+remote\" needs a remote tier (remote_dir or "
-        "remote_s3_bucket)");
+  if (tier_policy != "local" && remote_dir.empty() && remote_s3_bucket.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("option tier_policy = \"", tier_policy,
+                                                   "\" needs a remote tier (remote_dir or "
+                                                   "remote_s3_bucket)"));
   }
   if (!remote_s3_bucket.empty() && remote_s3_endpoint.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("option remote_s3_bucket = \"", remote_s3_bucket,

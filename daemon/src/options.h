@@ -85,10 +85,10 @@ struct DaemonOptions {
   // Seconds SIGTERM waits for in-flight flushes before exiting (the rest stays journaled).
   // Default: 30
   uint32_t shutdown_grace_s = 30;
-  // The tiers a checkpoint is made durable on when its Save names none: "local", or
+  // The tiers a checkpoint is made durable on when its Save names none: "local",
   // "local+remote" (COMMITTED on local storage, then uploaded to the remote tier in the
-  // background; needs remote_dir). "remote" (straight from the arena to the store) is refused:
-  // not built yet. Default: local
+  // background) or "remote" (flushed from the arena straight to the remote tier and COMMITTED
+  // there: nodes without local disks). The last two need a remote tier. Default: local
   std::string tier_policy = "local";
   // The remote tier: a directory on a shared file system (NFS, Lustre, a mounted bucket), written
   // through the posix storage plugin. Checkpoints keep their relative paths there

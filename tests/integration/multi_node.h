@@ -16,10 +16,12 @@
 namespace ckptd_it {
 
 // A client of `d` whose saves span nodes: `local_world_size` of their ranks save through `d`.
-inline std::unique_ptr<ckptd::Client> ConnectNode(const Daemon& d, uint32_t local_world_size) {
+inline std::unique_ptr<ckptd::Client> ConnectNode(
+    const Daemon& d, uint32_t local_world_size,
+    ckptd::TierPolicy policy = ckptd::TierPolicy::kLocalAndRemote) {
   ckptd::ClientOptions o;
   o.socket_path = d.socket();
-  o.tier_policy = ckptd::TierPolicy::kLocalAndRemote;
+  o.tier_policy = policy;
   o.local_world_size = local_world_size;
   auto c = ckptd::Client::Connect(o);
   if (!c.ok()) return nullptr;

@@ -113,6 +113,23 @@ TEST_CASE("remote tier on S3: two nodes upload, a fresh node restores from the b
   CHECK(std::equal(got.begin(), got.end(), whole.begin() + offsets[0] * row_bytes));
 }
 
+TEST_CASE("remote tier on S3: the remote policy flushes from the arena straight to the bucket",
+          "[integration][remote][s3]") {
+  TempDir dir;
+  CKPTD_WEED_OR_SKIP(weed, dir);
+  Daemon a(DaemonConfig{.extra_flags = S3Flags(weed->endpoint(), "direct", "remote")});
+  SaveAll(a, 5, 65);
+  auto st = a.Connect()->GetStatus(kJob, 5);
+  REQUIRE(st.ok());
+  CHECK_FALSE(st->tiers.local);
+  CHECK(st->tiers.remote);
+  CHECK_FALSE(std::filesystem::exists(a.data_dir() + "/" + kJob));
+  CHECK(VerifyInProcess(a, kJob, 5, 65) == "");
+  Daemon fresh(DaemonConfig{.extra_flags = S3Flags(weed->endpoint(), "direct", "local")});
+  CHECK(VerifyInProcess(fresh, kJob, 5, 65) == "");
+  CHECK(CheckPartialLoadFromStore(fresh, kJob, 5, 65) == "");
+}
+
 TEST_CASE("remote tier on S3: a store that fails is retried; the upload completes when it is back",
           "[integration][remote][s3][fault]") {
   TempDir dir;

@@ -223,6 +223,61 @@ TEST_CASE("remote tier: a daemon killed mid-upload resumes it at restart",
 }
 #endif
 
+TEST_CASE("remote tier: the remote policy flushes straight to the store, with no local copy",
+          "[integration][remote]") {
+  TempDir shared;
+  const std::string remote = shared.path() + "/store";
+  std::filesystem::create_directories(remote);
+  Daemon a(DaemonConfig{.extra_flags = RemoteFlags(remote, "remote")});
+  SaveWith(a, 1, 13, ckptd::TierPolicy::kDefault);  // the daemon's default: remote
+  auto client = a.Connect();
+  auto st = client->Wait(kJob, 1, ckptd::WaitFor::kRemote, 30000);
+  INFO(st.status().ToString() << "\nlog:\n" << a.Log());
+  REQUIRE(st.ok());
+  CHECK_FALSE(st->tiers.local);
+  CHECK(st->tiers.remote);
+  CHECK(st->tiers.upload.state == ckptd::UploadProgress::kDurable);
+  // The blobs and the manifest are on the store only.
+  CHECK(PathExists(StepPath(remote, 1) + "/manifest.ckm"));
+  CHECK_FALSE(PathExists(StepPath(a.data_dir(), 1)));
+  std::vector<uint8_t> got;
+  ckptd::LoadResult r = LoadItem(a, 1, StateDict().front().name, &got);
+  CHECK(r.bytes_read_remote == r.bytes_read);
+  CHECK(got == GlobalBytes(StateDict().front(), 13));
+  CHECK(VerifyInProcess(a, kJob, 1, 13) == "");
+  CommandResult ls = RunCtl(a, {"ls", kJob});
+  INFO(ls.output);
+  CHECK(ls.output.find("remote") != std::string::npos);
+
+  // An aborted checkpoint's blobs, flushed to the store, go with it.
+  {
+    auto c = a.Connect();
+    REQUIRE(SaveRank(*c, kJob, 2, 0, 4, 14).ok());
+    for (int i = 0; i < 200 && !PathExists(StepPath(remote, 2)); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the flush gate
+    }
+    REQUIRE(PathExists(StepPath(remote, 2)));
+    REQUIRE(c->Abort(kJob, 2, "test").ok());
+    CHECK_FALSE(PathExists(StepPath(remote, 2)));
+  }
+
+  // A daemon killed with ranks staged resumes them to the store after its restart.
+  Daemon b(DaemonConfig{.extra_flags = RemoteFlags(remote, "remote")});
+  {
+    auto c = b.Connect();
+    for (uint32_t rk = 0; rk < 4; ++rk) REQUIRE(SaveRank(*c, kJob, 3, rk, 4, 15).ok());
+  }
+  b.Kill9();
+  b.Restart(RemoteFlags(remote, "remote"));
+  REQUIRE(b.Connect()->WaitCommitted(kJob, 3, 30000).ok());
+  CHECK(VerifyInProcess(b, kJob, 3, 15) == "");
+  CHECK_FALSE(PathExists(StepPath(b.data_dir(), 3)));
+
+  // Delete removes it from the store.
+  CHECK(RunCtl(a, {"rm", kJob, "1"}).exit_code == 0);
+  CHECK_FALSE(PathExists(StepPath(remote, 1)));
+}
+
 TEST_CASE("remote tier: bad configuration and policies are refused with the cause",
           "[integration][remote]") {
   TempDir dir;
@@ -233,7 +288,8 @@ TEST_CASE("remote tier: bad configuration and policies are refused with the caus
   CommandResult remote_only =
       RunCommand({CKPTD_BIN, "--state_dir=" + dir.path() + "/s2", "--tier_policy=remote"});
   CHECK(remote_only.exit_code == 2);
-  CHECK(remote_only.output.find("not built yet") != std::string::npos);
+  CHECK(remote_only.output.find("option tier_policy = \"remote\" needs a remote tier") !=
+        std::string::npos);
   CommandResult missing = RunCommand(
       {CKPTD_BIN, "--state_dir=" + dir.path() + "/s3", "--remote_dir=" + dir.path() + "/nowhere"});
   CHECK(missing.exit_code != 0);

@@ -37,6 +37,8 @@ v1::TierPolicy ToProto(TierPolicy p) {
       return v1::TIER_LOCAL;
     case TierPolicy::kLocalAndRemote:
       return v1::TIER_LOCAL_AND_REMOTE;
+    case TierPolicy::kRemote:
+      return v1::TIER_REMOTE;
     case TierPolicy::kDefault:
       break;
   }

@@ -44,9 +44,11 @@ class PyClient {
       o.tier_policy = TierPolicy::kLocal;
     } else if (tier_policy == "local+remote") {
       o.tier_policy = TierPolicy::kLocalAndRemote;
+    } else if (tier_policy == "remote") {
+      o.tier_policy = TierPolicy::kRemote;
     } else if (!tier_policy.empty() && tier_policy != "default") {
       throw py::value_error("tier_policy \"" + tier_policy +
-                            "\": expected \"default\", \"local\" or \"local+remote\"");
+                            "\": expected \"default\", \"local\", \"local+remote\" or \"remote\"");
     }
     o.socket_path = socket_path;
     o.rpc_timeout_ms = rpc_timeout_ms;

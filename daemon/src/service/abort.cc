@@ -38,7 +38,8 @@ void CheckpointService::FinishAbortLocked(PendingCheckpoint& p) {
   *rec.mutable_summary() = SummaryLocked(p);
   rec.mutable_summary()->mutable_tiers()->Clear();
   rec.set_dir(CheckpointDir(p.job, p.step));
-  AbortRecord a{key, {{keys::Checkpoint(p.job, p.step), rec.SerializeAsString()}}, {}, 0, {}};
+  AbortRecord a{key, {{keys::Checkpoint(p.job, p.step), rec.SerializeAsString()}}, {}, 0,
+                {},  p.tier_policy == v1::TIER_REMOTE && !p.multi_node()};
   if (p.multi_node() && p.coordinator() && !p.cluster.abort_decided) {
     // The coordinator aborted before its cluster thread decided (a stage timeout while staging,
     // a failed flush): the other nodes learn it from the store. No commit decision can be there:
@@ -105,6 +106,12 @@ void CheckpointService::RecordAbort(AbortRecord a) {
   deps_.arena->Free(a.extent_ids);  // the journal no longer names them
   absl::Status removed = deps_.storage->RemoveAll(dir);
   if (!removed.ok()) spdlog::error("removing {}: {}", dir, removed.ToString());
+  if (a.remove_remote) {
+    removed = remote_.remote()->RemoveAll(dir);
+    if (!removed.ok()) {
+      spdlog::error("removing {} on {}: {}", dir, remote_.remote()->Describe(), removed.ToString());
+    }
+  }
   CKPTD_SYNC_POINT("abort.files_removed");
   absl::MutexLock lock(&mu_);
   abort_write_failed_.erase(a.key);

@@ -242,6 +242,8 @@ class CheckpointService {
     // Spanning nodes, on the coordinator: the abort decision to write to the shared tier first
     // (a serialized ClusterDecision; empty: none to write).
     std::string cluster_decision;
+    // Saved under TIER_REMOTE (on one node): its blobs are on the store, removed with it.
+    bool remove_remote = false;
   };
   // Writes `a`; on failure keeps it in unrecorded_aborts_ for housekeeping to post again (the
   // key stays in rewriting_, its extents allocated).
@@ -266,6 +268,9 @@ class CheckpointService {
   // The tiers to read a COMMITTED checkpoint from, fastest first: local when its row says so,
   // then the remote tier when its copy there is durable. FAILED_PRECONDITION when none.
   absl::StatusOr<std::vector<Storage*>> ReadTiers(const v1::CheckpointRecord& rec);
+  // Where the blobs and manifest of a checkpoint saved under `policy` are written: the remote
+  // tier for TIER_REMOTE (straight from the arena), else local storage.
+  Storage* BlobTier(v1::TierPolicy policy) const;
   // The tier policy a Save asks for, resolved against the daemon's default; FAILED_PRECONDITION
   // for a remote tier this daemon does not have, UNIMPLEMENTED for TIER_REMOTE.
   absl::StatusOr<v1::TierPolicy> ResolveTierPolicy(const v1::SaveRequest& req) const;
@@ -450,6 +455,8 @@ class CheckpointService {
   WorkerPool reshard_pool_{"reshard", limits::kReshardPoolThreads, limits::kReshardQueueMax};
 };
 
+// The policy puts the checkpoint on the remote tier (local+remote, or remote only).
+bool HasRemoteTier(v1::TierPolicy policy);
 // "checkpoint job/7", for messages.
 std::string CkptName(const std::string& job, uint64_t step);
 // "[0, 3, 5]" (the first 32, then the count), for messages.

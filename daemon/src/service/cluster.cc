@@ -49,6 +49,7 @@ struct CheckpointService::ClusterWork {
   bool coordinator = false;
   bool part_durable = false;
   bool partial = false;
+  v1::TierPolicy policy = v1::TIER_LOCAL_AND_REMOTE;
   uint32_t world_size = 0;
   uint64_t created_unix_ms = 0;
   std::string abort_requested;
@@ -85,6 +86,7 @@ std::vector<CheckpointService::ClusterWork> CheckpointService::ClusterWorkLocked
     w.coordinator = p->coordinator();
     w.part_durable = p->cluster.part_durable;
     w.partial = p->partial;
+    w.policy = p->tier_policy;
     w.world_size = p->world_size;
     w.created_unix_ms = p->created_unix_ms;
     w.abort_requested = p->cluster.abort_requested;
@@ -210,7 +212,8 @@ void CheckpointService::ClusterStep(ClusterWork& w) {
 
 absl::Status CheckpointService::PublishPart(const ClusterWork& w) {
   Storage* const store = remote_.remote();
-  CKPTD_RETURN_IF_ERROR(remote_.CopyBlobs(w.dir, w.blobs));
+  // Under TIER_REMOTE the flush wrote them there already.
+  if (w.policy != v1::TIER_REMOTE) CKPTD_RETURN_IF_ERROR(remote_.CopyBlobs(w.dir, w.blobs));
   const std::string path = NodePartPath(w.dir, w.part.node());
   absl::Status put = store->PutIfAbsent(path, w.part.SerializeAsString());
   if (!absl::IsAlreadyExists(put)) {
@@ -402,8 +405,7 @@ void CheckpointService::CommitFromStore(const ClusterWork& w, Manifest m) {
     if (!present.contains(r)) left_out.push_back(r);
   }
   absl::Status st = IndexCommitted(
-      m, w.dir,
-      CommittedTiers{.policy = v1::TIER_LOCAL_AND_REMOTE, .local = false, .remote_durable = true},
+      m, w.dir, CommittedTiers{.policy = w.policy, .local = false, .remote_durable = true},
       left_out);
   {
     absl::MutexLock lock(&mu_);

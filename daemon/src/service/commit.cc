@@ -114,6 +114,8 @@ absl::Status CheckpointService::IndexCommitted(const Manifest& m, const std::str
                                                const std::vector<uint32_t>& journaled) {
   const v1::ManifestHeader& h = m.header;
   if (tiers.policy == v1::TIER_LOCAL_AND_REMOTE && !remote_.enabled()) {
+    // (A TIER_REMOTE checkpoint is never indexed by a daemon without the remote tier: Save
+    // refuses it, and recovery aborts one it cannot resume.)
     spdlog::warn("{} was saved with a remote tier, but this daemon has none: local only",
                  CkptName(h.job(), h.step()));
     tiers.policy = v1::TIER_LOCAL;
@@ -158,7 +160,7 @@ absl::Status CheckpointService::IndexCommitted(const Manifest& m, const std::str
   for (const v1::BlobInfo& b : h.blobs()) {
     writes.push_back({keys::Blob(h.job(), h.step(), b.name()), std::nullopt});
   }
-  if (tiers.policy == v1::TIER_LOCAL_AND_REMOTE) {
+  if (HasRemoteTier(tiers.policy)) {
     uint64_t bytes_total = 0;
     for (const v1::BlobInfo& b : h.blobs()) bytes_total += b.size_bytes();
     writes.push_back(
@@ -171,9 +173,15 @@ absl::Status CheckpointService::IndexCommitted(const Manifest& m, const std::str
 absl::Status CheckpointService::WriteCommitted(const Manifest& m, const std::string& dir,
                                                v1::TierPolicy policy) {
   CKPTD_ASSIGN_OR_RETURN(std::string bytes, EncodeManifest(m));
-  CKPTD_RETURN_IF_ERROR(deps_.storage->PutAtomic(absl::StrCat(dir, "/", kManifestFileName), bytes));
+  // TIER_REMOTE: the blobs are on the store (flushed there), and so goes the manifest; the
+  // checkpoint has no local copy, its upload row is DURABLE at once.
+  CKPTD_RETURN_IF_ERROR(
+      BlobTier(policy)->PutAtomic(absl::StrCat(dir, "/", kManifestFileName), bytes));
   CKPTD_SYNC_POINT("commit.manifest_durable");
-  CKPTD_RETURN_IF_ERROR(IndexCommitted(m, dir, CommittedTiers{.policy = policy}));
+  const bool remote_only = policy == v1::TIER_REMOTE;
+  CKPTD_RETURN_IF_ERROR(IndexCommitted(
+      m, dir,
+      CommittedTiers{.policy = policy, .local = !remote_only, .remote_durable = remote_only}));
   CKPTD_SYNC_POINT("commit.indexed");
   return absl::OkStatus();
 }

@@ -16,6 +16,7 @@ void CheckpointService::FlushRank(const Key& key, uint32_t rank) {
   v1::RankRecord rec;
   std::vector<RegionLease> leases;
   bool write = false;
+  Storage* to = nullptr;
   {
     absl::MutexLock lock(&mu_);
     PendingCheckpoint& p = *pending_.at(key);
@@ -24,11 +25,12 @@ void CheckpointService::FlushRank(const Key& key, uint32_t rank) {
       rec = pr.rec;
       leases = pr.leases;
       write = true;
+      to = BlobTier(p.tier_policy);
     }
   }
   absl::Status st = absl::OkStatus();
   if (write) {
-    st = flush_.WriteRankBlob(CheckpointDir(key.first, key.second), leases, &rec);
+    st = flush_.WriteRankBlob(CheckpointDir(key.first, key.second), leases, &rec, to);
     if (st.ok()) {
       CKPTD_SYNC_POINT("flush.blob_synced");
       // "Persisted" is journaled synced, outside the service lock, before the extents are freed:

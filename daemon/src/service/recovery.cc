@@ -258,6 +258,10 @@ void Recovery::AbortRecovered(const v1::CheckpointRecord& rec, const std::string
   const v1::CheckpointSummary& s = rec.summary();
   spdlog::warn("recovery: checkpoint {}/{} ABORTED: {}", s.job(), s.step(), reason);
   absl::Status st = svc_.deps_.storage->RemoveAll(CheckpointDir(s.job(), s.step()));
+  if (st.ok() && s.tier_policy() == v1::TIER_REMOTE && s.local_world_size() == 0 &&
+      svc_.remote_.enabled()) {
+    st = svc_.remote_.remote()->RemoveAll(CheckpointDir(s.job(), s.step()));
+  }
   if (!st.ok()) spdlog::error("recovery: removing files: {}", st.ToString());
   CKPTD_SYNC_POINT("recovery.aborted_files_removed");
   v1::CheckpointRecord out = rec;
@@ -330,8 +334,12 @@ absl::Status Recovery::ResumeOne(const v1::CheckpointRecord& rec,
   p->world_size = s.world_size();
   p->created_unix_ms = s.created_unix_ms();
   p->partial = s.partial();
-  p->tier_policy =
-      s.tier_policy() == v1::TIER_LOCAL_AND_REMOTE ? v1::TIER_LOCAL_AND_REMOTE : v1::TIER_LOCAL;
+  p->tier_policy = HasRemoteTier(s.tier_policy()) ? s.tier_policy() : v1::TIER_LOCAL;
+  if (p->tier_policy == v1::TIER_REMOTE && !svc_.remote_.enabled()) {
+    return absl::FailedPreconditionError(
+        "it is saved straight to the remote tier (policy remote), but this daemon has no remote "
+        "tier now");
+  }
   p->local_world_size = s.local_world_size() != 0 ? s.local_world_size() : s.world_size();
   if (p->multi_node() && !svc_.remote_.enabled()) {
     return absl::FailedPreconditionError(

@@ -7,38 +7,42 @@
 
 namespace ckptd {
 
+bool HasRemoteTier(v1::TierPolicy policy) {
+  return policy == v1::TIER_LOCAL_AND_REMOTE || policy == v1::TIER_REMOTE;
+}
+
+Storage* CheckpointService::BlobTier(v1::TierPolicy policy) const {
+  return policy == v1::TIER_REMOTE ? remote_.remote() : deps_.storage;
+}
+
 absl::StatusOr<v1::TierPolicy> CheckpointService::ResolveTierPolicy(
     const v1::SaveRequest& req) const {
   v1::TierPolicy policy = req.tier_policy();
   if (policy == v1::TIER_POLICY_DEFAULT) {
-    policy =
-        deps_.options->tier_policy == "local+remote" ? v1::TIER_LOCAL_AND_REMOTE : v1::TIER_LOCAL;
+    const std::string& dflt = deps_.options->tier_policy;
+    policy = dflt == "local+remote" ? v1::TIER_LOCAL_AND_REMOTE
+             : dflt == "remote"     ? v1::TIER_REMOTE
+                                    : v1::TIER_LOCAL;
   }
   const std::string what = CkptName(req.job(), req.step());
   if (!v1::TierPolicy_IsValid(policy)) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": tier policy ", static_cast<int>(policy),
                                                    " is not one this daemon knows"));
   }
-  if (policy == v1::TIER_REMOTE) {
-    return absl::UnimplementedError(absl::StrCat(
-        what,
-        ": tier policy TIER_REMOTE (straight from the arena to the store) is not built yet; "
-        "use TIER_LOCAL_AND_REMOTE"));
-  }
   const bool spans_nodes = req.local_world_size() != 0 && req.local_world_size() < req.world_size();
-  if (spans_nodes && policy != v1::TIER_LOCAL_AND_REMOTE) {
+  if (spans_nodes && !HasRemoteTier(policy)) {
     return absl::FailedPreconditionError(
         absl::StrCat(what, " spans nodes (local_world_size ", req.local_world_size(),
                      " of world_size ", req.world_size(),
                      "): its nodes commit it through the shared tier, so it needs the tier "
-                     "policy local+remote (it has ",
+                     "policy local+remote or remote (it has ",
                      v1::TierPolicy_Name(policy), ")"));
   }
-  if (policy == v1::TIER_LOCAL_AND_REMOTE && !remote_.enabled()) {
+  if (HasRemoteTier(policy) && !remote_.enabled()) {
     return absl::FailedPreconditionError(
-        absl::StrCat(what,
-                     ": tier policy TIER_LOCAL_AND_REMOTE, but this daemon has no remote tier "
-                     "(start it with --remote_dir)"));
+        absl::StrCat(what, ": tier policy ", v1::TierPolicy_Name(policy),
+                     ", but this daemon has no remote tier (start it with --remote_dir or "
+                     "--remote_s3_bucket)"));
   }
   return policy;
 }
@@ -48,7 +52,7 @@ absl::StatusOr<std::vector<Storage*>> CheckpointService::ReadTiers(
   std::vector<Storage*> tiers;
   const v1::CheckpointSummary& s = rec.summary();
   if (s.tiers().local()) tiers.push_back(deps_.storage);
-  if (remote_.enabled() && s.tier_policy() == v1::TIER_LOCAL_AND_REMOTE) {
+  if (remote_.enabled() && HasRemoteTier(s.tier_policy())) {
     CKPTD_ASSIGN_OR_RETURN(std::optional<v1::UploadRecord> row, remote_.ReadRow(s.job(), s.step()));
     if (row && row->upload().state() == v1::UPLOAD_DURABLE) tiers.push_back(remote_.remote());
   }
@@ -63,7 +67,7 @@ absl::StatusOr<std::vector<Storage*>> CheckpointService::ReadTiers(
 }
 
 void CheckpointService::FillRemoteTier(v1::CheckpointSummary* summary) {
-  if (!remote_.enabled() || summary->tier_policy() != v1::TIER_LOCAL_AND_REMOTE) return;
+  if (!remote_.enabled() || !HasRemoteTier(summary->tier_policy())) return;
   absl::StatusOr<std::optional<v1::UploadRecord>> row =
       remote_.ReadRow(summary->job(), summary->step());
   if (!row.ok()) {

@@ -193,7 +193,7 @@ const uint8_t* FlushScheduler::ShardSource(std::optional<uint32_t> arena_uid,
 
 absl::Status FlushScheduler::WriteRankBlob(const std::string& dir,
                                            const std::vector<RegionLease>& leases,
-                                           v1::RankRecord* rec) {
+                                           v1::RankRecord* rec, Storage* to) {
   const uint32_t block = RankBlockBytes(*rec);
   std::vector<BlobPiece> pieces;
   std::vector<ChecksumJob> checksums;
@@ -215,7 +215,8 @@ absl::Status FlushScheduler::WriteRankBlob(const std::string& dir,
   // disk, not the CPU, bounds the flush. Each task fills its own entry's crcs; `rec` is not
   // otherwise touched until the job is waited for.
   BlockCrcJob summing = StartBlockCrcs(checksum_pool_, ranges, block, GuardedBlockCrcs);
-  absl::Status st = WritePieces(*storage_, absl::StrCat(dir, "/", rec->blob_name()), pieces);
+  absl::Status st = WritePieces(to != nullptr ? *to : *storage_,
+                                absl::StrCat(dir, "/", rec->blob_name()), pieces);
   absl::Status summed = summing.Wait();
   return st.ok() ? summed : st;
 }

@@ -210,8 +210,10 @@ enum class WaitFor { kAllStaged, kCommitted, kRemote };
 
 // Which tiers a checkpoint is made durable on (the daemon's tier_policy when kDefault).
 // kLocalAndRemote: COMMITTED on local storage, then uploaded to the daemon's remote tier in the
-// background (FAILED_PRECONDITION from Save when the daemon has none).
-enum class TierPolicy { kDefault, kLocal, kLocalAndRemote };
+// background (FAILED_PRECONDITION from Save when the daemon has none). kRemote: flushed from the
+// staging arena straight to the remote tier and COMMITTED there, no local copy (nodes without
+// local disks).
+enum class TierPolicy { kDefault, kLocal, kLocalAndRemote, kRemote };
 
 // The upload of a checkpoint to the remote tier.
 struct UploadProgress {
