@@ -94,23 +94,7 @@ TEST_CASE("remote tier on S3: two nodes upload, a fresh node restores from the b
   CHECK(VerifyInProcess(c, kJob, 1, 61) == "");
   CHECK(VerifyInProcess(c, kJob, 2, 62) == "");
   // Another layout, part of a tensor: only the needed runs are read, all from the store.
-  const TensorItem& t = StateDict().front();
-  REQUIRE(t.shape.size() >= 1);
-  std::vector<uint64_t> offsets(t.shape.size(), 0), lengths = t.shape;
-  lengths[0] = std::max<uint64_t>(1, t.shape[0] / 3);
-  offsets[0] = t.shape[0] - lengths[0];
-  std::vector<uint8_t> got(ElementCount(lengths) * ckptd::DTypeSize(t.dtype));
-  std::vector<ckptd::LoadTarget> targets = {
-      {t.name, ckptd::Region::Box(offsets, lengths), got.data(), got.size()}};
-  auto r = cc->Load(kJob, 1, 0, targets);
-  INFO(r.status().ToString());
-  REQUIRE(r.ok());
-  CHECK(r->bytes_read_remote == r->bytes_read);
-  CHECK(r->bytes_read > 0);
-  CHECK(static_cast<double>(r->bytes_read) <= 1.05 * static_cast<double>(r->bytes_needed_aligned));
-  std::vector<uint8_t> whole = GlobalBytes(t, 61);
-  const uint64_t row_bytes = whole.size() / t.shape[0];
-  CHECK(std::equal(got.begin(), got.end(), whole.begin() + offsets[0] * row_bytes));
+  CHECK(CheckPartialLoadFromStore(c, kJob, 1, 61) == "");
 }
 
 TEST_CASE("remote tier on S3: the remote policy flushes from the arena straight to the bucket",

@@ -118,3 +118,13 @@ def free_port() -> int:
     with socketlib.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+@pytest.fixture()
+def store() -> Iterator[str]:
+    """A directory standing for the remote tier's shared file system (--remote_dir)."""
+    path = tempfile.mkdtemp(prefix="ckpy-store", dir="/tmp")
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

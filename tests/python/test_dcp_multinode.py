@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -80,15 +78,6 @@ def load_on_a_fresh_node(rank: int, sock: str) -> None:
         assert 0 < reader.bytes_read <= 1.05 * needed, (reader.bytes_read, needed)
     finally:
         dist.destroy_process_group()
-
-
-@pytest.fixture()
-def store() -> Iterator[str]:
-    path = tempfile.mkdtemp(prefix="ckpy-span", dir="/tmp")
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def node(store: str, name: str) -> Daemon:

@@ -5,23 +5,12 @@ wait(until="remote"), the upload shown in status, and a second daemon with an em
 from __future__ import annotations
 
 import shutil
-import tempfile
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
 
 import ckptd
 from conftest import Daemon, start_daemon
-
-
-@pytest.fixture()
-def store() -> Iterator[str]:
-    path = tempfile.mkdtemp(prefix="ckpy-store", dir="/tmp")
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def stop(d: Daemon) -> None:
