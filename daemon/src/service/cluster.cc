@@ -295,6 +295,8 @@ void CheckpointService::DecideCommit(ClusterWork& w) {
     auto it = pending_.find(w.key);
     if (it == pending_.end() || it->second->phase() != CheckpointPhase::kAwaitingCluster) return;
     if (!it->second->cluster.abort_requested.empty()) return;  // the next step decides abort
+    // A partial Commit's journal write in flight (its row must land before COMMITTED): next step.
+    if (it->second->journals_in_flight > 0) return;
     it->second->Transition(CheckpointPhase::kAwaitingCluster, CheckpointPhase::kCommitting);
     it->second->cluster.waiting_for = "writing the commit decision";
   }
@@ -391,6 +393,7 @@ void CheckpointService::FinishClusterCommit(const ClusterWork& w) {
     absl::MutexLock lock(&mu_);
     auto it = pending_.find(w.key);
     if (it == pending_.end() || it->second->phase() != CheckpointPhase::kAwaitingCluster) return;
+    if (it->second->journals_in_flight > 0) return;  // the next step
     it->second->Transition(CheckpointPhase::kAwaitingCluster, CheckpointPhase::kCommitting);
   }
   CommitFromStore(w, *std::move(m));

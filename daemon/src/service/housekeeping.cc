@@ -104,9 +104,9 @@ bool CheckpointService::Shutdown(absl::Duration grace, bool* drained_out) {
     changed_.SignalAll();
   }
   if (housekeeper_.joinable()) housekeeper_.join();
-  if (cluster_thread_.joinable()) cluster_thread_.join();
   StopReshards();
-  remote_.Stop();
+  remote_.Stop();  // first: a node part being copied stops between chunks
+  if (cluster_thread_.joinable()) cluster_thread_.join();
   bool drained = deps_.flush_pool->Drain(grace);
   if (drained_out != nullptr) *drained_out = drained;
   if (drained) deps_.flush_pool->Stop();
