@@ -8,6 +8,8 @@ clock runs from the last of those returns until every daemon's status says COMMI
 every millisecond). Configurations, side by side in one run, rounds interleaved:
 
   1 node   one daemon holds every rank (the single-node commit, local+remote: the baseline)
+  1 node, remote durable   the same, until its upload is DURABLE: the same bytes on the shared
+           tier, which a commit across nodes needs before it commits (the second baseline)
   2 nodes  two daemons, the ranks split between them (cluster_poll_ms as given)
   3 nodes  three daemons
 
@@ -68,7 +70,9 @@ class Node:
         shutil.rmtree(self.state, ignore_errors=True)
 
 
-def one_round(clients: list[Any], ranks_per_node: int, rows: int, job: str, step: int) -> float:
+def one_round(
+    clients: list[Any], ranks_per_node: int, rows: int, job: str, step: int, remote: bool = False
+) -> float:
     world = ranks_per_node * len(clients)
     w = np.ones((rows, COLS), dtype=np.float32)
     for r in range(world):
@@ -81,7 +85,8 @@ def one_round(clients: list[Any], ranks_per_node: int, rows: int, job: str, step
     pending = set(range(len(clients)))
     while pending:
         for i in list(pending):
-            if clients[i].status(job, step)["state"] == "COMMITTED":
+            info = clients[i].status(job, step)
+            if info["state"] == "COMMITTED" and (not remote or info["tiers"]["remote"]):
                 pending.discard(i)
         if pending:
             time.sleep(0.001)
@@ -114,6 +119,7 @@ def main() -> None:
                 ]
                 configs[n] = (nodes, clients)
             lat: dict[int, list[float]] = {n: [] for n in configs}
+            lat[0] = []  # 1 node, until remote durable
             for rnd in range(args.rounds):
                 order = list(configs)
                 order = order[rnd % len(order) :] + order[: rnd % len(order)]
@@ -121,6 +127,10 @@ def main() -> None:
                     # Single node: the same total ranks on its one daemon.
                     rpn = args.ranks_per_node * (1 if n > 1 else 2)
                     lat[n].append(one_round(configs[n][1], rpn, rows, f"commit-{n}", rnd + 1))
+                    if n == 1:
+                        lat[0].append(
+                            one_round(configs[1][1], rpn, rows, "commit-1r", rnd + 1, remote=True)
+                        )
         finally:
             for nodes, _ in configs.values():
                 for x in nodes:
@@ -130,8 +140,11 @@ def main() -> None:
         for n, xs in lat.items():
             rec = {
                 "bench": "cluster_commit",
-                "nodes": n,
+                "nodes": n if n else "1 (remote durable)",
                 "ranks": args.ranks_per_node * (n if n > 1 else 2),
+                "ratio_to_1_node_remote_durable": round(
+                    statistics.median(xs) / statistics.median(lat[0]), 2
+                ),
                 "mib_per_rank": args.mib,
                 "cluster_poll_ms": poll,
                 "median_ms": round(statistics.median(xs) * 1000, 1),
