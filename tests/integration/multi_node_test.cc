@@ -193,6 +193,35 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("spanning nodes: a partial commit on the coordinator commits the parts there are",
+          "[integration][multinode]") {
+  TempDir dir;
+  const std::string shared = SharedDir(dir);
+  Daemon a(DaemonConfig{.extra_flags = NodeFlags(shared, "node-a")});
+  Daemon b(DaemonConfig{.extra_flags = NodeFlags(shared, "node-b")});
+  auto ca = ConnectNode(a, 2);
+  for (uint32_t r : {0u, 1u}) REQUIRE(SaveRank(*ca, kJob, 8, r, 4, 78).ok());
+  REQUIRE(WaitForWaiting(*ca, kJob, 8, "ranks [2, 3]", 20000).ok());
+  auto partial = ca->Commit(kJob, 8, /*partial=*/true);
+  INFO(partial.status().ToString() << "\n" << a.Log());
+  REQUIRE(partial.ok());
+  REQUIRE(ca->WaitCommitted(kJob, 8, 30000).ok());
+  auto st = ca->GetStatus(kJob, 8);
+  REQUIRE(st.ok());
+  CHECK(st->partial);
+  // Node b's ranks come after the decision: it publishes, reads the commit, and records it too
+  // (its ranks are not in the manifest; their journal rows go).
+  auto cb = ConnectNode(b, 2);
+  for (uint32_t r : {2u, 3u}) REQUIRE(SaveRank(*cb, kJob, 8, r, 4, 78).ok());
+  absl::Status committed = cb->WaitCommitted(kJob, 8, 30000);
+  INFO(committed.ToString() << "\n" << b.Log());
+  REQUIRE(committed.ok());
+  auto sb = cb->GetStatus(kJob, 8);
+  REQUIRE(sb.ok());
+  CHECK(sb->partial);
+  CHECK(RunCtl(b, {"inspect", kJob, "8"}).exit_code == 0);
+}
+
 TEST_CASE("spanning nodes: bad configurations are refused naming what is wrong",
           "[integration][multinode]") {
   TempDir dir;
