@@ -89,7 +89,7 @@ int main(int argc, char** argv) {
       return 1;
     }
     std::cout << "weed at " << (*w)->endpoint() << "\n";
-    (void)w->release();  // keeps running for the other test processes
+    (*w)->Detach();  // keeps running for the other test processes
     return 0;
   }
   if (argc == 3 && std::strcmp(argv[1], "--stop-weed") == 0) {
