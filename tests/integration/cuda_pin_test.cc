@@ -47,7 +47,7 @@ std::vector<float> SaveFromArenaAndLoad(ckptd::Client& c, const ckptd::ArenaBuff
 
 }  // namespace
 
-TEST_CASE("cuda pin: pinning needs CUDA; without it Connect fails cleanly and nothing leaks",
+TEST_CASE("cuda pin: pinning needs CUDA, without it Connect fails cleanly and nothing leaks",
           "[integration]") {
   Daemon d;
   absl::Status st;

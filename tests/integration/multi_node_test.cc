@@ -137,7 +137,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "spanning nodes: the coordinator's stage timeout and Abort abort every node; the other "
+    "spanning nodes: the coordinator's stage timeout and Abort abort every node, the other "
     "nodes may not decide",
     "[integration][multinode][abort]") {
   TempDir dir;

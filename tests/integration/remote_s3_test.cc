@@ -114,7 +114,7 @@ TEST_CASE("remote tier on S3: the remote policy flushes from the arena straight 
   CHECK(CheckPartialLoadFromStore(fresh, kJob, 5, 65) == "");
 }
 
-TEST_CASE("remote tier on S3: a store that fails is retried; the upload completes when it is back",
+TEST_CASE("remote tier on S3: a store that fails is retried, the upload completes when it is back",
           "[integration][remote][s3][fault]") {
   TempDir dir;
   CKPTD_WEED_OR_SKIP(weed, dir);
@@ -185,8 +185,8 @@ TEST_CASE("remote tier on S3: wrong credentials or a missing bucket stop the dae
 }
 
 TEST_CASE(
-    "spanning nodes on S3: ranks over two daemons commit through the bucket; a store down "
-    "holds one node's part back until it returns; a fresh node restores from the bucket",
+    "spanning nodes on S3: ranks over two daemons commit through the bucket, a store down "
+    "holds one node's part back until it returns, a fresh node restores from the bucket",
     "[integration][remote][s3][multinode]") {
   TempDir dir;
   CKPTD_WEED_OR_SKIP(weed, dir);

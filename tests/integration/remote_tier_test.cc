@@ -63,7 +63,7 @@ ckptd::LoadResult LoadItem(const Daemon& d, uint64_t step, const std::string& it
 
 }  // namespace
 
-TEST_CASE("remote tier: local+remote uploads after commit; a fresh node loads from the store",
+TEST_CASE("remote tier: local+remote uploads after commit, a fresh node loads from the store",
           "[integration][remote]") {
   TempDir shared;
   const std::string remote = shared.path() + "/store";

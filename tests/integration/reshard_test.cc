@@ -234,7 +234,7 @@ TEST_CASE("reshard: stacked pipeline layers re-split from 2 stages to 4 and per 
   });
 }
 
-TEST_CASE("reshard: a tensor replicated by 4 ranks is stored once; differing replicas abort",
+TEST_CASE("reshard: a tensor replicated by 4 ranks is stored once, differing replicas abort",
           "[integration]") {
   Daemon d;
   const std::vector<Tensor> tensors = {{"rep.bias", DType::kFloat32, {1024, 64}}};  // 256 KiB

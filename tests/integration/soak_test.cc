@@ -53,7 +53,7 @@ struct Sample {
 
 }  // namespace
 
-TEST_CASE("soak: 64 clients save, verify and delete; no errors, RSS and fds flat", "[.][soak]") {
+TEST_CASE("soak: 64 clients save, verify and delete, no errors, RSS and fds flat", "[.][soak]") {
   const char* env = std::getenv("CKPTD_SOAK_SECONDS");
   const int seconds = env != nullptr ? std::max(10, std::atoi(env)) : 120;
   DaemonConfig cfg;

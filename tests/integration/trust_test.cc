@@ -340,7 +340,7 @@ TEST_CASE("trust: waits can never starve reservations", "[integration]") {
   for (auto& w : waits) CHECK(w.get().error_code() == grpc::StatusCode::DEADLINE_EXCEEDED);
 }
 
-TEST_CASE("trust: sessions per uid are capped; unattached ones expire", "[integration]") {
+TEST_CASE("trust: sessions per uid are capped, unattached ones expire", "[integration]") {
   Daemon d;
   auto stub = v1::Checkpoint::NewStub(
       grpc::CreateChannel("unix:" + d.socket(), grpc::InsecureChannelCredentials()));

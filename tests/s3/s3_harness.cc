@@ -177,6 +177,9 @@ absl::StatusOr<std::unique_ptr<WeedServer>> WeedServer::Start(const std::string&
   w->dir_ = dir;
   w->owned_ = true;
   std::error_code ec;
+  // New ports each start: data a failed earlier start left (its raft state names other ports)
+  // would keep this one from becoming ready.
+  std::filesystem::remove_all(dir + "/data", ec);
   std::filesystem::create_directories(dir + "/data", ec);
   if (ec) return absl::InternalError(absl::StrCat("mkdir ", dir, ": ", ec.message()));
   for (uint16_t& port : w->ports_) {

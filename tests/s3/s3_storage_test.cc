@@ -139,7 +139,7 @@ TEST_CASE("S3 ranged reads of random slices are bit-exact", "[s3]") {
   CHECK(absl::IsNotFound(storage->OpenBlob("absent.blob").status()));
 }
 
-TEST_CASE("S3 writer: gaps and disorder are INVALID_ARGUMENT; a dropped writer leaves no upload",
+TEST_CASE("S3 writer: gaps and disorder are INVALID_ARGUMENT, a dropped writer leaves no upload",
           "[s3]") {
   CKPTD_REQUIRE_WEED(weed);
   S3Options o = TestOptions("");

@@ -191,7 +191,7 @@ TEST_CASE("arena: a segment someone else could have written is never adopted", "
   }
 }
 
-TEST_CASE("arena: each uid's extents live in its own segment; memory stays within the arena",
+TEST_CASE("arena: each uid's extents live in its own segment, memory stays within the arena",
           "[unit]") {
   ArenaFixture f;
   const uint64_t size = 16 << 20;

@@ -148,7 +148,7 @@ TEST_CASE("blob layout: a streamed shard's block crcs equal BlockCrcs", "[unit]"
 }
 
 // Writes a blob as the layout says (shard bytes, zero padding) and checks what a reader checks.
-TEST_CASE("blob layout: a blob built by the layout verifies; corruption is found", "[unit]") {
+TEST_CASE("blob layout: a blob built by the layout verifies, corruption is found", "[unit]") {
   const std::vector<uint64_t> lengths = {5000, 0, 4096, 1, 12288};
   BlobLayout l;
   std::vector<ShardPlacement> placed;

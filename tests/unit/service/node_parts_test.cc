@@ -210,7 +210,7 @@ TEST_CASE("MergeNodeParts: ranks spread over nodes at random merge alike (proper
   }
 }
 
-TEST_CASE("MergeNodeParts then BuildManifest: one valid manifest; replicas across nodes checked",
+TEST_CASE("MergeNodeParts then BuildManifest: one valid manifest, replicas across nodes checked",
           "[unit]") {
   v1::NodePart a = Part("node-a", {0, 1}, 4, /*bias=*/true);
   v1::NodePart b = Part("node-b", {2, 3}, 4, /*bias=*/true);

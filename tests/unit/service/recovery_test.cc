@@ -317,7 +317,7 @@ TEST_CASE("recovery: a corrupt newest manifest is CORRUPT, latest falls back, lo
 }
 
 TEST_CASE(
-    "recovery: only the newest manifests are verified at start; an older corrupt one "
+    "recovery: only the newest manifests are verified at start, an older corrupt one "
     "fails its load with DATA_LOSS",
     "[unit][fault]") {
   Rig rig;

@@ -152,7 +152,7 @@ TEST_CASE("save: a rank's synced journal write does not hold the service lock", 
   CHECK(rig.LoadCheck(6, 0x66).ok());
 }
 
-TEST_CASE("save: a failed journal write aborts the checkpoint cleanly; the next step saves",
+TEST_CASE("save: a failed journal write aborts the checkpoint cleanly, the next step saves",
           "[unit][fault]") {
   Rig rig;
   REQUIRE(rig.SaveCommitted(1, 0x11).ok());
@@ -201,7 +201,7 @@ TEST_CASE("save: an abort during a rank's journal write ends ABORTED with nothin
 // ABORTED row was written; when that write failed, the checkpoint stayed STAGING for good (Wait
 // timed out) and a restart resumed it from extents another checkpoint had reused meanwhile.
 TEST_CASE(
-    "save: an abort whose ABORTED row fails is written again; its staging is held until "
+    "save: an abort whose ABORTED row fails is written again, its staging is held until "
     "then",
     "[unit][fault]") {
   Rig rig;
