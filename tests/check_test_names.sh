@@ -6,6 +6,10 @@
 set -euo pipefail
 bad=0
 for bin in "$@"; do
+  [ -x "$bin" ] || { echo "$bin: no such test binary"; exit 2; }
+  # (Catch2 v2 exits with the number of cases listed.)
+  names=$("$bin" --list-test-names-only || true)
+  [ -n "$names" ] || { echo "$bin: listed no test cases"; exit 2; }
   while IFS= read -r name; do
     case "$name" in
       *";"*)
@@ -13,6 +17,6 @@ for bin in "$@"; do
         bad=1
         ;;
     esac
-  done < <("$bin" --list-test-names-only)
+  done <<<"$names"
 done
 exit "$bad"
