@@ -41,14 +41,22 @@ std::string ManifestOnShared(const std::string& shared, uint64_t step) {
   return shared + "/" + kJob + "/" + StepDir(step) + "/manifest.ckm";
 }
 
+// Two daemons standing for two nodes on one shared directory.
+struct TwoNodes {
+  TempDir dir;
+  std::string shared = SharedDir(dir);
+  Daemon a{DaemonConfig{.extra_flags = NodeFlags(shared, "node-a")}};
+  Daemon b{DaemonConfig{.extra_flags = NodeFlags(shared, "node-b")}};
+};
+
 }  // namespace
 
 TEST_CASE("spanning nodes: 4 ranks over two daemons commit once both parts are on the shared tier",
           "[integration][multinode]") {
-  TempDir dir;
-  const std::string shared = SharedDir(dir);
-  Daemon a(DaemonConfig{.extra_flags = NodeFlags(shared, "node-a")});
-  Daemon b(DaemonConfig{.extra_flags = NodeFlags(shared, "node-b")});
+  TwoNodes nodes;
+  const std::string& shared = nodes.shared;
+  Daemon& a = nodes.a;
+  Daemon& b = nodes.b;
   auto ca = ConnectNode(a, 2);
   auto cb = ConnectNode(b, 2);
 
@@ -195,10 +203,9 @@ TEST_CASE(
 
 TEST_CASE("spanning nodes: a partial commit on the coordinator commits the parts there are",
           "[integration][multinode]") {
-  TempDir dir;
-  const std::string shared = SharedDir(dir);
-  Daemon a(DaemonConfig{.extra_flags = NodeFlags(shared, "node-a")});
-  Daemon b(DaemonConfig{.extra_flags = NodeFlags(shared, "node-b")});
+  TwoNodes nodes;
+  Daemon& a = nodes.a;
+  Daemon& b = nodes.b;
   auto ca = ConnectNode(a, 2);
   for (uint32_t r : {0u, 1u}) REQUIRE(SaveRank(*ca, kJob, 8, r, 4, 78).ok());
   REQUIRE(WaitForWaiting(*ca, kJob, 8, "ranks [2, 3]", 20000).ok());
