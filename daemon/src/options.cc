@@ -135,7 +135,7 @@ const std::map<std::string, OptionDef>& Defs() {
         IntSetter(&O::shutdown_grace_s, "shutdown_grace_s")}},
       {"log_format", {"text or json", StringSetter(&O::log_format)}},
       {"tier_policy",
-       {"tiers of a checkpoint whose Save names none: local | local+remote",
+       {"tiers of a checkpoint whose Save names none: local | local+remote | remote",
         StringSetter(&O::tier_policy)}},
       {"remote_dir",
        {"remote tier: a directory on a shared file system", StringSetter(&O::remote_dir)}},
