@@ -186,6 +186,9 @@ struct Rig {
     dir = tmp_root + "/svcrec-" + RandomHexId().substr(0, 8);
     std::filesystem::create_directories(dir + "/data");
     options.state_dir = dir;
+    // Nothing binds it in-process; short, so a deep build dir does not fail Validate (the
+    // default <state_dir>/ckptd.sock must fit a unix socket path).
+    options.socket_path = "/tmp/ckptd-unit-test.sock";
     options.stage_timeout_ms = 60000;
     REQUIRE(options.Validate().ok());
     io = std::make_unique<FaultIo>(NewUringIo(8));
