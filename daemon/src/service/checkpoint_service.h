@@ -49,6 +49,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "ckptd/storage.h"
@@ -362,7 +363,8 @@ class CheckpointService {
   absl::StatusOr<Manifest> BuildClusterManifest(const ClusterWork& w,
                                                 const std::map<std::string, v1::NodePart>& parts)
       ABSL_LOCKS_EXCLUDED(mu_);
-  void DecideCommit(ClusterWork& w) ABSL_LOCKS_EXCLUDED(mu_);
+  void DecideCommit(ClusterWork& w, const std::map<std::string, v1::NodePart>& parts)
+      ABSL_LOCKS_EXCLUDED(mu_);
   void DecideAbort(const ClusterWork& w, const std::string& reason) ABSL_LOCKS_EXCLUDED(mu_);
   // Decided commit: the store's manifest (the coordinator writes it when missing) recorded
   // COMMITTED here.
@@ -370,7 +372,8 @@ class CheckpointService {
   void CommitFromStore(const ClusterWork& w, Manifest m) ABSL_LOCKS_EXCLUDED(mu_);
   // Sets what `key`'s checkpoint waits for (status); false when it is gone.
   bool SetWaitingFor(const Key& key, const std::string& what) ABSL_LOCKS_EXCLUDED(mu_);
-  bool InNodePartLocked(const PendingCheckpoint& p, uint32_t rank) const
+  // Spanning nodes: the ranks in the node parts read from the shared tier (coordinator).
+  absl::flat_hash_set<uint32_t> NodePartRanksLocked(const PendingCheckpoint& p) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FillNodesLocked(const PendingCheckpoint& p, v1::CheckpointStatus* out) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -207,7 +207,7 @@ void CheckpointService::ClusterStep(ClusterWork& w) {
     SetWaitingFor(w.key, absl::StrCat("the node parts of ranks ", RanksList(missing)));
     return;
   }
-  DecideCommit(w);
+  DecideCommit(w, *parts);
 }
 
 absl::Status CheckpointService::PublishPart(const ClusterWork& w) {
@@ -275,11 +275,11 @@ absl::StatusOr<Manifest> CheckpointService::BuildClusterManifest(
   return m;
 }
 
-void CheckpointService::DecideCommit(ClusterWork& w) {
+void CheckpointService::DecideCommit(ClusterWork& w,
+                                     const std::map<std::string, v1::NodePart>& parts) {
   Storage* const store = remote_.remote();
   const std::string what = CkptName(w.key.first, w.key.second);
-  absl::StatusOr<std::map<std::string, v1::NodePart>> parts = ReadParts(w);
-  absl::StatusOr<Manifest> m = parts.ok() ? BuildClusterManifest(w, *parts) : parts.status();
+  absl::StatusOr<Manifest> m = BuildClusterManifest(w, parts);
   if (!m.ok()) {
     if (absl::IsInvalidArgument(m.status())) {
       DecideAbort(w,
@@ -329,7 +329,7 @@ void CheckpointService::DecideCommit(ClusterWork& w) {
     back_to_waiting(absl::StrCat("writing the manifest (retried): ", st.message()));
     return;
   }
-  spdlog::info("{}: committed across {} nodes", what, parts->size());
+  spdlog::info("{}: committed across {} nodes", what, parts.size());
   w.phase = CheckpointPhase::kCommitting;
   CommitFromStore(w, *std::move(m));
 }
@@ -437,13 +437,13 @@ void CheckpointService::CommitFromStore(const ClusterWork& w, Manifest m) {
   if (!removed.ok()) spdlog::warn("{}: removing the local blobs: {}", what, removed.ToString());
 }
 
-bool CheckpointService::InNodePartLocked(const PendingCheckpoint& p, uint32_t rank) const {
+absl::flat_hash_set<uint32_t> CheckpointService::NodePartRanksLocked(
+    const PendingCheckpoint& p) const {
+  absl::flat_hash_set<uint32_t> ranks;
   for (const auto& [node, part] : p.cluster.parts) {
-    for (const v1::RankRecord& r : part.ranks()) {
-      if (r.rank() == rank) return true;
-    }
+    for (const v1::RankRecord& r : part.ranks()) ranks.insert(r.rank());
   }
-  return false;
+  return ranks;
 }
 
 void CheckpointService::FillNodesLocked(const PendingCheckpoint& p,

@@ -263,56 +263,6 @@ absl::Status CheckpointService::CheckItemsLocked(const PendingCheckpoint& p,
   return absl::OkStatus();
 }
 
-v1::CheckpointSummary CheckpointService::SummaryLocked(const PendingCheckpoint& p) const {
-  v1::CheckpointSummary s;
-  s.set_job(p.job);
-  s.set_step(p.step);
-  s.set_state(p.api_state());
-  s.set_world_size(p.world_size);
-  s.set_created_unix_ms(p.created_unix_ms);
-  s.set_partial(p.partial);
-  s.set_error(p.error);
-  s.set_item_count(p.items.size());
-  s.set_tier_policy(p.tier_policy);
-  if (p.multi_node()) s.set_local_world_size(p.local_world_size);
-  uint64_t bytes = 0;
-  bool staged = false;
-  for (const auto& [r, pr] : p.ranks) {
-    for (const v1::StagedShard& sh : pr.rec.shards()) {
-      if (!sh.replica()) bytes += sh.spec().data().length();
-    }
-    staged |= !pr.persisted();
-  }
-  s.set_bytes(bytes);
-  s.mutable_tiers()->set_staged(staged && p.api_state() != v1::ABORTED);
-  return s;
-}
-
-void CheckpointService::FillStatusLocked(const PendingCheckpoint& p,
-                                         v1::CheckpointStatus* out) const {
-  *out->mutable_summary() = SummaryLocked(p);
-  uint64_t staged = 0, persisted = 0;
-  for (const auto& [r, pr] : p.ranks) {
-    v1::RankStatus* rs = out->add_ranks();
-    rs->set_rank(r);
-    rs->set_staged(true);
-    rs->set_persisted(pr.persisted());
-    rs->set_bytes_staged(pr.rec.bytes());
-    rs->set_bytes_persisted(pr.persisted() ? pr.rec.bytes() : 0);
-    rs->set_shard_count(pr.rec.shards_size());
-    staged += pr.rec.bytes();
-    persisted += pr.persisted() ? pr.rec.bytes() : 0;
-  }
-  if (!p.partial) {
-    for (uint32_t r = 0; r < p.world_size; ++r) {
-      if (!p.ranks.contains(r) && !InNodePartLocked(p, r)) out->add_missing_ranks(r);
-    }
-  }
-  out->set_bytes_staged(staged);
-  out->set_bytes_persisted(persisted);
-  if (p.multi_node()) FillNodesLocked(p, out);
-}
-
 std::vector<MetaStore::Write> CheckpointService::JournalWritesLocked(
     const PendingCheckpoint& p, const std::vector<uint32_t>& ranks) const {
   std::vector<MetaStore::Write> writes;
@@ -515,58 +465,6 @@ void CheckpointService::MaybeStartCommitLocked(PendingCheckpoint& p) {
     // Shutting down: it stays journaled and commits after the next start.
     p.Transition(CheckpointPhase::kCommitting, CheckpointPhase::kPersisting);
   }
-}
-
-absl::Status CheckpointService::Wait(const Caller& caller, const v1::WaitRequest& req,
-                                     v1::CheckpointStatus* resp) {
-  CKPTD_RETURN_IF_ERROR(ValidateJobStep(req.job(), req.step()));
-  CKPTD_RETURN_IF_ERROR(CheckAccess(caller, req.job(), Access::kRead));
-  const std::string what = CkptName(req.job(), req.step());
-  v1::WaitFor until =
-      req.until() == v1::WAIT_FOR_UNSPECIFIED ? v1::WAIT_FOR_COMMITTED : req.until();
-  absl::Time deadline =
-      absl::Now() + absl::Milliseconds(std::min(req.timeout_ms(), limits::kWaitTimeoutMsMax));
-  absl::MutexLock lock(&mu_);
-  while (true) {
-    auto it = pending_.find(Key{req.job(), req.step()});
-    if (it != pending_.end()) {
-      PendingCheckpoint& p = *it->second;
-      if (until == v1::WAIT_FOR_ALL_STAGED && (p.ranks.size() == p.expected_ranks() || p.partial)) {
-        FillStatusLocked(p, resp);
-        return absl::OkStatus();
-      }
-    } else {
-      // Read with mu_ released (no RocksDB read under the lifecycle lock); the maps are checked
-      // after it, consistent with the row (ReadRowLocked).
-      CKPTD_ASSIGN_OR_RETURN(std::optional<v1::CheckpointRecord> rec,
-                             ReadRowLocked(Key{req.job(), req.step()}, /*corrupt_is_error=*/true));
-      if (pending_.contains(Key{req.job(), req.step()})) continue;  // opened meanwhile
-      // While an abort, a delete, a CORRUPT marking or a reshard still works on the key, its
-      // row is not final: the answer waits for it (each signals when done). So an abort is
-      // answered once its files are gone (RecordAbort writes ABORTED first), one whose first
-      // journal write failed (no row yet) is not "does not exist", and a reshard's target is
-      // answered once the reshard is over (a Delete right after is not refused as running).
-      const Key key{req.job(), req.step()};
-      const bool busy = rewriting_.contains(key) || reshards_.contains(key);
-      if (!rec && !busy) return absl::NotFoundError(absl::StrCat(what, " does not exist"));
-      if (rec) *resp->mutable_summary() = rec->summary();
-      if (rec && rec->summary().state() == v1::ABORTED && !busy) {
-        return absl::AbortedError(absl::StrCat(what, " was aborted: ", rec->summary().error()));
-      }
-      if (rec && rec->summary().state() == v1::COMMITTED && !busy) {
-        if (until != v1::WAIT_FOR_REMOTE) return absl::OkStatus();
-        return WaitRemoteLocked(req.job(), req.step(), deadline, resp);
-      }
-    }
-    if (changed_.WaitWithDeadline(&mu_, deadline)) break;
-  }
-  auto it = pending_.find(Key{req.job(), req.step()});
-  if (it == pending_.end()) return absl::DeadlineExceededError(absl::StrCat(what, ": timed out"));
-  FillStatusLocked(*it->second, resp);
-  std::vector<uint32_t> missing(resp->missing_ranks().begin(), resp->missing_ranks().end());
-  return absl::DeadlineExceededError(absl::StrCat(
-      what, " is ", v1::CheckpointState_Name(it->second->api_state()), " after ", req.timeout_ms(),
-      " ms", missing.empty() ? "" : absl::StrCat("; ranks missing: ", RanksList(missing))));
 }
 
 absl::Status CheckpointService::Commit(const Caller& caller, const v1::CommitRequest& req,
