@@ -173,6 +173,9 @@ const std::map<std::string, OptionDef>& Defs() {
       {"cluster_poll_ms",
        {"how often a checkpoint spanning nodes reads the shared tier",
         IntSetter(&O::cluster_poll_ms, "cluster_poll_ms")}},
+      {"store_discovery_wait_ms",
+       {"how long a question about a job waits for a scan of the store (0: at start only)",
+        IntSetter(&O::store_discovery_wait_ms, "store_discovery_wait_ms")}},
       {"upload_threads",
        {"threads uploading to the remote tier", IntSetter(&O::upload_threads, "upload_threads")}},
       {"upload_chunk_bytes",
@@ -378,6 +381,7 @@ absl::Status DaemonOptions::ValidateTiers() const {
   }
   CKPTD_RETURN_IF_ERROR(Range("gc_interval_ms", gc_interval_ms, 1000, 86'400'000));
   CKPTD_RETURN_IF_ERROR(Range("cluster_poll_ms", cluster_poll_ms, 10, 60'000));
+  CKPTD_RETURN_IF_ERROR(Range("store_discovery_wait_ms", store_discovery_wait_ms, 0, 600'000));
 
   return Range("upload_retry_max_ms", upload_retry_max_ms, 1000, 3'600'000);
 }

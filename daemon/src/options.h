@@ -121,7 +121,8 @@ struct DaemonOptions {
   // Threads that upload committed checkpoints to the remote tier. Default: 2
   uint32_t upload_threads = 2;
   // Bytes each upload thread reads from local storage and hands the store at a time (a multiple
-  // of 4096; one buffer per upload thread). The S3 plugin sends only the whole parts of one
+  // of 4096; two buffers per copy in flight: the next chunk is read while this one is sent,
+  // tier/remote_tier.h). The S3 plugin sends only the whole parts of one
   // write at once, so a chunk of remote_s3_part_size_bytes x remote_s3_parts_in_flight keeps
   // every part in flight (bench/RESULTS.md: 8 MiB chunks kept one part in flight).
   // Default: 67108864 (64 MiB: 8 parts of 8 MiB)
@@ -146,6 +147,11 @@ struct DaemonOptions {
   // the other nodes' parts; the others: the coordinator's decision). Bounds the commit latency
   // across nodes. Default: 200
   uint64_t cluster_poll_ms = 200;
+  // How long a question about a job (Load of "latest", Latest, List, Status, Inspect, a Load of a
+  // step this node has no row of) waits for a scan of the store for checkpoints other daemons
+  // committed there since this one started (service/store_catalog.cc); the answer comes from the
+  // index either way. 0: the store is scanned at start only. Default: 2000
+  uint64_t store_discovery_wait_ms = 2000;
   // "text" or "json". Default: text
   std::string log_format = "text";
   // trace, debug, info, warn, error. Default: info

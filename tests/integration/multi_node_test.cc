@@ -110,6 +110,68 @@ TEST_CASE("spanning nodes: 4 ranks over two daemons commit once both parts are o
 }
 
 TEST_CASE(
+    "store catalog: a daemon that runs already learns of the checkpoints other nodes commit "
+    "when a client asks about their job",
+    "[integration][multinode]") {
+  TwoNodes nodes;
+  // Node c runs from before the job's first checkpoint (a spare node): nothing to adopt at start.
+  Daemon c(DaemonConfig{.extra_flags = {"--remote_dir=" + nodes.shared, "--node_id=node-c"}});
+  auto cc = c.Connect();
+  CHECK(absl::IsNotFound(cc->Latest(kJob).status()));
+  auto ca = ConnectNode(nodes.a, 2);
+  auto cb = ConnectNode(nodes.b, 2);
+  auto save_over_a_and_b = [&](uint64_t step, uint64_t seed) {
+    for (uint32_t r : {0u, 1u}) REQUIRE(SaveRank(*ca, kJob, step, r, 4, seed).ok());
+    for (uint32_t r : {2u, 3u}) REQUIRE(SaveRank(*cb, kJob, step, r, 4, seed).ok());
+    REQUIRE(ca->WaitCommitted(kJob, step, 30000).ok());
+    // Past the interval within which a job scanned once is not scanned again
+    // (limits::kDiscoveryMinIntervalMs).
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  };
+
+  save_over_a_and_b(1, 81);
+  // "latest" on c: the step a and b committed, adopted from the store when asked.
+  auto latest = cc->Latest(kJob);
+  INFO(latest.status().ToString() << "\n" << c.Log());
+  REQUIRE(latest.ok());
+  CHECK(*latest == 1);
+  auto listed = cc->ListCheckpoints(kJob);
+  REQUIRE(listed.ok());
+  REQUIRE(listed->size() == 1);
+  CHECK(listed->front().state == ckptd::CheckpointState::kCommitted);
+  CHECK(listed->front().tiers.remote);
+  CHECK_FALSE(listed->front().tiers.local);
+  CHECK(c.Log().find("adopted checkpoint " + std::string(kJob) + "/1") != std::string::npos);
+
+  // A newer one: a Load of "latest" on c loads it (not the step c knew), bit-exact, from the
+  // store alone.
+  save_over_a_and_b(2, 82);
+  const TensorItem& t = StateDict().front();
+  std::vector<uint8_t> got(ElementCount(t.shape) * ckptd::DTypeSize(t.dtype));
+  std::vector<ckptd::LoadTarget> targets = {
+      {t.name, ckptd::Region::Box(std::vector<uint64_t>(t.shape.size(), 0), t.shape), got.data(),
+       got.size()}};
+  auto loaded = cc->Load(kJob, std::nullopt, 0, targets);
+  REQUIRE(loaded.ok());
+  CHECK(loaded->step == 2);
+  CHECK(loaded->bytes_read_remote == loaded->bytes_read);
+  CHECK(got == GlobalBytes(t, 82));
+
+  // A step asked for by number that c has no row of is looked for even within the interval:
+  // Status and a load of it on c.
+  save_over_a_and_b(3, 83);
+  auto st = cc->GetStatus(kJob, 3);
+  REQUIRE(st.ok());
+  CHECK(st->state == ckptd::CheckpointState::kCommitted);
+  CHECK(VerifyInProcess(c, kJob, 3, 83) == "");
+  // ckptctl on c lists the job (ListJobs scans every job of the store).
+  CommandResult ls = RunCtl(c, {"ls"});
+  CHECK(ls.output.find(kJob) != std::string::npos);
+  // A step nobody committed is still NOT_FOUND (after a scan found nothing).
+  CHECK(absl::IsNotFound(cc->GetStatus(kJob, 99).status()));
+}
+
+TEST_CASE(
     "spanning nodes: a node killed before its part is durable holds the commit back until "
     "it restarts",
     "[integration][multinode][crash]") {

@@ -148,6 +148,14 @@ TEST_CASE("remote tier on S3: a store that fails is retried, the upload complete
   }
   CHECK(retrying);
   CHECK(VerifyInProcess(d, kJob, 2, 72) == "");  // loads meanwhile, from the local copy
+  // "latest" looks at the store first (other nodes' commits); down, it answers from the index
+  // after store_discovery_wait_ms, saying so in the log.
+  const auto asked = std::chrono::steady_clock::now();
+  auto latest = client->Latest(kJob);
+  REQUIRE(latest.ok());
+  CHECK(*latest == 2);
+  CHECK(std::chrono::steady_clock::now() - asked < std::chrono::seconds(10));
+  CHECK(d.Log().find("answering from this node's index") != std::string::npos);
 
   REQUIRE((*proxy)->Disarm().ok());  // the store is back
   auto second = client->Wait(kJob, 2, ckptd::WaitFor::kRemote, 60000);

@@ -146,6 +146,13 @@ static_assert(kChecksumPoolThreads <= kWorkerPoolThreadsMax &&
               kReaderPoolThreads <= kWorkerPoolThreadsMax &&
               kReshardPoolThreads <= kWorkerPoolThreadsMax);
 
+// Discovery of checkpoints other daemons committed to the store (service/store_discovery.h): one
+// thread; scopes (jobs) queued for a scan at once; a scope scanned OK is not scanned again for
+// this long (ranks asking at once join one scan; this also folds the questions that follow it
+// in a burst, at the cost of "latest" missing a commit for this long).
+inline constexpr uint64_t kDiscoveryQueueMax = 64;
+inline constexpr uint64_t kDiscoveryMinIntervalMs = 250;
+
 // The remote tier (tier/remote_tier.h): upload threads, the bytes each moves at a time, and the
 // uploads it tracks in memory at once (beyond that a checkpoint's upload stays PENDING in the
 // index and is taken up when one finishes: the tracked set is refilled from the index).

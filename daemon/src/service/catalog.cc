@@ -196,6 +196,7 @@ absl::Status CheckpointService::Latest(const Caller& caller, const v1::LatestReq
                                        v1::LatestResponse* resp) {
   CKPTD_RETURN_IF_ERROR(ValidateJobName(req.job()));
   CKPTD_RETURN_IF_ERROR(CheckAccess(caller, req.job(), Access::kRead));
+  RefreshFromStore(req.job());
   CKPTD_ASSIGN_OR_RETURN(uint64_t step, LatestCommitted(req.job()));
   resp->set_step(step);
   return absl::OkStatus();
@@ -205,6 +206,7 @@ absl::Status CheckpointService::ListJobs(
     const Caller& /*caller: every uid may list jobs and owners*/, const v1::ListJobsRequest& req,
     v1::ListJobsResponse* resp) {
   uint32_t page = PageSize(req.page_size(), limits::kListPageSizeDefault, limits::kListPageSizeMax);
+  if (req.page_token().empty()) RefreshFromStore("");
   std::string start_after = req.page_token().empty() ? "" : keys::Job(req.page_token());
   std::vector<std::pair<std::string, v1::JobRecord>> jobs;
   CKPTD_RETURN_IF_ERROR(deps_.meta->Scan(
@@ -249,6 +251,7 @@ absl::Status CheckpointService::ListCheckpoints(const Caller& caller,
   CKPTD_RETURN_IF_ERROR(CheckAccess(caller, req.job(), Access::kRead));
   uint32_t page = PageSize(req.page_size(), limits::kListPageSizeDefault, limits::kListPageSizeMax);
   std::string start_after;
+  if (req.page_token().empty()) RefreshFromStore(req.job());
   if (!req.page_token().empty()) {
     uint64_t step = 0;
     if (!absl::SimpleAtoi(req.page_token(), &step)) {
@@ -312,7 +315,7 @@ absl::Status CheckpointService::GetStatus(const Caller& caller, const v1::GetSta
     if (ReshardStatusLocked(Key{req.job(), req.step()}, resp)) return absl::OkStatus();
   }
   CKPTD_ASSIGN_OR_RETURN(std::optional<v1::CheckpointRecord> rec,
-                         ReadRecord(req.job(), req.step()));
+                         ReadRecordOrAdopt(req.job(), req.step()));
   if (!rec) {
     return absl::NotFoundError(
         absl::StrCat("checkpoint ", req.job(), "/", req.step(), " does not exist"));
@@ -332,7 +335,7 @@ absl::Status CheckpointService::Inspect(const Caller& caller, const v1::InspectR
   CKPTD_RETURN_IF_ERROR(CheckAccess(caller, req.job(), Access::kRead));
   const std::string what = absl::StrCat("checkpoint ", req.job(), "/", req.step());
   CKPTD_ASSIGN_OR_RETURN(std::optional<v1::CheckpointRecord> rec,
-                         ReadRecord(req.job(), req.step()));
+                         ReadRecordOrAdopt(req.job(), req.step()));
   if (!rec) return absl::NotFoundError(absl::StrCat(what, " does not exist"));
   *resp->mutable_summary() = rec->summary();
   if (rec->summary().state() == v1::CORRUPT) {  // as a load of it: clients inspect first

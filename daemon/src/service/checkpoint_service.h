@@ -39,6 +39,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -71,6 +72,7 @@
 #include "service/manifest_cache.h"
 #include "service/pending_checkpoint.h"
 #include "service/sessions.h"
+#include "service/store_discovery.h"
 #include "tier/flush_scheduler.h"
 #include "tier/remote_tier.h"
 #include "tier/retention.h"
@@ -380,6 +382,27 @@ class CheckpointService {
   bool cluster_wake_ ABSL_GUARDED_BY(mu_) = false;  // a checkpoint needs the cluster thread now
   std::thread cluster_thread_;
 
+  // store_catalog.cc: checkpoints other daemons committed to the store (the file's top says
+  // when and how). Adopts (job, step) from the store when this node has no row of it and nothing
+  // holds the key: true when adopted, false when it has a row, is busy or has no manifest there;
+  // DATA_LOSS when the manifest does not verify; the store's and the index's errors.
+  absl::StatusOr<bool> AdoptFromStore(const std::string& job, uint64_t step)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Adopts every checkpoint of `scope` (a job, or "" for every job) on the store that this node
+  // has no row of; what it cannot use goes to `problem` (null: the log). Errors: listing the
+  // store, the index.
+  absl::Status ScanStore(const std::string& scope, const std::function<void(std::string)>& problem)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Before answering a client about `scope`: ScanStore on discovery_'s thread, waited for at
+  // most store_discovery_wait_ms (a failure or timeout is logged; the caller answers from the
+  // index). Nothing without a remote tier. Never with mu_ held. `force`: StoreDiscovery's.
+  void RefreshFromStore(const std::string& scope, bool force = false) ABSL_LOCKS_EXCLUDED(mu_);
+  // ReadRecord (GetRecord: `corrupt_is_error`), and when this node has no row of (job, step):
+  // RefreshFromStore(job), then again.
+  absl::StatusOr<std::optional<v1::CheckpointRecord>> ReadRecordOrAdopt(
+      const std::string& job, uint64_t step, bool corrupt_is_error = false)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
   // housekeeping.cc
   // The housekeeping thread: a pass (stage timeouts, the flush gate, abort retries) under mu_,
   // then unattached sessions ended with mu_ released; until Shutdown.
@@ -453,6 +476,10 @@ class CheckpointService {
   std::map<Key, absl::Status> abort_write_failed_ ABSL_GUARDED_BY(mu_);
   absl::Time last_abort_retry_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::thread housekeeper_;
+  // Scans of the store for checkpoints other daemons committed (its own lock and thread,
+  // "discover-0"); shut down by Shutdown before the remote tier stops.
+  StoreDiscovery discovery_{[this](const std::string& scope) { return ScanStore(scope, nullptr); },
+                            absl::Milliseconds(limits::kDiscoveryMinIntervalMs)};
   // Reshards ("reshard-<i>", one thread per reshard that may run: kReshardJobsMax), last so it is
   // destroyed (joined) first.
   WorkerPool reshard_pool_{"reshard", limits::kReshardPoolThreads, limits::kReshardQueueMax};
@@ -466,5 +493,15 @@ std::string CkptName(const std::string& job, uint64_t step);
 std::string RanksList(const std::vector<uint32_t>& ranks);
 // The job name is valid and the step within limits::kStepMax; INVALID_ARGUMENT otherwise.
 absl::Status ValidateJobStep(const std::string& job, uint64_t step);
+// Reads and verifies the manifest of (job, step) on `storage`: decodes it (framing, checksums)
+// and checks that it names that checkpoint. DATA_LOSS when it does not verify; the storage's
+// errors (NOT_FOUND: no manifest) when it cannot be read.
+absl::StatusOr<Manifest> ReadManifest(Storage& storage, const std::string& job, uint64_t step);
+// Calls fn(job, step) for every checkpoint directory of `storage` under `scope` (a job, or "" for
+// every job); an entry that is not a job or checkpoint directory goes to `problem`, named.
+// Errors: listing the root (scope "") or the job (scope a job); fn's first error stops the walk.
+absl::Status ForEachCheckpointDir(
+    Storage& storage, const std::string& scope, const std::function<void(std::string)>& problem,
+    const std::function<absl::Status(const std::string&, uint64_t)>& fn);
 
 }  // namespace ckptd

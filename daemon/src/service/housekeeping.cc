@@ -105,7 +105,8 @@ bool CheckpointService::Shutdown(absl::Duration grace, bool* drained_out) {
   }
   if (housekeeper_.joinable()) housekeeper_.join();
   StopReshards();
-  remote_.Stop();  // first: a node part being copied stops between chunks
+  discovery_.Shutdown();  // a scan in flight ends first: it adopts through the index
+  remote_.Stop();         // first: a node part being copied stops between chunks
   if (cluster_thread_.joinable()) cluster_thread_.join();
   bool drained = deps_.flush_pool->Drain(grace);
   if (drained_out != nullptr) *drained_out = drained;

@@ -66,9 +66,11 @@ absl::Status CheckpointService::Load(const Caller& caller, const v1::LoadRequest
   }
   uint64_t step = req.step();
   if (req.which_case() != v1::LoadRequest::kStep) {
+    RefreshFromStore(req.job());  // another daemon may have committed a newer one
     CKPTD_ASSIGN_OR_RETURN(step, LatestCommitted(req.job()));
   }
-  CKPTD_ASSIGN_OR_RETURN(std::optional<v1::CheckpointRecord> rec, GetRecord(req.job(), step));
+  CKPTD_ASSIGN_OR_RETURN(std::optional<v1::CheckpointRecord> rec,
+                         ReadRecordOrAdopt(req.job(), step, /*corrupt_is_error=*/true));
   if (!rec) {
     return absl::NotFoundError(
         absl::StrCat("checkpoint ", req.job(), "/", step, " does not exist"));

@@ -23,19 +23,6 @@ namespace {
 // At most this many problems are repeated in the summary line (each was logged already).
 constexpr size_t kRecoverySummaryProblemsMax = 16;
 
-// Reads and verifies the manifest of (job, step): decodes it (framing, checksums) and checks it
-// names that checkpoint. DATA_LOSS when it does not verify; other codes when it cannot be read.
-absl::StatusOr<Manifest> ReadManifest(Storage& storage, const std::string& job, uint64_t step) {
-  const std::string path = absl::StrCat(CheckpointDir(job, step), "/", kManifestFileName);
-  CKPTD_ASSIGN_OR_RETURN(std::string bytes, storage.Get(path));
-  CKPTD_ASSIGN_OR_RETURN(Manifest m, DecodeManifest(bytes, path));
-  if (m.header.job() != job || m.header.step() != step) {
-    return absl::DataLossError(
-        absl::StrCat("manifest ", path, " names ", m.header.job(), "/", m.header.step()));
-  }
-  return m;
-}
-
 // An index key for a message (keys hold '\0' and big-endian numbers).
 std::string EscapeKey(std::string_view key) {
   return absl::CHexEscape(absl::string_view(key.data(), key.size()));
@@ -67,9 +54,14 @@ absl::Status Recovery::Run() {
   CKPTD_SYNC_POINT("recovery.rows_repaired");
   CKPTD_RETURN_IF_ERROR(FinishDeletes());
   CKPTD_SYNC_POINT("recovery.deletes_finished");
-  CKPTD_RETURN_IF_ERROR(AdoptManifests(*svc_.deps_.storage, /*remote=*/false));
+  CKPTD_RETURN_IF_ERROR(AdoptManifests());
   if (svc_.remote_.enabled()) {
-    CKPTD_RETURN_IF_ERROR(AdoptManifests(*svc_.remote_.remote(), /*remote=*/true));
+    absl::Status st = svc_.ScanStore("", [this](std::string what) { Problem(std::move(what)); });
+    if (!st.ok()) {
+      // (A failing index fails the steps after this one.)
+      Problem(absl::StrCat("the remote tier cannot be listed (", st.ToString(),
+                           "); its checkpoints are adopted when a client asks about their job"));
+    }
   }
   CKPTD_SYNC_POINT("recovery.manifests_adopted");
   CKPTD_RETURN_IF_ERROR(ResumePending());
@@ -178,80 +170,52 @@ absl::Status Recovery::FinishDeletes() {
   return absl::OkStatus();
 }
 
-absl::Status Recovery::AdoptManifests(Storage& storage, bool remote) {
+absl::Status Recovery::AdoptManifests() {
+  Storage& storage = *svc_.deps_.storage;
   const std::string root = storage.Describe();
-  absl::StatusOr<std::vector<std::string>> listed = storage.List("");
-  if (remote && !listed.ok()) {
-    Problem(absl::StrCat("the remote tier ", root, " cannot be listed (",
-                         listed.status().ToString(),
-                         "); its checkpoints are not adopted until the next start"));
-    return absl::OkStatus();
-  }
-  CKPTD_ASSIGN_OR_RETURN(std::vector<std::string> jobs, std::move(listed));
-  for (const std::string& job : jobs) {
-    if (absl::Status valid = ValidateJobName(job); !valid.ok()) {
-      Problem(
-          absl::StrCat(root, "/", job, " is not a job directory (", valid.message(), "); skipped"));
-      continue;
-    }
-    absl::StatusOr<std::vector<std::string>> steps = storage.List(job);
-    if (!steps.ok()) {
-      Problem(absl::StrCat(root, "/", job, " is not a job directory (", steps.status().ToString(),
-                           "); skipped"));
-      continue;
-    }
-    for (const std::string& step_dir : *steps) {
-      absl::StatusOr<uint64_t> step = ParseStepDirName(step_dir);
-      if (!step.ok()) {
-        Problem(absl::StrCat(root, "/", job, "/", step_dir, " is not a checkpoint directory (",
-                             step.status().message(), "); skipped"));
-        continue;
-      }
-      std::string dir = CheckpointDir(job, *step);
-      std::string path = absl::StrCat(dir, "/", kManifestFileName);
-      absl::StatusOr<bool> exists = storage.Exists(path);
-      if (!exists.ok()) {
-        Problem(absl::StrCat(root, "/", path, " cannot be checked (", exists.status().ToString(),
-                             "); skipped"));
-        continue;
-      }
-      if (!*exists) continue;
-      absl::StatusOr<std::optional<v1::CheckpointRecord>> rec = svc_.ReadRecord(job, *step);
-      if (!rec.ok()) {
-        if (!absl::IsDataLoss(rec.status())) return rec.status();
-        Problem(absl::StrCat(rec.status().message(), "; ", root, "/", dir, " skipped"));
-        continue;
-      }
-      const v1::CheckpointState state =
-          *rec ? (*rec)->summary().state() : v1::CHECKPOINT_STATE_UNSPECIFIED;
-      if (state == v1::COMMITTED || state == v1::DELETING) continue;
-      // From the store only what this node has no row of (a row here is this node's word).
-      if (remote && *rec) continue;
-      absl::StatusOr<Manifest> m = ReadManifest(storage, job, *step);
-      if (!m.ok()) {
-        if (state != v1::CORRUPT) {
-          Problem(absl::StrCat(root, "/", path, " does not verify; ", CkptName(job, *step),
-                               " not exposed: ", m.status().ToString()));
-        } else {
-          spdlog::warn("recovery: {} stays CORRUPT: {}", CkptName(job, *step),
-                       m.status().ToString());
+  return ForEachCheckpointDir(
+      storage, "", [this](std::string what) { Problem(std::move(what)); },
+      [&](const std::string& job, uint64_t step) -> absl::Status {
+        const std::string dir = CheckpointDir(job, step);
+        const std::string path = absl::StrCat(dir, "/", kManifestFileName);
+        absl::StatusOr<bool> exists = storage.Exists(path);
+        if (!exists.ok()) {
+          Problem(absl::StrCat(root, "/", path, " cannot be checked (", exists.status().ToString(),
+                               "); skipped"));
+          return absl::OkStatus();
         }
-        continue;
-      }
-      CommittedTiers tiers;
-      if (remote) {
-        tiers = {.policy = v1::TIER_LOCAL_AND_REMOTE, .local = false, .remote_durable = true};
-      } else if (*rec && (*rec)->summary().tier_policy() == v1::TIER_LOCAL_AND_REMOTE) {
-        // Its journal row says it was saved local+remote (the manifest does not): its upload is
-        // recorded PENDING with COMMITTED, as the commit it finishes would have.
-        tiers.policy = v1::TIER_LOCAL_AND_REMOTE;
-      }
-      CKPTD_RETURN_IF_ERROR(svc_.IndexCommitted(*m, dir, tiers));
-      spdlog::info("recovery: adopted {} from its manifest on {}{}", CkptName(job, *step), root,
-                   state == v1::CORRUPT ? " (it was CORRUPT; the manifest verifies again)" : "");
-    }
-  }
-  return absl::OkStatus();
+        if (!*exists) return absl::OkStatus();
+        absl::StatusOr<std::optional<v1::CheckpointRecord>> rec = svc_.ReadRecord(job, step);
+        if (!rec.ok()) {
+          if (!absl::IsDataLoss(rec.status())) return rec.status();
+          Problem(absl::StrCat(rec.status().message(), "; ", root, "/", dir, " skipped"));
+          return absl::OkStatus();
+        }
+        const v1::CheckpointState state =
+            *rec ? (*rec)->summary().state() : v1::CHECKPOINT_STATE_UNSPECIFIED;
+        if (state == v1::COMMITTED || state == v1::DELETING) return absl::OkStatus();
+        absl::StatusOr<Manifest> m = ReadManifest(storage, job, step);
+        if (!m.ok()) {
+          if (state != v1::CORRUPT) {
+            Problem(absl::StrCat(root, "/", path, " does not verify; ", CkptName(job, step),
+                                 " not exposed: ", m.status().ToString()));
+          } else {
+            spdlog::warn("recovery: {} stays CORRUPT: {}", CkptName(job, step),
+                         m.status().ToString());
+          }
+          return absl::OkStatus();
+        }
+        CommittedTiers tiers;
+        if (*rec && (*rec)->summary().tier_policy() == v1::TIER_LOCAL_AND_REMOTE) {
+          // Its journal row says it was saved local+remote (the manifest does not): its upload
+          // is recorded PENDING with COMMITTED, as the commit it finishes would have.
+          tiers.policy = v1::TIER_LOCAL_AND_REMOTE;
+        }
+        CKPTD_RETURN_IF_ERROR(svc_.IndexCommitted(*m, dir, tiers));
+        spdlog::info("recovery: adopted {} from its manifest on {}{}", CkptName(job, step), root,
+                     state == v1::CORRUPT ? " (it was CORRUPT; the manifest verifies again)" : "");
+        return absl::OkStatus();
+      });
 }
 
 void Recovery::AbortRecovered(const v1::CheckpointRecord& rec, const std::string& reason) {

@@ -53,9 +53,9 @@ class Recovery {
  private:
   absl::Status RepairIndexRows();
   absl::Status FinishDeletes();
-  // From local storage, then (remote) from the remote tier: there only checkpoints this node has
-  // no row of are adopted, recorded on the remote tier alone (a fresh node restoring a job).
-  absl::Status AdoptManifests(Storage& storage, bool remote);
+  // From local storage (the remote tier's are CheckpointService::ScanStore's: only checkpoints
+  // this node has no row of, recorded on the remote tier alone, as while it runs).
+  absl::Status AdoptManifests();
   absl::Status ResumePending();
   // Rebuilds one journaled checkpoint from its rows and enters it into the lifecycle.
   absl::Status ResumeOne(const v1::CheckpointRecord& rec, const std::vector<v1::RankRecord>& ranks);

@@ -3,6 +3,7 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <future>
 
 #include "absl/strings/str_cat.h"
 #include "ckptd/status.h"
@@ -39,7 +40,13 @@ MetaStore::Write RowWrite(const std::string& job, uint64_t step, const std::stri
 
 RemoteTier::RemoteTier(const DaemonOptions* options, MetaStore* meta, Committer* committer,
                        Storage* local, Storage* remote)
-    : options_(options), meta_(meta), committer_(committer), local_(local), remote_(remote) {}
+    : options_(options), meta_(meta), committer_(committer), local_(local), remote_(remote) {
+  // One read in flight per upload thread and for the cluster thread's CopyBlobs.
+  if (enabled()) {
+    const size_t n = options_->upload_threads + 1;
+    readers_ = std::make_unique<WorkerPool>("upload-read", n, n);
+  }
+}
 
 RemoteTier::~RemoteTier() { Stop(); }
 
@@ -362,22 +369,49 @@ absl::Status RemoteTier::CopyBlob(Upload& u, const std::string& path, uint64_t m
   CKPTD_ASSIGN_OR_RETURN(std::unique_ptr<BlobWriter> writer,
                          Annotate(remote_->CreateBlob(path),
                                   absl::StrCat("creating ", path, " on ", remote_->Describe())));
-  const uint64_t chunk = std::min<uint64_t>(options_->upload_chunk_bytes, RoundUp(size, 4096));
-  AlignedBuffer buf = AllocateAligned(std::max<uint64_t>(chunk, 4096));
-  if (buf == nullptr) {
+  const uint64_t chunk = std::max<uint64_t>(
+      std::min<uint64_t>(options_->upload_chunk_bytes, RoundUp(size, 4096)), 4096);
+  // Two buffers: the read pool fills one with the next chunk while the store takes the other.
+  AlignedBuffer bufs[2] = {AllocateAligned(chunk),
+                           size > chunk ? AllocateAligned(chunk) : AlignedBuffer()};
+  if (bufs[0] == nullptr || (size > chunk && bufs[1] == nullptr)) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("uploading ", path, ": no memory for a ", chunk, "-byte buffer"));
+        absl::StrCat("uploading ", path, ": no memory for two ", chunk, "-byte buffers"));
   }
-  for (uint64_t off = 0; off < size; off += chunk) {
+  // Declared after the buffers and the reader, so it is destroyed first: an early return waits
+  // for the read in flight before the memory it fills goes away.
+  struct ReadAhead {
+    std::future<absl::Status> done;
+    ~ReadAhead() {
+      if (done.valid()) done.wait();
+    }
+  } ahead;
+  BlobReader* const r = reader->get();
+  const std::string what = absl::StrCat("reading ", path, " from local storage");
+  auto start_read = [&](int buf, uint64_t off) -> absl::Status {
+    IoSlice slice{bufs[buf].get(), std::min(chunk, size - off), off};
+    CKPTD_ASSIGN_OR_RETURN(
+        ahead.done,
+        Annotate(
+            readers_->Submit([r, slice] { return r->Read(std::span<const IoSlice>(&slice, 1)); },
+                             WorkerPool::WhenFull::kWait),
+            what));
+    return absl::OkStatus();
+  };
+  if (size > 0) CKPTD_RETURN_IF_ERROR(start_read(0, 0));
+  int cur = 0;
+  for (uint64_t off = 0; off < size;) {
+    CKPTD_RETURN_IF_ERROR(Annotate(ahead.done.get(), what));
+    const uint64_t len = std::min(chunk, size - off);
+    if (off + len < size) CKPTD_RETURN_IF_ERROR(start_read(1 - cur, off + len));
     if (u.cancel || stop_)
       return absl::CancelledError(absl::StrCat("upload of ", path, " stopped"));
-    const uint64_t len = std::min(chunk, size - off);
-    IoSlice slice{buf.get(), len, off};
-    CKPTD_RETURN_IF_ERROR(Annotate((*reader)->Read(std::span<const IoSlice>(&slice, 1)),
-                                   absl::StrCat("reading ", path, " from local storage")));
+    IoSlice slice{bufs[cur].get(), len, off};
     CKPTD_RETURN_IF_ERROR(Annotate(writer->Write(std::span<const IoSlice>(&slice, 1)),
                                    absl::StrCat("writing ", path, " to ", remote_->Describe())));
     u.bytes_done += len;
+    off += len;
+    cur = 1 - cur;
   }
   return Annotate(writer->Sync(), absl::StrCat("syncing ", path, " on ", remote_->Describe()));
 }

@@ -8,8 +8,11 @@
 //
 // Ownership: borrows options, index, committer and both storages (they outlive it). Owns the
 // tracked uploads (at most limits::kUploadsTrackedMax in memory; the rest stay PENDING in the
-// index and are taken up as tracked ones finish) and its threads ("upload-<i>",
-// options.upload_threads), joined by Stop or the destructor.
+// index and are taken up as tracked ones finish), its threads ("upload-<i>",
+// options.upload_threads), joined by Stop or the destructor, and a read pool ("upload-read",
+// one thread per upload thread plus one for CopyBlobs) that reads a blob's next chunk from local
+// storage while the store takes the current one: each copy in flight holds two buffers of
+// options.upload_chunk_bytes, and waits for its read in flight before it returns.
 // Lifetimes: an upload lives from its PENDING row until its row is DURABLE or Remove deletes it
 // with the checkpoint. A failed attempt (store down, 5xx, a local read error) is retried after a
 // backoff doubling from 1 s to options.upload_retry_max_ms, forever: the checkpoint stays
@@ -40,6 +43,7 @@
 #include "absl/time/time.h"
 #include "ckptd/storage.h"
 #include "ckptd/v1/index.pb.h"
+#include "common/worker_pool.h"
 #include "index/meta_store.h"
 #include "options.h"
 #include "service/committer.h"
@@ -144,6 +148,9 @@ class RemoteTier {
   uint64_t durable_count_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<bool> stop_{false};
   std::vector<std::thread> threads_;
+  // Reads the next chunk of a blob from local storage while the store takes the current one
+  // (CopyBlob); null without a remote tier. Destroyed after Stop joined the upload threads.
+  std::unique_ptr<WorkerPool> readers_;
 };
 
 }  // namespace ckptd
