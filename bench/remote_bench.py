@@ -6,10 +6,9 @@ One run, every system side by side on the same machine, store and bytes, in inte
   upload    ckptd: a checkpoint of --gb of float32 (--tensors tensors of --cols columns, saved
             row-sharded by 2 ranks: 2 blobs) is saved with tier policy local+remote; the time is
             from COMMITTED (wait() returning) to wait(until="remote") returning, the bytes the
-            upload's bytes_total (blobs + manifest). Two daemons: `ckptd` with the default
-            upload_chunk_bytes and `ckptd_chunk` with upload_chunk_bytes = part size x parts in
-            flight (capped at the daemon's 64 MiB limit), which shows how much of the configured
-            concurrency the default chunk lets the S3 writer use.
+            upload's bytes_total (blobs + manifest). The daemon streams each blob to the store
+            (BlobWriter::CopyFrom: parts_in_flight parts in flight throughout, each read from
+            the local file as a slot frees), as s3transfer does.
             s3transfer: TransferManager.upload of the same blob files (a copy of the daemon's
             files, page cache dropped for them first), multipart_chunksize = part size,
             max_concurrency = parts in flight, all files submitted at once; payload unsigned and
@@ -52,7 +51,6 @@ MiB = 1 << 20
 GiB = 1 << 30
 GB = 1e9
 ALIGN = 4096
-UPLOAD_CHUNK_MAX = 64 * MiB  # limits::kUploadChunkBytesMax
 ACCESS_KEY = "AKIDCKPTDBENCH000001"  # only this weed instance's identity file knows them
 SECRET_KEY = "ckptd-bench-secret-not-a-real-one"
 BUCKET = "ckptd-bench"
@@ -428,7 +426,6 @@ def run(args: Any) -> list[dict[str, Any]]:
     tensors = make_tensors(args.gb, args.tensors, args.cols)
     total = sum(t.nbytes for t in tensors.values())
     staging = (total + total // 4 + 64 * MiB + ALIGN - 1) // ALIGN * ALIGN
-    chunk = min(UPLOAD_CHUNK_MAX, args.part_mib * MiB * args.parts_in_flight)
     part = args.part_mib * MiB
     common = {
         "checkpoint_bytes": total,
@@ -450,15 +447,6 @@ def run(args: Any) -> list[dict[str, Any]]:
         try:
             daemons["ckptd"] = Daemon(
                 args.daemon, work / "ckptd", endpoint, "default", args, staging, []
-            )
-            daemons["ckptd_chunk"] = Daemon(
-                args.daemon,
-                work / "ckptd_chunk",
-                endpoint,
-                "chunk",
-                args,
-                staging,
-                [f"--upload_chunk_bytes={chunk}"],
             )
             # The blob files s3transfer and dd read: a copy of a daemon's own files of the same
             # bytes (its upload is cancelled by the delete).
@@ -554,8 +542,7 @@ def one_round(
         s = disk_read(files, part)
         out.add(part="upload", system="disk_read", round=r, bytes=blob_bytes, seconds=s)
 
-    for name in ("ckptd", "ckptd_chunk"):
-        uploads[name] = up_ckptd(name)
+    uploads["ckptd"] = up_ckptd("ckptd")
     uploads["s3transfer"] = up_s3t("s3transfer", fair)
     if signed is not None:
         uploads["s3transfer_signed"] = up_s3t("s3transfer_signed", signed)
@@ -768,7 +755,7 @@ def main() -> None:
     ap.add_argument("--reshard-rows", type=int, default=1024, help="rows of the column slices")
     ap.add_argument(
         "--systems",
-        default="ckptd,ckptd_chunk,s3transfer,disk_read",
+        default="ckptd,s3transfer,disk_read",
         help="also: s3transfer_signed (boto3's default config over http)",
     )
     ap.add_argument("--keep", action="store_true", help="keep the work dir (logs, store)")

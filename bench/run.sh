@@ -14,7 +14,7 @@
 #                            SeaweedFS `weed` on loopback; ckptd's upload/download/resharded load
 #                            against boto3's s3transfer and the disk, rounds interleaved)
 #   BENCH_REMOTE_PART_MIB=8 BENCH_REMOTE_PARTS_IN_FLIGHT=8   part size and concurrency of both
-#   BENCH_REMOTE_SYSTEMS=ckptd,ckptd_chunk,s3transfer,disk_read  (add s3transfer_signed: boto3's
+#   BENCH_REMOTE_SYSTEMS=ckptd,s3transfer,disk_read  (add s3transfer_signed: boto3's
 #                            default config over http, SHA-256 of every part)
 #   BENCH_CLUSTER_ROUNDS=9   checkpoints spanning nodes (bench/cluster_merge_bench.cc,
 #                            bench/cluster_commit_bench.py: 1, 2 and 3 daemons on a shared dir)
@@ -86,7 +86,7 @@ echo "bench: remote tier on S3 (${BENCH_REMOTE_GB:-1} GiB, SeaweedFS on loopback
 python3 "$ROOT/bench/remote_bench.py" --daemon "$BUILD/ckptd" --out "$OUT" \
   --work-dir "$STATE-remote" --gb "${BENCH_REMOTE_GB:-1}" --rounds "${BENCH_REMOTE_ROUNDS:-3}" \
   --part-mib "${BENCH_REMOTE_PART_MIB:-8}" --parts-in-flight "${BENCH_REMOTE_PARTS_IN_FLIGHT:-8}" \
-  --systems "${BENCH_REMOTE_SYSTEMS:-ckptd,ckptd_chunk,s3transfer,disk_read}"
+  --systems "${BENCH_REMOTE_SYSTEMS:-ckptd,s3transfer,disk_read}"
 fi
 
 python3 "$ROOT/bench/summarize.py" "$OUT"

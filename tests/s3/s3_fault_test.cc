@@ -1,6 +1,8 @@
 // The S3 plugin's failure handling, through fault_proxy.py in front of a real SeaweedFS:
 // retried 5xx / SlowDown / resets / timeouts, UNAVAILABLE once the retries are spent, aborted
 // multipart uploads, and a store that goes away and comes back.
+#include <atomic>
+#include <cstring>
 #include <filesystem>
 
 #include "absl/strings/match.h"
@@ -94,6 +96,37 @@ TEST_CASE("S3 faults: a multipart upload that fails is aborted, no parts left", 
   CHECK(weed->ListUploads(o.bucket, o.prefix)->empty());
   CHECK_FALSE(*storage->Exists("failing.blob"));
   CHECK(absl::IsFailedPrecondition((*w)->Sync()));
+}
+
+TEST_CASE("S3 faults: CopyBlobsFrom retries parts that fail now and then, bit-exact",
+          "[s3][fault]") {
+  CKPTD_REQUIRE_WEED(weed);
+  auto proxy = Proxy(weed);
+  S3Options o = TestOptions(proxy->endpoint());
+  auto storage = Open(o);
+  std::string data(6 * o.part_size_bytes + 99, '\0');
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 131 + 7);
+  class StringReader : public BlobReader {
+   public:
+    explicit StringReader(const std::string& d) : d_(d) {}
+    absl::Status Read(std::span<const IoSlice> slices) override {
+      for (const IoSlice& s : slices) std::memcpy(s.buf, d_.data() + s.offset, s.len);
+      return absl::OkStatus();
+    }
+    uint64_t size_bytes() const override { return d_.size(); }
+
+   private:
+    const std::string& d_;
+  } src(data);
+  REQUIRE(proxy->Arm("500", 2, 0.2, "partNumber").ok());
+  std::atomic<uint64_t> progress{0};
+  std::vector<BlobCopy> copies = {{"copied.blob", &src}};
+  REQUIRE(storage->CopyBlobsFrom(copies, &progress, nullptr).ok());
+  REQUIRE(proxy->Disarm().ok());
+  CHECK(*proxy->Injected() >= 1);
+  auto got = storage->Get("copied.blob");
+  REQUIRE(got.ok());
+  CHECK(*got == data);
 }
 
 TEST_CASE("S3 faults: a store stopped and restarted is survived by a later call", "[s3][fault]") {

@@ -94,6 +94,82 @@ TEST_CASE("S3 blobs round trip across part boundaries with a reused caller buffe
   }
 }
 
+// A source blob in memory for CopyBlobsFrom; fails every read at or past `fail_at` (DATA_LOSS).
+class MemoryReader : public BlobReader {
+ public:
+  explicit MemoryReader(std::string data, uint64_t fail_at = UINT64_MAX)
+      : data_(std::move(data)), fail_at_(fail_at) {}
+  absl::Status Read(std::span<const IoSlice> slices) override {
+    for (const IoSlice& s : slices) {
+      if (s.offset + s.len > fail_at_) return absl::DataLossError("source read failed");
+      if (s.offset + s.len > data_.size()) return absl::DataLossError("past the end");
+      std::memcpy(s.buf, data_.data() + s.offset, s.len);
+    }
+    return absl::OkStatus();
+  }
+  uint64_t size_bytes() const override { return data_.size(); }
+
+ private:
+  std::string data_;
+  uint64_t fail_at_;
+};
+
+TEST_CASE("S3 CopyBlobsFrom streams blobs of any size, parts in flight across them", "[s3]") {
+  CKPTD_REQUIRE_WEED(weed);
+  S3Options o = TestOptions("");
+  o.parts_in_flight = 3;
+  auto storage = Open(o);
+  const uint64_t part = o.part_size_bytes;
+  // Empty, under one part, exactly one part, and several parts with a tail, in one batch.
+  const uint64_t sizes[] = {0, 100'000, part, 7 * part + 12'345, 2 * part};
+  std::vector<std::string> data;
+  std::vector<MemoryReader> sources;
+  std::vector<BlobCopy> copies;
+  uint64_t total = 0;
+  for (uint64_t size : sizes) data.push_back(Bytes(size, size + 7));
+  for (const std::string& d : data) sources.emplace_back(d);
+  for (size_t i = 0; i < data.size(); ++i) {
+    copies.push_back({absl::StrCat("copy/", i, ".blob"), &sources[i]});
+    total += data[i].size();
+  }
+  std::atomic<uint64_t> progress{0};
+  REQUIRE(storage->CopyBlobsFrom(copies, &progress, [] { return false; }).ok());
+  CHECK(progress == total);
+  for (size_t i = 0; i < data.size(); ++i) {
+    auto got = storage->Get(copies[i].path);
+    REQUIRE(got.ok());
+    CHECK(*got == data[i]);
+  }
+  CHECK(weed->ListUploads(o.bucket, o.prefix)->empty());
+}
+
+TEST_CASE("S3 CopyBlobsFrom: stopped or a failing source leaves no upload and no blob", "[s3]") {
+  CKPTD_REQUIRE_WEED(weed);
+  S3Options o = TestOptions("");
+  auto storage = Open(o);
+  const uint64_t part = o.part_size_bytes;
+  const std::string data = Bytes(5 * part, 3);
+  std::atomic<uint64_t> progress{0};
+  SECTION("stopped after two parts: CANCELLED") {
+    MemoryReader a(data), b(data);
+    std::vector<BlobCopy> copies = {{"stopped/a.blob", &a}, {"stopped/b.blob", &b}};
+    int asked = 0;
+    CHECK(
+        absl::IsCancelled(storage->CopyBlobsFrom(copies, &progress, [&] { return ++asked > 2; })));
+    CHECK(weed->ListUploads(o.bucket, o.prefix)->empty());
+    CHECK_FALSE(*storage->Exists("stopped/a.blob"));
+    CHECK_FALSE(*storage->Exists("stopped/b.blob"));
+  }
+  SECTION("the second blob's source fails in its fourth part: its error") {
+    MemoryReader a(data), b(data, 3 * part + 1);
+    std::vector<BlobCopy> copies = {{"failing/a.blob", &a}, {"failing/b.blob", &b}};
+    CHECK(absl::IsDataLoss(storage->CopyBlobsFrom(copies, &progress, nullptr)));
+    CHECK(weed->ListUploads(o.bucket, o.prefix)->empty());
+    CHECK_FALSE(*storage->Exists("failing/a.blob"));
+    CHECK_FALSE(*storage->Exists("failing/b.blob"));
+  }
+}
+
 TEST_CASE("S3 ranged reads of random slices are bit-exact", "[s3]") {
   CKPTD_REQUIRE_WEED(weed);
   S3Options o = TestOptions("");

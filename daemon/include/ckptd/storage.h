@@ -7,7 +7,9 @@
 // one thread at a time.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -53,6 +55,12 @@ class BlobReader {
   virtual uint64_t size_bytes() const = 0;
 };
 
+// One blob for Storage::CopyBlobsFrom: its path on the storage and where to read it.
+struct BlobCopy {
+  std::string path;
+  BlobReader* source;
+};
+
 class Storage {
  public:
   virtual ~Storage() = default;
@@ -63,6 +71,23 @@ class Storage {
   // Creates (truncating) a blob, creating its parent directories durably.
   virtual absl::StatusOr<std::unique_ptr<BlobWriter>> CreateBlob(const std::string& path) = 0;
   virtual absl::StatusOr<std::unique_ptr<BlobReader>> OpenBlob(const std::string& path) = 0;
+  // Copies every blob of `copies` whole, each made durable as by CreateBlob, Write and Sync,
+  // reading the sources itself — for a storage that overlaps reading and sending better than a
+  // caller's Write calls can (the S3 plugin keeps parts_in_flight parts in flight from the first
+  // part of the first blob to the last part of the last, reading each into one of
+  // parts_in_flight part buffers as a slot frees; a Write returns only once its last part is
+  // sent, so a caller's writes leave the store idle at every Write's end). Adds the bytes sent to
+  // *progress; `stop` (may be empty) is asked between parts: true ends the copy CANCELLED. On an
+  // error a blob not yet durable is not left behind on an object store (its upload aborted).
+  // UNIMPLEMENTED (the default): the caller copies with CreateBlob, Write and Sync.
+  virtual absl::Status CopyBlobsFrom(std::span<const BlobCopy> copies,
+                                     std::atomic<uint64_t>* progress,
+                                     const std::function<bool()>& stop) {
+    (void)copies;
+    (void)progress;
+    (void)stop;
+    return absl::UnimplementedError("this storage copies through CreateBlob and Write");
+  }
 
   // Durably replaces `path` with `data`: write a temporary name, fsync, rename, fsync the
   // directory. Readers see the old content or the new, never a torn one. Temporary files that a

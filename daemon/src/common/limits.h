@@ -159,6 +159,8 @@ inline constexpr uint64_t kDiscoveryMinIntervalMs = 250;
 inline constexpr uint64_t kUploadThreadsMax = 16;
 inline constexpr uint64_t kUploadChunkBytesMax = 256 * kMiB;
 inline constexpr uint64_t kUploadsTrackedMax = 1024;
+// Blobs (open local files) an upload hands a streaming store at once (Storage::CopyBlobsFrom).
+inline constexpr uint64_t kUploadBatchBlobsMax = 64;
 static_assert(kUploadThreadsMax <= kWorkerPoolThreadsMax);
 static_assert(kUploadChunkBytesMax % kAlignmentBytes == 0);
 static_assert(kUploadsTrackedMax >= kUploadThreadsMax, "every upload thread can have work");

@@ -324,9 +324,9 @@ absl::Status RemoteTier::Attempt(Upload& u) {
     absl::MutexLock lock(&mu_);
     u.state.set_bytes_total(total);
   }
-  for (const v1::BlobInfo& b : m.header.blobs()) {
-    CKPTD_RETURN_IF_ERROR(CopyBlob(u, absl::StrCat(u.dir, "/", b.name()), b.size_bytes()));
-  }
+  std::vector<std::pair<std::string, uint64_t>> blobs;
+  for (const v1::BlobInfo& b : m.header.blobs()) blobs.emplace_back(b.name(), b.size_bytes());
+  CKPTD_RETURN_IF_ERROR(CopyAll(u, u.dir, blobs));
   CKPTD_SYNC_POINT("upload.blobs_copied");
   if (u.cancel || stop_) return absl::CancelledError(absl::StrCat("upload of ", name, " stopped"));
   CKPTD_RETURN_IF_ERROR(
@@ -351,21 +351,39 @@ absl::Status RemoteTier::CopyBlobs(const std::string& dir,
   CKPTD_CHECK(enabled());
   Upload u;  // progress and cancellation of this call only
   u.dir = dir;
-  for (const auto& [name, size] : blobs) {
-    CKPTD_RETURN_IF_ERROR(CopyBlob(u, absl::StrCat(dir, "/", name), size));
+  return CopyAll(u, dir, blobs);
+}
+
+absl::Status RemoteTier::CopyAll(Upload& u, const std::string& dir,
+                                 const std::vector<std::pair<std::string, uint64_t>>& blobs) {
+  for (size_t start = 0; start < blobs.size(); start += limits::kUploadBatchBlobsMax) {
+    const size_t end = std::min<size_t>(blobs.size(), start + limits::kUploadBatchBlobsMax);
+    std::vector<std::unique_ptr<BlobReader>> readers;
+    std::vector<BlobCopy> copies;
+    for (size_t i = start; i < end; ++i) {
+      const std::string path = absl::StrCat(dir, "/", blobs[i].first);
+      absl::StatusOr<std::unique_ptr<BlobReader>> reader = local_->OpenBlob(path);
+      // A rank whose shards were all replicas (or empty) wrote no blob.
+      if (!reader.ok() && absl::IsNotFound(reader.status()) && blobs[i].second == 0) continue;
+      CKPTD_RETURN_IF_ERROR(
+          Annotate(reader.status(), absl::StrCat("reading ", path, " from local storage")));
+      copies.push_back({path, reader->get()});
+      readers.push_back(*std::move(reader));
+    }
+    absl::Status st =
+        remote_->CopyBlobsFrom(copies, &u.bytes_done, [&] { return u.cancel || stop_; });
+    if (absl::IsUnimplemented(st)) {
+      for (const BlobCopy& c : copies) CKPTD_RETURN_IF_ERROR(CopyBlob(u, c.path, *c.source));
+      continue;
+    }
+    CKPTD_RETURN_IF_ERROR(Annotate(st, absl::StrCat("copying ", copies.size(), " blobs of ", dir,
+                                                    " to ", remote_->Describe())));
   }
   return absl::OkStatus();
 }
 
-absl::Status RemoteTier::CopyBlob(Upload& u, const std::string& path, uint64_t manifest_size) {
-  absl::StatusOr<std::unique_ptr<BlobReader>> reader = local_->OpenBlob(path);
-  // A rank whose shards were all replicas (or empty) wrote no blob.
-  if (!reader.ok() && absl::IsNotFound(reader.status()) && manifest_size == 0) {
-    return absl::OkStatus();
-  }
-  CKPTD_RETURN_IF_ERROR(
-      Annotate(reader.status(), absl::StrCat("reading ", path, " from local storage")));
-  const uint64_t size = (*reader)->size_bytes();
+absl::Status RemoteTier::CopyBlob(Upload& u, const std::string& path, BlobReader& reader) {
+  const uint64_t size = reader.size_bytes();
   CKPTD_ASSIGN_OR_RETURN(std::unique_ptr<BlobWriter> writer,
                          Annotate(remote_->CreateBlob(path),
                                   absl::StrCat("creating ", path, " on ", remote_->Describe())));
@@ -386,7 +404,7 @@ absl::Status RemoteTier::CopyBlob(Upload& u, const std::string& path, uint64_t m
       if (done.valid()) done.wait();
     }
   } ahead;
-  BlobReader* const r = reader->get();
+  BlobReader* const r = &reader;
   const std::string what = absl::StrCat("reading ", path, " from local storage");
   auto start_read = [&](int buf, uint64_t off) -> absl::Status {
     IoSlice slice{bufs[buf].get(), std::min(chunk, size - off), off};

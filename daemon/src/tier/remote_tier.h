@@ -10,9 +10,11 @@
 // tracked uploads (at most limits::kUploadsTrackedMax in memory; the rest stay PENDING in the
 // index and are taken up as tracked ones finish), its threads ("upload-<i>",
 // options.upload_threads), joined by Stop or the destructor, and a read pool ("upload-read",
-// one thread per upload thread plus one for CopyBlobs) that reads a blob's next chunk from local
-// storage while the store takes the current one: each copy in flight holds two buffers of
-// options.upload_chunk_bytes, and waits for its read in flight before it returns.
+// one thread per upload thread plus one for CopyBlobs). A store that streams copies itself
+// (Storage::CopyBlobsFrom: S3) gets the local blobs of a checkpoint in batches and keeps its
+// parts in flight across them; for any other store each blob is copied in chunks, the read pool
+// reading the next chunk while the store takes this one (each copy in flight holds two buffers
+// of options.upload_chunk_bytes and waits for its read in flight before it returns).
 // Lifetimes: an upload lives from its PENDING row until its row is DURABLE or Remove deletes it
 // with the checkpoint. A failed attempt (store down, 5xx, a local read error) is retried after a
 // backoff doubling from 1 s to options.upload_retry_max_ms, forever: the checkpoint stays
@@ -128,7 +130,14 @@ class RemoteTier {
   absl::Status RefillFromIndex() ABSL_LOCKS_EXCLUDED(mu_);
   // One attempt: blobs, the manifest, the DURABLE row.
   absl::Status Attempt(Upload& u);
-  absl::Status CopyBlob(Upload& u, const std::string& path, uint64_t manifest_size);
+  // Copies blobs of `dir` (as CopyBlobs) to the store: in batches of kUploadBatchBlobsMax,
+  // each one Storage::CopyBlobsFrom (the store reads and streams them), or for a store without it
+  // CopyBlob of each.
+  absl::Status CopyAll(Upload& u, const std::string& dir,
+                       const std::vector<std::pair<std::string, uint64_t>>& blobs);
+  // One blob through CreateBlob, Write and Sync: chunks of upload_chunk_bytes, the next read
+  // (on the read pool) while this one is written.
+  absl::Status CopyBlob(Upload& u, const std::string& path, BlobReader& reader);
   absl::Status WriteRow(const Upload& u, const v1::Upload& state);
   // After an attempt: forget it (durable or cancelled) or schedule its retry.
   void Finished(const std::shared_ptr<Upload>& u, const absl::Status& st)

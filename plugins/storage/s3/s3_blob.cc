@@ -4,6 +4,9 @@
 // returns.
 #include "storage/s3/s3_blob.h"
 
+#include <algorithm>
+#include <cstdlib>
+#include <memory>
 #include <sstream>
 #include <vector>
 
@@ -14,6 +17,17 @@
 
 namespace ckptd::s3 {
 namespace {
+
+// CopyBlobs' part buffers: 4 KiB aligned and sized, so a local source reads them with O_DIRECT.
+struct FreeDeleter {
+  void operator()(char* p) const { std::free(p); }
+};
+using PartBuffer = std::unique_ptr<char, FreeDeleter>;
+PartBuffer AllocatePart(uint64_t bytes) {
+  constexpr uint64_t kAlign = 4096;
+  const uint64_t rounded = std::max<uint64_t>(kAlign, (bytes + kAlign - 1) / kAlign * kAlign);
+  return PartBuffer(static_cast<char*>(std::aligned_alloc(kAlign, rounded)));
+}
 
 std::string UploadQuery(const std::string& upload_id) {
   return QueryParams({{"uploadId", upload_id}});
@@ -62,6 +76,38 @@ class S3BlobWriter : public BlobWriter {
     state_ = State::kSynced;
     return absl::OkStatus();
   }
+
+  // ---- CopyBlobs (below) drives a fresh writer through these instead of Write ----
+  const std::string& key() const { return key_; }
+  // Starts the multipart upload (one request).
+  absl::Status BeginParts() { return StartUpload(); }
+  // The PUT of part `number` (1-based) with `body`.
+  Request PartRequest(uint64_t number, std::string_view body) const {
+    Request r;
+    r.method = "PUT";
+    r.key = key_;
+    r.query = QueryParams({{"partNumber", std::to_string(number)}, {"uploadId", upload_id_}});
+    r.body.emplace_back(body);
+    return r;
+  }
+  // Every part was sent (their ETags in order); Sync completes the upload.
+  absl::Status PartsSent(std::vector<std::string> etags, uint64_t size) {
+    for (const std::string& e : etags) {
+      if (e.empty()) {
+        return absl::InternalError(absl::StrCat("S3 blob ", key_, ": a part's answer has no ETag"));
+      }
+    }
+    etags_ = std::move(etags);
+    next_offset_ = size;
+    return absl::OkStatus();
+  }
+  // The whole blob, under one part: Sync PUTs it.
+  void Whole(std::string data) {
+    next_offset_ = data.size();
+    carry_ = std::move(data);
+  }
+  // Aborts the upload (the writer refuses everything after).
+  void Abandon() { Fail(); }
 
  private:
   enum class State { kOpen, kSynced, kFailed };
@@ -304,6 +350,103 @@ std::unique_ptr<BlobWriter> NewBlobWriter(Client* client, std::string key) {
 
 std::unique_ptr<BlobReader> NewBlobReader(Client* client, std::string key, uint64_t size_bytes) {
   return std::make_unique<S3BlobReader>(client, std::move(key), size_bytes);
+}
+
+absl::Status CopyBlobs(Client* client, std::span<const KeyedSource> blobs,
+                       std::atomic<uint64_t>* progress, const std::function<bool()>& stop) {
+  const uint64_t part = client->options().part_size_bytes;
+  const uint32_t in_flight = client->options().parts_in_flight;
+  struct Blob {
+    std::unique_ptr<S3BlobWriter> writer;
+    BlobReader* source;
+    uint64_t size;
+    uint64_t parts;  // 0: under one part, one PUT at Sync
+    size_t first;    // its first part's index in `sends`
+  };
+  std::vector<Blob> plan;
+  size_t total_parts = 0;
+  for (const KeyedSource& b : blobs) {
+    const uint64_t size = b.source->size_bytes();
+    const uint64_t parts = size <= part ? 0 : (size + part - 1) / part;
+    if (parts > s3_limits::kPartsMax) {
+      return absl::ResourceExhaustedError(absl::StrCat("S3 blob ", b.key, ": over ",
+                                                       s3_limits::kPartsMax, " parts of ", part,
+                                                       " bytes (raise part_size_bytes)"));
+    }
+    plan.push_back(
+        {std::make_unique<S3BlobWriter>(client, b.key), b.source, size, parts, total_parts});
+    total_parts += parts;
+  }
+  // On any failure every writer not synced yet aborts its upload (nothing is left of it).
+  auto fail = [&](absl::Status st) {
+    for (Blob& b : plan) b.writer->Abandon();
+    return st;
+  };
+  std::vector<Request> reqs(total_parts);  // every part of every blob, in order
+  std::vector<char*> buf_of(total_parts, nullptr);
+  std::vector<PartBuffer> bufs;  // made as needed: at most in_flight (+1 for a small blob)
+  std::vector<char*> free_bufs;
+  size_t blob = 0;
+  uint64_t next_part = 0;  // of plan[blob]
+  // The next part to send (read into a free buffer now), across blob boundaries; a blob under
+  // one part is read whole into its writer and needs no request here.
+  auto next = [&]() -> absl::StatusOr<Request*> {
+    while (blob < plan.size()) {
+      if (stop && stop()) return absl::CancelledError("the copy was stopped");
+      Blob& b = plan[blob];
+      if (free_bufs.empty()) {
+        PartBuffer nb = AllocatePart(part);
+        if (nb == nullptr) return absl::ResourceExhaustedError("no memory for a part buffer");
+        free_bufs.push_back(nb.get());
+        bufs.push_back(std::move(nb));
+      }
+      char* buf = free_bufs.back();
+      if (b.parts == 0) {
+        IoSlice slice{buf, b.size, 0};
+        if (b.size > 0) CKPTD_RETURN_IF_ERROR(b.source->Read(std::span<const IoSlice>(&slice, 1)));
+        b.writer->Whole(std::string(buf, b.size));
+        *progress += b.size;
+        ++blob;
+        continue;
+      }
+      if (next_part == 0) CKPTD_RETURN_IF_ERROR(b.writer->BeginParts());
+      free_bufs.pop_back();
+      const uint64_t off = next_part * part;
+      const uint64_t len = std::min(part, b.size - off);
+      IoSlice slice{buf, len, off};
+      const size_t i = b.first + next_part;
+      absl::Status read = b.source->Read(std::span<const IoSlice>(&slice, 1));
+      if (!read.ok()) {
+        free_bufs.push_back(buf);
+        return read;
+      }
+      buf_of[i] = buf;
+      reqs[i] = b.writer->PartRequest(next_part + 1, std::string_view(buf, len));
+      if (++next_part == b.parts) {
+        ++blob;
+        next_part = 0;
+      }
+      return &reqs[i];
+    }
+    return nullptr;
+  };
+  auto succeeded = [&](Request* r) {
+    free_bufs.push_back(buf_of[static_cast<size_t>(r - reqs.data())]);
+    *progress += r->body.front().size();
+  };
+  if (absl::Status st = client->RunStream(next, succeeded, in_flight); !st.ok()) return fail(st);
+  for (Blob& b : plan) {
+    if (b.parts == 0) continue;
+    std::vector<std::string> etags;
+    for (uint64_t i = 0; i < b.parts; ++i) etags.push_back(reqs[b.first + i].etag);
+    if (absl::Status st = b.writer->PartsSent(std::move(etags), b.size); !st.ok()) {
+      return fail(st);
+    }
+  }
+  for (Blob& b : plan) {
+    if (absl::Status st = b.writer->Sync(); !st.ok()) return fail(st);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace ckptd::s3

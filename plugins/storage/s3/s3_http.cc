@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <random>
 
@@ -343,16 +344,23 @@ CURLcode Configure(Transfer& t, const S3Options& o, const S3Credentials& c,
 }  // namespace
 
 absl::Status Client::Run(std::span<Request* const> requests, uint32_t in_flight) {
-  if (requests.empty()) return absl::OkStatus();
+  size_t i = 0;
+  return RunStream(
+      [&]() -> absl::StatusOr<Request*> { return i < requests.size() ? requests[i++] : nullptr; },
+      nullptr, in_flight);
+}
+
+absl::Status Client::RunStream(const std::function<absl::StatusOr<Request*>()>& next,
+                               const std::function<void(Request*)>& succeeded, uint32_t in_flight) {
   in_flight = std::clamp<uint32_t>(in_flight, 1, s3_limits::kInFlightMax);
   std::unique_ptr<Multi> multi = TakeMulti();
   if (multi == nullptr) return absl::ResourceExhaustedError("curl_multi_init failed");
   CURLM* m = multi->handle;
 
-  std::deque<Request*> ready(requests.begin(), requests.end());
+  std::deque<Request*> ready;                            // retries due
   std::vector<std::pair<absl::Time, Request*>> waiting;  // backing off
   std::vector<std::unique_ptr<Transfer>> active;
-  size_t done = 0;
+  bool exhausted = false;  // `next` said there is no more
   absl::Status failure;
   bool multi_broken = false;
 
@@ -417,7 +425,7 @@ absl::Status Client::Run(std::span<Request* const> requests, uint32_t in_flight)
       const bool absent_ok =
           r->http_status == 404 && r->not_found_ok && r->error_code != "NoSuchBucket";
       if ((ok2xx && r->error_code.empty()) || absent_ok) {
-        ++done;
+        if (succeeded) succeeded(r);
         return absl::OkStatus();
       }
       const bool ok = ok2xx;
@@ -434,7 +442,8 @@ absl::Status Client::Run(std::span<Request* const> requests, uint32_t in_flight)
     return absl::OkStatus();
   };
 
-  while (done < requests.size() && failure.ok()) {
+  auto outstanding = [&] { return active.size() + waiting.size() + ready.size(); };
+  while (failure.ok()) {
     absl::Time now = absl::Now();
     absl::Time next_wake = absl::InfiniteFuture();
     for (auto it = waiting.begin(); it != waiting.end();) {
@@ -446,11 +455,24 @@ absl::Status Client::Run(std::span<Request* const> requests, uint32_t in_flight)
         ++it;
       }
     }
+    // New requests only while fewer than in_flight are outstanding (retries included): a
+    // request holds its memory until it succeeds.
+    while (failure.ok() && !exhausted && outstanding() < in_flight) {
+      absl::StatusOr<Request*> r = next();
+      if (!r.ok()) {
+        failure = r.status();
+      } else if (*r == nullptr) {
+        exhausted = true;
+      } else {
+        ready.push_back(*r);
+      }
+    }
     while (failure.ok() && active.size() < in_flight && !ready.empty()) {
       failure = start(ready.front());
       ready.pop_front();
     }
     if (!failure.ok()) break;
+    if (exhausted && outstanding() == 0) break;
     if (active.empty()) {
       absl::SleepFor(std::max(absl::ZeroDuration(), next_wake - absl::Now()));
       continue;
@@ -471,7 +493,7 @@ absl::Status Client::Run(std::span<Request* const> requests, uint32_t in_flight)
       absl::Status s = finish(static_cast<Transfer*>(priv), msg->data.result);
       if (!s.ok() && failure.ok()) failure = s;
     }
-    if (!failure.ok() || done == requests.size()) break;
+    if (!failure.ok() || (exhausted && outstanding() == 0)) break;
     const int timeout_ms = static_cast<int>(
         std::clamp<int64_t>(absl::ToInt64Milliseconds(next_wake - absl::Now()), 0, 100));
     if (CURLMcode mc = curl_multi_poll(m, nullptr, 0, timeout_ms, nullptr); mc != CURLM_OK) {

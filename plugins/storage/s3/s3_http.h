@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -71,6 +72,13 @@ class Client {
   // Sends every request, up to `in_flight` at once (see the top). OK iff all succeeded; else
   // the status of the first request that failed for good (s3_storage.h: the code mapping).
   absl::Status Run(std::span<Request* const> requests, uint32_t in_flight);
+  // Run for requests made while it runs: `next` (on this thread) gives the next request, or null
+  // when there are no more, or an error that ends the run as a failed request does; it is called
+  // only while fewer than `in_flight` requests are outstanding (in flight or waiting to be
+  // retried), so at most `in_flight` requests hold their memory at once. `succeeded` (may be
+  // null; on this thread) is told each request that succeeded: its memory is the caller's again.
+  absl::Status RunStream(const std::function<absl::StatusOr<Request*>()>& next,
+                         const std::function<void(Request*)>& succeeded, uint32_t in_flight);
   absl::Status RunOne(Request& request) {
     Request* r = &request;
     return Run(std::span<Request* const>(&r, 1), 1);

@@ -129,6 +129,16 @@ class S3Storage : public Storage {
     return s3::NewBlobWriter(client_.get(), std::move(key));
   }
 
+  absl::Status CopyBlobsFrom(std::span<const BlobCopy> copies, std::atomic<uint64_t>* progress,
+                             const std::function<bool()>& stop) override {
+    std::vector<s3::KeyedSource> keyed;
+    for (const BlobCopy& c : copies) {
+      CKPTD_ASSIGN_OR_RETURN(std::string key, Key(c.path, false));
+      keyed.push_back({std::move(key), c.source});
+    }
+    return s3::CopyBlobs(client_.get(), keyed, progress, stop);
+  }
+
   absl::StatusOr<std::unique_ptr<BlobReader>> OpenBlob(const std::string& path) override {
     CKPTD_ASSIGN_OR_RETURN(std::string key, Key(path, false));
     Request r = Simple("HEAD", key);
