@@ -4,13 +4,19 @@
 // returns.
 #include "storage/s3/s3_blob.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <cstdlib>
+#include <deque>
 #include <memory>
+#include <optional>
 #include <sstream>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "ckptd/status.h"
 #include "pugixml.hpp"
 #include "spdlog/spdlog.h"
@@ -352,19 +358,130 @@ std::unique_ptr<BlobReader> NewBlobReader(Client* client, std::string key, uint6
   return std::make_unique<S3BlobReader>(client, std::move(key), size_bytes);
 }
 
+namespace {
+
+// One blob of a CopyBlobs batch.
+struct CopyPlan {
+  std::unique_ptr<S3BlobWriter> writer;
+  BlobReader* source;
+  uint64_t size;
+  uint64_t parts;  // 0: under one part, read whole and PUT at Sync
+  size_t first;    // its first part's index among the batch's parts
+};
+
+// CopyBlobs' reads, on a thread of their own ("s3-read"): every part of every blob in order, each
+// into a free part buffer, a few parts ahead of the sends — so the curl loop never blocks on a
+// read while parts are in flight (a read of a part there stalled every transfer meanwhile).
+// Owns the buffers; the destructor stops the thread and joins it before they go.
+class PartReader {
+ public:
+  struct Part {
+    size_t blob;
+    uint64_t index;  // part index within the blob (0 for a blob read whole)
+    char* buf;
+    uint64_t len;
+  };
+
+  PartReader(const std::vector<CopyPlan>& plan, uint64_t part, size_t buffers)
+      : plan_(plan), part_(part), buffers_(buffers) {}
+  ~PartReader() {
+    {
+      absl::MutexLock lock(&mu_);
+      quit_ = true;
+    }
+    if (thread_.joinable()) thread_.join();
+  }
+
+  absl::Status Start() {
+    for (size_t i = 0; i < buffers_; ++i) {
+      PartBuffer b = AllocatePart(part_);
+      if (b == nullptr) return absl::ResourceExhaustedError("no memory for a part buffer");
+      free_.push_back(b.get());
+      owned_.push_back(std::move(b));
+    }
+    thread_ = std::thread([this] {
+      pthread_setname_np(pthread_self(), "s3-read");
+      Loop();
+    });
+    return absl::OkStatus();
+  }
+
+  // The next part read (waits for it); nullopt after the last; the first read's error.
+  absl::StatusOr<std::optional<Part>> Next() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(this, &PartReader::HasNextLocked));
+    if (!ready_.empty()) {
+      Part p = ready_.front();
+      ready_.pop_front();
+      return p;
+    }
+    if (!status_.ok()) return status_;
+    return std::nullopt;
+  }
+
+  // `buf` (of a part sent) may be filled again.
+  void Release(char* buf) {
+    absl::MutexLock lock(&mu_);
+    free_.push_back(buf);
+  }
+
+ private:
+  bool HasNextLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !ready_.empty() || done_; }
+  bool CanReadLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !free_.empty() || quit_; }
+
+  void Loop() {
+    for (size_t b = 0; b < plan_.size(); ++b) {
+      const CopyPlan& blob = plan_[b];
+      const uint64_t reads = blob.parts == 0 ? 1 : blob.parts;
+      for (uint64_t k = 0; k < reads; ++k) {
+        char* buf = nullptr;
+        {
+          absl::MutexLock lock(&mu_);
+          mu_.Await(absl::Condition(this, &PartReader::CanReadLocked));
+          if (quit_) return;
+          buf = free_.back();
+          free_.pop_back();
+        }
+        const uint64_t off = k * part_;
+        const uint64_t len = blob.parts == 0 ? blob.size : std::min(part_, blob.size - off);
+        IoSlice slice{buf, len, off};
+        absl::Status st =
+            len == 0 ? absl::OkStatus() : blob.source->Read(std::span<const IoSlice>(&slice, 1));
+        absl::MutexLock lock(&mu_);
+        if (!st.ok()) {
+          status_ = st;
+          done_ = true;
+          return;
+        }
+        ready_.push_back({b, k, buf, len});
+      }
+    }
+    absl::MutexLock lock(&mu_);
+    done_ = true;
+  }
+
+  const std::vector<CopyPlan>& plan_;
+  const uint64_t part_;
+  const size_t buffers_;
+  std::vector<PartBuffer> owned_;
+  absl::Mutex mu_;
+  std::vector<char*> free_ ABSL_GUARDED_BY(mu_);
+  std::deque<Part> ready_ ABSL_GUARDED_BY(mu_);
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  bool quit_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+}  // namespace
+
 absl::Status CopyBlobs(Client* client, std::span<const KeyedSource> blobs,
                        std::atomic<uint64_t>* progress, const std::function<bool()>& stop) {
   const uint64_t part = client->options().part_size_bytes;
   const uint32_t in_flight = client->options().parts_in_flight;
-  struct Blob {
-    std::unique_ptr<S3BlobWriter> writer;
-    BlobReader* source;
-    uint64_t size;
-    uint64_t parts;  // 0: under one part, one PUT at Sync
-    size_t first;    // its first part's index in `sends`
-  };
-  std::vector<Blob> plan;
+  std::vector<CopyPlan> plan;
   size_t total_parts = 0;
+  size_t reads = 0;
   for (const KeyedSource& b : blobs) {
     const uint64_t size = b.source->size_bytes();
     const uint64_t parts = size <= part ? 0 : (size + part - 1) / part;
@@ -376,66 +493,50 @@ absl::Status CopyBlobs(Client* client, std::span<const KeyedSource> blobs,
     plan.push_back(
         {std::make_unique<S3BlobWriter>(client, b.key), b.source, size, parts, total_parts});
     total_parts += parts;
+    reads += parts == 0 ? 1 : parts;
   }
   // On any failure every writer not synced yet aborts its upload (nothing is left of it).
   auto fail = [&](absl::Status st) {
-    for (Blob& b : plan) b.writer->Abandon();
+    for (CopyPlan& b : plan) b.writer->Abandon();
     return st;
   };
+  // in_flight buffers in flight, two more read ahead.
+  PartReader reader(plan, part, std::min<size_t>(reads, in_flight + 2));
+  if (absl::Status st = reader.Start(); !st.ok()) return fail(st);
   std::vector<Request> reqs(total_parts);  // every part of every blob, in order
   std::vector<char*> buf_of(total_parts, nullptr);
-  std::vector<PartBuffer> bufs;  // made as needed: at most in_flight (+1 for a small blob)
-  std::vector<char*> free_bufs;
-  size_t blob = 0;
-  uint64_t next_part = 0;  // of plan[blob]
-  // The next part to send (read into a free buffer now), across blob boundaries; a blob under
-  // one part is read whole into its writer and needs no request here.
+  // The next part to send, across blob boundaries; a blob under one part goes whole into its
+  // writer and needs no request here.
   auto next = [&]() -> absl::StatusOr<Request*> {
-    while (blob < plan.size()) {
+    while (true) {
       if (stop && stop()) return absl::CancelledError("the copy was stopped");
-      Blob& b = plan[blob];
-      if (free_bufs.empty()) {
-        PartBuffer nb = AllocatePart(part);
-        if (nb == nullptr) return absl::ResourceExhaustedError("no memory for a part buffer");
-        free_bufs.push_back(nb.get());
-        bufs.push_back(std::move(nb));
-      }
-      char* buf = free_bufs.back();
+      CKPTD_ASSIGN_OR_RETURN(std::optional<PartReader::Part> p, reader.Next());
+      if (!p) return nullptr;
+      CopyPlan& b = plan[p->blob];
       if (b.parts == 0) {
-        IoSlice slice{buf, b.size, 0};
-        if (b.size > 0) CKPTD_RETURN_IF_ERROR(b.source->Read(std::span<const IoSlice>(&slice, 1)));
-        b.writer->Whole(std::string(buf, b.size));
-        *progress += b.size;
-        ++blob;
+        b.writer->Whole(std::string(p->buf, p->len));
+        reader.Release(p->buf);
+        *progress += p->len;
         continue;
       }
-      if (next_part == 0) CKPTD_RETURN_IF_ERROR(b.writer->BeginParts());
-      free_bufs.pop_back();
-      const uint64_t off = next_part * part;
-      const uint64_t len = std::min(part, b.size - off);
-      IoSlice slice{buf, len, off};
-      const size_t i = b.first + next_part;
-      absl::Status read = b.source->Read(std::span<const IoSlice>(&slice, 1));
-      if (!read.ok()) {
-        free_bufs.push_back(buf);
-        return read;
+      const size_t i = b.first + p->index;
+      buf_of[i] = p->buf;
+      if (p->index == 0) {
+        if (absl::Status st = b.writer->BeginParts(); !st.ok()) {
+          reader.Release(p->buf);
+          return st;
+        }
       }
-      buf_of[i] = buf;
-      reqs[i] = b.writer->PartRequest(next_part + 1, std::string_view(buf, len));
-      if (++next_part == b.parts) {
-        ++blob;
-        next_part = 0;
-      }
+      reqs[i] = b.writer->PartRequest(p->index + 1, std::string_view(p->buf, p->len));
       return &reqs[i];
     }
-    return nullptr;
   };
   auto succeeded = [&](Request* r) {
-    free_bufs.push_back(buf_of[static_cast<size_t>(r - reqs.data())]);
+    reader.Release(buf_of[static_cast<size_t>(r - reqs.data())]);
     *progress += r->body.front().size();
   };
   if (absl::Status st = client->RunStream(next, succeeded, in_flight); !st.ok()) return fail(st);
-  for (Blob& b : plan) {
+  for (CopyPlan& b : plan) {
     if (b.parts == 0) continue;
     std::vector<std::string> etags;
     for (uint64_t i = 0; i < b.parts; ++i) etags.push_back(reqs[b.first + i].etag);
@@ -443,7 +544,7 @@ absl::Status CopyBlobs(Client* client, std::span<const KeyedSource> blobs,
       return fail(st);
     }
   }
-  for (Blob& b : plan) {
+  for (CopyPlan& b : plan) {
     if (absl::Status st = b.writer->Sync(); !st.ok()) return fail(st);
   }
   return absl::OkStatus();
