@@ -25,6 +25,7 @@
 
 #include "ckptd/sync_point.h"
 #include "harness.h"
+#include "multi_node.h"
 #include "testclient/rank_io.h"
 
 using namespace ckptd_it;
@@ -52,6 +53,9 @@ enum class Workload {
                   // (which has the point armed) then has every kind of work to recover
   kUpload,        // step 3 saved with local+remote: committed locally, then uploaded to the
                   // remote tier (a directory of the case); the restart keeps that tier
+  kCluster,       // step 3 spans two nodes over that tier: the armed daemon (node-a, the
+                  // coordinator) saves ranks 0 and 1, a second daemon (node-b, not armed) ranks
+                  // 2 and 3; the restarted node-a must settle it with node-b still running
 };
 
 struct Case {
@@ -95,6 +99,10 @@ const Case kCases[] = {
     {"upload.blobs_copied", 1, Workload::kUpload},
     {"upload.manifest_put", 1, Workload::kUpload},
     {"upload.durable", 1, Workload::kUpload},
+    {"cluster.part_published", 1, Workload::kCluster},
+    {"cluster.decision_written", 1, Workload::kCluster},
+    {"cluster.manifest_written", 1, Workload::kCluster},
+    {"cluster.committed", 1, Workload::kCluster},
     {"recovery.rows_repaired", 1, Workload::kRecovery},
     {"recovery.deletes_finished", 1, Workload::kRecovery},
     {"recovery.manifests_adopted", 1, Workload::kRecovery},
@@ -153,10 +161,24 @@ void StartReshard(const Daemon& d) {
   RunCtl(d, {"reshard", kJob, "1", std::to_string(kReshardStep), "rows:2"});
 }
 
-// Runs the workload on `d` (started with the case's flags). For kRecovery it also restarts the
-// daemon with the point armed; it returns with the daemon started for that last crash.
-void RunWorkload(Daemon& d, const Case& c) {
+// Saves `ranks` of step 3 through `d` as one node of a checkpoint spanning nodes (2 ranks here).
+void SaveNodeRanks(const Daemon& d, std::initializer_list<uint32_t> ranks) {
+  auto client = ConnectNode(d, 2);
+  if (client == nullptr) return;
+  for (uint32_t r : ranks) {
+    if (!SaveRank(*client, kJob, kNewStep, r, kWorld, kSeed3).ok()) return;
+  }
+}
+
+// Runs the workload on `d` (started with the case's flags; `peer` is kCluster's other node). For
+// kRecovery it also restarts the daemon with the point armed; it returns with the daemon started
+// for that last crash.
+void RunWorkload(Daemon& d, const Case& c, Daemon* peer) {
   switch (c.workload) {
+    case Workload::kCluster:
+      SaveNodeRanks(*peer, {2, 3});
+      SaveNodeRanks(d, {0, 1});
+      return;
     case Workload::kSave:
     case Workload::kUpload:
       SaveRanks(d, kWorld);
@@ -184,11 +206,18 @@ void RunWorkload(Daemon& d, const Case& c) {
   }
 }
 
-// The remote tier of kUpload cases, kept across the restart.
-std::vector<std::string> RemoteTierFlags(const Case& c, const std::string& case_dir) {
-  if (c.workload != Workload::kUpload) return {};
+// The remote tier of kUpload and kCluster cases (kCluster: `node` names the daemon), kept
+// across the restart.
+std::vector<std::string> RemoteTierFlags(const Case& c, const std::string& case_dir,
+                                         const std::string& node = "node-a") {
+  if (c.workload != Workload::kUpload && c.workload != Workload::kCluster) return {};
   std::filesystem::create_directories(case_dir + "/remote");
-  return {"--remote_dir=" + case_dir + "/remote", "--tier_policy=local+remote"};
+  std::vector<std::string> f = {"--remote_dir=" + case_dir + "/remote",
+                                "--tier_policy=local+remote"};
+  if (c.workload == Workload::kCluster) {
+    f.insert(f.end(), {"--node_id=" + node, "--cluster_poll_ms=50"});
+  }
+  return f;
 }
 
 std::vector<std::string> WorkloadFlags(const Case& c) {
@@ -209,7 +238,7 @@ std::vector<Expect> Expectations(Workload w) {
   std::vector<Expect> out = {{1, kSeed1, May::kStayCommitted}, {2, kSeed2, May::kStayCommitted}};
   if (w == Workload::kDelete || w == Workload::kRecovery) out[1].may = May::kBeDeleted;
   if (w == Workload::kSave || w == Workload::kAbort || w == Workload::kRecovery ||
-      w == Workload::kUpload) {
+      w == Workload::kUpload || w == Workload::kCluster) {
     out.push_back({kNewStep, kSeed3, May::kBeInFlight});
   }
   if (w == Workload::kReshard || w == Workload::kReshardAbort || w == Workload::kRecovery) {
@@ -297,9 +326,16 @@ int RunCase(const std::string& base_state, const Case& c, std::vector<std::strin
   std::vector<std::string> flags = WorkloadFlags(c);
   const std::vector<std::string> remote = RemoteTierFlags(c, dir.path());
   flags.insert(flags.end(), remote.begin(), remote.end());
+  std::unique_ptr<Daemon> peer;  // kCluster's node-b: an empty state dir, never armed
+  if (c.workload == Workload::kCluster) {
+    peer = std::make_unique<Daemon>(
+        DaemonConfig{.state_dir = dir.path() + "/peer",
+                     .staging_bytes_max = 16ull << 20,
+                     .extra_flags = RemoteTierFlags(c, dir.path(), "node-b")});
+  }
   Daemon d(
       DaemonConfig{.state_dir = state, .staging_bytes_max = 16ull << 20, .extra_flags = flags});
-  RunWorkload(d, c);
+  RunWorkload(d, c, peer.get());
   const int rc = d.WaitExit(30000);
   if (rc < 0 || d.Log().find(CrashLine(c)) == std::string::npos) {
     problems->push_back(absl::StrCat(label, ": the daemon did not die there (exit ", rc,
@@ -318,6 +354,14 @@ int RunCase(const std::string& base_state, const Case& c, std::vector<std::strin
   }
   if (std::string bad = UnsettledInLs(d); !bad.empty()) {
     problems->push_back(absl::StrCat(label, ": ", bad));
+  }
+  // Spanning nodes: once COMMITTED (read from the shared tier) no local blob of node-a is left.
+  const std::string local = absl::StrCat(state, "/data/", kJob, "/", StepDir(kNewStep));
+  if (c.workload == Workload::kCluster && PathExists(local)) {
+    auto st = d.Connect()->GetStatus(kJob, kNewStep);
+    if (st.ok() && st->state == ckptd::CheckpointState::kCommitted) {
+      problems->push_back(absl::StrCat(label, ": ", local, " is left after the commit"));
+    }
   }
   if (!problems->empty() && problems->back().rfind(label, 0) == 0) {
     problems->back() += absl::StrCat("\nlog:\n", d.Log());

@@ -65,6 +65,11 @@ inline constexpr std::string_view kSyncPoints[] = {
     "upload.blobs_copied",  // every blob is durable on the store; the manifest is not
     "upload.manifest_put",  // the manifest is durable on the store; the row is not DURABLE
     "upload.durable",       // the 'U' row is DURABLE (synced)
+    // A checkpoint spanning nodes (service/cluster.cc), on each node, then on the coordinator.
+    "cluster.part_published",    // this node's blobs and part are durable on the shared tier
+    "cluster.decision_written",  // the coordinator's commit decision is durable; no manifest yet
+    "cluster.manifest_written",  // the manifest is durable on the shared tier; the row is not
+    "cluster.committed",         // the COMMITTED row is synced; this node's local blobs remain
     // Abort (save.cc RecordAbort): the ABORTED row first, then the files.
     "abort.recorded",       // the ABORTED row is synced, journal rows gone; files still there
     "abort.files_removed",  // the checkpoint's directory is removed (durably)

@@ -34,6 +34,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "ckptd/status.h"
+#include "ckptd/sync_point.h"
 #include "format/blob_layout.h"
 #include "format/names.h"
 #include "service/checkpoint_service.h"
@@ -216,6 +217,7 @@ absl::Status CheckpointService::PublishPart(const ClusterWork& w) {
   if (w.policy != v1::TIER_REMOTE) CKPTD_RETURN_IF_ERROR(remote_.CopyBlobs(w.dir, w.blobs));
   const std::string path = NodePartPath(w.dir, w.part.node());
   absl::Status put = store->PutIfAbsent(path, w.part.SerializeAsString());
+  if (put.ok()) CKPTD_SYNC_POINT("cluster.part_published");
   if (!absl::IsAlreadyExists(put)) {
     return Annotate(put, absl::StrCat("writing ", path, " to ", store->Describe()));
   }
@@ -321,6 +323,7 @@ void CheckpointService::DecideCommit(ClusterWork& w,
     back_to_waiting(absl::StrCat("writing the commit decision (retried): ", st.message()));
     return;
   }
+  CKPTD_SYNC_POINT("cluster.decision_written");
   absl::StatusOr<std::string> bytes = EncodeManifest(*m);
   st = bytes.ok() ? store->PutAtomic(absl::StrCat(w.dir, "/", kManifestFileName), *bytes)
                   : bytes.status();
@@ -329,6 +332,7 @@ void CheckpointService::DecideCommit(ClusterWork& w,
     back_to_waiting(absl::StrCat("writing the manifest (retried): ", st.message()));
     return;
   }
+  CKPTD_SYNC_POINT("cluster.manifest_written");
   spdlog::info("{}: committed across {} nodes", what, parts.size());
   w.phase = CheckpointPhase::kCommitting;
   CommitFromStore(w, *std::move(m));
@@ -432,7 +436,9 @@ void CheckpointService::CommitFromStore(const ClusterWork& w, Manifest m) {
     KeyChangedLocked(w.key);
     changed_.SignalAll();
   }
-  // Read from the store from now on: this node's blobs alone are no local copy.
+  CKPTD_SYNC_POINT("cluster.committed");
+  // Read from the store from now on: this node's blobs alone are no local copy (a crash before
+  // they go leaves them to recovery: a COMMITTED row without a local copy has no local files).
   absl::Status removed = deps_.storage->RemoveAll(w.dir);
   if (!removed.ok()) spdlog::warn("{}: removing the local blobs: {}", what, removed.ToString());
 }

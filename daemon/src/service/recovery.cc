@@ -381,7 +381,20 @@ absl::Status Recovery::CheckCommittedRows() {
         return true;
       }));
   for (v1::CheckpointRecord& rec : committed) {
-    if (!rec.summary().tiers().local()) continue;  // on the remote tier only
+    if (!rec.summary().tiers().local()) {
+      // On the remote tier only. Local files there are leftovers: a node's own blobs of a
+      // checkpoint that spans nodes, when it stopped between its COMMITTED row and their removal
+      // (a dropped local copy loses its files before its row says so).
+      const std::string dir = CheckpointDir(rec.summary().job(), rec.summary().step());
+      absl::StatusOr<bool> there = svc_.deps_.storage->Exists(dir);
+      if (there.ok() && *there) {
+        absl::Status removed = svc_.deps_.storage->RemoveAll(dir);
+        spdlog::info("recovery: {} is read from the remote tier; its local leftovers {}",
+                     CkptName(rec.summary().job(), rec.summary().step()),
+                     removed.ok() ? "are removed" : "stay: " + removed.ToString());
+      }
+      continue;
+    }
     std::string path = absl::StrCat(CheckpointDir(rec.summary().job(), rec.summary().step()), "/",
                                     kManifestFileName);
     absl::StatusOr<bool> exists = svc_.deps_.storage->Exists(path);

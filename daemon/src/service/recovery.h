@@ -14,7 +14,9 @@
 //      staged into (same generation: their extents are restored and their flushes posted), else
 //      they are ABORTED and their files removed; interrupted reshards are ABORTED (their source
 //      is intact); ABORTED rows' leftover files are collected;
-//   5. CheckCommittedRows: COMMITTED rows whose manifest is gone are ABORTED;
+//   5. CheckCommittedRows: COMMITTED rows whose manifest is gone are ABORTED (kept COMMITTED on
+//      the remote tier alone when it holds a durable copy); local files of a checkpoint read from
+//      the remote tier alone are removed (a spanning node stopped before removing its blobs);
 //   6. VerifyNewestCommitted: per job the newest COMMITTED manifest is verified; one that does not
 //      verify is recorded CORRUPT and the next older one is verified, so `latest` always loads.
 // What it cannot use it skips, names (path or index key) in the log and counts in one summary

@@ -53,7 +53,19 @@ constexpr uint8_t kFill3 = 0x33;
 
 // kUpload: step 3 saved with local+remote, the remote tier a directory on the same modelled disk
 // (its unsynced writes are lost too: stricter than a store that keeps power).
-enum class Workload { kSave, kAbort, kDelete, kReshard, kReshardAbort, kRecovery, kUpload };
+// kCluster: step 3 spans two nodes over that tier: this rig is node-a (the coordinator, rank 0);
+// node-b (rank 1) is a second service on a disk of its own that publishes its part and stops
+// before the case's point is armed; the power loss hits node-a alone.
+enum class Workload {
+  kSave,
+  kAbort,
+  kDelete,
+  kReshard,
+  kReshardAbort,
+  kRecovery,
+  kUpload,
+  kCluster
+};
 
 struct Case {
   const char* point;
@@ -96,6 +108,10 @@ const Case kCases[] = {
     {"upload.blobs_copied", 1, Workload::kUpload},
     {"upload.manifest_put", 1, Workload::kUpload},
     {"upload.durable", 1, Workload::kUpload},
+    {"cluster.part_published", 1, Workload::kCluster},
+    {"cluster.decision_written", 1, Workload::kCluster},
+    {"cluster.manifest_written", 1, Workload::kCluster},
+    {"cluster.committed", 1, Workload::kCluster},
     {"recovery.rows_repaired", 1, Workload::kRecovery},
     {"recovery.deletes_finished", 1, Workload::kRecovery},
     {"recovery.manifests_adopted", 1, Workload::kRecovery},
@@ -169,12 +185,19 @@ struct PowerRig {
     REQUIRE(io->EnablePowerLoss(dir + "/trash").ok());
     storage = NewPosixStorage(dir + "/data", io.get());
   }
-  // The remote tier, before Start: every checkpoint saved local+remote.
-  void EnableRemote() {
-    std::filesystem::create_directories(dir + "/remote");
-    options.remote_dir = dir + "/remote";
+  // The remote tier, before Start: every checkpoint saved local+remote. `shared`: a directory
+  // another rig's remote tier already is (default: this rig's own).
+  void EnableRemote(const std::string& shared = "") {
+    const std::string at = shared.empty() ? dir + "/remote" : shared;
+    std::filesystem::create_directories(at);
+    options.remote_dir = at;
     options.tier_policy = "local+remote";
-    remote = NewPosixStorage(dir + "/remote", io.get());
+    remote = NewPosixStorage(at, io.get());
+  }
+  // One node of a checkpoint spanning nodes (before Start).
+  void BeNode(const std::string& node_id) {
+    options.node_id = node_id;
+    options.cluster_poll_ms = 20;
   }
   ~PowerRig() {
     Stop();
@@ -224,7 +247,7 @@ struct PowerRig {
   }
 
   // Saves rank `rank` of (kJob, step): item "w<rank>" filled with `fill`.
-  absl::Status Save(uint64_t step, uint32_t rank, uint8_t fill) {
+  absl::Status Save(uint64_t step, uint32_t rank, uint8_t fill, uint32_t local_world_size = 0) {
     v1::ReserveExtentsRequest rr;
     rr.set_session_id(session);
     rr.add_sizes_bytes(kItemBytes);
@@ -237,6 +260,7 @@ struct PowerRig {
     req.set_step(step);
     req.set_rank(rank);
     req.set_world_size(kWorld);
+    req.set_local_world_size(local_world_size);
     v1::ShardSpec* s = req.add_shards();
     s->set_item("w" + std::to_string(rank));
     s->mutable_tensor()->set_dtype(v1::FLOAT32);
@@ -378,6 +402,9 @@ bool RunWorkload(PowerRig& rig, const Case& c) {
       break;
     case Workload::kRecovery:
       break;
+    case Workload::kCluster:
+      rig.Save(kNewStep, 0, kFill3, /*local_world_size=*/1).IgnoreError();
+      break;
   }
   return arm.WaitReached(kPatience);
 }
@@ -393,7 +420,7 @@ std::vector<Expect> Expectations(Workload w) {
   std::vector<Expect> out = {{1, kFill1, May::kStayCommitted}, {2, kFill2, May::kStayCommitted}};
   if (w == Workload::kDelete || w == Workload::kRecovery) out[1].may = May::kBeDeleted;
   if (w == Workload::kSave || w == Workload::kAbort || w == Workload::kRecovery ||
-      w == Workload::kUpload) {
+      w == Workload::kUpload || w == Workload::kCluster) {
     out.push_back({kNewStep, kFill3, May::kBeInFlight});
   }
   if (w == Workload::kReshard || w == Workload::kReshardAbort || w == Workload::kRecovery) {
@@ -456,13 +483,30 @@ int RunCase(const Case& c, std::vector<std::string>* problems,
     rig.options.debug_reshard_delay_ms = 50;  // still running when the delete crashes
     rig.options.flush_gate_ms = 600000;       // step 3 stays staged, unflushed
   }
-  if (c.workload == Workload::kUpload) rig.EnableRemote();
+  if (c.workload == Workload::kUpload || c.workload == Workload::kCluster) rig.EnableRemote();
+  if (c.workload == Workload::kCluster) rig.BeNode("node-a");
   rig.Start();
   REQUIRE(rig.recovered.ok());
   rig.SaveAll(1, kFill1);
   REQUIRE(rig.Wait(1).ok());
   rig.SaveAll(2, kFill2);
   REQUIRE(rig.Wait(2).ok());
+  if (c.workload == Workload::kCluster) {
+    // node-b: rank 1 of step 3, its part durable on the shared tier before node-a's rank comes.
+    PowerRig b;
+    b.EnableRemote(rig.dir + "/remote");
+    b.BeNode("node-b");
+    b.Start();
+    REQUIRE(b.recovered.ok());
+    REQUIRE(b.Save(kNewStep, 1, kFill3, /*local_world_size=*/1).ok());
+    const std::string part =
+        rig.dir + "/remote/" + CheckpointDir(kJob, kNewStep) + "/cluster/node-b.part";
+    for (int i = 0; i < 500 && !std::filesystem::exists(part); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    REQUIRE(std::filesystem::exists(part));
+    b.Stop();
+  }
   if (!RunWorkload(rig, c)) {
     problems->push_back(absl::StrCat(label, ": never reached"));
     return 0;
@@ -481,6 +525,12 @@ int RunCase(const Case& c, std::vector<std::string>* problems,
   }
   // An upload the power loss interrupted is resumed by the restart and completes.
   absl::StatusOr<v1::CheckpointStatus> now = rig.Status(kNewStep);
+  // Spanning nodes: once COMMITTED (read from the shared tier) no local blob of node-a is left.
+  if (c.workload == Workload::kCluster && now.ok() && now->summary().state() == v1::COMMITTED &&
+      std::filesystem::exists(rig.StepDirOnDisk(kNewStep))) {
+    problems->push_back(
+        absl::StrCat(label, ": ", rig.StepDirOnDisk(kNewStep), " is left after the commit"));
+  }
   if (c.workload == Workload::kUpload && now.ok() && now->summary().state() == v1::COMMITTED) {
     if (absl::Status up = rig.Wait(kNewStep, v1::WAIT_FOR_REMOTE); !up.ok()) {
       problems->push_back(absl::StrCat(label, ": the upload did not complete: ", up.ToString()));
