@@ -396,6 +396,7 @@ class PartReader {
     for (size_t i = 0; i < buffers_; ++i) {
       PartBuffer b = AllocatePart(part_);
       if (b == nullptr) return absl::ResourceExhaustedError("no memory for a part buffer");
+      absl::MutexLock lock(&mu_);
       free_.push_back(b.get());
       owned_.push_back(std::move(b));
     }

@@ -22,7 +22,8 @@ struct FakeScan {
   absl::Status Run(const std::string&) {
     absl::MutexLock lock(&mu);
     ++runs;
-    mu.Await(absl::Condition(+[](bool* h) { return !*h; }, &hold));
+    mu.Await(absl::Condition(
+        +[](bool* h) { return !*h; }, &hold));
     return answer;
   }
   void Hold(bool h) {
