@@ -33,6 +33,7 @@ absl::Status StoreDiscovery::Refresh(const std::string& scope, absl::Duration wa
       run = it->second;
     } else {
       run = std::make_shared<Run>();
+      run->deadline = now + wait;
       // Queued under mu_ (kRefuse never blocks), so a second caller finds it in running_.
       absl::Status posted = pool_.Post(
           WorkerPool::Task{[this, scope, run] { RunScan(scope, run); },
@@ -47,7 +48,9 @@ absl::Status StoreDiscovery::Refresh(const std::string& scope, absl::Duration wa
       running_.emplace(scope, run);
     }
   }
-  if (!run->done.WaitForNotificationWithTimeout(wait)) {
+  // Every caller of one scan waits until the deadline its first caller set: a slow or hung
+  // store holds each scan's callers for one `wait` in all, not one per caller.
+  if (!run->done.WaitForNotificationWithDeadline(run->deadline)) {
     return absl::DeadlineExceededError(
         absl::StrCat("the store did not answer within ", absl::FormatDuration(wait)));
   }

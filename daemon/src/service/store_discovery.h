@@ -7,8 +7,9 @@
 //  - at most one scan of a scope runs at a time; a caller arriving meanwhile joins it;
 //  - a scope scanned OK less than `min_interval` ago is not scanned again (the caller goes on),
 //    unless the caller forces it;
-//  - a caller waits at most `wait` for the scan; one still running goes on, and a later caller
-//    of the scope joins it.
+//  - the first caller of a scan waits at most `wait` for it, and every caller that joins it waits
+//    until that same deadline: a hung store holds each scan's callers for one `wait` in all
+//    (then they answer at once until the scan ends); the scan itself goes on.
 // A scope is the caller's string: a job name, or "" for every job.
 //
 // Ownership: owns its thread and the scans in flight (each shared by its waiters). Lifetimes: a
@@ -57,6 +58,7 @@ class StoreDiscovery {
 
  private:
   struct Run {
+    absl::Time deadline;  // set by its first caller: now + wait
     absl::Notification done;
     absl::Status status;  // set before `done`
   };
