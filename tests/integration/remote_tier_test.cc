@@ -5,6 +5,7 @@
 // adopts what the store holds and loads it in another layout; a local blob missing or corrupt is
 // read from the remote tier instead; a failed upload is retried until it succeeds; a restart
 // resumes an interrupted upload; delete removes both copies.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <filesystem>
@@ -132,21 +133,38 @@ TEST_CASE("remote tier: a missing or corrupt local blob is read from the remote 
   std::vector<uint8_t> got;
   CHECK(LoadItem(d, 1, StateDict().front().name, &got).bytes_read_remote == 0);
 
-  // Flip bytes of every local blob: the checksums fail locally, the remote copy verifies.
-  for (const auto& e : std::filesystem::directory_iterator(StepPath(d.data_dir(), 1))) {
-    if (e.path().extension() != ".blob") continue;
-    std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
+  auto flip_first_byte = [](const std::filesystem::path& blob) {
+    std::fstream f(blob, std::ios::in | std::ios::out | std::ios::binary);
     char c = 0;
     f.seekg(0);
     f.read(&c, 1);
     c = static_cast<char>(c ^ 0x5A);
     f.seekp(0);
     f.write(&c, 1);
+  };
+  std::vector<std::filesystem::path> blobs;
+  for (const auto& e : std::filesystem::directory_iterator(StepPath(d.data_dir(), 1))) {
+    if (e.path().extension() == ".blob") blobs.push_back(e.path());
   }
+  std::sort(blobs.begin(), blobs.end());
+  REQUIRE(blobs.size() == 4);  // the first tensor is row-sharded over all 4
+
+  // One local blob corrupt: that blob alone is read from the remote tier.
+  flip_first_byte(blobs[0]);
+  ckptd::LoadResult one = LoadItem(d, 1, StateDict().front().name, &got);
+  CHECK(got == GlobalBytes(StateDict().front(), 21));
+  CHECK(one.bytes_read_remote > 0);
+  CHECK(one.bytes_read_remote < got.size());  // one rank's rows of it (4 KiB-rounded), not all
+  CHECK(d.Log().find("reading it from posix:" + remote) != std::string::npos);
+  flip_first_byte(blobs[0]);  // good again
+
+  // Flip bytes of every local blob: the checksums fail locally, the remote copy verifies.
+  for (const auto& b : blobs) flip_first_byte(b);
   ckptd::LoadResult r = LoadItem(d, 1, StateDict().front().name, &got);
   CHECK(r.bytes_read_remote > 0);
   CHECK(got == GlobalBytes(StateDict().front(), 21));
-  CHECK(d.Log().find("reading from posix:" + remote) != std::string::npos);
+  CHECK(r.bytes_read_remote >= got.size());
+  CHECK(d.Log().find("each blob is read from the first tier that has it") != std::string::npos);
 
   // A local blob gone altogether: the same.
   for (const auto& e : std::filesystem::directory_iterator(StepPath(d.data_dir(), 1))) {

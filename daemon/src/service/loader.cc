@@ -367,15 +367,44 @@ absl::Status Loader::ReadPlan(const Manifest& m, const LoadPlan& plan,
   }
   CKPTD_CHECK(bytes_read.size() == tiers.size());
   const std::string ckpt = absl::StrCat(m.header.job(), "/", m.header.step());
-  absl::Status st;
-  for (size_t t = 0; t < tiers.size(); ++t) {
-    st = ReadPlanFrom(tiers[t], m, plan, dst, &bytes_read[t]);
-    const bool other_tier_may_have_it = absl::IsNotFound(st) || absl::IsDataLoss(st);
-    if (st.ok() || !other_tier_may_have_it || t + 1 == tiers.size()) return st;
-    spdlog::warn("load of {}: {} failed ({}); reading from {} instead", ckpt, tiers[t]->Describe(),
-                 st.ToString(), tiers[t + 1]->Describe());
+  auto other_tier_may_have_it = [](const absl::Status& st) {
+    return absl::IsNotFound(st) || absl::IsDataLoss(st);
+  };
+  // The whole plan from the fastest tier: the common case, batched across blobs.
+  absl::Status st = ReadPlanFrom(tiers[0], m, plan, dst, &bytes_read[0]);
+  if (st.ok() || !other_tier_may_have_it(st) || tiers.size() == 1) return st;
+  spdlog::warn("load of {}: {} failed ({}); each blob is read from the first tier that has it",
+               ckpt, tiers[0]->Describe(), st.ToString());
+  // Blob by blob (runs are sorted by blob): each from the fastest tier whose copy of that blob
+  // reads and verifies, so one bad local blob costs a remote read of that blob alone. The
+  // destinations are overwritten with verified bytes.
+  for (size_t first = 0; first < plan.runs.size();) {
+    const uint32_t blob = plan.runs[first].blob_id;
+    size_t end = first;
+    LoadPlan one;
+    // The blob's runs with their checks and copies (re-indexed into `one`).
+    for (; end < plan.runs.size() && plan.runs[end].blob_id == blob; ++end) {
+      ReadRun r = plan.runs[end];
+      one.checks.insert(one.checks.end(), plan.checks.begin() + r.first_check,
+                        plan.checks.begin() + r.first_check + r.check_count);
+      one.copies.insert(one.copies.end(), plan.copies.begin() + static_cast<long>(r.first_copy),
+                        plan.copies.begin() + static_cast<long>(r.first_copy + r.copy_count));
+      r.first_check = static_cast<uint32_t>(one.checks.size() - r.check_count);
+      r.first_copy = one.copies.size() - r.copy_count;
+      one.read_bytes += r.length;
+      one.runs.push_back(r);
+    }
+    one.request_bytes = plan.request_bytes;
+    for (size_t t = 0; t < tiers.size(); ++t) {
+      st = ReadPlanFrom(tiers[t], m, one, dst, &bytes_read[t]);
+      if (st.ok()) break;
+      if (!other_tier_may_have_it(st) || t + 1 == tiers.size()) return st;
+      spdlog::warn("load of {}: blob {} on {} failed ({}); reading it from {}", ckpt, blob,
+                   tiers[t]->Describe(), st.ToString(), tiers[t + 1]->Describe());
+    }
+    first = end;
   }
-  return st;
+  return absl::OkStatus();
 }
 
 absl::Status Loader::Load(const std::string& session, const Manifest& m, const v1::LoadRequest& req,

@@ -57,9 +57,11 @@ class Loader {
   // next batch on a second thread while this one is verified), verifies every block used and
   // copies into dst[request] (each sized plan.request_bytes). Reshard reads through it too.
   // Reads from tiers[0]; when that fails with NOT_FOUND (a blob missing) or DATA_LOSS (a block
-  // that does not verify, a short blob), logs it and executes the whole plan again from the next
-  // tier (the destinations are overwritten with verified bytes). bytes_read[i] counts what was
-  // read from tiers[i] (sized like tiers). Empty `tiers`: the loader's own storage only.
+  // that does not verify, a short blob), logs it and reads the plan again blob by blob, each
+  // blob from the first tier whose copy of it reads and verifies (the destinations are
+  // overwritten with verified bytes): one bad local blob costs a remote read of that blob only.
+  // bytes_read[i] counts what was read from tiers[i] (sized like tiers). Empty `tiers`: the
+  // loader's own storage only.
   absl::Status ReadPlan(const Manifest& m, const LoadPlan& plan, std::span<uint8_t* const> dst,
                         std::span<Storage* const> tiers, std::span<uint64_t> bytes_read)
       ABSL_LOCKS_EXCLUDED(load_buffers_mu_);
