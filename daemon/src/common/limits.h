@@ -152,6 +152,8 @@ static_assert(kChecksumPoolThreads <= kWorkerPoolThreadsMax &&
 // in a burst, at the cost of "latest" missing a commit for this long).
 inline constexpr uint64_t kDiscoveryQueueMax = 64;
 inline constexpr uint64_t kDiscoveryMinIntervalMs = 250;
+// A store that stays down: the "answering from this node's index" warning at most this often.
+inline constexpr uint64_t kDiscoveryWarnIntervalMs = 10'000;
 
 // The remote tier (tier/remote_tier.h): upload threads, the bytes each moves at a time, and the
 // uploads it tracks in memory at once (beyond that a checkpoint's upload stays PENDING in the

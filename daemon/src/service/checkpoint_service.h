@@ -38,6 +38,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -478,6 +479,8 @@ class CheckpointService {
   std::thread housekeeper_;
   // Scans of the store for checkpoints other daemons committed (its own lock and thread,
   // "discover-0"); shut down by Shutdown before the remote tier stops.
+  // When RefreshFromStore last warned that the store did not answer (unix ms; rate limit).
+  std::atomic<int64_t> last_discovery_warn_ms_{0};
   StoreDiscovery discovery_{[this](const std::string& scope) { return ScanStore(scope, nullptr); },
                             absl::Milliseconds(limits::kDiscoveryMinIntervalMs)};
   // Reshards ("reshard-<i>", one thread per reshard that may run: kReshardJobsMax), last so it is

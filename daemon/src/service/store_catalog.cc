@@ -19,6 +19,7 @@
 // problem naming it; the scan goes on).
 #include "absl/strings/str_cat.h"
 #include "ckptd/status.h"
+#include "common/limits.h"
 #include "format/names.h"
 #include "service/checkpoint_service.h"
 #include "spdlog/spdlog.h"
@@ -141,12 +142,17 @@ void CheckpointService::RefreshFromStore(const std::string& scope, bool force) {
   if (!remote_.enabled() || deps_.options->store_discovery_wait_ms == 0) return;
   absl::Status st =
       discovery_.Refresh(scope, absl::Milliseconds(deps_.options->store_discovery_wait_ms), force);
-  if (!st.ok()) {
-    spdlog::warn("checkpoints on {} {}: answering from this node's index: {}",
-                 remote_.remote()->Describe(),
-                 scope.empty() ? std::string("of every job") : absl::StrCat("of job ", scope),
-                 st.ToString());
-  }
+  if (st.ok()) return;
+  // A store that stays down answers every question this way: one warning per
+  // kDiscoveryWarnIntervalMs, the rest at debug level.
+  const int64_t now_ms = absl::ToUnixMillis(absl::Now());
+  int64_t last = last_discovery_warn_ms_.load(std::memory_order_relaxed);
+  const bool warn = now_ms - last >= static_cast<int64_t>(limits::kDiscoveryWarnIntervalMs) &&
+                    last_discovery_warn_ms_.compare_exchange_strong(last, now_ms);
+  spdlog::log(
+      warn ? spdlog::level::warn : spdlog::level::debug,
+      "checkpoints on {} {}: answering from this node's index: {}", remote_.remote()->Describe(),
+      scope.empty() ? std::string("of every job") : absl::StrCat("of job ", scope), st.ToString());
 }
 
 }  // namespace ckptd
