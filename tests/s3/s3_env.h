@@ -4,7 +4,10 @@
 #pragma once
 
 #include <catch2/catch.hpp>
+#include <cstdint>
 #include <cstdlib>
+#include <cstring>
+#include <span>
 #include <string>
 
 #include "s3_harness.h"
@@ -22,6 +25,26 @@ S3Options TestOptions(const std::string& endpoint);
 
 // A fresh "t-<random>" prefix.
 std::string UniquePrefix();
+
+// A source blob in memory for CopyBlobsFrom; fails every read at or past `fail_at` (DATA_LOSS).
+class MemoryReader : public BlobReader {
+ public:
+  explicit MemoryReader(std::string data, uint64_t fail_at = UINT64_MAX)
+      : data_(std::move(data)), fail_at_(fail_at) {}
+  absl::Status Read(std::span<const IoSlice> slices) override {
+    for (const IoSlice& s : slices) {
+      if (s.offset + s.len > fail_at_) return absl::DataLossError("source read failed");
+      if (s.offset + s.len > data_.size()) return absl::DataLossError("past the end");
+      std::memcpy(s.buf, data_.data() + s.offset, s.len);
+    }
+    return absl::OkStatus();
+  }
+  uint64_t size_bytes() const override { return data_.size(); }
+
+ private:
+  std::string data_;
+  uint64_t fail_at_;
+};
 
 }  // namespace ckptd::testing
 

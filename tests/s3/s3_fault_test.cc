@@ -106,18 +106,7 @@ TEST_CASE("S3 faults: CopyBlobsFrom retries parts that fail now and then, bit-ex
   auto storage = Open(o);
   std::string data(6 * o.part_size_bytes + 99, '\0');
   for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 131 + 7);
-  class StringReader : public BlobReader {
-   public:
-    explicit StringReader(const std::string& d) : d_(d) {}
-    absl::Status Read(std::span<const IoSlice> slices) override {
-      for (const IoSlice& s : slices) std::memcpy(s.buf, d_.data() + s.offset, s.len);
-      return absl::OkStatus();
-    }
-    uint64_t size_bytes() const override { return d_.size(); }
-
-   private:
-    const std::string& d_;
-  } src(data);
+  testing::MemoryReader src(data);
   REQUIRE(proxy->Arm("500", 2, 0.2, "partNumber").ok());
   std::atomic<uint64_t> progress{0};
   std::vector<BlobCopy> copies = {{"copied.blob", &src}};

@@ -17,6 +17,7 @@
 namespace ckptd {
 namespace {
 
+using testing::MemoryReader;
 using testing::TestOptions;
 
 std::string Bytes(uint64_t n, uint64_t seed) {
@@ -93,26 +94,6 @@ TEST_CASE("S3 blobs round trip across part boundaries with a reused caller buffe
     }
   }
 }
-
-// A source blob in memory for CopyBlobsFrom; fails every read at or past `fail_at` (DATA_LOSS).
-class MemoryReader : public BlobReader {
- public:
-  explicit MemoryReader(std::string data, uint64_t fail_at = UINT64_MAX)
-      : data_(std::move(data)), fail_at_(fail_at) {}
-  absl::Status Read(std::span<const IoSlice> slices) override {
-    for (const IoSlice& s : slices) {
-      if (s.offset + s.len > fail_at_) return absl::DataLossError("source read failed");
-      if (s.offset + s.len > data_.size()) return absl::DataLossError("past the end");
-      std::memcpy(s.buf, data_.data() + s.offset, s.len);
-    }
-    return absl::OkStatus();
-  }
-  uint64_t size_bytes() const override { return data_.size(); }
-
- private:
-  std::string data_;
-  uint64_t fail_at_;
-};
 
 TEST_CASE("S3 CopyBlobsFrom streams blobs of any size, parts in flight across them", "[s3]") {
   CKPTD_REQUIRE_WEED(weed);

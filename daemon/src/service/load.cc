@@ -14,7 +14,6 @@ absl::StatusOr<std::shared_ptr<const Manifest>> CheckpointService::GetManifest(
   if (std::shared_ptr<const Manifest> cached = manifest_cache_.Get(Key{job, step})) {
     return cached;
   }
-  std::string path = absl::StrCat(CheckpointDir(job, step), "/", kManifestFileName);
   // From the fastest tier that has a manifest that verifies (one a tier lacks, or that does not
   // verify there, is read from the next).
   std::vector<Storage*> tiers = {deps_.storage};
@@ -28,12 +27,7 @@ absl::StatusOr<std::shared_ptr<const Manifest>> CheckpointService::GetManifest(
   }
   absl::StatusOr<Manifest> m;
   for (size_t t = 0; t < tiers.size(); ++t) {
-    absl::StatusOr<std::string> bytes = tiers[t]->Get(path);
-    m = bytes.ok() ? DecodeManifest(*bytes, path) : bytes.status();
-    if (m.ok() && (m->header.job() != job || m->header.step() != step)) {
-      m = absl::DataLossError(
-          absl::StrCat("manifest ", path, " belongs to ", m->header.job(), "/", m->header.step()));
-    }
+    m = ReadManifest(*tiers[t], job, step);
     if (m.ok() || !(absl::IsNotFound(m.status()) || absl::IsDataLoss(m.status()))) break;
     if (t + 1 < tiers.size()) {
       spdlog::warn("{}: {} ({}); reading it from {}", CkptName(job, step), tiers[t]->Describe(),
