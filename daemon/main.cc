@@ -207,9 +207,15 @@ int Run(const DaemonOptions& o) {
     return 1;
   }
   StagingArena* arena_ptr = arena->get();
-  RegionRegistry regions(ForbiddenRegions{"/" + prefix, [arena_ptr](uint64_t dev, uint64_t ino) {
+  // CUDA is loaded at the first CUDA IPC registration, never on a node that has none. Declared
+  // before the registry (which closes handles through it) and after the arena (unpinned first).
+  std::unique_ptr<Gpu> gpu = NewCudaGpu();
+  GpuStaging gpu_staging(gpu.get(), arena_ptr);
+  RegionRegistry regions(ForbiddenRegions{"/" + prefix,
+                                          [arena_ptr](uint64_t dev, uint64_t ino) {
                                             return arena_ptr->IsSegment(dev, ino);
-                                          }});
+                                          }},
+                         gpu.get());
   Executor flush_pool("flush", o.flush_threads, 1 << 20);
   Executor quick_pool("rpc", o.rpc_threads, o.rpc_queue_max);
   // Waits and reservations on their own bounded pools: Waits that may last an hour can never
@@ -219,6 +225,7 @@ int Run(const DaemonOptions& o) {
   Executor load_pool("load", o.load_threads, o.rpc_queue_max);
   ServiceDeps deps{&o, meta->get(), storage.get(), arena->get(), &regions, &flush_pool};
   deps.remote = remote->get();
+  deps.gpu = &gpu_staging;
   CheckpointService svc(deps);
   if (absl::Status st = svc.Recover(); !st.ok()) {
     spdlog::critical("recovery failed: {}", st.ToString());

@@ -31,6 +31,12 @@ inline constexpr uint64_t kShardsPerSaveMax = 262144;
 inline constexpr uint64_t kExtentsPerReserveMax = 65536;
 inline constexpr uint64_t kExtentsPerSessionMax = 1 << 20;
 inline constexpr uint64_t kRegionsPerSessionMax = 64;
+// CUDA IPC regions (one per allocation of the caching allocator a client saves from or loads
+// into) are counted apart from shm regions: a model's tensors span many allocations.
+inline constexpr uint64_t kCudaRegionsPerSessionMax = 4096;
+// Streams kept per GPU for the daemon's copy batches (more are created while more batches run at
+// once, and destroyed after).
+inline constexpr uint64_t kGpuStreamsPerDeviceMax = 8;
 inline constexpr uint64_t kSessionsMax = 4096;
 inline constexpr uint64_t kSessionsPerUidMax = 1024;
 // A session must open its Attach stream within this long after Hello, or it ends.

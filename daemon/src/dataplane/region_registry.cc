@@ -16,11 +16,115 @@ MappedRegion::~MappedRegion() {
   if (fd >= 0) close(fd);
 }
 
+IpcMapping::~IpcMapping() {
+  if (forget) forget();
+}
+
+RegionRegistry::~RegionRegistry() {
+  // Regions (and their CUDA mappings) still registered are released here, outside mu_.
+  absl::flat_hash_map<uint64_t, std::shared_ptr<MappedRegion>> regions;
+  {
+    absl::MutexLock lock(&mu_);
+    regions.swap(regions_);
+  }
+}
+
+absl::Status RegionRegistry::CheckCountLocked(const std::string& session, bool cuda) const {
+  size_t n = 0;
+  for (const auto& [id, r] : regions_) n += (r->session == session && r->on_device() == cuda);
+  const uint64_t max = cuda ? limits::kCudaRegionsPerSessionMax : limits::kRegionsPerSessionMax;
+  if (n >= max) {
+    return absl::ResourceExhaustedError(absl::StrCat("session has ", n, cuda ? " CUDA" : " shm",
+                                                     " regions registered, the limit is ", max));
+  }
+  return absl::OkStatus();
+}
+
+uint64_t RegionRegistry::AddLocked(std::shared_ptr<MappedRegion> r) {
+  r->id = next_id_++;
+  const uint64_t id = r->id;
+  regions_[id] = std::move(r);
+  return id;
+}
+
+absl::StatusOr<std::shared_ptr<IpcMapping>> RegionRegistry::OpenIpc(int device,
+                                                                    const std::string& handle) {
+  std::string key = absl::StrCat(device, ":", handle);
+  absl::MutexLock lock(&ipc_->mu);
+  if (auto it = ipc_->open.find(key); it != ipc_->open.end()) {
+    if (std::shared_ptr<IpcMapping> m = it->second.lock()) return m;
+  }
+  absl::StatusOr<GpuMapping> opened = gpu_->OpenIpc(device, handle);
+  if (!opened.ok()) return opened.status();
+  auto m = std::make_shared<IpcMapping>();
+  m->gpu = gpu_;
+  m->device = device;
+  m->device_addr = opened->device_addr;
+  m->allocation_bytes = opened->allocation_bytes;
+  // Runs when the last region using the allocation is destroyed: drops the index entry (unless a
+  // newer mapping replaced it) and closes the handle, both under the index's lock.
+  m->forget = [index = ipc_, key, gpu = gpu_, device, addr = opened->device_addr] {
+    absl::MutexLock l(&index->mu);
+    if (auto it = index->open.find(key); it != index->open.end() && it->second.expired()) {
+      index->open.erase(it);
+    }
+    gpu->CloseIpc(device, addr);
+  };
+  ipc_->open[key] = m;
+  return m;
+}
+
+absl::StatusOr<uint64_t> RegionRegistry::RegisterCuda(const std::string& session,
+                                                      const v1::RegisterRegionRequest& req) {
+  if (gpu_ == nullptr) {
+    return absl::FailedPreconditionError("this daemon was started without GPU support");
+  }
+  absl::Status usable = gpu_->Available();
+  if (!usable.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("CUDA IPC regions need a GPU the daemon can use: ", usable.message()));
+  }
+  if (req.cuda_ipc_handle().size() != 64) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda_ipc_handle is ", req.cuda_ipc_handle().size(), " bytes; a CUDA IPC handle is 64"));
+  }
+  if (req.cuda_device_uuid().size() != 16) {
+    return absl::InvalidArgumentError(absl::StrCat("cuda_device_uuid is ",
+                                                   req.cuda_device_uuid().size(),
+                                                   " bytes; a GPU UUID is 16"));
+  }
+  if (req.size_bytes() == 0) {
+    return absl::InvalidArgumentError("CUDA region: size_bytes is 0");
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    CKPTD_RETURN_IF_ERROR(CheckCountLocked(session, /*cuda=*/true));
+  }
+  CKPTD_ASSIGN_OR_RETURN(int device, gpu_->DeviceOf(req.cuda_device_uuid()));
+  absl::StatusOr<std::shared_ptr<IpcMapping>> m = OpenIpc(device, req.cuda_ipc_handle());
+  if (!m.ok()) {
+    return absl::Status(m.status().code(),
+                        absl::StrCat("opening the CUDA IPC handle of the client's device ",
+                                     req.cuda_device(), ": ", m.status().message()));
+  }
+  if (req.size_bytes() > (*m)->allocation_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CUDA region of ", req.size_bytes(), " bytes is larger than its allocation (",
+        (*m)->allocation_bytes, " bytes on device ", device, ")"));
+  }
+  auto r = std::make_shared<MappedRegion>();
+  r->session = session;
+  r->kind = v1::CUDA_IPC;
+  r->shm_name = absl::StrCat("cuda:", device);
+  r->size_bytes = req.size_bytes();
+  r->ipc = *std::move(m);
+  absl::MutexLock lock(&mu_);
+  return AddLocked(std::move(r));
+}
+
 absl::StatusOr<uint64_t> RegionRegistry::Register(const std::string& session, uint32_t owner_uid,
                                                   const v1::RegisterRegionRequest& req) {
-  if (req.kind() == v1::CUDA_IPC) {
-    return absl::UnimplementedError("CUDA IPC regions are not implemented in this build yet");
-  }
+  if (req.kind() == v1::CUDA_IPC) return RegisterCuda(session, req);
   if (req.kind() != v1::SHM) {
     return absl::InvalidArgumentError("region kind must be SHM or CUDA_IPC");
   }
@@ -35,12 +139,7 @@ absl::StatusOr<uint64_t> RegionRegistry::Register(const std::string& session, ui
   }
   {
     absl::MutexLock lock(&mu_);
-    size_t n = 0;
-    for (const auto& [id, r] : regions_) n += (r->session == session);
-    if (n >= limits::kRegionsPerSessionMax) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "session has ", n, " regions registered, the limit is ", limits::kRegionsPerSessionMax));
-    }
+    CKPTD_RETURN_IF_ERROR(CheckCountLocked(session, /*cuda=*/false));
   }
   if (!forbidden_.shm_prefix.empty() && name.rfind(forbidden_.shm_prefix, 0) == 0) {
     return absl::PermissionDeniedError(
@@ -89,13 +188,12 @@ absl::StatusOr<uint64_t> RegionRegistry::Register(const std::string& session, ui
   r->size_bytes = req.size_bytes();
   r->fd = fd;
   absl::MutexLock lock(&mu_);
-  r->id = next_id_++;
-  regions_[r->id] = r;
-  return r->id;
+  return AddLocked(std::move(r));
 }
 
 absl::Status RegionRegistry::Unregister(const std::string& session, uint64_t id,
                                         absl::Duration timeout) {
+  std::shared_ptr<MappedRegion> gone;  // unmapped / closed after mu_ is released
   absl::Time deadline = absl::Now() + timeout;
   absl::MutexLock lock(&mu_);
   auto it = regions_.find(id);
@@ -110,6 +208,7 @@ absl::Status RegionRegistry::Unregister(const std::string& session, uint64_t id,
     it = regions_.find(id);
     if (it == regions_.end()) return absl::OkStatus();
   }
+  gone = std::move(it->second);
   regions_.erase(it);
   return absl::OkStatus();
 }
@@ -130,7 +229,8 @@ absl::StatusOr<RegionLease> RegionRegistry::Acquire(const std::string& session, 
                                               r.size_bytes, " bytes)"));
   }
   struct stat st;
-  if (fstat(r.fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < r.size_bytes) {
+  if (!r.on_device() &&
+      (fstat(r.fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < r.size_bytes)) {
     return absl::FailedPreconditionError(
         absl::StrCat("region ", id, " (", r.shm_name, ") shrank to ", st.st_size,
                      " bytes after it was registered with ", r.size_bytes, "; register it again"));
@@ -146,9 +246,11 @@ absl::StatusOr<RegionLease> RegionRegistry::Acquire(const std::string& session, 
 }
 
 void RegionRegistry::DropSession(const std::string& session) {
+  std::vector<std::shared_ptr<MappedRegion>> gone;  // unmapped / closed after mu_ is released
   absl::MutexLock lock(&mu_);
   for (auto it = regions_.begin(); it != regions_.end();) {
     if (it->second->session == session) {
+      gone.push_back(std::move(it->second));
       regions_.erase(it++);
     } else {
       ++it;

@@ -1,7 +1,18 @@
 // RegionRegistry: client memory the daemon may read (save) and write (load) in place — POSIX
-// shared-memory objects the client created, mapped once at registration and held as leases.
-// CUDA IPC regions are accepted by the API but answered UNIMPLEMENTED until the GPU data plane
-// lands.
+// shared-memory objects the client created, mapped once at registration, and CUDA allocations the
+// client exported with cuIpcGetMemHandle (cudaIpcGetMemHandle), opened through the Gpu seam — all
+// held as leases.
+//
+// CUDA IPC regions: one region per allocation, offsets counted from the allocation's base. Each
+// allocation (device + handle) is opened once however many sessions register it (IpcMapping,
+// shared), and closed when its last region and lease are gone — a client that dies has its
+// session dropped, which closes its handles once no save or load still copies through them. The
+// registered size must lie inside the allocation as the driver reports it, so no offset a client
+// names can reach beyond its allocation. A handle is a capability the driver does not tie to a
+// uid: the daemon opening one gives a client no access it could not get by opening the handle
+// itself, and only its own session's regions can be named in its saves and loads. Without a
+// usable GPU (no driver, no device, a GPU the daemon cannot see) registration answers
+// FAILED_PRECONDITION naming the cause, and the clients fall back to copying themselves.
 //
 // A Lease keeps a mapping alive while an operation uses it; Unregister waits (bounded) until no
 // lease is held, so a client that unregistered may reuse its memory at once. Session end drops
@@ -25,16 +36,33 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "ckptd/v1/ckptd.pb.h"
+#include "dataplane/gpu.h"
 
 namespace ckptd {
+
+// One opened CUDA IPC allocation; closed when the last region using it is destroyed.
+struct IpcMapping {
+  Gpu* gpu = nullptr;
+  int device = -1;
+  uint64_t device_addr = 0;
+  uint64_t allocation_bytes = 0;
+  std::function<void()> forget;  // drops the registry's index entry
+  ~IpcMapping();
+};
 
 struct MappedRegion {
   uint64_t id = 0;
   std::string session;
-  std::string shm_name;
-  uint8_t* base = nullptr;
+  v1::RegionKind kind = v1::SHM;
+  std::string shm_name;  // SHM; for CUDA_IPC a description ("cuda:<device>")
+  uint8_t* base = nullptr;  // SHM: the mapping; CUDA_IPC: null (device memory)
   uint64_t size_bytes = 0;
   int fd = -1;
+  std::shared_ptr<IpcMapping> ipc;  // CUDA_IPC
+  bool on_device() const { return ipc != nullptr; }
+  int device() const { return ipc ? ipc->device : -1; }
+  // CUDA_IPC: the device address of byte `offset` of the region.
+  uint64_t device_addr(uint64_t offset) const { return ipc->device_addr + offset; }
   ~MappedRegion();
 };
 
@@ -49,12 +77,17 @@ using RegionLease = std::shared_ptr<const MappedRegion>;
 
 class RegionRegistry {
  public:
-  explicit RegionRegistry(ForbiddenRegions forbidden = {}) : forbidden_(std::move(forbidden)) {}
+  // `gpu` (borrowed; may be null: no CUDA regions) opens CUDA IPC handles.
+  explicit RegionRegistry(ForbiddenRegions forbidden = {}, Gpu* gpu = nullptr)
+      : forbidden_(std::move(forbidden)), gpu_(gpu) {}
+  ~RegionRegistry();
 
   // Maps the client's object. INVALID_ARGUMENT for a bad name or size (the object must be at
   // least size_bytes), PERMISSION_DENIED for an object not owned by `owner_uid`, a symlink, or
-  // the daemon's own memory, RESOURCE_EXHAUSTED beyond limits::kRegionsPerSessionMax,
-  // UNIMPLEMENTED for CUDA_IPC.
+  // the daemon's own memory, RESOURCE_EXHAUSTED beyond limits::kRegionsPerSessionMax.
+  // CUDA_IPC: FAILED_PRECONDITION without a usable GPU or for a GPU the daemon cannot see,
+  // INVALID_ARGUMENT for a handle the driver refuses or a size beyond the allocation,
+  // RESOURCE_EXHAUSTED beyond limits::kCudaRegionsPerSessionMax.
   absl::StatusOr<uint64_t> Register(const std::string& session, uint32_t owner_uid,
                                     const v1::RegisterRegionRequest& req);
   // Waits up to `timeout` for in-flight users, then unmaps. NOT_FOUND for an unknown id,
@@ -68,7 +101,24 @@ class RegionRegistry {
   void DropSession(const std::string& session);
 
  private:
+  absl::StatusOr<uint64_t> RegisterCuda(const std::string& session,
+                                        const v1::RegisterRegionRequest& req);
+  absl::StatusOr<std::shared_ptr<IpcMapping>> OpenIpc(int device, const std::string& handle);
+  absl::Status CheckCountLocked(const std::string& session, bool cuda) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint64_t AddLocked(std::shared_ptr<MappedRegion> r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const ForbiddenRegions forbidden_;
+  Gpu* const gpu_;
+  // Opened allocations by device and handle. Opening and closing (IpcMapping's destructor, which
+  // also drops the entry) run under its lock, so one allocation is never opened twice at once.
+  // Lock order: mu_ before IpcIndex::mu (a region whose last lease ends under mu_ closes its
+  // mapping).
+  struct IpcIndex {
+    absl::Mutex mu;
+    absl::flat_hash_map<std::string, std::weak_ptr<IpcMapping>> open ABSL_GUARDED_BY(mu);
+  };
+  std::shared_ptr<IpcIndex> ipc_ = std::make_shared<IpcIndex>();
   mutable absl::Mutex mu_;
   absl::CondVar released_;
   absl::flat_hash_map<uint64_t, std::shared_ptr<MappedRegion>> regions_ ABSL_GUARDED_BY(mu_);

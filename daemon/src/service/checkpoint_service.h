@@ -62,6 +62,7 @@
 #include "common/limits.h"
 #include "common/worker_pool.h"
 #include "dataplane/arena.h"
+#include "dataplane/gpu_staging.h"
 #include "dataplane/region_registry.h"
 #include "format/load_plan.h"
 #include "format/manifest.h"
@@ -89,6 +90,9 @@ struct ServiceDeps {
   Executor* flush_pool = nullptr;
   // The remote tier (tier/remote_tier.h); null when the daemon has none.
   Storage* remote = nullptr;
+  // Copies between clients' GPU memory (CUDA IPC regions) and host memory; null: no GPU support
+  // (a Save naming a gpu_source is then FAILED_PRECONDITION).
+  GpuStaging* gpu = nullptr;
   // The time of housekeeping decisions (stage timeouts, the flush gate, unattached sessions) and
   // of recorded timestamps; see common/clock.h for what stays on real time. Default: the real
   // clock.
@@ -209,8 +213,12 @@ class CheckpointService {
   absl::Status CheckIndexReserve(const std::string& what) const;
   absl::Status CheckItemsLocked(const PendingCheckpoint& p, const v1::SaveRequest& req) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Resolves each shard's data to an extent (recorded in `rank`) or a leased region, and copies
+  // the shards with a gpu_source from GPU memory into their extents (StageFromGpu).
   absl::Status ResolveSaveData(const std::string& session, const v1::SaveRequest& req,
                                PendingRank* rank) const;
+  // The device → arena copies of one Save; returns once they are complete.
+  absl::Status StageFromGpu(const std::string& session, const v1::SaveRequest& req) const;
   // The index rows journaling `p` (its summary, its owner once, and `ranks`' rows).
   std::vector<MetaStore::Write> JournalWritesLocked(const PendingCheckpoint& p,
                                                     const std::vector<uint32_t>& ranks) const

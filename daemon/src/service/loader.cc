@@ -36,12 +36,12 @@ const v1::ItemEntry* ItemOfShard(const Manifest& m, const v1::ShardEntry* s) {
 }  // namespace
 
 Loader::Loader(const DaemonOptions* options, Storage* storage, StagingArena* arena,
-               RegionRegistry* regions)
-    : options_(options), storage_(storage), arena_(arena), regions_(regions) {}
+               RegionRegistry* regions, GpuStaging* gpu)
+    : options_(options), storage_(storage), arena_(arena), regions_(regions), gpu_(gpu) {}
 
 absl::StatusOr<uint8_t*> Loader::ResolveDest(const std::string& session, const v1::MemRef& ref,
                                              uint64_t need_bytes, std::vector<MemoryLease>* leases,
-                                             const std::string& what) const {
+                                             const std::string& what, int* device) const {
   if (ref.length() < need_bytes) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": destination holds ", ref.length(),
                                                    " bytes, ", need_bytes, " are needed"));
@@ -66,7 +66,19 @@ absl::StatusOr<uint8_t*> Loader::ResolveDest(const std::string& session, const v
     absl::StatusOr<RegionLease> lease =
         regions_->Acquire(session, ref.region_id(), ref.offset(), ref.length());
     if (!lease.ok()) return Annotate(lease.status(), what);
-    uint8_t* p = (*lease)->base + ref.offset();
+    const MappedRegion& r = **lease;
+    uint8_t* p = nullptr;
+    if (r.on_device()) {
+      if (gpu_ == nullptr) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(what, ": destination is GPU memory but this daemon has no GPU support"));
+      }
+      // A device address, never dereferenced on the host (VerifyAndCopy copies to it).
+      p = reinterpret_cast<uint8_t*>(r.device_addr(ref.offset()));
+      *device = r.device();
+    } else {
+      p = r.base + ref.offset();
+    }
     leases->push_back(*std::move(lease));
     return p;
   }
@@ -76,7 +88,7 @@ absl::StatusOr<uint8_t*> Loader::ResolveDest(const std::string& session, const v
 absl::Status Loader::ResolveLoadItem(const std::string& session, const Manifest& m,
                                      const v1::LoadItemRequest& req, uint32_t rank,
                                      std::vector<MemoryLease>* leases, PlanRequest* request,
-                                     uint8_t** dst, v1::LoadedItem* out) const {
+                                     uint8_t** dst, int* device, v1::LoadedItem* out) const {
   const std::string ckpt = absl::StrCat(m.header.job(), "/", m.header.step());
   const v1::ItemEntry* item = FindItem(m, req.item());
   if (item == nullptr) {
@@ -112,7 +124,7 @@ absl::Status Loader::ResolveLoadItem(const std::string& session, const Manifest&
     need = request->object_shard->length();
     out->set_saved_by_rank(request->object_shard->saved_by_rank());
   }
-  CKPTD_ASSIGN_OR_RETURN(*dst, ResolveDest(session, req.dest(), need, leases, what));
+  CKPTD_ASSIGN_OR_RETURN(*dst, ResolveDest(session, req.dest(), need, leases, what, device));
   out->set_item(req.item());
   out->set_bytes(need);
   return absl::OkStatus();
@@ -236,8 +248,11 @@ class BatchReader {
 };
 
 // Verifies the blocks of a read batch and copies its bytes to their destinations.
+// Destinations in GPU memory (dst_device[request] >= 0; dst is then a device address) are copied
+// host → device after every block of the batch verified, before the buffer is reused.
 absl::Status VerifyAndCopy(const Manifest& m, const LoadPlan& plan, const BatchReader::Batch& batch,
-                           const uint8_t* buf, std::span<uint8_t* const> dst) {
+                           const uint8_t* buf, const LoadDests& dst) {
+  std::vector<DeviceCopy> to_device;
   const uint32_t block = m.header.checksum_block_bytes();
   for (size_t k = batch.first; k < batch.end; ++k) {
     const ReadRun& run = plan.runs[k];
@@ -260,11 +275,22 @@ absl::Status VerifyAndCopy(const Manifest& m, const LoadPlan& plan, const BatchR
     }
     for (uint64_t c = run.first_copy; c < run.first_copy + run.copy_count; ++c) {
       const RunCopy& cp = plan.copies[c];
-      CKPTD_RETURN_IF_ERROR(GuardedCopy(dst[cp.request] + cp.dst_offset, data + cp.run_offset,
+      if (!dst.device.empty() && dst.device[cp.request] >= 0) {
+        to_device.push_back(
+            {dst.device[cp.request],
+             GpuCopy{reinterpret_cast<uint64_t>(dst.ptr[cp.request]) + cp.dst_offset,
+                     const_cast<uint8_t*>(data + cp.run_offset), cp.bytes}});
+        continue;
+      }
+      CKPTD_RETURN_IF_ERROR(GuardedCopy(dst.ptr[cp.request] + cp.dst_offset, data + cp.run_offset,
                                         cp.bytes, "load destination"));
     }
   }
-  return absl::OkStatus();
+  if (to_device.empty()) return absl::OkStatus();
+  CKPTD_CHECK(dst.gpu != nullptr);  // ResolveDest hands out device destinations only with one
+  return Annotate(dst.gpu->CopyToDevice(to_device),
+                  absl::StrCat("checkpoint ", m.header.job(), "/", m.header.step(),
+                               ": copying into GPU memory"));
 }
 
 }  // namespace
@@ -294,7 +320,7 @@ void Loader::ReturnLoadBuffer(AlignedBuffer buf, uint64_t bytes) {
 }
 
 absl::Status Loader::ReadPlanFrom(Storage* storage, const Manifest& m, const LoadPlan& plan,
-                                  std::span<uint8_t* const> dst, uint64_t* bytes_read) {
+                                  const LoadDests& dst, uint64_t* bytes_read) {
   if (plan.runs.empty()) return absl::OkStatus();
   uint64_t largest = 0;
   for (const ReadRun& r : plan.runs) largest = std::max(largest, r.length);
@@ -359,6 +385,11 @@ absl::Status Loader::ReadPlanFrom(Storage* storage, const Manifest& m, const Loa
 absl::Status Loader::ReadPlan(const Manifest& m, const LoadPlan& plan,
                               std::span<uint8_t* const> dst, std::span<Storage* const> tiers,
                               std::span<uint64_t> bytes_read) {
+  return ReadPlan(m, plan, LoadDests{dst, {}, nullptr}, tiers, bytes_read);
+}
+
+absl::Status Loader::ReadPlan(const Manifest& m, const LoadPlan& plan, const LoadDests& dst,
+                              std::span<Storage* const> tiers, std::span<uint64_t> bytes_read) {
   Storage* const own[] = {storage_};
   uint64_t own_bytes = 0;
   if (tiers.empty()) {
@@ -415,9 +446,10 @@ absl::Status Loader::Load(const std::string& session, const Manifest& m, const v
   std::vector<MemoryLease> leases;  // held until the copies are done
   std::vector<PlanRequest> requests(req.items_size());
   std::vector<uint8_t*> dst(req.items_size());
+  std::vector<int> device(req.items_size(), -1);
   for (int i = 0; i < req.items_size(); ++i) {
     CKPTD_RETURN_IF_ERROR(ResolveLoadItem(session, m, req.items(i), req.rank(), &leases,
-                                          &requests[i], &dst[i], resp->add_items()));
+                                          &requests[i], &dst[i], &device[i], resp->add_items()));
   }
   absl::StatusOr<LoadPlan> plan =
       PlanLoad(m, requests, LoadPlanOptions(m.header.checksum_block_bytes()));
@@ -429,7 +461,7 @@ absl::Status Loader::Load(const std::string& session, const Manifest& m, const v
     absl::SleepFor(absl::Milliseconds(options_->debug_load_delay_ms));
   }
   std::vector<uint64_t> bytes_read(tiers.size());
-  CKPTD_RETURN_IF_ERROR(ReadPlan(m, *plan, dst, tiers, bytes_read));
+  CKPTD_RETURN_IF_ERROR(ReadPlan(m, *plan, LoadDests{dst, device, gpu_}, tiers, bytes_read));
   uint64_t total = 0;
   for (size_t t = 0; t < bytes_read.size(); ++t) {
     total += bytes_read[t];

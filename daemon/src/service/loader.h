@@ -29,6 +29,7 @@
 #include "ckptd/v1/ckptd.pb.h"
 #include "common/align.h"
 #include "dataplane/arena.h"
+#include "dataplane/gpu_staging.h"
 #include "dataplane/region_registry.h"
 #include "format/load_plan.h"
 #include "format/manifest.h"
@@ -40,10 +41,20 @@ namespace ckptd {
 // A lease on client memory (RegionLease or ExtentLease) held for one operation.
 using MemoryLease = std::shared_ptr<const void>;
 
+// Where a plan's requests land: ptr[request] in host memory, or — where device[request] >= 0 —
+// a device address on that GPU (ptr is then never dereferenced; gpu copies to it). An empty
+// `device`: all host.
+struct LoadDests {
+  std::span<uint8_t* const> ptr;
+  std::span<const int> device;
+  GpuStaging* gpu = nullptr;
+};
+
 class Loader {
  public:
+  // `gpu` may be null: no GPU destinations.
   Loader(const DaemonOptions* options, Storage* storage, StagingArena* arena,
-         RegionRegistry* regions);
+         RegionRegistry* regions, GpuStaging* gpu = nullptr);
 
   // Loads req.items() of `m` (verified, COMMITTED) into their destinations in `session`'s
   // memory, reading from `tiers` (fastest first; see ReadPlan); fills resp's items and byte
@@ -65,6 +76,10 @@ class Loader {
   absl::Status ReadPlan(const Manifest& m, const LoadPlan& plan, std::span<uint8_t* const> dst,
                         std::span<Storage* const> tiers, std::span<uint64_t> bytes_read)
       ABSL_LOCKS_EXCLUDED(load_buffers_mu_);
+  // The same with destinations that may be in GPU memory.
+  absl::Status ReadPlan(const Manifest& m, const LoadPlan& plan, const LoadDests& dst,
+                        std::span<Storage* const> tiers, std::span<uint64_t> bytes_read)
+      ABSL_LOCKS_EXCLUDED(load_buffers_mu_);
 
  private:
   // Checks one requested item and its destination; fills the planner's request, the destination
@@ -72,17 +87,19 @@ class Loader {
   absl::Status ResolveLoadItem(const std::string& session, const Manifest& m,
                                const v1::LoadItemRequest& req, uint32_t rank,
                                std::vector<MemoryLease>* leases, PlanRequest* request,
-                               uint8_t** dst, v1::LoadedItem* out) const;
+                               uint8_t** dst, int* device, v1::LoadedItem* out) const;
+  // The destination's address; *device set to its GPU for a CUDA region (the address is then a
+  // device address).
   absl::StatusOr<uint8_t*> ResolveDest(const std::string& session, const v1::MemRef& ref,
                                        uint64_t need_bytes, std::vector<MemoryLease>* leases,
-                                       const std::string& what) const;
+                                       const std::string& what, int* device) const;
   // A read buffer of at least `bytes` for a load. Buffers of load_buffer_bytes are kept for
   // reuse after their first use (touched once, so later loads do not fault them in page by
   // page), at most two per load thread; larger ones are allocated for the one load. Null when
   // memory is exhausted.
   // ReadPlan from one storage.
   absl::Status ReadPlanFrom(Storage* storage, const Manifest& m, const LoadPlan& plan,
-                            std::span<uint8_t* const> dst, uint64_t* bytes_read)
+                            const LoadDests& dst, uint64_t* bytes_read)
       ABSL_LOCKS_EXCLUDED(load_buffers_mu_);
   AlignedBuffer AcquireLoadBuffer(uint64_t bytes) ABSL_LOCKS_EXCLUDED(load_buffers_mu_);
   void ReturnLoadBuffer(AlignedBuffer buf, uint64_t bytes) ABSL_LOCKS_EXCLUDED(load_buffers_mu_);
@@ -91,6 +108,7 @@ class Loader {
   Storage* const storage_;
   StagingArena* const arena_;
   RegionRegistry* const regions_;
+  GpuStaging* const gpu_;
   absl::Mutex load_buffers_mu_;
   std::vector<AlignedBuffer> load_buffers_ ABSL_GUARDED_BY(load_buffers_mu_);
   // Prefetched batches' blob reads (reads go through the Storage plugin, so the pool has no Io of

@@ -51,7 +51,7 @@ CheckpointService::CheckpointService(ServiceDeps deps)
       committer_(deps.meta),
       remote_(deps.options, deps.meta, &committer_, deps.storage, deps.remote),
       flush_(deps.options, deps.storage, deps.arena, deps.flush_pool),
-      loader_(deps.options, deps.storage, deps.arena, deps.regions),
+      loader_(deps.options, deps.storage, deps.arena, deps.regions, deps.gpu),
       sessions_(
           [this](const std::string& id) {
             // What the session held goes; leases of operations in flight keep their memory.
@@ -199,12 +199,68 @@ absl::Status CheckpointService::ValidateSave(const v1::SaveRequest& req) const {
   return absl::OkStatus();
 }
 
+absl::Status CheckpointService::StageFromGpu(const std::string& session,
+                                             const v1::SaveRequest& req) const {
+  std::vector<DeviceCopy> copies;
+  std::vector<MemoryLease> leases;  // the regions and extents, until the copies are done
+  uint32_t uid = 0;
+  for (const v1::ShardSpec& s : req.shards()) {
+    if (!s.has_gpu_source()) continue;
+    const v1::MemRef& src = s.gpu_source();
+    const v1::MemRef& dst = s.data();
+    std::string where = absl::StrCat(CkptName(req.job(), req.step()), " rank ", req.rank(),
+                                     " item \"", s.item(), "\"");
+    if (deps_.gpu == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(where, ": gpu_source given, but this daemon has no GPU support"));
+    }
+    if (src.target_case() != v1::MemRef::kRegionId ||
+        dst.target_case() != v1::MemRef::kExtentId || src.length() != dst.length()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": gpu_source must name a CUDA region, data an extent, of the same length (",
+          src.length(), " and ", dst.length(), " bytes)"));
+    }
+    if (dst.length() == 0) continue;
+    absl::StatusOr<RegionLease> region =
+        deps_.regions->Acquire(session, src.region_id(), src.offset(), src.length());
+    if (!region.ok()) return Annotate(region.status(), where);
+    if (!(*region)->on_device()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": gpu_source names region ", src.region_id(),
+                       ", which is shared memory, not a CUDA region"));
+    }
+    // Leased for the copy: a Release of the extent meanwhile cannot hand its bytes to another
+    // client while the DMA still writes them. (The lease ends before Take.)
+    absl::StatusOr<ExtentLease> extent = deps_.arena->Lease(session, dst.extent_id());
+    if (!extent.ok()) return Annotate(extent.status(), where);
+    const ExtentInfo& e = **extent;
+    if (dst.offset() > e.length || dst.length() > e.length - dst.offset()) {
+      return absl::OutOfRangeError(absl::StrCat(where, ": bytes [", dst.offset(), ", ",
+                                                dst.offset(), "+", dst.length(),
+                                                ") are outside extent ", e.id, " (", e.length,
+                                                " bytes)"));
+    }
+    uid = e.uid;
+    copies.push_back({(*region)->device(),
+                      GpuCopy{(*region)->device_addr(src.offset()),
+                              deps_.arena->Data(e) + dst.offset(), dst.length()}});
+    leases.push_back(*std::move(region));
+    leases.push_back(*std::move(extent));
+  }
+  if (copies.empty()) return absl::OkStatus();
+  absl::Status st = deps_.gpu->CopyToArena(uid, copies);
+  return Annotate(st, absl::StrCat(CkptName(req.job(), req.step()), " rank ", req.rank(),
+                                   ": copying from GPU memory"));
+}
+
 absl::Status CheckpointService::ResolveSaveData(const std::string& session,
                                                 const v1::SaveRequest& req,
                                                 PendingRank* rank) const {
+  CKPTD_RETURN_IF_ERROR(StageFromGpu(session, req));
   for (const v1::ShardSpec& s : req.shards()) {
     v1::StagedShard* st = rank->rec.add_shards();
     *st->mutable_spec() = s;
+    st->mutable_spec()->clear_gpu_source();  // copied: the journal names the extent only
     const v1::MemRef& m = s.data();
     std::string where = absl::StrCat(CkptName(req.job(), req.step()), " rank ", req.rank(),
                                      " item \"", s.item(), "\"");
@@ -228,6 +284,11 @@ absl::Status CheckpointService::ResolveSaveData(const std::string& session,
       absl::StatusOr<RegionLease> lease =
           deps_.regions->Acquire(session, m.region_id(), m.offset(), m.length());
       if (!lease.ok()) return Annotate(lease.status(), where);
+      if ((*lease)->on_device()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ": data names CUDA region ", m.region_id(),
+            "; GPU bytes are saved by naming the region as gpu_source and an extent as data"));
+      }
       rank->leases.push_back(*std::move(lease));
     }
   }
