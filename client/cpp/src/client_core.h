@@ -31,6 +31,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "arena_mapping.h"
+#include "gpu_regions.h"
 #include "ckptd/client.h"
 #include "ckptd/v1/ckptd.grpc.pb.h"
 #include "ckptd/v1/ckptd.pb.h"
@@ -128,6 +129,9 @@ class ClientCore {
 
   int64_t rpc_timeout_ms() const { return options_.rpc_timeout_ms; }
 
+  // GPU memory of this client's saves and loads (CUDA IPC regions, or the library's own copies).
+  GpuRegions& gpu() { return gpu_; }
+
  private:
   struct ShmRegion {
     std::string shm_name;
@@ -160,6 +164,7 @@ class ClientCore {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Checkpoint::Stub> stub_;
   std::atomic<uint64_t> reconnects_{0};
+  GpuRegions gpu_;
 
   absl::Mutex mu_;
   // Set on UNAVAILABLE and when the connection drops; the next EnsureSession says Hello.

@@ -117,9 +117,11 @@ struct Piece {
   std::optional<uint32_t> object_rank;
   uint64_t bytes = 0;
   std::optional<BufferRef> in_daemon;    // daemon-visible destination: written in place
-  uint8_t* dest = nullptr;               // contiguous caller memory
+  std::optional<v1::MemRef> gpu_dest;    // GPU memory the daemon writes over CUDA IPC
+  uint8_t* dest = nullptr;               // contiguous caller memory (device memory: see device)
   const StridedView* strided = nullptr;  // strided caller memory
-  bool via_arena() const { return bytes > 0 && !in_daemon.has_value(); }
+  int device = -1;  // >= 0: dest is GPU memory the library copies the scratch into (fallback)
+  bool via_arena() const { return bytes > 0 && !in_daemon.has_value() && !gpu_dest.has_value(); }
 };
 
 // One Load RPC: its pieces, their arena scratch, the call in flight.
@@ -256,6 +258,8 @@ class BatchedLoad {
       if (p.via_arena()) {
         item->mutable_dest()->set_extent_id(b.scratch[next++].id);
         item->mutable_dest()->set_length(p.bytes);
+      } else if (p.gpu_dest.has_value()) {
+        *item->mutable_dest() = *p.gpu_dest;
       } else if (p.in_daemon.has_value()) {
         absl::Status s = core_.ToMemRef(session_, *p.in_daemon, p.bytes, item->mutable_dest());
         if (!s.ok()) {
@@ -289,7 +293,13 @@ class BatchedLoad {
         result_.item_bytes[p.target] += got;
         if (!p.via_arena()) continue;
         const MappedExtent& e = b.scratch[next++];
-        if (p.strided == nullptr) {
+        if (p.device >= 0) {
+          absl::Status copied = internal::GpuRegions::CopyToDevice(p.dest, e.data, got, p.device);
+          if (!copied.ok() && written.ok()) {
+            written = absl::Status(copied.code(),
+                                   absl::StrCat("item ", *p.item, ": ", copied.message()));
+          }
+        } else if (p.strided == nullptr) {
           internal::CountedCopy(p.dest, e.data, got, /*is_load=*/true);
         } else if (got == p.bytes) {  // else the caller reports the size mismatch
           Scatter(e.data, *p.strided);
@@ -335,6 +345,29 @@ Piece PieceOf(size_t i, const Target& t) {
   return p;
 }
 
+// A GPU destination: the daemon writes it over CUDA IPC, or (the fallback) the library copies the
+// loaded scratch into it.
+absl::Status LocateGpuDest(internal::ClientCore& core, const Session& session, const LoadTarget& t,
+                           Piece* p) {
+  if (t.strided.has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "load target ", t.item, ": GPU memory must be contiguous (no strided view)"));
+  }
+  p->dest = static_cast<uint8_t*>(t.dest);
+  if (t.bytes == 0) return absl::OkStatus();
+  absl::StatusOr<v1::MemRef> gpu = core.gpu().Locate(core, session, t.dest, t.device, t.bytes);
+  if (gpu.ok()) {
+    p->gpu_dest = *std::move(gpu);
+    return absl::OkStatus();
+  }
+  if (!core.gpu().FallBack(gpu.status())) {
+    return absl::Status(gpu.status().code(), absl::StrCat("load target ", t.item, " (GPU ",
+                                                          t.device, "): ", gpu.status().message()));
+  }
+  p->device = t.device;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<LoadResult> RunLoad(internal::ClientCore& core, const Session& session,
                                    const std::string& job, std::optional<uint64_t> step,
                                    uint32_t rank, std::vector<Piece> pieces, size_t targets) {
@@ -364,6 +397,11 @@ absl::StatusOr<LoadResult> Client::Load(const std::string& job, std::optional<ui
   for (size_t i = 0; i < targets.size(); ++i) {
     const LoadTarget& t = targets[i];
     Piece p = PieceOf(i, t);
+    if (t.device >= 0) {
+      CKPTD_CLIENT_RETURN_IF_ERROR(LocateGpuDest(*core_, *session, t, &p));
+      pieces.push_back(std::move(p));
+      continue;
+    }
     const StridedView* strided = t.strided.has_value() ? &*t.strided : nullptr;
     void* flat = internal::ContiguousAddress(t.dest, strided);
     if (flat != nullptr) {

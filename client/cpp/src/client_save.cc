@@ -8,6 +8,7 @@
 #include "ckptd/client.h"
 #include "client_core.h"
 #include "convert.h"
+#include "gpu_regions.h"
 #include "shard_check.h"
 
 namespace ckptd {
@@ -64,7 +65,22 @@ struct Source {
   const void* data = nullptr;
   const StridedView* strided = nullptr;
   std::optional<BufferRef> in_daemon;
+  int device = -1;  // >= 0: `data` is GPU memory, copied into the extent by the daemon (IPC)
 };
+
+// Fills the extent of a GPU source: names the source's CUDA region for the daemon to copy from, or
+// (the fallback) copies it here.
+absl::Status StageGpuSource(internal::ClientCore& core, const Session& session, const Source& src,
+                            const MappedExtent& e, v1::ShardSpec* spec) {
+  absl::StatusOr<v1::MemRef> gpu =
+      core.gpu().Locate(core, session, src.data, src.device, src.bytes);
+  if (gpu.ok()) {
+    *spec->mutable_gpu_source() = *std::move(gpu);
+    return absl::OkStatus();
+  }
+  if (!core.gpu().FallBack(gpu.status())) return gpu.status();
+  return internal::GpuRegions::CopyToHost(e.data, src.data, src.bytes, src.device);
+}
 
 // The one save path (Save and SaveInPlace): `req` holds the header and one spec per source, in
 // order. Sources in caller memory that lie in daemon-visible memory are not copied; the others are
@@ -75,6 +91,10 @@ absl::StatusOr<SaveResult> SaveSources(internal::ClientCore& core, const Session
   std::vector<uint64_t> sizes;
   for (Source& src : sources) {
     if (src.bytes == 0 || src.in_daemon.has_value()) continue;
+    if (src.device >= 0) {  // GPU memory always goes through an extent
+      sizes.push_back(src.bytes);
+      continue;
+    }
     const void* flat = internal::ContiguousAddress(src.data, src.strided);
     if (flat != nullptr) src.in_daemon = core.Locate(session, flat, src.bytes);
     if (!src.in_daemon.has_value()) sizes.push_back(src.bytes);
@@ -105,7 +125,14 @@ absl::StatusOr<SaveResult> SaveSources(internal::ClientCore& core, const Session
       continue;
     }
     const MappedExtent& e = (*extents)[next++];
-    if (src.strided != nullptr) {
+    if (src.device >= 0) {
+      absl::Status st =
+          StageGpuSource(core, session, src, e, req.mutable_shards(static_cast<int>(i)));
+      if (!st.ok()) {
+        return fail(absl::Status(st.code(), absl::StrCat("item ", *src.item, " (GPU ",
+                                                         src.device, "): ", st.message())));
+      }
+    } else if (src.strided != nullptr) {
       Gather(*src.strided, e.data);  // counted by strided_copy
     } else {
       internal::CountedCopy(e.data, src.data, src.bytes, /*is_load=*/false);
@@ -144,7 +171,11 @@ absl::StatusOr<SaveResult> Client::Save(const std::string& job, uint64_t step, u
     const StridedView* strided = t.strided.has_value() ? &*t.strided : nullptr;
     CKPTD_CLIENT_RETURN_IF_ERROR(internal::CheckCallerMemory(absl::StrCat("shard of item ", t.item),
                                                              t.data, strided, t.bytes));
-    sources.push_back(Source{&t.item, t.bytes, t.data, strided, std::nullopt});
+    if (t.device >= 0 && strided != nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "shard of item ", t.item, ": GPU memory must be contiguous (no strided view)"));
+    }
+    sources.push_back(Source{&t.item, t.bytes, t.data, strided, std::nullopt, t.device});
   }
   for (const ObjectShard& o : objects) {
     CKPTD_CLIENT_RETURN_IF_ERROR(CheckObjectName(o.item));

@@ -130,6 +130,12 @@ struct TensorShard {
   // are read through it, in row-major order (`data` is then not used); strided->Bytes() must
   // equal `bytes`.
   std::optional<StridedView> strided;
+  // >= 0: `data` is contiguous GPU memory of this CUDA device (this process's ordinal). The daemon
+  // copies it into the staging arena itself over CUDA IPC before Save returns (the allocation is
+  // registered once per session); where it cannot (no GPU it can use, memory that cannot be
+  // exported such as expandable segments) the library copies it instead, saying so once on
+  // stderr. Either way the caller may change it once Save returns. Default: -1 (host memory)
+  int device = -1;
 };
 
 // An opaque object (pickled state, RNG, dataloader position). per_rank: one copy per saving rank;
@@ -312,6 +318,10 @@ struct LoadTarget {
   // Set for a destination that is not contiguous: the loaded row-major bytes are scattered into
   // its elements (`dest` is then not used); strided->Bytes() must equal `bytes`.
   std::optional<StridedView> strided;
+  // >= 0: `dest` is contiguous GPU memory of this CUDA device. The daemon writes it itself over
+  // CUDA IPC (verified bytes, host → device), or — the fallback, as for TensorShard::device — the
+  // library copies the loaded bytes in. Default: -1 (host memory)
+  int device = -1;
 };
 // The same, into daemon-visible memory (no copy by the library).
 struct InPlaceLoadTarget {
