@@ -192,6 +192,8 @@ v1::ErrorReason ReasonOf(const grpc::Status& status);
 // Process-wide copy counters (Client::copy_stats), the only ones: every copy into or out of daemon
 // memory, the library's (CountedCopy) and the strided ones (ckptd/strided_copy.h), counts here.
 void CountedCopy(void* dst, const void* src, uint64_t bytes, bool is_load);
+// Bytes the library copied to or from GPU memory itself (CUDA IPC could not be used).
+void CountGpuFallback(uint64_t bytes);
 void CountCopy(uint64_t bytes, bool is_load);
 
 }  // namespace ckptd::internal

@@ -294,6 +294,7 @@ class BatchedLoad {
         if (!p.via_arena()) continue;
         const MappedExtent& e = b.scratch[next++];
         if (p.device >= 0) {
+          internal::CountGpuFallback(got);
           absl::Status copied = internal::GpuRegions::CopyToDevice(p.dest, e.data, got, p.device);
           if (!copied.ok() && written.ok()) {
             written = absl::Status(copied.code(),

@@ -79,6 +79,7 @@ absl::Status StageGpuSource(internal::ClientCore& core, const Session& session, 
     return absl::OkStatus();
   }
   if (!core.gpu().FallBack(gpu.status())) return gpu.status();
+  internal::CountGpuFallback(src.bytes);
   return internal::GpuRegions::CopyToHost(e.data, src.data, src.bytes, src.device);
 }
 

@@ -159,6 +159,7 @@ std::atomic<uint64_t> g_save_bytes{0};
 std::atomic<uint64_t> g_save_calls{0};
 std::atomic<uint64_t> g_load_bytes{0};
 std::atomic<uint64_t> g_load_calls{0};
+std::atomic<uint64_t> g_gpu_fallback_bytes{0};
 }  // namespace
 
 CopyStats Client::copy_stats() {
@@ -167,6 +168,7 @@ CopyStats Client::copy_stats() {
   s.save_calls = g_save_calls.load();
   s.load_bytes = g_load_bytes.load();
   s.load_calls = g_load_calls.load();
+  s.gpu_fallback_bytes = g_gpu_fallback_bytes.load();
   return s;
 }
 
@@ -175,9 +177,14 @@ void Client::reset_copy_stats() {
   g_save_calls = 0;
   g_load_bytes = 0;
   g_load_calls = 0;
+  g_gpu_fallback_bytes = 0;
 }
 
 namespace internal {
+
+void CountGpuFallback(uint64_t bytes) {
+  g_gpu_fallback_bytes.fetch_add(bytes, std::memory_order_relaxed);
+}
 
 absl::StatusOr<uint64_t> TensorBytes(const std::string& item, DType dtype,
                                      const std::vector<uint64_t>& shape, const Region& region) {

@@ -96,6 +96,18 @@ def view(x: Any) -> tuple[int, list[int], list[int], int]:
     return (x.__array_interface__["data"][0], list(x.shape), list(x.strides), x.itemsize)
 
 
+def is_cuda_tensor(x: object) -> bool:
+    return is_torch_tensor(x) and x.device.type == "cuda"  # type: ignore[attr-defined]
+
+
+def cuda_view(x: Any) -> tuple[str, int, int]:
+    """("cuda", device index, address) of a contiguous CUDA tensor: libckptd-client hands its
+    allocation to the daemon over CUDA IPC (or copies it itself where IPC cannot be used)."""
+    if not x.is_contiguous() or x.is_conj() or x.is_neg():
+        raise ValueError("ckptd: a CUDA tensor saved or loaded in place must be contiguous")
+    return ("cuda", int(x.device.index or 0), int(x.data_ptr()))
+
+
 def nbytes(x: Any) -> int:
     if is_torch_tensor(x):
         return int(x.numel()) * int(x.element_size())

@@ -127,6 +127,23 @@ class _Slabs:
             return self._current, offset
 
 
+def _contiguous_cuda(t: Any) -> Any:
+    """t itself when the daemon can read or write it in place, else a contiguous copy on its
+    device (conjugate / negative views resolved)."""
+    if t.is_conj() or t.is_neg():
+        t = t.resolve_conj().resolve_neg()
+    return t if t.is_contiguous() else t.contiguous()
+
+
+def _sync_devices(tensors: Iterable[Any]) -> None:
+    """Waits for the work queued on the devices of these CUDA tensors: the daemon's copies run on
+    its own streams, unordered with this process's."""
+    import torch
+
+    for device in {t.device for t in tensors}:
+        torch.cuda.synchronize(device)
+
+
 class Client:
     """One session with the local ckptd. Thread-safe. Create with ckptd.connect()."""
 
@@ -274,12 +291,21 @@ class Client:
             name: value if isinstance(value, Shard) else Shard(value, _arrays.shape_of(value))
             for name, value in (tensors or {}).items()
         }
-        on_device = [n for n, s in shards.items() if _arrays.is_device_tensor(s.data)]
+        # CUDA tensors go to libckptd-client as device memory: the daemon copies them over CUDA
+        # IPC during the Save call (or the library does, where IPC cannot be used). Other device
+        # tensors (not CUDA) are copied into the arena here.
+        on_device = [
+            n
+            for n, s in shards.items()
+            if _arrays.is_device_tensor(s.data) and not _arrays.is_cuda_tensor(s.data)
+        ]
         staged_views = self._stage_from_device([shards[n].data for n in on_device])
         device_views = dict(zip(on_device, staged_views, strict=True))
+        cuda = {n: _contiguous_cuda(s.data) for n, s in shards.items() if _arrays.is_cuda_tensor(s.data)}
+        _sync_devices(cuda.values())  # the trainer's kernels writing them are done
         try:  # the device copies' buffers stay ours until the daemon takes them
             for name, shard in shards.items():
-                data = device_views.get(name, shard.data)
+                data = device_views.get(name, cuda.get(name, shard.data))
                 if not _arrays.is_torch_tensor(data) and not isinstance(data, np.ndarray):
                     data = np.asarray(data)
                 keep.append(data)
@@ -289,7 +315,7 @@ class Client:
                         _arrays.dtype_name(data),
                         [int(d) for d in shard.global_shape],
                         _region_spec(shard.region),
-                        _arrays.view(data),
+                        _arrays.cuda_view(data) if name in cuda else _arrays.view(data),
                     )
                 )
             per_rank = set(per_rank_objects)
@@ -309,7 +335,7 @@ class Client:
             del keep[:]
             return result
 
-        if blocking:
+        if blocking or cuda:  # CUDA tensors: save() returns once the daemon copied them
             staged: Future[dict[str, Any]] = Future()
             staged.set_result(run())
         else:
@@ -407,13 +433,26 @@ class Client:
     def _load_into(
         self, job: str, step: int, targets: Sequence[tuple[str, Region, Any]], *, rank: int = 0
     ) -> dict[str, Any]:
-        specs = [
-            (item, _region_spec(region), _arrays.view(dest), _arrays.nbytes(dest))
-            for item, region, dest in targets
-        ]
+        # CUDA destinations are written by the daemon over CUDA IPC (or by the library, where IPC
+        # cannot be used); a non-contiguous one through a contiguous temporary on its device.
+        scatter: list[tuple[Any, Any]] = []
+        specs = []
+        for item, region, dest in targets:
+            view: Any
+            if _arrays.is_cuda_tensor(dest):
+                direct = _contiguous_cuda(dest)
+                if direct is not dest:
+                    scatter.append((dest, direct))
+                view = _arrays.cuda_view(direct)
+            else:
+                view = _arrays.view(dest)
+            specs.append((item, _region_spec(region), view, _arrays.nbytes(dest)))
         if not specs:
             return {"bytes_read": 0, "bytes_read_remote": 0}
+        _sync_devices([d for _, _, d in targets if _arrays.is_cuda_tensor(d)])
         out = self._native.load(job, step, rank, specs)
+        for dest, direct in scatter:
+            dest.copy_(direct)
         for (item, _, _, n), got in zip(specs, out["item_bytes"], strict=True):
             if got != n:
                 from ._errors import InvalidArgumentError

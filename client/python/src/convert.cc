@@ -101,4 +101,13 @@ std::optional<uint64_t> StepArg(const py::object& step) {
   return step.cast<uint64_t>();
 }
 
+std::optional<CudaView> ParseCudaView(const py::handle& h) {
+  if (!py::isinstance<py::tuple>(h)) return std::nullopt;
+  auto t = h.cast<py::tuple>();
+  if (t.size() != 3 || !py::isinstance<py::str>(t[0]) || t[0].cast<std::string>() != "cuda") {
+    return std::nullopt;
+  }
+  return CudaView{t[1].cast<int>(), reinterpret_cast<void*>(t[2].cast<uintptr_t>())};
+}
+
 }  // namespace ckptd::py_binding

@@ -46,6 +46,14 @@ Region ParseRegion(const py::handle& h);
 // ValueError when shape and strides differ in rank.
 StridedView ParseView(const py::handle& h);
 
+// A contiguous CUDA tensor, from ("cuda", device, address) (ckptd/_arrays.py cuda_view); nullopt
+// for anything else.
+struct CudaView {
+  int device = 0;
+  void* address = nullptr;
+};
+std::optional<CudaView> ParseCudaView(const py::handle& h);
+
 // A checkpoint's status as the dict ckptd/_client.py documents.
 py::dict InfoDict(const CheckpointInfo& c);
 // None → latest, else the step.

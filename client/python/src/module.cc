@@ -110,7 +110,12 @@ class PyClient {
       shard.dtype = ParseDType(t[1].cast<std::string>());
       shard.global_shape = ToU64(t[2]);
       shard.region = ParseRegion(t[3]);
-      shard.strided = ParseView(t[4]);
+      if (std::optional<CudaView> cuda = ParseCudaView(t[4])) {
+        shard.data = cuda->address;
+        shard.device = cuda->device;
+      } else {
+        shard.strided = ParseView(t[4]);
+      }
       absl::StatusOr<uint64_t> n = shard.region.ElementCount(shard.global_shape);
       if (!n.ok()) {
         Throw(absl::Status(n.status().code(),
@@ -148,7 +153,12 @@ class PyClient {
       LoadTarget target;
       target.item = t[0].cast<std::string>();
       target.region = ParseRegion(t[1]);
-      target.strided = ParseView(t[2]);
+      if (std::optional<CudaView> cuda = ParseCudaView(t[2])) {
+        target.dest = cuda->address;
+        target.device = cuda->device;
+      } else {
+        target.strided = ParseView(t[2]);
+      }
       target.bytes = t[3].cast<uint64_t>();
       ts.push_back(std::move(target));
     }
@@ -279,7 +289,8 @@ class PyClient {
 py::dict CopyStatsDict() {
   CopyStats c = Client::copy_stats();
   return py::dict(py::arg("save_bytes") = c.save_bytes, py::arg("save_calls") = c.save_calls,
-                  py::arg("load_bytes") = c.load_bytes, py::arg("load_calls") = c.load_calls);
+                  py::arg("load_bytes") = c.load_bytes, py::arg("load_calls") = c.load_calls,
+                  py::arg("gpu_fallback_bytes") = c.gpu_fallback_bytes);
 }
 
 }  // namespace

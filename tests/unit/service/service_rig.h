@@ -18,6 +18,7 @@
 #include <optional>
 #include <string>
 
+#include "../dataplane/fake_gpu.h"
 #include "../dataplane/test_arena.h"
 #include "ckptd/status.h"
 #include "ckptd/storage.h"
@@ -165,7 +166,9 @@ struct Rig {
   std::unique_ptr<StagingArena> arena;
   std::vector<ArenaSegmentInfo> kept;  // set by Stop(true): the next Start adopts them
   const Clock* clock = RealClock();
-  RegionRegistry regions;
+  FakeGpu gpu;  // CUDA IPC regions and the daemon's GPU copies, over host memory
+  RegionRegistry regions{ForbiddenRegions{}, &gpu};
+  std::unique_ptr<GpuStaging> gpu_staging;
   std::unique_ptr<Executor> pool;
   std::unique_ptr<CheckpointService> svc;
   absl::Status recovered;
@@ -211,6 +214,7 @@ struct Rig {
     if (pool) pool->Stop();
     svc.reset();
     pool.reset();
+    gpu_staging.reset();
     kept.clear();
     if (arena && keep_arena) kept = arena->segments();
     if (arena && !keep_arena) arena->Unlink();
@@ -237,6 +241,8 @@ struct Rig {
     pool = std::make_unique<Executor>("flush", 2, 1024);
     ServiceDeps deps{&options, gated_meta.get(), storage.get(), arena.get(), &regions, pool.get()};
     deps.clock = clock;
+    gpu_staging = std::make_unique<GpuStaging>(&gpu, arena.get());
+    deps.gpu = gpu_staging.get();
     svc = std::make_unique<CheckpointService>(deps);
     recovered = svc->Recover();
     if (!recovered.ok()) return;

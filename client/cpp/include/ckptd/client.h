@@ -358,6 +358,9 @@ struct CopyStats {
   uint64_t save_calls = 0;
   uint64_t load_bytes = 0;
   uint64_t load_calls = 0;
+  // GPU bytes the library copied itself (device <-> host) because the daemon could not over CUDA
+  // IPC (TensorShard::device); 0 when every GPU byte went through the daemon.
+  uint64_t gpu_fallback_bytes = 0;
 };
 
 struct ClientOptions {
