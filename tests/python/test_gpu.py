@@ -12,9 +12,9 @@ import textwrap
 
 import pytest
 import torch
-from conftest import Daemon
 
 import ckptd
+from conftest import Daemon
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -34,17 +34,26 @@ if hasattr(torch, "float8_e4m3fn"):
 
 
 def _random(shape: list[int], dtype: torch.dtype) -> torch.Tensor:
-    raw = torch.randint(0, 256, (max(1, int(torch.Size(shape).numel())) * dtype.itemsize,),
-                        dtype=torch.uint8, device="cuda")
+    raw = torch.randint(
+        0,
+        256,
+        (max(1, int(torch.Size(shape).numel())) * dtype.itemsize,),
+        dtype=torch.uint8,
+        device="cuda",
+    )
     if dtype == torch.bool:
         return (raw[: torch.Size(shape).numel()] & 1).bool().reshape(shape)
     return raw.view(dtype)[: torch.Size(shape).numel()].reshape(shape)
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and a.dtype == b.dtype and bool(
-        torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
-    ) if a.numel() else a.shape == b.shape
+    return (
+        a.shape == b.shape
+        and a.dtype == b.dtype
+        and bool(torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)))
+        if a.numel()
+        else a.shape == b.shape
+    )
 
 
 def test_gpu_tensors_save_and_load_over_ipc_bit_exact(daemon: Daemon) -> None:

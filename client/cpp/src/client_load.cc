@@ -297,8 +297,8 @@ class BatchedLoad {
           internal::CountGpuFallback(got);
           absl::Status copied = internal::GpuRegions::CopyToDevice(p.dest, e.data, got, p.device);
           if (!copied.ok() && written.ok()) {
-            written = absl::Status(copied.code(),
-                                   absl::StrCat("item ", *p.item, ": ", copied.message()));
+            written =
+                absl::Status(copied.code(), absl::StrCat("item ", *p.item, ": ", copied.message()));
           }
         } else if (p.strided == nullptr) {
           internal::CountedCopy(p.dest, e.data, got, /*is_load=*/true);
@@ -351,8 +351,8 @@ Piece PieceOf(size_t i, const Target& t) {
 absl::Status LocateGpuDest(internal::ClientCore& core, const Session& session, const LoadTarget& t,
                            Piece* p) {
   if (t.strided.has_value()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "load target ", t.item, ": GPU memory must be contiguous (no strided view)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("load target ", t.item, ": GPU memory must be contiguous (no strided view)"));
   }
   p->dest = static_cast<uint8_t*>(t.dest);
   if (t.bytes == 0) return absl::OkStatus();

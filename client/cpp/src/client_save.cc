@@ -130,8 +130,8 @@ absl::StatusOr<SaveResult> SaveSources(internal::ClientCore& core, const Session
       absl::Status st =
           StageGpuSource(core, session, src, e, req.mutable_shards(static_cast<int>(i)));
       if (!st.ok()) {
-        return fail(absl::Status(st.code(), absl::StrCat("item ", *src.item, " (GPU ",
-                                                         src.device, "): ", st.message())));
+        return fail(absl::Status(st.code(), absl::StrCat("item ", *src.item, " (GPU ", src.device,
+                                                         "): ", st.message())));
       }
     } else if (src.strided != nullptr) {
       Gather(*src.strided, e.data);  // counted by strided_copy

@@ -42,9 +42,9 @@ absl::StatusOr<v1::MemRef> GpuRegions::Locate(ClientCore& core, const Session& s
   absl::Status st =
       cuda::Check(**api, (*api)->cuMemGetAddressRange(&base, &size, ptr), "cuMemGetAddressRange");
   if (!st.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "address ", reinterpret_cast<uintptr_t>(device_ptr), " is not GPU memory of device ",
-        device, " (", st.message(), ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("address ", reinterpret_cast<uintptr_t>(device_ptr),
+                     " is not GPU memory of device ", device, " (", st.message(), ")"));
   }
   if (bytes > size - (ptr - base)) {
     return absl::InvalidArgumentError(absl::StrCat(bytes, " bytes at offset ", ptr - base,
@@ -95,9 +95,8 @@ absl::StatusOr<v1::MemRef> GpuRegions::Locate(ClientCore& core, const Session& s
   req.set_cuda_device_uuid(*uuid);
   req.set_size_bytes(size);
   v1::RegisterRegionResponse resp;
-  st = core.Call("RegisterRegion", core.rpc_timeout_ms(), [&](grpc::ClientContext* c) {
-    return core.stub().RegisterRegion(c, req, &resp);
-  });
+  st = core.Call("RegisterRegion", core.rpc_timeout_ms(),
+                 [&](grpc::ClientContext* c) { return core.stub().RegisterRegion(c, req, &resp); });
   if (!st.ok()) {
     if (absl::IsFailedPrecondition(st) || absl::IsUnimplemented(st)) {
       daemon_refused_ = st;
@@ -121,8 +120,7 @@ absl::Status GpuRegions::CopyToHost(void* host, const void* device_ptr, uint64_t
   absl::StatusOr<const cuda::DriverApi*> api = DriverOn(device);
   if (!api.ok()) return api.status();
   return cuda::Check(
-      **api,
-      (*api)->cuMemcpyDtoH(host, reinterpret_cast<cuda::CUdeviceptr>(device_ptr), bytes),
+      **api, (*api)->cuMemcpyDtoH(host, reinterpret_cast<cuda::CUdeviceptr>(device_ptr), bytes),
       absl::StrCat("cuMemcpyDtoH of ", bytes, " bytes from device ", device));
 }
 
@@ -131,8 +129,7 @@ absl::Status GpuRegions::CopyToDevice(void* device_ptr, const void* host, uint64
   absl::StatusOr<const cuda::DriverApi*> api = DriverOn(device);
   if (!api.ok()) return api.status();
   return cuda::Check(
-      **api,
-      (*api)->cuMemcpyHtoD(reinterpret_cast<cuda::CUdeviceptr>(device_ptr), host, bytes),
+      **api, (*api)->cuMemcpyHtoD(reinterpret_cast<cuda::CUdeviceptr>(device_ptr), host, bytes),
       absl::StrCat("cuMemcpyHtoD of ", bytes, " bytes to device ", device));
 }
 

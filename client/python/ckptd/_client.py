@@ -279,9 +279,11 @@ class Client:
         tensors: name -> array/tensor (the whole item) or Shard (a region of it). Each is copied
         once into the staging arena with the GIL released; ckptd.empty()/stage() memory is not
         copied at all. objects: name -> any picklable value (Raw(bytes) is stored unpickled);
-        names in per_rank_objects are kept per rank, others once for the job. GPU tensors are
-        copied once, device to arena (DMA with pin_cuda=True), before save() returns, also with
-        blocking=False; that copy is their whole stall.
+        names in per_rank_objects are kept per rank, others once for the job. CUDA tensors are
+        copied by the daemon itself over CUDA IPC, device to its pinned arena, before save()
+        returns, also with blocking=False: that copy is their whole stall and this process copies
+        nothing (where the daemon cannot, libckptd-client copies them, saying so once on
+        stderr). Other device tensors are copied into the arena here.
         blocking=True returns once staged; False returns at once and stages in a thread: then wait
         for handle.staged() before changing the tensors. The daemon commits once ranks
         0..world_size-1 have saved."""
@@ -301,7 +303,9 @@ class Client:
         ]
         staged_views = self._stage_from_device([shards[n].data for n in on_device])
         device_views = dict(zip(on_device, staged_views, strict=True))
-        cuda = {n: _contiguous_cuda(s.data) for n, s in shards.items() if _arrays.is_cuda_tensor(s.data)}
+        cuda = {
+            n: _contiguous_cuda(s.data) for n, s in shards.items() if _arrays.is_cuda_tensor(s.data)
+        }
         _sync_devices(cuda.values())  # the trainer's kernels writing them are done
         try:  # the device copies' buffers stay ours until the daemon takes them
             for name, shard in shards.items():

@@ -137,7 +137,8 @@ absl::Status UseDevice(const DriverApi& api, int device) {
     if (ctx == nullptr) {
       CUdevice dev = 0;
       absl::Status st = Check(api, api.cuDeviceGet(&dev, device), "cuDeviceGet");
-      if (st.ok()) st = Check(api, api.cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain");
+      if (st.ok())
+        st = Check(api, api.cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain");
       if (!st.ok()) return st;
       contexts[device] = ctx;
     }

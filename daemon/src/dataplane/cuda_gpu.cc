@@ -66,8 +66,10 @@ class CudaGpu final : public Gpu {
     absl::StatusOr<const DriverApi*> api = cuda::Driver();
     if (!api.ok()) return;
     absl::Status st = cuda::UseDevice(**api, device);
-    if (st.ok()) st = cuda::Check(**api, (*api)->cuIpcCloseMemHandle(device_addr), "cuIpcCloseMemHandle");
-    if (!st.ok()) spdlog::warn("closing a client's CUDA IPC mapping on device {}: {}", device, st.ToString());
+    if (st.ok())
+      st = cuda::Check(**api, (*api)->cuIpcCloseMemHandle(device_addr), "cuIpcCloseMemHandle");
+    if (!st.ok())
+      spdlog::warn("closing a client's CUDA IPC mapping on device {}: {}", device, st.ToString());
   }
 
   absl::Status PinHost(void* p, uint64_t bytes) override {
@@ -108,8 +110,8 @@ class CudaGpu final : public Gpu {
                                  : api->cuMemcpyHtoDAsync(c.device_addr, c.host, c.bytes, *stream);
       if (r != cuda::kSuccess) {
         first = cuda::Check(*api, r,
-                            absl::StrCat(to_host ? "cuMemcpyDtoHAsync" : "cuMemcpyHtoDAsync", " of ",
-                                         c.bytes, " bytes on device ", device));
+                            absl::StrCat(to_host ? "cuMemcpyDtoHAsync" : "cuMemcpyHtoDAsync",
+                                         " of ", c.bytes, " bytes on device ", device));
         break;
       }
     }

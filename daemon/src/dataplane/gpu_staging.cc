@@ -57,8 +57,7 @@ absl::Status GpuStaging::Run(std::span<const DeviceCopy> copies, bool to_host) {
   for (const DeviceCopy& c : copies) by_device[c.device].push_back(c.copy);
   absl::Status first;
   for (const auto& [device, batch] : by_device) {
-    absl::Status st =
-        to_host ? gpu_->CopyToHost(device, batch) : gpu_->CopyToDevice(device, batch);
+    absl::Status st = to_host ? gpu_->CopyToHost(device, batch) : gpu_->CopyToDevice(device, batch);
     if (!st.ok() && first.ok()) first = st;
   }
   return first;

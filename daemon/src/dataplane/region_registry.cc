@@ -89,9 +89,8 @@ absl::StatusOr<uint64_t> RegionRegistry::RegisterCuda(const std::string& session
         "cuda_ipc_handle is ", req.cuda_ipc_handle().size(), " bytes; a CUDA IPC handle is 64"));
   }
   if (req.cuda_device_uuid().size() != 16) {
-    return absl::InvalidArgumentError(absl::StrCat("cuda_device_uuid is ",
-                                                   req.cuda_device_uuid().size(),
-                                                   " bytes; a GPU UUID is 16"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda_device_uuid is ", req.cuda_device_uuid().size(), " bytes; a GPU UUID is 16"));
   }
   if (req.size_bytes() == 0) {
     return absl::InvalidArgumentError("CUDA region: size_bytes is 0");
@@ -108,9 +107,9 @@ absl::StatusOr<uint64_t> RegionRegistry::RegisterCuda(const std::string& session
                                      req.cuda_device(), ": ", m.status().message()));
   }
   if (req.size_bytes() > (*m)->allocation_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "CUDA region of ", req.size_bytes(), " bytes is larger than its allocation (",
-        (*m)->allocation_bytes, " bytes on device ", device, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("CUDA region of ", req.size_bytes(), " bytes is larger than its allocation (",
+                     (*m)->allocation_bytes, " bytes on device ", device, ")"));
   }
   auto r = std::make_shared<MappedRegion>();
   r->session = session;

@@ -54,7 +54,7 @@ struct MappedRegion {
   uint64_t id = 0;
   std::string session;
   v1::RegionKind kind = v1::SHM;
-  std::string shm_name;  // SHM; for CUDA_IPC a description ("cuda:<device>")
+  std::string shm_name;     // SHM; for CUDA_IPC a description ("cuda:<device>")
   uint8_t* base = nullptr;  // SHM: the mapping; CUDA_IPC: null (device memory)
   uint64_t size_bytes = 0;
   int fd = -1;

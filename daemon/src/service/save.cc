@@ -214,8 +214,8 @@ absl::Status CheckpointService::StageFromGpu(const std::string& session,
       return absl::FailedPreconditionError(
           absl::StrCat(where, ": gpu_source given, but this daemon has no GPU support"));
     }
-    if (src.target_case() != v1::MemRef::kRegionId ||
-        dst.target_case() != v1::MemRef::kExtentId || src.length() != dst.length()) {
+    if (src.target_case() != v1::MemRef::kRegionId || dst.target_case() != v1::MemRef::kExtentId ||
+        src.length() != dst.length()) {
       return absl::InvalidArgumentError(absl::StrCat(
           where, ": gpu_source must name a CUDA region, data an extent, of the same length (",
           src.length(), " and ", dst.length(), " bytes)"));
@@ -235,15 +235,14 @@ absl::Status CheckpointService::StageFromGpu(const std::string& session,
     if (!extent.ok()) return Annotate(extent.status(), where);
     const ExtentInfo& e = **extent;
     if (dst.offset() > e.length || dst.length() > e.length - dst.offset()) {
-      return absl::OutOfRangeError(absl::StrCat(where, ": bytes [", dst.offset(), ", ",
-                                                dst.offset(), "+", dst.length(),
-                                                ") are outside extent ", e.id, " (", e.length,
-                                                " bytes)"));
+      return absl::OutOfRangeError(
+          absl::StrCat(where, ": bytes [", dst.offset(), ", ", dst.offset(), "+", dst.length(),
+                       ") are outside extent ", e.id, " (", e.length, " bytes)"));
     }
     uid = e.uid;
-    copies.push_back({(*region)->device(),
-                      GpuCopy{(*region)->device_addr(src.offset()),
-                              deps_.arena->Data(e) + dst.offset(), dst.length()}});
+    copies.push_back(
+        {(*region)->device(), GpuCopy{(*region)->device_addr(src.offset()),
+                                      deps_.arena->Data(e) + dst.offset(), dst.length()}});
     leases.push_back(*std::move(region));
     leases.push_back(*std::move(extent));
   }

@@ -77,12 +77,30 @@ class FakeGpu final : public Gpu {
     absl::MutexLock lock(&mu_);
     fail_copies_ = std::move(why);
   }
-  int opens() { absl::MutexLock l(&mu_); return opens_; }
-  int closes() { absl::MutexLock l(&mu_); return closes_; }
-  int open_now() { absl::MutexLock l(&mu_); return open_now_; }
-  int pins() { absl::MutexLock l(&mu_); return pins_; }
-  int unpins() { absl::MutexLock l(&mu_); return unpins_; }
-  uint64_t copied_bytes() { absl::MutexLock l(&mu_); return copied_bytes_; }
+  int opens() {
+    absl::MutexLock l(&mu_);
+    return opens_;
+  }
+  int closes() {
+    absl::MutexLock l(&mu_);
+    return closes_;
+  }
+  int open_now() {
+    absl::MutexLock l(&mu_);
+    return open_now_;
+  }
+  int pins() {
+    absl::MutexLock l(&mu_);
+    return pins_;
+  }
+  int unpins() {
+    absl::MutexLock l(&mu_);
+    return unpins_;
+  }
+  uint64_t copied_bytes() {
+    absl::MutexLock l(&mu_);
+    return copied_bytes_;
+  }
 
  private:
   absl::Status Copy(std::span<const GpuCopy> copies, bool to_host) {

@@ -63,8 +63,8 @@ absl::Status SaveFromGpu(Rig& r, uint64_t step, uint64_t region, uint64_t offset
 }
 
 // Loads "w" (or its flat region [start, +count)) of `step` into CUDA region `region` at `offset`.
-absl::Status LoadToGpu(Rig& r, uint64_t step, uint64_t region, uint64_t offset,
-                       uint64_t start = 0, uint64_t count = kElems) {
+absl::Status LoadToGpu(Rig& r, uint64_t step, uint64_t region, uint64_t offset, uint64_t start = 0,
+                       uint64_t count = kElems) {
   v1::LoadRequest req;
   req.set_session_id(r.session);
   req.set_job(kJob);
@@ -135,8 +135,7 @@ TEST_CASE("gpu ipc: registration errors name their cause and the daemon goes on"
     REQUIRE(id.status().code() == absl::StatusCode::kFailedPrecondition);
   }
   SECTION("malformed handle and uuid, zero size") {
-    REQUIRE(RegisterCuda(r, "short", kBytes).status().code() ==
-            absl::StatusCode::kInvalidArgument);
+    REQUIRE(RegisterCuda(r, "short", kBytes).status().code() == absl::StatusCode::kInvalidArgument);
     REQUIRE(RegisterCuda(r, h, kBytes, "short").status().code() ==
             absl::StatusCode::kInvalidArgument);
     REQUIRE(RegisterCuda(r, h, 0).status().code() == absl::StatusCode::kInvalidArgument);
@@ -152,8 +151,7 @@ TEST_CASE("gpu ipc: registration errors name their cause and the daemon goes on"
   REQUIRE(r.SaveCommitted(1, 7).ok());  // the daemon still serves
 }
 
-TEST_CASE("gpu ipc: an allocation is opened once, and closed when its last region goes",
-          "[unit]") {
+TEST_CASE("gpu ipc: an allocation is opened once, and closed when its last region goes", "[unit]") {
   Rig r;
   uint8_t* mem = nullptr;
   const std::string h = r.gpu.Allocate(kBytes, &mem);

@@ -264,7 +264,9 @@ class StorageReader(LazyClient, _DcpReader):
                     f"ckptd: {fqn}: destination {list(dest.shape)} for a read of {lengths}"
                 )
             saved = self._dtypes.get(fqn, dest.dtype)
-            direct = dest.dtype == saved and dest.device.type == "cpu"
+            # CPU and CUDA destinations are written in place (CUDA ones by the daemon, over CUDA
+            # IPC); others, and dtype casts, through a CPU buffer.
+            direct = dest.dtype == saved and dest.device.type in ("cpu", "cuda")
             buf = dest if direct else torch.empty(lengths, dtype=saved)
             # storage_offsets are within the saved chunk: the daemon's item is the whole tensor
             # (offset by the chunk's place) or, in a rank-local part, the chunk itself.

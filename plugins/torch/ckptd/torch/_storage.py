@@ -492,6 +492,13 @@ class StorageWriter(LazyClient, _DcpWriter, AsyncStager):
     def _stage_now(self, state_dict: dict[str, Any]) -> dict[str, Any]:
         tensors: list[torch.Tensor] = []
         _collect_tensors(state_dict, tensors)
+        known_step = self._id is not None and self._id.step is not None
+        if known_step and any(t.device.type == "cuda" for t in tensors):
+            # The shards go to the daemon now, GPU tensors as they are: the daemon copies them
+            # device → arena over CUDA IPC (Client.save returns once it has), so this process
+            # copies nothing and keeps no staged views.
+            self._save_at_stage(state_dict)
+            return _rebuild(state_dict, iter([_meta(t) for t in tensors]))
         views = self.client.stage(tensors) if tensors else []  # GPU tensors: device to arena
         with self._lock:
             self._staged_views = views
