@@ -30,7 +30,7 @@ SAN_CMAKE_FLAGS = -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 PYTHON ?= python3
 
 .PHONY: setup build build-asan build-fuzz run test test-cpp test-asan test-fuzz test-python \
-	test-python-asan build-tsan test-tsan python bench soak clean lint format format-check \
+	test-python-asan test-gpu build-tsan test-tsan python bench soak clean lint format format-check \
 	lint-python check-threads tidy configure-tsa
 
 setup:
@@ -129,6 +129,13 @@ python: setup
 
 test-python: build python
 	@cd tests/python && CKPTD_BIN=$(BUILD)/ckptd $(PYTHON) -m pytest -p no:cacheprovider -q .
+
+# The GPU tier, on a machine with an NVIDIA GPU and the build's packages: the [gpu] C++ cases and
+# the Python GPU tests (elsewhere they show as not run / skipped). On a lent GPU machine without
+# the packages: tests/gpu/bundle.sh here, tests/gpu/run.sh there.
+test-gpu: build python
+	@$(BUILD)/tests/ckptd_integration_tests "[gpu]"
+	@cd tests/python && CKPTD_BIN=$(BUILD)/ckptd $(PYTHON) -m pytest -p no:cacheprovider -q test_gpu.py
 
 # make test's Python tier: the same tests against the sanitized daemon and ckptctl of build-asan
 # (the extension itself is the normal build: a sanitized one cannot load into this Python).

@@ -9,10 +9,12 @@
 namespace ckptd::internal {
 namespace {
 
-absl::StatusOr<const cuda::DriverApi*> DriverOn(int device) {
+// The driver with `device`'s primary context current on this (the caller's) thread until `scope`
+// ends, when the caller's own context is current again.
+absl::StatusOr<const cuda::DriverApi*> DriverOn(int device, cuda::ScopedDevice* scope) {
   absl::StatusOr<const cuda::DriverApi*> api = cuda::Driver();
   if (!api.ok()) return api.status();
-  absl::Status st = cuda::UseDevice(**api, device);
+  absl::Status st = scope->Enter(**api, device);
   if (!st.ok()) return st;
   return *api;
 }
@@ -34,7 +36,8 @@ absl::StatusOr<v1::MemRef> GpuRegions::Locate(ClientCore& core, const Session& s
     daemon_refused_ = absl::OkStatus();
   }
   if (!daemon_refused_.ok()) return daemon_refused_;
-  absl::StatusOr<const cuda::DriverApi*> api = DriverOn(device);
+  cuda::ScopedDevice scope;
+  absl::StatusOr<const cuda::DriverApi*> api = DriverOn(device, &scope);
   if (!api.ok()) return api.status();
   const auto ptr = reinterpret_cast<cuda::CUdeviceptr>(device_ptr);
   cuda::CUdeviceptr base = 0;
@@ -117,7 +120,8 @@ absl::StatusOr<v1::MemRef> GpuRegions::Locate(ClientCore& core, const Session& s
 
 absl::Status GpuRegions::CopyToHost(void* host, const void* device_ptr, uint64_t bytes,
                                     int device) {
-  absl::StatusOr<const cuda::DriverApi*> api = DriverOn(device);
+  cuda::ScopedDevice scope;
+  absl::StatusOr<const cuda::DriverApi*> api = DriverOn(device, &scope);
   if (!api.ok()) return api.status();
   return cuda::Check(
       **api, (*api)->cuMemcpyDtoH(host, reinterpret_cast<cuda::CUdeviceptr>(device_ptr), bytes),
@@ -126,7 +130,8 @@ absl::Status GpuRegions::CopyToHost(void* host, const void* device_ptr, uint64_t
 
 absl::Status GpuRegions::CopyToDevice(void* device_ptr, const void* host, uint64_t bytes,
                                       int device) {
-  absl::StatusOr<const cuda::DriverApi*> api = DriverOn(device);
+  cuda::ScopedDevice scope;
+  absl::StatusOr<const cuda::DriverApi*> api = DriverOn(device, &scope);
   if (!api.ok()) return api.status();
   return cuda::Check(
       **api, (*api)->cuMemcpyHtoD(reinterpret_cast<cuda::CUdeviceptr>(device_ptr), host, bytes),

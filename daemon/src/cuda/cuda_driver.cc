@@ -50,6 +50,7 @@ Loaded Load() {
   Bind(lib, "cuDeviceGetUuid_v2", &a.cuDeviceGetUuid, &missing);
   Bind(lib, "cuDevicePrimaryCtxRetain", &a.cuDevicePrimaryCtxRetain, &missing);
   Bind(lib, "cuCtxSetCurrent", &a.cuCtxSetCurrent, &missing);
+  Bind(lib, "cuCtxGetCurrent", &a.cuCtxGetCurrent, &missing);
   Bind(lib, "cuIpcGetMemHandle", &a.cuIpcGetMemHandle, &missing);
   Bind(lib, "cuIpcOpenMemHandle_v2", &a.cuIpcOpenMemHandle, &missing);
   Bind(lib, "cuIpcCloseMemHandle", &a.cuIpcCloseMemHandle, &missing);
@@ -144,6 +145,16 @@ absl::Status UseDevice(const DriverApi& api, int device) {
     }
   }
   return Check(api, api.cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
+}
+
+absl::Status ScopedDevice::Enter(const DriverApi& api, int device) {
+  if (api.cuCtxGetCurrent(&previous_) != kSuccess) previous_ = nullptr;
+  api_ = &api;
+  return UseDevice(api, device);
+}
+
+ScopedDevice::~ScopedDevice() {
+  if (api_ != nullptr) api_->cuCtxSetCurrent(previous_);
 }
 
 absl::StatusOr<std::string> DeviceUuid(const DriverApi& api, int device) {

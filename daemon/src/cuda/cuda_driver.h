@@ -48,6 +48,7 @@ struct DriverApi {
   CUresult (*cuDeviceGetUuid)(CUuuid*, CUdevice);
   CUresult (*cuDevicePrimaryCtxRetain)(CUcontext*, CUdevice);
   CUresult (*cuCtxSetCurrent)(CUcontext);
+  CUresult (*cuCtxGetCurrent)(CUcontext*);
   CUresult (*cuIpcGetMemHandle)(CUipcMemHandle*, CUdeviceptr);
   CUresult (*cuIpcOpenMemHandle)(CUdeviceptr*, CUipcMemHandle, unsigned);
   CUresult (*cuIpcCloseMemHandle)(CUdeviceptr);
@@ -78,6 +79,19 @@ absl::Status Check(const DriverApi& api, CUresult r, std::string_view what);
 // device's is retained once per process and kept). INVALID_ARGUMENT for a device that does not
 // exist.
 absl::Status UseDevice(const DriverApi& api, int device);
+
+// UseDevice for a scope, then the thread's previous context again — for calls made on a
+// caller's thread (the client library), whose current device must not change under it.
+class ScopedDevice {
+ public:
+  // OK or UseDevice's error; the previous context is restored either way.
+  absl::Status Enter(const DriverApi& api, int device);
+  ~ScopedDevice();
+
+ private:
+  const DriverApi* api_ = nullptr;
+  CUcontext previous_ = nullptr;
+};
 
 // The device's 16-byte UUID as raw bytes.
 absl::StatusOr<std::string> DeviceUuid(const DriverApi& api, int device);

@@ -251,7 +251,17 @@ TEST_CASE("gpu ipc: the arena is pinned once for the daemon's copies while one u
   REQUIRE(SaveFromGpu(r, 2, *region, 0).ok());
   REQUIRE(r.gpu.pins() == 1);
   REQUIRE(r.gpu_staging->pinned(r.caller.uid));
-  r.Stop();
-  REQUIRE(r.gpu.unpins() == 1);
-  r.Start();
+  SECTION("a second uid's segment unpins it before the next batch, copies go on") {
+    REQUIRE(r.arena->Segment(r.caller.uid + 4242).ok());
+    REQUIRE(SaveFromGpu(r, 3, *region, 0).ok());
+    REQUIRE(r.gpu.unpins() == 1);
+    REQUIRE_FALSE(r.gpu_staging->pinned(r.caller.uid));
+    REQUIRE(r.Wait(3).ok());
+    REQUIRE(r.gpu.pins() == 1);  // never pinned again
+  }
+  SECTION("the pin ends with the daemon") {
+    r.Stop();
+    REQUIRE(r.gpu.unpins() == 1);
+    r.Start();
+  }
 }
