@@ -43,7 +43,7 @@ def bench_d2h(c: ckptd.Client, tensors: dict[str, torch.Tensor], rounds: int) ->
     pinned = {k: torch.empty_like(v, device="cpu").pin_memory() for k, v in tensors.items()}
     ckptd_s: list[float] = []
     plain_s: list[float] = []
-    c.save("bench-gpu", 0, tensors).committed()  # warm-up: registration, arena pinning
+    c.save("bench-gpu", 0, tensors).committed().result()  # warm-up: registration, arena pinning
     for r in range(1, rounds + 1):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -54,7 +54,7 @@ def bench_d2h(c: ckptd.Client, tensors: dict[str, torch.Tensor], rounds: int) ->
         t0 = time.perf_counter()
         h = c.save("bench-gpu", r, tensors)
         ckptd_s.append(time.perf_counter() - t0)
-        h.committed()
+        h.committed().result()
         c.delete("bench-gpu", r - 1)
     ck, pl = statistics.median(ckptd_s), statistics.median(plain_s)
     return {
@@ -74,8 +74,10 @@ def bench_h2d(
     nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
     dest = {k: torch.empty_like(v) for k, v in tensors.items()}
     pinned = {k: v.cpu().pin_memory() for k, v in tensors.items()}
+    host = {k: torch.empty_like(v, device="cpu") for k, v in tensors.items()}
     ckptd_s: list[float] = []
     plain_s: list[float] = []
+    host_s: list[float] = []
     for _ in range(rounds):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -86,16 +88,23 @@ def bench_h2d(
         t0 = time.perf_counter()
         c.load_into("bench-gpu", step, [(k, None, v) for k, v in dest.items()])
         ckptd_s.append(time.perf_counter() - t0)
+        # The same load into host memory: the same reads, no device copy.
+        t0 = time.perf_counter()
+        c.load_into("bench-gpu", step, [(k, None, v) for k, v in host.items()])
+        host_s.append(time.perf_counter() - t0)
     for k, v in tensors.items():
         assert torch.equal(dest[k], v), k
-    ck, pl = statistics.median(ckptd_s), statistics.median(plain_s)
+    ck, pl, ho = (statistics.median(x) for x in (ckptd_s, plain_s, host_s))
     return {
         "bytes": nbytes,
         "ckptd_load_gbps": _gbps(nbytes, ck),
         "pinned_copy_gbps": _gbps(nbytes, pl),
+        "ckptd_load_to_host_gbps": _gbps(nbytes, ho),
         "ratio": pl / ck,
+        "gpu_vs_host_load": ho / ck,
         "ckptd_rounds_s": ckptd_s,
         "pinned_rounds_s": plain_s,
+        "host_rounds_s": host_s,
     }
 
 

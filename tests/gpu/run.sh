@@ -4,11 +4,14 @@
 # and bench/gpu_bench.py. Each stage runs whatever the one before did; logs and results go to
 # $OUT (or ./gpu-out).
 set -uo pipefail
+STAGES=${STAGES:-cpp py bench}  # which of the three stages below run
 ROOT=$PWD
 OUT=${OUT:-$ROOT/gpu-out}
 mkdir -p "$OUT"
 X=$ROOT/.gpu/x
 mkdir -p "$X" && tar -C "$X" -xJf "$ROOT/.gpu/bundle.tar.xz"
+# The Python sources of this tree over the bundle's (they need no build).
+cp client/python/ckptd/*.py "$X/py/ckptd/" && cp plugins/torch/ckptd/torch/*.py "$X/py/ckptd/torch/"
 export LD_LIBRARY_PATH=$X/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PYTHONPATH=$X/py${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1
@@ -24,13 +27,18 @@ ln -sf "$X/bin/ckptd_testclient" /work/main/build/tests/ckptd_testclient
   ldd "$X/bin/ckptd" | grep "not found" || echo "ckptd: all libraries found"
 } 2>&1 | tee "$OUT/machine.txt"
 
+if [[ $STAGES == *cpp* ]]; then
 echo "== C++ [gpu] cases"
 timeout 120 "$X/bin/ckptd_integration_tests" "[gpu]" 2>&1 | tail -60 | tee "$OUT/cpp_gpu.log"
 
+fi
+if [[ $STAGES == *py* ]]; then
 echo "== Python GPU tests"
-(cd tests/python && CKPTD_BIN=$X/bin/ckptd timeout 180 python3 -m pytest -p no:cacheprovider -q \
-  test_gpu.py test_client.py -k "gpu or cuda" 2>&1 | tail -40) | tee "$OUT/py_gpu.log"
+(cd tests/python && CKPTD_BIN=$X/bin/ckptd timeout 180 python3 -m pytest -p no:cacheprovider -q -s -rA \
+  test_gpu.py test_client.py -k "gpu or cuda" 2>&1 | tail -120) | tee "$OUT/py_gpu.log"
 
+fi
+[[ $STAGES == *bench* ]] || exit 0
 echo "== bench/gpu_bench.py"
 SHM_FREE_GIB=$(df -BG --output=avail /dev/shm | tail -1 | tr -dc 0-9)
 ARENA_GIB=$(( SHM_FREE_GIB > 14 ? 8 : SHM_FREE_GIB / 2 ))

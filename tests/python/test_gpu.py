@@ -47,13 +47,12 @@ def _random(shape: list[int], dtype: torch.dtype) -> torch.Tensor:
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return (
-        a.shape == b.shape
-        and a.dtype == b.dtype
-        and bool(torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)))
-        if a.numel()
-        else a.shape == b.shape
-    )
+    """Same shape, dtype and bytes."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    raw_a = a.contiguous().reshape(-1).view(torch.uint8)
+    raw_b = b.contiguous().reshape(-1).view(torch.uint8)
+    return bool(torch.equal(raw_a, raw_b))
 
 
 def test_gpu_tensors_save_and_load_over_ipc_bit_exact(daemon: Daemon) -> None:
@@ -69,7 +68,7 @@ def test_gpu_tensors_save_and_load_over_ipc_bit_exact(daemon: Daemon) -> None:
         h = c.save("gpu-ipc", 1, tensors)
         for t in tensors.values():  # staged: the tensors are the trainer's again
             t.untyped_storage().fill_(0)
-        h.committed()
+        h.committed().result()
         out = {k: torch.empty_like(v, device="cuda").contiguous() for k, v in saved.items()}
         c.load_into("gpu-ipc", 1, [(k, None, v) for k, v in out.items()])
         for k in saved:
@@ -121,7 +120,7 @@ def test_a_client_killed_while_the_daemon_holds_its_handles(daemon: Daemon) -> N
         import os, signal, torch, ckptd
         c = ckptd.connect({daemon.socket!r})
         x = torch.arange(1 << 20, dtype=torch.float32, device="cuda")
-        c.save("gpu-kill", 1, {{"x": x}}).committed()
+        c.save("gpu-kill", 1, {{"x": x}}).committed().result()
         y = torch.empty_like(x)
         c.load_into("gpu-kill", 1, [("x", None, y)])
         assert torch.equal(x, y)
@@ -134,7 +133,7 @@ def test_a_client_killed_while_the_daemon_holds_its_handles(daemon: Daemon) -> N
         back = torch.empty(1 << 20, device="cuda")
         c.load_into("gpu-kill", 1, [("x", None, back)])
         assert torch.equal(back, torch.arange(1 << 20, dtype=torch.float32, device="cuda"))
-        c.save("gpu-kill", 2, {"x": back}).committed()
+        c.save("gpu-kill", 2, {"x": back}).committed().result()
 
 
 def test_expandable_segments_work_through_the_fallback_or_ipc(daemon: Daemon) -> None:
@@ -144,7 +143,7 @@ def test_expandable_segments_work_through_the_fallback_or_ipc(daemon: Daemon) ->
         ckptd.reset_copy_stats()
         with ckptd.connect({daemon.socket!r}) as c:
             x = torch.randn(1000, 333, device="cuda")
-            c.save("gpu-expandable", 1, {{"x": x}}).committed()
+            c.save("gpu-expandable", 1, {{"x": x}}).committed().result()
             y = torch.empty_like(x)
             c.load_into("gpu-expandable", 1, [("x", None, y)])
             assert torch.equal(x, y)
@@ -154,6 +153,7 @@ def test_expandable_segments_work_through_the_fallback_or_ipc(daemon: Daemon) ->
     )
     assert r.returncode == 0, r.stderr
     fallback = int(r.stdout.split()[-1])
+    print(f"expandable segments: {fallback} bytes copied by the library; stderr: {r.stderr!r}")
     if fallback:  # legacy IPC cannot share expandable segments: said once, copied by the library
         assert "cannot be shared over CUDA IPC" in r.stderr
 
@@ -163,7 +163,7 @@ def test_two_gpus(daemon: Daemon) -> None:
     with ckptd.connect(daemon.socket) as c:
         a = torch.randn(1000, device="cuda:0")
         b = torch.randn(1000, device="cuda:1")
-        c.save("gpu-two", 1, {"a": a, "b": b}).committed()
+        c.save("gpu-two", 1, {"a": a, "b": b}).committed().result()
         a2, b2 = torch.empty_like(b), torch.empty_like(a)  # each loaded onto the other GPU
         c.load_into("gpu-two", 1, [("a", None, a2), ("b", None, b2)])
         assert torch.equal(a2.cpu(), a.cpu()) and torch.equal(b2.cpu(), b.cpu())
