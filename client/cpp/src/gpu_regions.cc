@@ -118,24 +118,31 @@ absl::StatusOr<v1::MemRef> GpuRegions::Locate(ClientCore& core, const Session& s
   return ref;
 }
 
-absl::Status GpuRegions::CopyToHost(void* host, const void* device_ptr, uint64_t bytes,
-                                    int device) {
+namespace {
+
+// The library's synchronous copy between host memory and `device`'s memory (the fallback).
+absl::Status CopySync(void* dst, const void* src, uint64_t bytes, int device, bool to_device) {
   cuda::ScopedDevice scope;
   absl::StatusOr<const cuda::DriverApi*> api = DriverOn(device, &scope);
   if (!api.ok()) return api.status();
-  return cuda::Check(
-      **api, (*api)->cuMemcpyDtoH(host, reinterpret_cast<cuda::CUdeviceptr>(device_ptr), bytes),
-      absl::StrCat("cuMemcpyDtoH of ", bytes, " bytes from device ", device));
+  cuda::CUresult r =
+      to_device ? (*api)->cuMemcpyHtoD(reinterpret_cast<cuda::CUdeviceptr>(dst), src, bytes)
+                : (*api)->cuMemcpyDtoH(dst, reinterpret_cast<cuda::CUdeviceptr>(src), bytes);
+  return cuda::Check(**api, r,
+                     absl::StrCat(to_device ? "cuMemcpyHtoD" : "cuMemcpyDtoH", " of ", bytes,
+                                  " bytes ", to_device ? "to" : "from", " device ", device));
+}
+
+}  // namespace
+
+absl::Status GpuRegions::CopyToHost(void* host, const void* device_ptr, uint64_t bytes,
+                                    int device) {
+  return CopySync(host, device_ptr, bytes, device, /*to_device=*/false);
 }
 
 absl::Status GpuRegions::CopyToDevice(void* device_ptr, const void* host, uint64_t bytes,
                                       int device) {
-  cuda::ScopedDevice scope;
-  absl::StatusOr<const cuda::DriverApi*> api = DriverOn(device, &scope);
-  if (!api.ok()) return api.status();
-  return cuda::Check(
-      **api, (*api)->cuMemcpyHtoD(reinterpret_cast<cuda::CUdeviceptr>(device_ptr), host, bytes),
-      absl::StrCat("cuMemcpyHtoD of ", bytes, " bytes to device ", device));
+  return CopySync(device_ptr, host, bytes, device, /*to_device=*/true);
 }
 
 size_t GpuRegions::registered() const {

@@ -43,16 +43,8 @@ absl::Status SaveFromGpu(Rig& r, uint64_t step, uint64_t region, uint64_t offset
                          uint64_t* extent_out = nullptr) {
   const uint64_t extent = ReserveOne(r, kBytes);
   if (extent_out != nullptr) *extent_out = extent;
-  v1::SaveRequest req;
-  req.set_session_id(r.session);
-  req.set_job(kJob);
-  req.set_step(step);
-  req.set_rank(0);
-  req.set_world_size(1);
-  v1::ShardSpec* s = req.add_shards();
-  s->set_item("w");
-  s->mutable_tensor()->set_dtype(v1::FLOAT32);
-  s->mutable_tensor()->add_global_shape(kElems);
+  v1::SaveRequest req = r.SaveRequestOf(step, {kElems});
+  v1::ShardSpec* s = req.mutable_shards(0);
   s->mutable_data()->set_extent_id(extent);
   s->mutable_data()->set_length(kBytes);
   s->mutable_gpu_source()->set_region_id(region);
@@ -218,15 +210,8 @@ TEST_CASE("gpu ipc: CUDA regions are refused where host memory is meant", "[unit
   const std::string h = r.gpu.Allocate(kBytes, &mem);
   absl::StatusOr<uint64_t> region = RegisterCuda(r, h, kBytes);
   REQUIRE(region.ok());
-  v1::SaveRequest req;
-  req.set_session_id(r.session);
-  req.set_job(kJob);
-  req.set_step(1);
-  req.set_world_size(1);
-  v1::ShardSpec* s = req.add_shards();
-  s->set_item("w");
-  s->mutable_tensor()->set_dtype(v1::FLOAT32);
-  s->mutable_tensor()->add_global_shape(kElems);
+  v1::SaveRequest req = r.SaveRequestOf(1, {kElems});
+  v1::ShardSpec* s = req.mutable_shards(0);
   SECTION("data naming the CUDA region (the daemon would flush from it)") {
     s->mutable_data()->set_region_id(*region);
     s->mutable_data()->set_length(kBytes);

@@ -17,6 +17,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "../dataplane/fake_gpu.h"
 #include "../dataplane/test_arena.h"
@@ -265,14 +266,8 @@ struct Rig {
     return StepDirOnDisk(step) + "/" + kManifestFileName;
   }
 
-  // Saves a 1-rank checkpoint of one float32 [64, 64] tensor filled with `fill`.
-  absl::Status Save(uint64_t step, uint8_t fill) {
-    v1::ReserveExtentsRequest rr;
-    rr.set_session_id(session);
-    rr.add_sizes_bytes(kRows * 64 * 4);
-    v1::ReserveExtentsResponse ext;
-    CKPTD_RETURN_IF_ERROR(svc->ReserveExtents(caller, rr, &ext));
-    std::memset(arena->At(caller.uid, 0) + ext.extents(0).offset(), fill, kRows * 64 * 4);
+  // A 1-rank Save of `step` with one float32 tensor "w" of `shape` (its data still to be named).
+  v1::SaveRequest SaveRequestOf(uint64_t step, std::vector<uint64_t> shape) const {
     v1::SaveRequest req;
     req.set_session_id(session);
     req.set_job(kJob);
@@ -282,8 +277,20 @@ struct Rig {
     v1::ShardSpec* s = req.add_shards();
     s->set_item("w");
     s->mutable_tensor()->set_dtype(v1::FLOAT32);
-    s->mutable_tensor()->add_global_shape(kRows);
-    s->mutable_tensor()->add_global_shape(64);
+    for (uint64_t d : shape) s->mutable_tensor()->add_global_shape(d);
+    return req;
+  }
+
+  // Saves a 1-rank checkpoint of one float32 [64, 64] tensor filled with `fill`.
+  absl::Status Save(uint64_t step, uint8_t fill) {
+    v1::ReserveExtentsRequest rr;
+    rr.set_session_id(session);
+    rr.add_sizes_bytes(kRows * 64 * 4);
+    v1::ReserveExtentsResponse ext;
+    CKPTD_RETURN_IF_ERROR(svc->ReserveExtents(caller, rr, &ext));
+    std::memset(arena->At(caller.uid, 0) + ext.extents(0).offset(), fill, kRows * 64 * 4);
+    v1::SaveRequest req = SaveRequestOf(step, {kRows, 64});
+    v1::ShardSpec* s = req.mutable_shards(0);
     s->mutable_data()->set_extent_id(ext.extents(0).id());
     s->mutable_data()->set_length(kRows * 64 * 4);
     v1::SaveResponse resp;
