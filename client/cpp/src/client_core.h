@@ -31,10 +31,10 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "arena_mapping.h"
-#include "gpu_regions.h"
 #include "ckptd/client.h"
 #include "ckptd/v1/ckptd.grpc.pb.h"
 #include "ckptd/v1/ckptd.pb.h"
+#include "gpu_regions.h"
 
 #define CKPTD_CLIENT_RETURN_IF_ERROR(expr)         \
   do {                                             \

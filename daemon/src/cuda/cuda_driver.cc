@@ -167,7 +167,8 @@ absl::StatusOr<std::string> DeviceUuid(const DriverApi& api, int device) {
   return std::string(uuid.bytes, kUuidBytes);
 }
 
-std::string FormatUuid(std::string_view b) {
+std::string FormatUuid(std::string_view uuid_bytes) {
+  std::string_view b = uuid_bytes;
   if (b.size() != kUuidBytes) return absl::StrCat("<", b.size(), "-byte GPU uuid>");
   std::string out = "GPU-";
   for (size_t i = 0; i < kUuidBytes; ++i) {
