@@ -121,6 +121,7 @@ def bench_async_save(
         os.environ.setdefault("MASTER_PORT", "29533")
         dist.init_process_group("gloo", rank=0, world_size=1)
     ckptd_s: list[float] = []
+    shared_s: list[float] = []
     dcp_s: list[float] = []
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as d:
         for r in range(rounds + 1):  # round 0 warms both up
@@ -140,12 +141,24 @@ def bench_async_save(
             fut.result()
             if r:
                 ckptd_s.append(stall)
-    ck, base = statistics.median(ckptd_s), statistics.median(dcp_s)
+            # The writer without a socket: the process-wide client on $CKPTD_SOCKET, whose
+            # session, arena mapping and CUDA regions every writer reuses.
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fut = dcp.async_save(dict(tensors), storage_writer=ct.StorageWriter(f"bench-dcp2/{r}"))
+            stall = time.perf_counter() - t0
+            fut.result()
+            if r:
+                shared_s.append(stall)
+    ck, sh, base = (statistics.median(x) for x in (ckptd_s, shared_s, dcp_s))
     return {
         "ckptd_stall_s": ck,
+        "ckptd_shared_client_stall_s": sh,
         "dcp_stall_s": base,
         "ratio": ck / base,
+        "shared_client_ratio": sh / base,
         "ckptd_rounds_s": ckptd_s,
+        "ckptd_shared_client_rounds_s": shared_s,
         "dcp_rounds_s": dcp_s,
     }
 
