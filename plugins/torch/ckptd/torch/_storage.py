@@ -81,12 +81,34 @@ class _StagedSave:
     sizes: dict[Any, int]  # _index_key -> bytes
 
 
+_clients: dict[tuple[str, str, int], ckptd.Client] = {}
+_clients_lock = threading.Lock()
+_clients_pid = os.getpid()
+_inherited: list[ckptd.Client] = []  # a forked child's copies: never used, never destroyed
+
+
 def connect(
     socket: str | None, tier_policy: str = "default", local_world_size: int = 0
 ) -> ckptd.Client:
-    if tier_policy != "default" or local_world_size:
-        return ckptd.connect(socket, tier_policy=tier_policy, local_world_size=local_world_size)
-    return ckptd.connect(socket) if socket else ckptd.default_client()
+    """The process-wide client for these settings, connected on first use: every writer and
+    reader of a process shares its session, arena mapping and registered GPU allocations, so a
+    new writer per checkpoint connects nothing (the default socket: ckptd.default_client())."""
+    global _clients_pid
+    if not socket and tier_policy == "default" and not local_world_size:
+        return ckptd.default_client()
+    key = (socket or "", tier_policy, local_world_size)
+    with _clients_lock:
+        if _clients_pid != os.getpid():  # a forked child: the parent's connections are not ours
+            _inherited.extend(_clients.values())
+            _clients.clear()
+            _clients_pid = os.getpid()
+        client = _clients.get(key)
+        if client is None:
+            client = ckptd.connect(
+                socket, tier_policy=tier_policy, local_world_size=local_world_size
+            )
+            _clients[key] = client
+        return client
 
 
 def spanning_local_world_size(explicit: int | None) -> int:
