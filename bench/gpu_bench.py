@@ -120,36 +120,30 @@ def bench_async_save(
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", "29533")
         dist.init_process_group("gloo", rank=0, world_size=1)
+
+    def stall(writer: object) -> float:
+        """How long async_save blocks the caller; then waits for the save to finish."""
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fut = dcp.async_save(dict(tensors), storage_writer=writer)
+        blocked = time.perf_counter() - t0
+        fut.result()
+        return blocked
+
     ckptd_s: list[float] = []
     shared_s: list[float] = []
     dcp_s: list[float] = []
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as d:
-        for r in range(rounds + 1):  # round 0 warms both up
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            fut = dcp.async_save(dict(tensors), storage_writer=dcp.FileSystemWriter(f"{d}/{r}"))
-            stall = time.perf_counter() - t0
-            fut.result()
-            if r:
-                dcp_s.append(stall)
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            fut = dcp.async_save(
-                dict(tensors), storage_writer=ct.StorageWriter(f"bench-dcp/{r}", socket=socket)
+        for r in range(rounds + 1):  # round 0 warms every writer up
+            times = (
+                stall(dcp.FileSystemWriter(f"{d}/{r}")),
+                stall(ct.StorageWriter(f"bench-dcp/{r}", socket=socket)),
+                # Without a socket: the process-wide client on $CKPTD_SOCKET.
+                stall(ct.StorageWriter(f"bench-dcp2/{r}")),
             )
-            stall = time.perf_counter() - t0
-            fut.result()
             if r:
-                ckptd_s.append(stall)
-            # The writer without a socket: the process-wide client on $CKPTD_SOCKET, whose
-            # session, arena mapping and CUDA regions every writer reuses.
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            fut = dcp.async_save(dict(tensors), storage_writer=ct.StorageWriter(f"bench-dcp2/{r}"))
-            stall = time.perf_counter() - t0
-            fut.result()
-            if r:
-                shared_s.append(stall)
+                for out, t in zip((dcp_s, ckptd_s, shared_s), times, strict=True):
+                    out.append(t)
     ck, sh, base = (statistics.median(x) for x in (ckptd_s, shared_s, dcp_s))
     return {
         "ckptd_stall_s": ck,
