@@ -265,3 +265,17 @@ def test_numpy_free_import() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "Client"
     assert np is not None
+
+
+def test_writers_and_readers_share_one_client_per_socket(daemon: Daemon) -> None:
+    # A new writer per checkpoint must not reconnect: the process-wide client for the socket keeps
+    # its session, arena mapping and registered GPU allocations (a new connection had been most of
+    # an async_save's stall on a GPU, bench/RESULTS.md).
+    a = ct.StorageWriter("share/1", socket=daemon.socket)
+    b = ct.StorageWriter("share/2", socket=daemon.socket)
+    r = ct.StorageReader("share/1", socket=daemon.socket)
+    assert a.client is b.client is r.client
+    remote = ct.StorageWriter("share/3", socket=daemon.socket, tier_policy="local")
+    assert remote.client is not a.client  # another tier policy: another client
+    # Pickled (process-based async_save) and back: connects through the same table.
+    assert pickle.loads(pickle.dumps(a)).client is a.client
