@@ -74,19 +74,24 @@ absl::StatusOr<v1::MemRef> GpuRegions::Locate(ClientCore& core, const Session& s
   ref.set_length(bytes);
   if (auto it = regions_.find(key); it != regions_.end()) {
     if (it->second.handle == handle) {
+      if (it->second.region_id == 0) return it->second.refused;
       ref.set_region_id(it->second.region_id);
       return ref;
     }
-    // A new allocation at a freed one's address: the old region would keep the freed memory
-    // mapped in the daemon.
-    v1::UnregisterRegionRequest un;
-    un.set_session_id(session.session_id);
-    un.set_region_id(it->second.region_id);
-    v1::UnregisterRegionResponse un_resp;
-    (void)core.Call("UnregisterRegion", core.rpc_timeout_ms(), [&](grpc::ClientContext* c) {
-      return core.stub().UnregisterRegion(c, un, &un_resp);
-    });
-    regions_.erase(it);
+    if (it->second.region_id == 0) {  // a refused allocation: nothing registered to drop
+      regions_.erase(it);
+    } else {
+      // A new allocation at a freed one's address: the old region would keep the freed memory
+      // mapped in the daemon.
+      v1::UnregisterRegionRequest un;
+      un.set_session_id(session.session_id);
+      un.set_region_id(it->second.region_id);
+      v1::UnregisterRegionResponse un_resp;
+      (void)core.Call("UnregisterRegion", core.rpc_timeout_ms(), [&](grpc::ClientContext* c) {
+        return core.stub().UnregisterRegion(c, un, &un_resp);
+      });
+      regions_.erase(it);
+    }
   }
   absl::StatusOr<std::string> uuid = cuda::DeviceUuid(**api, device);
   if (!uuid.ok()) return uuid.status();
@@ -110,6 +115,8 @@ absl::StatusOr<v1::MemRef> GpuRegions::Locate(ClientCore& core, const Session& s
                      "GPU tensors to and from host memory itself instead\n",
                      std::string(st.message()).c_str());
       }
+    } else if (FallBack(st)) {  // this allocation only: remembered for the session
+      regions_[key] = Entry{std::move(handle), 0, size, st};
     }
     return st;
   }

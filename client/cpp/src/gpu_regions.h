@@ -42,8 +42,9 @@ class GpuRegions {
   absl::StatusOr<v1::MemRef> Locate(ClientCore& core, const Session& session,
                                     const void* device_ptr, int device, uint64_t bytes)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // Whether an error of Locate means "copy in the library instead" (logged once per cause).
-  bool FallBack(const absl::Status& locate_error) ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether an error of Locate means "copy in the library instead" (every error but a daemon
+  // that is gone or slow: that error is the answer).
+  static bool FallBack(const absl::Status& locate_error);
 
   // The library's own copies (synchronous), for the fallback.
   static absl::Status CopyToHost(void* host, const void* device_ptr, uint64_t bytes, int device);
@@ -55,12 +56,15 @@ class GpuRegions {
  private:
   struct Entry {
     std::string handle;
-    uint64_t region_id = 0;
+    uint64_t region_id = 0;  // 0: the daemon refused this allocation (`refused` says why)
     uint64_t size_bytes = 0;
+    absl::Status refused;
   };
   mutable absl::Mutex mu_;
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
-  // By (device, allocation base).
+  // By (device, allocation base); allocations the daemon refused are kept too, so a save does not
+  // ask again for each of them (a daemon that cannot open any handle costs one RPC per
+  // allocation per session, not per save).
   std::map<std::pair<int, uint64_t>, Entry> regions_ ABSL_GUARDED_BY(mu_);
   // Set once the daemon refused CUDA regions for good: every later shard falls back at once.
   absl::Status daemon_refused_ ABSL_GUARDED_BY(mu_);

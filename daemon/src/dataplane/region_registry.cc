@@ -102,9 +102,16 @@ absl::StatusOr<uint64_t> RegionRegistry::RegisterCuda(const std::string& session
   CKPTD_ASSIGN_OR_RETURN(int device, gpu_->DeviceOf(req.cuda_device_uuid()));
   absl::StatusOr<std::shared_ptr<IpcMapping>> m = OpenIpc(device, req.cuda_ipc_handle());
   if (!m.ok()) {
-    return absl::Status(m.status().code(),
-                        absl::StrCat("opening the CUDA IPC handle of the client's device ",
-                                     req.cuda_device(), ": ", m.status().message()));
+    // The handle is client input: a driver error other than running out of something or a
+    // precondition (peer access, no IPC across these namespaces) means this handle is no good —
+    // INVALID_ARGUMENT, which makes the client copy that allocation itself.
+    absl::StatusCode code = m.status().code();
+    if (code != absl::StatusCode::kResourceExhausted &&
+        code != absl::StatusCode::kFailedPrecondition) {
+      code = absl::StatusCode::kInvalidArgument;
+    }
+    return absl::Status(code, absl::StrCat("opening the CUDA IPC handle of the client's device ",
+                                           req.cuda_device(), ": ", m.status().message()));
   }
   if (req.size_bytes() > (*m)->allocation_bytes) {
     return absl::InvalidArgumentError(

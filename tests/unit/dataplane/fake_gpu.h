@@ -42,6 +42,7 @@ class FakeGpu final : public Gpu {
   }
   absl::StatusOr<GpuMapping> OpenIpc(int, std::string_view handle) override {
     absl::MutexLock lock(&mu_);
+    if (!fail_opens_.ok()) return fail_opens_;
     auto it = allocs_.find(std::string(handle));
     if (it == allocs_.end()) return absl::InvalidArgumentError("cuIpcOpenMemHandle: bad handle");
     ++opens_;
@@ -72,6 +73,10 @@ class FakeGpu final : public Gpu {
   void SetUnavailable(absl::Status why) {
     absl::MutexLock lock(&mu_);
     unavailable_ = std::move(why);
+  }
+  void FailOpens(absl::Status why) {
+    absl::MutexLock lock(&mu_);
+    fail_opens_ = std::move(why);
   }
   void FailCopies(absl::Status why) {
     absl::MutexLock lock(&mu_);
@@ -123,6 +128,7 @@ class FakeGpu final : public Gpu {
   int next_ ABSL_GUARDED_BY(mu_) = 1;
   absl::Status unavailable_ ABSL_GUARDED_BY(mu_);
   absl::Status fail_copies_ ABSL_GUARDED_BY(mu_);
+  absl::Status fail_opens_ ABSL_GUARDED_BY(mu_);
   int opens_ ABSL_GUARDED_BY(mu_) = 0;
   int closes_ ABSL_GUARDED_BY(mu_) = 0;
   int open_now_ ABSL_GUARDED_BY(mu_) = 0;

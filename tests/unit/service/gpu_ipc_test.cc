@@ -135,6 +135,15 @@ TEST_CASE("gpu ipc: registration errors name their cause and the daemon goes on"
   SECTION("a handle the driver refuses") {
     REQUIRE(RegisterCuda(r, std::string(64, 'z'), kBytes).status().code() ==
             absl::StatusCode::kInvalidArgument);
+    // Whatever the driver's error (CUDA_ERROR_MAP_FAILED: the exporter exited), the client's
+    // handle is what is wrong — not an internal error of the daemon.
+    r.gpu.FailOpens(absl::InternalError("cuIpcOpenMemHandle: CUDA_ERROR_MAP_FAILED"));
+    absl::Status st = RegisterCuda(r, h, kBytes).status();
+    REQUIRE(st.code() == absl::StatusCode::kInvalidArgument);
+    REQUIRE_THAT(std::string(st.message()), Catch::Contains("CUDA_ERROR_MAP_FAILED"));
+    r.gpu.FailOpens(absl::ResourceExhaustedError("cuIpcOpenMemHandle: out of memory"));
+    REQUIRE(RegisterCuda(r, h, kBytes).status().code() == absl::StatusCode::kResourceExhausted);
+    r.gpu.FailOpens(absl::OkStatus());
   }
   SECTION("a size beyond the allocation: refused, and the handle closed again") {
     REQUIRE(RegisterCuda(r, h, kBytes + 1).status().code() == absl::StatusCode::kInvalidArgument);
