@@ -413,7 +413,13 @@ absl::StatusOr<LoadResult> Client::Load(const std::string& job, std::optional<ui
     }
     pieces.push_back(std::move(p));
   }
-  return RunLoad(*core_, *session, job, step, rank, std::move(pieces), targets.size());
+  absl::StatusOr<LoadResult> result =
+      RunLoad(*core_, *session, job, step, rank, std::move(pieces), targets.size());
+  if (std::any_of(targets.begin(), targets.end(),
+                  [](const LoadTarget& t) { return t.device >= 0; })) {
+    core_->gpu().EndOperation(*core_, *session);
+  }
+  return result;
 }
 
 absl::StatusOr<LoadResult> Client::LoadInPlace(const std::string& job, std::optional<uint64_t> step,

@@ -147,6 +147,9 @@ absl::StatusOr<SaveResult> SaveSources(internal::ClientCore& core, const Session
   absl::Status s = core.Call("Save", core.rpc_timeout_ms(), [&](grpc::ClientContext* c) {
     return core.stub().Save(c, req, &resp);
   });
+  if (std::any_of(sources.begin(), sources.end(), [](const Source& x) { return x.device >= 0; })) {
+    core.gpu().EndOperation(core, session);
+  }
   if (!s.ok()) return fail(s);
   for (uint64_t id : consumed) {
     (void)core.TakeOutstanding(session.generation, id);  // the daemon owns it now

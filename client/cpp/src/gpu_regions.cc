@@ -74,6 +74,7 @@ absl::StatusOr<v1::MemRef> GpuRegions::Locate(ClientCore& core, const Session& s
   ref.set_length(bytes);
   if (auto it = regions_.find(key); it != regions_.end()) {
     if (it->second.handle == handle) {
+      it->second.last_used = ops_;
       if (it->second.region_id == 0) return it->second.refused;
       ref.set_region_id(it->second.region_id);
       return ref;
@@ -83,13 +84,7 @@ absl::StatusOr<v1::MemRef> GpuRegions::Locate(ClientCore& core, const Session& s
     } else {
       // A new allocation at a freed one's address: the old region would keep the freed memory
       // mapped in the daemon.
-      v1::UnregisterRegionRequest un;
-      un.set_session_id(session.session_id);
-      un.set_region_id(it->second.region_id);
-      v1::UnregisterRegionResponse un_resp;
-      (void)core.Call("UnregisterRegion", core.rpc_timeout_ms(), [&](grpc::ClientContext* c) {
-        return core.stub().UnregisterRegion(c, un, &un_resp);
-      });
+      UnregisterLocked(core, session, it->second.region_id);
       regions_.erase(it);
     }
   }
@@ -116,11 +111,11 @@ absl::StatusOr<v1::MemRef> GpuRegions::Locate(ClientCore& core, const Session& s
                      std::string(st.message()).c_str());
       }
     } else if (FallBack(st)) {  // this allocation only: remembered for the session
-      regions_[key] = Entry{std::move(handle), 0, size, st};
+      regions_[key] = Entry{std::move(handle), 0, size, st, ops_};
     }
     return st;
   }
-  regions_[key] = Entry{std::move(handle), resp.region_id(), size};
+  regions_[key] = Entry{std::move(handle), resp.region_id(), size, absl::OkStatus(), ops_};
   ref.set_region_id(resp.region_id());
   return ref;
 }
@@ -150,6 +145,32 @@ absl::Status GpuRegions::CopyToHost(void* host, const void* device_ptr, uint64_t
 absl::Status GpuRegions::CopyToDevice(void* device_ptr, const void* host, uint64_t bytes,
                                       int device) {
   return CopySync(device_ptr, host, bytes, device, /*to_device=*/true);
+}
+
+void GpuRegions::UnregisterLocked(ClientCore& core, const Session& session, uint64_t region_id) {
+  v1::UnregisterRegionRequest req;
+  req.set_session_id(session.session_id);
+  req.set_region_id(region_id);
+  v1::UnregisterRegionResponse resp;
+  // Best effort: a region the daemon still holds (a copy in flight past the timeout) or that
+  // the session's end already dropped is gone from the client either way.
+  (void)core.Call("UnregisterRegion", core.rpc_timeout_ms(), [&](grpc::ClientContext* c) {
+    return core.stub().UnregisterRegion(c, req, &resp);
+  });
+}
+
+void GpuRegions::EndOperation(ClientCore& core, const Session& session) {
+  absl::MutexLock lock(&mu_);
+  if (generation_ != session.generation) return;  // that session's regions are gone anyway
+  ++ops_;
+  for (auto it = regions_.begin(); it != regions_.end();) {
+    if (ops_ - it->second.last_used <= kIdleOpsMax) {
+      ++it;
+      continue;
+    }
+    if (it->second.region_id != 0) UnregisterLocked(core, session, it->second.region_id);
+    regions_.erase(it++);
+  }
 }
 
 size_t GpuRegions::registered() const {

@@ -50,6 +50,13 @@ class GpuRegions {
   static absl::Status CopyToHost(void* host, const void* device_ptr, uint64_t bytes, int device);
   static absl::Status CopyToDevice(void* device_ptr, const void* host, uint64_t bytes, int device);
 
+  // Called after each save or load that named GPU memory: regions no such operation used in the
+  // last kIdleOpsMax are unregistered, so an allocation PyTorch freed (empty_cache, its
+  // out-of-memory retry) is not kept mapped by the daemon — whose mapping would keep the memory
+  // from returning to the driver — for longer than a few checkpoints.
+  void EndOperation(ClientCore& core, const Session& session) ABSL_LOCKS_EXCLUDED(mu_);
+  static constexpr uint64_t kIdleOpsMax = 4;
+
   // Regions registered (tests).
   size_t registered() const ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -59,9 +66,13 @@ class GpuRegions {
     uint64_t region_id = 0;  // 0: the daemon refused this allocation (`refused` says why)
     uint64_t size_bytes = 0;
     absl::Status refused;
+    uint64_t last_used = 0;  // ops_ when a save or load last named it
   };
+  void UnregisterLocked(ClientCore& core, const Session& session, uint64_t region_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   mutable absl::Mutex mu_;
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t ops_ ABSL_GUARDED_BY(mu_) = 0;  // EndOperation calls
   // By (device, allocation base); allocations the daemon refused are kept too, so a save does not
   // ask again for each of them (a daemon that cannot open any handle costs one RPC per
   // allocation per session, not per save).

@@ -72,10 +72,14 @@ class CudaGpu final : public Gpu {
       spdlog::warn("closing a client's CUDA IPC mapping on device {}: {}", device, st.ToString());
   }
 
+  // Both need a current context on the calling thread (any RPC thread, which may never have
+  // used CUDA): device 0's primary context — a portable registration serves every context.
   absl::Status PinHost(void* p, uint64_t bytes) override {
     absl::StatusOr<const DriverApi*> loaded = cuda::Driver();
     if (!loaded.ok()) return loaded.status();
     const DriverApi* api = *loaded;
+    absl::Status st = cuda::UseDevice(*api, 0);
+    if (!st.ok()) return st;
     return cuda::Check(*api, api->cuMemHostRegister(p, bytes, cuda::kHostRegisterPortable),
                        absl::StrCat("cuMemHostRegister of ", bytes, " bytes"));
   }
@@ -83,8 +87,9 @@ class CudaGpu final : public Gpu {
   void UnpinHost(void* p) override {
     absl::StatusOr<const DriverApi*> api = cuda::Driver();
     if (!api.ok()) return;
-    absl::Status st = cuda::Check(**api, (*api)->cuMemHostUnregister(p), "cuMemHostUnregister");
-    if (!st.ok()) spdlog::warn("{}", st.ToString());
+    absl::Status st = cuda::UseDevice(**api, 0);
+    if (st.ok()) st = cuda::Check(**api, (*api)->cuMemHostUnregister(p), "cuMemHostUnregister");
+    if (!st.ok()) spdlog::error("unpinning host memory: {}", st.ToString());
   }
 
   absl::Status CopyToHost(int device, std::span<const GpuCopy> copies) override {
@@ -119,7 +124,9 @@ class CudaGpu final : public Gpu {
     absl::Status synced = cuda::Check(*api, api->cuStreamSynchronize(*stream),
                                       absl::StrCat("copies on device ", device));
     if (synced.ok()) {
-      GiveStream(device, *stream);  // a stream in an error state is not reused
+      GiveStream(device, *stream);
+    } else {
+      api->cuStreamDestroy(*stream);  // a stream in an error state is not reused
     }
     return first.ok() ? synced : first;
   }

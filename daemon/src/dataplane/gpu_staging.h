@@ -9,8 +9,9 @@
 // between them by punching pages out of one (arena.h), and a pinned range whose pages were
 // punched would keep DMA-ing into the old pages: so when a second segment exists, the pin is
 // dropped (under the exclusive lock, with no copy in flight) before the next batch, and copies
-// continue from pageable memory (slower, still correct), logged once. Load buffers are pinned by
-// their owner (the loader) through PinHost.
+// continue from pageable memory (slower, still correct), logged once. Load buffers are not pinned
+// (host → device copies run from pageable memory): loads are bound by the storage read today;
+// pinning them belongs with the RAM tier, whose extents are the arena's.
 //
 // Ownership: borrows the Gpu and the arena (they outlive it); unpins in its destructor.
 // Threads: any thread; copy batches run concurrently (shared lock), pin/unpin exclusively.

@@ -51,8 +51,13 @@ absl::StatusOr<std::shared_ptr<IpcMapping>> RegionRegistry::OpenIpc(int device,
                                                                     const std::string& handle) {
   std::string key = absl::StrCat(device, ":", handle);
   absl::MutexLock lock(&ipc_->mu);
-  if (auto it = ipc_->open.find(key); it != ipc_->open.end()) {
+  while (true) {
+    auto it = ipc_->open.find(key);
+    if (it == ipc_->open.end()) break;
     if (std::shared_ptr<IpcMapping> m = it->second.lock()) return m;
+    // Expired: its last region is being destroyed and the close waits for this lock. Opening
+    // the handle again before that close would map it twice in one context.
+    ipc_->closed.Wait(&ipc_->mu);
   }
   absl::StatusOr<GpuMapping> opened = gpu_->OpenIpc(device, handle);
   if (!opened.ok()) return opened.status();
@@ -69,6 +74,7 @@ absl::StatusOr<std::shared_ptr<IpcMapping>> RegionRegistry::OpenIpc(int device,
       index->open.erase(it);
     }
     gpu->CloseIpc(device, addr);
+    index->closed.SignalAll();
   };
   ipc_->open[key] = m;
   return m;

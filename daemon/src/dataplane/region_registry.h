@@ -9,8 +9,9 @@
 // session dropped, which closes its handles once no save or load still copies through them. The
 // registered size must lie inside the allocation as the driver reports it, so no offset a client
 // names can reach beyond its allocation. A handle is a capability the driver does not tie to a
-// uid: the daemon opening one gives a client no access it could not get by opening the handle
-// itself, and only its own session's regions can be named in its saves and loads. Without a
+// uid; only a session's own regions can be named in its saves and loads, but a client that
+// learned another process's handle bytes could have the daemon open memory on a GPU the client
+// cannot reach itself (README "Security and failure model"). Without a
 // usable GPU (no driver, no device, a GPU the daemon cannot see) registration answers
 // FAILED_PRECONDITION naming the cause, and the clients fall back to copying themselves.
 //
@@ -116,6 +117,7 @@ class RegionRegistry {
   // mapping).
   struct IpcIndex {
     absl::Mutex mu;
+    absl::CondVar closed;  // signalled when a mapping's close finished (its entry erased)
     absl::flat_hash_map<std::string, std::weak_ptr<IpcMapping>> open ABSL_GUARDED_BY(mu);
   };
   std::shared_ptr<IpcIndex> ipc_ = std::make_shared<IpcIndex>();

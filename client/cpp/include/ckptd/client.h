@@ -134,7 +134,9 @@ struct TensorShard {
   // copies it into the staging arena itself over CUDA IPC before Save returns (the allocation is
   // registered once per session); where it cannot (no GPU it can use, memory that cannot be
   // exported such as expandable segments) the library copies it instead, saying so once on
-  // stderr. Either way the caller may change it once Save returns. Default: -1 (host memory)
+  // stderr. Either way the caller may change it once Save returns. The daemon's copy runs on its
+  // own stream, unordered with the caller's: synchronize the streams writing `data` before Save
+  // (the Python client does). Default: -1 (host memory)
   int device = -1;
 };
 
