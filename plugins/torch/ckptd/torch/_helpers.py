@@ -18,6 +18,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from . import _ids
+from ._connection import connect
 from ._reader import StorageReader
 from ._storage import StorageWriter
 
@@ -75,7 +76,7 @@ def load(
     """Loads a checkpoint saved by save() (or by any DCP program with the same keys) into model
     and optimizer, in their current layout, and returns its step and extra."""
     path = _job(job)
-    client = ckptd.connect(socket) if socket else ckptd.default_client()
+    client = connect(socket)  # the process-wide client the reader below uses too
     if step == "latest":
         latest = client.latest(_ids.encode_job(path))
         if latest is None:

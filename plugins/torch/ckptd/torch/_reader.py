@@ -31,7 +31,8 @@ from torch.distributed.checkpoint.storage import StorageReader as _DcpReader
 from torch.futures import Future
 
 from . import _ids
-from ._storage import LazyClient, StorageWriter, rank_world
+from ._connection import LazyClient, rank_world
+from ._storage import StorageWriter
 
 __all__ = ["StorageReader"]
 
