@@ -9,6 +9,14 @@
 #include "common/limits.h"
 
 namespace ckptd {
+
+absl::Status CheckInExtent(const ExtentInfo& e, uint64_t offset, uint64_t length,
+                           const std::string& what) {
+  if (offset <= e.length && length <= e.length - offset) return absl::OkStatus();
+  return absl::OutOfRangeError(absl::StrCat(what, ": bytes [", offset, ", ", offset, "+", length,
+                                            ") are outside extent ", e.id, " (", e.length,
+                                            " bytes)"));
+}
 namespace {
 
 void RandomBytes(void* out, size_t n) {

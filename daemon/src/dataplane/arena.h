@@ -102,6 +102,11 @@ class StagingArena;
 // it (and frees the extent if it was released meanwhile). Must not outlive the arena.
 using ExtentLease = std::shared_ptr<const ExtentInfo>;
 
+// OK when [offset, offset + length) lies inside extent `e`; else OUT_OF_RANGE "<what>: bytes [..)
+// are outside extent <id> (<n> bytes)". The one bounds check of client-named extent bytes.
+absl::Status CheckInExtent(const ExtentInfo& e, uint64_t offset, uint64_t length,
+                           const std::string& what);
+
 class StagingArena {
  public:
   // Makes a new segment durable before it is used (the daemon journals name and generation with

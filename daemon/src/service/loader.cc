@@ -53,11 +53,7 @@ absl::StatusOr<uint8_t*> Loader::ResolveDest(const std::string& session, const v
     absl::StatusOr<ExtentLease> e = arena_->Lease(session, ref.extent_id());
     if (!e.ok()) return Annotate(e.status(), what);
     const ExtentInfo& x = **e;
-    if (ref.offset() > x.length || ref.length() > x.length - ref.offset()) {
-      return absl::OutOfRangeError(absl::StrCat(what, ": bytes [", ref.offset(), ", ", ref.offset(),
-                                                "+", ref.length(), ") are outside extent ", x.id,
-                                                " (", x.length, " bytes)"));
-    }
+    CKPTD_RETURN_IF_ERROR(CheckInExtent(x, ref.offset(), ref.length(), what));
     uint8_t* p = arena_->Data(x) + ref.offset();
     leases->push_back(*std::move(e));
     return p;

@@ -234,11 +234,7 @@ absl::Status CheckpointService::StageFromGpu(const std::string& session,
     absl::StatusOr<ExtentLease> extent = deps_.arena->Lease(session, dst.extent_id());
     if (!extent.ok()) return Annotate(extent.status(), where);
     const ExtentInfo& e = **extent;
-    if (dst.offset() > e.length || dst.length() > e.length - dst.offset()) {
-      return absl::OutOfRangeError(
-          absl::StrCat(where, ": bytes [", dst.offset(), ", ", dst.offset(), "+", dst.length(),
-                       ") are outside extent ", e.id, " (", e.length, " bytes)"));
-    }
+    CKPTD_RETURN_IF_ERROR(CheckInExtent(e, dst.offset(), dst.length(), where));
     uid = e.uid;
     copies.push_back(
         {(*region)->device(), GpuCopy{(*region)->device_addr(src.offset()),
@@ -267,11 +263,7 @@ absl::Status CheckpointService::ResolveSaveData(const std::string& session,
     if (m.target_case() == v1::MemRef::kExtentId) {
       absl::StatusOr<ExtentInfo> e = deps_.arena->Lookup(session, m.extent_id());
       if (!e.ok()) return Annotate(e.status(), where);
-      if (m.offset() > e->length || m.length() > e->length - m.offset()) {
-        return absl::OutOfRangeError(absl::StrCat(where, ": bytes [", m.offset(), ", ", m.offset(),
-                                                  "+", m.length(), ") are outside extent ", e->id,
-                                                  " (", e->length, " bytes)"));
-      }
+      CKPTD_RETURN_IF_ERROR(CheckInExtent(*e, m.offset(), m.length(), where));
       st->set_extent_id(e->id);
       st->set_arena_offset(e->offset);
       st->set_extent_length(e->length);
