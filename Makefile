@@ -2,10 +2,10 @@
 #   make run    install what is missing, build, start ckptd on ./state (unix socket state/ckptd.sock)
 #   make test   install what is missing, then, cheapest first, the static tiers (make lint): the
 #               format check (make format-check: clang-format-15), ruff on the Python (make
-#               lint-python), the thread-safety build (make check-threads: clang-15
-#               -Wthread-safety, build-tsa/) and clang-tidy (make tidy: clang-tidy-15 over
-#               build-tsa/'s compile commands); then build with ASan + UBSan (build-asan/) and run
-#               every C++ test there (with the plugin seam test, seam.plugins), the Python tier
+#               lint-python), clang-tidy (make tidy: clang-tidy-15 over build-tsa/'s compile
+#               commands, which carry clang-15's -Wthread-safety) and the thread-safety analysis
+#               of the sources tidy does not lint (make check-threads); then build with ASan +
+#               UBSan (build-asan/) and run every C++ test there (with the plugin seam test, seam.plugins), the Python tier
 #               against that sanitized daemon (the ckptd package, pytest), the ThreadSanitizer
 #               tier (make test-tsan: service and dataplane tests, build-tsan/) and the fuzzing
 #               smoke run (make test-fuzz: libFuzzer, build-fuzz/)
@@ -165,43 +165,46 @@ format: setup
 lint-python: setup
 	@$(PYTHON) -m ruff check .
 
-# The thread-safety build (build-tsa/): clang-15 with -Wthread-safety as an error
-# (CKPTD_THREAD_SAFETY) over everything the project compiles with its warnings (the daemon, its
-# modules and plugins, the client library, ckptctl, the demo, the benchmarks and the tests, whose
-# rigs hold locks too): every ABSL_GUARDED_BY / ABSL_EXCLUSIVE_LOCKS_REQUIRED /
-# ABSL_LOCKS_EXCLUDED checked. Unoptimized and without debug info: it is there for the analysis,
-# not to run (about 3 CPU-minutes from scratch; -k 0: every finding in one run). libstdc++'s
+# The thread-safety analysis: clang-15 with -Wthread-safety as an error (CKPTD_THREAD_SAFETY) over
+# everything the project compiles with its warnings (the daemon, its modules and plugins, the
+# client library and its Python binding, ckptctl, the benchmarks and the tests, whose rigs hold
+# locks too): every ABSL_GUARDED_BY / ABSL_EXCLUSIVE_LOCKS_REQUIRED / ABSL_LOCKS_EXCLUDED checked.
+# build-tsa/ is configured for it (its compile commands carry the flags) and never built whole:
+# each source is parsed once by the static tier. tidy parses the sources it lints (TIDY_FILES)
+# with those commands, so a lock finding there fails tidy (clang-diagnostic-thread-safety-*);
+# check-threads parses every other source -fsyntax-only (tests/lint/check_threads.py). libstdc++'s
 # std::mutex and friends carry no annotations, so a field guarded by one would be checked by
 # nobody: the daemon, the client, the plugins and the tests use absl::Mutex / absl::CondVar only,
-# and this target fails on a std:: lock in them first.
+# and check-threads fails on a std:: lock in them first.
 BUILD_TSA ?= $(ROOT)/build-tsa
-TSA_TARGETS ?= all
 STD_LOCKS = std::(recursive_|shared_|timed_|recursive_timed_|shared_timed_)?mutex\b|std::(lock_guard|unique_lock|scoped_lock|shared_lock|condition_variable)
+TIDY_FILES = ^$(ROOT)/(daemon|client|plugins/storage)/.*\.cc$$
+PYTHON_EXE = $(shell $(PYTHON) -c 'import sys; print(sys.executable)')
 
 configure-tsa: setup
 	@$(CMAKE) -S . -B $(BUILD_TSA) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-O0 \
 	  -DCMAKE_C_FLAGS_DEBUG=-O0 -DCMAKE_C_COMPILER=clang-15 -DCMAKE_CXX_COMPILER=clang++-15 \
-	  -DCKPTD_THREAD_SAFETY=ON >/dev/null
+	  -DCKPTD_THREAD_SAFETY=ON -DCKPTD_BUILD_PYTHON=ON -DPython_EXECUTABLE=$(PYTHON_EXE) >/dev/null
+	@$(CMAKE) --build $(BUILD_TSA) --target ckptd_proto_headers >/dev/null
 
 check-threads: configure-tsa
 	@if git grep --untracked -nE '$(STD_LOCKS)' -- daemon client plugins tests ':!*.py' ':!*.md'; then \
 	  echo "check-threads: std:: locks above are invisible to -Wthread-safety; use absl::Mutex"; \
 	  exit 1; fi
-	@$(CMAKE) --build $(BUILD_TSA) -j $(JOBS) --target $(TSA_TARGETS) -- -k 0
+	@$(PYTHON) tests/lint/check_threads.py $(BUILD_TSA) '$(TIDY_FILES)' $(JOBS)
 
-# clang-tidy-15 (.clang-tidy; every finding is an error) over the daemon, the client and the
-# storage plugins, with build-tsa/'s compile commands (clang's own flags; only the generated
-# protobuf headers need to exist, so it does not wait for check-threads), TIDY_JOBS files at once.
-TIDY_JOBS ?= 2
+# clang-tidy-15 (.clang-tidy; every finding is an error) over the daemon, the client (with the
+# Python binding) and the storage plugins, with build-tsa/'s compile commands (clang's own flags
+# and -Wthread-safety: see check-threads), TIDY_JOBS files at once.
+TIDY_JOBS ?= $(JOBS)
 tidy: configure-tsa
-	@$(CMAKE) --build $(BUILD_TSA) --target ckptd_proto_headers >/dev/null
-	@run-clang-tidy-15 -p $(BUILD_TSA) -j $(TIDY_JOBS) -quiet \
-	  '^$(ROOT)/(daemon|client|plugins/storage)/.*\.cc$$' >$(BUILD_TSA)/tidy.log 2>&1 || \
+	@run-clang-tidy-15 -p $(BUILD_TSA) -j $(TIDY_JOBS) -quiet '$(TIDY_FILES)' \
+	  >$(BUILD_TSA)/tidy.log 2>&1 || \
 	  { grep -E -A3 '(error|warning): ' $(BUILD_TSA)/tidy.log; \
 	    echo "tidy: findings above (full log: $(BUILD_TSA)/tidy.log)"; exit 1; }
 	@echo "tidy: no findings"
 
-lint: format-check lint-python check-threads tidy
+lint: format-check lint-python tidy check-threads
 
 # Every C++ test runs in the sanitized build only (the plain build is `make build` / `make run`
 # / `make bench`; `make test-cpp` runs the C++ tests there too): one full build instead of two

@@ -1,11 +1,11 @@
 // Catch2 main of the integration tests, plus one maintenance mode that is not a test (ctest runs
 // every discovered case, hidden ones included, so a generator must not be a test case):
 //   ckptd_integration_tests --write-golden   regenerates tests/data/golden (see golden_test.cc)
-#define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
 #include <cstring>
 #include <exception>
 #include <iostream>
+
+#include "catch_session.h"
 
 namespace ckptd_it {
 int WriteGolden();  // portability_test.cc
@@ -20,5 +20,5 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  return Catch::Session().run(argc, argv);
+  return ckptd::testing::RunCatchSession(argc, argv);
 }

@@ -2,11 +2,9 @@
 // server between the test processes ctest starts:
 //   ckptd_s3_tests --start-weed DIR   starts weed (data in DIR), writes DIR/state, exits 0
 //   ckptd_s3_tests --stop-weed DIR    stops the weed that DIR/state names
-#define CATCH_CONFIG_RUNNER
 #include <signal.h>
 #include <unistd.h>
 
-#include <catch2/catch.hpp>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -15,6 +13,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "catch_session.h"
 #include "s3_env.h"
 
 namespace ckptd::testing {
@@ -96,7 +95,7 @@ int main(int argc, char** argv) {
     WeedServer::StopShared(argv[2]);
     return 0;
   }
-  int rc = Catch::Session().run(argc, argv);
+  int rc = ckptd::testing::RunCatchSession(argc, argv);
   ckptd::testing::Shared().reset();
   return rc;
 }

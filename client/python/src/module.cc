@@ -94,6 +94,7 @@ class PyClient {
   // Gives back the arena buffers holding these addresses (views of stage()/allocate() buffers).
   void ReleaseAt(const std::vector<uintptr_t>& addresses) {
     std::vector<const void*> at;
+    at.reserve(addresses.size());
     for (uintptr_t a : addresses) at.push_back(reinterpret_cast<const void*>(a));
     ReleasedGil released;
     client_->ReleaseAt(at);

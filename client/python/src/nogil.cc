@@ -45,8 +45,9 @@ void OnPythonExit() {
     absl::MutexLock l(&g_mu);
     g_exiting = true;
     g_exit_thread = std::this_thread::get_id();
+    const int* reacquiring = &g_reacquiring;
     g_mu.Await(absl::Condition(
-        +[](int* reacquiring) { return *reacquiring == 0; }, &g_reacquiring));
+        +[](const int* n) { return *n == 0; }, reacquiring));
   }
   PyEval_RestoreThread(state);
 }

@@ -75,7 +75,7 @@ ShmSlab::ShmSlab(std::shared_ptr<Client> client, uint64_t bytes)
   name_ = NewSlabName();
   fd_ = shm_open(name_.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
   if (fd_ < 0) Throw(absl::InternalError("shm_open " + name_ + ": " + std::strerror(errno)));
-  auto fail = [&](absl::Status s) {
+  auto fail = [&](const absl::Status& s) {
     if (data_ != nullptr) munmap(data_, bytes_);
     shm_unlink(name_.c_str());
     close(fd_);
