@@ -68,6 +68,7 @@
 #include "format/manifest.h"
 #include "index/meta_store.h"
 #include "options.h"
+#include "service/checkpoints.h"
 #include "service/committer.h"
 #include "service/executor.h"
 #include "service/loader.h"
@@ -100,14 +101,6 @@ struct ServiceDeps {
 };
 
 class BlobAppender;  // reshard.cc
-
-// Where a checkpoint recorded COMMITTED is durable: its policy, whether its local copy is there,
-// and whether its remote copy is (adopted from the store) or is to be uploaded (PENDING row).
-struct CommittedTiers {
-  v1::TierPolicy policy = v1::TIER_LOCAL;
-  bool local = true;
-  bool remote_durable = false;
-};
 
 class CheckpointService {
  public:
@@ -346,8 +339,9 @@ class CheckpointService {
   // being saved, resharded, deleted or marked already.
   absl::Status MarkCorrupt(const std::string& job, uint64_t step, const absl::Status& why);
 
-  // recovery.h: a part of its own, run once at start (Recover), with access to the lifecycle.
-  friend class Recovery;
+  // recovery.h: a part of its own, run once at start (Recover); it sees the service only through
+  // this RecoveryHost (recover.cc), which forwards to the methods above.
+  class RecoveryAccess;
 
   // retention.cc
   // Plans one job's retention from its rows.
@@ -495,24 +489,5 @@ class CheckpointService {
   // destroyed (joined) first.
   WorkerPool reshard_pool_{"reshard", limits::kReshardPoolThreads, limits::kReshardQueueMax};
 };
-
-// The policy puts the checkpoint on the remote tier (local+remote, or remote only).
-bool HasRemoteTier(v1::TierPolicy policy);
-// "checkpoint job/7", for messages.
-std::string CkptName(const std::string& job, uint64_t step);
-// "[0, 3, 5]" (the first 32, then the count), for messages.
-std::string RanksList(const std::vector<uint32_t>& ranks);
-// The job name is valid and the step within limits::kStepMax; INVALID_ARGUMENT otherwise.
-absl::Status ValidateJobStep(const std::string& job, uint64_t step);
-// Reads and verifies the manifest of (job, step) on `storage`: decodes it (framing, checksums)
-// and checks that it names that checkpoint. DATA_LOSS when it does not verify; the storage's
-// errors (NOT_FOUND: no manifest) when it cannot be read.
-absl::StatusOr<Manifest> ReadManifest(Storage& storage, const std::string& job, uint64_t step);
-// Calls fn(job, step) for every checkpoint directory of `storage` under `scope` (a job, or "" for
-// every job); an entry that is not a job or checkpoint directory goes to `problem`, named.
-// Errors: listing the root (scope "") or the job (scope a job); fn's first error stops the walk.
-absl::Status ForEachCheckpointDir(
-    Storage& storage, const std::string& scope, const std::function<void(std::string)>& problem,
-    const std::function<absl::Status(const std::string&, uint64_t)>& fn);
 
 }  // namespace ckptd

@@ -4,6 +4,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <map>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
@@ -14,8 +15,8 @@
 #include "format/names.h"
 #include "format/region.h"
 #include "index/keys.h"
-#include "service/checkpoint_service.h"
 #include "spdlog/spdlog.h"
+#include "tier/flush_scheduler.h"
 
 namespace ckptd {
 namespace {
@@ -47,16 +48,14 @@ v1::CheckpointRecord BareRecord(const std::string& job, uint64_t step) {
 
 }  // namespace
 
-absl::Status CheckpointService::Recover() { return Recovery(*this).Run(); }
-
 absl::Status Recovery::Run() {
   CKPTD_RETURN_IF_ERROR(RepairIndexRows());
   CKPTD_SYNC_POINT("recovery.rows_repaired");
   CKPTD_RETURN_IF_ERROR(FinishDeletes());
   CKPTD_SYNC_POINT("recovery.deletes_finished");
   CKPTD_RETURN_IF_ERROR(AdoptManifests());
-  if (svc_.remote_.enabled()) {
-    absl::Status st = svc_.ScanStore("", [this](std::string what) { Problem(std::move(what)); });
+  if (stores_.remote != nullptr) {
+    absl::Status st = host_.ScanStore("", [this](std::string what) { Problem(std::move(what)); });
     if (!st.ok()) {
       // (A failing index fails the steps after this one.)
       Problem(absl::StrCat("the remote tier cannot be listed (", st.ToString(),
@@ -88,8 +87,8 @@ void Recovery::Problem(std::string what) {
 }
 
 absl::Status Recovery::RepairIndexRows() {
-  CKPTD_RETURN_IF_ERROR(svc_.deps_.meta->Scan(
-      keys::JobPrefix(), "", 0, [&](std::string_view key, std::string_view v) {
+  CKPTD_RETURN_IF_ERROR(
+      stores_.meta->Scan(keys::JobPrefix(), "", 0, [&](std::string_view key, std::string_view v) {
         v1::JobRecord jr;
         if (!jr.ParseFromArray(v.data(), static_cast<int>(v.size()))) {
           Problem(absl::StrCat(
@@ -99,13 +98,12 @@ absl::Status Recovery::RepairIndexRows() {
         return true;
       }));
   std::vector<std::string> broken;
-  CKPTD_RETURN_IF_ERROR(svc_.deps_.meta->Scan(keys::AllCheckpointsPrefix(), "", 0,
-                                              [&](std::string_view key, std::string_view v) {
-                                                v1::CheckpointRecord rec;
-                                                if (!ParseRow(key, v, &rec))
-                                                  broken.emplace_back(key);
-                                                return true;
-                                              }));
+  CKPTD_RETURN_IF_ERROR(stores_.meta->Scan(keys::AllCheckpointsPrefix(), "", 0,
+                                           [&](std::string_view key, std::string_view v) {
+                                             v1::CheckpointRecord rec;
+                                             if (!ParseRow(key, v, &rec)) broken.emplace_back(key);
+                                             return true;
+                                           }));
   for (const std::string& key : broken) {
     absl::StatusOr<std::pair<std::string, uint64_t>> id = keys::DecodeCheckpoint(key);
     if (!id.ok() || !ValidateJobStep(id->first, id->second).ok()) {
@@ -116,10 +114,10 @@ absl::Status Recovery::RepairIndexRows() {
     const auto& [job, step] = *id;
     const std::string dir = CheckpointDir(job, step);
     const std::string what =
-        absl::StrCat("the index row of ", CkptName(job, step), " (", svc_.deps_.storage->Describe(),
+        absl::StrCat("the index row of ", CkptName(job, step), " (", stores_.storage->Describe(),
                      "/", dir, ") does not parse or names another checkpoint");
     absl::StatusOr<bool> has_manifest =
-        svc_.deps_.storage->Exists(absl::StrCat(dir, "/", kManifestFileName));
+        stores_.storage->Exists(absl::StrCat(dir, "/", kManifestFileName));
     if (!has_manifest.ok()) {
       Problem(absl::StrCat(what, "; left as is: ", has_manifest.status().ToString()));
       continue;
@@ -129,9 +127,9 @@ absl::Status Recovery::RepairIndexRows() {
       Problem(absl::StrCat(what, "; it has no manifest: ABORTED"));
       continue;
     }
-    absl::StatusOr<Manifest> m = ReadManifest(*svc_.deps_.storage, job, step);
+    absl::StatusOr<Manifest> m = ReadManifest(*stores_.storage, job, step);
     if (m.ok()) {
-      CKPTD_RETURN_IF_ERROR(svc_.IndexCommitted(*m, dir));
+      CKPTD_RETURN_IF_ERROR(host_.IndexCommitted(*m, dir, {}));
       Problem(absl::StrCat(what, "; rebuilt from its manifest (COMMITTED)"));
       continue;
     }
@@ -139,7 +137,7 @@ absl::Status Recovery::RepairIndexRows() {
     rec.mutable_summary()->set_state(v1::CORRUPT);
     rec.mutable_summary()->set_error(absl::StrCat(
         "its index row did not parse and its manifest does not verify: ", m.status().message()));
-    CKPTD_RETURN_IF_ERROR(svc_.PutRecordSync(rec));
+    CKPTD_RETURN_IF_ERROR(host_.PutRecordSync(rec));
     Problem(absl::StrCat(what, " and its manifest does not verify (", m.status().ToString(),
                          "): CORRUPT"));
   }
@@ -148,7 +146,7 @@ absl::Status Recovery::RepairIndexRows() {
 
 absl::Status Recovery::FinishDeletes() {
   std::vector<v1::CheckpointRecord> deleting;
-  CKPTD_RETURN_IF_ERROR(svc_.deps_.meta->Scan(
+  CKPTD_RETURN_IF_ERROR(stores_.meta->Scan(
       keys::AllCheckpointsPrefix(), "", 0, [&](std::string_view key, std::string_view v) {
         v1::CheckpointRecord rec;
         if (ParseRow(key, v, &rec) && rec.summary().state() == v1::DELETING) {
@@ -159,7 +157,7 @@ absl::Status Recovery::FinishDeletes() {
   for (v1::CheckpointRecord& rec : deleting) {
     const std::string job = rec.summary().job();
     const uint64_t step = rec.summary().step();
-    absl::Status st = svc_.RemoveCheckpoint(job, step, std::move(rec));
+    absl::Status st = host_.RemoveCheckpoint(job, step, std::move(rec));
     if (st.ok()) {
       spdlog::info("recovery: finished the interrupted delete of {}", CkptName(job, step));
     } else {
@@ -171,7 +169,7 @@ absl::Status Recovery::FinishDeletes() {
 }
 
 absl::Status Recovery::AdoptManifests() {
-  Storage& storage = *svc_.deps_.storage;
+  Storage& storage = *stores_.storage;
   const std::string root = storage.Describe();
   return ForEachCheckpointDir(
       storage, "", [this](std::string what) { Problem(std::move(what)); },
@@ -185,7 +183,7 @@ absl::Status Recovery::AdoptManifests() {
           return absl::OkStatus();
         }
         if (!*exists) return absl::OkStatus();
-        absl::StatusOr<std::optional<v1::CheckpointRecord>> rec = svc_.ReadRecord(job, step);
+        absl::StatusOr<std::optional<v1::CheckpointRecord>> rec = host_.ReadRecord(job, step);
         if (!rec.ok()) {
           if (!absl::IsDataLoss(rec.status())) return rec.status();
           Problem(absl::StrCat(rec.status().message(), "; ", root, "/", dir, " skipped"));
@@ -211,7 +209,7 @@ absl::Status Recovery::AdoptManifests() {
           // is recorded PENDING with COMMITTED, as the commit it finishes would have.
           tiers.policy = v1::TIER_LOCAL_AND_REMOTE;
         }
-        CKPTD_RETURN_IF_ERROR(svc_.IndexCommitted(*m, dir, tiers));
+        CKPTD_RETURN_IF_ERROR(host_.IndexCommitted(*m, dir, tiers));
         spdlog::info("recovery: adopted {} from its manifest on {}{}", CkptName(job, step), root,
                      state == v1::CORRUPT ? " (it was CORRUPT; the manifest verifies again)" : "");
         return absl::OkStatus();
@@ -221,10 +219,10 @@ absl::Status Recovery::AdoptManifests() {
 void Recovery::AbortRecovered(const v1::CheckpointRecord& rec, const std::string& reason) {
   const v1::CheckpointSummary& s = rec.summary();
   spdlog::warn("recovery: checkpoint {}/{} ABORTED: {}", s.job(), s.step(), reason);
-  absl::Status st = svc_.deps_.storage->RemoveAll(CheckpointDir(s.job(), s.step()));
+  absl::Status st = stores_.storage->RemoveAll(CheckpointDir(s.job(), s.step()));
   if (st.ok() && s.tier_policy() == v1::TIER_REMOTE && s.local_world_size() == 0 &&
-      svc_.remote_.enabled()) {
-    st = svc_.remote_.remote()->RemoveAll(CheckpointDir(s.job(), s.step()));
+      stores_.remote != nullptr) {
+    st = stores_.remote->RemoveAll(CheckpointDir(s.job(), s.step()));
   }
   if (!st.ok()) spdlog::error("recovery: removing files: {}", st.ToString());
   CKPTD_SYNC_POINT("recovery.aborted_files_removed");
@@ -232,31 +230,31 @@ void Recovery::AbortRecovered(const v1::CheckpointRecord& rec, const std::string
   out.mutable_summary()->set_state(v1::ABORTED);
   out.mutable_summary()->set_error(reason);
   out.mutable_summary()->mutable_tiers()->Clear();
-  st = svc_.PutRecordSync(out);
-  if (st.ok()) st = svc_.deps_.meta->DeletePrefix(keys::RankPrefix(s.job(), s.step()), false);
-  if (st.ok()) st = svc_.deps_.meta->DeletePrefix(keys::BlobPrefix(s.job(), s.step()), true);
-  if (st.ok()) st = svc_.deps_.meta->DeletePrefix(keys::ItemPrefix(s.job(), s.step()), true);
+  st = host_.PutRecordSync(out);
+  if (st.ok()) st = stores_.meta->DeletePrefix(keys::RankPrefix(s.job(), s.step()), false);
+  if (st.ok()) st = stores_.meta->DeletePrefix(keys::BlobPrefix(s.job(), s.step()), true);
+  if (st.ok()) st = stores_.meta->DeletePrefix(keys::ItemPrefix(s.job(), s.step()), true);
   if (!st.ok()) spdlog::error("recovery: recording abort: {}", st.ToString());
 }
 
 absl::Status Recovery::ResumePending() {
   std::vector<v1::CheckpointRecord> open;
   std::vector<v1::CheckpointRecord> aborted;
-  CKPTD_RETURN_IF_ERROR(svc_.deps_.meta->Scan(keys::AllCheckpointsPrefix(), "", 0,
-                                              [&](std::string_view key, std::string_view v) {
-                                                v1::CheckpointRecord rec;
-                                                if (!ParseRow(key, v, &rec)) return true;
-                                                auto state = rec.summary().state();
-                                                if (state == v1::STAGING || state == v1::PERSISTING)
-                                                  open.push_back(rec);
-                                                if (state == v1::ABORTED) aborted.push_back(rec);
-                                                return true;
-                                              }));
+  CKPTD_RETURN_IF_ERROR(stores_.meta->Scan(keys::AllCheckpointsPrefix(), "", 0,
+                                           [&](std::string_view key, std::string_view v) {
+                                             v1::CheckpointRecord rec;
+                                             if (!ParseRow(key, v, &rec)) return true;
+                                             auto state = rec.summary().state();
+                                             if (state == v1::STAGING || state == v1::PERSISTING)
+                                               open.push_back(rec);
+                                             if (state == v1::ABORTED) aborted.push_back(rec);
+                                             return true;
+                                           }));
   for (const v1::CheckpointRecord& rec : aborted) {
     // Collect partial data an interrupted abort may have left; what cannot be removed now is
     // only space (the checkpoint is ABORTED either way), retried at the next start.
     const std::string dir = CheckpointDir(rec.summary().job(), rec.summary().step());
-    if (absl::Status st = svc_.deps_.storage->RemoveAll(dir); !st.ok()) {
+    if (absl::Status st = stores_.storage->RemoveAll(dir); !st.ok()) {
       spdlog::warn("recovery: the files of aborted checkpoint {} stay for now: {}", dir,
                    st.ToString());
     }
@@ -269,7 +267,7 @@ absl::Status Recovery::ResumePending() {
     }
     std::vector<v1::RankRecord> ranks;
     std::string bad_row;
-    CKPTD_RETURN_IF_ERROR(svc_.deps_.meta->Scan(
+    CKPTD_RETURN_IF_ERROR(stores_.meta->Scan(
         keys::RankPrefix(rec.summary().job(), rec.summary().step()), "", 0,
         [&](std::string_view key, std::string_view v) {
           if (!ranks.emplace_back().ParseFromArray(v.data(), static_cast<int>(v.size()))) {
@@ -299,23 +297,23 @@ absl::Status Recovery::ResumeOne(const v1::CheckpointRecord& rec,
   p->created_unix_ms = s.created_unix_ms();
   p->partial = s.partial();
   p->tier_policy = HasRemoteTier(s.tier_policy()) ? s.tier_policy() : v1::TIER_LOCAL;
-  if (p->tier_policy == v1::TIER_REMOTE && !svc_.remote_.enabled()) {
+  if (p->tier_policy == v1::TIER_REMOTE && stores_.remote == nullptr) {
     return absl::FailedPreconditionError(
         "it is saved straight to the remote tier (policy remote), but this daemon has no remote "
         "tier now");
   }
   p->local_world_size = s.local_world_size() != 0 ? s.local_world_size() : s.world_size();
-  if (p->multi_node() && !svc_.remote_.enabled()) {
+  if (p->multi_node() && stores_.remote == nullptr) {
     return absl::FailedPreconditionError(
         "it spans nodes and commits through the shared tier, but this daemon has no remote tier "
         "now");
   }
   // Its owner is its job's: only that uid may add ranks, and the job's row, already written, is
   // not journaled again (with another owner).
-  CKPTD_ASSIGN_OR_RETURN(std::optional<uint32_t> owner, svc_.JobOwner(s.job()));
+  CKPTD_ASSIGN_OR_RETURN(std::optional<uint32_t> owner, host_.JobOwner(s.job()));
   p->owner_uid = owner.value_or(0);
   p->job_recorded = owner.has_value();
-  p->checksum_block_bytes = svc_.deps_.options->checksum_block_bytes;
+  p->checksum_block_bytes = stores_.checksum_block_bytes;
   if (!ranks.empty()) p->checksum_block_bytes = RankBlockBytes(ranks.front());
   for (const v1::RankRecord& rr : ranks) {
     PendingRank pr;
@@ -331,7 +329,7 @@ absl::Status Recovery::ResumeOne(const v1::CheckpointRecord& rec,
                                                   "survive the restart"));
         }
         std::optional<ArenaSegmentInfo> seg =
-            svc_.deps_.arena->SegmentOfGeneration(rr.arena_generation());
+            stores_.arena->SegmentOfGeneration(rr.arena_generation());
         if (!seg || !seg->adopted) {
           return absl::DataLossError(
               absl::StrCat("recovery: the staging arena segment was lost (rank ", rr.rank(),
@@ -340,8 +338,8 @@ absl::Status Recovery::ResumeOne(const v1::CheckpointRecord& rec,
         }
         if (std::find(pr.extent_ids.begin(), pr.extent_ids.end(), sh.extent_id()) ==
             pr.extent_ids.end()) {
-          CKPTD_RETURN_IF_ERROR(svc_.deps_.arena->Restore(sh.extent_id(), seg->uid,
-                                                          sh.arena_offset(), sh.extent_length()));
+          CKPTD_RETURN_IF_ERROR(stores_.arena->Restore(sh.extent_id(), seg->uid, sh.arena_offset(),
+                                                       sh.extent_length()));
           pr.extent_ids.push_back(sh.extent_id());
         }
       }
@@ -359,20 +357,13 @@ absl::Status Recovery::ResumeOne(const v1::CheckpointRecord& rec,
       "recovery: resuming checkpoint {}/{} ({} of {} ranks staged{})", p->job, p->step,
       p->ranks.size(), p->expected_ranks(),
       p->multi_node() ? absl::StrCat(" here; it spans nodes, world_size ", p->world_size) : "");
-  absl::MutexLock lock(&svc_.mu_);
-  CheckpointService::Key key{p->job, p->step};
-  PendingCheckpoint& pp = *svc_.pending_.emplace(key, std::move(p)).first->second;
-  svc_.KeyChangedLocked(key);
-  for (auto& [r, pr] : pp.ranks) {
-    if (!pr.persisted()) svc_.PostFlush(key, r);
-  }
-  svc_.MaybeStartCommitLocked(pp);
+  host_.Resume(std::move(p));
   return absl::OkStatus();
 }
 
 absl::Status Recovery::CheckCommittedRows() {
   std::vector<v1::CheckpointRecord> committed;
-  CKPTD_RETURN_IF_ERROR(svc_.deps_.meta->Scan(
+  CKPTD_RETURN_IF_ERROR(stores_.meta->Scan(
       keys::AllCheckpointsPrefix(), "", 0, [&](std::string_view key, std::string_view v) {
         v1::CheckpointRecord rec;
         if (ParseRow(key, v, &rec) && rec.summary().state() == v1::COMMITTED) {
@@ -386,9 +377,9 @@ absl::Status Recovery::CheckCommittedRows() {
       // checkpoint that spans nodes, when it stopped between its COMMITTED row and their removal
       // (a dropped local copy loses its files before its row says so).
       const std::string dir = CheckpointDir(rec.summary().job(), rec.summary().step());
-      absl::StatusOr<bool> there = svc_.deps_.storage->Exists(dir);
+      absl::StatusOr<bool> there = stores_.storage->Exists(dir);
       if (there.ok() && *there) {
-        absl::Status removed = svc_.deps_.storage->RemoveAll(dir);
+        absl::Status removed = stores_.storage->RemoveAll(dir);
         spdlog::info("recovery: {} is read from the remote tier; its local leftovers {}",
                      CkptName(rec.summary().job(), rec.summary().step()),
                      removed.ok() ? "are removed" : "stay: " + removed.ToString());
@@ -397,19 +388,19 @@ absl::Status Recovery::CheckCommittedRows() {
     }
     std::string path = absl::StrCat(CheckpointDir(rec.summary().job(), rec.summary().step()), "/",
                                     kManifestFileName);
-    absl::StatusOr<bool> exists = svc_.deps_.storage->Exists(path);
+    absl::StatusOr<bool> exists = stores_.storage->Exists(path);
     if (!exists.ok()) {
-      Problem(absl::StrCat(svc_.deps_.storage->Describe(), "/", path, " cannot be checked (",
+      Problem(absl::StrCat(stores_.storage->Describe(), "/", path, " cannot be checked (",
                            exists.status().ToString(), "); left COMMITTED"));
       continue;
     }
     if (*exists) continue;
     // Gone locally: still COMMITTED where the remote tier holds a durable copy.
-    absl::StatusOr<std::vector<Storage*>> tiers = svc_.ReadTiers(rec);
+    absl::StatusOr<std::vector<Storage*>> tiers = host_.ReadTiers(rec);
     if (tiers.ok() && tiers->size() == 2) {
       rec.mutable_summary()->mutable_tiers()->set_local(false);
-      CKPTD_RETURN_IF_ERROR(svc_.PutRecordSync(rec));
-      Problem(absl::StrCat(svc_.deps_.storage->Describe(), "/", path,
+      CKPTD_RETURN_IF_ERROR(host_.PutRecordSync(rec));
+      Problem(absl::StrCat(stores_.storage->Describe(), "/", path,
                            " is missing; the checkpoint stays COMMITTED on the remote tier"));
       continue;
     }
@@ -420,7 +411,7 @@ absl::Status Recovery::CheckCommittedRows() {
 
 absl::Status Recovery::VerifyNewestCommitted() {
   std::map<std::string, std::vector<uint64_t>> committed;  // job → steps, oldest first
-  CKPTD_RETURN_IF_ERROR(svc_.deps_.meta->Scan(
+  CKPTD_RETURN_IF_ERROR(stores_.meta->Scan(
       keys::AllCheckpointsPrefix(), "", 0, [&](std::string_view key, std::string_view v) {
         v1::CheckpointRecord rec;
         if (ParseRow(key, v, &rec) && rec.summary().state() == v1::COMMITTED) {
@@ -432,9 +423,9 @@ absl::Status Recovery::VerifyNewestCommitted() {
     for (auto step = steps.rbegin(); step != steps.rend(); ++step) {
       // GetManifest keeps what verifies in the manifest cache: the first load of the latest
       // checkpoint after a restart does not read it again.
-      absl::StatusOr<std::shared_ptr<const Manifest>> m = svc_.GetManifest(job, *step);
+      absl::StatusOr<std::shared_ptr<const Manifest>> m = host_.GetManifest(job, *step);
       if (m.ok()) break;
-      const std::string path = absl::StrCat(svc_.deps_.storage->Describe(), "/",
+      const std::string path = absl::StrCat(stores_.storage->Describe(), "/",
                                             CheckpointDir(job, *step), "/", kManifestFileName);
       if (!absl::IsDataLoss(m.status())) {
         Problem(absl::StrCat(path, " cannot be read to verify it (", m.status().ToString(), "); ",

@@ -22,30 +22,80 @@
 // What it cannot use it skips, names (path or index key) in the log and counts in one summary
 // line; only a failing index, or a data dir whose root cannot be listed, stops the start.
 //
-// Ownership: a short-lived object on the start-up thread (CheckpointService::Recover); it borrows
-// the service, whose lifecycle state (pending_, the committer, the manifest cache) it fills
-// through the service's own operations, and owns only its list of problems.
+// Ownership: a short-lived object on the start-up thread (CheckpointService::Recover). It sees the
+// daemon only through RecoveryHost: the stores it reads and repairs, and the service's operations
+// on the catalog and the lifecycle, which fill the lifecycle's state (pending checkpoints, the
+// committer, the manifest cache) by the service's own rules. It owns only its list of problems.
 // Threads: the start-up thread only, before the service serves and before housekeeping starts:
-// nothing races it. It takes the lifecycle lock where it enters a resumed checkpoint into
-// pending_ (the flush pool may already run that checkpoint's flushes).
+// nothing races it but the flushes of checkpoints it resumed (RecoveryHost::Resume takes the
+// lifecycle lock).
 // Errors (Run): the index's errors and a data dir whose root cannot be listed; everything else is
 // a reported problem, not an error.
 #pragma once
 
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "ckptd/storage.h"
 #include "ckptd/v1/index.pb.h"
+#include "dataplane/arena.h"
+#include "format/manifest.h"
+#include "index/meta_store.h"
+#include "service/checkpoints.h"
+#include "service/pending_checkpoint.h"
 
 namespace ckptd {
 
-class CheckpointService;
+// What recovery may use of the daemon. CheckpointService implements it (recover.cc) by
+// forwarding to its own operations; each behaves as the service's method of that name.
+class RecoveryHost {
+ public:
+  // The stores recovery reads and repairs (borrowed; they outlive it).
+  struct Stores {
+    MetaStore* meta = nullptr;
+    Storage* storage = nullptr;  // the local tier
+    Storage* remote = nullptr;   // the remote tier; null: this daemon has none
+    StagingArena* arena = nullptr;
+    uint32_t checksum_block_bytes = 0;  // the daemon's default block size
+  };
+  virtual ~RecoveryHost() = default;
+  virtual Stores stores() const = 0;
+
+  // The catalog. A synced write of the checkpoint's row.
+  virtual absl::Status PutRecordSync(const v1::CheckpointRecord& rec) = 0;
+  // Records a durable manifest COMMITTED (rows, journal removed, upload row), synced.
+  virtual absl::Status IndexCommitted(const Manifest& m, const std::string& dir,
+                                      CommittedTiers tiers) = 0;
+  // The row of (job, step) in any state; DATA_LOSS when it does not parse.
+  virtual absl::StatusOr<std::optional<v1::CheckpointRecord>> ReadRecord(const std::string& job,
+                                                                         uint64_t step) = 0;
+  virtual absl::StatusOr<std::optional<uint32_t>> JobOwner(const std::string& job) = 0;
+  // The tiers a COMMITTED checkpoint is read from, fastest first.
+  virtual absl::StatusOr<std::vector<Storage*>> ReadTiers(const v1::CheckpointRecord& rec) = 0;
+  // The verified manifest (kept in the manifest cache); DATA_LOSS marks the checkpoint CORRUPT.
+  virtual absl::StatusOr<std::shared_ptr<const Manifest>> GetManifest(const std::string& job,
+                                                                      uint64_t step) = 0;
+  // Finishes a delete (idempotent steps; the row is DELETING).
+  virtual absl::Status RemoveCheckpoint(const std::string& job, uint64_t step,
+                                        v1::CheckpointRecord rec) = 0;
+  // Adopts the remote tier's checkpoints this node has no row of (only with a remote tier).
+  virtual absl::Status ScanStore(const std::string& scope,
+                                 const std::function<void(std::string)>& problem) = 0;
+
+  // The lifecycle: enters a checkpoint rebuilt from its journal (its key is free), posts the
+  // flushes of its ranks not persisted and starts its commit when it is complete.
+  virtual void Resume(std::unique_ptr<PendingCheckpoint> p) = 0;
+};
 
 class Recovery {
  public:
-  explicit Recovery(CheckpointService& service) : svc_(service) {}
+  explicit Recovery(RecoveryHost& host) : host_(host), stores_(host.stores()) {}
   Recovery(const Recovery&) = delete;
   Recovery& operator=(const Recovery&) = delete;
 
@@ -55,8 +105,8 @@ class Recovery {
  private:
   absl::Status RepairIndexRows();
   absl::Status FinishDeletes();
-  // From local storage (the remote tier's are CheckpointService::ScanStore's: only checkpoints
-  // this node has no row of, recorded on the remote tier alone, as while it runs).
+  // From local storage (the remote tier's are RecoveryHost::ScanStore's: only checkpoints this
+  // node has no row of, recorded on the remote tier alone, as while it runs).
   absl::Status AdoptManifests();
   absl::Status ResumePending();
   // Rebuilds one journaled checkpoint from its rows and enters it into the lifecycle.
@@ -69,7 +119,8 @@ class Recovery {
   // summary.
   void Problem(std::string what);
 
-  CheckpointService& svc_;
+  RecoveryHost& host_;
+  const RecoveryHost::Stores stores_;
   std::vector<std::string> problems_;
 };
 

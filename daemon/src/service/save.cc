@@ -24,27 +24,6 @@ uint32_t LocalWorldSize(const v1::SaveRequest& req) {
 
 }  // namespace
 
-std::string CkptName(const std::string& job, uint64_t step) {
-  return absl::StrCat("checkpoint ", job, "/", step);
-}
-
-absl::Status ValidateJobStep(const std::string& job, uint64_t step) {
-  CKPTD_RETURN_IF_ERROR(ValidateJobName(job));
-  if (step > limits::kStepMax) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("step ", step, " of job ", job, " exceeds the limit ", limits::kStepMax));
-  }
-  return absl::OkStatus();
-}
-
-std::string RanksList(const std::vector<uint32_t>& ranks) {
-  if (ranks.size() > 32) {
-    return absl::StrCat("[", absl::StrJoin(ranks.begin(), ranks.begin() + 32, ", "), ", ... (",
-                        ranks.size(), " ranks)]");
-  }
-  return absl::StrCat("[", absl::StrJoin(ranks, ", "), "]");
-}
-
 CheckpointService::CheckpointService(ServiceDeps deps)
     : deps_(deps),
       instance_id_(RandomHexId()),

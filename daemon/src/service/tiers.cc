@@ -7,10 +7,6 @@
 
 namespace ckptd {
 
-bool HasRemoteTier(v1::TierPolicy policy) {
-  return policy == v1::TIER_LOCAL_AND_REMOTE || policy == v1::TIER_REMOTE;
-}
-
 Storage* CheckpointService::BlobTier(v1::TierPolicy policy) const {
   return policy == v1::TIER_REMOTE ? remote_.remote() : deps_.storage;
 }
