@@ -16,6 +16,8 @@
 //   loader (loader.h)       Loader::load_buffers_mu_  reusable read buffers; a load's reads,
 //                           (taking/returning only)   checks and copies run with no lock held
 //   the arena, regions      their own locks           staging memory, client regions
+//   resharder (resharder.h) none (atomics per job)    the reshard pool; writes a reshard's blobs
+//   recovery (recovery.h)   none (start-up only)      sees the service through RecoveryHost
 //
 // Lock order: mu_ → (SessionTable::mu_, ManifestCache::mu_, Committer::mu_, the arena's and the
 // region registry's locks); none of those calls back into the service. Index reads and synced
@@ -74,6 +76,7 @@
 #include "service/loader.h"
 #include "service/manifest_cache.h"
 #include "service/pending_checkpoint.h"
+#include "service/resharder.h"
 #include "service/sessions.h"
 #include "service/store_discovery.h"
 #include "tier/flush_scheduler.h"
@@ -99,8 +102,6 @@ struct ServiceDeps {
   // clock.
   const Clock* clock = RealClock();
 };
-
-class BlobAppender;  // reshard.cc
 
 class CheckpointService {
  public:
@@ -434,23 +435,19 @@ class CheckpointService {
   absl::CondVar changed_;  // signalled on every checkpoint state change
   std::map<Key, std::unique_ptr<PendingCheckpoint>> pending_ ABSL_GUARDED_BY(mu_);
   SessionTable sessions_;
-  // Offline reshards in progress, by target (reshard.cc). Each runs on its own thread.
-  struct ReshardJob;
+  // Offline reshards in progress, by target (reshard.cc: the lifecycle's side; the resharder
+  // writes their blobs).
   std::map<Key, std::shared_ptr<ReshardJob>> reshards_ ABSL_GUARDED_BY(mu_);
   // reshard.cc
   // Claims job->target (refused while it exists, is being written or rewritten, or the source
   // is being rewritten), records its row and `first` (synced, mu_ released, the target held in
-  // reshards_), then starts the reshard's thread.
+  // reshards_), then hands the job to the resharder.
   absl::Status ClaimAndStartReshard(const std::shared_ptr<ReshardJob>& job,
                                     std::vector<MetaStore::Write> first, v1::CheckpointStatus* resp)
       ABSL_LOCKS_EXCLUDED(mu_);
-  void RunReshard(const std::shared_ptr<ReshardJob>& job) ABSL_LOCKS_EXCLUDED(mu_);
-  absl::StatusOr<Manifest> WriteReshard(ReshardJob& job);
-  // Appends the bytes of `whole` (a target tensor region, or an object's copy) read from the
-  // source to `out`, growing shard->length() and the job's progress.
-  absl::Status CopyShard(ReshardJob& job, const PlanRequest& whole, BlobAppender& out,
-                         v1::ShardEntry* shard);
-  void FinishReshard(ReshardJob& job, const absl::Status& status);
+  // The resharder's Done (a pool thread): commits the target's manifest, or records it ABORTED.
+  void CommitReshard(ReshardJob& job, absl::StatusOr<Manifest> m) ABSL_LOCKS_EXCLUDED(mu_);
+  void FinishReshard(ReshardJob& job, const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
   // Abort / GetStatus of a reshard's target; false when `key` is no running reshard.
   bool CancelReshardLocked(const Key& key, const std::string& reason, v1::CheckpointStatus* resp)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -485,9 +482,9 @@ class CheckpointService {
   std::atomic<int64_t> last_discovery_warn_ms_{0};
   StoreDiscovery discovery_{[this](const std::string& scope) { return ScanStore(scope, nullptr); },
                             absl::Milliseconds(limits::kDiscoveryMinIntervalMs)};
-  // Reshards ("reshard-<i>", one thread per reshard that may run: kReshardJobsMax), last so it is
-  // destroyed (joined) first.
-  WorkerPool reshard_pool_{"reshard", limits::kReshardPoolThreads, limits::kReshardQueueMax};
+  // The reshard data path (resharder.h: its pool, one thread per reshard that may run), last so it
+  // is destroyed (joined) first: its threads call CommitReshard.
+  Resharder resharder_{deps_.options, deps_.storage, &loader_, deps_.clock};
 };
 
 }  // namespace ckptd
