@@ -18,7 +18,9 @@
 #                            default config over http, SHA-256 of every part)
 #   BENCH_CLUSTER_ROUNDS=9   checkpoints spanning nodes (bench/cluster_merge_bench.cc,
 #                            bench/cluster_commit_bench.py: 1, 2 and 3 daemons on a shared dir)
-#   BENCH_ONLY=all|planner|reshard|ckpt|train|remote|cluster       run one part only
+#   BENCH_COMMIT_MIB=512 BENCH_COMMIT_ROUNDS=9   time to committed against fio in the daemon's
+#                            write shape and dd (bench/commit_floor.py; rounds rotate the order)
+#   BENCH_ONLY=all|planner|reshard|ckpt|commit|train|remote|cluster       run one part only
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BUILD="${BUILD:-$ROOT/build}"
@@ -71,6 +73,14 @@ python3 "$ROOT/bench/ckpt_bench.py" --daemon "$BUILD/ckptd" --out "$OUT" --state
   --systems "${BENCH_SYSTEMS:-ckptd,ckptd_dcp,dcp,dcp_async,torch_save,bytecheckpoint}"
 python3 "$ROOT/bench/plot.py" "$OUT/ckpt.jsonl" "$ROOT/bench/ckpt_phases.png"
 rm -rf "$STATE"
+fi
+
+if [ "$ONLY" = all ] || [ "$ONLY" = commit ]; then
+echo "bench: time to committed against the device's floor (${BENCH_COMMIT_MIB:-512} MiB)"
+python3 "$ROOT/bench/commit_floor.py" --daemon "$BUILD/ckptd" --dir "$STATE-commit" \
+  --size-mib "${BENCH_COMMIT_MIB:-512}" --rounds "${BENCH_COMMIT_ROUNDS:-9}" \
+  --out "$OUT/commit_floor.jsonl"
+rm -rf "$STATE-commit"
 fi
 
 if [ "$ONLY" = all ] || [ "$ONLY" = train ]; then
