@@ -175,100 +175,66 @@ absl::Status ArmCrashPoint(const DaemonOptions& o) {
   return absl::OkStatus();
 }
 
-int Run(const DaemonOptions& o) {
-  SetUpLogging(o);
-  if (absl::Status st = ArmCrashPoint(o); !st.ok()) {
-    spdlog::critical("debug_crash_at: {}", st.ToString());
-    return 2;
-  }
-  umask(077);
-  if (absl::Status st = MakeStateDirs(o); !st.ok()) {
-    spdlog::critical("{}", st.ToString());
-    return 1;
-  }
-  absl::StatusOr<std::unique_ptr<MetaStore>> meta = OpenRocksDbMetaStore(o.state_dir + "/index");
-  if (!meta.ok()) {
-    spdlog::critical("opening the index: {}", meta.status().ToString());
-    return 1;
-  }
-  const std::string prefix = ShmPrefix(o.state_dir);
-  absl::StatusOr<std::unique_ptr<StagingArena>> arena = OpenArena(o, **meta, prefix);
-  if (!arena.ok()) {
-    spdlog::critical("staging arena: {}", arena.status().ToString());
-    return 1;
-  }
-  RemoveOrphanSegments(prefix, **arena);
-  std::unique_ptr<Io> io = NewUringIo(o.io_queue_depth);
-  if (!o.direct_io) io = NewBufferedIo(std::move(io));
-  std::unique_ptr<Storage> storage = NewPosixStorage(o.data_dir, io.get());
-  absl::StatusOr<std::unique_ptr<Storage>> remote = OpenRemoteTier(o, io.get());
-  if (!remote.ok()) {
-    spdlog::critical("remote tier: {}", remote.status().ToString());
-    return 1;
-  }
-  StagingArena* arena_ptr = arena->get();
-  // CUDA is loaded at the first CUDA IPC registration, never on a node that has none. Declared
-  // before the registry (which closes handles through it) and after the arena (unpinned first).
-  std::unique_ptr<Gpu> gpu = NewCudaGpu();
-  GpuStaging gpu_staging(gpu.get(), arena_ptr);
-  RegionRegistry regions(ForbiddenRegions{"/" + prefix,
-                                          [arena_ptr](uint64_t dev, uint64_t ino) {
-                                            return arena_ptr->IsSegment(dev, ino);
-                                          }},
-                         gpu.get());
-  Executor flush_pool("flush", o.flush_threads, 1 << 20);
-  Executor quick_pool("rpc", o.rpc_threads, o.rpc_queue_max);
-  // Waits and reservations on their own bounded pools: Waits that may last an hour can never
-  // starve the reservations (or anything else) a save needs.
-  Executor wait_pool("wait", o.waiters_max, o.waiters_max);
-  Executor reserve_pool("reserve", o.waiters_max, o.waiters_max);
-  Executor load_pool("load", o.load_threads, o.rpc_queue_max);
-  ServiceDeps deps{&o, meta->get(), storage.get(), arena->get(), &regions, &flush_pool};
-  deps.remote = remote->get();
-  deps.gpu = &gpu_staging;
-  CheckpointService svc(deps);
-  if (absl::Status st = svc.Recover(); !st.ok()) {
-    spdlog::critical("recovery failed: {}", st.ToString());
-    return 1;
-  }
-  svc.Start();
+// What the daemon stores into, opened in order (the destructor closes them in reverse): the index,
+// the staging arena (orphan segments of this state dir removed), the I/O engine, local storage and
+// the remote tier (null without one). Errors name the part that failed.
+struct Stores {
+  std::unique_ptr<MetaStore> meta;
+  std::unique_ptr<StagingArena> arena;
+  std::unique_ptr<Io> io;
+  std::unique_ptr<Storage> storage;
+  std::unique_ptr<Storage> remote;
+};
 
+absl::StatusOr<Stores> OpenStores(const DaemonOptions& o, const std::string& shm_prefix) {
+  Stores s;
+  CKPTD_RETURN_IF_ERROR(MakeStateDirs(o));
+  CKPTD_ASSIGN_OR_RETURN(
+      s.meta, Annotate(OpenRocksDbMetaStore(o.state_dir + "/index"), "opening the index"));
+  CKPTD_ASSIGN_OR_RETURN(s.arena, Annotate(OpenArena(o, *s.meta, shm_prefix), "staging arena"));
+  RemoveOrphanSegments(shm_prefix, *s.arena);
+  s.io = NewUringIo(o.io_queue_depth);
+  if (!o.direct_io) s.io = NewBufferedIo(std::move(s.io));
+  s.storage = NewPosixStorage(o.data_dir, s.io.get());
+  CKPTD_ASSIGN_OR_RETURN(s.remote, Annotate(OpenRemoteTier(o, s.io.get()), "remote tier"));
+  return s;
+}
+
+// The RPC front over `svc`: the peer-checking listener, the arena descriptor server and the gRPC
+// server, serving until SIGTERM or SIGINT; then it stops taking connections, ends the sessions
+// and shuts the server down (5 s for calls in flight) before it returns. Errors: a socket that
+// cannot be listened on, a server that does not start.
+absl::Status ServeUntilSignal(const DaemonOptions& o, CheckpointService& svc, const RpcPools& pools,
+                              size_t segments) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  absl::StatusOr<std::unique_ptr<PeerListener>> listener =
-      PeerListener::Listen(ListenOptions{o.socket_path, o.socket_mode, o.socket_gid, o.admin_gid});
-  if (!listener.ok()) {
-    spdlog::critical("cannot listen on {}: {}", o.socket_path, listener.status().ToString());
-    return 1;
-  }
-  absl::StatusOr<std::unique_ptr<ArenaFdServer>> arena_fds = ArenaFdServer::Listen(
-      o.socket_path + ArenaFdServer::kPathSuffix, o.socket_mode, o.socket_gid,
-      [&svc](uint32_t uid, const std::string& session) { return svc.ArenaFd(uid, session); });
+  CKPTD_ASSIGN_OR_RETURN(std::unique_ptr<PeerListener> listener,
+                         Annotate(PeerListener::Listen(ListenOptions{o.socket_path, o.socket_mode,
+                                                                     o.socket_gid, o.admin_gid}),
+                                  absl::StrCat("cannot listen on ", o.socket_path)));
+  const std::string fd_path = o.socket_path + ArenaFdServer::kPathSuffix;
   // (svc outlives the server: the server is stopped, then destroyed, before it.)
-  if (!arena_fds.ok()) {
-    spdlog::critical("cannot listen on {}{}: {}", o.socket_path, ArenaFdServer::kPathSuffix,
-                     arena_fds.status().ToString());
-    return 1;
-  }
-  GrpcCheckpointService rpc(&svc, listener->get(),
-                            RpcPools{&quick_pool, &wait_pool, &reserve_pool, &load_pool});
+  CKPTD_ASSIGN_OR_RETURN(
+      std::unique_ptr<ArenaFdServer> arena_fds,
+      Annotate(ArenaFdServer::Listen(fd_path, o.socket_mode, o.socket_gid,
+                                     [&svc](uint32_t uid, const std::string& session) {
+                                       return svc.ArenaFd(uid, session);
+                                     }),
+               absl::StrCat("cannot listen on ", fd_path)));
+  GrpcCheckpointService rpc(&svc, listener.get(), pools);
   grpc::ServerBuilder builder;
   // No listening port: connections come from PeerListener, which asks the kernel who they are.
   builder.RegisterService(&rpc);
   builder.SetMaxReceiveMessageSize(limits::kRpcMessageBytesMax);
   builder.SetMaxSendMessageSize(limits::kRpcMessageBytesMax);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (!server) {
-    spdlog::critical("cannot start the gRPC server");
-    return 1;
-  }
-  (*arena_fds)->Start();
-  (*listener)->Start(server.get());
+  if (!server) return absl::InternalError("cannot start the gRPC server");
+  arena_fds->Start();
+  listener->Start(server.get());
   spdlog::info(
       "ckptd ready on unix:{} (mode 0{:o}; data {}, staging arena of {} bytes, {} "
       "segment(s) adopted, instance {})",
-      o.socket_path, o.socket_mode, o.data_dir, o.staging_bytes_max, (*arena)->segments().size(),
-      svc.instance_id());
+      o.socket_path, o.socket_mode, o.data_dir, o.staging_bytes_max, segments, svc.instance_id());
 
   sigset_t set;
   sigemptyset(&set);
@@ -277,10 +243,58 @@ int Run(const DaemonOptions& o) {
   int sig = 0;
   sigwait(&set, &sig);
   spdlog::info("signal {}: stopping (grace {} s)", sig, o.shutdown_grace_s);
-  (*listener)->Stop();
-  (*arena_fds)->Stop();
+  listener->Stop();
+  arena_fds->Stop();
   rpc.CloseSessions();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  return absl::OkStatus();
+}
+
+int Run(const DaemonOptions& o) {
+  SetUpLogging(o);
+  if (absl::Status st = ArmCrashPoint(o); !st.ok()) {
+    spdlog::critical("debug_crash_at: {}", st.ToString());
+    return 2;
+  }
+  umask(077);
+  const std::string prefix = ShmPrefix(o.state_dir);
+  absl::StatusOr<Stores> stores = OpenStores(o, prefix);
+  if (!stores.ok()) {
+    spdlog::critical("{}", stores.status().ToString());
+    return 1;
+  }
+  StagingArena* arena = stores->arena.get();
+  // CUDA is loaded at the first CUDA IPC registration, never on a node that has none. Declared
+  // before the registry (which closes handles through it) and after the arena (unpinned first).
+  std::unique_ptr<Gpu> gpu = NewCudaGpu();
+  GpuStaging gpu_staging(gpu.get(), arena);
+  RegionRegistry regions(
+      ForbiddenRegions{"/" + prefix,
+                       [arena](uint64_t dev, uint64_t ino) { return arena->IsSegment(dev, ino); }},
+      gpu.get());
+  Executor flush_pool("flush", o.flush_threads, 1 << 20);
+  Executor quick_pool("rpc", o.rpc_threads, o.rpc_queue_max);
+  // Waits and reservations on their own bounded pools: Waits that may last an hour can never
+  // starve the reservations (or anything else) a save needs.
+  Executor wait_pool("wait", o.waiters_max, o.waiters_max);
+  Executor reserve_pool("reserve", o.waiters_max, o.waiters_max);
+  Executor load_pool("load", o.load_threads, o.rpc_queue_max);
+  ServiceDeps deps{&o, stores->meta.get(), stores->storage.get(), arena, &regions, &flush_pool};
+  deps.remote = stores->remote.get();
+  deps.gpu = &gpu_staging;
+  CheckpointService svc(deps);
+  if (absl::Status st = svc.Recover(); !st.ok()) {
+    spdlog::critical("recovery failed: {}", st.ToString());
+    return 1;
+  }
+  svc.Start();
+  if (absl::Status st =
+          ServeUntilSignal(o, svc, RpcPools{&quick_pool, &wait_pool, &reserve_pool, &load_pool},
+                           arena->segments().size());
+      !st.ok()) {
+    spdlog::critical("{}", st.ToString());
+    return 1;
+  }
   bool drained = true;
   bool nothing_staged = svc.Shutdown(absl::Seconds(o.shutdown_grace_s), &drained);
   if (!drained) {
@@ -298,7 +312,7 @@ int Run(const DaemonOptions& o) {
   reserve_pool.Stop();
   load_pool.Stop();
   if (nothing_staged) {
-    (*arena)->Unlink();
+    arena->Unlink();
   } else {
     spdlog::info(
         "staged checkpoints stay journaled in the staging arena's segments; the next "

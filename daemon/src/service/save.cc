@@ -22,6 +22,97 @@ uint32_t LocalWorldSize(const v1::SaveRequest& req) {
   return req.local_world_size() == 0 ? req.world_size() : req.local_world_size();
 }
 
+// ValidateSave's parts.
+// The world, rank and shard-count fields of a Save.
+absl::Status ValidateSaveRanks(const v1::SaveRequest& req, const std::string& what) {
+  if (req.world_size() == 0 || req.world_size() > limits::kWorldSizeMax) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": world_size ", req.world_size(),
+                                                   " must be in [1, ", limits::kWorldSizeMax, "]"));
+  }
+  if (req.rank() >= req.world_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": rank ", req.rank(), " is not below world_size ", req.world_size()));
+  }
+  if (req.local_world_size() > req.world_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": local_world_size ",
+                                                   req.local_world_size(), " is above world_size ",
+                                                   req.world_size()));
+  }
+  if (static_cast<uint64_t>(req.shards_size()) > limits::kShardsPerSaveMax) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", req.shards_size(),
+                                                   " shards in one Save; the limit is ",
+                                                   limits::kShardsPerSaveMax));
+  }
+  return absl::OkStatus();
+}
+
+// One shard's description against its data: a valid tensor region or object, and data of
+// exactly its bytes that names where they are. Returns the region's key ("" for an object).
+absl::StatusOr<std::string> ValidateShardSpec(const v1::ShardSpec& s, const std::string& where) {
+  uint64_t expect_bytes = 0;
+  std::string region_key;
+  if (s.has_tensor()) {
+    const v1::TensorShardSpec& t = s.tensor();
+    absl::StatusOr<uint32_t> elem = DTypeSize(t.dtype());
+    if (!elem.ok()) return Annotate(elem.status(), where);
+    std::vector<uint64_t> shape(t.global_shape().begin(), t.global_shape().end());
+    CKPTD_RETURN_IF_ERROR(Annotate(NumElements(shape).status(), where));
+    CKPTD_RETURN_IF_ERROR(Annotate(ValidateRegion(t.region(), shape), where));
+    expect_bytes = RegionElements(t.region(), shape) * *elem;
+    region_key = RegionKey(t.region(), shape);
+  } else if (s.has_object()) {
+    if (s.object().scope() != v1::REPLICATED && s.object().scope() != v1::PER_RANK) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": object scope must be REPLICATED or PER_RANK"));
+    }
+    if (s.data().length() > limits::kObjectBytesMax) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": object of ", s.data().length(),
+                                                     " bytes exceeds the limit ",
+                                                     limits::kObjectBytesMax));
+    }
+    expect_bytes = s.data().length();
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": neither tensor nor object"));
+  }
+  if (s.data().length() != expect_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, " ", s.has_tensor() ? DescribeRegion(s.tensor().region()) : "", ": data is ",
+        s.data().length(), " bytes but the region holds ", expect_bytes));
+  }
+  if (expect_bytes > 0 && s.data().target_case() == v1::MemRef::TARGET_NOT_SET) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": data names no extent or region"));
+  }
+  return region_key;
+}
+
+// Two shards describe their item alike: kind, and dtype and global shape, or object scope.
+bool SameItemDescription(const v1::ShardSpec& f, const v1::ShardSpec& s) {
+  if (f.has_tensor() != s.has_tensor()) return false;
+  if (!s.has_tensor()) return f.object().scope() == s.object().scope();
+  return f.tensor().dtype() == s.tensor().dtype() &&
+         std::equal(f.tensor().global_shape().begin(), f.tensor().global_shape().end(),
+                    s.tensor().global_shape().begin(), s.tensor().global_shape().end());
+}
+
+// Distinct regions of one item in one Save may not overlap: which bytes would an element
+// overlapped take? (Identical regions are refused before.) `items`: item -> its first shard.
+absl::Status CheckNoOverlapInSave(const v1::SaveRequest& req,
+                                  const absl::flat_hash_map<std::string, int>& items,
+                                  const std::string& what) {
+  for (const auto& [item, first] : items) {
+    const v1::ShardSpec& f = req.shards(first);
+    if (!f.has_tensor()) continue;
+    std::vector<v1::Region> regions;
+    for (const v1::ShardSpec& s : req.shards()) {
+      if (s.item() == item) regions.push_back(s.tensor().region());
+    }
+    if (regions.size() < 2) continue;
+    std::vector<uint64_t> shape(f.tensor().global_shape().begin(), f.tensor().global_shape().end());
+    CKPTD_RETURN_IF_ERROR(Annotate(CheckNoOverlap(shape, regions, item), what));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 CheckpointService::CheckpointService(ServiceDeps deps)
@@ -77,105 +168,31 @@ absl::Status CheckpointService::CheckOpenLimitsLocked(const std::string& job,
 
 absl::Status CheckpointService::ValidateSave(const v1::SaveRequest& req) const {
   CKPTD_RETURN_IF_ERROR(ValidateJobStep(req.job(), req.step()));
-  std::string what = CkptName(req.job(), req.step());
-  if (req.world_size() == 0 || req.world_size() > limits::kWorldSizeMax) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": world_size ", req.world_size(),
-                                                   " must be in [1, ", limits::kWorldSizeMax, "]"));
-  }
-  if (req.rank() >= req.world_size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, ": rank ", req.rank(), " is not below world_size ", req.world_size()));
-  }
-  if (req.local_world_size() > req.world_size()) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": local_world_size ",
-                                                   req.local_world_size(), " is above world_size ",
-                                                   req.world_size()));
-  }
-  if (static_cast<uint64_t>(req.shards_size()) > limits::kShardsPerSaveMax) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": ", req.shards_size(),
-                                                   " shards in one Save; the limit is ",
-                                                   limits::kShardsPerSaveMax));
-  }
-  absl::flat_hash_map<std::string, int> seen;
+  const std::string what = CkptName(req.job(), req.step());
+  CKPTD_RETURN_IF_ERROR(ValidateSaveRanks(req, what));
+  absl::flat_hash_set<std::string> seen;        // item '\0' region: each stored copy once
   absl::flat_hash_map<std::string, int> items;  // item -> its first shard in this Save
   for (int i = 0; i < req.shards_size(); ++i) {
     const v1::ShardSpec& s = req.shards(i);
-    std::string where = absl::StrCat(what, " rank ", req.rank(), " item \"", s.item(), "\"");
+    const std::string where = absl::StrCat(what, " rank ", req.rank(), " item \"", s.item(), "\"");
     CKPTD_RETURN_IF_ERROR(Annotate(ValidateItemName(s.item()), what));
-    uint64_t expect_bytes = 0;
-    std::string region_key;
-    if (s.has_tensor()) {
-      const v1::TensorShardSpec& t = s.tensor();
-      absl::StatusOr<uint32_t> elem = DTypeSize(t.dtype());
-      if (!elem.ok()) return Annotate(elem.status(), where);
-      std::vector<uint64_t> shape(t.global_shape().begin(), t.global_shape().end());
-      CKPTD_RETURN_IF_ERROR(Annotate(NumElements(shape).status(), where));
-      CKPTD_RETURN_IF_ERROR(Annotate(ValidateRegion(t.region(), shape), where));
-      expect_bytes = RegionElements(t.region(), shape) * *elem;
-      region_key = RegionKey(t.region(), shape);
-    } else if (s.has_object()) {
-      if (s.object().scope() != v1::REPLICATED && s.object().scope() != v1::PER_RANK) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(where, ": object scope must be REPLICATED or PER_RANK"));
-      }
-      if (s.data().length() > limits::kObjectBytesMax) {
-        return absl::InvalidArgumentError(absl::StrCat(where, ": object of ", s.data().length(),
-                                                       " bytes exceeds the limit ",
-                                                       limits::kObjectBytesMax));
-      }
-      expect_bytes = s.data().length();
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": neither tensor nor object"));
-    }
-    if (s.data().length() != expect_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, " ", s.has_tensor() ? DescribeRegion(s.tensor().region()) : "", ": data is ",
-          s.data().length(), " bytes but the region holds ", expect_bytes));
-    }
-    if (expect_bytes > 0 && s.data().target_case() == v1::MemRef::TARGET_NOT_SET) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": data names no extent or region"));
-    }
-    if (!seen.emplace(absl::StrCat(s.item(), std::string(1, '\0'), region_key), i).second) {
+    CKPTD_ASSIGN_OR_RETURN(std::string region_key, ValidateShardSpec(s, where));
+    if (!seen.insert(absl::StrCat(s.item(), std::string(1, '\0'), region_key)).second) {
       return absl::InvalidArgumentError(
           absl::StrCat(where, ": the same region is given twice in one Save"));
     }
     // Every shard of one item in one Save agrees on what the item is (kind, dtype, shape,
     // scope) — CheckItemsLocked compares against other ranks only.
     auto [first, fresh] = items.emplace(s.item(), i);
-    if (!fresh) {
-      const v1::ShardSpec& f = req.shards(first->second);
-      bool same = f.has_tensor() == s.has_tensor();
-      if (same && s.has_tensor()) {
-        same = f.tensor().dtype() == s.tensor().dtype() &&
-               std::equal(f.tensor().global_shape().begin(), f.tensor().global_shape().end(),
-                          s.tensor().global_shape().begin(), s.tensor().global_shape().end());
-      } else if (same) {
-        same = f.object().scope() == s.object().scope();
-      }
-      if (!same) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(where, ": shard ", i,
-                         " describes the item differently (kind, dtype, global shape "
-                         "or scope) than shard ",
-                         first->second, " of the same Save"));
-      }
+    if (!fresh && !SameItemDescription(req.shards(first->second), s)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": shard ", i,
+                       " describes the item differently (kind, dtype, global shape "
+                       "or scope) than shard ",
+                       first->second, " of the same Save"));
     }
   }
-  // Distinct regions of one item in one Save may not overlap: which bytes would an element
-  // overlapped take? (Identical regions were refused above.)
-  for (const auto& [item, first] : items) {
-    const v1::ShardSpec& f = req.shards(first);
-    if (!f.has_tensor()) continue;
-    std::vector<v1::Region> regions;
-    for (const v1::ShardSpec& s : req.shards()) {
-      if (s.item() == item) regions.push_back(s.tensor().region());
-    }
-    if (regions.size() < 2) continue;
-    std::vector<uint64_t> shape(f.tensor().global_shape().begin(), f.tensor().global_shape().end());
-    CKPTD_RETURN_IF_ERROR(
-        Annotate(CheckNoOverlap(shape, regions, item), absl::StrCat(what, " rank ", req.rank())));
-  }
-  return absl::OkStatus();
+  return CheckNoOverlapInSave(req, items, absl::StrCat(what, " rank ", req.rank()));
 }
 
 absl::Status CheckpointService::StageFromGpu(const std::string& session,
