@@ -361,6 +361,18 @@ class CheckpointService {
   void ClusterLoop() ABSL_LOCKS_EXCLUDED(mu_);
   std::vector<ClusterWork> ClusterWorkLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ClusterStep(ClusterWork& w) ABSL_LOCKS_EXCLUDED(mu_);
+  // ClusterStep's parts. This node's part to the shared tier; false when it is not durable yet
+  // (or the checkpoint is gone): the step ends.
+  bool PublishOwnPart(ClusterWork& w) ABSL_LOCKS_EXCLUDED(mu_);
+  // Follows the decision on the shared tier, if any (commit, or abort here); true when the step
+  // ends here (a decision followed, or one that cannot be read yet).
+  bool FollowDecision(const ClusterWork& w) ABSL_LOCKS_EXCLUDED(mu_);
+  // A node that is not the coordinator: waits for the decision, aborting after twice the stage
+  // timeout.
+  void AwaitCoordinator(const ClusterWork& w) ABSL_LOCKS_EXCLUDED(mu_);
+  // The coordinator: decides abort (asked, or a stage timeout with ranks missing) or commit once
+  // every rank is in a part (or the checkpoint is partial).
+  void CoordinatorStep(ClusterWork& w) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status PublishPart(const ClusterWork& w) ABSL_LOCKS_EXCLUDED(mu_);
   // Coordinator: reads the parts not read yet into p.cluster.parts; returns all of them.
   absl::StatusOr<std::map<std::string, v1::NodePart>> ReadParts(const ClusterWork& w)

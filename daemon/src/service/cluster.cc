@@ -122,64 +122,78 @@ bool CheckpointService::SetWaitingFor(const Key& key, const std::string& what) {
 }
 
 void CheckpointService::ClusterStep(ClusterWork& w) {
-  Storage* const store = remote_.remote();
-  const std::string what = CkptName(w.key.first, w.key.second);
-  if (w.phase == CheckpointPhase::kAwaitingCluster && !w.part_durable) {
-    absl::Status st = PublishPart(w);
-    if (!st.ok()) {
-      spdlog::warn("{}: publishing this node's part (retried): {}", what, st.ToString());
-      SetWaitingFor(w.key, absl::StrCat("publishing this node's part (retried): ", st.message()));
-      return;
-    }
-    absl::MutexLock lock(&mu_);
-    auto it = pending_.find(w.key);
-    if (it == pending_.end()) return;
-    it->second->cluster.part_durable = true;
-    w.part_durable = true;
-  }
-  // The decision, if there is one, is final.
-  absl::StatusOr<std::string> raw = store->Get(DecisionPath(w.dir));
-  if (!raw.ok() && !absl::IsNotFound(raw.status())) {
-    SetWaitingFor(w.key, absl::StrCat("reading the decision (retried): ", raw.status().message()));
+  if (w.phase == CheckpointPhase::kAwaitingCluster && !w.part_durable && !PublishOwnPart(w)) {
     return;
   }
-  if (raw.ok()) {
-    v1::ClusterDecision d;
-    if (!d.ParseFromString(*raw)) {
-      SetWaitingFor(w.key, absl::StrCat("the decision on ", store->Describe(),
-                                        " does not parse: ", DecisionPath(w.dir)));
-      return;
-    }
-    if (d.commit()) {
-      FinishClusterCommit(w);
-      return;
-    }
+  if (FollowDecision(w)) return;  // the decision, if there is one, is final
+  if (w.phase != CheckpointPhase::kAwaitingCluster) return;
+  if (w.coordinator) {
+    CoordinatorStep(w);
+  } else {
+    AwaitCoordinator(w);
+  }
+}
+
+bool CheckpointService::PublishOwnPart(ClusterWork& w) {
+  absl::Status st = PublishPart(w);
+  if (!st.ok()) {
+    spdlog::warn("{}: publishing this node's part (retried): {}",
+                 CkptName(w.key.first, w.key.second), st.ToString());
+    SetWaitingFor(w.key, absl::StrCat("publishing this node's part (retried): ", st.message()));
+    return false;
+  }
+  absl::MutexLock lock(&mu_);
+  auto it = pending_.find(w.key);
+  if (it == pending_.end()) return false;
+  it->second->cluster.part_durable = true;
+  w.part_durable = true;
+  return true;
+}
+
+bool CheckpointService::FollowDecision(const ClusterWork& w) {
+  Storage* const store = remote_.remote();
+  absl::StatusOr<std::string> raw = store->Get(DecisionPath(w.dir));
+  if (absl::IsNotFound(raw.status())) return false;
+  if (!raw.ok()) {
+    SetWaitingFor(w.key, absl::StrCat("reading the decision (retried): ", raw.status().message()));
+    return true;
+  }
+  v1::ClusterDecision d;
+  if (!d.ParseFromString(*raw)) {
+    SetWaitingFor(w.key, absl::StrCat("the decision on ", store->Describe(),
+                                      " does not parse: ", DecisionPath(w.dir)));
+    return true;
+  }
+  if (d.commit()) {
+    FinishClusterCommit(w);
+    return true;
+  }
+  absl::MutexLock lock(&mu_);
+  auto it = pending_.find(w.key);
+  if (it == pending_.end() || it->second->aborting() || it->second->committing()) return true;
+  it->second->cluster.abort_requested.clear();
+  it->second->cluster.waiting_for.clear();
+  AbortLocked(*it->second,
+              absl::StrCat("aborted by the coordinator (node ", d.node(), "): ", d.reason()));
+  return true;
+}
+
+void CheckpointService::AwaitCoordinator(const ClusterWork& w) {
+  const uint64_t timeout = deps_.options->stage_timeout_ms;
+  if (NowMs() - w.created_unix_ms > 2 * timeout) {
     absl::MutexLock lock(&mu_);
     auto it = pending_.find(w.key);
     if (it == pending_.end() || it->second->aborting() || it->second->committing()) return;
-    it->second->cluster.abort_requested.clear();
-    it->second->cluster.waiting_for.clear();
-    AbortLocked(*it->second,
-                absl::StrCat("aborted by the coordinator (node ", d.node(), "): ", d.reason()));
+    AbortLocked(*it->second, absl::StrCat("no decision from the coordinator (the daemon of rank "
+                                          "0) within ",
+                                          2 * timeout, " ms; this node's part stays on ",
+                                          remote_.remote()->Describe()));
     return;
   }
-  const uint64_t now = NowMs();
-  const uint64_t timeout = deps_.options->stage_timeout_ms;
-  if (!w.coordinator) {
-    if (w.phase != CheckpointPhase::kAwaitingCluster) return;
-    if (now - w.created_unix_ms > 2 * timeout) {
-      absl::MutexLock lock(&mu_);
-      auto it = pending_.find(w.key);
-      if (it == pending_.end() || it->second->aborting() || it->second->committing()) return;
-      AbortLocked(*it->second,
-                  absl::StrCat("no decision from the coordinator (the daemon of rank 0) within ",
-                               2 * timeout, " ms; this node's part stays on ", store->Describe()));
-      return;
-    }
-    SetWaitingFor(w.key, "the coordinator's decision (the daemon of rank 0)");
-    return;
-  }
-  if (w.phase != CheckpointPhase::kAwaitingCluster) return;
+  SetWaitingFor(w.key, "the coordinator's decision (the daemon of rank 0)");
+}
+
+void CheckpointService::CoordinatorStep(ClusterWork& w) {
   absl::StatusOr<std::map<std::string, v1::NodePart>> parts = ReadParts(w);
   if (!parts.ok()) {
     SetWaitingFor(w.key,
@@ -198,11 +212,12 @@ void CheckpointService::ClusterStep(ClusterWork& w) {
     DecideAbort(w, w.abort_requested);
     return;
   }
+  const uint64_t timeout = deps_.options->stage_timeout_ms;
   if (!w.partial && !missing.empty()) {
-    if (now - w.created_unix_ms > timeout) {
+    if (NowMs() - w.created_unix_ms > timeout) {
       DecideAbort(w, absl::StrCat("stage timeout: ranks ", RanksList(missing), " of ", w.world_size,
-                                  " are in no node's part on ", store->Describe(), " after ",
-                                  timeout, " ms"));
+                                  " are in no node's part on ", remote_.remote()->Describe(),
+                                  " after ", timeout, " ms"));
       return;
     }
     SetWaitingFor(w.key, absl::StrCat("the node parts of ranks ", RanksList(missing)));
