@@ -251,99 +251,117 @@ absl::Status Range(absl::string_view name, uint64_t v, uint64_t lo, uint64_t hi)
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::Status DaemonOptions::Validate() {
-  if (state_dir.empty()) return absl::InvalidArgumentError("option state_dir is empty");
-  if ((socket_mode & 0600) != 0600 || (socket_mode & 0007) != 0) {
+// Validate's parts.
+// The state dir, socket and groups; fills in the derived paths and group ids.
+absl::Status ValidatePaths(DaemonOptions& o) {
+  if (o.state_dir.empty()) return absl::InvalidArgumentError("option state_dir is empty");
+  if ((o.socket_mode & 0600) != 0600 || (o.socket_mode & 0007) != 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "option socket_mode = 0%o must give the owner read+write and others nothing (0600, "
         "0660 ...)",
-        socket_mode));
+        o.socket_mode));
   }
-  CKPTD_ASSIGN_OR_RETURN(socket_gid, ResolveGroup(socket_group, "socket_group"));
-  CKPTD_ASSIGN_OR_RETURN(admin_gid, ResolveGroup(admin_group, "admin_group"));
-  while (state_dir.size() > 1 && state_dir.back() == '/') state_dir.pop_back();
-  if (data_dir.empty()) data_dir = state_dir + "/data";
-  if (socket_path.empty()) socket_path = state_dir + "/ckptd.sock";
+  CKPTD_ASSIGN_OR_RETURN(o.socket_gid, ResolveGroup(o.socket_group, "socket_group"));
+  CKPTD_ASSIGN_OR_RETURN(o.admin_gid, ResolveGroup(o.admin_group, "admin_group"));
+  while (o.state_dir.size() > 1 && o.state_dir.back() == '/') o.state_dir.pop_back();
+  if (o.data_dir.empty()) o.data_dir = o.state_dir + "/data";
+  if (o.socket_path.empty()) o.socket_path = o.state_dir + "/ckptd.sock";
   // sockaddr_un.sun_path holds 108 bytes including the terminating NUL, and the arena socket
   // beside it appends ".arena" (rpc/arena_fd_server.h).
-  if (socket_path.size() > 101) {
+  if (o.socket_path.size() > 101) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "option socket: path \"", socket_path, "\" is ", socket_path.size(),
+        "option socket: path \"", o.socket_path, "\" is ", o.socket_path.size(),
         " bytes; it must fit in 101 bytes (a unix socket path holds 107, and the arena socket "
         "beside it appends \".arena\"; set --socket to a shorter path)"));
   }
-  CKPTD_RETURN_IF_ERROR(Range("staging_bytes_max", staging_bytes_max, limits::kStagingBytesMin,
+  return absl::OkStatus();
+}
+
+// Every numeric option within its range (and the sizes' alignment).
+absl::Status ValidateRanges(const DaemonOptions& o) {
+  CKPTD_RETURN_IF_ERROR(Range("staging_bytes_max", o.staging_bytes_max, limits::kStagingBytesMin,
                               limits::kStagingBytesMax));
-  if (staging_bytes_max % limits::kAlignmentBytes != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("option staging_bytes_max = ", staging_bytes_max,
-                                                   " is not a multiple of 4096"));
-  }
-  CKPTD_RETURN_IF_ERROR(Range("stage_timeout_ms", stage_timeout_ms, 100, 604'800'000));  // 7 days
-  CKPTD_RETURN_IF_ERROR(Range("reserve_timeout_ms", reserve_timeout_ms, 0, 3'600'000));
-  CKPTD_RETURN_IF_ERROR(Range("io_queue_depth", io_queue_depth, 1, limits::kIoQueueDepthMax));
-  CKPTD_RETURN_IF_ERROR(Range("checksum_block_bytes", checksum_block_bytes, 4096, 16 << 20));
-  if ((checksum_block_bytes & (checksum_block_bytes - 1)) != 0) {
+  if (o.staging_bytes_max % limits::kAlignmentBytes != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "option checksum_block_bytes = ", checksum_block_bytes, " is not a power of two"));
+        "option staging_bytes_max = ", o.staging_bytes_max, " is not a multiple of 4096"));
   }
-  CKPTD_RETURN_IF_ERROR(Range("load_buffer_bytes", load_buffer_bytes,
-                              uint64_t{2} * checksum_block_bytes, uint64_t{1} << 34));
-  if (load_buffer_bytes % limits::kAlignmentBytes != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("option load_buffer_bytes = ", load_buffer_bytes,
-                                                   " is not a multiple of 4096"));
+  CKPTD_RETURN_IF_ERROR(Range("stage_timeout_ms", o.stage_timeout_ms, 100, 604'800'000));  // 7 days
+  CKPTD_RETURN_IF_ERROR(Range("reserve_timeout_ms", o.reserve_timeout_ms, 0, 3'600'000));
+  CKPTD_RETURN_IF_ERROR(Range("io_queue_depth", o.io_queue_depth, 1, limits::kIoQueueDepthMax));
+  CKPTD_RETURN_IF_ERROR(Range("checksum_block_bytes", o.checksum_block_bytes, 4096, 16 << 20));
+  if ((o.checksum_block_bytes & (o.checksum_block_bytes - 1)) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "option checksum_block_bytes = ", o.checksum_block_bytes, " is not a power of two"));
   }
-  CKPTD_RETURN_IF_ERROR(Range("flush_threads", flush_threads, 1, 256));
-  CKPTD_RETURN_IF_ERROR(Range("flush_gate_ms", flush_gate_ms, 0, 600000));
-  CKPTD_RETURN_IF_ERROR(Range("load_threads", load_threads, 1, 256));
-  CKPTD_RETURN_IF_ERROR(Range("rpc_threads", rpc_threads, 1, 256));
-  CKPTD_RETURN_IF_ERROR(Range("rpc_queue_max", rpc_queue_max, 1, 1 << 20));
-  CKPTD_RETURN_IF_ERROR(Range("waiters_max", waiters_max, 1, 4096));
-  CKPTD_RETURN_IF_ERROR(Range("shutdown_grace_s", shutdown_grace_s, 0, 3600));
-  CKPTD_RETURN_IF_ERROR(Range("debug_flush_delay_ms", debug_flush_delay_ms, 0, 3'600'000));
-  CKPTD_RETURN_IF_ERROR(Range("debug_load_delay_ms", debug_load_delay_ms, 0, 3'600'000));
-  CKPTD_RETURN_IF_ERROR(Range("debug_reshard_delay_ms", debug_reshard_delay_ms, 0, 60'000));
-  if (!debug_crash_at.empty()) {
+  CKPTD_RETURN_IF_ERROR(Range("load_buffer_bytes", o.load_buffer_bytes,
+                              uint64_t{2} * o.checksum_block_bytes, uint64_t{1} << 34));
+  if (o.load_buffer_bytes % limits::kAlignmentBytes != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "option load_buffer_bytes = ", o.load_buffer_bytes, " is not a multiple of 4096"));
+  }
+  CKPTD_RETURN_IF_ERROR(Range("flush_threads", o.flush_threads, 1, 256));
+  CKPTD_RETURN_IF_ERROR(Range("flush_gate_ms", o.flush_gate_ms, 0, 600000));
+  CKPTD_RETURN_IF_ERROR(Range("load_threads", o.load_threads, 1, 256));
+  CKPTD_RETURN_IF_ERROR(Range("rpc_threads", o.rpc_threads, 1, 256));
+  CKPTD_RETURN_IF_ERROR(Range("rpc_queue_max", o.rpc_queue_max, 1, 1 << 20));
+  CKPTD_RETURN_IF_ERROR(Range("waiters_max", o.waiters_max, 1, 4096));
+  CKPTD_RETURN_IF_ERROR(Range("shutdown_grace_s", o.shutdown_grace_s, 0, 3600));
+  CKPTD_RETURN_IF_ERROR(Range("debug_flush_delay_ms", o.debug_flush_delay_ms, 0, 3'600'000));
+  CKPTD_RETURN_IF_ERROR(Range("debug_load_delay_ms", o.debug_load_delay_ms, 0, 3'600'000));
+  CKPTD_RETURN_IF_ERROR(Range("debug_reshard_delay_ms", o.debug_reshard_delay_ms, 0, 60'000));
+  return absl::OkStatus();
+}
+
+// The node's name on a shared tier (the host name unless given), logging and the test hooks.
+absl::Status ValidateNodeAndLogging(DaemonOptions& o) {
+  if (!o.debug_crash_at.empty()) {
     if (!kTestHooks) {
       return absl::InvalidArgumentError(
-          absl::StrCat("option debug_crash_at = \"", debug_crash_at,
+          absl::StrCat("option debug_crash_at = \"", o.debug_crash_at,
                        "\": this ckptd was built without test "
                        "hooks (CKPTD_TEST_HOOKS=OFF, a release build), so it has no crash points"));
     }
     CKPTD_RETURN_IF_ERROR(
-        Annotate(ParseSyncPointCrash(debug_crash_at).status(), "option debug_crash_at"));
+        Annotate(ParseSyncPointCrash(o.debug_crash_at).status(), "option debug_crash_at"));
   }
-  CKPTD_RETURN_IF_ERROR(ValidateTiers());
-  if (node_id.empty()) {
+  if (o.node_id.empty()) {
     char host[256] = {};
     if (gethostname(host, sizeof(host) - 1) != 0 || host[0] == '\0') {
       return absl::InvalidArgumentError("option node_id: not given, and the host has no name");
     }
-    node_id = host;
+    o.node_id = host;
   }
   const bool node_id_ok =
-      node_id.size() <= 64 && std::all_of(node_id.begin(), node_id.end(), [](char c) {
+      o.node_id.size() <= 64 && std::all_of(o.node_id.begin(), o.node_id.end(), [](char c) {
         return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_';
       });
   if (!node_id_ok) {
     return absl::InvalidArgumentError(
-        absl::StrCat("option node_id = \"", node_id,
+        absl::StrCat("option node_id = \"", o.node_id,
                      "\": at most 64 letters, digits, '.', '-' or '_' (it names a file on the "
                      "shared tier)"));
   }
-  if (log_format != "text" && log_format != "json") {
+  if (o.log_format != "text" && o.log_format != "json") {
     return absl::InvalidArgumentError(
-        absl::StrCat("option log_format = \"", log_format, "\": expected text or json"));
+        absl::StrCat("option log_format = \"", o.log_format, "\": expected text or json"));
   }
   static const char* kLevels[] = {"trace", "debug", "info", "warn", "error"};
   bool level_ok = false;
-  for (const char* l : kLevels) level_ok |= (log_level == l);
+  for (const char* l : kLevels) level_ok |= (o.log_level == l);
   if (!level_ok) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "option log_level = \"", log_level, "\": expected trace, debug, info, warn or error"));
+        "option log_level = \"", o.log_level, "\": expected trace, debug, info, warn or error"));
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status DaemonOptions::Validate() {
+  CKPTD_RETURN_IF_ERROR(ValidatePaths(*this));
+  CKPTD_RETURN_IF_ERROR(ValidateRanges(*this));
+  CKPTD_RETURN_IF_ERROR(ValidateTiers());
+  return ValidateNodeAndLogging(*this);
 }
 
 absl::Status DaemonOptions::ValidateTiers() const {
