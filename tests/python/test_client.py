@@ -323,3 +323,19 @@ def test_gpu_tensors_save_device_to_pinned_arena_and_load(daemon: Daemon) -> Non
         c.wait("py-gpu", 1)
         got = c.load("py-gpu", 1, as_torch=True)
         assert all(torch.equal(got.tensors[k], v.cpu()) for k, v in sd.items())
+
+
+def test_close_ends_the_session_at_once(daemon: Daemon) -> None:
+    # The arena is 64 MiB: a second client gets 48 MiB only if the first one's close() gave its
+    # staged buffer back to the daemon (the session's end frees its extents), not at GC.
+    a = ckptd.connect(daemon.socket)
+    held = a.stage([np.ones(12 << 20, np.float32)])[0]
+    a.close()
+    a.close()  # closing again does nothing
+    assert held.nbytes == 48 << 20 and float(held[0]) == 1.0  # still mapped, readable
+    with pytest.raises(ckptd.FailedPreconditionError, match="closed"):
+        a.list()
+    with ckptd.connect(daemon.socket) as b:
+        got = b.stage([np.full(12 << 20, 2.0, np.float32)])[0]
+        assert float(got[-1]) == 2.0
+        b.release([got])

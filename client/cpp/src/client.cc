@@ -30,6 +30,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
 Client::Client(std::unique_ptr<ClientCore> core) : core_(std::move(core)) {}
 Client::~Client() = default;
 
+void Client::Close() { core_->Close(); }
+
 uint64_t Client::reconnect_count() const { return core_->reconnect_count(); }
 const std::string& Client::target() const { return core_->target(); }
 

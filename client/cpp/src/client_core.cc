@@ -66,10 +66,16 @@ ClientCore::ClientCore(ClientOptions options, std::string target,
       channel_(std::move(channel)),
       stub_(v1::Checkpoint::NewStub(channel_)) {}
 
-ClientCore::~ClientCore() {
+ClientCore::~ClientCore() { Close(); }
+
+void ClientCore::Close() {
   absl::MutexLock l(&mu_);
+  if (closed_) return;
+  closed_ = true;
   if (!session_.session_id.empty() && !need_hello_.load()) GoodbyeQuietly(session_.session_id);
   DetachLocked();
+  // The mapping stays (buffers the caller holds point into it) until the last Session copy goes.
+  session_.session_id.clear();
 }
 
 absl::Status ClientCore::AttachLocked(const std::string& session_id) {
@@ -150,6 +156,10 @@ absl::StatusOr<Session> ClientCore::EnsureSession() {
 }
 
 absl::StatusOr<Session> ClientCore::EnsureSessionLocked() {
+  if (closed_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("this client of ckptd at ", target_, " is closed"));
+  }
   if (need_hello_.load() || session_.session_id.empty()) {
     CKPTD_CLIENT_RETURN_IF_ERROR(HelloLocked());
   }

@@ -78,7 +78,10 @@ class ClientCore {
   uint64_t reconnect_count() const { return reconnects_.load(); }
 
   // The current session, saying Hello first when the daemon may have changed.
+  // FAILED_PRECONDITION once Close() was called.
   absl::StatusOr<Session> EnsureSession();
+  // Client::Close.
+  void Close() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Runs one RPC `name` with a deadline of timeout_ms: fn(ClientContext*) -> grpc::Status.
   // UNAVAILABLE marks the session for a re-check and names the socket.
@@ -171,6 +174,7 @@ class ClientCore {
   std::atomic<bool> need_hello_{true};
   std::string daemon_instance_ ABSL_GUARDED_BY(mu_);
   Session session_ ABSL_GUARDED_BY(mu_);
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;  // Close() was called: no Hello ever again
   uint64_t next_handle_ ABSL_GUARDED_BY(mu_) = 1;
   std::unordered_map<uint64_t, ShmRegion> regions_ ABSL_GUARDED_BY(mu_);
   // Allocate()d extents of this session not yet consumed or released, by id and by address.

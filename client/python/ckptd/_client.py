@@ -508,7 +508,12 @@ class Client:
         return str(self._native.target())
 
     def close(self) -> None:
+        """Ends the session now, after the saves and loads in flight: the daemon releases what the
+        session held (as when the process exits). Views of stage()/empty() buffers stay mapped
+        (touching them never faults), but stage()'s arena buffers are the daemon's again. Every
+        later call raises FailedPreconditionError. Closing again does nothing."""
         self._executor.shutdown(wait=True)
+        self._native.close()
 
     def __enter__(self) -> Client:
         return self

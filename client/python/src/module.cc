@@ -100,6 +100,12 @@ class PyClient {
     client_->ReleaseAt(at);
   }
 
+  // Client::Close (the session ends; views of arena buffers stay readable).
+  void Close() {
+    ReleasedGil released;
+    client_->Close();
+  }
+
   // tensors: [(item, dtype, global_shape, region, view)], objects: [(item, per_rank, bytes)]
   py::dict Save(const std::string& job, uint64_t step, uint32_t rank, uint32_t world_size,
                 const py::list& tensors, const py::list& objects) {
@@ -338,6 +344,7 @@ PYBIND11_MODULE(_ckptd, m) {
       .def("allocate", &PyClient::Allocate)
       .def("release", &PyClient::ReleaseBuffers)
       .def("release_at", &PyClient::ReleaseAt)
+      .def("close", &PyClient::Close)
       .def("save", &PyClient::Save)
       .def("load", &PyClient::Load)
       .def("load_object", &PyClient::LoadObject)

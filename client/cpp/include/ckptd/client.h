@@ -398,8 +398,16 @@ class Client {
  public:
   // Opens a session (Hello) and maps the staging arena. UNAVAILABLE when the daemon is not there.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(ClientOptions options);
-  // Ends the session (best effort, short deadline) and unmaps the arena.
+  // Close(), then unmaps the arena.
   ~Client();
+  // Ends the session now: Goodbye to the daemon (best effort, short deadline: the daemon then
+  // releases this session's extents, regions and leases as when the process exits) and the
+  // session's Attach stream closed, so no thread of this client is left waiting on it. The arena
+  // stays mapped until destruction, so touching a buffer the caller still holds never faults;
+  // but its extent is the daemon's again (another session may be handed it). Every later call
+  // that needs the daemon answers FAILED_PRECONDITION; Close again does nothing.
+  // Concurrent calls still in flight finish or fail with the session's end.
+  void Close();
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
 
