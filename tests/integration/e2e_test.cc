@@ -269,3 +269,18 @@ TEST_CASE("close: a closed client's session ends at once, its buffers stay mappe
   absl::StatusOr<ckptd::ArenaBuffer> again = b->Allocate(48ull << 20);
   REQUIRE(again.ok());
 }
+
+TEST_CASE("close: closing after the daemon died returns at once and never reconnects",
+          "[integration]") {
+  Daemon d;
+  auto a = d.Connect();
+  REQUIRE(a->ListJobs().ok());
+  d.Kill9();
+  auto t0 = std::chrono::steady_clock::now();
+  a->Close();  // no Goodbye to wait for: the session died with the daemon
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
+  d.Restart({});
+  absl::StatusOr<std::vector<ckptd::JobInfo>> after = a->ListJobs();
+  REQUIRE(after.status().code() == absl::StatusCode::kFailedPrecondition);  // no new Hello
+  CHECK(a->reconnect_count() == 0);
+}
