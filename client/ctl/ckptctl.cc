@@ -41,6 +41,8 @@ commands:
   gc [JOB] [--dry_run]     apply the daemon's retention (keep_local, keep_remote) now, to JOB or
                            every job you may delete; prints each copy dropped or checkpoint
                            deleted (exit 1 if any failed); --dry_run only lists them
+  prefetch JOB [STEP]      bring a committed checkpoint (default: the latest) into the daemon's RAM
+                           tier ahead of a restart, so the restore copies from memory
   export JOB STEP|latest [--format safetensors] [--max_file_bytes SIZE] [--force] DIR
                            write the checkpoint's tensors, consolidated, as Hugging Face
                            safetensors: model-0000i-of-0000N.safetensors (model.safetensors if
@@ -230,6 +232,14 @@ int Run(const Args& args) {
   } else if (cmd == "gc") {
     if (n > 1) return Usage("gc takes [JOB]");
     s = ckptctl::CollectGarbage(ctx, n == 1 ? p[1] : "", args.dry_run);
+  } else if (cmd == "prefetch") {
+    if (n != 1 && n != 2) return Usage("prefetch takes JOB [STEP]");
+    std::optional<uint64_t> at;
+    if (n == 2) {
+      if (!absl::SimpleAtoi(p[2], &step)) return Usage("STEP must be a non-negative integer");
+      at = step;
+    }
+    s = ckptctl::Prefetch(ctx, p[1], at);
   } else if (cmd == "export") {
     if (n != 3) return Usage("export takes JOB STEP|latest DIR");
     ckptctl::ExportOptions o{.job = p[1],

@@ -55,6 +55,7 @@ absl::Status PrintJson(const google::protobuf::Message& msg) {
 std::string TiersString(const v1::Tiers& t) {
   std::vector<std::string> parts;
   if (t.staged()) parts.push_back("staged");
+  if (t.ram()) parts.push_back("ram");
   if (t.local()) parts.push_back("local");
   const v1::Upload& u = t.upload();
   if (t.remote()) {
@@ -257,6 +258,24 @@ absl::Status CollectGarbage(Context& ctx, const std::string& job, bool dry_run) 
   }
   if (!resp.actions().empty()) std::cout << t.Render();
   return first;
+}
+
+absl::Status Prefetch(Context& ctx, const std::string& job, std::optional<uint64_t> step) {
+  v1::PrefetchRequest req;
+  req.set_job(job);
+  if (step) {
+    req.set_step(*step);
+  } else {
+    req.set_latest(true);
+  }
+  v1::PrefetchResponse resp;
+  absl::Status s = Call(ctx, ctx.rpc_timeout_ms,
+                        [&](grpc::ClientContext* c) { return ctx.stub->Prefetch(c, req, &resp); });
+  if (!s.ok()) return s;
+  if (ctx.json) return PrintJson(resp);
+  std::cout << job << "/" << resp.step() << " is in the RAM tier (" << resp.ram_bytes()
+            << " bytes; " << resp.bytes_read() << " read from storage now)\n";
+  return absl::OkStatus();
 }
 
 absl::Status Latest(Context& ctx, const std::string& job) {

@@ -38,6 +38,8 @@ absl::Status Reshard(Context& ctx, const std::string& job, uint64_t step,
 // Applies retention now (job empty: every job the caller may delete). Prints every action; when
 // one failed, returns ABORTED naming the first failure.
 absl::Status CollectGarbage(Context& ctx, const std::string& job, bool dry_run);
+// Prefetch: brings JOB/STEP (the latest when none) into the daemon's RAM tier.
+absl::Status Prefetch(Context& ctx, const std::string& job, std::optional<uint64_t> step);
 // Aborts a checkpoint being saved, or cancels a reshard writing it.
 absl::Status Abort(Context& ctx, const std::string& job, uint64_t step, const std::string& reason);
 

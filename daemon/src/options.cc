@@ -106,6 +106,12 @@ const std::map<std::string, OptionDef>& Defs() {
        {"staging arena bytes", IntSetter(&O::staging_bytes_max, "staging_bytes_max")}},
       {"staging_prefault",
        {"pre-fault the arena", BoolSetter(&O::staging_prefault, "staging_prefault")}},
+      {"ram_tier_bytes_max",
+       {"arena bytes kept hot for restores (0: up to the whole arena)",
+        IntSetter(&O::ram_tier_bytes_max, "ram_tier_bytes_max")}},
+      {"ram_tier_keep_per_job",
+       {"hot checkpoints per job (0: no RAM tier)",
+        IntSetter(&O::ram_tier_keep_per_job, "ram_tier_keep_per_job")}},
       {"staging_mlock", {"mlock the arena", BoolSetter(&O::staging_mlock, "staging_mlock")}},
       {"stage_timeout_ms",
        {"abort checkpoints short of ranks after this",
@@ -285,6 +291,8 @@ absl::Status ValidateRanges(const DaemonOptions& o) {
     return absl::InvalidArgumentError(absl::StrCat(
         "option staging_bytes_max = ", o.staging_bytes_max, " is not a multiple of 4096"));
   }
+  CKPTD_RETURN_IF_ERROR(Range("ram_tier_bytes_max", o.ram_tier_bytes_max, 0, o.staging_bytes_max));
+  CKPTD_RETURN_IF_ERROR(Range("ram_tier_keep_per_job", o.ram_tier_keep_per_job, 0, 64));
   CKPTD_RETURN_IF_ERROR(Range("stage_timeout_ms", o.stage_timeout_ms, 100, 604'800'000));  // 7 days
   CKPTD_RETURN_IF_ERROR(Range("reserve_timeout_ms", o.reserve_timeout_ms, 0, 3'600'000));
   CKPTD_RETURN_IF_ERROR(Range("io_queue_depth", o.io_queue_depth, 1, limits::kIoQueueDepthMax));

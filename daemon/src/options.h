@@ -43,6 +43,13 @@ struct DaemonOptions {
   // error.
   // Default: true
   bool staging_prefault = true;
+  // The RAM tier (tier/ram_tier.h): a committed checkpoint's bytes stay in the arena extents that
+  // staged them, so a restore copies from memory. At most this many bytes of the arena hold hot
+  // checkpoints; 0: up to the whole arena (staging always wins: a reservation that needs the
+  // space evicts the oldest hot checkpoint first). Default: 0
+  uint64_t ram_tier_bytes_max = 0;
+  // Hot checkpoints kept per job (its newest steps); 0 turns the RAM tier off. Default: 1
+  uint32_t ram_tier_keep_per_job = 1;
   // mlock() the arena's resident pages (MLOCK_ONFAULT) so they are never swapped. Default: false
   bool staging_mlock = false;
   // A checkpoint still short of ranks this long after its first Save is ABORTED.

@@ -173,6 +173,13 @@ absl::StatusOr<std::vector<ExtentInfo>> StagingArena::AllocateAllLocked(
       FreeRangeLocked(e.offset, e.length);
       free_bytes_ += e.length;
     }
+    if (reclaimer_) {
+      ReclaimFn reclaim = reclaimer_;
+      mu_.Unlock();
+      const bool freed_some = reclaim(total);
+      mu_.Lock();
+      if (freed_some) continue;
+    }
     if (freed_.WaitWithDeadline(&mu_, deadline) && absl::Now() >= deadline) {
       return absl::ResourceExhaustedError(absl::StrFormat(
           "staging arena full: asked %d bytes in %d extents, %d bytes free of %d (largest free "
@@ -254,6 +261,11 @@ absl::Status StagingArena::Take(const std::string& session, std::span<const uint
     e.session.clear();
   }
   return absl::OkStatus();
+}
+
+void StagingArena::SetReclaimer(ReclaimFn fn) {
+  absl::MutexLock lock(&mu_);
+  reclaimer_ = std::move(fn);
 }
 
 void StagingArena::Free(std::span<const uint64_t> ids) {

@@ -187,6 +187,11 @@ class StagingArena {
   absl::Status Restore(uint64_t id, uint32_t uid, uint64_t offset, uint64_t length);
   // Removes every segment's name (clean shutdown with nothing staged).
   void Unlink();
+  // Called (with no arena lock held) when a reservation finds no space, before it waits: asked
+  // for `bytes`, it may free daemon-owned extents it holds (the RAM tier's eviction) and returns
+  // whether it freed any (the reservation then tries again at once). Set before serving.
+  using ReclaimFn = std::function<bool(uint64_t bytes)>;
+  void SetReclaimer(ReclaimFn fn);
 
  private:
   struct Seg;
@@ -241,6 +246,7 @@ class StagingArena {
   // offset → (length, holder): which segment holds the pages of each range, coalesced.
   std::map<uint64_t, std::pair<uint64_t, uint32_t>> resident_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, ExtentInfo> extents_ ABSL_GUARDED_BY(mu_);
+  ReclaimFn reclaimer_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
 
   // Background faulting of the first segment: the chunk being faulted now (claimed for

@@ -109,6 +109,9 @@ std::string Upload(std::string_view job, uint64_t step) {
 std::string UploadPrefix(std::string_view job) { return JobScoped(kUploadTag, job); }
 std::string AllUploadsPrefix() { return std::string(1, kUploadTag); }
 
+std::string Hot(std::string_view job, uint64_t step) { return StepScoped(kHotTag, job, step); }
+std::string AllHotPrefix() { return std::string(1, kHotTag); }
+
 std::string Meta(std::string_view name) {
   std::string key(1, kMetaTag);
   key.append(name);
@@ -133,6 +136,13 @@ absl::StatusOr<std::pair<std::string, uint64_t>> DecodeUpload(std::string_view k
   auto parts = SplitStepScoped("upload", kUploadTag, key);
   if (!parts.ok()) return parts.status();
   if (!parts->rest.empty()) return Malformed("upload", key, "trailing bytes");
+  return std::make_pair(std::move(parts->job), parts->step);
+}
+
+absl::StatusOr<std::pair<std::string, uint64_t>> DecodeHot(std::string_view key) {
+  auto parts = SplitStepScoped("hot", kHotTag, key);
+  if (!parts.ok()) return parts.status();
+  if (!parts->rest.empty()) return Malformed("hot", key, "trailing bytes");
   return std::make_pair(std::move(parts->job), parts->step);
 }
 

@@ -32,6 +32,14 @@
 //                                                      that records COMMITTED), DURABLE once the
 //                                                      manifest is on the store; restart resumes
 //                                                      the others (tier/remote_tier.h).
+//   'H' job \0 be64(step)            HotRecord         the RAM tier's copy of a COMMITTED
+//                                                      checkpoint (tier/ram_tier.h): which arena
+//                                                      bytes hold which blob bytes, so a restarted
+//                                                      daemon finds them again (and verifies them
+//                                                      before use). Written unsynced after the
+//                                                      commit, deleted before the extents are
+//                                                      freed; a row that names bytes no longer
+//                                                      there fails verification and is dropped.
 //   'M' name                         (per name)        daemon metadata: schema version, ...
 //
 // Encoding rules, and why:
@@ -72,6 +80,7 @@ inline constexpr char kItemTag = 'I';
 inline constexpr char kBlobTag = 'B';
 inline constexpr char kMetaTag = 'M';
 inline constexpr char kUploadTag = 'U';
+inline constexpr char kHotTag = 'H';
 
 std::string Job(std::string_view job);
 std::string JobPrefix();  // "J"
@@ -87,12 +96,15 @@ std::string BlobPrefix(std::string_view job, uint64_t step);
 std::string Upload(std::string_view job, uint64_t step);
 std::string UploadPrefix(std::string_view job);  // 'U' job '\0'
 std::string AllUploadsPrefix();                  // "U"
+std::string Hot(std::string_view job, uint64_t step);
+std::string AllHotPrefix();  // "H"
 std::string Meta(std::string_view name);
 
 // INVALID_ARGUMENT for keys of another kind or malformed ones.
 absl::StatusOr<std::string> DecodeJob(std::string_view key);
 absl::StatusOr<std::pair<std::string, uint64_t>> DecodeCheckpoint(std::string_view key);
 absl::StatusOr<std::pair<std::string, uint64_t>> DecodeUpload(std::string_view key);
+absl::StatusOr<std::pair<std::string, uint64_t>> DecodeHot(std::string_view key);
 absl::StatusOr<std::tuple<std::string, uint64_t, uint32_t>> DecodeRank(std::string_view key);
 // The item name (the tail after job and step).
 absl::StatusOr<std::string> DecodeItem(std::string_view key);

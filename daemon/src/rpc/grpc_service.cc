@@ -162,6 +162,7 @@ CKPTD_RPC(Delete, DeleteRequest, DeleteResponse, quick, svc_->Delete(caller, *re
 CKPTD_RPC(Latest, LatestRequest, LatestResponse, quick, svc_->Latest(caller, *req, resp))
 CKPTD_RPC(Reshard, ReshardRequest, CheckpointStatus, quick, svc_->Reshard(caller, *req, resp))
 CKPTD_RPC(CollectGarbage, GcRequest, GcResponse, waiters, svc_->CollectGarbage(caller, *req, resp))
+CKPTD_RPC(Prefetch, PrefetchRequest, PrefetchResponse, loads, svc_->Prefetch(caller, *req, resp))
 
 #undef CKPTD_RPC
 

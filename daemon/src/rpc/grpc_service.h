@@ -88,6 +88,9 @@ class GrpcCheckpointService final : public v1::Checkpoint::CallbackService {
                                     v1::CheckpointStatus* resp) override;
   grpc::ServerUnaryReactor* CollectGarbage(grpc::CallbackServerContext* ctx,
                                            const v1::GcRequest* req, v1::GcResponse* resp) override;
+  grpc::ServerUnaryReactor* Prefetch(grpc::CallbackServerContext* ctx,
+                                     const v1::PrefetchRequest* req,
+                                     v1::PrefetchResponse* resp) override;
 
  private:
   template <typename Fn>

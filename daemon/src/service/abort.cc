@@ -57,6 +57,7 @@ void CheckpointService::FinishAbortLocked(PendingCheckpoint& p) {
     a.extent_ids.insert(a.extent_ids.end(), pr.extent_ids.begin(), pr.extent_ids.end());
   }
   pending_.erase(key);  // p is gone after this line
+  ram_tier_.Drop(key);  // its persisted ranks' staged bytes (no row: never committed)
   // Until the ABORTED row is written, a Save, Delete or reshard of the key is refused (ABORTED,
   // retry) rather than racing the removal of its files.
   rewriting_.emplace(key, "being aborted");

@@ -185,6 +185,7 @@ absl::Status CheckpointService::MarkCorrupt(const std::string& job, uint64_t ste
   spdlog::error("{} is CORRUPT (no longer visible to load and latest): {}", CkptName(job, step),
                 why.ToString());
   absl::Status st = PutRecordSync(rec);
+  ram_tier_.Drop(key);
   absl::MutexLock lock(&mu_);
   rewriting_.erase(key);
   KeyChangedLocked(key);
@@ -293,6 +294,9 @@ absl::Status CheckpointService::ListCheckpoints(const Caller& caller,
                    rec.mutable_summary()->mutable_tiers());
     }
   }
+  for (v1::CheckpointRecord& rec : recs) {
+    if (rec.summary().state() == v1::COMMITTED) FillRamTier(rec.mutable_summary());
+  }
   absl::MutexLock lock(&mu_);
   for (const v1::CheckpointRecord& rec : recs) {
     auto it = pending_.find(Key{req.job(), rec.summary().step()});
@@ -325,6 +329,7 @@ absl::Status CheckpointService::GetStatus(const Caller& caller, const v1::GetSta
     resp->set_bytes_staged(rec->summary().bytes());
     resp->set_bytes_persisted(rec->summary().bytes());
     FillRemoteTier(resp->mutable_summary());
+    FillRamTier(resp->mutable_summary());
   }
   return absl::OkStatus();
 }
@@ -346,6 +351,7 @@ absl::Status CheckpointService::Inspect(const Caller& caller, const v1::InspectR
         absl::StrCat(what, " is ", v1::CheckpointState_Name(rec->summary().state()),
                      "; only COMMITTED checkpoints have items to inspect"));
   }
+  FillRamTier(resp->mutable_summary());
   uint32_t page =
       PageSize(req.page_size(), limits::kInspectPageSizeDefault, limits::kInspectPageSizeMax);
   if (req.items_size() > 0) {
@@ -460,6 +466,7 @@ absl::Status CheckpointService::Delete(const Caller& caller, const v1::DeleteReq
 absl::Status CheckpointService::RemoveCheckpoint(const std::string& job, uint64_t step,
                                                  v1::CheckpointRecord rec) {
   const std::string dir = CheckpointDir(job, step);
+  ram_tier_.Drop(Key{job, step});  // its hot copy first: no load reads it once it is going
   if (rec.summary().state() != v1::DELETING) {
     rec.mutable_summary()->set_state(v1::DELETING);
     rec.mutable_summary()->mutable_tiers()->Clear();
@@ -480,6 +487,8 @@ absl::Status CheckpointService::RemoveCheckpoint(const std::string& job, uint64_
   CKPTD_RETURN_IF_ERROR(deps_.meta->DeletePrefix(keys::ItemPrefix(job, step), /*sync=*/false));
   CKPTD_RETURN_IF_ERROR(deps_.meta->DeletePrefix(keys::RankPrefix(job, step), /*sync=*/false));
   CKPTD_RETURN_IF_ERROR(deps_.meta->DeletePrefix(keys::BlobPrefix(job, step), /*sync=*/false));
+  // A RAM tier row recovery did not adopt (Drop removed the row of one it had).
+  CKPTD_RETURN_IF_ERROR(deps_.meta->DeletePrefix(keys::Hot(job, step), /*sync=*/false));
   CKPTD_SYNC_POINT("delete.rows_removed");
   std::vector<MetaStore::Write> row{{keys::Checkpoint(job, step), std::nullopt}};
   CKPTD_RETURN_IF_ERROR(committer_.Commit(keys::Checkpoint(job, step), std::move(row)));

@@ -17,6 +17,8 @@
 //                           (taking/returning only)   checks and copies run with no lock held
 //   the arena, regions      their own locks           staging memory, client regions
 //   resharder (resharder.h) none (atomics per job)    the reshard pool; writes a reshard's blobs
+//   RAM tier (ram_tier.h)   RamTier::mu_              hot checkpoints: the extents that staged
+//                                                     them, kept after commit for restores
 //   recovery (recovery.h)   none (start-up only)      sees the service through RecoveryHost
 //
 // Lock order: mu_ → (SessionTable::mu_, ManifestCache::mu_, Committer::mu_, the arena's and the
@@ -80,6 +82,7 @@
 #include "service/sessions.h"
 #include "service/store_discovery.h"
 #include "tier/flush_scheduler.h"
+#include "tier/ram_tier.h"
 #include "tier/remote_tier.h"
 #include "tier/retention.h"
 
@@ -176,6 +179,12 @@ class CheckpointService {
   // reported in its action's error; the others still run.
   absl::Status CollectGarbage(const Caller& caller, const v1::GcRequest& req, v1::GcResponse* resp)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Brings a COMMITTED checkpoint into the RAM tier (prefetch.cc; the Prefetch RPC): its blobs
+  // read from the fastest tier into daemon-owned extents of the job owner's segment, every shard
+  // verified. FAILED_PRECONDITION when the RAM tier is off; RESOURCE_EXHAUSTED when it does not
+  // fit the tier's budget or the arena.
+  absl::Status Prefetch(const Caller& caller, const v1::PrefetchRequest& req,
+                        v1::PrefetchResponse* resp) ABSL_LOCKS_EXCLUDED(mu_);
   // Starts an offline reshard (reshard.cc); see the Reshard RPC.
   absl::Status Reshard(const Caller& caller, const v1::ReshardRequest& req,
                        v1::CheckpointStatus* resp) ABSL_LOCKS_EXCLUDED(mu_);
@@ -282,6 +291,17 @@ class CheckpointService {
   absl::StatusOr<v1::TierPolicy> ResolveTierPolicy(const v1::SaveRequest& req) const;
   // Fills summary->tiers' remote side from the upload row (read here) and progress.
   void FillRemoteTier(v1::CheckpointSummary* summary);
+  // Fills summary->tiers' RAM side (ram, ram_bytes) from the RAM tier.
+  void FillRamTier(v1::CheckpointSummary* summary) const;
+  // The hot bytes of a persisted rank saved from `rec`: its stored shards staged in the arena
+  // (not replicas, not region-backed ones) and the extents holding them.
+  HotParts HotBytesOfRank(const v1::RankRecord& rec) const;
+  // hot.cc. Recovery: the RAM tier copy of a COMMITTED checkpoint a previous run left in the
+  // arena (its 'H' row): its extents restored from segments of the same generation, every shard
+  // it holds verified against the manifest, then hot again. NOT_FOUND when its segment is gone,
+  // DATA_LOSS when a byte does not verify or an extent overlaps another, FAILED_PRECONDITION when
+  // the checkpoint is no longer COMMITTED (the caller removes the row).
+  absl::Status AdoptHot(const std::string& job, uint64_t step, const v1::HotRecord& rec);
   // Wait(WAIT_FOR_REMOTE) of a COMMITTED checkpoint: RemoteTier::WaitDurable with mu_ released.
   absl::Status WaitRemoteLocked(const std::string& job, uint64_t step, absl::Time deadline,
                                 v1::CheckpointStatus* resp) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -472,6 +492,11 @@ class CheckpointService {
   void StopReshards();
   // Decoded manifests of recent commits and loads (its own lock; manifest_cache.h).
   ManifestCache manifest_cache_;
+  // Hot checkpoints in the arena (ram_tier.h; its own lock). The arena's reclaimer evicts from
+  // it; both are cleared before the service goes.
+  RamTier ram_tier_{RamTier::Options{.bytes_max = deps_.options->ram_tier_bytes_max,
+                                     .keep_per_job = deps_.options->ram_tier_keep_per_job},
+                    deps_.arena, deps_.meta};
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // Keys whose row and files a catalog operation rewrites outside mu_, with what it does ("being
   // deleted": Delete's in-memory tombstone; "being marked CORRUPT"). Inserted under mu_ only

@@ -451,6 +451,7 @@ void CheckpointService::CommitFromStore(const ClusterWork& w, Manifest m) {
     KeyChangedLocked(w.key);
     changed_.SignalAll();
   }
+  ram_tier_.Commit(w.key);
   CKPTD_SYNC_POINT("cluster.committed");
   // Read from the store from now on: this node's blobs alone are no local copy (a crash before
   // they go leaves them to recovery: a COMMITTED row without a local copy has no local files).

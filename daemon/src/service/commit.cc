@@ -205,6 +205,7 @@ void CheckpointService::CommitCheckpoint(Key key) {
   }
   CKPTD_SYNC_POINT("commit.manifest_built");
   absl::Status st = m.ok() ? WriteCommitted(*m, dir, policy) : m.status();
+  if (st.ok()) ram_tier_.Commit(key);  // its persisted ranks' staged bytes become hot
   absl::MutexLock lock(&mu_);
   PendingCheckpoint& p = *pending_.at(key);
   if (!st.ok()) {

@@ -1,7 +1,7 @@
 // Flush of one rank, the lifecycle's side: take what to write under the lifecycle lock, have the
 // tier write the blob (tier/flush_scheduler.h) and journal "persisted" (committer) with no lock
-// held, then record the result: the rank persisted and its staging freed, or the checkpoint
-// aborted.
+// held, hand its staged bytes to the RAM tier (tier/ram_tier.h), then record the result: the
+// rank persisted and the staging the RAM tier did not take freed, or the checkpoint aborted.
 #include "absl/strings/str_cat.h"
 #include "ckptd/status.h"
 #include "ckptd/sync_point.h"
@@ -11,6 +11,30 @@
 #include "spdlog/spdlog.h"
 
 namespace ckptd {
+
+HotParts CheckpointService::HotBytesOfRank(const v1::RankRecord& rec) const {
+  HotParts hot;
+  std::optional<ArenaSegmentInfo> seg = deps_.arena->SegmentOfGeneration(rec.arena_generation());
+  if (!seg) return hot;
+  for (const v1::StagedShard& s : rec.shards()) {
+    const v1::MemRef& m = s.spec().data();
+    if (s.replica() || m.length() == 0 || m.target_case() != v1::MemRef::kExtentId) continue;
+    hot.ranges.push_back(HotRange{.blob_id = rec.rank(),
+                                  .blob_offset = s.stored().offset(),
+                                  .length = s.stored().length(),
+                                  .uid = seg->uid,
+                                  .arena_offset = s.arena_offset() + m.offset()});
+    const bool known = std::any_of(hot.extents.begin(), hot.extents.end(),
+                                   [&](const HotExtent& e) { return e.id == s.extent_id(); });
+    if (!known) {
+      hot.extents.push_back(HotExtent{.id = s.extent_id(),
+                                      .uid = seg->uid,
+                                      .offset = s.arena_offset(),
+                                      .length = s.extent_length()});
+    }
+  }
+  return hot;
+}
 
 void CheckpointService::FlushRank(const Key& key, uint32_t rank) {
   v1::RankRecord rec;
@@ -46,6 +70,14 @@ void CheckpointService::FlushRank(const Key& key, uint32_t rank) {
   }
   const bool persisted = write && st.ok();
   leases.clear();
+  // The RAM tier takes the staged bytes of the persisted rank (before the lock: the commit this
+  // flush may start finds them there); an abort meanwhile drops them with the checkpoint.
+  std::vector<uint64_t> hot_ids;
+  if (persisted && ram_tier_.enabled()) {
+    HotParts hot = HotBytesOfRank(rec);
+    for (const HotExtent& e : hot.extents) hot_ids.push_back(e.id);
+    if (!ram_tier_.AddRank(key, std::move(hot))) hot_ids.clear();
+  }
   absl::MutexLock lock(&mu_);
   PendingCheckpoint& p = *pending_.at(key);
   PendingRank& pr = p.ranks.at(rank);
@@ -58,9 +90,12 @@ void CheckpointService::FlushRank(const Key& key, uint32_t rank) {
     return;  // the abort frees the rank's staging (and may have erased p)
   }
   if (!aborting) pr.rec = std::move(rec);
-  // The extents go once "persisted" is journaled; those of a rank aborted unpersisted go with
-  // its checkpoint's ABORTED row (RecordAbort).
+  // The extents go once "persisted" is journaled (to the RAM tier, or freed); those of a rank
+  // aborted unpersisted go with its checkpoint's ABORTED row (RecordAbort).
   if (persisted) {
+    std::erase_if(pr.extent_ids, [&](uint64_t id) {
+      return std::find(hot_ids.begin(), hot_ids.end(), id) != hot_ids.end();
+    });
     deps_.arena->Free(pr.extent_ids);
     pr.extent_ids.clear();
   }

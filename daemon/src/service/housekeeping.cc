@@ -122,7 +122,8 @@ bool CheckpointService::Shutdown(absl::Duration grace, bool* drained_out) {
   for (AbortRecord& a : left) RecordAbort(std::move(a));
   absl::MutexLock lock(&mu_);
   if (!drained) spdlog::warn("shutdown: flushes still running after the grace period");
-  return drained && pending_.empty();
+  // Hot checkpoints keep the segments too: the next start adopts them (verified).
+  return drained && pending_.empty() && ram_tier_.stats().hot_checkpoints == 0;
 }
 
 }  // namespace ckptd

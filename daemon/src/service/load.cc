@@ -78,7 +78,14 @@ absl::Status CheckpointService::Load(const Caller& caller, const v1::LoadRequest
   CKPTD_ASSIGN_OR_RETURN(std::vector<Storage*> tiers, ReadTiers(*rec));
   CKPTD_ASSIGN_OR_RETURN(std::shared_ptr<const Manifest> m, GetManifest(req.job(), step, tiers));
   resp->set_step(step);
-  return loader_.Load(session, *m, req, tiers, remote_.remote(), resp);
+  const Key key{req.job(), step};
+  // Pinned for the whole load: an eviction meanwhile frees its bytes only after this load.
+  std::shared_ptr<const HotCopy> hot = ram_tier_.Pin(key);
+  bool hot_failed = false;
+  absl::Status st =
+      loader_.Load(session, *m, req, tiers, remote_.remote(), hot.get(), &hot_failed, resp);
+  if (hot_failed) ram_tier_.Drop(key);  // a hot block that did not verify: never used again
+  return st;
 }
 
 }  // namespace ckptd

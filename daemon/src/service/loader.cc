@@ -243,50 +243,93 @@ class BatchReader {
   uint32_t open_blob_ = UINT32_MAX;
 };
 
-// Verifies the blocks of a read batch and copies its bytes to their destinations.
-// Destinations in GPU memory (dst_device[request] >= 0; dst is then a device address) are copied
-// host → device after every block of the batch verified, before the buffer is reused.
-absl::Status VerifyAndCopy(const Manifest& m, const LoadPlan& plan, const BatchReader::Batch& batch,
-                           const uint8_t* buf, const LoadDests& dst) {
-  std::vector<DeviceCopy> to_device;
+// Bytes of run `k`'s check `chk` that are verified (whole blocks; the shard's last may be short).
+uint64_t CheckedBytes(const BlockCheck& chk, uint32_t block) {
+  return std::min<uint64_t>(chk.end_block * block, chk.shard->length()) - chk.first_block * block;
+}
+
+// Verifies the blocks of run `k` and copies its bytes to their destinations; at(run_offset, n) is
+// where the run's bytes [run_offset, run_offset + n) are (in a read buffer or the RAM tier).
+// Copies into GPU memory (dst.device[request] >= 0; dst.ptr is then a device address) are added
+// to `to_device` for the caller to make before the source is reused.
+template <typename At>
+absl::Status VerifyAndCopyRun(const Manifest& m, const LoadPlan& plan, size_t k, const At& at,
+                              const LoadDests& dst, const std::string& where,
+                              std::vector<DeviceCopy>* to_device) {
   const uint32_t block = m.header.checksum_block_bytes();
-  for (size_t k = batch.first; k < batch.end; ++k) {
-    const ReadRun& run = plan.runs[k];
-    const uint8_t* data = buf + batch.at[k - batch.first];
-    for (uint32_t c = run.first_check; c < run.first_check + run.check_count; ++c) {
-      const BlockCheck& chk = plan.checks[c];
-      uint64_t n =
-          std::min<uint64_t>(chk.end_block * block, chk.shard->length()) - chk.first_block * block;
-      absl::Status ok = VerifyBlocks(data + chk.run_offset, chk.first_block, n, chk.shard->length(),
-                                     std::span<const uint32_t>(chk.shard->block_crc32c().data(),
-                                                               chk.shard->block_crc32c().size()),
-                                     block, "");
-      if (!ok.ok()) {
-        // The item's name is looked up only for the message (a scan of the manifest).
-        return absl::Status(
-            ok.code(), absl::StrCat("checkpoint ", m.header.job(), "/", m.header.step(), " item \"",
-                                    ItemOfShard(m, chk.shard)->name(), "\" (saved by rank ",
-                                    chk.shard->saved_by_rank(), ") in ", batch.path, ok.message()));
-      }
-    }
-    for (uint64_t c = run.first_copy; c < run.first_copy + run.copy_count; ++c) {
-      const RunCopy& cp = plan.copies[c];
-      if (!dst.device.empty() && dst.device[cp.request] >= 0) {
-        to_device.push_back(
-            {dst.device[cp.request],
-             GpuCopy{reinterpret_cast<uint64_t>(dst.ptr[cp.request]) + cp.dst_offset,
-                     const_cast<uint8_t*>(data + cp.run_offset), cp.bytes}});
-        continue;
-      }
-      CKPTD_RETURN_IF_ERROR(GuardedCopy(dst.ptr[cp.request] + cp.dst_offset, data + cp.run_offset,
-                                        cp.bytes, "load destination"));
+  const ReadRun& run = plan.runs[k];
+  for (uint32_t c = run.first_check; c < run.first_check + run.check_count; ++c) {
+    const BlockCheck& chk = plan.checks[c];
+    const uint64_t n = CheckedBytes(chk, block);
+    absl::Status ok = VerifyBlocks(at(chk.run_offset, n), chk.first_block, n, chk.shard->length(),
+                                   std::span<const uint32_t>(chk.shard->block_crc32c().data(),
+                                                             chk.shard->block_crc32c().size()),
+                                   block, "");
+    if (!ok.ok()) {
+      // The item's name is looked up only for the message (a scan of the manifest).
+      return absl::Status(
+          ok.code(), absl::StrCat("checkpoint ", m.header.job(), "/", m.header.step(), " item \"",
+                                  ItemOfShard(m, chk.shard)->name(), "\" (saved by rank ",
+                                  chk.shard->saved_by_rank(), ") in ", where, ok.message()));
     }
   }
+  for (uint64_t c = run.first_copy; c < run.first_copy + run.copy_count; ++c) {
+    const RunCopy& cp = plan.copies[c];
+    const uint8_t* from = at(cp.run_offset, cp.bytes);
+    if (!dst.device.empty() && dst.device[cp.request] >= 0) {
+      to_device->push_back({dst.device[cp.request],
+                            GpuCopy{reinterpret_cast<uint64_t>(dst.ptr[cp.request]) + cp.dst_offset,
+                                    const_cast<uint8_t*>(from), cp.bytes}});
+      continue;
+    }
+    CKPTD_RETURN_IF_ERROR(
+        GuardedCopy(dst.ptr[cp.request] + cp.dst_offset, from, cp.bytes, "load destination"));
+  }
+  return absl::OkStatus();
+}
+
+// Makes the GPU copies VerifyAndCopyRun collected.
+absl::Status CopyToDevice(const Manifest& m, const LoadDests& dst,
+                          const std::vector<DeviceCopy>& to_device) {
   if (to_device.empty()) return absl::OkStatus();
   CKPTD_CHECK(dst.gpu != nullptr);  // ResolveDest hands out device destinations only with one
   return Annotate(dst.gpu->CopyToDevice(to_device),
                   absl::StrCat("checkpoint ", m.header.job(), "/", m.header.step(),
                                ": copying into GPU memory"));
+}
+
+// Verifies the blocks of a read batch and copies its bytes to their destinations (GPU ones after
+// every block of the batch verified, before the buffer is reused).
+absl::Status VerifyAndCopy(const Manifest& m, const LoadPlan& plan, const BatchReader::Batch& batch,
+                           const uint8_t* buf, const LoadDests& dst) {
+  std::vector<DeviceCopy> to_device;
+  for (size_t k = batch.first; k < batch.end; ++k) {
+    const uint8_t* data = buf + batch.at[k - batch.first];
+    CKPTD_RETURN_IF_ERROR(VerifyAndCopyRun(
+        m, plan, k, [data](uint64_t off, uint64_t) { return data + off; }, dst, batch.path,
+        &to_device));
+  }
+  return CopyToDevice(m, dst, to_device);
+}
+
+// The runs [begin, end) of `plan` that `keep` selects, with their checks and copies (re-indexed).
+template <typename Keep>
+LoadPlan SelectRuns(const LoadPlan& plan, size_t begin, size_t end, const Keep& keep) {
+  LoadPlan out;
+  for (size_t k = begin; k < end; ++k) {
+    if (!keep(k)) continue;
+    ReadRun r = plan.runs[k];
+    out.checks.insert(out.checks.end(), plan.checks.begin() + r.first_check,
+                      plan.checks.begin() + r.first_check + r.check_count);
+    out.copies.insert(out.copies.end(), plan.copies.begin() + static_cast<long>(r.first_copy),
+                      plan.copies.begin() + static_cast<long>(r.first_copy + r.copy_count));
+    r.first_check = static_cast<uint32_t>(out.checks.size() - r.check_count);
+    r.first_copy = out.copies.size() - r.copy_count;
+    out.read_bytes += r.length;
+    out.runs.push_back(r);
+  }
+  out.request_bytes = plan.request_bytes;
+  return out;
 }
 
 }  // namespace
@@ -408,20 +451,8 @@ absl::Status Loader::ReadPlan(const Manifest& m, const LoadPlan& plan, const Loa
   for (size_t first = 0; first < plan.runs.size();) {
     const uint32_t blob = plan.runs[first].blob_id;
     size_t end = first;
-    LoadPlan one;
-    // The blob's runs with their checks and copies (re-indexed into `one`).
-    for (; end < plan.runs.size() && plan.runs[end].blob_id == blob; ++end) {
-      ReadRun r = plan.runs[end];
-      one.checks.insert(one.checks.end(), plan.checks.begin() + r.first_check,
-                        plan.checks.begin() + r.first_check + r.check_count);
-      one.copies.insert(one.copies.end(), plan.copies.begin() + static_cast<long>(r.first_copy),
-                        plan.copies.begin() + static_cast<long>(r.first_copy + r.copy_count));
-      r.first_check = static_cast<uint32_t>(one.checks.size() - r.check_count);
-      r.first_copy = one.copies.size() - r.copy_count;
-      one.read_bytes += r.length;
-      one.runs.push_back(r);
-    }
-    one.request_bytes = plan.request_bytes;
+    while (end < plan.runs.size() && plan.runs[end].blob_id == blob) ++end;
+    const LoadPlan one = SelectRuns(plan, first, end, [](size_t) { return true; });
     for (size_t t = 0; t < tiers.size(); ++t) {
       st = ReadPlanFrom(tiers[t], m, one, dst, &bytes_read[t]);
       if (st.ok()) break;
@@ -434,9 +465,37 @@ absl::Status Loader::ReadPlan(const Manifest& m, const LoadPlan& plan, const Loa
   return absl::OkStatus();
 }
 
+absl::Status Loader::CopyFromRam(const HotCopy& hot, const Manifest& m, const LoadPlan& plan,
+                                 const LoadDests& dst, std::vector<bool>* served,
+                                 uint64_t* bytes) const {
+  const uint32_t block = m.header.checksum_block_bytes();
+  served->assign(plan.runs.size(), false);
+  std::vector<DeviceCopy> to_device;
+  const std::string where = "the RAM tier";
+  for (size_t k = 0; k < plan.runs.size(); ++k) {
+    const ReadRun& run = plan.runs[k];
+    auto at = [&](uint64_t off, uint64_t n) { return hot.Find(run.blob_id, run.offset + off, n); };
+    bool all = true;
+    for (uint32_t c = run.first_check; all && c < run.first_check + run.check_count; ++c) {
+      const BlockCheck& chk = plan.checks[c];
+      all = at(chk.run_offset, CheckedBytes(chk, block)) != nullptr;
+    }
+    for (uint64_t c = run.first_copy; all && c < run.first_copy + run.copy_count; ++c) {
+      all = at(plan.copies[c].run_offset, plan.copies[c].bytes) != nullptr;
+    }
+    if (!all) continue;  // a blob (or part) not in RAM: read from storage
+    CKPTD_RETURN_IF_ERROR(VerifyAndCopyRun(m, plan, k, at, dst, where, &to_device));
+    (*served)[k] = true;
+    for (uint64_t c = run.first_copy; c < run.first_copy + run.copy_count; ++c) {
+      *bytes += plan.copies[c].bytes;
+    }
+  }
+  return CopyToDevice(m, dst, to_device);
+}
+
 absl::Status Loader::Load(const std::string& session, const Manifest& m, const v1::LoadRequest& req,
                           std::span<Storage* const> tiers, const Storage* remote,
-                          v1::LoadResponse* resp) {
+                          const HotCopy* hot, bool* hot_failed, v1::LoadResponse* resp) {
   Storage* const own[] = {storage_};
   if (tiers.empty()) tiers = own;
   std::vector<MemoryLease> leases;  // held until the copies are done
@@ -456,8 +515,28 @@ absl::Status Loader::Load(const std::string& session, const Manifest& m, const v
   if (options_->debug_load_delay_ms > 0) {
     absl::SleepFor(absl::Milliseconds(options_->debug_load_delay_ms));
   }
+  const LoadDests dests{dst, device, gpu_};
   std::vector<uint64_t> bytes_read(tiers.size());
-  CKPTD_RETURN_IF_ERROR(ReadPlan(m, *plan, LoadDests{dst, device, gpu_}, tiers, bytes_read));
+  const LoadPlan* cold = &*plan;
+  LoadPlan rest;
+  if (hot != nullptr) {
+    std::vector<bool> served;
+    uint64_t from_ram = 0;
+    absl::Status st = CopyFromRam(*hot, m, *plan, dests, &served, &from_ram);
+    if (st.ok()) {
+      resp->set_bytes_from_ram(from_ram);
+      rest = SelectRuns(*plan, 0, plan->runs.size(), [&](size_t k) { return !served[k]; });
+      cold = &rest;
+    } else if (absl::IsDataLoss(st)) {
+      // Reading storage overwrites every destination with verified bytes.
+      spdlog::error("load of {}/{}: {}; reading it from storage", m.header.job(), m.header.step(),
+                    st.ToString());
+      *hot_failed = true;
+    } else {
+      return st;
+    }
+  }
+  CKPTD_RETURN_IF_ERROR(ReadPlan(m, *cold, dests, tiers, bytes_read));
   uint64_t total = 0;
   for (size_t t = 0; t < bytes_read.size(); ++t) {
     total += bytes_read[t];

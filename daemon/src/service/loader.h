@@ -35,6 +35,7 @@
 #include "format/manifest.h"
 #include "io/reader_pool.h"
 #include "options.h"
+#include "tier/ram_tier.h"
 
 namespace ckptd {
 
@@ -57,11 +58,20 @@ class Loader {
          RegionRegistry* regions, GpuStaging* gpu = nullptr);
 
   // Loads req.items() of `m` (verified, COMMITTED) into their destinations in `session`'s
-  // memory, reading from `tiers` (fastest first; see ReadPlan); fills resp's items and byte
-  // counts (not its step); bytes read from `remote` go to bytes_read_remote too.
+  // memory: the runs `hot` holds (the RAM tier's pinned copy; may be null) are verified where
+  // they are and copied from there (CopyFromRam), the others read from `tiers` (fastest first;
+  // see ReadPlan). Fills resp's items and byte counts (not its step); bytes read from `remote` go
+  // to bytes_read_remote too, those copied from `hot` to bytes_from_ram. When a hot block does
+  // not verify, *hot_failed is set, the error logged and the whole load read from `tiers`.
   absl::Status Load(const std::string& session, const Manifest& m, const v1::LoadRequest& req,
-                    std::span<Storage* const> tiers, const Storage* remote, v1::LoadResponse* resp)
-      ABSL_LOCKS_EXCLUDED(load_buffers_mu_);
+                    std::span<Storage* const> tiers, const Storage* remote, const HotCopy* hot,
+                    bool* hot_failed, v1::LoadResponse* resp) ABSL_LOCKS_EXCLUDED(load_buffers_mu_);
+  // The runs of `plan` whose every checked block and copy lies in `hot`: their blocks verified
+  // in place, then copied into `dst`; served[k] set for each (sized like plan.runs), *bytes
+  // counts their bytes. DATA_LOSS when a block does not verify (destinations may then hold
+  // some bytes already).
+  absl::Status CopyFromRam(const HotCopy& hot, const Manifest& m, const LoadPlan& plan,
+                           const LoadDests& dst, std::vector<bool>* served, uint64_t* bytes) const;
   // Plan options for manifests with checksum blocks of `block_bytes`.
   PlanOptions LoadPlanOptions(uint32_t block_bytes) const;
   // Executes a plan of `m`: reads its runs in batches of at most options.load_buffer_bytes (the

@@ -69,6 +69,7 @@ absl::Status Recovery::Run() {
   CKPTD_SYNC_POINT("recovery.committed_rows_checked");
   CKPTD_RETURN_IF_ERROR(VerifyNewestCommitted());
   CKPTD_SYNC_POINT("recovery.newest_verified");
+  CKPTD_RETURN_IF_ERROR(AdoptHotCopies());
   const size_t n = problems_.size();
   if (n > 0) {
     std::vector<std::string> shown(
@@ -78,6 +79,35 @@ absl::Status Recovery::Run() {
                  n == 1 ? "y" : "ies", absl::StrJoin(shown, " | "),
                  n > shown.size() ? " | ..." : "");
   }
+  return absl::OkStatus();
+}
+
+absl::Status Recovery::AdoptHotCopies() {
+  std::vector<std::pair<std::string, std::string>> rows;
+  CKPTD_RETURN_IF_ERROR(stores_.meta->Scan(
+      keys::AllHotPrefix(), "", 0, [&](std::string_view key, std::string_view v) {
+        rows.emplace_back(std::string(key), std::string(v));
+        return true;
+      }));
+  uint64_t adopted = 0;
+  for (const auto& [key, value] : rows) {
+    absl::StatusOr<std::pair<std::string, uint64_t>> id = keys::DecodeHot(key);
+    v1::HotRecord rec;
+    absl::Status st = !id.ok() ? id.status()
+                      : !rec.ParseFromString(value)
+                          ? absl::DataLossError("its RAM tier row does not parse")
+                          : host_.AdoptHot(id->first, id->second, rec);
+    if (st.ok()) {
+      ++adopted;
+      continue;
+    }
+    // Not a problem of the checkpoint: it is read from storage. The row goes.
+    spdlog::info("recovery: RAM tier row {} not adopted ({}); removed", absl::CEscape(key),
+                 st.ToString());
+    CKPTD_RETURN_IF_ERROR(stores_.meta->Commit(
+        std::vector<MetaStore::Write>{{key, std::nullopt}}, /*sync=*/false));
+  }
+  if (adopted > 0) spdlog::info("recovery: {} checkpoint(s) hot in the RAM tier again", adopted);
   return absl::OkStatus();
 }
 

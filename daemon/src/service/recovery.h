@@ -18,7 +18,10 @@
 //      the remote tier alone when it holds a durable copy); local files of a checkpoint read from
 //      the remote tier alone are removed (a spanning node stopped before removing its blobs);
 //   6. VerifyNewestCommitted: per job the newest COMMITTED manifest is verified; one that does not
-//      verify is recorded CORRUPT and the next older one is verified, so `latest` always loads.
+//      verify is recorded CORRUPT and the next older one is verified, so `latest` always loads;
+//   7. AdoptHotCopies: each RAM tier row ('H') whose bytes are still in the arena's segments (same
+//      generation) and verify against the manifest is hot again; any other row is removed (its
+//      checkpoint is read from storage).
 // What it cannot use it skips, names (path or index key) in the log and counts in one summary
 // line; only a failing index, or a data dir whose root cannot be listed, stops the start.
 //
@@ -91,6 +94,9 @@ class RecoveryHost {
   // The lifecycle: enters a checkpoint rebuilt from its journal (its key is free), posts the
   // flushes of its ranks not persisted and starts its commit when it is complete.
   virtual void Resume(std::unique_ptr<PendingCheckpoint> p) = 0;
+  // The RAM tier: adopts the hot copy `rec` describes, verified (CheckpointService::AdoptHot).
+  virtual absl::Status AdoptHot(const std::string& job, uint64_t step,
+                                const v1::HotRecord& rec) = 0;
 };
 
 class Recovery {
@@ -115,6 +121,7 @@ class Recovery {
   void AbortRecovered(const v1::CheckpointRecord& rec, const std::string& reason);
   absl::Status CheckCommittedRows();
   absl::Status VerifyNewestCommitted();
+  absl::Status AdoptHotCopies();
   // Logs one entry recovery could not use (naming its path or index key) and keeps it for the
   // summary.
   void Problem(std::string what);

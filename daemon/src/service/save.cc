@@ -130,9 +130,13 @@ CheckpointService::CheckpointService(ServiceDeps deps)
           },
           deps.clock) {
   CKPTD_CHECK(deps_.clock != nullptr);
+  deps_.arena->SetReclaimer([this](uint64_t bytes) { return ram_tier_.Reclaim(bytes); });
 }
 
-CheckpointService::~CheckpointService() { Shutdown(absl::ZeroDuration()); }
+CheckpointService::~CheckpointService() {
+  Shutdown(absl::ZeroDuration());
+  deps_.arena->SetReclaimer(nullptr);  // before the RAM tier goes
+}
 
 absl::Status CheckpointService::CheckIndexReserve(const std::string& what) const {
   CKPTD_ASSIGN_OR_RETURN(uint64_t free_bytes, deps_.meta->AvailableBytes());

@@ -73,6 +73,12 @@ void CheckpointService::FillRemoteTier(v1::CheckpointSummary* summary) {
   remote_.Fill(summary->job(), summary->step(), *row, summary->mutable_tiers());
 }
 
+void CheckpointService::FillRamTier(v1::CheckpointSummary* summary) const {
+  std::optional<uint64_t> bytes = ram_tier_.HotBytes(Key{summary->job(), summary->step()});
+  summary->mutable_tiers()->set_ram(bytes.has_value());
+  summary->mutable_tiers()->set_ram_bytes(bytes.value_or(0));
+}
+
 absl::Status CheckpointService::WaitRemoteLocked(const std::string& job, uint64_t step,
                                                  absl::Time deadline, v1::CheckpointStatus* resp) {
   mu_.Unlock();
