@@ -126,7 +126,10 @@ TEST_CASE("remote tier: a missing or corrupt local blob is read from the remote 
   TempDir shared;
   const std::string remote = shared.path() + "/store";
   std::filesystem::create_directories(remote);
-  Daemon d(DaemonConfig{.extra_flags = RemoteFlags(remote, "local+remote")});
+  // The RAM tier off: loads read the local blobs this test breaks.
+  std::vector<std::string> flags = RemoteFlags(remote, "local+remote");
+  flags.push_back("--ram_tier_keep_per_job=0");
+  Daemon d(DaemonConfig{.extra_flags = flags});
   SaveWith(d, 1, 21, ckptd::TierPolicy::kDefault);
   auto client = d.Connect();
   REQUIRE(client->Wait(kJob, 1, ckptd::WaitFor::kRemote, 30000).ok());

@@ -309,6 +309,7 @@ class BatchedLoad {
       result_.step = b.resp.step();
       result_.bytes_read += b.resp.bytes_read();
       result_.bytes_read_remote += b.resp.bytes_read_remote();
+      result_.bytes_from_ram += b.resp.bytes_from_ram();
       result_.bytes_needed += b.resp.bytes_needed();
       result_.bytes_needed_aligned += b.resp.bytes_needed_aligned();
     }

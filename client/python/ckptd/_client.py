@@ -73,6 +73,7 @@ class LoadResult:
     objects: dict[str, Any] = field(default_factory=dict)
     bytes_read: int = 0  # bytes the daemon read from storage for this load
     bytes_read_remote: int = 0  # of bytes_read, those read from the remote tier
+    bytes_from_ram: int = 0  # copied from the daemon's RAM tier (not in bytes_read)
 
 
 class SaveHandle:
@@ -420,6 +421,7 @@ class Client:
         read = self._load_into(job, resolved, targets, rank=rank)
         result.bytes_read = int(read["bytes_read"])
         result.bytes_read_remote = int(read["bytes_read_remote"])
+        result.bytes_from_ram = int(read["bytes_from_ram"])
         for name in object_names:
             data = self._native.load_object(job, resolved, rank, name)
             result.objects[name] = data if raw_objects else pickle.loads(data)
@@ -452,7 +454,7 @@ class Client:
                 view = _arrays.view(dest)
             specs.append((item, _region_spec(region), view, _arrays.nbytes(dest)))
         if not specs:
-            return {"bytes_read": 0, "bytes_read_remote": 0}
+            return {"bytes_read": 0, "bytes_read_remote": 0, "bytes_from_ram": 0}
         _sync_devices([d for _, _, d in targets if _arrays.is_cuda_tensor(d)])
         out = self._native.load(job, step, rank, specs)
         for dest, direct in scatter:

@@ -190,6 +190,8 @@ class CheckpointService {
                        v1::CheckpointStatus* resp) ABSL_LOCKS_EXCLUDED(mu_);
 
   const std::string& instance_id() const { return instance_id_; }
+  // The RAM tier's occupancy (hot and provisional bytes, evictions).
+  RamTier::Stats ram_tier_stats() const { return ram_tier_.stats(); }
 
  private:
   using Key = std::pair<std::string, uint64_t>;  // (job, step)

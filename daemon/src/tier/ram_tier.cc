@@ -123,7 +123,7 @@ bool RamTier::MakeRoomLocked(uint64_t incoming, const Key* keep, Victims* v) {
   return true;
 }
 
-void RamTier::TrimJobLocked(const std::string& job, Victims* v) {
+void RamTier::TrimJobLocked(const std::string& job, const Key* keep, Victims* v) {
   // Hot steps of `job`, newest first; provisional ones (saves in flight) are not counted.
   std::vector<std::map<Key, Entry>::iterator> hot;
   for (auto it = entries_.lower_bound(Key{job, 0}); it != entries_.end() && it->first.first == job;
@@ -131,6 +131,9 @@ void RamTier::TrimJobLocked(const std::string& job, Victims* v) {
     if (it->second.copy) hot.push_back(it);
   }
   std::reverse(hot.begin(), hot.end());
+  if (keep != nullptr) {
+    std::stable_partition(hot.begin(), hot.end(), [&](auto it) { return it->first == *keep; });
+  }
   for (size_t i = options_.keep_per_job; i < hot.size(); ++i) EvictLocked(hot[i], v);
 }
 
@@ -185,7 +188,7 @@ void RamTier::Commit(const Key& key) {
     e.extents.clear();
     e.last_use = ++clock_;
     WriteRowLocked(key, *e.copy);
-    TrimJobLocked(key.first, &v);
+    TrimJobLocked(key.first, nullptr, &v);
   }
   Release(std::move(v));
 }
@@ -207,7 +210,7 @@ bool RamTier::Insert(const Key& key, HotParts parts, bool write_row) {
         e.last_use = ++clock_;
         bytes_ += bytes;
         if (write_row) WriteRowLocked(key, *e.copy);
-        TrimJobLocked(key.first, &v);
+        TrimJobLocked(key.first, &key, &v);
       }
     }
   }

@@ -117,8 +117,10 @@ class RamTier {
   // `key` committed: its provisional copy (if any) becomes hot and its row is written; then
   // keep_per_job and the budget apply.
   void Commit(const Key& key) ABSL_LOCKS_EXCLUDED(mu_);
-  // A copy made outside a save (recovery's adoption, a prefetch), hot at once; the tier owns the
-  // extents from here (on false it took nothing). `write_row`: false when the row exists.
+  // A copy made outside a save (recovery's adoption, a prefetch), hot at once and kept by
+  // keep_per_job before the job's other steps (a prefetch of an older step asks for that one);
+  // the tier owns the extents from here (on false it took nothing). `write_row`: false when the
+  // row exists.
   bool Insert(const Key& key, HotParts parts, bool write_row) ABSL_LOCKS_EXCLUDED(mu_);
   // Forgets `key`'s copy (provisional or hot); its row is deleted.
   void Drop(const Key& key) ABSL_LOCKS_EXCLUDED(mu_);
@@ -157,8 +159,9 @@ class RamTier {
   // the budget; false when it cannot.
   bool MakeRoomLocked(uint64_t incoming, const Key* keep, Victims* v)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // keep_per_job for `job`.
-  void TrimJobLocked(const std::string& job, Victims* v) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // keep_per_job for `job`: its newest hot steps stay (`keep`, if not null, counted first).
+  void TrimJobLocked(const std::string& job, const Key* keep, Victims* v)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void WriteRowLocked(const Key& key, const HotCopy& copy) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Release(Victims v);
 

@@ -65,10 +65,11 @@ inline std::string HexAround(const std::vector<uint8_t>& got, const std::vector<
 
 // Loads `items` (empty: every tensor of the state dict) whole with Load() and checks them
 // bit-exact; with `check_objects`, also every rank's per-rank object and the replicated one.
+// `result`, if not null, receives the tensors' LoadResult.
 inline absl::Status VerifyCheckpoint(ckptd::Client& client, const std::string& job,
                                      std::optional<uint64_t> step, uint64_t seed,
                                      const std::vector<std::string>& items, uint32_t world,
-                                     bool check_objects) {
+                                     bool check_objects, ckptd::LoadResult* result = nullptr) {
   std::vector<const TensorItem*> wanted;
   for (const TensorItem& t : StateDict()) {
     if (items.empty() || std::find(items.begin(), items.end(), t.name) != items.end()) {
@@ -87,6 +88,7 @@ inline absl::Status VerifyCheckpoint(ckptd::Client& client, const std::string& j
   }
   absl::StatusOr<ckptd::LoadResult> r = client.Load(job, step, 0, targets);
   if (!r.ok()) return r.status();
+  if (result != nullptr) *result = *r;
   for (size_t i = 0; i < wanted.size(); ++i) {
     std::vector<uint8_t> want = GlobalBytes(*wanted[i], seed);
     if (got[i] != want) {

@@ -45,7 +45,7 @@ struct Fixture {
 
 RamTier::Options Keep(uint32_t n, uint64_t bytes_max = 0) { return {bytes_max, n}; }
 
-TEST_CASE("RAM tier: a committed copy serves its ranges and has a row; provisional ones do not",
+TEST_CASE("RAM tier: a committed copy serves its ranges and has a row, provisional ones do not",
           "[unit]") {
   Fixture f;
   RamTier tier(Keep(1), f.arena.get(), f.meta.get());
@@ -100,7 +100,7 @@ TEST_CASE("RAM tier: keep_per_job keeps the newest steps and frees the others' e
   CHECK(tier.stats().hot_bytes == 0);
 }
 
-TEST_CASE("RAM tier: the budget evicts the least recently used; a copy larger than it is refused",
+TEST_CASE("RAM tier: the budget evicts the least recently used, a copy larger than it is refused",
           "[unit]") {
   Fixture f;
   RamTier tier(Keep(8, 3 * kMiB), f.arena.get(), f.meta.get());

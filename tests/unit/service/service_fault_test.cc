@@ -38,7 +38,8 @@ struct Rig {
   // second thread while writing; 64 rows checksum inline.
   int rows = 64;
 
-  Rig() {
+  // ram_tier_keep: the daemon's ram_tier_keep_per_job (0: loads read storage).
+  explicit Rig(uint32_t ram_tier_keep = 1) {
     const char* tmp = getenv("CKPTD_TEST_TMP");
     dir = std::string(tmp ? tmp : "/tmp") + "/svc-" + RandomHexId().substr(0, 8);
     std::filesystem::create_directories(dir);
@@ -47,6 +48,7 @@ struct Rig {
     // default <state_dir>/ckptd.sock must fit a unix socket path).
     options.socket_path = "/tmp/ckptd-unit-test.sock";
     options.stage_timeout_ms = 60000;
+    options.ram_tier_keep_per_job = ram_tier_keep;
     REQUIRE(options.Validate().ok());
     io = std::make_unique<FaultIo>(NewUringIo(8));
     storage = NewPosixStorage(dir + "/data", io.get());
@@ -134,13 +136,16 @@ struct Rig {
   }
 };
 
-TEST_CASE("service: a committed checkpoint loads bit-exact and frees its staging",
+TEST_CASE("service: a committed checkpoint loads bit-exact, its staging freed or kept hot",
           "[unit][fault]") {
-  Rig rig;
+  const uint32_t keep = GENERATE(0u, 1u);
+  Rig rig(keep);
   rig.rows = GENERATE(64, 4096);
   REQUIRE(rig.Save(1, 0x11).ok());
   REQUIRE(rig.Wait(1).ok());
-  CHECK(rig.arena->free_bytes() == rig.arena->capacity_bytes());
+  const uint64_t hot = rig.svc->ram_tier_stats().hot_bytes;
+  CHECK(rig.arena->free_bytes() + hot == rig.arena->capacity_bytes());
+  CHECK((hot > 0) == (keep > 0));
   CHECK(rig.LoadCheck(1, 0x11).ok());
 }
 
@@ -158,7 +163,7 @@ TEST_CASE("service: EIO or ENOSPC while flushing aborts the checkpoint, the old 
   absl::Status st = rig.Wait(2);
   CHECK(st.code() == absl::StatusCode::kAborted);
   CHECK(std::string(st.message()).find("flushing rank 0 failed") != std::string::npos);
-  CHECK(rig.arena->free_bytes() == rig.arena->capacity_bytes());
+  CHECK(rig.arena->free_bytes() + rig.svc->ram_tier_stats().hot_bytes == rig.arena->capacity_bytes());
   CHECK_FALSE(std::filesystem::exists(rig.dir + "/data/fault-job/step-00000000000000000002"));
   CHECK(rig.LoadCheck(1, 0x22).ok());
   // The aborted step is never visible.
@@ -184,7 +189,7 @@ TEST_CASE("service: a failing manifest rename aborts, never exposes a torn check
 }
 
 TEST_CASE("service: a corrupted blob is detected by its checksum on load", "[unit][fault]") {
-  Rig rig;
+  Rig rig(/*ram_tier_keep=*/0);  // from storage (a hot copy would serve the load)
   REQUIRE(rig.Save(1, 0x66).ok());
   REQUIRE(rig.Wait(1).ok());
   std::string blob = rig.dir + "/data/fault-job/step-00000000000000000001/r00000.blob";

@@ -338,6 +338,7 @@ struct LoadResult {
   uint64_t step = 0;                  // the step loaded (resolves "latest")
   uint64_t bytes_read = 0;            // bytes the daemon read from storage
   uint64_t bytes_read_remote = 0;     // of bytes_read, those read from the remote tier
+  uint64_t bytes_from_ram = 0;        // copied from the daemon's RAM tier (not in bytes_read)
   std::vector<uint64_t> item_bytes;   // bytes written per target, in the order given
   uint64_t bytes_needed = 0;          // distinct stored bytes the targets use
   uint64_t bytes_needed_aligned = 0;  // the same with each contiguous range rounded to 4 KiB

@@ -1,0 +1,197 @@
+// The RAM tier against the real daemon (tier/ram_tier.h): a restore after the trainer dies is
+// served from the arena with no device read; after a daemon restart only once verified; a
+// corrupted hot copy falls back to storage with a logged checksum error; prefetch; the tier off.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <fstream>
+
+#include "harness.h"
+#include "testclient/rank_io.h"
+
+using namespace ckptd_it;
+using Catch::Matchers::Contains;
+
+namespace {
+
+constexpr uint64_t kSeed = 23;
+
+// Bytes the process `pid` read from storage so far (/proc/PID/io read_bytes: the block layer's
+// count, page-cache hits and shared memory excluded).
+uint64_t DeviceReadBytes(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/io");
+  std::string key;
+  uint64_t value = 0;
+  while (in >> key >> value) {
+    if (key == "read_bytes:") return value;
+  }
+  throw std::runtime_error("no read_bytes in /proc/PID/io");
+}
+
+// Loads every tensor and checks it bit-exact; returns the load's counts.
+ckptd::LoadResult LoadAndVerify(const Daemon& d, const std::string& job, uint64_t step) {
+  auto client = d.Connect();
+  ckptd::LoadResult r;
+  absl::Status s = VerifyCheckpoint(*client, job, step, kSeed, {}, 4, true, &r);
+  INFO(s.ToString() << "\n" << d.Log());
+  REQUIRE(s.ok());
+  return r;
+}
+
+// A flat slice of every tensor (a layout no rank saved), checked against the global bytes.
+void LoadSlicesAndVerify(const Daemon& d, const std::string& job, uint64_t step) {
+  auto client = d.Connect();
+  for (const TensorItem& t : StateDict()) {
+    const uint64_t n = ElementCount(t.shape);
+    const uint64_t es = ckptd::DTypeSize(t.dtype);
+    const uint64_t first = n / 3, count = n / 2;
+    std::vector<uint8_t> got(count * es, 0xCD);
+    ckptd::LoadTarget target{t.name, ckptd::Region::Flat(first, count), got.data(), got.size()};
+    auto r = client->Load(job, step, 0, {&target, 1});
+    INFO(t.name);
+    REQUIRE(r.ok());
+    std::vector<uint8_t> all = GlobalBytes(t, kSeed);
+    REQUIRE(std::equal(got.begin(), got.end(), all.begin() + static_cast<long>(first * es)));
+  }
+}
+
+std::string Status(const Daemon& d, const std::string& job, uint64_t step) {
+  CommandResult r = RunCtl(d, {"status", job, std::to_string(step)});
+  REQUIRE(r.exit_code == 0);
+  return r.output;
+}
+
+// Overwrites every byte of the arena segment after its header page (the hot copies with them).
+void CorruptSegment(const Daemon& d) {
+  const std::string path = "/dev/shm" + d.ArenaName();
+  int fd = open(path.c_str(), O_RDWR);
+  REQUIRE(fd >= 0);
+  struct stat st{};
+  REQUIRE(fstat(fd, &st) == 0);
+  std::vector<char> junk(1 << 20, 0x5A);
+  for (off_t off = 4096; off < st.st_size; off += static_cast<off_t>(junk.size())) {
+    const size_t n = std::min<size_t>(junk.size(), static_cast<size_t>(st.st_size - off));
+    REQUIRE(pwrite(fd, junk.data(), n, off) == static_cast<ssize_t>(n));
+  }
+  close(fd);
+}
+
+}  // namespace
+
+TEST_CASE("ram tier: a restore after the trainer's kill -9 copies from RAM, no device read",
+          "[integration]") {
+  Daemon d;
+  const std::string job = "ram-run";
+  {
+    auto ranks = SaveRanksConcurrently(d, job, 1, kSeed, /*hold=*/true);
+    auto client = d.Connect();
+    INFO(d.Log());
+    REQUIRE(client->WaitCommitted(job, 1, 30000).ok());
+    for (auto& r : ranks) r->Kill9();  // the trainer dies right after its checkpoint
+  }
+  REQUIRE_THAT(Status(d, job, 1), Contains("tiers: ram, local"));
+  const uint64_t before = DeviceReadBytes(d.pid());
+  ckptd::LoadResult r = LoadAndVerify(d, job, 1);
+  LoadSlicesAndVerify(d, job, 1);
+  CHECK(r.bytes_read == 0);
+  CHECK(r.bytes_from_ram > 0);
+  CHECK(DeviceReadBytes(d.pid()) - before == 0);
+
+  SECTION("the next checkpoint of the job takes its place (keep one per job)") {
+    SaveCommitted(d, job, 2, kSeed);
+    CHECK_THAT(Status(d, job, 2), Contains("tiers: ram, local"));
+    CHECK_THAT(Status(d, job, 1), !Contains("tiers: ram"));
+    const uint64_t cold_before = DeviceReadBytes(d.pid());
+    ckptd::LoadResult cold = LoadAndVerify(d, job, 1);
+    CHECK(cold.bytes_from_ram == 0);
+    CHECK(cold.bytes_read > 0);
+    // The measure sees the device: a cold load (O_DIRECT) counts what it read.
+    CHECK(DeviceReadBytes(d.pid()) - cold_before >= cold.bytes_read);
+  }
+  SECTION("a deleted checkpoint leaves the tier") {
+    REQUIRE(RunCtl(d, {"rm", job, "1"}).exit_code == 0);
+    SaveCommitted(d, job, 1, kSeed);  // the same key again: its own bytes, hot again
+    REQUIRE(LoadAndVerify(d, job, 1).bytes_from_ram > 0);
+  }
+}
+
+TEST_CASE("ram tier: after a daemon restart the hot copy serves again only once verified",
+          "[integration]") {
+  Daemon d;
+  const std::string job = "ram-restart";
+  SaveCommitted(d, job, 1, kSeed);
+  SECTION("clean stop") { REQUIRE(d.Stop()); }
+  SECTION("kill -9") { d.Kill9(); }
+  d.Restart({});
+  INFO(d.Log());
+  REQUIRE_THAT(d.Log(), Contains("hot in the RAM tier again"));
+  REQUIRE_THAT(Status(d, job, 1), Contains("tiers: ram"));
+  const uint64_t before = DeviceReadBytes(d.pid());
+  ckptd::LoadResult r = LoadAndVerify(d, job, 1);
+  CHECK(r.bytes_read == 0);
+  // (index pages a restarted RocksDB may read aside: a cold load reads the whole 38 KiB)
+  CHECK(DeviceReadBytes(d.pid()) - before < (16u << 10));
+}
+
+TEST_CASE("ram tier: corrupted hot bytes are never served: checksum error, read from storage",
+          "[integration]") {
+  Daemon d;
+  const std::string job = "ram-corrupt";
+  SaveCommitted(d, job, 1, kSeed);
+  REQUIRE_THAT(Status(d, job, 1), Contains("tiers: ram"));
+  SECTION("while the daemon runs") {
+    CorruptSegment(d);
+    ckptd::LoadResult r = LoadAndVerify(d, job, 1);
+    CHECK(r.bytes_read > 0);
+    CHECK(r.bytes_from_ram == 0);
+    CHECK_THAT(d.Log(), Contains("crc32c mismatch") && Contains("reading it from storage"));
+    CHECK_THAT(Status(d, job, 1), !Contains("tiers: ram"));  // dropped
+  }
+  SECTION("before a restart: recovery does not adopt it") {
+    d.Kill9();
+    CorruptSegment(d);
+    d.Restart({});
+    CHECK_THAT(d.Log(), Contains("not adopted"));
+    CHECK_THAT(Status(d, job, 1), !Contains("tiers: ram"));
+    CHECK(LoadAndVerify(d, job, 1).bytes_read > 0);
+  }
+}
+
+TEST_CASE("ram tier: ckptctl prefetch brings a checkpoint from disk ahead of the restore",
+          "[integration]") {
+  Daemon d;
+  const std::string job = "ram-prefetch";
+  SaveCommitted(d, job, 1, kSeed);
+  SaveCommitted(d, job, 2, kSeed);  // step 1 leaves the tier (keep one per job)
+  REQUIRE_THAT(Status(d, job, 1), !Contains("tiers: ram"));
+  CommandResult p = RunCtl(d, {"prefetch", job, "1"});
+  INFO(p.output << d.Log());
+  REQUIRE(p.exit_code == 0);
+  CHECK_THAT(p.output, Contains("is in the RAM tier"));
+  CHECK_THAT(Status(d, job, 1), Contains("tiers: ram"));
+  ckptd::LoadResult r = LoadAndVerify(d, job, 1);
+  CHECK(r.bytes_read == 0);
+  LoadSlicesAndVerify(d, job, 1);
+  CommandResult again = RunCtl(d, {"prefetch", job, "1"});
+  CHECK_THAT(again.output, Contains("0 read from storage now"));
+  CommandResult latest = RunCtl(d, {"prefetch", job});
+  CHECK(latest.exit_code == 0);
+  CHECK_THAT(latest.output, Contains(job + "/2 "));
+  CommandResult missing = RunCtl(d, {"prefetch", job, "9"});
+  CHECK(missing.exit_code == 1);
+  CHECK_THAT(missing.output, Contains("NOT_FOUND"));
+}
+
+TEST_CASE("ram tier: off with --ram_tier_keep_per_job=0", "[integration]") {
+  Daemon d(DaemonConfig{.extra_flags = {"--ram_tier_keep_per_job=0"}});
+  const std::string job = "ram-off";
+  SaveCommitted(d, job, 1, kSeed);
+  CHECK_THAT(Status(d, job, 1), !Contains("tiers: ram"));
+  CHECK(LoadAndVerify(d, job, 1).bytes_read > 0);
+  CommandResult p = RunCtl(d, {"prefetch", job, "1"});
+  CHECK(p.exit_code == 1);
+  CHECK_THAT(p.output, Contains("FAILED_PRECONDITION") && Contains("RAM tier is off"));
+}
