@@ -91,17 +91,23 @@ int main(int argc, char** argv) {
               static_cast<unsigned long long>(step));
   auto reader = ckptd::Client::Connect(opts);
   if (!reader.ok()) return Fail("connect", reader.status());
+  uint64_t from_ram = 0, from_storage = 0;
   for (const std::string& n : names) {
     std::vector<float> out(a.rows * cols);
     ckptd::LoadTarget t{n, ckptd::Region::Whole(), out.data(), out.size() * sizeof(float)};
     auto loaded = (*reader)->Load(a.job, std::nullopt, 0, {&t, 1});
     if (!loaded.ok()) return Fail("load", loaded.status());
+    from_ram += loaded->bytes_from_ram;
+    from_storage += loaded->bytes_read;
     if (std::memcmp(out.data(), GlobalTensor(n, out.size()).data(), t.bytes) != 0) {
       std::fprintf(stderr, "ckptd-demo: %s differs from what was saved\n", n.c_str());
       return 1;
     }
   }
-  std::printf("loaded %zu tensors of step %llu back: bit-exact\n", names.size(),
-              static_cast<unsigned long long>(step));
+  std::printf("loaded %zu tensors of step %llu back: bit-exact (%llu bytes from the RAM tier, %llu "
+              "read from storage)\n",
+              names.size(), static_cast<unsigned long long>(step),
+              static_cast<unsigned long long>(from_ram),
+              static_cast<unsigned long long>(from_storage));
   return 0;
 }

@@ -1,0 +1,201 @@
+#!/usr/bin/env python3
+"""Restores from ckptd's RAM tier against a memcpy of the same bytes, interleaved in one run.
+
+Two checkpoints of the same float32 state (N tensors of [rows, cols]) are saved to one daemon:
+`w1` by one rank (whole tensors) and `w4` by four ranks (each a quarter of the rows of every
+tensor). Both stay hot in the RAM tier. Each round then times, in rotating order, for 1 and 4
+ranks loading at once (one process per rank, started before the clock, released by a barrier):
+
+  memcpy        each rank copies its share of the state between two pre-faulted arrays (the bar:
+                "a memcpy of the state, same number of ranks copying");
+  same          the ranks load the layout that was saved (1 rank: w1 whole; 4 ranks: w4, each its
+                own rows);
+  resharded     another layout (1 rank: w4 whole, gathered from the four row shards; 4 ranks: w4
+                by column quarters, each rank touching every shard);
+each of the two load paths into (a) `arena` destinations (ckptd.empty: the daemon copies from the
+hot extents into them, the one copy) and (b) `numpy` arrays (the library copies out of arena
+scratch: a second copy). Every load is checked against the daemon's counts: nothing read from
+storage, everything copied from RAM. The ratio of each to memcpy is recorded.
+
+Usage: restore_bench.py --daemon BUILD/ckptd [--state-mib 1024] [--rounds 3] [--out F]
+Writes one JSON row per sample to --out (bench/results/restore.jsonl by default).
+"""
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+import ckptd
+
+MIB = 1 << 20
+COLS = 4096
+TENSORS = 16
+
+
+def start_daemon(binary: str, state: str, staging_bytes: int) -> subprocess.Popen:
+    sock = os.path.join(state, "s.sock")
+    proc = subprocess.Popen(
+        [binary, f"--state_dir={state}", f"--socket={sock}",
+         f"--staging_bytes_max={staging_bytes}", "--log_level=warn"],
+        stdout=subprocess.DEVNULL, stderr=open(os.path.join(state, "daemon.log"), "w"))
+    for _ in range(400):
+        if os.path.exists(sock):
+            return proc
+        time.sleep(0.05)
+    proc.kill()
+    sys.exit(f"restore_bench: {binary} did not create {sock}")
+
+
+def targets(case: str, rank: int, world: int, rows: int):
+    """(job, [(item, region, shape)]) that `rank` of `world` loads in `case`."""
+    out = []
+    for i in range(TENSORS):
+        name = f"t{i:02d}"
+        if case == "same" and world == 1:
+            out.append((name, None, (rows, COLS)))
+        elif case == "same":
+            r = rows // world
+            out.append((name, ckptd.Box([rank * r, 0], [r, COLS]), (r, COLS)))
+        elif world == 1:  # resharded: the whole tensor from four row shards
+            out.append((name, None, (rows, COLS)))
+        else:  # resharded: a quarter of the columns, across every row shard
+            c = COLS // world
+            out.append((name, ckptd.Box([0, rank * c], [rows, c]), (rows, c)))
+    job = "w1" if case == "same" and world == 1 else "w4"
+    return job, out
+
+
+def worker(sock, case, dest, rank, world, rows, barrier, results):
+    if case == "memcpy":
+        share = TENSORS * rows * COLS // world
+        src = np.ones(share, np.float32)
+        dst = np.empty(share, np.float32)
+        dst.fill(0)  # faulted in before the clock, as the load destinations are
+        barrier.wait()
+        t0 = time.monotonic()
+        np.copyto(dst, src)
+        results.put((rank, t0, time.monotonic(), 0, share * 4))
+        return
+    client = ckptd.connect(sock)
+    job, want = targets(case, rank, world, rows)
+    specs = []
+    for name, region, shape in want:
+        a = client.empty(shape, np.float32) if dest == "arena" else np.empty(shape, np.float32)
+        a.fill(0)
+        specs.append((name, region, a))
+    barrier.wait()
+    t0 = time.monotonic()
+    result = client.load(job, 1, {n: (a if r is None else (a, r)) for n, r, a in specs})
+    t1 = time.monotonic()
+    results.put((rank, t0, t1, result.bytes_read, result.bytes_from_ram))
+    client.close()
+
+
+def run_case(sock, case, dest, world, rows):
+    ctx = mp.get_context("spawn")
+    barrier = ctx.Barrier(world)
+    results = ctx.Queue()
+    procs = [ctx.Process(target=worker, args=(sock, case, dest, r, world, rows, barrier, results))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    got = [results.get(timeout=600) for _ in procs]
+    for p in procs:
+        p.join()
+        if p.exitcode != 0:
+            sys.exit(f"restore_bench: a {case} worker failed")
+    seconds = max(g[2] for g in got) - min(g[1] for g in got)
+    return seconds, sum(g[3] for g in got), sum(g[4] for g in got)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--daemon", required=True)
+    ap.add_argument("--dir", default=None, help="state dir (default: a temporary one under bench/)")
+    ap.add_argument("--state-mib", type=int, default=1024)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results",
+                                                  "restore.jsonl"))
+    args = ap.parse_args()
+    rows = args.state_mib * MIB // (TENSORS * COLS * 4)
+    rows -= rows % 4
+    state_bytes = TENSORS * rows * COLS * 4
+    base = args.dir or tempfile.mkdtemp(prefix="restore-", dir=os.path.dirname(__file__))
+    state = os.path.join(base, "state")
+    shutil.rmtree(state, ignore_errors=True)
+    os.makedirs(state)
+    # Both checkpoints hot, plus room for the destinations and scratch of four loaders.
+    proc = start_daemon(args.daemon, state, 4 * state_bytes)
+    sock = os.path.join(state, "s.sock")
+    samples = []
+    try:
+        client = ckptd.connect(sock)
+        rng = np.random.default_rng(3)
+        full = {f"t{i:02d}": rng.random((rows, COLS), dtype=np.float32) for i in range(TENSORS)}
+        client.save("w1", 1, full).committed().result()
+        q = rows // 4
+        handles = [client.save("w4", 1, {n: ckptd.Shard(t[r * q:(r + 1) * q], t.shape,
+                                                        ckptd.Box([r * q, 0], [q, COLS]))
+                                         for n, t in full.items()}, rank=r, world_size=4)
+                   for r in range(4)]
+        for h in handles:
+            h.committed().result()
+        for job in ("w1", "w4"):
+            tiers = client.status(job, 1)["summary"]["tiers"]
+            if not tiers.get("ram"):
+                sys.exit(f"restore_bench: {job}/1 is not in the RAM tier: {tiers}")
+        # Correctness once, outside the clock: a resharded load is bit-exact.
+        got = client.load("w4", 1, items=["t00"]).tensors["t00"]
+        if not np.array_equal(got, full["t00"]):
+            sys.exit("restore_bench: w4/1 t00 does not load bit-exact")
+        client.close()
+        del full
+        cases = [(c, d) for c in ("same", "resharded") for d in ("arena", "numpy")]
+        for r in range(args.rounds):
+            for world in (1, 4):
+                order = [("memcpy", "-")] + cases
+                order = order[r % len(order):] + order[:r % len(order)]
+                times = {}
+                for case, dest in order:
+                    s, read, ram = run_case(sock, case, dest, world, rows)
+                    times[(case, dest)] = s
+                    if case != "memcpy" and (read != 0 or ram < state_bytes):
+                        sys.exit(f"restore_bench: {case}/{dest} x{world} read {read} bytes from "
+                                 f"storage, {ram} from RAM (want 0 and {state_bytes})")
+                base_s = times[("memcpy", "-")]
+                for (case, dest), s in times.items():
+                    row = dict(round=r, world=world, case=case, dest=dest, seconds=s,
+                               state_bytes=state_bytes, gbps=state_bytes / s / 1e9,
+                               vs_memcpy=s / base_s)
+                    samples.append(row)
+                    print(f"round {r} x{world} {case:9s} {dest:5s}: {s:.3f} s "
+                          f"({row['gbps']:.2f} GB/s) {row['vs_memcpy']:.2f}x memcpy", flush=True)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+        if args.dir is None:
+            shutil.rmtree(base, ignore_errors=True)
+    print("median ratio to memcpy (same number of ranks copying):")
+    for world in (1, 4):
+        for case in ("same", "resharded"):
+            for dest in ("arena", "numpy"):
+                ratios = sorted(s["vs_memcpy"] for s in samples
+                                if (s["world"], s["case"], s["dest"]) == (world, case, dest))
+                print(f"  x{world} {case:9s} {dest:5s}: {ratios[len(ratios) // 2]:.2f} "
+                      f"(range {ratios[0]:.2f}-{ratios[-1]:.2f})")
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "a") as f:
+        for s in samples:
+            f.write(json.dumps(s) + "\n")
+
+
+if __name__ == "__main__":
+    main()
