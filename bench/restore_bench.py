@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 import numpy as np
 
@@ -43,9 +44,16 @@ TENSORS = 16
 def start_daemon(binary: str, state: str, staging_bytes: int) -> subprocess.Popen:
     sock = os.path.join(state, "s.sock")
     proc = subprocess.Popen(
-        [binary, f"--state_dir={state}", f"--socket={sock}",
-         f"--staging_bytes_max={staging_bytes}", "--log_level=warn"],
-        stdout=subprocess.DEVNULL, stderr=open(os.path.join(state, "daemon.log"), "w"))
+        [
+            binary,
+            f"--state_dir={state}",
+            f"--socket={sock}",
+            f"--staging_bytes_max={staging_bytes}",
+            "--log_level=warn",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=open(os.path.join(state, "daemon.log"), "w"),
+    )
     for _ in range(400):
         if os.path.exists(sock):
             return proc
@@ -54,7 +62,9 @@ def start_daemon(binary: str, state: str, staging_bytes: int) -> subprocess.Pope
     sys.exit(f"restore_bench: {binary} did not create {sock}")
 
 
-def targets(case: str, rank: int, world: int, rows: int):
+def targets(
+    case: str, rank: int, world: int, rows: int
+) -> tuple[str, list[tuple[str, Any, tuple[int, int]]]]:
     """(job, [(item, region, shape)]) that `rank` of `world` loads in `case`."""
     out = []
     for i in range(TENSORS):
@@ -73,7 +83,9 @@ def targets(case: str, rank: int, world: int, rows: int):
     return job, out
 
 
-def worker(sock, case, dest, rank, world, rows, barrier, results):
+def worker(
+    sock: str, case: str, dest: str, rank: int, world: int, rows: int, barrier: Any, results: Any
+) -> None:
     if case == "memcpy":
         share = TENSORS * rows * COLS // world
         src = np.ones(share, np.float32)
@@ -99,12 +111,14 @@ def worker(sock, case, dest, rank, world, rows, barrier, results):
     client.close()
 
 
-def run_case(sock, case, dest, world, rows):
+def run_case(sock: str, case: str, dest: str, world: int, rows: int) -> tuple[float, int, int]:
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(world)
     results = ctx.Queue()
-    procs = [ctx.Process(target=worker, args=(sock, case, dest, r, world, rows, barrier, results))
-             for r in range(world)]
+    procs = [
+        ctx.Process(target=worker, args=(sock, case, dest, r, world, rows, barrier, results))
+        for r in range(world)
+    ]
     for p in procs:
         p.start()
     got = [results.get(timeout=600) for _ in procs]
@@ -122,8 +136,9 @@ def main() -> None:
     ap.add_argument("--dir", default=None, help="state dir (default: a temporary one under bench/)")
     ap.add_argument("--state-mib", type=int, default=1024)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results",
-                                                  "restore.jsonl"))
+    ap.add_argument(
+        "--out", default=os.path.join(os.path.dirname(__file__), "results", "restore.jsonl")
+    )
     args = ap.parse_args()
     rows = args.state_mib * MIB // (TENSORS * COLS * 4)
     rows -= rows % 4
@@ -142,14 +157,25 @@ def main() -> None:
         full = {f"t{i:02d}": rng.random((rows, COLS), dtype=np.float32) for i in range(TENSORS)}
         client.save("w1", 1, full).committed().result()
         q = rows // 4
-        handles = [client.save("w4", 1, {n: ckptd.Shard(t[r * q:(r + 1) * q], t.shape,
-                                                        ckptd.Box([r * q, 0], [q, COLS]))
-                                         for n, t in full.items()}, rank=r, world_size=4)
-                   for r in range(4)]
+        handles = [
+            client.save(
+                "w4",
+                1,
+                {
+                    n: ckptd.Shard(
+                        t[r * q : (r + 1) * q], t.shape, ckptd.Box([r * q, 0], [q, COLS])
+                    )
+                    for n, t in full.items()
+                },
+                rank=r,
+                world_size=4,
+            )
+            for r in range(4)
+        ]
         for h in handles:
             h.committed().result()
         for job in ("w1", "w4"):
-            tiers = client.status(job, 1)["summary"]["tiers"]
+            tiers = client.status(job, 1)["tiers"]
             if not tiers.get("ram"):
                 sys.exit(f"restore_bench: {job}/1 is not in the RAM tier: {tiers}")
         # Correctness once, outside the clock: a resharded load is bit-exact.
@@ -161,23 +187,35 @@ def main() -> None:
         cases = [(c, d) for c in ("same", "resharded") for d in ("arena", "numpy")]
         for r in range(args.rounds):
             for world in (1, 4):
-                order = [("memcpy", "-")] + cases
-                order = order[r % len(order):] + order[:r % len(order)]
+                order = [("memcpy", "-"), *cases]
+                order = order[r % len(order) :] + order[: r % len(order)]
                 times = {}
                 for case, dest in order:
                     s, read, ram = run_case(sock, case, dest, world, rows)
                     times[(case, dest)] = s
                     if case != "memcpy" and (read != 0 or ram < state_bytes):
-                        sys.exit(f"restore_bench: {case}/{dest} x{world} read {read} bytes from "
-                                 f"storage, {ram} from RAM (want 0 and {state_bytes})")
+                        sys.exit(
+                            f"restore_bench: {case}/{dest} x{world} read {read} bytes from "
+                            f"storage, {ram} from RAM (want 0 and {state_bytes})"
+                        )
                 base_s = times[("memcpy", "-")]
                 for (case, dest), s in times.items():
-                    row = dict(round=r, world=world, case=case, dest=dest, seconds=s,
-                               state_bytes=state_bytes, gbps=state_bytes / s / 1e9,
-                               vs_memcpy=s / base_s)
+                    row = dict(
+                        round=r,
+                        world=world,
+                        case=case,
+                        dest=dest,
+                        seconds=s,
+                        state_bytes=state_bytes,
+                        gbps=state_bytes / s / 1e9,
+                        vs_memcpy=s / base_s,
+                    )
                     samples.append(row)
-                    print(f"round {r} x{world} {case:9s} {dest:5s}: {s:.3f} s "
-                          f"({row['gbps']:.2f} GB/s) {row['vs_memcpy']:.2f}x memcpy", flush=True)
+                    print(
+                        f"round {r} x{world} {case:9s} {dest:5s}: {s:.3f} s "
+                        f"({row['gbps']:.2f} GB/s) {row['vs_memcpy']:.2f}x memcpy",
+                        flush=True,
+                    )
     finally:
         proc.terminate()
         proc.wait(timeout=60)
@@ -187,10 +225,15 @@ def main() -> None:
     for world in (1, 4):
         for case in ("same", "resharded"):
             for dest in ("arena", "numpy"):
-                ratios = sorted(s["vs_memcpy"] for s in samples
-                                if (s["world"], s["case"], s["dest"]) == (world, case, dest))
-                print(f"  x{world} {case:9s} {dest:5s}: {ratios[len(ratios) // 2]:.2f} "
-                      f"(range {ratios[0]:.2f}-{ratios[-1]:.2f})")
+                ratios = sorted(
+                    s["vs_memcpy"]
+                    for s in samples
+                    if (s["world"], s["case"], s["dest"]) == (world, case, dest)
+                )
+                print(
+                    f"  x{world} {case:9s} {dest:5s}: {ratios[len(ratios) // 2]:.2f} "
+                    f"(range {ratios[0]:.2f}-{ratios[-1]:.2f})"
+                )
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "a") as f:
         for s in samples:

@@ -69,7 +69,7 @@ void CorruptSegment(const Daemon& d) {
   const std::string path = "/dev/shm" + d.ArenaName();
   int fd = open(path.c_str(), O_RDWR);
   REQUIRE(fd >= 0);
-  struct stat st{};
+  struct stat st {};
   REQUIRE(fstat(fd, &st) == 0);
   std::vector<char> junk(1 << 20, 0x5A);
   for (off_t off = 4096; off < st.st_size; off += static_cast<off_t>(junk.size())) {

@@ -125,7 +125,8 @@ def test_load_in_several_batches_in_flight(client: ckptd.Client) -> None:
     for k, v in arrays.items():
         np.testing.assert_array_equal(dest[k], v)
     assert ckptd.copy_stats()["load_bytes"] == sum(v.nbytes for v in arrays.values())
-    assert out.bytes_read >= sum(v.nbytes for v in arrays.values())
+    # From storage or (what the daemon still holds of it) from its RAM tier.
+    assert out.bytes_read + out.bytes_from_ram >= sum(v.nbytes for v in arrays.values())
     bad = dict(dest)
     bad["t5"] = np.empty(10, np.float32)
     with pytest.raises(ckptd.InvalidArgumentError, match="t5"):
@@ -137,6 +138,9 @@ def test_one_load_mixing_memory_kinds_is_planned_once(client: ckptd.Client) -> N
     of libckptd-client's Load, so the daemon plans them together and reads shared blocks once."""
     w = np.arange(64 * 32, dtype=np.float32).reshape(64, 32)  # 8 KiB: two 4 KiB blocks
     client.save("py-mixed", 1, {"w": w}).committed().result(60)
+    # Step 2 takes step 1's place in the daemon's RAM tier: step 1 is read from storage.
+    client.save("py-mixed", 2, {"w": w}).committed().result(60)
+    assert not client.status("py-mixed", 1)["tiers"]["ram"]
     in_daemon = client.empty((16, 32), np.float32)  # rows 0..16: the first 2 KiB
     plain = np.empty((16, 32), np.float32)  # rows 16..32: the same 4 KiB block
     strided = np.zeros((32, 32), np.float32).T  # rows 32..64 (the second block), not contiguous
@@ -339,3 +343,30 @@ def test_close_ends_the_session_at_once(daemon: Daemon) -> None:
         got = b.stage([np.full(12 << 20, 2.0, np.float32)])[0]
         assert float(got[-1]) == 2.0
         b.release([got])
+
+
+def test_a_restore_right_after_the_save_copies_from_the_ram_tier(client: ckptd.Client) -> None:
+    """The newest checkpoint stays hot in the daemon's arena: a load reads nothing from storage,
+    into plain arrays, daemon memory and another layout alike; the status says `ram`."""
+    w = np.arange(256 * 64, dtype=np.float32).reshape(256, 64)
+    client.save("py-ram", 1, {"w": w}, objects={"meta": {"epoch": 1}}).committed().result(60)
+    status = client.status("py-ram", 1)
+    assert status["tiers"]["ram"] and status["tiers"]["local"]
+    assert status["tiers"]["ram_bytes"] >= w.nbytes
+    got = client.load("py-ram", "latest")
+    np.testing.assert_array_equal(got.tensors["w"], w)
+    assert got.objects["meta"] == {"epoch": 1}
+    assert got.bytes_read == 0 and got.bytes_from_ram == w.nbytes
+    in_daemon = client.empty((64, 64), np.float32)
+    cols = np.empty((256, 16), np.float32)
+    counts = client.load_into_counted(
+        "py-ram",
+        1,
+        [
+            ("w", ckptd.Box([64, 0], [64, 64]), in_daemon),
+            ("w", ckptd.Box([0, 16], [256, 16]), cols),
+        ],
+    )
+    np.testing.assert_array_equal(in_daemon, w[64:128])
+    np.testing.assert_array_equal(cols, w[:, 16:32])
+    assert counts["bytes_read"] == 0 and counts["bytes_from_ram"] == in_daemon.nbytes + cols.nbytes

@@ -104,10 +104,10 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  std::printf("loaded %zu tensors of step %llu back: bit-exact (%llu bytes from the RAM tier, %llu "
-              "read from storage)\n",
-              names.size(), static_cast<unsigned long long>(step),
-              static_cast<unsigned long long>(from_ram),
-              static_cast<unsigned long long>(from_storage));
+  std::printf(
+      "loaded %zu tensors of step %llu back: bit-exact (%llu bytes from the RAM tier, %llu "
+      "read from storage)\n",
+      names.size(), static_cast<unsigned long long>(step),
+      static_cast<unsigned long long>(from_ram), static_cast<unsigned long long>(from_storage));
   return 0;
 }

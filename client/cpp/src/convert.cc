@@ -79,6 +79,8 @@ CheckpointInfo FromProto(const v1::CheckpointSummary& s) {
   info.tiers.staged = s.tiers().staged();
   info.tiers.local = s.tiers().local();
   info.tiers.remote = s.tiers().remote();
+  info.tiers.ram = s.tiers().ram();
+  info.tiers.ram_bytes = s.tiers().ram_bytes();
   if (s.tiers().has_upload()) {
     const v1::Upload& u = s.tiers().upload();
     UploadProgress& p = info.tiers.upload;

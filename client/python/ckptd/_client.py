@@ -436,6 +436,15 @@ class Client:
         overlap the copies out of the arena), copies nothing for ckptd.empty()/stage() memory."""
         return int(self._load_into(job, step, targets, rank=rank)["bytes_read"])
 
+    def load_into_counted(
+        self, job: str, step: int, targets: Sequence[tuple[str, Region, Any]], *, rank: int = 0
+    ) -> dict[str, int]:
+        """load_into, answering the daemon's counts: bytes_read (from storage),
+        bytes_read_remote (of those, from the remote tier) and bytes_from_ram (copied from its
+        RAM tier)."""
+        got = self._load_into(job, step, targets, rank=rank)
+        return {k: int(got[k]) for k in ("bytes_read", "bytes_read_remote", "bytes_from_ram")}
+
     def _load_into(
         self, job: str, step: int, targets: Sequence[tuple[str, Region, Any]], *, rank: int = 0
     ) -> dict[str, Any]:

@@ -67,7 +67,8 @@ py::dict InfoDict(const CheckpointInfo& c) {
   d["state"] = CheckpointStateName(c.state);
   d["world_size"] = c.world_size;
   d["bytes"] = c.bytes;
-  d["tiers"] = py::dict(py::arg("staged") = c.tiers.staged, py::arg("local") = c.tiers.local,
+  d["tiers"] = py::dict(py::arg("staged") = c.tiers.staged, py::arg("ram") = c.tiers.ram,
+                        py::arg("ram_bytes") = c.tiers.ram_bytes, py::arg("local") = c.tiers.local,
                         py::arg("remote") = c.tiers.remote);
   if (c.tiers.upload.state != UploadProgress::kNone) {
     static const char* kStates[] = {"none", "pending", "running", "retrying", "durable"};

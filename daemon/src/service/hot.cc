@@ -57,13 +57,13 @@ absl::Status CheckpointService::AdoptHot(const std::string& job, uint64_t step,
   absl::Cleanup free_restored = [&] { deps_.arena->Free(ids); };
   for (const v1::HotExtent& e : rec.extents()) {
     auto gen = rec.generations().find(e.uid());
-    std::optional<ArenaSegmentInfo> seg =
-        gen == rec.generations().end() ? std::nullopt : deps_.arena->SegmentOfGeneration(gen->second);
-    absl::Status st =
-        !seg || seg->uid != e.uid()
-            ? absl::NotFoundError(absl::StrCat("the arena segment of uid ", e.uid(),
-                                               " it was in did not survive"))
-            : deps_.arena->Restore(e.id(), e.uid(), e.offset(), e.length());
+    std::optional<ArenaSegmentInfo> seg = gen == rec.generations().end()
+                                              ? std::nullopt
+                                              : deps_.arena->SegmentOfGeneration(gen->second);
+    absl::Status st = !seg || seg->uid != e.uid()
+                          ? absl::NotFoundError(absl::StrCat("the arena segment of uid ", e.uid(),
+                                                             " it was in did not survive"))
+                          : deps_.arena->Restore(e.id(), e.uid(), e.offset(), e.length());
     if (!st.ok()) return Annotate(st, what);
     ids.push_back(e.id());
     parts.extents.push_back(
@@ -136,9 +136,9 @@ absl::Status CheckpointService::Prefetch(const Caller& caller, const v1::Prefetc
     total += RoundUp(b.size_bytes(), limits::kAlignmentBytes);
   }
   if (total > ram_tier_.budget_bytes()) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        what, " holds ", total, " bytes of blobs; the RAM tier's budget is ",
-        ram_tier_.budget_bytes(), " bytes (ram_tier_bytes_max, staging_bytes_max)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat(what, " holds ", total, " bytes of blobs; the RAM tier's budget is ",
+                     ram_tier_.budget_bytes(), " bytes (ram_tier_bytes_max, staging_bytes_max)"));
   }
   // The job owner's segment (the saving uid's, as for a save); the daemon owns the extents.
   CKPTD_ASSIGN_OR_RETURN(std::optional<uint32_t> owner, JobOwner(req.job()));

@@ -25,8 +25,7 @@ class CheckpointService::RecoveryAccess final : public RecoveryHost {
                                                                  uint64_t step) override {
     return svc_.ReadRecord(job, step);
   }
-  absl::Status AdoptHot(const std::string& job, uint64_t step,
-                        const v1::HotRecord& rec) override {
+  absl::Status AdoptHot(const std::string& job, uint64_t step, const v1::HotRecord& rec) override {
     return svc_.AdoptHot(job, step, rec);
   }
   absl::StatusOr<std::optional<uint32_t>> JobOwner(const std::string& job) override {

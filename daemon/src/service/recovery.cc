@@ -84,11 +84,11 @@ absl::Status Recovery::Run() {
 
 absl::Status Recovery::AdoptHotCopies() {
   std::vector<std::pair<std::string, std::string>> rows;
-  CKPTD_RETURN_IF_ERROR(stores_.meta->Scan(
-      keys::AllHotPrefix(), "", 0, [&](std::string_view key, std::string_view v) {
-        rows.emplace_back(std::string(key), std::string(v));
-        return true;
-      }));
+  CKPTD_RETURN_IF_ERROR(stores_.meta->Scan(keys::AllHotPrefix(), "", 0,
+                                           [&](std::string_view key, std::string_view v) {
+                                             rows.emplace_back(std::string(key), std::string(v));
+                                             return true;
+                                           }));
   uint64_t adopted = 0;
   for (const auto& [key, value] : rows) {
     absl::StatusOr<std::pair<std::string, uint64_t>> id = keys::DecodeHot(key);
@@ -104,8 +104,8 @@ absl::Status Recovery::AdoptHotCopies() {
     // Not a problem of the checkpoint: it is read from storage. The row goes.
     spdlog::info("recovery: RAM tier row {} not adopted ({}); removed", absl::CEscape(key),
                  st.ToString());
-    CKPTD_RETURN_IF_ERROR(stores_.meta->Commit(
-        std::vector<MetaStore::Write>{{key, std::nullopt}}, /*sync=*/false));
+    CKPTD_RETURN_IF_ERROR(
+        stores_.meta->Commit(std::vector<MetaStore::Write>{{key, std::nullopt}}, /*sync=*/false));
   }
   if (adopted > 0) spdlog::info("recovery: {} checkpoint(s) hot in the RAM tier again", adopted);
   return absl::OkStatus();

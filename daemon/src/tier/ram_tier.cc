@@ -17,8 +17,7 @@ uint64_t ExtentBytes(const HotParts& parts) {
 
 }  // namespace
 
-HotCopy::HotCopy(StagingArena* arena, std::vector<HotRange> ranges,
-                 std::vector<HotExtent> extents)
+HotCopy::HotCopy(StagingArena* arena, std::vector<HotRange> ranges, std::vector<HotExtent> extents)
     : arena_(arena), ranges_(std::move(ranges)), extents_(std::move(extents)) {
   std::sort(ranges_.begin(), ranges_.end(), [](const HotRange& a, const HotRange& b) {
     return std::pair(a.blob_id, a.blob_offset) < std::pair(b.blob_id, b.blob_offset);
@@ -97,8 +96,9 @@ void RamTier::EvictLocked(std::map<Key, Entry>::iterator it, Victims* v) {
         std::vector<MetaStore::Write>{{keys::Hot(it->first.first, it->first.second), std::nullopt}},
         /*sync=*/false);
     // A row left behind names bytes that will be reused: recovery's verification drops it.
-    if (!st.ok()) spdlog::warn("RAM tier: removing the row of {}/{}: {}", it->first.first,
-                               it->first.second, st.ToString());
+    if (!st.ok())
+      spdlog::warn("RAM tier: removing the row of {}/{}: {}", it->first.first, it->first.second,
+                   st.ToString());
     v->copies.push_back(std::move(e.copy));
   } else {
     for (const HotExtent& x : e.extents) v->extent_ids.push_back(x.id);
@@ -138,13 +138,13 @@ void RamTier::TrimJobLocked(const std::string& job, const Key* keep, Victims* v)
 }
 
 void RamTier::WriteRowLocked(const Key& key, const HotCopy& copy) {
-  absl::Status st = meta_->Commit(
-      std::vector<MetaStore::Write>{
-          {keys::Hot(key.first, key.second), copy.Record().SerializeAsString()}},
-      /*sync=*/false);
+  absl::Status st =
+      meta_->Commit(std::vector<MetaStore::Write>{{keys::Hot(key.first, key.second),
+                                                   copy.Record().SerializeAsString()}},
+                    /*sync=*/false);
   // Without its row the copy still serves this daemon; a restart just does not find it.
-  if (!st.ok()) spdlog::warn("RAM tier: writing the row of {}/{}: {}", key.first, key.second,
-                             st.ToString());
+  if (!st.ok())
+    spdlog::warn("RAM tier: writing the row of {}/{}: {}", key.first, key.second, st.ToString());
 }
 
 void RamTier::Release(Victims v) {

@@ -72,8 +72,7 @@ TEST_CASE("RAM tier: a committed copy serves its ranges and has a row, provision
   CHECK(rec.generations().at(kUid) == f.arena->Generation(kUid));
 }
 
-TEST_CASE("RAM tier: keep_per_job keeps the newest steps and frees the others' extents",
-          "[unit]") {
+TEST_CASE("RAM tier: keep_per_job keeps the newest steps and frees the others' extents", "[unit]") {
   Fixture f;
   const uint64_t free0 = f.arena->free_bytes();
   RamTier tier(Keep(1), f.arena.get(), f.meta.get());

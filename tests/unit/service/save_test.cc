@@ -166,7 +166,8 @@ TEST_CASE("save: a failed journal write aborts the checkpoint cleanly, the next 
   REQUIRE(rig.SaveCommitted(4, 0x44).ok());
   CHECK(rig.LoadCheck(4, 0x44).ok());
   CHECK(rig.LoadCheck(1, 0x11).ok());
-  CHECK(rig.arena->free_bytes() + rig.svc->ram_tier_stats().hot_bytes == rig.arena->capacity_bytes());
+  CHECK(rig.arena->free_bytes() + rig.svc->ram_tier_stats().hot_bytes ==
+        rig.arena->capacity_bytes());
 }
 
 TEST_CASE("save: an abort during a rank's journal write ends ABORTED with nothing left",
@@ -190,7 +191,8 @@ TEST_CASE("save: an abort during a rank's journal write ends ABORTED with nothin
   CHECK(save.get().code() == absl::StatusCode::kAborted);
   CHECK(EventuallyIn(rig, 7, v1::ABORTED));
   CHECK_FALSE(std::filesystem::exists(rig.StepDirOnDisk(7)));
-  CHECK(rig.arena->free_bytes() + rig.svc->ram_tier_stats().hot_bytes == rig.arena->capacity_bytes());
+  CHECK(rig.arena->free_bytes() + rig.svc->ram_tier_stats().hot_bytes ==
+        rig.arena->capacity_bytes());
   // After a restart it is still ABORTED (the rows of its rank were removed with it).
   rig.Restart();
   REQUIRE(rig.recovered.ok());
@@ -215,7 +217,8 @@ TEST_CASE(
   CHECK(rig.meta_gate.reached());
   CHECK(rig.State(1) == v1::ABORTED);
   CHECK_FALSE(std::filesystem::exists(rig.StepDirOnDisk(1)));
-  CHECK(rig.arena->free_bytes() + rig.svc->ram_tier_stats().hot_bytes == rig.arena->capacity_bytes());
+  CHECK(rig.arena->free_bytes() + rig.svc->ram_tier_stats().hot_bytes ==
+        rig.arena->capacity_bytes());
   rig.Restart(/*keep_arena=*/true);
   REQUIRE(rig.recovered.ok());
   CHECK(rig.State(1) == v1::ABORTED);
@@ -240,7 +243,8 @@ TEST_CASE("save: a Wait on a checkpoint being aborted before it had a row answer
   CHECK(st.code() == absl::StatusCode::kDeadlineExceeded);  // still being aborted
   rig.meta_gate.Disarm();
   CHECK(rig.Wait(1).code() == absl::StatusCode::kAborted);
-  CHECK(rig.arena->free_bytes() + rig.svc->ram_tier_stats().hot_bytes == rig.arena->capacity_bytes());
+  CHECK(rig.arena->free_bytes() + rig.svc->ram_tier_stats().hot_bytes ==
+        rig.arena->capacity_bytes());
 }
 
 TEST_CASE(

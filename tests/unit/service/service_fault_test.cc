@@ -163,7 +163,8 @@ TEST_CASE("service: EIO or ENOSPC while flushing aborts the checkpoint, the old 
   absl::Status st = rig.Wait(2);
   CHECK(st.code() == absl::StatusCode::kAborted);
   CHECK(std::string(st.message()).find("flushing rank 0 failed") != std::string::npos);
-  CHECK(rig.arena->free_bytes() + rig.svc->ram_tier_stats().hot_bytes == rig.arena->capacity_bytes());
+  CHECK(rig.arena->free_bytes() + rig.svc->ram_tier_stats().hot_bytes ==
+        rig.arena->capacity_bytes());
   CHECK_FALSE(std::filesystem::exists(rig.dir + "/data/fault-job/step-00000000000000000002"));
   CHECK(rig.LoadCheck(1, 0x22).ok());
   // The aborted step is never visible.

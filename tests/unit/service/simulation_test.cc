@@ -486,8 +486,7 @@ bool Sim::CheckQuiesced(bool verify_all) {
   if (free_bytes + ram.hot_bytes != cap || ram.provisional_bytes != 0) {
     return Fail(absl::StrCat("after quiescing the arena has ", free_bytes, " of ", cap,
                              " bytes free, ", ram.hot_bytes, " hot, ", ram.provisional_bytes,
-                             " provisional: ", cap - free_bytes - ram.hot_bytes,
-                             " bytes leaked"));
+                             " provisional: ", cap - free_bytes - ram.hot_bytes, " bytes leaked"));
   }
   for (const char* job : kJobs) SIM_TRY(CheckListing(job));
   for (Ckpt* c : Select([](const Ckpt& c) { return c.st == Ckpt::St::kCommitted; })) {

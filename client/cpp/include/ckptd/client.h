@@ -240,9 +240,11 @@ struct SaveResult {
 };
 
 struct Tiers {
-  bool staged = false;    // some bytes are in the staging arena
-  bool local = false;     // durable on local storage
-  bool remote = false;    // durable on the remote store
+  bool staged = false;  // some bytes are in the staging arena
+  bool local = false;   // durable on local storage
+  bool remote = false;  // durable on the remote store
+  bool ram = false;     // hot in the daemon's RAM tier: loads copy from memory
+  uint64_t ram_bytes = 0;
   UploadProgress upload;  // kNone unless the checkpoint's policy has a remote tier
 };
 

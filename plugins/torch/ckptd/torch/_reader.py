@@ -46,7 +46,8 @@ def _key(index: MetadataIndex) -> _Key:
 class StorageReader(LazyClient, _DcpReader):
     """DCP StorageReader over ckptd: loads any ckptd checkpoint (also ones saved by the C++
     client) into any layout; tensors of another dtype are cast like FileSystemReader does.
-    bytes_read: bytes the daemon read from storage for this reader's loads.
+    bytes_read: bytes the daemon read from storage for this reader's loads; bytes_from_ram: bytes
+    it copied from its RAM tier instead (a checkpoint still hot in the daemon's memory).
     _extension_registry (FileSystemReader's) is accepted for drop-in use: ckptd checkpoints carry
     no stream-transform descriptors, so there is never anything for it to decode."""
 
@@ -65,6 +66,7 @@ class StorageReader(LazyClient, _DcpReader):
         self.step: int | None = None
         self.rank = 0
         self.bytes_read = 0
+        self.bytes_from_ram = 0
         self._dtypes: dict[str, torch.dtype] = {}
         self._shapes: dict[str, list[int]] = {}
         # A rank-local checkpoint: (fqn, chunk offsets | None) -> (part job, chunk sizes).
@@ -78,6 +80,7 @@ class StorageReader(LazyClient, _DcpReader):
             self.checkpoint_id = self._id.raw
         self.step = None if self._id is None else self._id.step
         self.bytes_read = 0
+        self.bytes_from_ram = 0
         self._dtypes = {}
         self._routes = None
 
@@ -277,7 +280,9 @@ class StorageReader(LazyClient, _DcpReader):
             by_job.setdefault((job, rank), []).append(target)
             pending.append((req, dest, buf))
         for (job, rank), targets in by_job.items():
-            self.bytes_read += self.client.load_into(job, step, targets, rank=rank)
+            counts = self.client.load_into_counted(job, step, targets, rank=rank)
+            self.bytes_read += counts["bytes_read"]
+            self.bytes_from_ram += counts["bytes_from_ram"]
         for req, dest, buf in pending:
             if buf is not dest:
                 dest.copy_(buf)  # casts, and moves to the destination's device
