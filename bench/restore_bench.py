@@ -97,6 +97,7 @@ def worker(
         results.put((rank, t0, time.monotonic(), 0, share * 4))
         return
     client = ckptd.connect(sock)
+    client.release(client.stage([np.zeros(1024, np.float32)]))  # the arena mapped before the clock
     job, want = targets(case, rank, world, rows)
     specs = []
     for name, region, shape in want:
@@ -136,10 +137,12 @@ def main() -> None:
     ap.add_argument("--dir", default=None, help="state dir (default: a temporary one under bench/)")
     ap.add_argument("--state-mib", type=int, default=1024)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--worlds", default="1,4", help="ranks loading at once, comma-separated")
     ap.add_argument(
         "--out", default=os.path.join(os.path.dirname(__file__), "results", "restore.jsonl")
     )
     args = ap.parse_args()
+    worlds = [int(w) for w in args.worlds.split(",")]
     rows = args.state_mib * MIB // (TENSORS * COLS * 4)
     rows -= rows % 4
     state_bytes = TENSORS * rows * COLS * 4
@@ -186,7 +189,7 @@ def main() -> None:
         del full
         cases = [(c, d) for c in ("same", "resharded") for d in ("arena", "numpy")]
         for r in range(args.rounds):
-            for world in (1, 4):
+            for world in worlds:
                 order = [("memcpy", "-"), *cases]
                 order = order[r % len(order) :] + order[: r % len(order)]
                 times = {}
@@ -222,7 +225,7 @@ def main() -> None:
         if args.dir is None:
             shutil.rmtree(base, ignore_errors=True)
     print("median ratio to memcpy (same number of ranks copying):")
-    for world in (1, 4):
+    for world in worlds:
         for case in ("same", "resharded"):
             for dest in ("arena", "numpy"):
                 ratios = sorted(

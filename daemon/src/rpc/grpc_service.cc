@@ -144,7 +144,7 @@ CKPTD_RPC(ReserveExtents, ReserveExtentsRequest, ReserveExtentsResponse, reserve
           svc_->ReserveExtents(caller, *req, resp))
 CKPTD_RPC(ReleaseExtents, ReleaseExtentsRequest, ReleaseExtentsResponse, quick,
           svc_->ReleaseExtents(caller, *req))
-CKPTD_RPC(RegisterRegion, RegisterRegionRequest, RegisterRegionResponse, quick,
+CKPTD_RPC(RegisterRegion, RegisterRegionRequest, RegisterRegionResponse, reserves,
           svc_->RegisterRegion(caller, *req, resp))
 CKPTD_RPC(UnregisterRegion, UnregisterRegionRequest, UnregisterRegionResponse, reserves,
           svc_->UnregisterRegion(caller, *req))
