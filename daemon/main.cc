@@ -86,9 +86,11 @@ absl::StatusOr<std::unique_ptr<StagingArena>> OpenArena(const DaemonOptions& o, 
     return meta.Commit({&w, 1}, /*sync=*/true);
   };
   CKPTD_ASSIGN_OR_RETURN(std::unique_ptr<StagingArena> arena,
-                         StagingArena::Create(ArenaOptions{"/" + prefix, o.staging_bytes_max,
-                                                           o.staging_prefault, o.staging_mlock},
-                                              journal));
+                         StagingArena::Create(
+                             ArenaOptions{"/" + prefix, o.staging_bytes_max, o.staging_prefault,
+                                          o.staging_mlock,
+                                          std::filesystem::absolute(o.state_dir).string()},
+                             journal));
   std::vector<std::pair<std::string, std::string>> rows;
   CKPTD_RETURN_IF_ERROR(
       meta.Scan(keys::Meta("arena.u"), "", 0, [&rows](std::string_view k, std::string_view v) {
@@ -183,6 +185,9 @@ struct Stores {
   std::unique_ptr<StagingArena> arena;
   std::unique_ptr<Io> io;
   std::unique_ptr<Storage> storage;
+  // load_io = buffered (with direct_io): the same data dir through the page cache, for loads.
+  std::unique_ptr<Io> load_io;
+  std::unique_ptr<Storage> load_storage;
   std::unique_ptr<Storage> remote;
 };
 
@@ -193,9 +198,14 @@ absl::StatusOr<Stores> OpenStores(const DaemonOptions& o, const std::string& shm
       s.meta, Annotate(OpenRocksDbMetaStore(o.state_dir + "/index"), "opening the index"));
   CKPTD_ASSIGN_OR_RETURN(s.arena, Annotate(OpenArena(o, *s.meta, shm_prefix), "staging arena"));
   RemoveOrphanSegments(shm_prefix, *s.arena);
+  RemoveAbandonedSegments();
   s.io = NewUringIo(o.io_queue_depth);
   if (!o.direct_io) s.io = NewBufferedIo(std::move(s.io));
   s.storage = NewPosixStorage(o.data_dir, s.io.get());
+  if (o.load_io == "buffered" && o.direct_io) {
+    s.load_io = NewBufferedIo(NewUringIo(o.io_queue_depth));
+    s.load_storage = NewPosixStorage(o.data_dir, s.load_io.get());
+  }
   CKPTD_ASSIGN_OR_RETURN(s.remote, Annotate(OpenRemoteTier(o, s.io.get()), "remote tier"));
   return s;
 }
@@ -282,6 +292,7 @@ int Run(const DaemonOptions& o) {
   ServiceDeps deps{&o, stores->meta.get(), stores->storage.get(), arena, &regions, &flush_pool};
   deps.remote = stores->remote.get();
   deps.gpu = &gpu_staging;
+  deps.load_storage = stores->load_storage.get();
   CheckpointService svc(deps);
   if (absl::Status st = svc.Recover(); !st.ok()) {
     spdlog::critical("recovery failed: {}", st.ToString());

@@ -122,6 +122,9 @@ const std::map<std::string, OptionDef>& Defs() {
       {"io_queue_depth",
        {"I/Os in flight per batch", IntSetter(&O::io_queue_depth, "io_queue_depth")}},
       {"direct_io", {"use O_DIRECT", BoolSetter(&O::direct_io, "direct_io")}},
+      {"load_io",
+       {"loads read the local tier direct (O_DIRECT) or buffered (page cache)",
+        StringSetter(&O::load_io)}},
       {"flush_threads", {"flush/commit threads", IntSetter(&O::flush_threads, "flush_threads")}},
       {"flush_gate_ms",
        {"max wait for a checkpoint's other ranks before flushing",
@@ -290,6 +293,10 @@ absl::Status ValidateRanges(const DaemonOptions& o) {
   if (o.staging_bytes_max % limits::kAlignmentBytes != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "option staging_bytes_max = ", o.staging_bytes_max, " is not a multiple of 4096"));
+  }
+  if (o.load_io != "direct" && o.load_io != "buffered") {
+    return absl::InvalidArgumentError(absl::StrCat("option load_io = \"", o.load_io,
+                                                   "\": expected direct or buffered"));
   }
   CKPTD_RETURN_IF_ERROR(Range("ram_tier_bytes_max", o.ram_tier_bytes_max, 0, o.staging_bytes_max));
   CKPTD_RETURN_IF_ERROR(Range("ram_tier_keep_per_job", o.ram_tier_keep_per_job, 0, 64));

@@ -66,6 +66,10 @@ struct DaemonOptions {
   uint32_t io_queue_depth = 8;
   // Use O_DIRECT where the file system accepts it. Default: true
   bool direct_io = true;
+  // How loads read the local tier: "direct" (O_DIRECT: no page cache) or "buffered" (through the
+  // page cache: several local ranks restoring the same bytes at about the same time read them
+  // from the device once, and the kernel's readahead applies). Default: "direct"
+  std::string load_io = "direct";
   // A staged rank's flush waits until every rank of its checkpoint is staged, or at most this
   // long after the first one staged: flushing beside ranks still copying slows their copies (the
   // training stall). 0 flushes every rank as soon as it is staged. Default: 1000

@@ -7,7 +7,9 @@
 
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "harness.h"
 #include "testclient/rank_io.h"
@@ -194,4 +196,53 @@ TEST_CASE("ram tier: off with --ram_tier_keep_per_job=0", "[integration]") {
   CommandResult p = RunCtl(d, {"prefetch", job, "1"});
   CHECK(p.exit_code == 1);
   CHECK_THAT(p.output, Contains("FAILED_PRECONDITION") && Contains("RAM tier is off"));
+}
+
+TEST_CASE("load_io=buffered: four ranks restoring the same checkpoint read it from the device once",
+          "[integration]") {
+  // The RAM tier off: this is the cold path, with the page cache as the one read.
+  const bool buffered = GENERATE(true, false);
+  Daemon d(DaemonConfig{.extra_flags = {"--ram_tier_keep_per_job=0",
+                                        buffered ? "--load_io=buffered" : "--load_io=direct"}});
+  const std::string job = "read-once";
+  SaveCommitted(d, job, 1, kSeed);  // flushed with O_DIRECT: nothing of it in the page cache
+  const uint64_t before = DeviceReadBytes(d.pid());
+  std::vector<std::thread> ranks;
+  std::vector<ckptd::LoadResult> results(4);
+  std::vector<absl::Status> status(4);
+  for (int r = 0; r < 4; ++r) {
+    ranks.emplace_back([&, r] {
+      auto client = d.Connect();
+      status[r] = VerifyCheckpoint(*client, job, 1, kSeed, {}, 4, false, &results[r]);
+    });
+  }
+  for (std::thread& t : ranks) t.join();
+  uint64_t one = 0;
+  for (int r = 0; r < 4; ++r) {
+    INFO(status[r].ToString());
+    REQUIRE(status[r].ok());
+    one = std::max(one, results[r].bytes_read);
+  }
+  const uint64_t device = DeviceReadBytes(d.pid()) - before;
+  INFO("device read " << device << " bytes; one rank's load " << one);
+  if (buffered) {
+    // Once: readahead reads the small blobs whole (and index pages), never a second rank's copy.
+    CHECK(device < one * 3 / 2);
+  } else {
+    CHECK(device >= 3 * one);  // every rank read it: what buffered loads save
+  }
+}
+
+TEST_CASE("ram tier: segments kept for hot checkpoints are removed once their state dir is gone",
+          "[integration]") {
+  Daemon a;
+  SaveCommitted(a, "kept", 1, kSeed);
+  REQUIRE(a.Stop());  // clean stop with a hot checkpoint: the segment stays for the next start
+  const std::string segment = "/dev/shm" + a.ArenaName();
+  REQUIRE(PathExists(segment));
+  std::filesystem::remove_all(a.state_dir());  // the operator throws the state dir away
+  Daemon b;  // any daemon's start removes it: no daemon could ever adopt it again
+  INFO(b.Log());
+  CHECK_FALSE(PathExists(segment));
+  CHECK_THAT(b.Log(), Contains("its state dir") && Contains("is gone"));
 }

@@ -94,7 +94,15 @@ struct ArenaOptions {
   uint64_t size_bytes = 0;   // of the offset space (and each segment), header page included
   bool prefault = true;      // fault pages in when a range becomes resident (else at first touch)
   bool mlock_pages = false;  // lock resident pages (MLOCK_ONFAULT)
+  // The daemon's state dir (absolute), recorded in each segment's header page: a segment whose
+  // state dir is gone belongs to no daemon any more (RemoveAbandonedSegments).
+  std::string state_dir;
 };
+
+// Removes every arena segment in /dev/shm owned by this euid whose header names a state dir that
+// no longer exists (a daemon stopped with hot checkpoints kept its segments for its next start,
+// and then its state dir was deleted). Returns how many were removed; logs each.
+size_t RemoveAbandonedSegments();
 
 class StagingArena;
 

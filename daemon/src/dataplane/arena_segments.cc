@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <filesystem>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -41,7 +42,9 @@ struct SegmentHeader {
   uint64_t size_bytes;
   uint32_t uid;
   char generation[33];
+  char state_dir[3584];  // NUL-terminated; empty in segments of older versions (never swept)
 };
+static_assert(sizeof(SegmentHeader) <= limits::kArenaHeaderBytes);
 
 // A segment of a previous run of this daemon, only if it is exactly what that run created.
 absl::Status CheckAdoptable(int fd, const std::string& what, uint64_t size_bytes, uint32_t uid,
@@ -155,8 +158,37 @@ absl::StatusOr<std::unique_ptr<StagingArena::Seg>> StagingArena::NewSegment(uint
   h.size_bytes = seg->size_bytes;
   h.uid = uid;
   std::memcpy(h.generation, seg->info.generation.data(), 32);
+  if (options_.state_dir.size() < sizeof h.state_dir) {
+    std::memcpy(h.state_dir, options_.state_dir.data(), options_.state_dir.size());
+  }
   std::memcpy(seg->base, &h, sizeof h);
   return seg;
+}
+
+size_t RemoveAbandonedSegments() {
+  size_t removed = 0;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm", ec)) {
+    const std::string name = "/" + entry.path().filename().string();
+    if (name.rfind("/ckptd-", 0) != 0) continue;
+    const int fd = shm_open(name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC, 0);
+    if (fd < 0) continue;
+    struct stat st;
+    SegmentHeader h{};
+    const bool ours = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() &&
+                      (st.st_mode & 07777) == kSegmentMode &&
+                      pread(fd, &h, sizeof h, 0) == static_cast<ssize_t>(sizeof h) &&
+                      std::memcmp(h.magic, kArenaMagic, 8) == 0;
+    close(fd);
+    h.state_dir[sizeof h.state_dir - 1] = '\0';
+    const std::string dir(h.state_dir);
+    if (!ours || dir.empty() || std::filesystem::exists(dir, ec) || ec) continue;
+    if (shm_unlink(name.c_str()) == 0) {
+      spdlog::info("removed arena segment {}: its state dir {} is gone", name, dir);
+      ++removed;
+    }
+  }
+  return removed;
 }
 
 absl::Status StagingArena::Adopt(uint32_t uid, const std::string& name,

@@ -104,6 +104,8 @@ struct ServiceDeps {
   // of recorded timestamps; see common/clock.h for what stays on real time. Default: the real
   // clock.
   const Clock* clock = RealClock();
+  // The local tier as loads read it (load_io = buffered: through the page cache); null: storage.
+  Storage* load_storage = nullptr;
 };
 
 class CheckpointService {

@@ -47,7 +47,9 @@ absl::StatusOr<std::vector<Storage*>> CheckpointService::ReadTiers(
     const v1::CheckpointRecord& rec) {
   std::vector<Storage*> tiers;
   const v1::CheckpointSummary& s = rec.summary();
-  if (s.tiers().local()) tiers.push_back(deps_.storage);
+  if (s.tiers().local()) {
+    tiers.push_back(deps_.load_storage != nullptr ? deps_.load_storage : deps_.storage);
+  }
   if (remote_.enabled() && HasRemoteTier(s.tier_policy())) {
     CKPTD_ASSIGN_OR_RETURN(std::optional<v1::UploadRecord> row, remote_.ReadRow(s.job(), s.step()));
     if (row && row->upload().state() == v1::UPLOAD_DURABLE) tiers.push_back(remote_.remote());
