@@ -15,7 +15,9 @@ ranks loading at once (one process per rank, started before the clock, released 
 each of the two load paths into (a) `arena` destinations (ckptd.empty: the daemon copies from the
 hot extents into them, the one copy) and (b) `numpy` arrays (the library copies out of arena
 scratch: a second copy). Every load is checked against the daemon's counts: nothing read from
-storage, everything copied from RAM. The ratio of each to memcpy is recorded.
+storage, everything copied from RAM. Beside them, `disk`: the same-layout load into arena
+destinations from a second daemon with the RAM tier off (ram_tier_keep_per_job=0; O_DIRECT
+reads, what every restore was before the RAM tier). The ratio of each to memcpy is recorded.
 
 Usage: restore_bench.py --daemon BUILD/ckptd [--state-mib 1024] [--rounds 3] [--out F]
 Writes one JSON row per sample to --out (bench/results/restore.jsonl by default).
@@ -41,7 +43,9 @@ COLS = 4096
 TENSORS = 16
 
 
-def start_daemon(binary: str, state: str, staging_bytes: int) -> subprocess.Popen:
+def start_daemon(
+    binary: str, state: str, staging_bytes: int, flags: tuple[str, ...] = ()
+) -> subprocess.Popen:
     sock = os.path.join(state, "s.sock")
     proc = subprocess.Popen(
         [
@@ -50,6 +54,7 @@ def start_daemon(binary: str, state: str, staging_bytes: int) -> subprocess.Pope
             f"--socket={sock}",
             f"--staging_bytes_max={staging_bytes}",
             "--log_level=warn",
+            *flags,
         ],
         stdout=subprocess.DEVNULL,
         stderr=open(os.path.join(state, "daemon.log"), "w"),
@@ -69,9 +74,9 @@ def targets(
     out = []
     for i in range(TENSORS):
         name = f"t{i:02d}"
-        if case == "same" and world == 1:
+        if case in ("same", "disk") and world == 1:
             out.append((name, None, (rows, COLS)))
-        elif case == "same":
+        elif case in ("same", "disk"):
             r = rows // world
             out.append((name, ckptd.Box([rank * r, 0], [r, COLS]), (r, COLS)))
         elif world == 1:  # resharded: the whole tensor from four row shards
@@ -79,7 +84,7 @@ def targets(
         else:  # resharded: a quarter of the columns, across every row shard
             c = COLS // world
             out.append((name, ckptd.Box([0, rank * c], [rows, c]), (rows, c)))
-    job = "w1" if case == "same" and world == 1 else "w4"
+    job = "w1" if case in ("same", "disk") and world == 1 else "w4"
     return job, out
 
 
@@ -131,6 +136,30 @@ def run_case(sock: str, case: str, dest: str, world: int, rows: int) -> tuple[fl
     return seconds, sum(g[3] for g in got), sum(g[4] for g in got)
 
 
+def save_both(client: ckptd.Client, full: dict[str, Any], rows: int) -> None:
+    """w1 saved by one rank, w4 by four (a quarter of the rows of every tensor each)."""
+    client.save("w1", 1, full).committed().result()
+    q = rows // 4
+    handles = [
+        client.save(
+            "w4",
+            1,
+            {
+                n: ckptd.Shard(t[r * q : (r + 1) * q], t.shape, ckptd.Box([r * q, 0], [q, COLS]))
+                for n, t in full.items()
+            },
+            rank=r,
+            world_size=4,
+        )
+        for r in range(4)
+    ]
+    for h in handles:
+        h.committed().result()
+
+
+CASES = [(c, d) for c in ("same", "resharded") for d in ("arena", "numpy")] + [("disk", "arena")]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--daemon", required=True)
@@ -153,30 +182,20 @@ def main() -> None:
     # Both checkpoints hot, plus room for the destinations and scratch of four loaders.
     proc = start_daemon(args.daemon, state, 4 * state_bytes)
     sock = os.path.join(state, "s.sock")
+    # The RAM tier off: loads read the disk (O_DIRECT), as every restore did before it.
+    disk_state = os.path.join(base, "disk")
+    os.makedirs(disk_state, exist_ok=True)
+    disk = start_daemon(args.daemon, disk_state, 2 * state_bytes, ("--ram_tier_keep_per_job=0",))
+    disk_sock = os.path.join(disk_state, "s.sock")
     samples = []
     try:
         client = ckptd.connect(sock)
         rng = np.random.default_rng(3)
         full = {f"t{i:02d}": rng.random((rows, COLS), dtype=np.float32) for i in range(TENSORS)}
-        client.save("w1", 1, full).committed().result()
-        q = rows // 4
-        handles = [
-            client.save(
-                "w4",
-                1,
-                {
-                    n: ckptd.Shard(
-                        t[r * q : (r + 1) * q], t.shape, ckptd.Box([r * q, 0], [q, COLS])
-                    )
-                    for n, t in full.items()
-                },
-                rank=r,
-                world_size=4,
-            )
-            for r in range(4)
-        ]
-        for h in handles:
-            h.committed().result()
+        save_both(client, full, rows)
+        disk_client = ckptd.connect(disk_sock)
+        save_both(disk_client, full, rows)
+        disk_client.close()
         for job in ("w1", "w4"):
             tiers = client.status(job, 1)["tiers"]
             if not tiers.get("ram"):
@@ -187,16 +206,18 @@ def main() -> None:
             sys.exit("restore_bench: w4/1 t00 does not load bit-exact")
         client.close()
         del full
-        cases = [(c, d) for c in ("same", "resharded") for d in ("arena", "numpy")]
         for r in range(args.rounds):
             for world in worlds:
-                order = [("memcpy", "-"), *cases]
+                order = [("memcpy", "-"), *CASES]
                 order = order[r % len(order) :] + order[: r % len(order)]
                 times = {}
                 for case, dest in order:
-                    s, read, ram = run_case(sock, case, dest, world, rows)
+                    at = disk_sock if case == "disk" else sock
+                    s, read, ram = run_case(at, case, dest, world, rows)
                     times[(case, dest)] = s
-                    if case != "memcpy" and (read != 0 or ram < state_bytes):
+                    if case == "disk" and (ram != 0 or read < state_bytes):
+                        sys.exit(f"restore_bench: disk x{world} read {read}, {ram} from RAM")
+                    if case not in ("memcpy", "disk") and (read != 0 or ram < state_bytes):
                         sys.exit(
                             f"restore_bench: {case}/{dest} x{world} read {read} bytes from "
                             f"storage, {ram} from RAM (want 0 and {state_bytes})"
@@ -220,23 +241,23 @@ def main() -> None:
                         flush=True,
                     )
     finally:
-        proc.terminate()
-        proc.wait(timeout=60)
+        for p in (proc, disk):
+            p.terminate()
+            p.wait(timeout=60)
         if args.dir is None:
             shutil.rmtree(base, ignore_errors=True)
     print("median ratio to memcpy (same number of ranks copying):")
     for world in worlds:
-        for case in ("same", "resharded"):
-            for dest in ("arena", "numpy"):
-                ratios = sorted(
-                    s["vs_memcpy"]
-                    for s in samples
-                    if (s["world"], s["case"], s["dest"]) == (world, case, dest)
-                )
-                print(
-                    f"  x{world} {case:9s} {dest:5s}: {ratios[len(ratios) // 2]:.2f} "
-                    f"(range {ratios[0]:.2f}-{ratios[-1]:.2f})"
-                )
+        for case, dest in CASES:
+            ratios = sorted(
+                s["vs_memcpy"]
+                for s in samples
+                if (s["world"], s["case"], s["dest"]) == (world, case, dest)
+            )
+            print(
+                f"  x{world} {case:9s} {dest:5s}: {ratios[len(ratios) // 2]:.2f} "
+                f"(range {ratios[0]:.2f}-{ratios[-1]:.2f})"
+            )
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "a") as f:
         for s in samples:

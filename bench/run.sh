@@ -20,7 +20,10 @@
 #                            bench/cluster_commit_bench.py: 1, 2 and 3 daemons on a shared dir)
 #   BENCH_COMMIT_MIB=512 BENCH_COMMIT_ROUNDS=9   time to committed against fio in the daemon's
 #                            write shape and dd (bench/commit_floor.py; rounds rotate the order)
-#   BENCH_ONLY=all|planner|reshard|ckpt|commit|train|remote|cluster       run one part only
+#   BENCH_RESTORE_MIB=1024 BENCH_RESTORE_ROUNDS=3 BENCH_RESTORE_WORLDS=1,4   restores from the
+#                            RAM tier against a memcpy of the state and a load from disk
+#                            (bench/restore_bench.py; rounds rotate the order)
+#   BENCH_ONLY=all|planner|reshard|ckpt|commit|restore|train|remote|cluster   run one part only
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BUILD="${BUILD:-$ROOT/build}"
@@ -73,6 +76,14 @@ python3 "$ROOT/bench/ckpt_bench.py" --daemon "$BUILD/ckptd" --out "$OUT" --state
   --systems "${BENCH_SYSTEMS:-ckptd,ckptd_dcp,dcp,dcp_async,torch_save,bytecheckpoint}"
 python3 "$ROOT/bench/plot.py" "$OUT/ckpt.jsonl" "$ROOT/bench/ckpt_phases.png"
 rm -rf "$STATE"
+fi
+
+if [ "$ONLY" = all ] || [ "$ONLY" = restore ]; then
+echo "bench: restores from the RAM tier (${BENCH_RESTORE_MIB:-1024} MiB) against memcpy and disk"
+python3 "$ROOT/bench/restore_bench.py" --daemon "$BUILD/ckptd" --dir "$STATE-restore" \
+  --state-mib "${BENCH_RESTORE_MIB:-1024}" --rounds "${BENCH_RESTORE_ROUNDS:-3}" \
+  --worlds "${BENCH_RESTORE_WORLDS:-1,4}" --out "$OUT/restore.jsonl"
+rm -rf "$STATE-restore"
 fi
 
 if [ "$ONLY" = all ] || [ "$ONLY" = commit ]; then
