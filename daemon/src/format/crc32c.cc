@@ -4,6 +4,7 @@
 #include <cstring>
 
 #if defined(__x86_64__)
+#include <emmintrin.h>
 #include <nmmintrin.h>
 #endif
 
@@ -77,6 +78,21 @@ __attribute__((target("sse4.2"))) void HardwareImpl3(const uint8_t* a, const uin
   out[1] = ~b32;
   out[2] = ~c32;
 }
+
+// Copies n bytes with non-temporal 16-byte stores (dst 16-byte aligned, n a multiple of 16): the
+// destination is not read for ownership and does not evict the source from cache.
+__attribute__((target("sse4.2"))) void StreamCopy(uint8_t* dst, const uint8_t* src, size_t n) {
+  for (size_t i = 0; i < n; i += 64) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
+    const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
+  }
+}
 #endif
 
 bool DetectHardware() {
@@ -148,6 +164,30 @@ void BlockCrcsInto(const void* data, uint64_t n, uint32_t block_bytes, uint32_t*
 #endif
   for (; off < n; off += block_bytes)
     *out++ = Crc32c(p + off, std::min<uint64_t>(block_bytes, n - off));
+}
+
+void CopyAndBlockCrcs(void* dst, const void* src, uint64_t n, uint32_t block_bytes,
+                      uint32_t* out) {
+  CKPTD_CHECK(block_bytes > 0);
+  auto* d = static_cast<uint8_t*>(dst);
+  const auto* s = static_cast<const uint8_t*>(src);
+  uint64_t off = 0;
+#if defined(__x86_64__)
+  // Three blocks at a time: checksummed (they are then in L1), then streamed to the destination.
+  if (Crc32cHardwareAvailable() && reinterpret_cast<uintptr_t>(d) % 16 == 0 &&
+      block_bytes % 64 == 0) {
+    for (; n - off >= 3ull * block_bytes; off += 3ull * block_bytes, out += 3) {
+      HardwareImpl3(s + off, s + off + block_bytes, s + off + 2ull * block_bytes, block_bytes,
+                    out);
+      StreamCopy(d + off, s + off, 3ull * block_bytes);
+    }
+    _mm_sfence();  // the non-temporal stores are ordered before what the caller does next
+  }
+#endif
+  if (off < n) {
+    std::memcpy(d + off, s + off, n - off);
+    BlockCrcsInto(s + off, n - off, block_bytes, out);
+  }
 }
 
 std::vector<uint32_t> BlockCrcs(const void* data, uint64_t n, uint32_t block_bytes) {
