@@ -85,12 +85,12 @@ absl::StatusOr<std::unique_ptr<StagingArena>> OpenArena(const DaemonOptions& o, 
                        absl::StrCat(s.name, " ", s.generation)};
     return meta.Commit({&w, 1}, /*sync=*/true);
   };
-  CKPTD_ASSIGN_OR_RETURN(std::unique_ptr<StagingArena> arena,
-                         StagingArena::Create(
-                             ArenaOptions{"/" + prefix, o.staging_bytes_max, o.staging_prefault,
-                                          o.staging_mlock,
-                                          std::filesystem::absolute(o.state_dir).string()},
-                             journal));
+  CKPTD_ASSIGN_OR_RETURN(
+      std::unique_ptr<StagingArena> arena,
+      StagingArena::Create(
+          ArenaOptions{"/" + prefix, o.staging_bytes_max, o.staging_prefault, o.staging_mlock,
+                       std::filesystem::absolute(o.state_dir).string()},
+          journal));
   std::vector<std::pair<std::string, std::string>> rows;
   CKPTD_RETURN_IF_ERROR(
       meta.Scan(keys::Meta("arena.u"), "", 0, [&rows](std::string_view k, std::string_view v) {

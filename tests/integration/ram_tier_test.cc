@@ -208,6 +208,7 @@ TEST_CASE("load_io=buffered: four ranks restoring the same checkpoint read it fr
   SaveCommitted(d, job, 1, kSeed);  // flushed with O_DIRECT: nothing of it in the page cache
   const uint64_t before = DeviceReadBytes(d.pid());
   std::vector<std::thread> ranks;
+  ranks.reserve(4);
   std::vector<ckptd::LoadResult> results(4);
   std::vector<absl::Status> status(4);
   for (int r = 0; r < 4; ++r) {

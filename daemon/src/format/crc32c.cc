@@ -166,8 +166,7 @@ void BlockCrcsInto(const void* data, uint64_t n, uint32_t block_bytes, uint32_t*
     *out++ = Crc32c(p + off, std::min<uint64_t>(block_bytes, n - off));
 }
 
-void CopyAndBlockCrcs(void* dst, const void* src, uint64_t n, uint32_t block_bytes,
-                      uint32_t* out) {
+void CopyAndBlockCrcs(void* dst, const void* src, uint64_t n, uint32_t block_bytes, uint32_t* out) {
   CKPTD_CHECK(block_bytes > 0);
   auto* d = static_cast<uint8_t*>(dst);
   const auto* s = static_cast<const uint8_t*>(src);
@@ -177,8 +176,7 @@ void CopyAndBlockCrcs(void* dst, const void* src, uint64_t n, uint32_t block_byt
   if (Crc32cHardwareAvailable() && reinterpret_cast<uintptr_t>(d) % 16 == 0 &&
       block_bytes % 64 == 0) {
     for (; n - off >= 3ull * block_bytes; off += 3ull * block_bytes, out += 3) {
-      HardwareImpl3(s + off, s + off + block_bytes, s + off + 2ull * block_bytes, block_bytes,
-                    out);
+      HardwareImpl3(s + off, s + off + block_bytes, s + off + 2ull * block_bytes, block_bytes, out);
       StreamCopy(d + off, s + off, 3ull * block_bytes);
     }
     _mm_sfence();  // the non-temporal stores are ordered before what the caller does next

@@ -39,8 +39,7 @@ void BlockCrcsInto(const void* data, uint64_t n, uint32_t block_bytes, uint32_t*
 // Copies n bytes from src to dst (not overlapping) and writes one crc32c per block_bytes block of
 // them to out[0, BlockCount(n, block_bytes)), as BlockCrcsInto: in one pass over the bytes where
 // the CPU has crc32c instructions (each word checksummed as it is stored, non-temporal stores).
-void CopyAndBlockCrcs(void* dst, const void* src, uint64_t n, uint32_t block_bytes,
-                      uint32_t* out);
+void CopyAndBlockCrcs(void* dst, const void* src, uint64_t n, uint32_t block_bytes, uint32_t* out);
 
 // Verifies part of a shard. `data` holds n_bytes of the shard starting at shard byte offset
 // first_block * block_bytes; the shard is shard_bytes long and crcs[i] is the crc of its block i.

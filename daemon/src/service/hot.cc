@@ -149,6 +149,7 @@ absl::Status CheckpointService::Prefetch(const Caller& caller, const v1::Prefetc
       deps_.arena->Reserve(session, uid, sizes,
                            absl::Milliseconds(deps_.options->reserve_timeout_ms)));
   std::vector<uint64_t> ids;
+  ids.reserve(extents.size());
   for (const ExtentInfo& e : extents) ids.push_back(e.id);
   if (absl::Status taken = deps_.arena->Take(session, ids); !taken.ok()) {
     (void)deps_.arena->Release(session, ids);

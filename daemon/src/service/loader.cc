@@ -6,9 +6,9 @@
 #include <sys/mman.h>
 
 #include <algorithm>
-#include <optional>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/container/flat_hash_map.h"

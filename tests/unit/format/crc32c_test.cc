@@ -148,12 +148,11 @@ TEST_CASE("VerifyBlocks checks whole blocks of a shard", "[unit]") {
   }
 }
 
-TEST_CASE("crc32c: CopyAndBlockCrcs copies and checksums as BlockCrcsInto, any length",
-          "[unit]") {
+TEST_CASE("crc32c: CopyAndBlockCrcs copies and checksums as BlockCrcsInto, any length", "[unit]") {
   std::vector<uint8_t> src(3 * 65536 + 12345);
   for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 131 + (i >> 9));
   for (uint32_t block : {4096u, 65536u, 100u}) {
-    for (size_t n : {size_t{0}, size_t{5}, size_t{3 * 4096}, size_t{3 * 4096 + 7}, src.size()}) {
+    for (size_t n : {size_t{0}, size_t{5}, size_t{3} * 4096, size_t{3} * 4096 + 7, src.size()}) {
       for (size_t dst_offset : {size_t{0}, size_t{3}}) {  // aligned (streamed) and not
         CAPTURE(block, n, dst_offset);
         std::vector<uint8_t> dst(n + 16, 0xEE);

@@ -114,7 +114,8 @@ TEST_CASE("RAM tier: the budget evicts the least recently used, a copy larger th
   const uint64_t free_before = f.arena->free_bytes();
   HotParts big = f.Rank(0, 4 * kMiB, 1);
   const uint64_t id = big.extents[0].id;
-  CHECK_FALSE(tier.AddRank({"j", 5}, std::move(big)));  // took nothing: the caller frees
+  const bool taken = tier.AddRank({"j", 5}, std::move(big));
+  CHECK_FALSE(taken);  // it took nothing: the caller frees
   f.arena->Free({&id, 1});
   CHECK(f.arena->free_bytes() == free_before);
   CHECK(tier.stats().evictions == 1);
