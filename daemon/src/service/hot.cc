@@ -157,10 +157,11 @@ absl::Status CheckpointService::Prefetch(const Caller& caller, const v1::Prefetc
   }
   absl::Cleanup free_extents = [&] { deps_.arena->Free(ids); };  // unless the tier takes them
   HotParts parts;
-  size_t next = 0;
+  std::vector<const v1::BlobInfo*> blob_of;  // blob_of[i]: the blob parts.ranges[i] holds
   for (const v1::BlobInfo& b : m->header.blobs()) {
     if (b.size_bytes() == 0) continue;
-    const ExtentInfo& e = extents[next++];
+    const ExtentInfo& e = extents[blob_of.size()];
+    blob_of.push_back(&b);
     parts.extents.push_back(
         HotExtent{.id = e.id, .uid = e.uid, .offset = e.offset, .length = e.length});
     parts.ranges.push_back(HotRange{.blob_id = b.id(),
@@ -173,10 +174,7 @@ absl::Status CheckpointService::Prefetch(const Caller& caller, const v1::Prefetc
   uint64_t read = 0;
   for (size_t i = 0; i < parts.ranges.size(); ++i) {
     const HotRange& r = parts.ranges[i];
-    const v1::BlobInfo* blob = nullptr;
-    for (const v1::BlobInfo& b : m->header.blobs()) {
-      if (b.id() == r.blob_id) blob = &b;
-    }
+    const v1::BlobInfo* blob = blob_of[i];
     const std::string path = absl::StrCat(CheckpointDir(req.job(), step), "/", blob->name());
     uint8_t* dst = deps_.arena->At(r.uid, r.arena_offset);
     absl::Status st = absl::NotFoundError("no tier");

@@ -35,21 +35,13 @@
 #include "format/manifest.h"
 #include "io/reader_pool.h"
 #include "options.h"
+#include "service/run_copy.h"
 #include "tier/ram_tier.h"
 
 namespace ckptd {
 
 // A lease on client memory (RegionLease or ExtentLease) held for one operation.
 using MemoryLease = std::shared_ptr<const void>;
-
-// Where a plan's requests land: ptr[request] in host memory, or — where device[request] >= 0 —
-// a device address on that GPU (ptr is then never dereferenced; gpu copies to it). An empty
-// `device`: all host.
-struct LoadDests {
-  std::span<uint8_t* const> ptr;
-  std::span<const int> device;
-  GpuStaging* gpu = nullptr;
-};
 
 class Loader {
  public:
