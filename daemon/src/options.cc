@@ -135,6 +135,9 @@ const std::map<std::string, OptionDef>& Defs() {
       {"load_buffer_bytes",
        {"read buffer per load", IntSetter(&O::load_buffer_bytes, "load_buffer_bytes")}},
       {"load_threads", {"load threads", IntSetter(&O::load_threads, "load_threads")}},
+      {"load_copy_threads",
+       {"threads verifying and copying one load (0: one per CPU, at most 16)",
+        IntSetter(&O::load_copy_threads, "load_copy_threads")}},
       {"rpc_threads", {"quick RPC threads", IntSetter(&O::rpc_threads, "rpc_threads")}},
       {"rpc_queue_max",
        {"queued RPCs before RESOURCE_EXHAUSTED", IntSetter(&O::rpc_queue_max, "rpc_queue_max")}},
@@ -317,6 +320,8 @@ absl::Status ValidateRanges(const DaemonOptions& o) {
   CKPTD_RETURN_IF_ERROR(Range("flush_threads", o.flush_threads, 1, 256));
   CKPTD_RETURN_IF_ERROR(Range("flush_gate_ms", o.flush_gate_ms, 0, 600000));
   CKPTD_RETURN_IF_ERROR(Range("load_threads", o.load_threads, 1, 256));
+  CKPTD_RETURN_IF_ERROR(
+      Range("load_copy_threads", o.load_copy_threads, 0, limits::kLoadCopyThreadsMax));
   CKPTD_RETURN_IF_ERROR(Range("rpc_threads", o.rpc_threads, 1, 256));
   CKPTD_RETURN_IF_ERROR(Range("rpc_queue_max", o.rpc_queue_max, 1, 1 << 20));
   CKPTD_RETURN_IF_ERROR(Range("waiters_max", o.waiters_max, 1, 4096));

@@ -87,6 +87,10 @@ struct DaemonOptions {
   uint64_t load_buffer_bytes = 64ull << 20;
   // Threads that serve loads. Default: 2
   uint32_t load_threads = 2;
+  // Threads that verify and copy one load's bytes (its thread and load_copy_threads - 1 of a
+  // shared pool; 1: each load on its own thread). 0: one per CPU the daemon may run on, at most
+  // 16. Default: 0
+  uint32_t load_copy_threads = 0;
   // Threads that run quick RPCs (catalog, reserve, save's journal write). Default: 4
   uint32_t rpc_threads = 4;
   // Queued RPCs beyond which new ones get RESOURCE_EXHAUSTED. Default: 4096

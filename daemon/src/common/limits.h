@@ -117,6 +117,11 @@ inline constexpr uint64_t kWorkerPoolThreadsMax = 4096;
 inline constexpr uint64_t kChecksumPoolThreads = 4;
 inline constexpr uint64_t kChecksumPoolQueueMax = 256;
 inline constexpr uint64_t kChecksumTaskBytes = 4 * kMiB;
+// One load's verify-and-copy work runs in pieces of about kCopyPieceBytes (service/run_copy.h)
+// on the load's thread and up to load_copy_threads - 1 of the copy pool's; the pool has at most
+// kLoadCopyThreadsMax threads.
+inline constexpr uint64_t kCopyPieceBytes = 8 * kMiB;
+inline constexpr uint32_t kLoadCopyThreadsMax = 64;
 // Below this many bytes in all, a flush checksums on its own thread (a task costs more).
 inline constexpr uint64_t kChecksumParallelBytesMin = 1 * kMiB;
 static_assert(kChecksumTaskBytes % kChecksumBlockBytesMin == 0);

@@ -3,6 +3,7 @@
 // verify every checksum block used, and copy into the destination extents/regions.
 #include "service/loader.h"
 
+#include <sched.h>
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -30,7 +31,22 @@ namespace ckptd {
 
 Loader::Loader(const DaemonOptions* options, Storage* storage, StagingArena* arena,
                RegionRegistry* regions, GpuStaging* gpu)
-    : options_(options), storage_(storage), arena_(arena), regions_(regions), gpu_(gpu) {}
+    : options_(options), storage_(storage), arena_(arena), regions_(regions), gpu_(gpu) {
+  const size_t threads = LoadCopyThreads(*options);
+  if (threads > 1) {
+    // One helper per thread for each of a few loads at once; more are refused (the load's own
+    // thread then does its share).
+    copy_pool_ = std::make_unique<WorkerPool>("copy", threads - 1, 4 * threads);
+  }
+}
+
+size_t LoadCopyThreads(const DaemonOptions& options) {
+  if (options.load_copy_threads != 0) return options.load_copy_threads;
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  const int n = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+  return std::clamp<size_t>(static_cast<size_t>(n), 1, 16);
+}
 
 absl::StatusOr<uint8_t*> Loader::ResolveDest(const std::string& session, const v1::MemRef& ref,
                                              uint64_t need_bytes, std::vector<MemoryLease>* leases,
@@ -236,17 +252,19 @@ class BatchReader {
   uint32_t open_blob_ = UINT32_MAX;
 };
 
-// Verifies the blocks of a read batch and copies its bytes to their destinations (GPU ones after
-// every block of the batch verified, before the buffer is reused).
+// Verifies the blocks of a read batch and copies its bytes to their destinations, in pieces on
+// `pool` (GPU copies after every block of the batch verified, before the buffer is reused).
 absl::Status VerifyAndCopy(const Manifest& m, const LoadPlan& plan, const BatchReader::Batch& batch,
-                           const uint8_t* buf, const LoadDests& dst) {
+                           const uint8_t* buf, const LoadDests& dst, WorkerPool* pool) {
   std::vector<DeviceCopy> to_device;
+  std::vector<CopyPiece> pieces;
   for (size_t k = batch.first; k < batch.end; ++k) {
     const uint8_t* data = buf + batch.at[k - batch.first];
-    CKPTD_RETURN_IF_ERROR(VerifyAndCopyRun(
-        m, plan, k, [data](uint64_t off, uint64_t) { return data + off; }, dst, batch.path,
-        &to_device));
+    AddRunPieces(
+        m, plan, k, [data](uint64_t off, uint64_t) { return data + off; }, dst, &batch.path,
+        &pieces, &to_device);
   }
+  CKPTD_RETURN_IF_ERROR(RunPieces(pool, pieces));
   return CopyToDevice(m, dst, to_device);
 }
 
@@ -322,7 +340,7 @@ absl::Status Loader::ReadPlanFrom(Storage* storage, const Manifest& m, const Loa
         }
       }
     }
-    absl::Status copied = VerifyAndCopy(m, plan, batch, bufs[cur].get(), dst);
+    absl::Status copied = VerifyAndCopy(m, plan, batch, bufs[cur].get(), dst, copy_pool_.get());
     for (size_t k = batch.first; k < batch.end; ++k) *bytes_read += plan.runs[k].length;
     if (!more) return copied;
     if (prefetch) {
@@ -389,7 +407,8 @@ absl::Status Loader::CopyFromRam(const HotCopy& hot, const Manifest& m, const Lo
   const uint32_t block = m.header.checksum_block_bytes();
   served->assign(plan.runs.size(), false);
   std::vector<DeviceCopy> to_device;
-  const std::string where = "the RAM tier";
+  std::vector<CopyPiece> pieces;
+  static const std::string kWhere = "the RAM tier";
   for (size_t k = 0; k < plan.runs.size(); ++k) {
     const ReadRun& run = plan.runs[k];
     auto at = [&](uint64_t off, uint64_t n) { return hot.Find(run.blob_id, run.offset + off, n); };
@@ -402,12 +421,13 @@ absl::Status Loader::CopyFromRam(const HotCopy& hot, const Manifest& m, const Lo
       all = at(plan.copies[c].run_offset, plan.copies[c].bytes) != nullptr;
     }
     if (!all) continue;  // a blob (or part) not in RAM: read from storage
-    CKPTD_RETURN_IF_ERROR(VerifyAndCopyRun(m, plan, k, at, dst, where, &to_device));
+    AddRunPieces(m, plan, k, at, dst, &kWhere, &pieces, &to_device);
     (*served)[k] = true;
     for (uint64_t c = run.first_copy; c < run.first_copy + run.copy_count; ++c) {
       *bytes += plan.copies[c].bytes;
     }
   }
+  CKPTD_RETURN_IF_ERROR(RunPieces(copy_pool_.get(), pieces));
   return CopyToDevice(m, dst, to_device);
 }
 

@@ -3,11 +3,11 @@
 // plans the reads (format/load_plan.h: only the byte runs needed, coalesced), reads them in
 // batches of at most options.load_buffer_bytes — the next batch prefetched on the reader pool
 // ("reader-<i>", long-lived threads each keeping its io_uring ring) while this one is verified
-// (ReadPlan) — verifies every checksum block used and copies into the
-// destinations. The catalog's side (access, "latest", the manifest) stays in CheckpointService.
+// (ReadPlan) — verifies every checksum block used and copies into the destinations, in pieces
+// on the load's thread and the copy pool ("copy-<i>", load_copy_threads - 1 threads). The catalog's side (access, "latest", the manifest) stays in CheckpointService.
 //
 // Ownership: borrows options, storage, arena and regions (they outlive it); owns the pool of
-// reusable load buffers and the reader pool (joined when the loader is destroyed).
+// reusable load buffers, the reader pool and the copy pool (joined when the loader is destroyed).
 // Threads: any thread, concurrently (each Load runs on its caller's thread; prefetched batches on
 // the reader pool, waiting for a reader when all are busy); the only lock is load_buffers_mu_, held
 // only to take or return a buffer. Errors (Load): NOT_FOUND for an item not in the checkpoint or a
@@ -116,6 +116,12 @@ class Loader {
   // Prefetched batches' blob reads (reads go through the Storage plugin, so the pool has no Io of
   // its own; limits.h bounds its threads and queue).
   ReaderPool reader_pool_{nullptr, ReaderPool::Options{}};
+  // Helpers of loads' verify-and-copy pieces (RunPieces); null with one copy thread.
+  std::unique_ptr<WorkerPool> copy_pool_;
 };
+
+// The threads verifying and copying one load: options.load_copy_threads, or for 0 the CPUs the
+// daemon may run on (at most 16).
+size_t LoadCopyThreads(const DaemonOptions& options);
 
 }  // namespace ckptd

@@ -1,5 +1,11 @@
 #include "service/run_copy.h"
 
+#include <atomic>
+#include <memory>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+
 namespace ckptd {
 
 const v1::ItemEntry* ItemOfShard(const Manifest& m, const v1::ShardEntry* s) {
@@ -23,5 +29,124 @@ absl::Status CopyToDevice(const Manifest& m, const LoadDests& dst,
                   absl::StrCat("checkpoint ", m.header.job(), "/", m.header.step(),
                                ": copying into GPU memory"));
 }
+
+namespace {
+
+// The pieces of one RunPieces call, shared with the pool's helpers: a helper that starts after
+// every piece was taken finds none left and never touches the (by then gone) span.
+struct PieceRun {
+  explicit PieceRun(std::span<const CopyPiece> p) : pieces(p) {}
+  const std::span<const CopyPiece> pieces;
+  std::atomic<size_t> next{0};
+  std::atomic<bool> failed{false};
+  absl::Mutex mu;
+  size_t done ABSL_GUARDED_BY(mu) = 0;
+  absl::Status first ABSL_GUARDED_BY(mu);
+
+  void Work() {
+    for (size_t i = next.fetch_add(1); i < pieces.size(); i = next.fetch_add(1)) {
+      absl::Status st = failed.load() ? absl::OkStatus() : pieces[i]();
+      absl::MutexLock lock(&mu);
+      if (!st.ok() && first.ok()) {
+        first = std::move(st);
+        failed.store(true);
+      }
+      ++done;
+    }
+  }
+};
+
+}  // namespace
+
+absl::Status RunPieces(WorkerPool* pool, std::span<const CopyPiece> pieces) {
+  if (pool == nullptr || pieces.size() < 2) {
+    for (const CopyPiece& piece : pieces) CKPTD_RETURN_IF_ERROR(piece());
+    return absl::OkStatus();
+  }
+  CKPTD_CHECK(!pool->OnPoolThread());
+  auto run = std::make_shared<PieceRun>(pieces);
+  const size_t helpers = std::min(pool->threads(), pieces.size() - 1);
+  for (size_t h = 0; h < helpers; ++h) {
+    // Refused when the pool's queue is full (other loads' helpers): this thread does the rest.
+    if (!pool->Post([run] { run->Work(); }, WorkerPool::WhenFull::kRefuse).ok()) break;
+  }
+  run->Work();
+  absl::MutexLock lock(&run->mu);
+  run->mu.Await(absl::Condition(
+      +[](PieceRun* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(r->mu) { return r->done == r->pieces.size(); },
+      run.get()));
+  return run->first;
+}
+
+namespace run_copy_internal {
+
+absl::Status CheckFailed(const Context& c, const BlockCheck& chk, const absl::Status& ok) {
+  // The item's name is looked up only for the message (a scan of the manifest).
+  return absl::Status(
+      ok.code(), absl::StrCat("checkpoint ", c.m->header.job(), "/", c.m->header.step(),
+                              " item \"", ItemOfShard(*c.m, chk.shard)->name(), "\" (saved by rank ",
+                              chk.shard->saved_by_rank(), ") in ", *c.where, ok.message()));
+}
+
+namespace {
+
+// Bytes of blocks [first, first + count) of `chk`.
+uint64_t PartBytes(const Context& c, const BlockCheck& chk, uint64_t first, uint64_t count) {
+  return std::min(CheckedBytes(chk, c.block) - first * c.block, count * c.block);
+}
+
+std::span<const uint32_t> Crcs(const BlockCheck& chk) {
+  return {chk.shard->block_crc32c().data(), static_cast<size_t>(chk.shard->block_crc32c().size())};
+}
+
+}  // namespace
+
+absl::Status VerifyPart(const Context& c, const BlockCheck& chk, const uint8_t* data,
+                        uint64_t first, uint64_t count) {
+  const uint64_t off = first * c.block;
+  absl::Status ok = VerifyBlocks(data + off, chk.first_block + first, PartBytes(c, chk, first, count),
+                                 chk.shard->length(), Crcs(chk), c.block, "");
+  return ok.ok() ? ok : CheckFailed(c, chk, ok);
+}
+
+absl::Status CopyAndVerifyPart(const Context& c, const BlockCheck& chk, uint8_t* dst,
+                               const uint8_t* src, uint64_t first, uint64_t count) {
+  const uint64_t off = first * c.block;
+  struct Work {
+    uint8_t* dst;
+    const uint8_t* src;
+    uint64_t bytes;
+    uint32_t block;
+    uint32_t* crcs;
+  };
+  std::vector<uint32_t> crcs(count);  // allocated outside the guard
+  Work w{dst + off, src + off, PartBytes(c, chk, first, count), c.block, crcs.data()};
+  CKPTD_RETURN_IF_ERROR(GuardClientMemory(
+      [](void* arg) {
+        const Work& w = *static_cast<const Work*>(arg);
+        CopyAndBlockCrcs(w.dst, w.src, w.bytes, w.block, w.crcs);
+      },
+      &w, "load destination"));
+  const std::span<const uint32_t> want = Crcs(chk);
+  if (std::equal(crcs.begin(), crcs.end(), want.begin() + static_cast<long>(chk.first_block + first))) {
+    return absl::OkStatus();
+  }
+  // Verified again from the source, for the message naming the block.
+  absl::Status ok = VerifyPart(c, chk, src, first, count);
+  return ok.ok() ? CheckFailed(c, chk, absl::DataLossError(": a block changed while it was copied"))
+                 : ok;
+}
+
+absl::Status CopyPlain(std::span<const PlainCopy> copies) {
+  return GuardClientMemory(
+      [](void* arg) {
+        for (const PlainCopy& cp : *static_cast<std::span<const PlainCopy>*>(arg)) {
+          std::memcpy(cp.dst, cp.src, cp.bytes);
+        }
+      },
+      &copies, "load destination");
+}
+
+}  // namespace run_copy_internal
 
 }  // namespace ckptd

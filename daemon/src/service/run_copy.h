@@ -4,14 +4,15 @@
 //
 // Pure code over memory: no I/O, no lock. Copies into client memory run under the SIGBUS guard
 // (dataplane/memory_guard.h); copies into GPU memory are collected for the caller
-// (CopyToDevice). Errors: DATA_LOSS naming the checkpoint, item and block that did not verify;
+// (CopyToDevice). The work of a run is split into pieces (AddRunPieces) that RunPieces executes
+// on several threads, so one load's checksums and copies are not bound by one core. Errors: DATA_LOSS naming the checkpoint, item and block that did not verify;
 // FAILED_PRECONDITION when client memory vanished under a copy.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <optional>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -21,6 +22,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "ckptd/status.h"
+#include "common/limits.h"
+#include "common/worker_pool.h"
 #include "dataplane/gpu_staging.h"
 #include "dataplane/memory_guard.h"
 #include "format/crc32c.h"
@@ -46,22 +49,67 @@ uint64_t CheckedBytes(const BlockCheck& chk, uint32_t block);
 absl::Status CopyToDevice(const Manifest& m, const LoadDests& dst,
                           const std::vector<DeviceCopy>& to_device);
 
-// Verifies the blocks of run `k` and copies its bytes to their destinations; at(run_offset, n)
-// is where the run's bytes [run_offset, run_offset + n) are (in a read buffer or the RAM tier).
-// A check whose bytes go whole to one host destination (the whole-shard case) is checksummed
-// and copied in one pass (CopyAndBlockCrcs: about 1.6 memcpys against 2.2 for a checksum pass
-// and a copy, bench/verify_copy_bench.cc); the others are verified, then copied. A block that
-// fails fails the load (DATA_LOSS) even when its bytes were already copied: the caller never uses
-// a failed load's destinations (or overwrites them from storage). The copies into client memory
-// run under one SIGBUS guard per run (a guard costs a signal-mask syscall: one per copy was a
-// syscall per row of a column-sliced load). Copies into GPU memory (dst.device[request] >= 0;
-// dst.ptr is then a device address) are added to `to_device` for the caller to make before the
-// source is reused.
+// One independent part of the verify-and-copy work of a load: checksums of some blocks, a
+// one-pass copy-and-checksum of some blocks, or a group of plain copies. Runs on any thread
+// (RunPieces); captures only pointers into the plan, the manifest and the source and
+// destination memory, which outlive it.
+using CopyPiece = std::function<absl::Status()>;
+
+// Runs every piece and returns the first error (the others are skipped once one failed). With a
+// pool, the calling thread and up to pool->threads() of the pool's take pieces in turn; it
+// returns only once no piece is still running. Without one (or when the pool refuses), all run
+// on the calling thread, in order. Never called from one of the pool's own threads (a CHECK).
+absl::Status RunPieces(WorkerPool* pool, std::span<const CopyPiece> pieces);
+
+namespace run_copy_internal {
+
+struct Context {
+  const Manifest* m;
+  const LoadPlan* plan;
+  const std::string* where;  // where the run's bytes are, for messages
+  uint32_t block;
+};
+// The DATA_LOSS (or other) status for check `chk` failing with `ok`, naming checkpoint, item and
+// rank.
+absl::Status CheckFailed(const Context& c, const BlockCheck& chk, const absl::Status& ok);
+// Verifies blocks [first, first + count) of check `chk` whose bytes are at `data`.
+absl::Status VerifyPart(const Context& c, const BlockCheck& chk, const uint8_t* data,
+                        uint64_t first, uint64_t count);
+// Copies blocks [first, first + count) of check `chk` from `src` to `dst` (client memory, under
+// the guard) as it checksums them, then compares them with the manifest's.
+absl::Status CopyAndVerifyPart(const Context& c, const BlockCheck& chk, uint8_t* dst,
+                               const uint8_t* src, uint64_t first, uint64_t count);
+struct PlainCopy {
+  uint8_t* dst;
+  const uint8_t* src;
+  uint64_t bytes;
+};
+// The copies, in client memory, under one guard.
+absl::Status CopyPlain(std::span<const PlainCopy> copies);
+
+}  // namespace run_copy_internal
+
+// Adds the work of run `k` to `pieces`: its blocks verified and its bytes copied to their
+// destinations; at(run_offset, n) is where the run's bytes [run_offset, run_offset + n) are (in a
+// read buffer or the RAM tier), called now, not by the pieces. Pieces are at most about
+// limits::kCopyPieceBytes (split at checksum-block bounds), so one big shard is many pieces. A
+// check whose bytes go whole to one host destination (the whole-shard case) is checksummed and
+// copied in one pass (CopyAndBlockCrcs: about 1.6 memcpys against 2.2 for a checksum pass and a
+// copy, bench/verify_copy_bench.cc); the others are verified, and their copies made in groups
+// under one SIGBUS guard each (a guard costs a signal-mask syscall: one per copy was a syscall per
+// row of a column-sliced load). A block that fails fails the load (DATA_LOSS) even when its bytes
+// were already copied (pieces run in any order): the caller never uses a failed load's
+// destinations, or overwrites them from storage. Copies into GPU memory (dst.device[request] >=
+// 0; dst.ptr is then a device address) are added to `to_device` for the caller to make once every
+// piece succeeded, before the source is reused. `where` must outlive the pieces.
 template <typename At>
-absl::Status VerifyAndCopyRun(const Manifest& m, const LoadPlan& plan, size_t k, const At& at,
-                              const LoadDests& dst, const std::string& where,
-                              std::vector<DeviceCopy>* to_device) {
-  const uint32_t block = m.header.checksum_block_bytes();
+void AddRunPieces(const Manifest& m, const LoadPlan& plan, size_t k, const At& at,
+                  const LoadDests& dst, const std::string* where, std::vector<CopyPiece>* pieces,
+                  std::vector<DeviceCopy>* to_device) {
+  using run_copy_internal::PlainCopy;
+  const run_copy_internal::Context ctx{&m, &plan, where, m.header.checksum_block_bytes()};
+  const uint32_t block = ctx.block;
+  const uint64_t blocks_per_piece = std::max<uint64_t>(1, limits::kCopyPieceBytes / block);
   const ReadRun& run = plan.runs[k];
   auto host_dest = [&](const RunCopy& cp) {
     return dst.device.empty() || dst.device[cp.request] < 0;
@@ -71,85 +119,57 @@ absl::Status VerifyAndCopyRun(const Manifest& m, const LoadPlan& plan, size_t k,
   for (uint64_t c = run.first_copy; c < run.first_copy + run.copy_count; ++c) {
     if (host_dest(plan.copies[c])) copy_at.emplace(plan.copies[c].run_offset, c);
   }
-  struct Fused {
-    uint32_t check;
-    uint64_t copy;
-  };
-  std::vector<Fused> fused;
-  absl::flat_hash_set<uint64_t> fused_copies;
-  auto failed = [&](const BlockCheck& chk, const absl::Status& ok) {
-    // The item's name is looked up only for the message (a scan of the manifest).
-    return absl::Status(
-        ok.code(), absl::StrCat("checkpoint ", m.header.job(), "/", m.header.step(), " item \"",
-                                ItemOfShard(m, chk.shard)->name(), "\" (saved by rank ",
-                                chk.shard->saved_by_rank(), ") in ", where, ok.message()));
-  };
-  auto verify = [&](const BlockCheck& chk) {
-    const uint64_t n = CheckedBytes(chk, block);
-    return VerifyBlocks(at(chk.run_offset, n), chk.first_block, n, chk.shard->length(),
-                        std::span<const uint32_t>(chk.shard->block_crc32c().data(),
-                                                  chk.shard->block_crc32c().size()),
-                        block, "");
-  };
+  absl::flat_hash_set<uint64_t> fused;
   for (uint32_t c = run.first_check; c < run.first_check + run.check_count; ++c) {
-    const BlockCheck& chk = plan.checks[c];
-    auto it = copy_at.find(chk.run_offset);
-    if (it != copy_at.end() && plan.copies[it->second].bytes == CheckedBytes(chk, block) &&
-        fused_copies.insert(it->second).second) {
-      fused.push_back({c, it->second});
-      continue;
+    const BlockCheck* chk = &plan.checks[c];
+    const uint64_t n = CheckedBytes(*chk, block);
+    const uint8_t* src = at(chk->run_offset, n);
+    uint8_t* to = nullptr;
+    auto it = copy_at.find(chk->run_offset);
+    if (it != copy_at.end() && plan.copies[it->second].bytes == n && fused.insert(it->second).second) {
+      const RunCopy& cp = plan.copies[it->second];
+      to = dst.ptr[cp.request] + cp.dst_offset;
     }
-    if (absl::Status ok = verify(chk); !ok.ok()) return failed(chk, ok);
+    const uint64_t blocks = BlockCount(n, block);
+    for (uint64_t first = 0; first < blocks; first += blocks_per_piece) {
+      const uint64_t count = std::min(blocks_per_piece, blocks - first);
+      if (to != nullptr) {
+        pieces->push_back([ctx, chk, to, src, first, count] {
+          return run_copy_internal::CopyAndVerifyPart(ctx, *chk, to, src, first, count);
+        });
+      } else {
+        pieces->push_back([ctx, chk, src, first, count] {
+          return run_copy_internal::VerifyPart(ctx, *chk, src, first, count);
+        });
+      }
+    }
   }
-  struct Work {
-    const LoadPlan& plan;
-    const At& at;
-    const LoadDests& dst;
-    uint32_t block;
-    std::vector<Fused> fused;
-    std::vector<const RunCopy*> plain;
-    std::vector<uint32_t> crcs;
-    std::optional<uint32_t> mismatch;  // a fused check whose blocks did not verify
-  } w{plan, at, dst, block, std::move(fused), {}, {}, std::nullopt};
+  std::vector<PlainCopy> group;
+  uint64_t group_bytes = 0;
+  auto flush_group = [&] {
+    if (group.empty()) return;
+    pieces->push_back([copies = std::move(group)] { return run_copy_internal::CopyPlain(copies); });
+    group = {};
+    group_bytes = 0;
+  };
   for (uint64_t c = run.first_copy; c < run.first_copy + run.copy_count; ++c) {
     const RunCopy& cp = plan.copies[c];
     if (!host_dest(cp)) {
       to_device->push_back({dst.device[cp.request],
                             GpuCopy{reinterpret_cast<uint64_t>(dst.ptr[cp.request]) + cp.dst_offset,
                                     const_cast<uint8_t*>(at(cp.run_offset, cp.bytes)), cp.bytes}});
-    } else if (!fused_copies.contains(c)) {
-      w.plain.push_back(&cp);
+      continue;
+    }
+    if (fused.contains(c)) continue;
+    const uint8_t* src = at(cp.run_offset, cp.bytes);
+    for (uint64_t off = 0; off < cp.bytes; off += limits::kCopyPieceBytes) {
+      const uint64_t n = std::min<uint64_t>(limits::kCopyPieceBytes, cp.bytes - off);
+      group.push_back({dst.ptr[cp.request] + cp.dst_offset + off, src + off, n});
+      group_bytes += n;
+      if (group_bytes >= limits::kCopyPieceBytes) flush_group();
     }
   }
-  if (w.fused.empty() && w.plain.empty()) return absl::OkStatus();
-  CKPTD_RETURN_IF_ERROR(GuardClientMemory(
-      [](void* arg) {
-        Work& w = *static_cast<Work*>(arg);
-        for (const Fused& f : w.fused) {
-          const BlockCheck& chk = w.plan.checks[f.check];
-          const RunCopy& cp = w.plan.copies[f.copy];
-          w.crcs.resize(BlockCount(cp.bytes, w.block));
-          CopyAndBlockCrcs(w.dst.ptr[cp.request] + cp.dst_offset, w.at(cp.run_offset, cp.bytes),
-                           cp.bytes, w.block, w.crcs.data());
-          if (!std::equal(w.crcs.begin(), w.crcs.end(),
-                          chk.shard->block_crc32c().begin() + static_cast<int>(chk.first_block))) {
-            w.mismatch = f.check;
-            return;
-          }
-        }
-        for (const RunCopy* cp : w.plain) {
-          std::memcpy(w.dst.ptr[cp->request] + cp->dst_offset, w.at(cp->run_offset, cp->bytes),
-                      cp->bytes);
-        }
-      },
-      &w, "load destination"));
-  if (w.mismatch) {
-    // Verified again from the source, for the message naming the block.
-    const BlockCheck& chk = plan.checks[*w.mismatch];
-    absl::Status ok = verify(chk);
-    return failed(chk, ok.ok() ? absl::DataLossError(": a block changed while it was copied") : ok);
-  }
-  return absl::OkStatus();
+  flush_group();
 }
 
 // The runs [begin, end) of `plan` that `keep` selects, with their checks and copies (re-indexed).
