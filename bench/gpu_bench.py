@@ -4,9 +4,10 @@ in one process, rounds interleaved. Prints one JSON object and writes it to --ou
 - D2H staging: ckptd Client.save() of CUDA tensors (the daemon copies device → its pinned arena
   over CUDA IPC; save() returns once staged) against a plain pinned copy of the same bytes
   (tensor.copy_ into pinned host memory, synchronized). Goal: >= 0.8x its GB/s.
-- H2D restore: ckptd Client.load_into() CUDA destinations (the daemon reads, verifies and copies
-  host → device) against a plain pinned host → device copy. The daemon reads from its local
-  tier (there is no RAM tier yet), so this is bounded by the disk, not by PCIe.
+- H2D restore: ckptd Client.load_into() CUDA destinations (the daemon verifies and copies
+  host → device) against a plain pinned host → device copy: from the RAM tier (the checkpoint
+  just saved is hot: its bytes are in the daemon's pinned arena), and, with CKPTD_COLD_SOCKET set
+  to a daemon whose RAM tier is off, from its local tier (bounded by the disk, not by PCIe).
 - dcp.async_save stall: the time async_save() blocks the trainer, ckptd.torch's StorageWriter
   against DCP's FileSystemWriter, on the same GPU state dict. Goal: <= 0.5x.
 
@@ -70,7 +71,7 @@ def bench_d2h(c: ckptd.Client, tensors: dict[str, torch.Tensor], rounds: int) ->
 
 def bench_h2d(
     c: ckptd.Client, tensors: dict[str, torch.Tensor], step: int, rounds: int
-) -> dict[str, float]:
+) -> dict[str, object]:
     nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
     dest = {k: torch.empty_like(v) for k, v in tensors.items()}
     pinned = {k: v.cpu().pin_memory() for k, v in tensors.items()}
@@ -86,7 +87,7 @@ def bench_h2d(
         torch.cuda.synchronize()
         plain_s.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
-        c.load_into("bench-gpu", step, [(k, None, v) for k, v in dest.items()])
+        counts = c.load_into_counted("bench-gpu", step, [(k, None, v) for k, v in dest.items()])
         ckptd_s.append(time.perf_counter() - t0)
         # The same load into host memory: the same reads, no device copy.
         t0 = time.perf_counter()
@@ -105,6 +106,7 @@ def bench_h2d(
         "ckptd_rounds_s": ckptd_s,
         "pinned_rounds_s": plain_s,
         "host_rounds_s": host_s,
+        "last_load_counts": counts,
     }
 
 
@@ -178,6 +180,11 @@ def main() -> None:
         d2h = bench_d2h(c, tensors, a.rounds)
         out["d2h"] = d2h
         out["h2d"] = bench_h2d(c, tensors, int(d2h["step"]), a.rounds)
+    cold_socket = os.environ.get("CKPTD_COLD_SOCKET")
+    if cold_socket:
+        with ckptd.connect(cold_socket) as cold:
+            cold.save("bench-gpu", 1, tensors).committed().result()
+            out["h2d_cold"] = bench_h2d(cold, tensors, 1, a.rounds)
     out["gpu_fallback_bytes"] = ckptd.copy_stats()["gpu_fallback_bytes"]
     out["async_save"] = bench_async_save(socket, tensors, a.rounds)
     text = json.dumps(out, indent=1)

@@ -43,11 +43,17 @@ echo "== bench/gpu_bench.py"
 SHM_FREE_GIB=$(df -BG --output=avail /dev/shm | tail -1 | tr -dc 0-9)
 ARENA_GIB=$(( SHM_FREE_GIB > 14 ? 8 : SHM_FREE_GIB / 2 ))
 STATE=$(mktemp -d /tmp/ckgpu.XXXX)
+COLD=$(mktemp -d /tmp/ckgpu-cold.XXXX)
 "$X/bin/ckptd" --state_dir="$STATE" --staging_bytes_max=$((ARENA_GIB << 30)) >"$OUT/bench_daemon.log" 2>&1 &
 DPID=$!
-for _ in $(seq 100); do [ -S "$STATE/ckptd.sock" ] && break; sleep 0.1; done
+# The cold restore's daemon: its RAM tier off, so loads read its local tier.
+"$X/bin/ckptd" --state_dir="$COLD" --staging_bytes_max=$((ARENA_GIB << 29)) --ram_tier_keep_per_job=0 \
+  >"$OUT/bench_cold_daemon.log" 2>&1 &
+CPID=$!
+for _ in $(seq 100); do [ -S "$STATE/ckptd.sock" ] && [ -S "$COLD/ckptd.sock" ] && break; sleep 0.1; done
 GIB=$(python3 -c "print(min(2.0, $ARENA_GIB / 3))")
-CKPTD_SOCKET=$STATE/ckptd.sock BENCH_DIR=/tmp timeout 200 python3 bench/gpu_bench.py --gib "$GIB" \
-  --rounds 5 --out "$OUT/gpu_bench.json" 2>&1 | tail -60 | tee "$OUT/bench.log"
-kill "$DPID"; wait "$DPID"
+CKPTD_SOCKET=$STATE/ckptd.sock CKPTD_COLD_SOCKET=$COLD/ckptd.sock BENCH_DIR=/tmp timeout 300 \
+  python3 bench/gpu_bench.py --gib "$GIB" --rounds 5 --out "$OUT/gpu_bench.json" 2>&1 | tail -80 |
+  tee "$OUT/bench.log"
+kill "$DPID" "$CPID"; wait "$DPID" "$CPID"
 tail -20 "$OUT/bench_daemon.log"

@@ -253,7 +253,7 @@ class BatchReader {
 };
 
 // Verifies the blocks of a read batch and copies its bytes to their destinations, in pieces on
-// `pool` (GPU copies after every block of the batch verified, before the buffer is reused).
+// `pool` (GPU copies beside them; all done before the buffer is reused).
 absl::Status VerifyAndCopy(const Manifest& m, const LoadPlan& plan, const BatchReader::Batch& batch,
                            const uint8_t* buf, const LoadDests& dst, WorkerPool* pool) {
   std::vector<DeviceCopy> to_device;
@@ -264,8 +264,7 @@ absl::Status VerifyAndCopy(const Manifest& m, const LoadPlan& plan, const BatchR
         m, plan, k, [data](uint64_t off, uint64_t) { return data + off; }, dst, &batch.path,
         &pieces, &to_device);
   }
-  CKPTD_RETURN_IF_ERROR(RunPieces(pool, pieces));
-  return CopyToDevice(m, dst, to_device);
+  return RunPiecesAndDeviceCopies(pool, pieces, m, dst, to_device);
 }
 
 }  // namespace
@@ -427,8 +426,7 @@ absl::Status Loader::CopyFromRam(const HotCopy& hot, const Manifest& m, const Lo
       *bytes += plan.copies[c].bytes;
     }
   }
-  CKPTD_RETURN_IF_ERROR(RunPieces(copy_pool_.get(), pieces));
-  return CopyToDevice(m, dst, to_device);
+  return RunPiecesAndDeviceCopies(copy_pool_.get(), pieces, m, dst, to_device);
 }
 
 absl::Status Loader::Load(const std::string& session, const Manifest& m, const v1::LoadRequest& req,

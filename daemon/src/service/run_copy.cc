@@ -1,6 +1,7 @@
 #include "service/run_copy.h"
 
 #include <atomic>
+#include <future>
 #include <memory>
 
 #include "absl/base/thread_annotations.h"
@@ -76,6 +77,22 @@ absl::Status RunPieces(WorkerPool* pool, std::span<const CopyPiece> pieces) {
       +[](PieceRun* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(r->mu) { return r->done == r->pieces.size(); },
       run.get()));
   return run->first;
+}
+
+absl::Status RunPiecesAndDeviceCopies(WorkerPool* pool, std::span<const CopyPiece> pieces,
+                                      const Manifest& m, const LoadDests& dst,
+                                      const std::vector<DeviceCopy>& to_device) {
+  if (pool == nullptr || to_device.empty()) {
+    CKPTD_RETURN_IF_ERROR(RunPieces(pool, pieces));
+    return CopyToDevice(m, dst, to_device);
+  }
+  // Posted first, so the device copy starts while the pieces are still queued behind it.
+  absl::StatusOr<std::future<absl::Status>> copying = pool->Submit(
+      [&m, &dst, &to_device] { return CopyToDevice(m, dst, to_device); },
+      WorkerPool::WhenFull::kWait);
+  absl::Status verified = RunPieces(pool, pieces);
+  absl::Status copied = copying.ok() ? copying->get() : CopyToDevice(m, dst, to_device);
+  return verified.ok() ? copied : verified;
 }
 
 namespace run_copy_internal {

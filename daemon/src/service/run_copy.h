@@ -45,7 +45,7 @@ struct LoadDests {
 const v1::ItemEntry* ItemOfShard(const Manifest& m, const v1::ShardEntry* s);
 // Bytes of check `chk` that are verified (whole blocks; the shard's last may be short).
 uint64_t CheckedBytes(const BlockCheck& chk, uint32_t block);
-// Makes the GPU copies VerifyAndCopyRun collected.
+// Makes the GPU copies AddRunPieces collected.
 absl::Status CopyToDevice(const Manifest& m, const LoadDests& dst,
                           const std::vector<DeviceCopy>& to_device);
 
@@ -60,6 +60,14 @@ using CopyPiece = std::function<absl::Status()>;
 // returns only once no piece is still running. Without one (or when the pool refuses), all run
 // on the calling thread, in order. Never called from one of the pool's own threads (a CHECK).
 absl::Status RunPieces(WorkerPool* pool, std::span<const CopyPiece> pieces);
+// RunPieces and the GPU copies AddRunPieces collected for the same pieces, the GPU copies on one
+// of the pool's threads while the pieces verify (a GPU destination may so receive bytes of a
+// block that then fails: the load fails, as for the one-pass host copies). Without a pool, the
+// GPU copies are made after every piece succeeded. Returns the first error; returns only once
+// no copy still reads the source.
+absl::Status RunPiecesAndDeviceCopies(WorkerPool* pool, std::span<const CopyPiece> pieces,
+                                      const Manifest& m, const LoadDests& dst,
+                                      const std::vector<DeviceCopy>& to_device);
 
 namespace run_copy_internal {
 
@@ -101,7 +109,8 @@ absl::Status CopyPlain(std::span<const PlainCopy> copies);
 // were already copied (pieces run in any order): the caller never uses a failed load's
 // destinations, or overwrites them from storage. Copies into GPU memory (dst.device[request] >=
 // 0; dst.ptr is then a device address) are added to `to_device` for the caller to make once every
-// piece succeeded, before the source is reused. `where` must outlive the pieces.
+// piece succeeded (or, on a pool, while they run: RunPiecesAndDeviceCopies), before the source is
+// reused. `where` must outlive the pieces.
 template <typename At>
 void AddRunPieces(const Manifest& m, const LoadPlan& plan, size_t k, const At& at,
                   const LoadDests& dst, const std::string* where, std::vector<CopyPiece>* pieces,
