@@ -91,6 +91,10 @@ struct DaemonOptions {
   // shared pool; 1: each load on its own thread). 0: one per CPU the daemon may run on, at most
   // 16. Default: 0
   uint32_t load_copy_threads = 0;
+  // Whole shards of at least 256 KiB whose destination is 4 KiB-aligned are read from storage
+  // straight into it and verified there (no read buffer, no copy); off: every byte goes through
+  // the read buffer. Default: true
+  bool load_into_destination = true;
   // Threads that run quick RPCs (catalog, reserve, save's journal write). Default: 4
   uint32_t rpc_threads = 4;
   // Queued RPCs beyond which new ones get RESOURCE_EXHAUSTED. Default: 4096

@@ -36,34 +36,6 @@ ckptd::TensorShard Whole(const std::string& item, const std::vector<float>& data
   return t;
 }
 
-// A POSIX shm object mapped here, removed when destroyed.
-class Shm {
- public:
-  explicit Shm(uint64_t bytes) : bytes_(bytes) {
-    name_ = "/ckptd-it-datapath-" + std::to_string(getpid());
-    int fd = shm_open(name_.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
-    REQUIRE(fd >= 0);
-    REQUIRE(ftruncate(fd, static_cast<off_t>(bytes)) == 0);
-    data_ = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    REQUIRE(data_ != MAP_FAILED);
-  }
-  ~Shm() {
-    munmap(data_, bytes_);
-    shm_unlink(name_.c_str());
-  }
-  Shm(const Shm&) = delete;
-  Shm& operator=(const Shm&) = delete;
-  const std::string& name() const { return name_; }
-  uint8_t* data() const { return static_cast<uint8_t*>(data_); }
-  uint64_t bytes() const { return bytes_; }
-
- private:
-  std::string name_;
-  void* data_ = nullptr;
-  uint64_t bytes_ = 0;
-};
-
 }  // namespace
 
 TEST_CASE("data path: a load larger than one batch is batched, sliced and bit-exact",

@@ -3,9 +3,14 @@
 // (Catch reports the message, including the daemon's log where it helps).
 #pragma once
 
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/types.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -131,5 +136,38 @@ std::string ReadFile(const std::string& path);
 void CopyTree(const std::string& from, const std::string& to);
 bool PathExists(const std::string& path);
 std::string StepDir(uint64_t step);  // "step-%020d"
+
+// A POSIX shm object mapped here, removed when destroyed.
+class Shm {
+ public:
+  explicit Shm(uint64_t bytes) : bytes_(bytes) {
+    static std::atomic<int> next{0};
+    name_ = "/ckptd-it-shm-" + std::to_string(getpid()) + "-" + std::to_string(next++);
+    int fd = shm_open(name_.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (fd < 0) throw std::runtime_error("shm_open " + name_);
+    const bool sized = ftruncate(fd, static_cast<off_t>(bytes)) == 0;
+    data_ = sized ? mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+    close(fd);
+    if (data_ == MAP_FAILED) {
+      shm_unlink(name_.c_str());
+      throw std::runtime_error("sizing or mapping " + name_);
+    }
+  }
+  ~Shm() {
+    munmap(data_, bytes_);
+    shm_unlink(name_.c_str());
+  }
+  Shm(const Shm&) = delete;
+  Shm& operator=(const Shm&) = delete;
+  const std::string& name() const { return name_; }
+  uint8_t* data() const { return static_cast<uint8_t*>(data_); }
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  std::string name_;
+  void* data_ = nullptr;
+  uint64_t bytes_ = 0;
+};
+
 
 }  // namespace ckptd_it

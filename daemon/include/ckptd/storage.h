@@ -67,6 +67,11 @@ class Storage {
 
   // For logs and errors, e.g. "posix:/var/lib/ckptd/data".
   virtual std::string Describe() const = 0;
+  // True when this storage's BlobReader::Read fills slices only through the kernel (read(2),
+  // io_uring): a slice in client memory that vanishes under the read then fails it with EFAULT
+  // instead of raising SIGBUS in the daemon. The loader reads straight into client destinations
+  // only through such storage. Default: false.
+  virtual bool ReadsThroughKernel() const { return false; }
 
   // Creates (truncating) a blob, creating its parent directories durably.
   virtual absl::StatusOr<std::unique_ptr<BlobWriter>> CreateBlob(const std::string& path) = 0;

@@ -122,6 +122,9 @@ inline constexpr uint64_t kChecksumTaskBytes = 4 * kMiB;
 // kLoadCopyThreadsMax threads.
 inline constexpr uint64_t kCopyPieceBytes = 8 * kMiB;
 inline constexpr uint32_t kLoadCopyThreadsMax = 64;
+// A load reads a whole-shard copy of at least this many bytes from storage straight into its
+// destination (no read buffer, no copy); smaller ones go through the read buffer.
+inline constexpr uint64_t kDirectReadBytesMin = 256 * kKiB;
 // Below this many bytes in all, a flush checksums on its own thread (a task costs more).
 inline constexpr uint64_t kChecksumParallelBytesMin = 1 * kMiB;
 static_assert(kChecksumTaskBytes % kChecksumBlockBytesMin == 0);

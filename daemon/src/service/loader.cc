@@ -155,11 +155,15 @@ constexpr uint64_t kPrefetchBytesMin = 1 << 20;
 // reader of the pool until its ticket is waited for, and only then is the next batch prepared.
 class BatchReader {
  public:
-  BatchReader(Storage* storage, const Manifest& m, const LoadPlan& plan, uint64_t cap)
+  // in_place (DirectPrefixes, or empty): leading bytes of copies read straight into dst.
+  BatchReader(Storage* storage, const Manifest& m, const LoadPlan& plan, uint64_t cap,
+              const LoadDests& dst, std::span<const uint64_t> in_place)
       : storage_(storage),
         m_(m),
         plan_(plan),
         cap_(cap),
+        dst_(dst),
+        in_place_(in_place),
         dir_(CheckpointDir(m.header.job(), m.header.step())) {}
 
   struct Batch {
@@ -234,7 +238,28 @@ class BatchReader {
       uint64_t file_end = std::max(reader_->size_bytes(), run.offset);
       uint64_t len = std::min(run.length, file_end - run.offset);
       std::memset(buf + used + len, 0, run.length - len);
-      if (len > 0) slices.push_back(IoSlice{buf + used, len, run.offset});
+      // The run's bytes: its copies' in-place prefixes straight into their destinations, the
+      // rest into the buffer (a short file: all into the buffer).
+      uint64_t at = 0;
+      if (!in_place_.empty() && len == run.length) {
+        std::vector<uint64_t> direct;
+        for (uint64_t c = run.first_copy; c < run.first_copy + run.copy_count; ++c) {
+          if (in_place_[c] > 0) direct.push_back(c);
+        }
+        std::sort(direct.begin(), direct.end(), [&](uint64_t x, uint64_t y) {
+          return plan_.copies[x].run_offset < plan_.copies[y].run_offset;
+        });
+        for (uint64_t c : direct) {
+          const RunCopy& cp = plan_.copies[c];
+          if (cp.run_offset > at) {
+            slices.push_back(IoSlice{buf + used + at, cp.run_offset - at, run.offset + at});
+          }
+          slices.push_back(
+              IoSlice{dst_.ptr[cp.request] + cp.dst_offset, in_place_[c], run.offset + cp.run_offset});
+          at = cp.run_offset + in_place_[c];
+        }
+      }
+      if (len > at) slices.push_back(IoSlice{buf + used + at, len - at, run.offset + at});
       b.at.push_back(used);
       used = RoundUp(used + run.length, limits::kAlignmentBytes);
     }
@@ -246,6 +271,8 @@ class BatchReader {
   const Manifest& m_;
   const LoadPlan& plan_;
   const uint64_t cap_;
+  const LoadDests& dst_;
+  const std::span<const uint64_t> in_place_;
   const std::string dir_;
   std::unique_ptr<BlobReader> reader_;
   std::string path_;
@@ -255,14 +282,15 @@ class BatchReader {
 // Verifies the blocks of a read batch and copies its bytes to their destinations, in pieces on
 // `pool` (GPU copies beside them; all done before the buffer is reused).
 absl::Status VerifyAndCopy(const Manifest& m, const LoadPlan& plan, const BatchReader::Batch& batch,
-                           const uint8_t* buf, const LoadDests& dst, WorkerPool* pool) {
+                           const uint8_t* buf, const LoadDests& dst,
+                           std::span<const uint64_t> in_place, WorkerPool* pool) {
   std::vector<DeviceCopy> to_device;
   std::vector<CopyPiece> pieces;
   for (size_t k = batch.first; k < batch.end; ++k) {
     const uint8_t* data = buf + batch.at[k - batch.first];
     AddRunPieces(
         m, plan, k, [data](uint64_t off, uint64_t) { return data + off; }, dst, &batch.path,
-        &pieces, &to_device);
+        &pieces, &to_device, in_place);
   }
   return RunPiecesAndDeviceCopies(pool, pieces, m, dst, to_device);
 }
@@ -316,7 +344,11 @@ absl::Status Loader::ReadPlanFrom(Storage* storage, const Manifest& m, const Loa
     return absl::OkStatus();
   };
   CKPTD_RETURN_IF_ERROR(allocate(0));
-  BatchReader reader(storage, m, plan, cap);
+  const std::vector<uint64_t> in_place =
+      options_->load_into_destination && storage->ReadsThroughKernel()
+          ? DirectPrefixes(plan, dst, m.header.checksum_block_bytes())
+          : std::vector<uint64_t>{};
+  BatchReader reader(storage, m, plan, cap, dst, in_place);
   int cur = 0;
   BatchReader::Batch batch = reader.Read(0, bufs[cur].get());
   while (true) {
@@ -339,7 +371,8 @@ absl::Status Loader::ReadPlanFrom(Storage* storage, const Manifest& m, const Loa
         }
       }
     }
-    absl::Status copied = VerifyAndCopy(m, plan, batch, bufs[cur].get(), dst, copy_pool_.get());
+    absl::Status copied =
+        VerifyAndCopy(m, plan, batch, bufs[cur].get(), dst, in_place, copy_pool_.get());
     for (size_t k = batch.first; k < batch.end; ++k) *bytes_read += plan.runs[k].length;
     if (!more) return copied;
     if (prefetch) {

@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 
 namespace ckptd {
@@ -126,6 +127,35 @@ absl::Status VerifyPart(const Context& c, const BlockCheck& chk, const uint8_t* 
   return ok.ok() ? ok : CheckFailed(c, chk, ok);
 }
 
+absl::Status VerifyInPlacePart(const Context& c, const BlockCheck& chk, const uint8_t* data,
+                               uint64_t first, uint64_t count) {
+  struct Work {
+    const uint8_t* data;
+    uint64_t bytes;
+    uint32_t block;
+    uint32_t* crcs;
+  };
+  std::vector<uint32_t> crcs(count);  // allocated outside the guard
+  Work w{data + first * c.block, PartBytes(c, chk, first, count), c.block, crcs.data()};
+  CKPTD_RETURN_IF_ERROR(GuardClientMemory(
+      [](void* arg) {
+        const Work& w = *static_cast<const Work*>(arg);
+        BlockCrcsInto(w.data, w.bytes, w.block, w.crcs);
+      },
+      &w, "load destination"));
+  const std::span<const uint32_t> want = Crcs(chk);
+  for (uint64_t i = 0; i < count; ++i) {
+    const uint64_t b = chk.first_block + first + i;
+    if (crcs[i] != want[b]) {
+      return CheckFailed(c, chk,
+                         absl::DataLossError(absl::StrFormat(
+                             ": block %d crc32c mismatch: expected 0x%08x, actual 0x%08x", b,
+                             want[b], crcs[i])));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CopyAndVerifyPart(const Context& c, const BlockCheck& chk, uint8_t* dst,
                                const uint8_t* src, uint64_t first, uint64_t count) {
   const uint64_t off = first * c.block;
@@ -165,5 +195,41 @@ absl::Status CopyPlain(std::span<const PlainCopy> copies) {
 }
 
 }  // namespace run_copy_internal
+
+std::vector<FusedPair> FusedPairs(const LoadPlan& plan, size_t k, const LoadDests& dst,
+                                  uint32_t block) {
+  const ReadRun& run = plan.runs[k];
+  absl::flat_hash_map<uint64_t, uint64_t> copy_at;  // run offset -> copy, host copies only
+  for (uint64_t c = run.first_copy; c < run.first_copy + run.copy_count; ++c) {
+    if (IsHostCopy(dst, plan.copies[c])) copy_at.emplace(plan.copies[c].run_offset, c);
+  }
+  std::vector<FusedPair> pairs;
+  for (uint32_t c = run.first_check; c < run.first_check + run.check_count; ++c) {
+    const BlockCheck& chk = plan.checks[c];
+    auto it = copy_at.find(chk.run_offset);
+    if (it != copy_at.end() && plan.copies[it->second].bytes == CheckedBytes(chk, block)) {
+      pairs.push_back({c, it->second});
+      copy_at.erase(it);  // one check per copy
+    }
+  }
+  return pairs;
+}
+
+std::vector<uint64_t> DirectPrefixes(const LoadPlan& plan, const LoadDests& dst, uint32_t block) {
+  std::vector<uint64_t> in_place(plan.copies.size(), 0);
+  const uint64_t align = limits::kAlignmentBytes;
+  for (size_t k = 0; k < plan.runs.size(); ++k) {
+    for (const FusedPair& f : FusedPairs(plan, k, dst, block)) {
+      const RunCopy& cp = plan.copies[f.copy];
+      const uint64_t whole = cp.bytes / block * block;
+      const auto to = reinterpret_cast<uintptr_t>(dst.ptr[cp.request] + cp.dst_offset);
+      if (whole >= limits::kDirectReadBytesMin && to % align == 0 &&
+          (plan.runs[k].offset + cp.run_offset) % align == 0) {
+        in_place[f.copy] = whole;
+      }
+    }
+  }
+  return in_place;
+}
 
 }  // namespace ckptd

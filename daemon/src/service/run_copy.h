@@ -83,6 +83,9 @@ absl::Status CheckFailed(const Context& c, const BlockCheck& chk, const absl::St
 // Verifies blocks [first, first + count) of check `chk` whose bytes are at `data`.
 absl::Status VerifyPart(const Context& c, const BlockCheck& chk, const uint8_t* data,
                         uint64_t first, uint64_t count);
+// The same where `data` (the check's first byte) is client memory: checksummed under the guard.
+absl::Status VerifyInPlacePart(const Context& c, const BlockCheck& chk, const uint8_t* data,
+                               uint64_t first, uint64_t count);
 // Copies blocks [first, first + count) of check `chk` from `src` to `dst` (client memory, under
 // the guard) as it checksums them, then compares them with the manifest's.
 absl::Status CopyAndVerifyPart(const Context& c, const BlockCheck& chk, uint8_t* dst,
@@ -97,6 +100,30 @@ absl::Status CopyPlain(std::span<const PlainCopy> copies);
 
 }  // namespace run_copy_internal
 
+// Whether copy `cp` lands in host memory (not on a GPU).
+inline bool IsHostCopy(const LoadDests& dst, const RunCopy& cp) {
+  return dst.device.empty() || dst.device[cp.request] < 0;
+}
+
+// A check of a run whose bytes go whole to one host copy (the whole-shard case): checksummed and
+// copied in one pass.
+struct FusedPair {
+  uint32_t check;
+  uint64_t copy;
+};
+// The fused pairs of run `k` (each copy in at most one, each check in at most one).
+std::vector<FusedPair> FusedPairs(const LoadPlan& plan, size_t k, const LoadDests& dst,
+                                  uint32_t block);
+
+// Reading straight into the destination (no bounce copy): for each copy of `plan` (indexed like
+// plan.copies), how many of its leading bytes are read from storage straight into its
+// destination and verified there, 0 for none. A copy qualifies when it is a fused pair's (its
+// bytes are exactly one check's, to host memory), its destination and its file offset are
+// limits::kAlignmentBytes-aligned (O_DIRECT's rule), and it has at least
+// limits::kDirectReadBytesMin bytes; the bytes are its whole checksum blocks (the shard's
+// short last block, if any, goes through the read buffer).
+std::vector<uint64_t> DirectPrefixes(const LoadPlan& plan, const LoadDests& dst, uint32_t block);
+
 // Adds the work of run `k` to `pieces`: its blocks verified and its bytes copied to their
 // destinations; at(run_offset, n) is where the run's bytes [run_offset, run_offset + n) are (in a
 // read buffer or the RAM tier), called now, not by the pieces. Pieces are at most about
@@ -110,39 +137,46 @@ absl::Status CopyPlain(std::span<const PlainCopy> copies);
 // destinations, or overwrites them from storage. Copies into GPU memory (dst.device[request] >=
 // 0; dst.ptr is then a device address) are added to `to_device` for the caller to make once every
 // piece succeeded (or, on a pool, while they run: RunPiecesAndDeviceCopies), before the source is
-// reused. `where` must outlive the pieces.
+// reused. `where` must outlive the pieces. in_place (empty, or indexed like plan.copies, as
+// DirectPrefixes answers): leading bytes of a fused copy already read into its destination; their
+// blocks are verified there (under the guard) instead of copied.
 template <typename At>
 void AddRunPieces(const Manifest& m, const LoadPlan& plan, size_t k, const At& at,
                   const LoadDests& dst, const std::string* where, std::vector<CopyPiece>* pieces,
-                  std::vector<DeviceCopy>* to_device) {
+                  std::vector<DeviceCopy>* to_device, std::span<const uint64_t> in_place = {}) {
   using run_copy_internal::PlainCopy;
   const run_copy_internal::Context ctx{&m, &plan, where, m.header.checksum_block_bytes()};
   const uint32_t block = ctx.block;
   const uint64_t blocks_per_piece = std::max<uint64_t>(1, limits::kCopyPieceBytes / block);
   const ReadRun& run = plan.runs[k];
-  auto host_dest = [&](const RunCopy& cp) {
-    return dst.device.empty() || dst.device[cp.request] < 0;
-  };
-  // The one host copy of exactly each check's bytes, if any: copied as it is checksummed.
-  absl::flat_hash_map<uint64_t, uint64_t> copy_at;  // run offset -> copy, host copies only
-  for (uint64_t c = run.first_copy; c < run.first_copy + run.copy_count; ++c) {
-    if (host_dest(plan.copies[c])) copy_at.emplace(plan.copies[c].run_offset, c);
-  }
+  const std::vector<FusedPair> pairs = FusedPairs(plan, k, dst, block);
+  absl::flat_hash_map<uint32_t, uint64_t> fused_check;  // check -> its one-pass copy
   absl::flat_hash_set<uint64_t> fused;
+  for (const FusedPair& f : pairs) {
+    fused_check.emplace(f.check, f.copy);
+    fused.insert(f.copy);
+  }
   for (uint32_t c = run.first_check; c < run.first_check + run.check_count; ++c) {
     const BlockCheck* chk = &plan.checks[c];
     const uint64_t n = CheckedBytes(*chk, block);
     const uint8_t* src = at(chk->run_offset, n);
     uint8_t* to = nullptr;
-    auto it = copy_at.find(chk->run_offset);
-    if (it != copy_at.end() && plan.copies[it->second].bytes == n && fused.insert(it->second).second) {
+    uint64_t ready = 0;  // leading blocks already read into `to`: verified there
+    if (auto it = fused_check.find(c); it != fused_check.end()) {
       const RunCopy& cp = plan.copies[it->second];
       to = dst.ptr[cp.request] + cp.dst_offset;
+      if (!in_place.empty()) ready = in_place[it->second] / block;
     }
     const uint64_t blocks = BlockCount(n, block);
-    for (uint64_t first = 0; first < blocks; first += blocks_per_piece) {
-      const uint64_t count = std::min(blocks_per_piece, blocks - first);
-      if (to != nullptr) {
+    for (uint64_t first = 0; first < blocks;) {
+      const uint64_t end = std::min({first + blocks_per_piece, blocks,
+                                     first < ready ? ready : blocks});
+      const uint64_t count = end - first;
+      if (first < ready) {
+        pieces->push_back([ctx, chk, to, first, count] {
+          return run_copy_internal::VerifyInPlacePart(ctx, *chk, to, first, count);
+        });
+      } else if (to != nullptr) {
         pieces->push_back([ctx, chk, to, src, first, count] {
           return run_copy_internal::CopyAndVerifyPart(ctx, *chk, to, src, first, count);
         });
@@ -151,6 +185,7 @@ void AddRunPieces(const Manifest& m, const LoadPlan& plan, size_t k, const At& a
           return run_copy_internal::VerifyPart(ctx, *chk, src, first, count);
         });
       }
+      first = end;
     }
   }
   std::vector<PlainCopy> group;
@@ -163,7 +198,7 @@ void AddRunPieces(const Manifest& m, const LoadPlan& plan, size_t k, const At& a
   };
   for (uint64_t c = run.first_copy; c < run.first_copy + run.copy_count; ++c) {
     const RunCopy& cp = plan.copies[c];
-    if (!host_dest(cp)) {
+    if (!IsHostCopy(dst, cp)) {
       to_device->push_back({dst.device[cp.request],
                             GpuCopy{reinterpret_cast<uint64_t>(dst.ptr[cp.request]) + cp.dst_offset,
                                     const_cast<uint8_t*>(at(cp.run_offset, cp.bytes)), cp.bytes}});

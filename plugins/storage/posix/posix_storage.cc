@@ -152,6 +152,7 @@ class PosixStorage : public Storage {
   }
 
   std::string Describe() const override { return absl::StrCat("posix:", root_); }
+  bool ReadsThroughKernel() const override { return true; }
 
   absl::StatusOr<std::unique_ptr<BlobWriter>> CreateBlob(const std::string& path) override {
     CKPTD_ASSIGN_OR_RETURN(std::string full, Full(path, false));

@@ -91,6 +91,7 @@ class GatedStorage : public Storage {
  public:
   GatedStorage(Storage* base, Gate* gate) : base_(base), gate_(gate) {}
   std::string Describe() const override { return base_->Describe(); }
+  bool ReadsThroughKernel() const override { return base_->ReadsThroughKernel(); }
   absl::StatusOr<std::unique_ptr<BlobWriter>> CreateBlob(const std::string& p) override {
     return base_->CreateBlob(p);
   }

@@ -1,0 +1,92 @@
+"""Helpers the Python benchmarks share: a daemon of their own, the page cache dropped, the
+daemon's device reads, fio's sequential read of a file, and medians."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+GB = 1e9
+
+
+def start_daemon(
+    binary: str, state: str, staging_bytes: int, flags: tuple[str, ...] = ()
+) -> tuple[subprocess.Popen, str]:
+    """Starts `binary` on `state` (socket state/s.sock, log state/daemon.log) and waits for its
+    socket; returns the process and the socket's path. Exits the bench if it does not start."""
+    sock = os.path.join(state, "s.sock")
+    with open(os.path.join(state, "daemon.log"), "w") as log:
+        proc = subprocess.Popen(
+            [
+                binary,
+                f"--state_dir={state}",
+                f"--socket={sock}",
+                f"--staging_bytes_max={staging_bytes}",
+                "--log_level=warn",
+                *flags,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
+    for _ in range(600):
+        if os.path.exists(sock):
+            return proc, sock
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    proc.kill()
+    sys.exit(f"bench: {binary} did not create {sock}; see {state}/daemon.log")
+
+
+def can_drop_caches() -> bool:
+    return os.access("/proc/sys/vm/drop_caches", os.W_OK)
+
+
+def drop_caches(path: str) -> None:
+    """Drops the page cache: all of it when allowed, else each file's under `path` (fadvise)."""
+    os.sync()
+    if can_drop_caches():
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("1\n")
+        return
+    for dirpath, _, files in os.walk(path):
+        for fn in files:
+            try:
+                fd = os.open(os.path.join(dirpath, fn), os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def device_read_bytes(pid: int) -> int:
+    """What process `pid` has read from block devices (/proc/PID/io read_bytes)."""
+    with open(f"/proc/{pid}/io") as f:
+        for line in f:
+            if line.startswith("read_bytes:"):
+                return int(line.split()[1])
+    return 0
+
+
+def fio_read(path: str, nbytes: int, direct: bool, bs: str = "16M", depth: int = 4) -> float:
+    """fio's sequential read of `path` (nbytes, laid out by fio first) through io_uring with
+    O_DIRECT or through the page cache (dropped first); bytes per second."""
+    cmd = [
+        "fio", "--name=read", f"--filename={path}", "--rw=read", f"--bs={bs}",
+        f"--iodepth={depth}", "--ioengine=io_uring", f"--direct={int(direct)}",
+        f"--size={nbytes}", "--output-format=json",
+    ]  # fmt: skip
+    drop_caches(os.path.dirname(path))
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    job = json.loads(out[out.index("{") :])["jobs"][0]["read"]
+    return job["io_bytes"] / (job["runtime"] / 1000.0)
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs)
