@@ -28,43 +28,19 @@ import json
 import multiprocessing as mp
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from typing import Any
 
 import numpy as np
+from bench_common import start_daemon
 
 import ckptd
 
 MIB = 1 << 20
 COLS = 4096
 TENSORS = 16
-
-
-def start_daemon(
-    binary: str, state: str, staging_bytes: int, flags: tuple[str, ...] = ()
-) -> subprocess.Popen:
-    sock = os.path.join(state, "s.sock")
-    proc = subprocess.Popen(
-        [
-            binary,
-            f"--state_dir={state}",
-            f"--socket={sock}",
-            f"--staging_bytes_max={staging_bytes}",
-            "--log_level=warn",
-            *flags,
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=open(os.path.join(state, "daemon.log"), "w"),
-    )
-    for _ in range(400):
-        if os.path.exists(sock):
-            return proc
-        time.sleep(0.05)
-    proc.kill()
-    sys.exit(f"restore_bench: {binary} did not create {sock}")
 
 
 def targets(
@@ -180,13 +156,13 @@ def main() -> None:
     shutil.rmtree(state, ignore_errors=True)
     os.makedirs(state)
     # Both checkpoints hot, plus room for the destinations and scratch of four loaders.
-    proc = start_daemon(args.daemon, state, 4 * state_bytes)
-    sock = os.path.join(state, "s.sock")
+    proc, sock = start_daemon(args.daemon, state, 4 * state_bytes)
     # The RAM tier off: loads read the disk (O_DIRECT), as every restore did before it.
     disk_state = os.path.join(base, "disk")
     os.makedirs(disk_state, exist_ok=True)
-    disk = start_daemon(args.daemon, disk_state, 2 * state_bytes, ("--ram_tier_keep_per_job=0",))
-    disk_sock = os.path.join(disk_state, "s.sock")
+    disk, disk_sock = start_daemon(
+        args.daemon, disk_state, 2 * state_bytes, ("--ram_tier_keep_per_job=0",)
+    )
     samples = []
     try:
         client = ckptd.connect(sock)

@@ -23,7 +23,9 @@
 #   BENCH_RESTORE_MIB=1024 BENCH_RESTORE_ROUNDS=3 BENCH_RESTORE_WORLDS=1,4   restores from the
 #                            RAM tier against a memcpy of the state and a load from disk
 #                            (bench/restore_bench.py; rounds rotate the order)
-#   BENCH_ONLY=all|planner|reshard|ckpt|commit|restore|train|remote|cluster   run one part only
+#   BENCH_COLD_MIB=1024 BENCH_COLD_ROUNDS=3   cold restores (page cache dropped, RAM tier empty)
+#                            against torch.load and fio's reads (bench/cold_restore_bench.py)
+#   BENCH_ONLY=all|planner|reshard|ckpt|commit|restore|cold|train|remote|cluster   run one part only
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BUILD="${BUILD:-$ROOT/build}"
@@ -78,6 +80,11 @@ python3 "$ROOT/bench/plot.py" "$OUT/ckpt.jsonl" "$ROOT/bench/ckpt_phases.png"
 rm -rf "$STATE"
 fi
 
+if [ "$ONLY" = all ] || [ "$ONLY" = cold ]; then
+echo "bench: cold restores (${BENCH_COLD_MIB:-1024} MiB) against torch.load and fio"
+python3 "$ROOT/bench/cold_restore_bench.py" --daemon "$BUILD/ckptd" --dir "$STATE-cold" \
+  --state-mib "${BENCH_COLD_MIB:-1024}" --rounds "${BENCH_COLD_ROUNDS:-3}" --out "$OUT/cold_restore.jsonl"
+fi
 if [ "$ONLY" = all ] || [ "$ONLY" = restore ]; then
 echo "bench: restores from the RAM tier (${BENCH_RESTORE_MIB:-1024} MiB) against memcpy and disk"
 "$BUILD/ckptd_bench_verify_copy" --reps 3 | tee "$OUT/verify_copy.jsonl"
