@@ -169,5 +169,4 @@ class Shm {
   uint64_t bytes_ = 0;
 };
 
-
 }  // namespace ckptd_it

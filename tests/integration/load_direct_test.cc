@@ -54,10 +54,10 @@ TEST_CASE("load into destination: whole shards read in place are bit-exact in ev
   const bool in_place = GENERATE(true, false);
   const bool buffered = GENERATE(true, false);
   INFO("load_into_destination=" << in_place << " load_io=" << (buffered ? "buffered" : "direct"));
-  Daemon d(DaemonConfig{.extra_flags = {"--ram_tier_keep_per_job=0",  // the cold path
-                                        in_place ? "--load_into_destination=true"
-                                                 : "--load_into_destination=false",
-                                        buffered ? "--load_io=buffered" : "--load_io=direct"}});
+  Daemon d(DaemonConfig{
+      .extra_flags = {"--ram_tier_keep_per_job=0",  // the cold path
+                      in_place ? "--load_into_destination=true" : "--load_into_destination=false",
+                      buffered ? "--load_io=buffered" : "--load_io=direct"}});
   auto client = d.Connect();
   // 1 MiB + 100 bytes (a short last block), 300 KiB (whole blocks), 8 KiB (below the in-place
   // minimum), 3 MiB.
@@ -65,7 +65,8 @@ TEST_CASE("load into destination: whole shards read in place are bit-exact in ev
   std::vector<std::vector<float>> data;
   std::vector<ckptd::TensorShard> shards;
   for (size_t i = 0; i < floats.size(); ++i) data.push_back(Values(floats[i], 1.0f + i));
-  for (size_t i = 0; i < data.size(); ++i) shards.push_back(Whole("t" + std::to_string(i), data[i]));
+  for (size_t i = 0; i < data.size(); ++i)
+    shards.push_back(Whole("t" + std::to_string(i), data[i]));
   REQUIRE(client->Save("direct", 1, 0, 1, shards).ok());
   REQUIRE(client->WaitCommitted("direct", 1, 60000).ok());
 
@@ -128,6 +129,6 @@ TEST_CASE("load into destination: a flipped byte in a part read in place is a ch
   auto r = client->Load("flip", 1, 0, std::span(&l, 1));
   REQUIRE_FALSE(r.ok());
   CHECK(r.status().code() == absl::StatusCode::kDataLoss);
-  CHECK_THAT(std::string(r.status().message()), Contains("item \"w\"") && Contains("block 128") &&
-                                                    Contains("crc32c mismatch"));
+  CHECK_THAT(std::string(r.status().message()),
+             Contains("item \"w\"") && Contains("block 128") && Contains("crc32c mismatch"));
 }

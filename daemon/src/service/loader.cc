@@ -254,8 +254,8 @@ class BatchReader {
           if (cp.run_offset > at) {
             slices.push_back(IoSlice{buf + used + at, cp.run_offset - at, run.offset + at});
           }
-          slices.push_back(
-              IoSlice{dst_.ptr[cp.request] + cp.dst_offset, in_place_[c], run.offset + cp.run_offset});
+          slices.push_back(IoSlice{dst_.ptr[cp.request] + cp.dst_offset, in_place_[c],
+                                   run.offset + cp.run_offset});
           at = cp.run_offset + in_place_[c];
         }
       }

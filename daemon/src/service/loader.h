@@ -4,7 +4,8 @@
 // batches of at most options.load_buffer_bytes — the next batch prefetched on the reader pool
 // ("reader-<i>", long-lived threads each keeping its io_uring ring) while this one is verified
 // (ReadPlan) — verifies every checksum block used and copies into the destinations, in pieces
-// on the load's thread and the copy pool ("copy-<i>", load_copy_threads - 1 threads). The catalog's side (access, "latest", the manifest) stays in CheckpointService.
+// on the load's thread and the copy pool ("copy-<i>", load_copy_threads - 1 threads). The catalog's
+// side (access, "latest", the manifest) stays in CheckpointService.
 //
 // Ownership: borrows options, storage, arena and regions (they outlive it); owns the pool of
 // reusable load buffers, the reader pool and the copy pool (joined when the loader is destroyed).

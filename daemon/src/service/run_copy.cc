@@ -88,9 +88,9 @@ absl::Status RunPiecesAndDeviceCopies(WorkerPool* pool, std::span<const CopyPiec
     return CopyToDevice(m, dst, to_device);
   }
   // Posted first, so the device copy starts while the pieces are still queued behind it.
-  absl::StatusOr<std::future<absl::Status>> copying = pool->Submit(
-      [&m, &dst, &to_device] { return CopyToDevice(m, dst, to_device); },
-      WorkerPool::WhenFull::kWait);
+  absl::StatusOr<std::future<absl::Status>> copying =
+      pool->Submit([&m, &dst, &to_device] { return CopyToDevice(m, dst, to_device); },
+                   WorkerPool::WhenFull::kWait);
   absl::Status verified = RunPieces(pool, pieces);
   absl::Status copied = copying.ok() ? copying->get() : CopyToDevice(m, dst, to_device);
   return verified.ok() ? copied : verified;
@@ -101,8 +101,8 @@ namespace run_copy_internal {
 absl::Status CheckFailed(const Context& c, const BlockCheck& chk, const absl::Status& ok) {
   // The item's name is looked up only for the message (a scan of the manifest).
   return absl::Status(
-      ok.code(), absl::StrCat("checkpoint ", c.m->header.job(), "/", c.m->header.step(),
-                              " item \"", ItemOfShard(*c.m, chk.shard)->name(), "\" (saved by rank ",
+      ok.code(), absl::StrCat("checkpoint ", c.m->header.job(), "/", c.m->header.step(), " item \"",
+                              ItemOfShard(*c.m, chk.shard)->name(), "\" (saved by rank ",
                               chk.shard->saved_by_rank(), ") in ", *c.where, ok.message()));
 }
 
@@ -122,8 +122,9 @@ std::span<const uint32_t> Crcs(const BlockCheck& chk) {
 absl::Status VerifyPart(const Context& c, const BlockCheck& chk, const uint8_t* data,
                         uint64_t first, uint64_t count) {
   const uint64_t off = first * c.block;
-  absl::Status ok = VerifyBlocks(data + off, chk.first_block + first, PartBytes(c, chk, first, count),
-                                 chk.shard->length(), Crcs(chk), c.block, "");
+  absl::Status ok =
+      VerifyBlocks(data + off, chk.first_block + first, PartBytes(c, chk, first, count),
+                   chk.shard->length(), Crcs(chk), c.block, "");
   return ok.ok() ? ok : CheckFailed(c, chk, ok);
 }
 
@@ -147,10 +148,10 @@ absl::Status VerifyInPlacePart(const Context& c, const BlockCheck& chk, const ui
   for (uint64_t i = 0; i < count; ++i) {
     const uint64_t b = chk.first_block + first + i;
     if (crcs[i] != want[b]) {
-      return CheckFailed(c, chk,
-                         absl::DataLossError(absl::StrFormat(
-                             ": block %d crc32c mismatch: expected 0x%08x, actual 0x%08x", b,
-                             want[b], crcs[i])));
+      return CheckFailed(
+          c, chk,
+          absl::DataLossError(absl::StrFormat(
+              ": block %d crc32c mismatch: expected 0x%08x, actual 0x%08x", b, want[b], crcs[i])));
     }
   }
   return absl::OkStatus();
@@ -175,7 +176,8 @@ absl::Status CopyAndVerifyPart(const Context& c, const BlockCheck& chk, uint8_t*
       },
       &w, "load destination"));
   const std::span<const uint32_t> want = Crcs(chk);
-  if (std::equal(crcs.begin(), crcs.end(), want.begin() + static_cast<long>(chk.first_block + first))) {
+  if (std::equal(crcs.begin(), crcs.end(),
+                 want.begin() + static_cast<long>(chk.first_block + first))) {
     return absl::OkStatus();
   }
   // Verified again from the source, for the message naming the block.

@@ -5,8 +5,9 @@
 // Pure code over memory: no I/O, no lock. Copies into client memory run under the SIGBUS guard
 // (dataplane/memory_guard.h); copies into GPU memory are collected for the caller
 // (CopyToDevice). The work of a run is split into pieces (AddRunPieces) that RunPieces executes
-// on several threads, so one load's checksums and copies are not bound by one core. Errors: DATA_LOSS naming the checkpoint, item and block that did not verify;
-// FAILED_PRECONDITION when client memory vanished under a copy.
+// on several threads, so one load's checksums and copies are not bound by one core. Errors:
+// DATA_LOSS naming the checkpoint, item and block that did not verify; FAILED_PRECONDITION when
+// client memory vanished under a copy.
 #pragma once
 
 #include <algorithm>
@@ -169,8 +170,8 @@ void AddRunPieces(const Manifest& m, const LoadPlan& plan, size_t k, const At& a
     }
     const uint64_t blocks = BlockCount(n, block);
     for (uint64_t first = 0; first < blocks;) {
-      const uint64_t end = std::min({first + blocks_per_piece, blocks,
-                                     first < ready ? ready : blocks});
+      const uint64_t end =
+          std::min({first + blocks_per_piece, blocks, first < ready ? ready : blocks});
       const uint64_t count = end - first;
       if (first < ready) {
         pieces->push_back([ctx, chk, to, first, count] {

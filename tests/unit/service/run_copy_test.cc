@@ -3,8 +3,8 @@
 // a refusing (shut-down) pool leaves the work to the caller.
 #include "service/run_copy.h"
 
-#include <catch2/catch.hpp>
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <thread>
 #include <vector>
 
