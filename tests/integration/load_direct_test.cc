@@ -61,7 +61,8 @@ TEST_CASE("load into destination: whole shards read in place are bit-exact in ev
   auto client = d.Connect();
   // 1 MiB + 100 bytes (a short last block), 300 KiB (whole blocks), 8 KiB (below the in-place
   // minimum), 3 MiB.
-  const std::vector<size_t> floats = {(1u << 18) + 25, 300u * 256, 2048, 3u << 18};
+  const std::vector<size_t> floats = {(size_t{1} << 18) + 25, size_t{300} * 256, 2048,
+                                      size_t{3} << 18};
   std::vector<std::vector<float>> data;
   std::vector<ckptd::TensorShard> shards;
   for (size_t i = 0; i < floats.size(); ++i) data.push_back(Values(floats[i], 1.0f + i));

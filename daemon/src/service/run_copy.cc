@@ -157,7 +157,9 @@ absl::Status VerifyInPlacePart(const Context& c, const BlockCheck& chk, const ui
   return absl::OkStatus();
 }
 
-absl::Status CopyAndVerifyPart(const Context& c, const BlockCheck& chk, uint8_t* dst,
+absl::Status CopyAndVerifyPart(const Context& c, const BlockCheck& chk,
+                               uint8_t* dst,  // NOLINT(readability-non-const-parameter): written
+                                              // through Work::dst, under the guard
                                const uint8_t* src, uint64_t first, uint64_t count) {
   const uint64_t off = first * c.block;
   struct Work {

@@ -20,6 +20,7 @@ TEST_CASE("run pieces: each piece runs once, on the calling thread and the pool"
   std::atomic<int> off_caller{0};
   const std::thread::id caller = std::this_thread::get_id();
   std::vector<CopyPiece> pieces;
+  pieces.reserve(ran.size());
   for (size_t i = 0; i < ran.size(); ++i) {
     pieces.push_back([&, i] {
       ran[i].fetch_add(1);
@@ -43,6 +44,7 @@ TEST_CASE("run pieces: the first error wins and nothing runs after the call retu
   std::atomic<int> running{0};
   std::atomic<int> started{0};
   std::vector<CopyPiece> pieces;
+  pieces.reserve(64);
   for (int i = 0; i < 64; ++i) {
     pieces.push_back([&, i] {
       running.fetch_add(1);
