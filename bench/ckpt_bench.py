@@ -39,6 +39,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
+import bench_common  # noqa: E402 (found through the path above)
+
 GB = 1000**3
 MiB = 1 << 20
 # ckptd's save, its cold loads and the memcpy limit are repeated (the median is reported); each
@@ -193,28 +195,6 @@ def _read_bytes(pid: int | str) -> int:
     return 0
 
 
-def _drop_caches(cfg: Config, path: str) -> None:
-    """Drops the page cache (all of it when allowed, else the files under path)."""
-    os.sync()
-    if cfg.drop_caches:
-        try:
-            with open("/proc/sys/vm/drop_caches", "w") as f:
-                f.write("1\n")
-            return
-        except OSError:
-            pass
-    for dirpath, _, files in os.walk(path):
-        for fn in files:
-            try:
-                fd = os.open(os.path.join(dirpath, fn), os.O_RDONLY)
-            except OSError:
-                continue
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
-
-
 class Recorder:
     """Times phases on every rank from a common start (a barrier); rank 0 writes one JSON line
     per phase with the slowest rank's and the mean rank's seconds and the device bytes read."""
@@ -364,7 +344,7 @@ def _run_ckptd(rec: Recorder, st: RankState, cfg: Config, rank: int) -> None:
         into = {n: (dest[n], boxes[n]) for n, _ in st.shapes}
         for phase in ["load_cold"] * REPS + ["load_warm"]:
             if phase == "load_cold":
-                _drop_caches(cfg, cfg.data_dir)
+                bench_common.drop_caches(cfg.data_dir)
             rec.timed(
                 system,
                 phase,
@@ -380,7 +360,7 @@ def _run_ckptd(rec: Recorder, st: RankState, cfg: Config, rank: int) -> None:
         dest = st.empty_like_layout(cfg.world, rank)
         into = {n: (dest[n], boxes[n]) for n, _ in st.shapes}
         for _ in range(REPS):
-            _drop_caches(cfg, cfg.data_dir)
+            bench_common.drop_caches(cfg.data_dir)
             rec.timed(
                 system,
                 "reshard_cold",
@@ -454,7 +434,7 @@ def _run_dcp(rec: Recorder, st: RankState, cfg: Config, rank: int, system: str) 
             dsd = _mesh_dtensors(dest, st.shapes, cfg.world)
             for phase in ("load_cold", "load_warm"):
                 if phase == "load_cold":
-                    _drop_caches(cfg, cfg.data_dir)
+                    bench_common.drop_caches(cfg.data_dir)
                 rec.timed(
                     system,
                     phase,
@@ -468,7 +448,7 @@ def _run_dcp(rec: Recorder, st: RankState, cfg: Config, rank: int, system: str) 
     if cfg.reshard_from is not None and system != "dcp_async":
         dest = st.empty_like_layout(cfg.world, rank)
         dsd = _mesh_dtensors(dest, st.shapes, cfg.world)
-        _drop_caches(cfg, cfg.data_dir)
+        bench_common.drop_caches(cfg.data_dir)
         rec.timed(
             system,
             "reshard_cold",
@@ -502,7 +482,7 @@ def _run_torch_save(rec: Recorder, st: RankState, cfg: Config, rank: int) -> Non
     rec.save("torch_save", lambda: torch.save(st.local, path), fsync, st.total_bytes)
     for phase in ("load_cold", "load_warm"):
         if phase == "load_cold":
-            _drop_caches(cfg, d)
+            bench_common.drop_caches(d)
         got = rec.timed(
             "torch_save",
             phase,
@@ -627,7 +607,7 @@ def _run_bytecheckpoint(rec: Recorder, st: RankState, cfg: Config, rank: int) ->
         model, opt, _ = _bcp_model(st, cfg.world, fill=False)
         for phase in ("load_cold", "load_warm"):
             if phase == "load_cold":
-                _drop_caches(cfg, path(cfg.world))
+                bench_common.drop_caches(path(cfg.world))
             rec.timed(
                 system, phase, lambda: bcp.load(path(cfg.world), model, opt), nbytes=st.total_bytes
             )
@@ -636,7 +616,7 @@ def _run_bytecheckpoint(rec: Recorder, st: RankState, cfg: Config, rank: int) ->
         del model, opt
     if cfg.reshard_from is not None:
         model, opt, _ = _bcp_model(st, cfg.world, fill=False)
-        _drop_caches(cfg, path(cfg.reshard_from))
+        bench_common.drop_caches(path(cfg.reshard_from))
         rec.timed(
             system,
             "reshard_cold",

@@ -13,30 +13,10 @@
 #include <vector>
 
 #include "harness.h"
+#include "shards.h"
 
 using namespace ckptd_it;
 using Catch::Matchers::Contains;
-
-namespace {
-
-std::vector<float> Pattern(size_t n, float seed) {
-  std::vector<float> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = seed + static_cast<float>(i % 100003) * 0.5f;
-  return v;
-}
-
-ckptd::TensorShard Whole(const std::string& item, const std::vector<float>& data) {
-  ckptd::TensorShard t;
-  t.item = item;
-  t.dtype = ckptd::DType::kFloat32;
-  t.global_shape = {data.size()};
-  t.region = ckptd::Region::Whole();
-  t.data = data.data();
-  t.bytes = data.size() * sizeof(float);
-  return t;
-}
-
-}  // namespace
 
 TEST_CASE("data path: a load larger than one batch is batched, sliced and bit-exact",
           "[integration]") {

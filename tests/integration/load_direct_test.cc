@@ -11,28 +11,12 @@
 #include <vector>
 
 #include "harness.h"
+#include "shards.h"
 
 using namespace ckptd_it;
 using Catch::Matchers::Contains;
 
 namespace {
-
-std::vector<float> Values(size_t n, float seed) {
-  std::vector<float> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = seed + static_cast<float>(i % 65521) * 0.25f;
-  return v;
-}
-
-ckptd::TensorShard Whole(const std::string& item, const std::vector<float>& data) {
-  ckptd::TensorShard t;
-  t.item = item;
-  t.dtype = ckptd::DType::kFloat32;
-  t.global_shape = {data.size()};
-  t.region = ckptd::Region::Whole();
-  t.data = data.data();
-  t.bytes = data.size() * sizeof(float);
-  return t;
-}
 
 // The largest file under `dir` (a checkpoint's one blob, when one rank saved one shard).
 std::string LargestFile(const std::string& dir) {
@@ -65,7 +49,7 @@ TEST_CASE("load into destination: whole shards read in place are bit-exact in ev
                                       size_t{3} << 18};
   std::vector<std::vector<float>> data;
   std::vector<ckptd::TensorShard> shards;
-  for (size_t i = 0; i < floats.size(); ++i) data.push_back(Values(floats[i], 1.0f + i));
+  for (size_t i = 0; i < floats.size(); ++i) data.push_back(Pattern(floats[i], 1.0f + i));
   for (size_t i = 0; i < data.size(); ++i)
     shards.push_back(Whole("t" + std::to_string(i), data[i]));
   REQUIRE(client->Save("direct", 1, 0, 1, shards).ok());
@@ -110,7 +94,7 @@ TEST_CASE("load into destination: a flipped byte in a part read in place is a ch
           "[integration]") {
   Daemon d(DaemonConfig{.extra_flags = {"--ram_tier_keep_per_job=0"}});
   auto client = d.Connect();
-  const std::vector<float> values = Values((1u << 18) + 25, 5.0f);
+  const std::vector<float> values = Pattern((1u << 18) + 25, 5.0f);
   ckptd::TensorShard t = Whole("w", values);
   REQUIRE(client->Save("flip", 1, 0, 1, std::span(&t, 1)).ok());
   REQUIRE(client->WaitCommitted("flip", 1, 60000).ok());
