@@ -725,6 +725,9 @@ def start_daemon(binary: str, state_dir: str, staging_bytes: int) -> subprocess.
             f"--state_dir={state_dir}",
             f"--staging_bytes_max={staging_bytes}",
             "--log_level=warn",
+            # The RAM tier off: this bench's cold (and warm) loads read the disk, as its peers'
+            # do; restores from the RAM tier are measured by restore_bench.py and gpu_bench.py.
+            "--ram_tier_keep_per_job=0",
             *os.environ.get("BENCH_DAEMON_FLAGS", "").split(),  # e.g. an option to compare
         ],
         stdout=log,
