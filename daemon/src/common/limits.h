@@ -122,6 +122,9 @@ inline constexpr uint64_t kChecksumTaskBytes = 4 * kMiB;
 // kLoadCopyThreadsMax threads.
 inline constexpr uint64_t kCopyPieceBytes = 8 * kMiB;
 inline constexpr uint32_t kLoadCopyThreadsMax = 64;
+// load_copy_threads = 0: one per CPU the daemon may run on, at most this many.
+inline constexpr uint32_t kLoadCopyThreadsAuto = 16;
+static_assert(kLoadCopyThreadsAuto <= kLoadCopyThreadsMax);
 // A load reads a whole-shard copy of at least this many bytes from storage straight into its
 // destination (no read buffer, no copy); smaller ones go through the read buffer.
 inline constexpr uint64_t kDirectReadBytesMin = 256 * kKiB;

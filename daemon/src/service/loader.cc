@@ -45,7 +45,7 @@ size_t LoadCopyThreads(const DaemonOptions& options) {
   cpu_set_t cpus;
   CPU_ZERO(&cpus);
   const int n = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
-  return std::clamp<size_t>(static_cast<size_t>(n), 1, 16);
+  return std::clamp<size_t>(static_cast<size_t>(n), 1, limits::kLoadCopyThreadsAuto);
 }
 
 absl::StatusOr<uint8_t*> Loader::ResolveDest(const std::string& session, const v1::MemRef& ref,
@@ -440,7 +440,7 @@ absl::Status Loader::CopyFromRam(const HotCopy& hot, const Manifest& m, const Lo
   served->assign(plan.runs.size(), false);
   std::vector<DeviceCopy> to_device;
   std::vector<CopyPiece> pieces;
-  static const std::string kWhere = "the RAM tier";
+  const std::string where = "the RAM tier";  // outlives the pieces: run below
   for (size_t k = 0; k < plan.runs.size(); ++k) {
     const ReadRun& run = plan.runs[k];
     auto at = [&](uint64_t off, uint64_t n) { return hot.Find(run.blob_id, run.offset + off, n); };
@@ -453,7 +453,7 @@ absl::Status Loader::CopyFromRam(const HotCopy& hot, const Manifest& m, const Lo
       all = at(plan.copies[c].run_offset, plan.copies[c].bytes) != nullptr;
     }
     if (!all) continue;  // a blob (or part) not in RAM: read from storage
-    AddRunPieces(m, plan, k, at, dst, &kWhere, &pieces, &to_device);
+    AddRunPieces(m, plan, k, at, dst, &where, &pieces, &to_device);
     (*served)[k] = true;
     for (uint64_t c = run.first_copy; c < run.first_copy + run.copy_count; ++c) {
       *bytes += plan.copies[c].bytes;
