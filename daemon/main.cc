@@ -185,7 +185,8 @@ struct Stores {
   std::unique_ptr<StagingArena> arena;
   std::unique_ptr<Io> io;
   std::unique_ptr<Storage> storage;
-  // load_io = buffered (with direct_io): the same data dir through the page cache, for loads.
+  // load_io = buffered (with direct_io): the same data dir through the page cache, for loads;
+  // load_io = auto: the same data dir, reading what the page cache holds through it.
   std::unique_ptr<Io> load_io;
   std::unique_ptr<Storage> load_storage;
   std::unique_ptr<Storage> remote;
@@ -205,6 +206,9 @@ absl::StatusOr<Stores> OpenStores(const DaemonOptions& o, const std::string& shm
   if (o.load_io == "buffered" && o.direct_io) {
     s.load_io = NewBufferedIo(NewUringIo(o.io_queue_depth));
     s.load_storage = NewPosixStorage(o.data_dir, s.load_io.get());
+  } else if (o.load_io == "auto" && o.direct_io) {
+    s.load_storage = NewPosixStorage(o.data_dir, s.io.get(),
+                                     PosixStorageOptions{.read_cached_through_cache = true});
   }
   CKPTD_ASSIGN_OR_RETURN(s.remote, Annotate(OpenRemoteTier(o, s.io.get()), "remote tier"));
   return s;

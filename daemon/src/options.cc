@@ -123,7 +123,8 @@ const std::map<std::string, OptionDef>& Defs() {
        {"I/Os in flight per batch", IntSetter(&O::io_queue_depth, "io_queue_depth")}},
       {"direct_io", {"use O_DIRECT", BoolSetter(&O::direct_io, "direct_io")}},
       {"load_io",
-       {"loads read the local tier direct (O_DIRECT) or buffered (page cache)",
+       {"loads read the local tier auto (what the page cache holds through it, the rest "
+        "O_DIRECT), direct (O_DIRECT) or buffered (the page cache)",
         StringSetter(&O::load_io)}},
       {"flush_threads", {"flush/commit threads", IntSetter(&O::flush_threads, "flush_threads")}},
       {"flush_gate_ms",
@@ -300,9 +301,9 @@ absl::Status ValidateRanges(const DaemonOptions& o) {
     return absl::InvalidArgumentError(absl::StrCat(
         "option staging_bytes_max = ", o.staging_bytes_max, " is not a multiple of 4096"));
   }
-  if (o.load_io != "direct" && o.load_io != "buffered") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("option load_io = \"", o.load_io, "\": expected direct or buffered"));
+  if (o.load_io != "auto" && o.load_io != "direct" && o.load_io != "buffered") {
+    return absl::InvalidArgumentError(absl::StrCat("option load_io = \"", o.load_io,
+                                                   "\": expected auto, direct or buffered"));
   }
   CKPTD_RETURN_IF_ERROR(Range("ram_tier_bytes_max", o.ram_tier_bytes_max, 0, o.staging_bytes_max));
   CKPTD_RETURN_IF_ERROR(Range("ram_tier_keep_per_job", o.ram_tier_keep_per_job, 0, 64));

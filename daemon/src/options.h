@@ -66,10 +66,13 @@ struct DaemonOptions {
   uint32_t io_queue_depth = 8;
   // Use O_DIRECT where the file system accepts it. Default: true
   bool direct_io = true;
-  // How loads read the local tier: "direct" (O_DIRECT: no page cache) or "buffered" (through the
-  // page cache: several local ranks restoring the same bytes at about the same time read them
-  // from the device once, and the kernel's readahead applies). Default: "direct"
-  std::string load_io = "direct";
+  // How loads read the local tier: "auto" (each aligned read the page cache holds whole is
+  // copied out of it, every other one is O_DIRECT: a warm checkpoint costs no device read, a cold
+  // one reads at the device's speed without filling the cache), "direct" (O_DIRECT always) or
+  // "buffered" (through the page cache: several local ranks restoring the same bytes at about
+  // the same time read them from the device once, and the kernel's readahead applies; the load
+  // hint `prefetch` does that for any mode, through the RAM tier). Default: "auto"
+  std::string load_io = "auto";
   // A staged rank's flush waits until every rank of its checkpoint is staged, or at most this
   // long after the first one staged: flushing beside ranks still copying slows their copies (the
   // training stall). 0 flushes every rank as soon as it is staged. Default: 1000

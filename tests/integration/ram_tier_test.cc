@@ -234,6 +234,134 @@ TEST_CASE("load_io=buffered: four ranks restoring the same checkpoint read it fr
   }
 }
 
+// Loads checkpoint `job`/`step` whole from `ranks` concurrent clients with `options`; every load
+// checked bit-exact; their results.
+std::vector<ckptd::LoadResult> ConcurrentLoads(const Daemon& d, const std::string& job,
+                                               uint64_t step, int ranks,
+                                               const ckptd::LoadOptions& options) {
+  std::vector<std::thread> threads;
+  std::vector<ckptd::LoadResult> results(static_cast<size_t>(ranks));
+  std::vector<absl::Status> status(static_cast<size_t>(ranks));
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] {
+      auto client = d.Connect();
+      status[r] = VerifyCheckpoint(*client, job, step, kSeed, {}, 4, false, &results[r], options);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < ranks; ++r) {
+    INFO("rank " << r << ": " << status[r].ToString() << "\n" << d.Log());
+    REQUIRE(status[r].ok());
+  }
+  return results;
+}
+
+TEST_CASE("load hint: four ranks restoring a checkpoint that is not hot read it once, from RAM",
+          "[integration]") {
+  Daemon d(DaemonConfig{.extra_flags = {"--load_io=direct"}});
+  const std::string job = "hint-once";
+  SaveCommitted(d, job, 1, kSeed);
+  SaveCommitted(d, job, 2, kSeed);  // step 1 leaves the tier (keep one per job)
+  REQUIRE_THAT(Status(d, job, 1), !Contains("tiers: ram"));
+  const uint64_t whole = LoadAndVerify(d, job, 1).bytes_read;  // from storage: its size
+  REQUIRE(whole > 0);
+  const uint64_t before = DeviceReadBytes(d.pid());
+  std::vector<ckptd::LoadResult> results =
+      ConcurrentLoads(d, job, 1, 4, ckptd::LoadOptions{.prefetch = true});
+  const uint64_t device = DeviceReadBytes(d.pid()) - before;
+  uint64_t prefetched = 0;
+  for (const ckptd::LoadResult& r : results) {
+    CHECK(r.bytes_read == 0);           // every rank copied from RAM...
+    CHECK(r.bytes_from_ram == whole);
+    prefetched += r.bytes_prefetched;  // ...and one rank's prefetch read it
+  }
+  INFO("device read " << device << " bytes; the checkpoint's blobs " << prefetched
+                      << "; one load from storage " << whole);
+  CHECK(prefetched >= whole);
+  CHECK(prefetched < whole * 3 / 2);       // once (the blobs, with their padding)
+  CHECK(device < prefetched * 21 / 20 + (64 << 10));  // the device read it once too
+  CHECK_THAT(Status(d, job, 1), Contains("tiers: ram"));
+  // The next restore, hinted or not, finds it hot.
+  ckptd::LoadResult again = LoadAndVerify(d, job, 1);
+  CHECK(again.bytes_read == 0);
+  CHECK(again.bytes_prefetched == 0);
+}
+
+TEST_CASE("load hint: never fails a load (the RAM tier off, a checkpoint beyond its budget)",
+          "[integration]") {
+  const bool off = GENERATE(true, false);
+  Daemon d(DaemonConfig{.extra_flags = {off ? "--ram_tier_keep_per_job=0"
+                                            : "--ram_tier_bytes_max=4096"}});
+  const std::string job = off ? "hint-off" : "hint-budget";
+  SaveCommitted(d, job, 1, kSeed);
+  std::vector<ckptd::LoadResult> results =
+      ConcurrentLoads(d, job, 1, 2, ckptd::LoadOptions{.prefetch = true});
+  for (const ckptd::LoadResult& r : results) {
+    CHECK(r.bytes_read > 0);  // from storage, as without the hint
+    CHECK(r.bytes_from_ram == 0);
+    CHECK(r.bytes_prefetched == 0);
+  }
+  if (!off) {
+    INFO(d.Log());
+    CHECK_THAT(d.Log(), Contains("prefetch into the RAM tier failed") &&
+                            Contains("the RAM tier's budget"));
+  }
+}
+
+TEST_CASE("ram tier: concurrent ckptctl prefetches of one checkpoint read it once",
+          "[integration]") {
+  Daemon d;
+  const std::string job = "prefetch-once";
+  SaveCommitted(d, job, 1, kSeed);
+  SaveCommitted(d, job, 2, kSeed);
+  std::vector<CommandResult> out(3);
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < out.size(); ++i) {
+    threads.emplace_back([&, i] { out[i] = RunCtl(d, {"prefetch", job, "1"}); });
+  }
+  for (std::thread& t : threads) t.join();
+  int reads = 0;
+  for (const CommandResult& r : out) {
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    CHECK_THAT(r.output, Contains("is in the RAM tier"));
+    if (r.output.find("; 0 read from storage now") == std::string::npos) ++reads;
+  }
+  CHECK(reads == 1);
+  CHECK(LoadAndVerify(d, job, 1).bytes_read == 0);
+}
+
+TEST_CASE("load_io=auto: bytes the page cache holds load with no device read", "[integration]") {
+  const bool automatic = GENERATE(true, false);
+  Daemon d(DaemonConfig{.extra_flags = {"--ram_tier_keep_per_job=0",
+                                        automatic ? "--load_io=auto" : "--load_io=direct"}});
+  const std::string job = "auto-io";
+  SaveCommitted(d, job, 1, kSeed);  // flushed with O_DIRECT: nothing of it in the page cache
+  uint64_t before = DeviceReadBytes(d.pid());
+  const uint64_t whole = LoadAndVerify(d, job, 1).bytes_read;
+  const uint64_t cold = DeviceReadBytes(d.pid()) - before;
+  INFO("cold load: " << whole << " bytes, device " << cold);
+  CHECK(cold >= whole * 9 / 10);  // not cached: read from the device, in either mode
+  // Someone reads the blobs through the page cache (a copy tool, a buffered loader).
+  for (const auto& e : std::filesystem::recursive_directory_iterator(d.data_dir())) {
+    if (!e.is_regular_file() || e.path().extension() != ".blob") continue;
+    std::ifstream in(e.path(), std::ios::binary);
+    std::vector<char> buf(1 << 16);
+    while (in.read(buf.data(), static_cast<std::streamsize>(buf.size())) || in.gcount() > 0) {
+    }
+  }
+  before = DeviceReadBytes(d.pid());
+  ckptd::LoadResult warm = LoadAndVerify(d, job, 1);
+  const uint64_t device = DeviceReadBytes(d.pid()) - before;
+  INFO("warm load: " << warm.bytes_read << " bytes, device " << device);
+  CHECK(warm.bytes_read == whole);  // read from storage (the page cache), not the RAM tier
+  if (automatic) {
+    CHECK(device < whole / 10);  // the cache's copy
+  } else {
+    CHECK(device >= whole * 9 / 10);  // O_DIRECT reads the device whatever the cache holds
+  }
+}
+
 TEST_CASE("ram tier: segments kept for hot checkpoints are removed once their state dir is gone",
           "[integration]") {
   Daemon a;

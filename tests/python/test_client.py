@@ -329,6 +329,28 @@ def test_gpu_tensors_save_device_to_pinned_arena_and_load(daemon: Daemon) -> Non
         assert all(torch.equal(got.tensors[k], v.cpu()) for k, v in sd.items())
 
 
+def test_the_prefetch_hint_restores_a_cold_checkpoint_through_the_ram_tier(
+    client: ckptd.Client,
+) -> None:
+    """A load of a checkpoint that is not hot, with prefetch=True, brings the whole checkpoint
+    into the RAM tier (bytes_prefetched) and copies from there; the next load finds it hot."""
+    w = np.arange(512 * 64, dtype=np.float32).reshape(512, 64)
+    client.save("py-hint", 1, {"w": w}).committed().result(60)
+    client.save("py-hint", 2, {"w": w + 1}).committed().result(60)  # step 1 leaves the tier
+    assert not client.status("py-hint", 1)["tiers"]["ram"]
+    got = client.load("py-hint", 1, prefetch=True)
+    np.testing.assert_array_equal(got.tensors["w"], w)
+    assert got.bytes_read == 0 and got.bytes_from_ram == w.nbytes
+    assert got.bytes_prefetched >= w.nbytes
+    assert client.status("py-hint", 1)["tiers"]["ram"]
+    rows = np.empty((128, 64), np.float32)
+    counts = client.load_into_counted(
+        "py-hint", 1, [("w", ckptd.Box([128, 0], [128, 64]), rows)], prefetch=True
+    )
+    np.testing.assert_array_equal(rows, w[128:256])
+    assert counts["bytes_read"] == 0 and counts["bytes_prefetched"] == 0  # hot already
+
+
 def test_close_ends_the_session_at_once(daemon: Daemon) -> None:
     # The arena is 64 MiB: a second client gets 48 MiB only if the first one's close() gave its
     # staged buffer back to the daemon (the session's end frees its extents), not at GC.

@@ -341,6 +341,23 @@ def test_keyed_and_template_less_loads_read_only_what_they_need(daemon: Daemon) 
     assert reader.bytes_read + reader.bytes_from_ram <= 1.05 * 2 * need
 
 
+def test_a_reader_with_the_prefetch_hint_restores_through_the_ram_tier(
+    daemon: Daemon, client: ckptd.Client
+) -> None:
+    sd = _saved_big(daemon, "hinted/run/step-1")
+    _saved_big(daemon, "hinted/run/step-2")  # step 1 leaves the RAM tier (one kept per job)
+    assert not client.status("hinted.run", 1)["tiers"]["ram"]
+    out = {"model": {"a": torch.zeros(MIB_ROWS, 1024), "b": torch.zeros(MIB_ROWS, 1024)}}
+    reader = ct.StorageReader("hinted/run/step-1", socket=daemon.socket, prefetch=True)
+    dcp.load(out, storage_reader=reader)
+    assert torch.equal(out["model"]["a"], sd["model"]["a"])
+    assert torch.equal(out["model"]["b"], sd["model"]["b"])
+    need = sd["model"]["a"].nbytes + sd["model"]["b"].nbytes
+    assert reader.bytes_read == 0 and reader.bytes_from_ram == need
+    assert reader.bytes_prefetched >= need
+    assert client.status("hinted.run", 1)["tiers"]["ram"]
+
+
 def test_partial_load(daemon: Daemon) -> None:
     sd = _saved_big(daemon, "partial/run/step-1")
     out = {"model": {"a": torch.zeros(MIB_ROWS, 1024), "new": torch.full((3,), 7.0)}}

@@ -141,13 +141,15 @@ struct Batch {
 class BatchedLoad {
  public:
   BatchedLoad(internal::ClientCore& core, const Session& session, std::string job,
-              std::optional<uint64_t> step, uint32_t rank, std::vector<Piece> pieces)
+              std::optional<uint64_t> step, uint32_t rank, std::vector<Piece> pieces,
+              const LoadOptions& options)
       : core_(core),
         session_(session),
         job_(std::move(job)),
         step_(step),
         rank_(rank),
-        pieces_(std::move(pieces)) {}
+        pieces_(std::move(pieces)),
+        options_(options) {}
 
   // Splits caller-memory pieces larger than a batch into flat slices (whole and flat regions of
   // tensors, contiguous destinations: the slices are consecutive bytes of the destination).
@@ -251,6 +253,7 @@ class BatchedLoad {
     if (!scratch.ok()) return scratch.status();
     b.scratch = *std::move(scratch);
     FillLoadHeader(session_, job_, step_, rank_, &b.req);
+    b.req.set_prefetch(options_.prefetch);
     size_t next = 0;
     for (size_t i : b.pieces) {
       const Piece& p = pieces_[i];
@@ -310,6 +313,7 @@ class BatchedLoad {
       result_.bytes_read += b.resp.bytes_read();
       result_.bytes_read_remote += b.resp.bytes_read_remote();
       result_.bytes_from_ram += b.resp.bytes_from_ram();
+      result_.bytes_prefetched += b.resp.bytes_prefetched();
       result_.bytes_needed += b.resp.bytes_needed();
       result_.bytes_needed_aligned += b.resp.bytes_needed_aligned();
     }
@@ -331,6 +335,7 @@ class BatchedLoad {
   std::optional<uint64_t> step_;
   const uint32_t rank_;
   std::vector<Piece> pieces_;
+  const LoadOptions options_;
   std::vector<std::unique_ptr<Batch>> batches_;
   LoadResult result_;
 };
@@ -372,8 +377,9 @@ absl::Status LocateGpuDest(internal::ClientCore& core, const Session& session, c
 
 absl::StatusOr<LoadResult> RunLoad(internal::ClientCore& core, const Session& session,
                                    const std::string& job, std::optional<uint64_t> step,
-                                   uint32_t rank, std::vector<Piece> pieces, size_t targets) {
-  BatchedLoad load(core, session, job, step, rank, std::move(pieces));
+                                   uint32_t rank, std::vector<Piece> pieces, size_t targets,
+                                   const LoadOptions& options) {
+  BatchedLoad load(core, session, job, step, rank, std::move(pieces), options);
   CKPTD_CLIENT_RETURN_IF_ERROR(load.SliceLarge());
   return load.Run(targets);
 }
@@ -386,7 +392,8 @@ uint64_t Client::load_batch_bytes() const {
 }
 
 absl::StatusOr<LoadResult> Client::Load(const std::string& job, std::optional<uint64_t> step,
-                                        uint32_t rank, std::span<const LoadTarget> targets) {
+                                        uint32_t rank, std::span<const LoadTarget> targets,
+                                        const LoadOptions& options) {
   for (const LoadTarget& t : targets) {
     if (t.item.empty()) return absl::InvalidArgumentError("load target with an empty item name");
     CKPTD_CLIENT_RETURN_IF_ERROR(internal::CheckCallerMemory(
@@ -415,7 +422,7 @@ absl::StatusOr<LoadResult> Client::Load(const std::string& job, std::optional<ui
     pieces.push_back(std::move(p));
   }
   absl::StatusOr<LoadResult> result =
-      RunLoad(*core_, *session, job, step, rank, std::move(pieces), targets.size());
+      RunLoad(*core_, *session, job, step, rank, std::move(pieces), targets.size(), options);
   if (std::any_of(targets.begin(), targets.end(),
                   [](const LoadTarget& t) { return t.device >= 0; })) {
     core_->gpu().EndOperation(*core_, *session);
@@ -425,7 +432,8 @@ absl::StatusOr<LoadResult> Client::Load(const std::string& job, std::optional<ui
 
 absl::StatusOr<LoadResult> Client::LoadInPlace(const std::string& job, std::optional<uint64_t> step,
                                                uint32_t rank,
-                                               std::span<const InPlaceLoadTarget> targets) {
+                                               std::span<const InPlaceLoadTarget> targets,
+                                               const LoadOptions& options) {
   std::vector<Piece> pieces;
   pieces.reserve(targets.size());
   for (size_t i = 0; i < targets.size(); ++i) {
@@ -437,7 +445,7 @@ absl::StatusOr<LoadResult> Client::LoadInPlace(const std::string& job, std::opti
   }
   absl::StatusOr<Session> session = core_->EnsureSession();
   if (!session.ok()) return session.status();
-  return RunLoad(*core_, *session, job, step, rank, std::move(pieces), targets.size());
+  return RunLoad(*core_, *session, job, step, rank, std::move(pieces), targets.size(), options);
 }
 
 namespace {

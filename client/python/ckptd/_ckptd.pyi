@@ -50,7 +50,12 @@ class Client:
         objects: list[tuple[str, bool, bytes]],
     ) -> dict[str, Any]: ...
     def load(
-        self, job: str, step: int | None, rank: int, targets: list[tuple[Any, ...]]
+        self,
+        job: str,
+        step: int | None,
+        rank: int,
+        targets: list[tuple[Any, ...]],
+        prefetch: bool = False,
     ) -> dict[str, Any]: ...
     def load_object(self, job: str, step: int | None, rank: int, item: str) -> bytes: ...
     def inspect(self, job: str, step: int) -> list[dict[str, Any]]: ...

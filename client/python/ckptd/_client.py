@@ -74,6 +74,8 @@ class LoadResult:
     bytes_read: int = 0  # bytes the daemon read from storage for this load
     bytes_read_remote: int = 0  # of bytes_read, those read from the remote tier
     bytes_from_ram: int = 0  # copied from the daemon's RAM tier (not in bytes_read)
+    # read from storage into the RAM tier by this load's prefetch hint (then copied from there)
+    bytes_prefetched: int = 0
 
 
 class SaveHandle:
@@ -383,6 +385,7 @@ class Client:
         rank: int = 0,
         raw_objects: bool = False,
         as_torch: bool = False,
+        prefetch: bool = False,
     ) -> LoadResult:
         """Loads from a COMMITTED checkpoint (step "latest" or an int).
 
@@ -390,7 +393,10 @@ class Client:
         region of it: that is resharding. The destination's bytes must match the item's dtype.
         Without `into`, loads the tensors named in `items` (default: all) into new numpy arrays
         (torch tensors with as_torch=True). Objects named in `objects` (default without `into`:
-        all) are unpickled unless raw_objects. Per-rank objects are this `rank`'s copy."""
+        all) are unpickled unless raw_objects. Per-rank objects are this `rank`'s copy.
+        prefetch: a hint — the daemon brings the whole checkpoint into its RAM tier first (once,
+        however many local ranks ask at the same time) and copies this load from there; for
+        restores where several ranks of the node load the same checkpoint."""
         resolved = self._resolve_step(job, step)
         result = LoadResult(step=resolved)
         targets: list[tuple[str, Any, Any]] = []  # (item, region, destination)
@@ -418,10 +424,11 @@ class Client:
                     raise NotFoundError(
                         f"job {job} step {resolved}: no tensor items {sorted(missing)}"
                     )
-        read = self._load_into(job, resolved, targets, rank=rank)
+        read = self._load_into(job, resolved, targets, rank=rank, prefetch=prefetch)
         result.bytes_read = int(read["bytes_read"])
         result.bytes_read_remote = int(read["bytes_read_remote"])
         result.bytes_from_ram = int(read["bytes_from_ram"])
+        result.bytes_prefetched = int(read["bytes_prefetched"])
         for name in object_names:
             data = self._native.load_object(job, resolved, rank, name)
             result.objects[name] = data if raw_objects else pickle.loads(data)
@@ -437,16 +444,30 @@ class Client:
         return int(self._load_into(job, step, targets, rank=rank)["bytes_read"])
 
     def load_into_counted(
-        self, job: str, step: int, targets: Sequence[tuple[str, Region, Any]], *, rank: int = 0
+        self,
+        job: str,
+        step: int,
+        targets: Sequence[tuple[str, Region, Any]],
+        *,
+        rank: int = 0,
+        prefetch: bool = False,
     ) -> dict[str, int]:
         """load_into, answering the daemon's counts: bytes_read (from storage),
-        bytes_read_remote (of those, from the remote tier) and bytes_from_ram (copied from its
-        RAM tier)."""
-        got = self._load_into(job, step, targets, rank=rank)
-        return {k: int(got[k]) for k in ("bytes_read", "bytes_read_remote", "bytes_from_ram")}
+        bytes_read_remote (of those, from the remote tier), bytes_from_ram (copied from its RAM
+        tier) and bytes_prefetched (read into the RAM tier by this load's prefetch hint, see
+        load())."""
+        got = self._load_into(job, step, targets, rank=rank, prefetch=prefetch)
+        keys = ("bytes_read", "bytes_read_remote", "bytes_from_ram", "bytes_prefetched")
+        return {k: int(got[k]) for k in keys}
 
     def _load_into(
-        self, job: str, step: int, targets: Sequence[tuple[str, Region, Any]], *, rank: int = 0
+        self,
+        job: str,
+        step: int,
+        targets: Sequence[tuple[str, Region, Any]],
+        *,
+        rank: int = 0,
+        prefetch: bool = False,
     ) -> dict[str, Any]:
         # CUDA destinations are written by the daemon over CUDA IPC (or by the library, where IPC
         # cannot be used); a non-contiguous one through a contiguous temporary on its device.
@@ -463,9 +484,14 @@ class Client:
                 view = _arrays.view(dest)
             specs.append((item, _region_spec(region), view, _arrays.nbytes(dest)))
         if not specs:
-            return {"bytes_read": 0, "bytes_read_remote": 0, "bytes_from_ram": 0}
+            return {
+                "bytes_read": 0,
+                "bytes_read_remote": 0,
+                "bytes_from_ram": 0,
+                "bytes_prefetched": 0,
+            }
         _sync_devices([d for _, _, d in targets if _arrays.is_cuda_tensor(d)])
-        out = self._native.load(job, step, rank, specs)
+        out = self._native.load(job, step, rank, specs, prefetch)
         for dest, direct in scatter:
             dest.copy_(direct)
         for (item, _, _, n), got in zip(specs, out["item_bytes"], strict=True):

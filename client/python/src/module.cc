@@ -150,10 +150,10 @@ class PyClient {
                     py::arg("state") = CheckpointStateName(r.state));
   }
 
-  // targets: [(item, region, view, nbytes)]; returns {step, bytes_read, item_bytes}. One call of
+  // targets: [(item, region, view, nbytes)]; returns {step, bytes_read, item_bytes, ...}. One call of
   // the library's Load: it batches (one Load RPC per batch, two in flight) and copies.
   py::dict Load(const std::string& job, const py::object& step, uint32_t rank,
-                const py::list& targets) {
+                const py::list& targets, bool prefetch) {
     std::vector<LoadTarget> ts;
     for (py::handle h : targets) {
       auto t = h.cast<py::tuple>();
@@ -173,12 +173,13 @@ class PyClient {
     absl::StatusOr<LoadResult> result;
     {
       ReleasedGil released;
-      result = client_->Load(job, s, rank, ts);
+      result = client_->Load(job, s, rank, ts, LoadOptions{.prefetch = prefetch});
     }
     LoadResult r = Check(std::move(result));
     return py::dict(py::arg("step") = r.step, py::arg("bytes_read") = r.bytes_read,
                     py::arg("bytes_read_remote") = r.bytes_read_remote,
                     py::arg("bytes_from_ram") = r.bytes_from_ram,
+                    py::arg("bytes_prefetched") = r.bytes_prefetched,
                     py::arg("item_bytes") = r.item_bytes);
   }
 
@@ -347,7 +348,8 @@ PYBIND11_MODULE(_ckptd, m) {
       .def("release_at", &PyClient::ReleaseAt)
       .def("close", &PyClient::Close)
       .def("save", &PyClient::Save)
-      .def("load", &PyClient::Load)
+      .def("load", &PyClient::Load, py::arg("job"), py::arg("step"), py::arg("rank"),
+           py::arg("targets"), py::arg("prefetch") = false)
       .def("load_object", &PyClient::LoadObject)
       .def("inspect", &PyClient::Inspect)
       .def("list_jobs", &PyClient::ListJobs)

@@ -60,6 +60,17 @@ class Io {
   virtual absl::Status Fdatasync(const FileHandle& file) = 0;
   virtual absl::Status Fsync(const FileHandle& file) = 0;
   virtual absl::StatusOr<uint64_t> FileSize(const FileHandle& file) = 0;
+  // How many bytes of [offset, offset + len) of the file are in the page cache now (mincore(2)
+  // over a read-only mapping; the range is clamped to the file's size), so a reader can take
+  // cached bytes through the cache and the rest with O_DIRECT. A hint: pages may come and go
+  // right after. UNIMPLEMENTED (the default) where the Io cannot tell.
+  virtual absl::StatusOr<uint64_t> CachedBytes(const FileHandle& file, uint64_t offset,
+                                               uint64_t len) {
+    (void)file;
+    (void)offset;
+    (void)len;
+    return absl::UnimplementedError("this Io cannot tell what the page cache holds");
+  }
 
   // Namespace operations. FsyncDir opens the directory and fsyncs it (makes renames/creates in it
   // durable). MkdirAll creates missing parents (mode 0700) and fsyncs each parent it changed.

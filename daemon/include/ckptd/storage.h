@@ -116,8 +116,15 @@ class Storage {
   virtual absl::Status RemoveAll(const std::string& path) = 0;
 };
 
+struct PosixStorageOptions {
+  // Reads take each aligned slice that the page cache holds whole (Io::CachedBytes) through the
+  // cache — a copy from memory, no device read — and every other aligned slice with O_DIRECT
+  // (the daemon's load_io = auto). Off: aligned slices always go O_DIRECT. Default: false
+  bool read_cached_through_cache = false;
+};
 // Local file system rooted at `root`, all I/O through `io` (which must outlive it).
-std::unique_ptr<Storage> NewPosixStorage(std::string root, Io* io);
+std::unique_ptr<Storage> NewPosixStorage(std::string root, Io* io,
+                                         PosixStorageOptions options = {});
 // In memory, for tests: Sync() marks data durable; DropUnsynced() forgets everything written or
 // created since the last Sync/PutAtomic, as a power loss would.
 class MemoryStorage;

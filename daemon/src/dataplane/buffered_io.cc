@@ -20,6 +20,10 @@ class BufferedIo final : public Io {
   absl::Status Fdatasync(const FileHandle& f) override { return in_->Fdatasync(f); }
   absl::Status Fsync(const FileHandle& f) override { return in_->Fsync(f); }
   absl::StatusOr<uint64_t> FileSize(const FileHandle& f) override { return in_->FileSize(f); }
+  absl::StatusOr<uint64_t> CachedBytes(const FileHandle& f, uint64_t offset,
+                                       uint64_t len) override {
+    return in_->CachedBytes(f, offset, len);
+  }
   absl::Status Rename(const std::string& a, const std::string& b) override {
     return in_->Rename(a, b);
   }

@@ -119,6 +119,10 @@ absl::Status FaultIo::Fsync(const FileHandle& file) {
 }
 
 absl::StatusOr<uint64_t> FaultIo::FileSize(const FileHandle& file) { return base_->FileSize(file); }
+absl::StatusOr<uint64_t> FaultIo::CachedBytes(const FileHandle& file, uint64_t offset,
+                                              uint64_t len) {
+  return base_->CachedBytes(file, offset, len);
+}
 
 absl::Status FaultIo::Rename(const std::string& from, const std::string& to) {
   if (int err = Check(Op::kRename)) {

@@ -92,6 +92,8 @@ class FaultIo : public Io {
   absl::Status Fdatasync(const FileHandle& file) override;
   absl::Status Fsync(const FileHandle& file) override;
   absl::StatusOr<uint64_t> FileSize(const FileHandle& file) override;
+  absl::StatusOr<uint64_t> CachedBytes(const FileHandle& file, uint64_t offset,
+                                       uint64_t len) override;
   absl::Status Rename(const std::string& from, const std::string& to) override;
   // Counted and failed as Op::kRename; tracked for power loss as a rename that replaced nothing.
   absl::Status RenameNoReplace(const std::string& from, const std::string& to) override;

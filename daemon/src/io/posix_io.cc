@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -188,6 +189,34 @@ absl::StatusOr<uint64_t> PosixIo::FileSize(const FileHandle& file) {
   struct stat st;
   if (fstat(file.fd, &st) != 0) return ErrnoStatus(errno, absl::StrCat("fstat ", file.path));
   return static_cast<uint64_t>(st.st_size);
+}
+
+absl::StatusOr<uint64_t> PosixIo::CachedBytes(const FileHandle& file, uint64_t offset,
+                                              uint64_t len) {
+  CKPTD_ASSIGN_OR_RETURN(const uint64_t size, FileSize(file));
+  if (len == 0 || offset >= size) return 0;
+  const uint64_t end = std::min(size, offset + std::min(len, size - offset));
+  const auto page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  const uint64_t first = offset / page * page;
+  const uint64_t span = end - first;
+  // A mapping only to ask: nothing is touched, so nothing is read in.
+  void* map = mmap(nullptr, span, PROT_READ, MAP_SHARED, file.fd, static_cast<off_t>(first));
+  if (map == MAP_FAILED) {
+    return ErrnoStatus(errno, absl::StrCat("mmap ", file.path, " to ask the page cache"));
+  }
+  std::vector<unsigned char> resident((span + page - 1) / page);
+  const int rc = mincore(map, span, resident.data());
+  const int err = errno;
+  munmap(map, span);
+  if (rc != 0) return ErrnoStatus(err, absl::StrCat("mincore ", file.path));
+  uint64_t cached = 0;
+  for (size_t i = 0; i < resident.size(); ++i) {
+    if ((resident[i] & 1) == 0) continue;
+    const uint64_t lo = std::max(offset, first + i * page);
+    const uint64_t hi = std::min(end, first + (i + 1) * page);
+    cached += hi - lo;
+  }
+  return cached;
 }
 
 absl::Status PosixIo::Rename(const std::string& from, const std::string& to) {

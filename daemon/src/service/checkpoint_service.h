@@ -64,6 +64,7 @@
 #include "common/align.h"
 #include "common/clock.h"
 #include "common/limits.h"
+#include "common/single_flight.h"
 #include "common/worker_pool.h"
 #include "dataplane/arena.h"
 #include "dataplane/gpu_staging.h"
@@ -306,6 +307,17 @@ class CheckpointService {
   // DATA_LOSS when a byte does not verify or an extent overlaps another, FAILED_PRECONDITION when
   // the checkpoint is no longer COMMITTED (the caller removes the row).
   absl::Status AdoptHot(const std::string& job, uint64_t step, const v1::HotRecord& rec);
+  // hot.cc. Reads the COMMITTED checkpoint `key` (manifest `m`, on `tiers`) into new extents of
+  // its job owner's segment (`caller_uid`'s when the job has no owner row), verifies every shard
+  // and makes it hot; *read: the bytes read. Callers run it through prefetches_ (one per key).
+  absl::Status PrefetchInto(const Key& key, uint32_t caller_uid, const std::vector<Storage*>& tiers,
+                            const Manifest& m, uint64_t* read);
+  // load.cc. For a Load of `key` that is not hot: with the hint, runs (or joins) its prefetch;
+  // without, joins one in flight. The hot copy then, or null; *prefetched: bytes this call's
+  // prefetch read. A prefetch that fails is logged and leaves the load to storage.
+  std::shared_ptr<const HotCopy> HotAfterPrefetch(const Key& key, bool hint, uint32_t caller_uid,
+                                                  const std::vector<Storage*>& tiers,
+                                                  const Manifest& m, uint64_t* prefetched);
   // Wait(WAIT_FOR_REMOTE) of a COMMITTED checkpoint: RemoteTier::WaitDurable with mu_ released.
   absl::Status WaitRemoteLocked(const std::string& job, uint64_t step, absl::Time deadline,
                                 v1::CheckpointStatus* resp) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -501,6 +513,9 @@ class CheckpointService {
   RamTier ram_tier_{RamTier::Options{.bytes_max = deps_.options->ram_tier_bytes_max,
                                      .keep_per_job = deps_.options->ram_tier_keep_per_job},
                     deps_.arena, deps_.meta};
+  // Prefetches into the RAM tier in flight, one per checkpoint (hot.cc): a second Prefetch, or a
+  // Load arriving meanwhile, waits for it instead of reading the checkpoint again.
+  SingleFlight<Key> prefetches_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // Keys whose row and files a catalog operation rewrites outside mu_, with what it does ("being
   // deleted": Delete's in-memory tombstone; "being marked CORRUPT"). Inserted under mu_ only

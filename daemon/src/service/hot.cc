@@ -128,9 +128,24 @@ absl::Status CheckpointService::Prefetch(const Caller& caller, const v1::Prefetc
   }
   CKPTD_ASSIGN_OR_RETURN(std::vector<Storage*> tiers, ReadTiers(*rec));
   CKPTD_ASSIGN_OR_RETURN(std::shared_ptr<const Manifest> m, GetManifest(req.job(), step, tiers));
+  uint64_t read = 0;
+  CKPTD_RETURN_IF_ERROR(
+      prefetches_.Do(key, [&] { return PrefetchInto(key, caller.uid, tiers, *m, &read); }).status);
+  resp->set_bytes_read(read);  // 0 when another prefetch of it read it
+  resp->set_ram_bytes(ram_tier_.HotBytes(key).value_or(0));
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointService::PrefetchInto(const Key& key, uint32_t caller_uid,
+                                             const std::vector<Storage*>& tiers,
+                                             const Manifest& m, uint64_t* read) {
+  const auto& [job, step] = key;
+  const std::string what = CkptName(job, step);
+  // A run that finished just before this one was asked for made it hot already.
+  if (ram_tier_.HotBytes(key).has_value()) return absl::OkStatus();
   std::vector<uint64_t> sizes;
   uint64_t total = 0;
-  for (const v1::BlobInfo& b : m->header.blobs()) {
+  for (const v1::BlobInfo& b : m.header.blobs()) {
     if (b.size_bytes() == 0) continue;
     sizes.push_back(b.size_bytes());
     total += RoundUp(b.size_bytes(), limits::kAlignmentBytes);
@@ -141,8 +156,8 @@ absl::Status CheckpointService::Prefetch(const Caller& caller, const v1::Prefetc
                      ram_tier_.budget_bytes(), " bytes (ram_tier_bytes_max, staging_bytes_max)"));
   }
   // The job owner's segment (the saving uid's, as for a save); the daemon owns the extents.
-  CKPTD_ASSIGN_OR_RETURN(std::optional<uint32_t> owner, JobOwner(req.job()));
-  const uint32_t uid = owner.value_or(caller.uid);
+  CKPTD_ASSIGN_OR_RETURN(std::optional<uint32_t> owner, JobOwner(job));
+  const uint32_t uid = owner.value_or(caller_uid);
   const std::string session = absl::StrCat("prefetch-", RandomHexId());
   CKPTD_ASSIGN_OR_RETURN(
       std::vector<ExtentInfo> extents,
@@ -158,7 +173,7 @@ absl::Status CheckpointService::Prefetch(const Caller& caller, const v1::Prefetc
   absl::Cleanup free_extents = [&] { deps_.arena->Free(ids); };  // unless the tier takes them
   HotParts parts;
   std::vector<const v1::BlobInfo*> blob_of;  // blob_of[i]: the blob parts.ranges[i] holds
-  for (const v1::BlobInfo& b : m->header.blobs()) {
+  for (const v1::BlobInfo& b : m.header.blobs()) {
     if (b.size_bytes() == 0) continue;
     const ExtentInfo& e = extents[blob_of.size()];
     blob_of.push_back(&b);
@@ -171,11 +186,10 @@ absl::Status CheckpointService::Prefetch(const Caller& caller, const v1::Prefetc
                                     .arena_offset = e.offset});
   }
   const HotCopy copy(deps_.arena, parts.ranges, {});  // views only: frees nothing
-  uint64_t read = 0;
   for (size_t i = 0; i < parts.ranges.size(); ++i) {
     const HotRange& r = parts.ranges[i];
     const v1::BlobInfo* blob = blob_of[i];
-    const std::string path = absl::StrCat(CheckpointDir(req.job(), step), "/", blob->name());
+    const std::string path = absl::StrCat(CheckpointDir(job, step), "/", blob->name());
     uint8_t* dst = deps_.arena->At(r.uid, r.arena_offset);
     absl::Status st = absl::NotFoundError("no tier");
     for (Storage* tier : tiers) {
@@ -194,23 +208,21 @@ absl::Status CheckpointService::Prefetch(const Caller& caller, const v1::Prefetc
                    st.ToString());
     }
     if (!st.ok()) return Annotate(st, absl::StrCat("prefetch of ", what, ": reading ", path));
-    read += r.length;
+    *read += r.length;
   }
   CKPTD_RETURN_IF_ERROR(
-      Annotate(VerifyHotCopy(copy, *m, /*require_all=*/true), absl::StrCat("prefetch of ", what)));
+      Annotate(VerifyHotCopy(copy, m, /*require_all=*/true), absl::StrCat("prefetch of ", what)));
   if (!ram_tier_.Insert(key, std::move(parts), /*write_row=*/true)) {
     return absl::ResourceExhaustedError(
         absl::StrCat("prefetch of ", what, ": it does not fit the RAM tier's budget"));
   }
   std::move(free_extents).Cancel();  // the tier's now
   // A delete that ran meanwhile dropped nothing (the copy was not in the tier yet): drop it now.
-  CKPTD_ASSIGN_OR_RETURN(std::optional<v1::CheckpointRecord> after, ReadRecord(req.job(), step));
+  CKPTD_ASSIGN_OR_RETURN(std::optional<v1::CheckpointRecord> after, ReadRecord(job, step));
   if (!after || after->summary().state() != v1::COMMITTED) {
     ram_tier_.Drop(key);
     return absl::NotFoundError(absl::StrCat(what, " was deleted while it was prefetched"));
   }
-  resp->set_bytes_read(read);
-  resp->set_ram_bytes(total);
   return absl::OkStatus();
 }
 

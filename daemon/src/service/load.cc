@@ -81,11 +81,36 @@ absl::Status CheckpointService::Load(const Caller& caller, const v1::LoadRequest
   const Key key{req.job(), step};
   // Pinned for the whole load: an eviction meanwhile frees its bytes only after this load.
   std::shared_ptr<const HotCopy> hot = ram_tier_.Pin(key);
+  if (hot == nullptr && ram_tier_.enabled()) {
+    uint64_t prefetched = 0;
+    hot = HotAfterPrefetch(key, req.prefetch(), caller.uid, tiers, *m, &prefetched);
+    resp->set_bytes_prefetched(prefetched);
+  }
   bool hot_failed = false;
   absl::Status st =
       loader_.Load(session, *m, req, tiers, remote_.remote(), hot.get(), &hot_failed, resp);
   if (hot_failed) ram_tier_.Drop(key);  // a hot block that did not verify: never used again
   return st;
+}
+
+std::shared_ptr<const HotCopy> CheckpointService::HotAfterPrefetch(
+    const Key& key, bool hint, uint32_t caller_uid, const std::vector<Storage*>& tiers,
+    const Manifest& m, uint64_t* prefetched) {
+  std::optional<absl::Status> prefetch;
+  if (hint) {
+    prefetch =
+        prefetches_.Do(key, [&] { return PrefetchInto(key, caller_uid, tiers, m, prefetched); })
+            .status;
+  } else {
+    prefetch = prefetches_.Await(key);
+  }
+  if (!prefetch) return nullptr;  // no hint and none in flight
+  if (!prefetch->ok()) {
+    spdlog::info("load of {}: its prefetch into the RAM tier failed ({}); reading storage",
+                 CkptName(key.first, key.second), prefetch->ToString());
+    return nullptr;
+  }
+  return ram_tier_.Pin(key);  // null again if evicted meanwhile: the load reads storage
 }
 
 }  // namespace ckptd

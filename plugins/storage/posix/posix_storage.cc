@@ -4,7 +4,9 @@
 // address, length and offset are all 4 KiB multiples (the staging arena's extents, which then go
 // to the device without a copy), and a buffered one, opened on first need, for everything else
 // (a blob's unaligned tail, small objects). Where O_DIRECT is refused (tmpfs), the first
-// descriptor is buffered and takes every slice.
+// descriptor is buffered and takes every slice. With read_cached_through_cache, an aligned read
+// slice the page cache holds whole goes through the buffered descriptor too: a copy out of the
+// cache instead of a device read.
 #include <fcntl.h>
 
 #include <random>
@@ -47,8 +49,11 @@ void CloseQuietly(Io* io, FileHandle& file) {
 // The direct descriptor plus a lazily opened buffered one on the same file.
 class DualFile {
  public:
-  DualFile(Io* io, FileHandle direct, int buffered_flags)
-      : io_(io), direct_(std::move(direct)), buffered_flags_(buffered_flags) {}
+  DualFile(Io* io, FileHandle direct, int buffered_flags, bool read_cached_through_cache = false)
+      : io_(io),
+        direct_(std::move(direct)),
+        buffered_flags_(buffered_flags),
+        read_cached_through_cache_(read_cached_through_cache) {}
   ~DualFile() {
     CloseQuietly(io_, direct_);
     CloseQuietly(io_, buffered_);
@@ -60,7 +65,8 @@ class DualFile {
     std::vector<IoSlice> aligned;
     std::vector<IoSlice> unaligned;
     for (const IoSlice& s : slices) {
-      (direct_.direct && IsAligned(s) ? aligned : unaligned).push_back(s);
+      (direct_.direct && IsAligned(s) && !(!is_write && Cached(s)) ? aligned : unaligned)
+          .push_back(s);
     }
     const FileHandle* other = &direct_;
     if (direct_.direct && !unaligned.empty()) {
@@ -93,6 +99,14 @@ class DualFile {
   }
 
  private:
+  // Whether the page cache holds all of `s` (read_cached_through_cache); an Io that cannot tell
+  // answers no.
+  bool Cached(const IoSlice& s) const {
+    if (!read_cached_through_cache_) return false;
+    absl::StatusOr<uint64_t> cached = io_->CachedBytes(direct_, s.offset, s.len);
+    return cached.ok() && *cached == s.len;
+  }
+
   absl::Status OpenBuffered() {
     if (buffered_.fd >= 0) return absl::OkStatus();
     CKPTD_ASSIGN_OR_RETURN(buffered_, io_->Open(direct_.path, buffered_flags_, 0600, false));
@@ -103,6 +117,7 @@ class DualFile {
   FileHandle direct_;
   FileHandle buffered_;
   int buffered_flags_;
+  bool read_cached_through_cache_;
 };
 
 class PosixBlobWriter : public BlobWriter {
@@ -132,8 +147,8 @@ class PosixBlobWriter : public BlobWriter {
 
 class PosixBlobReader : public BlobReader {
  public:
-  PosixBlobReader(Io* io, FileHandle file, uint64_t size_bytes)
-      : file_(io, std::move(file), O_RDONLY), size_bytes_(size_bytes) {}
+  PosixBlobReader(Io* io, FileHandle file, uint64_t size_bytes, bool read_cached_through_cache)
+      : file_(io, std::move(file), O_RDONLY, read_cached_through_cache), size_bytes_(size_bytes) {}
 
   absl::Status Read(std::span<const IoSlice> slices) override {
     return file_.Transfer(false, slices);
@@ -147,7 +162,8 @@ class PosixBlobReader : public BlobReader {
 
 class PosixStorage : public Storage {
  public:
-  PosixStorage(std::string root, Io* io) : root_(std::move(root)), io_(io) {
+  PosixStorage(std::string root, Io* io, PosixStorageOptions options)
+      : root_(std::move(root)), io_(io), options_(options) {
     while (root_.size() > 1 && root_.back() == '/') root_.pop_back();
   }
 
@@ -170,7 +186,8 @@ class PosixStorage : public Storage {
       CloseQuietly(io_, file);
       return size.status();
     }
-    return std::make_unique<PosixBlobReader>(io_, std::move(file), *size);
+    return std::make_unique<PosixBlobReader>(io_, std::move(file), *size,
+                                             options_.read_cached_through_cache);
   }
 
   absl::Status PutAtomic(const std::string& path, std::string_view data) override {
@@ -295,12 +312,13 @@ class PosixStorage : public Storage {
 
   std::string root_;
   Io* io_;
+  PosixStorageOptions options_;
 };
 
 }  // namespace
 
-std::unique_ptr<Storage> NewPosixStorage(std::string root, Io* io) {
-  return std::make_unique<PosixStorage>(std::move(root), io);
+std::unique_ptr<Storage> NewPosixStorage(std::string root, Io* io, PosixStorageOptions options) {
+  return std::make_unique<PosixStorage>(std::move(root), io, options);
 }
 
 }  // namespace ckptd

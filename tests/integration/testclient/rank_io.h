@@ -69,7 +69,8 @@ inline std::string HexAround(const std::vector<uint8_t>& got, const std::vector<
 inline absl::Status VerifyCheckpoint(ckptd::Client& client, const std::string& job,
                                      std::optional<uint64_t> step, uint64_t seed,
                                      const std::vector<std::string>& items, uint32_t world,
-                                     bool check_objects, ckptd::LoadResult* result = nullptr) {
+                                     bool check_objects, ckptd::LoadResult* result = nullptr,
+                                     const ckptd::LoadOptions& options = {}) {
   std::vector<const TensorItem*> wanted;
   for (const TensorItem& t : StateDict()) {
     if (items.empty() || std::find(items.begin(), items.end(), t.name) != items.end()) {
@@ -86,7 +87,7 @@ inline absl::Status VerifyCheckpoint(ckptd::Client& client, const std::string& j
     got[i].assign(ElementCount(t.shape) * ckptd::DTypeSize(t.dtype), 0xAB);
     targets.push_back({t.name, ckptd::Region::Whole(), got[i].data(), got[i].size()});
   }
-  absl::StatusOr<ckptd::LoadResult> r = client.Load(job, step, 0, targets);
+  absl::StatusOr<ckptd::LoadResult> r = client.Load(job, step, 0, targets, options);
   if (!r.ok()) return r.status();
   if (result != nullptr) *result = *r;
   for (size_t i = 0; i < wanted.size(); ++i) {

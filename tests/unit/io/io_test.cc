@@ -280,6 +280,52 @@ TEST_CASE("uring Io from several threads at once (one ring per thread)", "[unit]
   for (int t = 0; t < kThreads; ++t) CHECK(ok[t] == 1);
 }
 
+// Reads `path` whole through the page cache (so every page of it is cached).
+void ReadThroughCache(const std::string& path) {
+  int fd = open(path.c_str(), O_RDONLY);
+  REQUIRE(fd >= 0);
+  std::vector<char> buf(1 << 16);
+  while (read(fd, buf.data(), buf.size()) > 0) {
+  }
+  close(fd);
+}
+
+TEST_CASE("Io CachedBytes counts the bytes of a range the page cache holds", "[unit]") {
+  const int kind = GENERATE(0, 1);
+  auto io = kind == 0 ? NewPosixIo() : NewUringIo(8);
+  testing::TestDir dir("io_cached");
+  const std::string path = dir.path() + "/f";
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  const uint64_t size = 4 * page + 100;
+  {
+    std::vector<char> data(size, 'x');
+    int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    REQUIRE(fd >= 0);
+    REQUIRE(write(fd, data.data(), data.size()) == static_cast<ssize_t>(size));
+    REQUIRE(fsync(fd) == 0);
+    close(fd);
+  }
+  ReadThroughCache(path);
+  auto file = io->Open(path, O_RDONLY, 0, true);
+  REQUIRE(file.ok());
+  CHECK(*io->CachedBytes(*file, 0, size) == size);
+  CHECK(*io->CachedBytes(*file, 10, 2 * page) == 2 * page);  // unaligned start, exact count
+  CHECK(*io->CachedBytes(*file, 3 * page, 1 << 20) == page + 100);  // clamped to the file's end
+  CHECK(*io->CachedBytes(*file, size, 4096) == 0);                  // at or past the end
+  CHECK(*io->CachedBytes(*file, 0, 0) == 0);
+  // Clean pages dropped from the cache (FADV_DONTNEED) are counted out.
+  int fd = open(path.c_str(), O_RDONLY);
+  REQUIRE(fd >= 0);
+  REQUIRE(posix_fadvise(fd, static_cast<off_t>(page), static_cast<off_t>(2 * page),
+                        POSIX_FADV_DONTNEED) == 0);
+  close(fd);
+  const uint64_t left = *io->CachedBytes(*file, 0, size);
+  INFO("cached after dropping pages 1-2: " << left);
+  CHECK(left == size - 2 * page);
+  CHECK(*io->CachedBytes(*file, page, 2 * page) == 0);
+  REQUIRE(io->Close(*file).ok());
+}
+
 TEST_CASE("Io with no slices is a no-op", "[unit]") {
   int kind = GENERATE(0, 1);
   TestDir dir("io_empty");

@@ -1,5 +1,9 @@
 // PosixStorage over both Io implementations, and its failure paths through FaultIo.
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -327,6 +331,83 @@ TEST_CASE("PosixStorage write and sync failures propagate with the path", "[unit
     auto w = storage->CreateBlob("j/denied.blob");
     CHECK(absl::IsPermissionDenied(w.status()));
     CHECK_THAT(Msg(w.status()), Catch::Contains("j/denied.blob"));
+  }
+}
+
+// Records, per ReadAll, whether it went to the O_DIRECT descriptor and how many bytes it read.
+class ReadProbeIo : public FaultIo {
+ public:
+  explicit ReadProbeIo(std::unique_ptr<Io> base) : FaultIo(std::move(base)) {}
+  absl::Status ReadAll(const FileHandle& file, std::span<const IoSlice> slices) override {
+    uint64_t bytes = 0;
+    for (const IoSlice& s : slices) bytes += s.len;
+    (file.direct ? direct_bytes : cached_bytes) += bytes;
+    return FaultIo::ReadAll(file, slices);
+  }
+  std::atomic<uint64_t> direct_bytes{0};
+  std::atomic<uint64_t> cached_bytes{0};
+};
+
+TEST_CASE("PosixStorage read_cached_through_cache reads cached slices through the cache",
+          "[unit]") {
+  TestDir dir("storage_cached");
+  ReadProbeIo io(NewUringIo(8));
+  const bool cached_mode = GENERATE(true, false);
+  auto storage = NewPosixStorage(dir.path(), &io,
+                                 PosixStorageOptions{.read_cached_through_cache = cached_mode});
+  constexpr uint64_t kSlice = 64 * 1024;
+  constexpr uint64_t kTotal = 4 * kSlice;
+  AlignedBuf src = Aligned(kTotal);
+  Fill(src.get(), kTotal, 7);
+  std::vector<IoSlice> slices;
+  for (uint64_t i = 0; i < 4; ++i) slices.push_back({src.get() + i * kSlice, kSlice, i * kSlice});
+  auto writer = storage->CreateBlob("j/b.blob");
+  REQUIRE(writer.ok());
+  REQUIRE((*writer)->Write(slices).ok());
+  REQUIRE((*writer)->Sync().ok());
+  const std::string path = dir.path() + "/j/b.blob";
+  {
+    auto probe = io.Open(path, O_RDONLY, 0, true);
+    REQUIRE(probe.ok());
+    const bool direct = probe->direct;
+    REQUIRE(io.Close(*probe).ok());
+    if (!direct) {
+      WARN("O_DIRECT is refused under " << dir.path() << ": nothing to choose between");
+      return;
+    }
+  }
+  AlignedBuf dst = Aligned(kTotal);
+  auto read_all = [&] {
+    std::memset(dst.get(), 0, kTotal);
+    std::vector<IoSlice> in;
+    for (uint64_t i = 0; i < 4; ++i) in.push_back({dst.get() + i * kSlice, kSlice, i * kSlice});
+    auto reader = storage->OpenBlob("j/b.blob");
+    REQUIRE(reader.ok());
+    io.direct_bytes = 0;
+    io.cached_bytes = 0;
+    REQUIRE((*reader)->Read(in).ok());
+    REQUIRE(std::memcmp(dst.get(), src.get(), kTotal) == 0);
+  };
+  // Written with O_DIRECT: none of it is cached, so every slice is read from the device.
+  read_all();
+  CHECK(io.direct_bytes == kTotal);
+  CHECK(io.cached_bytes == 0);
+  // Cached whole (read through the cache by someone else), then one slice dropped again.
+  {
+    int fd = open(path.c_str(), O_RDONLY);
+    REQUIRE(fd >= 0);
+    std::vector<char> buf(kTotal);
+    REQUIRE(pread(fd, buf.data(), kTotal, 0) == static_cast<ssize_t>(kTotal));
+    REQUIRE(posix_fadvise(fd, 2 * kSlice, kSlice, POSIX_FADV_DONTNEED) == 0);
+    close(fd);
+  }
+  read_all();
+  if (cached_mode) {
+    CHECK(io.cached_bytes == 3 * kSlice);  // the three slices the cache holds
+    CHECK(io.direct_bytes == kSlice);      // the one it does not
+  } else {
+    CHECK(io.direct_bytes == kTotal);  // O_DIRECT whatever the cache holds
+    CHECK(io.cached_bytes == 0);
   }
 }
 

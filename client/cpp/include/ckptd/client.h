@@ -336,11 +336,25 @@ struct InPlaceLoadTarget {
   std::optional<uint32_t> object_rank;  // as in LoadTarget
 };
 
+// How a Load runs (both fields are hints: a load never fails because of them).
+struct LoadOptions {
+  // Bring the whole checkpoint into the daemon's RAM tier first (as ckptctl prefetch does), then
+  // copy this load from there. For restores where several local ranks load the same checkpoint
+  // (replicated parameters, data-parallel ranks): the first rank's load reads it from storage,
+  // the others wait for that read and copy from memory, so it is read once; and the next restart
+  // finds it hot. With the RAM tier off, or a checkpoint beyond its budget, the load reads
+  // storage as without it. Default: false
+  bool prefetch = false;
+};
+
 struct LoadResult {
   uint64_t step = 0;                  // the step loaded (resolves "latest")
   uint64_t bytes_read = 0;            // bytes the daemon read from storage
   uint64_t bytes_read_remote = 0;     // of bytes_read, those read from the remote tier
   uint64_t bytes_from_ram = 0;        // copied from the daemon's RAM tier (not in bytes_read)
+  // Read from storage into the RAM tier by this load's prefetch (LoadOptions::prefetch) before it
+  // copied them from there; 0 when another load's prefetch read them.
+  uint64_t bytes_prefetched = 0;
   std::vector<uint64_t> item_bytes;   // bytes written per target, in the order given
   uint64_t bytes_needed = 0;          // distinct stored bytes the targets use
   uint64_t bytes_needed_aligned = 0;  // the same with each contiguous range rounded to 4 KiB
@@ -492,10 +506,12 @@ class Client {
   // larger than a batch is read in flat slices. item_bytes has one entry per target; bytes_read,
   // bytes_needed(_aligned) are summed over the batches.
   absl::StatusOr<LoadResult> Load(const std::string& job, std::optional<uint64_t> step,
-                                  uint32_t rank, std::span<const LoadTarget> targets);
+                                  uint32_t rank, std::span<const LoadTarget> targets,
+                                  const LoadOptions& options = {});
   // The same into arena buffers or registered regions, named explicitly; copies nothing.
   absl::StatusOr<LoadResult> LoadInPlace(const std::string& job, std::optional<uint64_t> step,
-                                         uint32_t rank, std::span<const InPlaceLoadTarget> targets);
+                                         uint32_t rank, std::span<const InPlaceLoadTarget> targets,
+                                         const LoadOptions& options = {});
   // One object item (for per-rank objects, `rank`'s copy).
   absl::StatusOr<std::string> LoadObject(const std::string& job, std::optional<uint64_t> step,
                                          uint32_t rank, const std::string& item);

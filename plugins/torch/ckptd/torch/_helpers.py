@@ -72,9 +72,12 @@ def load(
     job: str | None = None,
     socket: str | None = None,
     process_group: Any = None,
+    prefetch: bool = False,
 ) -> Loaded:
     """Loads a checkpoint saved by save() (or by any DCP program with the same keys) into model
-    and optimizer, in their current layout, and returns its step and extra."""
+    and optimizer, in their current layout, and returns its step and extra. prefetch: the
+    daemon's load hint (StorageReader's prefetch): the checkpoint comes into its RAM tier once
+    for all local ranks restoring it."""
     path = _job(job)
     client = connect(socket)  # the process-wide client the reader below uses too
     if step == "latest":
@@ -82,7 +85,7 @@ def load(
         if latest is None:
             raise ckptd.NotFoundError(f"ckptd.torch.load: job {path} has no committed checkpoint")
         step = latest
-    reader = StorageReader(f"{path}/step-{int(step)}", socket=socket)
+    reader = StorageReader(f"{path}/step-{int(step)}", socket=socket, prefetch=prefetch)
     names = {i["name"] for i in client.inspect(_ids.encode_job(path), int(step))}
     model_sd, optim_sd = get_state_dict(model, optimizer if optimizer is not None else [])
     state: dict[str, Any] = {"model": model_sd}

@@ -48,6 +48,10 @@ class StorageReader(LazyClient, _DcpReader):
     client) into any layout; tensors of another dtype are cast like FileSystemReader does.
     bytes_read: bytes the daemon read from storage for this reader's loads; bytes_from_ram: bytes
     it copied from its RAM tier instead (a checkpoint still hot in the daemon's memory).
+    prefetch=True: the loads carry the daemon's prefetch hint — the whole checkpoint comes into
+    its RAM tier first, once however many local ranks restore it at the same time (replicated
+    data-parallel ranks read it from the device once), and the loads copy from there;
+    bytes_prefetched counts what this reader's hint read.
     _extension_registry (FileSystemReader's) is accepted for drop-in use: ckptd checkpoints carry
     no stream-transform descriptors, so there is never anything for it to decode."""
 
@@ -56,10 +60,12 @@ class StorageReader(LazyClient, _DcpReader):
         checkpoint_id: str | os.PathLike[str] | None = None,
         *,
         socket: str | None = None,
+        prefetch: bool = False,
         _extension_registry: Any = None,
     ) -> None:
         super().__init__()
         self.socket = socket
+        self.prefetch = prefetch
         self._client: ckptd.Client | None = None
         self._id: _ids.CheckpointId | None = None
         self.checkpoint_id: str | None = None
@@ -67,6 +73,7 @@ class StorageReader(LazyClient, _DcpReader):
         self.rank = 0
         self.bytes_read = 0
         self.bytes_from_ram = 0
+        self.bytes_prefetched = 0
         self._dtypes: dict[str, torch.dtype] = {}
         self._shapes: dict[str, list[int]] = {}
         # A rank-local checkpoint: (fqn, chunk offsets | None) -> (part job, chunk sizes).
@@ -81,6 +88,7 @@ class StorageReader(LazyClient, _DcpReader):
         self.step = None if self._id is None else self._id.step
         self.bytes_read = 0
         self.bytes_from_ram = 0
+        self.bytes_prefetched = 0
         self._dtypes = {}
         self._routes = None
 
@@ -280,9 +288,12 @@ class StorageReader(LazyClient, _DcpReader):
             by_job.setdefault((job, rank), []).append(target)
             pending.append((req, dest, buf))
         for (job, rank), targets in by_job.items():
-            counts = self.client.load_into_counted(job, step, targets, rank=rank)
+            counts = self.client.load_into_counted(
+                job, step, targets, rank=rank, prefetch=self.prefetch
+            )
             self.bytes_read += counts["bytes_read"]
             self.bytes_from_ram += counts["bytes_from_ram"]
+            self.bytes_prefetched += counts["bytes_prefetched"]
         for req, dest, buf in pending:
             if buf is not dest:
                 dest.copy_(buf)  # casts, and moves to the destination's device
