@@ -313,16 +313,14 @@ TEST_CASE("Io CachedBytes counts the bytes of a range the page cache holds", "[u
   CHECK(*io->CachedBytes(*file, 3 * page, 1 << 20) == page + 100);  // clamped to the file's end
   CHECK(*io->CachedBytes(*file, size, 4096) == 0);                  // at or past the end
   CHECK(*io->CachedBytes(*file, 0, 0) == 0);
-  // Clean pages dropped from the cache (FADV_DONTNEED) are counted out.
+  // Clean pages dropped from the cache (FADV_DONTNEED, the whole file: the kernel drops only
+  // whole folios, and a small file's pages may share one) are counted out.
   int fd = open(path.c_str(), O_RDONLY);
   REQUIRE(fd >= 0);
-  REQUIRE(posix_fadvise(fd, static_cast<off_t>(page), static_cast<off_t>(2 * page),
-                        POSIX_FADV_DONTNEED) == 0);
+  REQUIRE(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) == 0);
   close(fd);
-  const uint64_t left = *io->CachedBytes(*file, 0, size);
-  INFO("cached after dropping pages 1-2: " << left);
-  CHECK(left == size - 2 * page);
-  CHECK(*io->CachedBytes(*file, page, 2 * page) == 0);
+  CHECK(*io->CachedBytes(*file, 0, size) == 0);
+  CHECK(*io->CachedBytes(*file, 10, 2 * page) == 0);
   REQUIRE(io->Close(*file).ok());
 }
 
