@@ -33,6 +33,7 @@
 #include "options.h"
 #include "rpc/arena_fd_server.h"
 #include "rpc/grpc_service.h"
+#include "rpc/metrics_server.h"
 #include "rpc/peer_listener.h"
 #include "service/checkpoint_service.h"
 #include "service/executor.h"
@@ -219,7 +220,7 @@ absl::StatusOr<Stores> OpenStores(const DaemonOptions& o, const std::string& shm
 // and shuts the server down (5 s for calls in flight) before it returns. Errors: a socket that
 // cannot be listened on, a server that does not start.
 absl::Status ServeUntilSignal(const DaemonOptions& o, CheckpointService& svc, const RpcPools& pools,
-                              size_t segments) {
+                              size_t segments, Metrics* metrics) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   CKPTD_ASSIGN_OR_RETURN(std::unique_ptr<PeerListener> listener,
@@ -235,7 +236,7 @@ absl::Status ServeUntilSignal(const DaemonOptions& o, CheckpointService& svc, co
                                        return svc.ArenaFd(uid, session);
                                      }),
                absl::StrCat("cannot listen on ", fd_path)));
-  GrpcCheckpointService rpc(&svc, listener.get(), pools);
+  GrpcCheckpointService rpc(&svc, listener.get(), pools, metrics);
   grpc::ServerBuilder builder;
   // No listening port: connections come from PeerListener, which asks the kernel who they are.
   builder.RegisterService(&rpc);
@@ -293,19 +294,43 @@ int Run(const DaemonOptions& o) {
   Executor wait_pool("wait", o.waiters_max, o.waiters_max);
   Executor reserve_pool("reserve", o.waiters_max, o.waiters_max);
   Executor load_pool("load", o.load_threads, o.rpc_queue_max);
+  Metrics metrics;
   ServiceDeps deps{&o, stores->meta.get(), stores->storage.get(), arena, &regions, &flush_pool};
   deps.remote = stores->remote.get();
   deps.gpu = &gpu_staging;
   deps.load_storage = stores->load_storage.get();
+  deps.metrics = &metrics;
   CheckpointService svc(deps);
   if (absl::Status st = svc.Recover(); !st.ok()) {
     spdlog::critical("recovery failed: {}", st.ToString());
     return 1;
   }
   svc.Start();
+  metrics.SetLevels([&] {
+    Metrics::Levels l = svc.MetricLevels();
+    l.queued.emplace_back("rpc", quick_pool.queued());
+    l.queued.emplace_back("wait", wait_pool.queued());
+    l.queued.emplace_back("reserve", reserve_pool.queued());
+    l.queued.emplace_back("load", load_pool.queued());
+    return l;
+  });
+  // Declared after what its scrapes read (the service, the pools): destroyed, so stopped, first.
+  std::unique_ptr<MetricsServer> metrics_server;
+  if (!o.metrics_address.empty()) {
+    absl::StatusOr<std::unique_ptr<MetricsServer>> started =
+        MetricsServer::Start(o.metrics_address, &metrics);
+    if (!started.ok()) {
+      spdlog::critical("{}", started.status().ToString());
+      return 1;
+    }
+    metrics_server = *std::move(started);
+    spdlog::info("metrics on http://{}:{}/metrics", metrics_server->bind_address().substr(
+                                                        0, metrics_server->bind_address().rfind(':')),
+                 metrics_server->port());
+  }
   if (absl::Status st =
           ServeUntilSignal(o, svc, RpcPools{&quick_pool, &wait_pool, &reserve_pool, &load_pool},
-                           arena->segments().size());
+                           arena->segments().size(), &metrics);
       !st.ok()) {
     spdlog::critical("{}", st.ToString());
     return 1;

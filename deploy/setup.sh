@@ -8,7 +8,7 @@ DEB_PKGS=(
   build-essential pkg-config cmake ninja-build
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   librocksdb-dev liburing-dev libspdlog-dev libfmt-dev catch2 libabsl-dev
-  libcurl4-openssl-dev libssl-dev libpugixml-dev
+  libcurl4-openssl-dev libssl-dev libpugixml-dev prometheus-cpp-dev
   clang-15 libfuzzer-15-dev clang-format-15 clang-tidy-15
   dpkg-dev
 )

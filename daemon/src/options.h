@@ -29,6 +29,10 @@ struct DaemonOptions {
   // Each uid maps only its own arena segment (dataplane/arena.h). Empty: the daemon's own group.
   // Default: ""
   std::string socket_group;
+  // The Prometheus metrics endpoint (HTTP, /metrics): "PORT" or ":PORT" listens on loopback,
+  // "HOST:PORT" on HOST (e.g. 0.0.0.0:9464 for a cluster's Prometheus; the metrics name jobs).
+  // Port 0 picks a free port (logged). Empty: no endpoint. Default: ""
+  std::string metrics_address;
   // Members of this group (name or number), and root, may read, abort and delete every job;
   // anyone else only the jobs they own. Empty: root only. Default: ""
   std::string admin_group;

@@ -152,7 +152,14 @@ absl::StatusOr<std::vector<ExtentInfo>> StagingArena::Reserve(const std::string&
 absl::StatusOr<std::vector<ExtentInfo>> StagingArena::AllocateAllLocked(
     const std::string& session, uint32_t uid, std::span<const uint64_t> sizes, uint64_t total,
     absl::Duration timeout) {
-  absl::Time deadline = absl::Now() + timeout;
+  const absl::Time started = absl::Now();
+  absl::Time deadline = started + timeout;
+  bool waited = false;  // counted in the reservation stats when it ends
+  auto count_wait = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!waited) return;
+    ++reserve_waits_;
+    reserve_wait_seconds_ += absl::ToDoubleSeconds(absl::Now() - started);
+  };
   while (true) {
     std::vector<ExtentInfo> out;
     bool ok = true;
@@ -167,6 +174,7 @@ absl::StatusOr<std::vector<ExtentInfo>> StagingArena::AllocateAllLocked(
     }
     if (ok) {
       for (const ExtentInfo& e : out) extents_[e.id] = e;
+      count_wait();
       return out;
     }
     for (const ExtentInfo& e : out) {
@@ -180,7 +188,9 @@ absl::StatusOr<std::vector<ExtentInfo>> StagingArena::AllocateAllLocked(
       mu_.Lock();
       if (freed_some) continue;
     }
+    waited = true;
     if (freed_.WaitWithDeadline(&mu_, deadline) && absl::Now() >= deadline) {
+      count_wait();
       return absl::ResourceExhaustedError(absl::StrFormat(
           "staging arena full: asked %d bytes in %d extents, %d bytes free of %d (largest free "
           "range %d) after waiting %d ms",
@@ -188,6 +198,11 @@ absl::StatusOr<std::vector<ExtentInfo>> StagingArena::AllocateAllLocked(
           absl::ToInt64Milliseconds(timeout)));
     }
   }
+}
+
+StagingArena::ReserveWaits StagingArena::reserve_waits() const {
+  absl::MutexLock lock(&mu_);
+  return ReserveWaits{.count = reserve_waits_, .seconds = reserve_wait_seconds_};
 }
 
 absl::StatusOr<ExtentInfo> StagingArena::Lookup(const std::string& session, uint64_t id) const {

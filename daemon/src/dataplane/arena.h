@@ -163,6 +163,12 @@ class StagingArena {
   uint64_t size_bytes() const { return options_.size_bytes; }
   uint64_t capacity_bytes() const;  // bytes extents can use
   uint64_t free_bytes() const;
+  // Reservations that had to wait for space since start (done or timed out), and their waits.
+  struct ReserveWaits {
+    uint64_t count = 0;
+    double seconds = 0;
+  };
+  ReserveWaits reserve_waits() const;
 
   // Reserves one extent per size (rounded up to 4 KiB), all or none, for `session` of `uid`, in
   // `uid`'s segment (created if needed) and resident there. Waits up to `timeout` for space; then
@@ -251,6 +257,8 @@ class StagingArena {
   absl::CondVar freed_;
   std::map<uint64_t, uint64_t> free_ ABSL_GUARDED_BY(mu_);  // offset → length, coalesced
   uint64_t free_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t reserve_waits_ ABSL_GUARDED_BY(mu_) = 0;
+  double reserve_wait_seconds_ ABSL_GUARDED_BY(mu_) = 0;
   // offset → (length, holder): which segment holds the pages of each range, coalesced.
   std::map<uint64_t, std::pair<uint64_t, uint32_t>> resident_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, ExtentInfo> extents_ ABSL_GUARDED_BY(mu_);

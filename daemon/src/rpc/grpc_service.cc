@@ -111,30 +111,64 @@ grpc::ServerUnaryReactor* GrpcCheckpointService::Dispatch(grpc::CallbackServerCo
                                                           Executor* pool, const char* method,
                                                           Fn fn) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  const absl::Time received = absl::Now();
+  auto finish = [this, reactor, method, received](const absl::Status& st) {
+    if (metrics_ != nullptr) {
+      metrics_->Rpc(method, st.code(), absl::ToDoubleSeconds(absl::Now() - received));
+    }
+    reactor->Finish(ToGrpcStatus(st));
+  };
   absl::StatusOr<Caller> caller = peers_->Lookup(ctx->peer());
   if (!caller.ok()) {
-    reactor->Finish(ToGrpcStatus(caller.status()));
+    finish(caller.status());
     return reactor;
   }
-  bool posted = pool->Post([reactor, fn, method, c = *caller]() mutable {
+  bool posted = pool->Post([finish, fn, method, c = *caller]() mutable {
     absl::Status st = fn(c);
     if (!st.ok()) spdlog::debug("{}: {}", method, st.ToString());
-    reactor->Finish(ToGrpcStatus(st));
+    finish(st);
   });
   if (!posted) {
-    reactor->Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                                 absl::StrCat(method, ": the daemon is overloaded (",
-                                              pool->queued(), " calls queued); retry later")));
+    finish(absl::ResourceExhaustedError(absl::StrCat(
+        method, ": the daemon is overloaded (", pool->queued(), " calls queued); retry later")));
   }
   return reactor;
 }
+
+namespace {
+
+// Per-job metrics of the calls that have them (Save, Load); nothing for the others.
+template <typename Req, typename Resp>
+void RecordCall(Metrics*, const Req&, const Resp&, const absl::Status&, absl::Duration) {}
+
+void RecordCall(Metrics* m, const v1::SaveRequest& req, const v1::SaveResponse& resp,
+                const absl::Status& st, absl::Duration took) {
+  if (m != nullptr) m->Save(req.job(), st.code(), resp.bytes_staged(), absl::ToDoubleSeconds(took));
+}
+
+void RecordCall(Metrics* m, const v1::LoadRequest& req, const v1::LoadResponse& resp,
+                const absl::Status& st, absl::Duration took) {
+  if (m == nullptr) return;
+  const uint64_t remote = resp.bytes_read_remote();
+  m->Load(req.job(), st.code(),
+          Metrics::LoadBytes{.local = resp.bytes_read() - std::min(remote, resp.bytes_read()),
+                             .remote = remote,
+                             .ram = resp.bytes_from_ram(),
+                             .prefetched = resp.bytes_prefetched()},
+          absl::ToDoubleSeconds(took));
+}
+
+}  // namespace
 
 #define CKPTD_RPC(Name, Req, Resp, pool, call)                                                \
   grpc::ServerUnaryReactor* GrpcCheckpointService::Name(grpc::CallbackServerContext* ctx,     \
                                                         const v1::Req* req, v1::Resp* resp) { \
     return Dispatch(ctx, pools_.pool, #Name, [this, req, resp](const Caller& caller) {        \
       (void)resp; /* calls without a response body (Goodbye, Delete, ...) do not use it */    \
-      return call;                                                                            \
+      const absl::Time started = absl::Now();                                                 \
+      absl::Status st = call;                                                                 \
+      RecordCall(metrics_, *req, *resp, st, absl::Now() - started);                           \
+      return st;                                                                              \
     });                                                                                       \
   }
 

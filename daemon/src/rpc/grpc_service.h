@@ -33,8 +33,11 @@ class AttachReactor;
 
 class GrpcCheckpointService final : public v1::Checkpoint::CallbackService {
  public:
-  GrpcCheckpointService(CheckpointService* svc, const PeerListener* peers, RpcPools pools)
-      : svc_(svc), peers_(peers), pools_(pools) {}
+  // `metrics` (may be null): every call's latency by method and code, and Save's and Load's
+  // outcomes and bytes by job.
+  GrpcCheckpointService(CheckpointService* svc, const PeerListener* peers, RpcPools pools,
+                        Metrics* metrics = nullptr)
+      : svc_(svc), peers_(peers), pools_(pools), metrics_(metrics) {}
   ~GrpcCheckpointService() override;
 
   // Ends every open Attach stream (UNAVAILABLE: the daemon is stopping) so server shutdown does
@@ -103,6 +106,7 @@ class GrpcCheckpointService final : public v1::Checkpoint::CallbackService {
   CheckpointService* svc_;
   const PeerListener* peers_;
   RpcPools pools_;
+  Metrics* metrics_;
   absl::Mutex mu_;
   std::set<AttachReactor*> attached_ ABSL_GUARDED_BY(mu_);
   bool closing_ ABSL_GUARDED_BY(mu_) = false;

@@ -19,6 +19,9 @@ void CheckpointService::AbortLocked(PendingCheckpoint& p, const std::string& rea
   spdlog::warn("{} aborted: {}", CkptName(p.job, p.step), reason);
   p.Transition(p.phase(), CheckpointPhase::kAborting);
   p.error = reason;
+  if (deps_.metrics != nullptr) {
+    deps_.metrics->CheckpointEnded(p.job, "aborted", SecondsSince(p.first_staged_unix_ms));
+  }
   // Client regions are released now (a restart never resumes a rank staged from one; a flush in
   // flight releases its own). Arena extents stay the checkpoint's until its ABORTED row is
   // durable (RecordAbort): until then the journal names them, and a restart must never resume a

@@ -186,6 +186,7 @@ absl::Status CheckpointService::MarkCorrupt(const std::string& job, uint64_t ste
                 why.ToString());
   absl::Status st = PutRecordSync(rec);
   ram_tier_.Drop(key);
+  if (deps_.metrics != nullptr) deps_.metrics->CheckpointEnded(job, "corrupt", -1);
   absl::MutexLock lock(&mu_);
   rewriting_.erase(key);
   KeyChangedLocked(key);

@@ -72,6 +72,7 @@
 #include "format/load_plan.h"
 #include "format/manifest.h"
 #include "index/meta_store.h"
+#include "metrics/metrics.h"
 #include "options.h"
 #include "service/checkpoints.h"
 #include "service/committer.h"
@@ -107,6 +108,8 @@ struct ServiceDeps {
   const Clock* clock = RealClock();
   // The local tier as loads read it (load_io = buffered: through the page cache); null: storage.
   Storage* load_storage = nullptr;
+  // Where events are counted for the metrics endpoint (metrics/metrics.h); null: not counted.
+  Metrics* metrics = nullptr;
 };
 
 class CheckpointService {
@@ -195,12 +198,21 @@ class CheckpointService {
   const std::string& instance_id() const { return instance_id_; }
   // The RAM tier's occupancy (hot and provisional bytes, evictions).
   RamTier::Stats ram_tier_stats() const { return ram_tier_.stats(); }
+  // What the metrics endpoint reports as levels now (metrics/metrics.h): the arena, the RAM
+  // tier, sessions, checkpoints in flight and the flush pool's queue (the caller adds its RPC
+  // pools'). Takes mu_ briefly.
+  Metrics::Levels MetricLevels() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   using Key = std::pair<std::string, uint64_t>;  // (job, step)
 
   // The time on deps_.clock, in Unix milliseconds.
   uint64_t NowMs() const { return deps_.clock->NowUnixMs(); }
+  // Seconds from `unix_ms` to now (0 when unset or in the future), for the metrics.
+  double SecondsSince(uint64_t unix_ms) const {
+    const uint64_t now = NowMs();
+    return unix_ms == 0 || unix_ms > now ? 0.0 : static_cast<double>(now - unix_ms) / 1000.0;
+  }
   // save.cc (AbortLocked, FinishAbortLocked, RecordAbort: abort.cc)
   // `id` if it is a live session of `caller` (SessionTable::Check).
   absl::StatusOr<std::string> SessionOf(const Caller& caller, const std::string& id) const;

@@ -216,6 +216,9 @@ void CheckpointService::CommitCheckpoint(Key key) {
                m->items.size(), m->header.total_bytes(), p.ranks.size(),
                p.partial ? ", partial" : "");
   manifest_cache_.Put(key, std::make_shared<const Manifest>(*std::move(m)));
+  if (deps_.metrics != nullptr) {
+    deps_.metrics->CheckpointEnded(key.first, "committed", SecondsSince(p.first_staged_unix_ms));
+  }
   if (policy == v1::TIER_LOCAL_AND_REMOTE && remote_.enabled()) {
     remote_.Track(key.first, key.second, dir);
   }

@@ -54,7 +54,12 @@ void CheckpointService::FlushRank(const Key& key, uint32_t rank) {
   }
   absl::Status st = absl::OkStatus();
   if (write) {
+    const absl::Time started = absl::Now();
     st = flush_.WriteRankBlob(CheckpointDir(key.first, key.second), leases, &rec, to);
+    if (st.ok() && deps_.metrics != nullptr) {
+      deps_.metrics->Flushed(to == deps_.storage ? "local" : "remote", rec.bytes(),
+                             absl::ToDoubleSeconds(absl::Now() - started));
+    }
     if (st.ok()) {
       CKPTD_SYNC_POINT("flush.blob_synced");
       // "Persisted" is journaled synced, outside the service lock, before the extents are freed:

@@ -90,6 +90,10 @@ absl::Status CheckpointService::Load(const Caller& caller, const v1::LoadRequest
   absl::Status st =
       loader_.Load(session, *m, req, tiers, remote_.remote(), hot.get(), &hot_failed, resp);
   if (hot_failed) ram_tier_.Drop(key);  // a hot block that did not verify: never used again
+  if (deps_.metrics != nullptr) {
+    if (hot_failed) deps_.metrics->ChecksumFailure("ram");
+    if (absl::IsDataLoss(st)) deps_.metrics->ChecksumFailure("storage");
+  }
   return st;
 }
 

@@ -145,6 +145,9 @@ void CheckpointService::CommitReshard(ReshardJob& job, absl::StatusOr<Manifest> 
 
 void CheckpointService::FinishReshard(ReshardJob& job, const absl::Status& status) {
   const std::string name = CkptName(job.target.first, job.target.second);
+  if (deps_.metrics != nullptr) {
+    deps_.metrics->Reshard(job.target.first, status.ok() ? "committed" : "aborted");
+  }
   if (status.ok()) {
     spdlog::info("{} COMMITTED ({})", name, job.rec.summary().origin());
   } else {

@@ -112,4 +112,26 @@ absl::Status CheckpointService::Wait(const Caller& caller, const v1::WaitRequest
       " ms", missing.empty() ? "" : absl::StrCat("; ranks missing: ", RanksList(missing))));
 }
 
+Metrics::Levels CheckpointService::MetricLevels() const {
+  Metrics::Levels l;
+  l.arena_capacity_bytes = deps_.arena->capacity_bytes();
+  l.arena_free_bytes = deps_.arena->free_bytes();
+  const StagingArena::ReserveWaits waits = deps_.arena->reserve_waits();
+  l.reserve_waits = waits.count;
+  l.reserve_wait_seconds = waits.seconds;
+  const RamTier::Stats tier = ram_tier_.stats();
+  l.ram_tier_hot_bytes = tier.hot_bytes;
+  l.ram_tier_provisional_bytes = tier.provisional_bytes;
+  l.ram_tier_hot_checkpoints = tier.hot_checkpoints;
+  l.ram_tier_evictions = tier.evictions;
+  l.ram_tier_budget_bytes = ram_tier_.enabled() ? ram_tier_.budget_bytes() : 0;
+  l.sessions = sessions_.size();
+  {
+    absl::MutexLock lock(&mu_);
+    l.checkpoints_in_flight = pending_.size() + reshards_.size();
+  }
+  l.queued.emplace_back("flush", deps_.flush_pool->queued());
+  return l;
+}
+
 }  // namespace ckptd
