@@ -83,13 +83,13 @@ TEST_CASE("metrics: a scrape counts the saves, commits, loads and bytes the clie
 
   const std::string body = Scrape(port);
   INFO(body);
-  const std::string j = "job=\"" + job + "\"";
-  CHECK(Sample(body, "ckptd_saves_total{code=\"OK\"," + j + "}") == 4);
+  const std::string j = "ckpt_job=\"" + job + "\"";
+  CHECK(Sample(body, "ckptd_saves_total{" + j + ",code=\"OK\"}") == 4);
   CHECK(Sample(body, "ckptd_staged_bytes_total{" + j + "}") == static_cast<double>(staged));
   CHECK(Sample(body, "ckptd_checkpoints_total{" + j + ",outcome=\"committed\"}") == 1);
   CHECK(Sample(body, "ckptd_checkpoint_seconds_count{outcome=\"committed\"}") == 1);
-  CHECK(Sample(body, "ckptd_loads_total{code=\"OK\"," + j + "}") >= 1);
-  CHECK(Sample(body, "ckptd_loads_total{code=\"NOT_FOUND\"," + j + "}") >= 1);
+  CHECK(Sample(body, "ckptd_loads_total{" + j + ",code=\"OK\"}") >= 1);
+  CHECK(Sample(body, "ckptd_loads_total{" + j + ",code=\"NOT_FOUND\"}") >= 1);
   CHECK(Sample(body, "ckptd_load_bytes_total{" + j + ",tier=\"ram\"}") ==
         static_cast<double>(loaded.bytes_from_ram));
   CHECK(Sample(body, "ckptd_rpc_duration_seconds_count{code=\"OK\",method=\"Save\"}") == 4);

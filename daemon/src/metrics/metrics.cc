@@ -171,7 +171,13 @@ Metrics::Metrics()
                              .Name("ckptd_checksum_failures_total")
                              .Help("Loads whose bytes did not verify, by where they were (ram: a "
                                    "hot copy, the load fell back to storage; storage: DATA_LOSS)")
-                             .Register(*registry_)) {}
+                             .Register(*registry_)) {
+  // Series an operator alerts on exist from the start (at 0), so rate() and increase() see the
+  // first event.
+  for (const char* where : {"ram", "storage"}) checksum_failures_.Add({{"where", where}});
+  flush_bytes_.Add({{"tier", "local"}});
+  flush_seconds_.Add({{"tier", "local"}});
+}
 
 Metrics::~Metrics() = default;
 
@@ -197,14 +203,14 @@ void Metrics::Rpc(std::string_view method, absl::StatusCode code, double seconds
 
 void Metrics::Save(std::string_view job, absl::StatusCode code, uint64_t bytes, double seconds) {
   const std::string label = JobLabel(job);
-  saves_.Add({{"job", label}, {"code", CodeName(code)}}).Increment();
+  saves_.Add({{"ckpt_job", label}, {"code", CodeName(code)}}).Increment();
   if (code != absl::StatusCode::kOk) return;
-  staged_bytes_.Add({{"job", label}}).Increment(static_cast<double>(bytes));
+  staged_bytes_.Add({{"ckpt_job", label}}).Increment(static_cast<double>(bytes));
   save_seconds_.Add({}, SecondsBuckets()).Observe(seconds);
 }
 
 void Metrics::CheckpointEnded(std::string_view job, std::string_view outcome, double seconds) {
-  checkpoints_.Add({{"job", JobLabel(job)}, {"outcome", std::string(outcome)}}).Increment();
+  checkpoints_.Add({{"ckpt_job", JobLabel(job)}, {"outcome", std::string(outcome)}}).Increment();
   if (seconds < 0) return;
   commit_seconds_.Add({{"outcome", std::string(outcome)}}, SecondsBuckets()).Observe(seconds);
 }
@@ -212,19 +218,19 @@ void Metrics::CheckpointEnded(std::string_view job, std::string_view outcome, do
 void Metrics::Load(std::string_view job, absl::StatusCode code, const LoadBytes& bytes,
                    double seconds) {
   const std::string label = JobLabel(job);
-  loads_.Add({{"job", label}, {"code", CodeName(code)}}).Increment();
+  loads_.Add({{"ckpt_job", label}, {"code", CodeName(code)}}).Increment();
   load_seconds_.Add({}, SecondsBuckets()).Observe(seconds);
   const std::pair<const char*, uint64_t> tiers[] = {{"local", bytes.local},
                                                      {"remote", bytes.remote},
                                                      {"ram", bytes.ram},
                                                      {"prefetched", bytes.prefetched}};
   for (const auto& [tier, n] : tiers) {
-    if (n > 0) load_bytes_.Add({{"job", label}, {"tier", tier}}).Increment(static_cast<double>(n));
+    if (n > 0) load_bytes_.Add({{"ckpt_job", label}, {"tier", tier}}).Increment(static_cast<double>(n));
   }
 }
 
 void Metrics::Reshard(std::string_view job, std::string_view outcome) {
-  reshards_.Add({{"job", JobLabel(job)}, {"outcome", std::string(outcome)}}).Increment();
+  reshards_.Add({{"ckpt_job", JobLabel(job)}, {"outcome", std::string(outcome)}}).Increment();
 }
 
 void Metrics::Flushed(std::string_view tier, uint64_t bytes, double seconds) {

@@ -6,8 +6,9 @@
 //
 // Names and labels are the contract with deploy/grafana-dashboard.json (tests/deploy checks that
 // every query names a metric exported here). Label sets are bounded: `method` and `code` by the
-// API, `pool`, `tier`, `outcome` and `where` by this file, `job` by kJobLabelsMax (jobs beyond it
-// share the label "_other"); steps are never labels.
+// API, `pool`, `tier`, `outcome` and `where` by this file, `ckpt_job` (the checkpoint's job; not
+// `job`, which Prometheus gives every scraped series) by kJobLabelsMax (jobs beyond it share the
+// label "_other"); steps are never labels.
 //
 // Thread safety: every method may be called from any thread at once (prometheus-cpp's counters,
 // gauges and histograms are atomic; the family maps and the job labels have their own locks).
