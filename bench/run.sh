@@ -25,7 +25,17 @@
 #                            (bench/restore_bench.py; rounds rotate the order)
 #   BENCH_COLD_MIB=1024 BENCH_COLD_ROUNDS=3   cold restores (page cache dropped, RAM tier empty)
 #                            against torch.load and fio's reads (bench/cold_restore_bench.py)
-#   BENCH_ONLY=all|planner|reshard|ckpt|commit|restore|cold|train|remote|cluster   run one part only
+#   BENCH_WARM_MIB=1024 BENCH_WARM_ROUNDS=5   warm restores: ckptd from the RAM tier against
+#                            DCP's load with the page cache warm and torch.load
+#                            (bench/warm_restore_bench.py; rounds rotate the order)
+#   BENCH_RESUME_ROUNDS=5 BENCH_RESUME_SYSTEMS=none,ckptd,ckptd_cold,ckptd_torch,dcp_warm,dcp_cold,
+#                            torch_warm,torch_cold   time to resume: a trainer (train_bench.py's GPT
+#                            with Adam, 161 MB of state) killed with SIGKILL once its checkpoint
+#                            is durable, a new one timed from its start to the end of its first
+#                            step after restoring (bench/resume_bench.py; rounds rotate the order)
+#   BENCH_RESUME_ARENA_MIB=512               each of resume_bench's two daemons' staging arena
+#   BENCH_ONLY=all|planner|reshard|ckpt|commit|restore|cold|warm|resume|train|remote|cluster
+#                            run one part only
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BUILD="${BUILD:-$ROOT/build}"
@@ -84,6 +94,18 @@ if [ "$ONLY" = all ] || [ "$ONLY" = cold ]; then
 echo "bench: cold restores (${BENCH_COLD_MIB:-1024} MiB) against torch.load and fio"
 python3 "$ROOT/bench/cold_restore_bench.py" --daemon "$BUILD/ckptd" --dir "$STATE-cold" \
   --state-mib "${BENCH_COLD_MIB:-1024}" --rounds "${BENCH_COLD_ROUNDS:-3}" --out "$OUT/cold_restore.jsonl"
+fi
+if [ "$ONLY" = all ] || [ "$ONLY" = warm ]; then
+echo "bench: warm restores (${BENCH_WARM_MIB:-1024} MiB): the RAM tier against DCP and torch.load"
+python3 "$ROOT/bench/warm_restore_bench.py" --daemon "$BUILD/ckptd" --dir "$STATE-warm" \
+  --state-mib "${BENCH_WARM_MIB:-1024}" --rounds "${BENCH_WARM_ROUNDS:-5}" \
+  --out "$OUT/warm_restore.jsonl"
+fi
+if [ "$ONLY" = all ] || [ "$ONLY" = resume ]; then
+echo "bench: time to resume after a SIGKILL (ckptd RAM tier and cold, DCP, torch.save)"
+python3 "$ROOT/bench/resume_bench.py" --daemon "$BUILD/ckptd" --work "$STATE-resume" \
+  --rounds "${BENCH_RESUME_ROUNDS:-5}" --arena-mib "${BENCH_RESUME_ARENA_MIB:-512}" \
+  ${BENCH_RESUME_SYSTEMS:+--systems "$BENCH_RESUME_SYSTEMS"} --out "$OUT/resume.jsonl"
 fi
 if [ "$ONLY" = all ] || [ "$ONLY" = restore ]; then
 echo "bench: restores from the RAM tier (${BENCH_RESTORE_MIB:-1024} MiB) against memcpy and disk"
