@@ -181,9 +181,10 @@ def main() -> None:
                     if case in ("hint", "hot") and got["bytes_read"] != 0:
                         sys.exit(f"replicated_restore_bench: {case}: a load read storage itself")
     finally:
-        for proc, _, _ in daemons.values():
+        for proc, _, state in daemons.values():
             proc.terminate()
             proc.wait(timeout=60)
+            shutil.rmtree(state, ignore_errors=True)  # several GB of checkpoints
         if args.dir is None:
             shutil.rmtree(base, ignore_errors=True)
     print(f"4 ranks restoring the same {state_bytes / 1e9:.2f} GB (medians):")

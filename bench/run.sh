@@ -34,7 +34,10 @@
 #                            is durable, a new one timed from its start to the end of its first
 #                            step after restoring (bench/resume_bench.py; rounds rotate the order)
 #   BENCH_RESUME_ARENA_MIB=512               each of resume_bench's two daemons' staging arena
-#   BENCH_ONLY=all|planner|reshard|ckpt|commit|restore|cold|warm|resume|train|remote|cluster
+#   BENCH_REPLICATED_MIB=1024 BENCH_REPLICATED_ROUNDS=3   four ranks restoring the same state:
+#                            the prefetch hint, load_io direct/buffered/auto, page cache cold and
+#                            warm, and the daemon's device reads (bench/replicated_restore_bench.py)
+#   BENCH_ONLY=all|planner|reshard|ckpt|commit|restore|cold|warm|resume|replicated|train|remote|cluster
 #                            run one part only
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -100,6 +103,12 @@ echo "bench: warm restores (${BENCH_WARM_MIB:-1024} MiB): the RAM tier against D
 python3 "$ROOT/bench/warm_restore_bench.py" --daemon "$BUILD/ckptd" --dir "$STATE-warm" \
   --state-mib "${BENCH_WARM_MIB:-1024}" --rounds "${BENCH_WARM_ROUNDS:-5}" \
   --out "$OUT/warm_restore.jsonl"
+fi
+if [ "$ONLY" = all ] || [ "$ONLY" = replicated ]; then
+echo "bench: replicated restores (${BENCH_REPLICATED_MIB:-1024} MiB x 4 ranks): hint, load_io modes"
+python3 "$ROOT/bench/replicated_restore_bench.py" --daemon "$BUILD/ckptd" --dir "$STATE-replicated" \
+  --state-mib "${BENCH_REPLICATED_MIB:-1024}" --rounds "${BENCH_REPLICATED_ROUNDS:-3}" \
+  --out "$OUT/replicated.jsonl"
 fi
 if [ "$ONLY" = all ] || [ "$ONLY" = resume ]; then
 echo "bench: time to resume after a SIGKILL (ckptd RAM tier and cold, DCP, torch.save)"
