@@ -324,9 +324,10 @@ int Run(const DaemonOptions& o) {
       return 1;
     }
     metrics_server = *std::move(started);
-    spdlog::info("metrics on http://{}:{}/metrics", metrics_server->bind_address().substr(
-                                                        0, metrics_server->bind_address().rfind(':')),
-                 metrics_server->port());
+    spdlog::info(
+        "metrics on http://{}:{}/metrics",
+        metrics_server->bind_address().substr(0, metrics_server->bind_address().rfind(':')),
+        metrics_server->port());
   }
   if (absl::Status st =
           ServeUntilSignal(o, svc, RpcPools{&quick_pool, &wait_pool, &reserve_pool, &load_pool},

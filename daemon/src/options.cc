@@ -305,8 +305,8 @@ absl::Status ValidateRanges(const DaemonOptions& o) {
         "option staging_bytes_max = ", o.staging_bytes_max, " is not a multiple of 4096"));
   }
   if (o.load_io != "auto" && o.load_io != "direct" && o.load_io != "buffered") {
-    return absl::InvalidArgumentError(absl::StrCat("option load_io = \"", o.load_io,
-                                                   "\": expected auto, direct or buffered"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("option load_io = \"", o.load_io, "\": expected auto, direct or buffered"));
   }
   CKPTD_RETURN_IF_ERROR(Range("ram_tier_bytes_max", o.ram_tier_bytes_max, 0, o.staging_bytes_max));
   CKPTD_RETURN_IF_ERROR(Range("ram_tier_keep_per_job", o.ram_tier_keep_per_job, 0, 64));

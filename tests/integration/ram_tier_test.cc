@@ -264,8 +264,8 @@ TEST_CASE("load hint: four ranks restoring a checkpoint that is not hot read it 
   SaveCommitted(d, job, 2, kSeed);  // step 1 leaves the tier (keep one per job)
   REQUIRE_THAT(Status(d, job, 1), !Contains("tiers: ram"));
   const ckptd::LoadResult cold = LoadAndVerify(d, job, 1);  // from storage
-  const uint64_t whole = cold.bytes_read;                    // 4 KiB-rounded runs
-  const uint64_t needed = cold.bytes_needed;                 // the bytes the load uses
+  const uint64_t whole = cold.bytes_read;                   // 4 KiB-rounded runs
+  const uint64_t needed = cold.bytes_needed;                // the bytes the load uses
   REQUIRE(whole > 0);
   REQUIRE(needed > 0);
   const uint64_t before = DeviceReadBytes(d.pid());
@@ -274,18 +274,18 @@ TEST_CASE("load hint: four ranks restoring a checkpoint that is not hot read it 
   const uint64_t device = DeviceReadBytes(d.pid()) - before;
   uint64_t prefetched = 0;
   for (const ckptd::LoadResult& r : results) {
-    CHECK(r.bytes_read == 0);           // every rank copied from RAM...
+    CHECK(r.bytes_read == 0);  // every rank copied from RAM...
     CHECK(r.bytes_from_ram == needed);
     prefetched += r.bytes_prefetched;  // ...and one rank's prefetch read it
   }
   INFO("device read " << device << " bytes; the checkpoint's blobs " << prefetched
                       << "; one load from storage " << whole << " (" << needed << " used)");
   uint64_t blobs = 0;  // the step's blobs on disk
-  for (const auto& e :
-       std::filesystem::directory_iterator(d.data_dir() + "/" + job + "/step-00000000000000000001")) {
+  for (const auto& e : std::filesystem::directory_iterator(d.data_dir() + "/" + job +
+                                                           "/step-00000000000000000001")) {
     if (e.path().extension() == ".blob") blobs += e.file_size();
   }
-  CHECK(prefetched == blobs);  // every blob, once
+  CHECK(prefetched == blobs);                         // every blob, once
   CHECK(device < prefetched * 21 / 20 + (64 << 10));  // the device read it once too
   CHECK_THAT(Status(d, job, 1), Contains("tiers: ram"));
   // The next restore, hinted or not, finds it hot.
@@ -297,8 +297,8 @@ TEST_CASE("load hint: four ranks restoring a checkpoint that is not hot read it 
 TEST_CASE("load hint: never fails a load (the RAM tier off, a checkpoint beyond its budget)",
           "[integration]") {
   const bool off = GENERATE(true, false);
-  Daemon d(DaemonConfig{.extra_flags = {off ? "--ram_tier_keep_per_job=0"
-                                            : "--ram_tier_bytes_max=4096"}});
+  Daemon d(DaemonConfig{
+      .extra_flags = {off ? "--ram_tier_keep_per_job=0" : "--ram_tier_bytes_max=4096"}});
   const std::string job = off ? "hint-off" : "hint-budget";
   SaveCommitted(d, job, 1, kSeed);
   std::vector<ckptd::LoadResult> results =
@@ -310,8 +310,8 @@ TEST_CASE("load hint: never fails a load (the RAM tier off, a checkpoint beyond 
   }
   if (!off) {
     INFO(d.Log());
-    CHECK_THAT(d.Log(), Contains("prefetch into the RAM tier failed") &&
-                            Contains("the RAM tier's budget"));
+    CHECK_THAT(d.Log(),
+               Contains("prefetch into the RAM tier failed") && Contains("the RAM tier's budget"));
   }
 }
 

@@ -150,8 +150,8 @@ class PyClient {
                     py::arg("state") = CheckpointStateName(r.state));
   }
 
-  // targets: [(item, region, view, nbytes)]; returns {step, bytes_read, item_bytes, ...}. One call of
-  // the library's Load: it batches (one Load RPC per batch, two in flight) and copies.
+  // targets: [(item, region, view, nbytes)]; returns {step, bytes_read, item_bytes, ...}. One call
+  // of the library's Load: it batches (one Load RPC per batch, two in flight) and copies.
   py::dict Load(const std::string& job, const py::object& step, uint32_t rank,
                 const py::list& targets, bool prefetch) {
     std::vector<LoadTarget> ts;

@@ -68,11 +68,13 @@ class Metrics::LevelsCollectable : public prometheus::Collectable {
     const Levels l = fn();
     const double used = static_cast<double>(l.arena_capacity_bytes - l.arena_free_bytes);
     std::vector<prometheus::MetricFamily> out;
-    out.push_back(GaugeFamily(
-        "ckptd_arena_bytes", "Staging arena bytes, used (extents held, hot copies included) and free",
-        {Level(used, {{"state", "used"}}),
-         Level(static_cast<double>(l.arena_free_bytes), {{"state", "free"}})}));
-    out.push_back(GaugeFamily("ckptd_arena_capacity_bytes", "Bytes the staging arena's extents can use",
+    out.push_back(
+        GaugeFamily("ckptd_arena_bytes",
+                    "Staging arena bytes, used (extents held, hot copies included) and free",
+                    {Level(used, {{"state", "used"}}),
+                     Level(static_cast<double>(l.arena_free_bytes), {{"state", "free"}})}));
+    out.push_back(GaugeFamily("ckptd_arena_capacity_bytes",
+                              "Bytes the staging arena's extents can use",
                               {Level(static_cast<double>(l.arena_capacity_bytes), {})}));
     out.push_back(GaugeFamily(
         "ckptd_ram_tier_bytes",
@@ -221,11 +223,12 @@ void Metrics::Load(std::string_view job, absl::StatusCode code, const LoadBytes&
   loads_.Add({{"ckpt_job", label}, {"code", CodeName(code)}}).Increment();
   load_seconds_.Add({}, SecondsBuckets()).Observe(seconds);
   const std::pair<const char*, uint64_t> tiers[] = {{"local", bytes.local},
-                                                     {"remote", bytes.remote},
-                                                     {"ram", bytes.ram},
-                                                     {"prefetched", bytes.prefetched}};
+                                                    {"remote", bytes.remote},
+                                                    {"ram", bytes.ram},
+                                                    {"prefetched", bytes.prefetched}};
   for (const auto& [tier, n] : tiers) {
-    if (n > 0) load_bytes_.Add({{"ckpt_job", label}, {"tier", tier}}).Increment(static_cast<double>(n));
+    if (n > 0)
+      load_bytes_.Add({{"ckpt_job", label}, {"tier", tier}}).Increment(static_cast<double>(n));
   }
 }
 
@@ -241,6 +244,5 @@ void Metrics::Flushed(std::string_view tier, uint64_t bytes, double seconds) {
 void Metrics::ChecksumFailure(std::string_view where) {
   checksum_failures_.Add({{"where", std::string(where)}}).Increment();
 }
-
 
 }  // namespace ckptd

@@ -15,9 +15,9 @@ absl::StatusOr<std::string> MetricsBindAddress(const std::string& address) {
   uint32_t n = 0;
   if (!absl::SimpleAtoi(port, &n) || n > 65535 || port.empty() ||
       port.find_first_not_of("0123456789") != std::string::npos) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "option metrics_address = \"", address,
-        "\": expected PORT, :PORT (loopback) or HOST:PORT, with PORT 0..65535"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("option metrics_address = \"", address,
+                     "\": expected PORT, :PORT (loopback) or HOST:PORT, with PORT 0..65535"));
   }
   if (host.find_first_of(" /") != std::string::npos) {
     return absl::InvalidArgumentError(

@@ -137,8 +137,8 @@ absl::Status CheckpointService::Prefetch(const Caller& caller, const v1::Prefetc
 }
 
 absl::Status CheckpointService::PrefetchInto(const Key& key, uint32_t caller_uid,
-                                             const std::vector<Storage*>& tiers,
-                                             const Manifest& m, uint64_t* read) {
+                                             const std::vector<Storage*>& tiers, const Manifest& m,
+                                             uint64_t* read) {
   const auto& [job, step] = key;
   const std::string what = CkptName(job, step);
   // A run that finished just before this one was asked for made it hot already.

@@ -78,10 +78,12 @@ TEST_CASE("SingleFlight: Await waits for the run in flight and runs nothing itse
   CHECK(awaited->ok());
   // Once a run ended, the next Do runs again.
   int runs = 0;
-  CHECK(flights.Do(1, [&] {
-                 ++runs;
-                 return absl::OkStatus();
-               })
+  CHECK(flights
+            .Do(1,
+                [&] {
+                  ++runs;
+                  return absl::OkStatus();
+                })
             .ran);
   CHECK(runs == 1);
 }

@@ -309,7 +309,7 @@ TEST_CASE("Io CachedBytes counts the bytes of a range the page cache holds", "[u
   auto file = io->Open(path, O_RDONLY, 0, true);
   REQUIRE(file.ok());
   CHECK(*io->CachedBytes(*file, 0, size) == size);
-  CHECK(*io->CachedBytes(*file, 10, 2 * page) == 2 * page);  // unaligned start, exact count
+  CHECK(*io->CachedBytes(*file, 10, 2 * page) == 2 * page);         // unaligned start, exact count
   CHECK(*io->CachedBytes(*file, 3 * page, 1 << 20) == page + 100);  // clamped to the file's end
   CHECK(*io->CachedBytes(*file, size, 4096) == 0);                  // at or past the end
   CHECK(*io->CachedBytes(*file, 0, 0) == 0);

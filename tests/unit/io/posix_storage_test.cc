@@ -2,8 +2,8 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#include <catch2/catch.hpp>
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -416,8 +416,8 @@ TEST_CASE("PosixStorage read_cached_through_cache reads cached slices through th
   CHECK(held >= 3 * kSlice);
   read_all();
   if (cached_mode) {
-    CHECK(io.cached_bytes == held);            // the slices the cache holds whole
-    CHECK(io.direct_bytes == kTotal - held);   // the one it does not
+    CHECK(io.cached_bytes == held);           // the slices the cache holds whole
+    CHECK(io.direct_bytes == kTotal - held);  // the one it does not
   } else {
     CHECK(io.direct_bytes == kTotal);  // O_DIRECT whatever the cache holds
     CHECK(io.cached_bytes == 0);

@@ -61,10 +61,11 @@ TEST_CASE("Metrics: jobs past kJobLabelsMax share the label _other", "[unit]") {
   m.Save("job0", absl::StatusCode::kOk, 1, 0);  // labelled before the bound: keeps its label
   const std::string text = Scrape(m);
   CHECK(Has(text, "ckptd_staged_bytes_total{ckpt_job=\"job0\"} 2"));
-  CHECK(Has(text, absl::StrCat("ckptd_staged_bytes_total{ckpt_job=\"job", Metrics::kJobLabelsMax - 1,
-                               "\"} 1")));
+  CHECK(Has(text, absl::StrCat("ckptd_staged_bytes_total{ckpt_job=\"job",
+                               Metrics::kJobLabelsMax - 1, "\"} 1")));
   CHECK(Has(text, "ckptd_staged_bytes_total{ckpt_job=\"_other\"} 10"));
-  CHECK(text.find(absl::StrCat("ckpt_job=\"job", Metrics::kJobLabelsMax, "\"")) == std::string::npos);
+  CHECK(text.find(absl::StrCat("ckpt_job=\"job", Metrics::kJobLabelsMax, "\"")) ==
+        std::string::npos);
 }
 
 TEST_CASE("Metrics: levels are read at each scrape", "[unit]") {
