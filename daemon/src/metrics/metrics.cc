@@ -101,6 +101,7 @@ class Metrics::LevelsCollectable : public prometheus::Collectable {
                               "Checkpoints being saved (staging, flushing or committing)",
                               {Level(static_cast<double>(l.checkpoints_in_flight), {})}));
     std::vector<prometheus::ClientMetric> queued;
+    queued.reserve(l.queued.size());
     for (const auto& [pool, n] : l.queued) {
       queued.push_back(Level(static_cast<double>(n), {{"pool", pool}}));
     }
