@@ -311,13 +311,10 @@ def main() -> None:
     ap.add_argument("--systems", default=",".join(SYSTEMS))
     ap.add_argument("--arena-mib", type=int, default=512, help="each daemon's staging arena")
     ap.add_argument("--out", default=str(HERE / "results" / "resume.jsonl"))
-    # The model (train_bench.py's defaults: 13.4M parameters, 161 MB with Adam's moments).
-    ap.add_argument("--vocab", type=int, default=8192)
-    ap.add_argument("--dim", type=int, default=384)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--heads", type=int, default=6)
-    ap.add_argument("--seq", type=int, default=128)
-    ap.add_argument("--batch", type=int, default=4)
+    # The model (train_bench.py's: 13.4M parameters, 161 MB with Adam's moments).
+    from train_bench import add_model_args
+
+    add_model_args(ap)
     ap.add_argument("--warmup", type=int, default=1)
     # The children's.
     ap.add_argument("--system", default="")
