@@ -1,8 +1,6 @@
 // ckptctl's commands: one RPC (or one paginated series) each, printed as a table or JSON.
 #include "commands.h"
 
-#include <google/protobuf/util/json_util.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -11,6 +9,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "json.h"
 #include "table.h"
 
 namespace ckptctl {
@@ -36,17 +35,7 @@ absl::Status Call(Context& ctx, int64_t timeout_ms, Fn&& fn) {
 }
 
 absl::Status PrintJson(const google::protobuf::Message& msg) {
-  google::protobuf::util::JsonPrintOptions options;
-  options.add_whitespace = true;
-  options.always_print_primitive_fields = true;
-  options.preserve_proto_field_names = true;
-  std::string out;
-  auto s = google::protobuf::util::MessageToJsonString(msg, &out, options);
-  if (!s.ok()) {
-    return absl::InternalError(absl::StrCat("formatting JSON: ", s.ToString()));
-  }
-  std::cout << out;
-  if (out.empty() || out.back() != '\n') std::cout << "\n";
+  std::cout << MessageJson(msg) << "\n";
   return absl::OkStatus();
 }
 
