@@ -12,7 +12,7 @@ _ckptctl_ask() {
 _ckptctl() {
   local cur="${COMP_WORDS[COMP_CWORD]}" prev="${COMP_WORDS[COMP_CWORD-1]}"
   local ctl="${COMP_WORDS[0]}"
-  local commands="ls status inspect rm latest wait reshard abort gc prefetch export"
+  local commands="ls du status inspect rm latest wait reshard abort gc prefetch export"
   _ckptctl_socket=()
   local cmd="" i args=()
   for ((i = 1; i < COMP_CWORD; i++)); do
@@ -48,10 +48,10 @@ _ckptctl() {
   fi
   local n=${#args[@]}
   case "$cmd" in
-    ls|latest|gc|status|inspect|rm|wait|reshard|abort|prefetch|export)
+    ls|du|latest|gc|status|inspect|rm|wait|reshard|abort|prefetch|export)
       if ((n == 0)); then
         COMPREPLY=($(compgen -W "$(_ckptctl_ask "$ctl")" -- "$cur"))
-      elif ((n == 1)) && [[ "$cmd" != ls && "$cmd" != latest && "$cmd" != gc ]]; then
+      elif ((n == 1)) && [[ "$cmd" != ls && "$cmd" != du && "$cmd" != latest && "$cmd" != gc ]]; then
         local steps; steps="$(_ckptctl_ask "$ctl" "${args[0]}")"
         [[ "$cmd" == export || "$cmd" == prefetch ]] && steps+=" latest"
         COMPREPLY=($(compgen -W "$steps" -- "$cur"))

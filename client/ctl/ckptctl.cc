@@ -24,6 +24,8 @@ constexpr const char* kUsage = R"(usage: ckptctl [--socket PATH] [--json] COMMAN
 commands:
   ls [JOB]                 jobs (name, owner, checkpoints, latest committed step), or with JOB its
                            checkpoints (step, state, size, tiers, world size, created, error)
+  du [JOB]                 bytes per job and tier: checkpoints, bytes on local storage, on the
+                           remote tier and in the RAM tier (with no JOB: every job and a total)
   status JOB STEP          state, per-rank progress (staged/persisted bytes), missing ranks, error
   inspect JOB STEP         items: name, kind, dtype (or object scope), shape, shards, bytes
   rm JOB STEP              delete a checkpoint
@@ -203,6 +205,9 @@ int Run(const Args& args) {
   if (cmd == "ls") {
     if (n > 1) return Usage("ls takes [JOB]");
     s = n == 0 ? ckptctl::ListJobs(ctx) : ckptctl::ListCheckpoints(ctx, p[1]);
+  } else if (cmd == "du") {
+    if (n > 1) return Usage("du takes [JOB]");
+    s = ckptctl::DiskUsage(ctx, n == 0 ? "" : p[1]);
   } else if (cmd == "status") {
     if (!need(2, "JOB STEP")) return 2;
     s = ckptctl::Status(ctx, p[1], step);

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "json.h"
+#include "safetensors.h"
 #include "table.h"
 
 namespace ckptctl {
@@ -86,7 +87,10 @@ void PrintSummary(const v1::CheckpointSummary& s) {
 
 }  // namespace
 
-absl::Status ListJobs(Context& ctx) {
+namespace {
+
+// Every page of ListJobs / ListCheckpoints, merged.
+absl::StatusOr<v1::ListJobsResponse> AllJobs(Context& ctx) {
   v1::ListJobsResponse all;
   v1::ListJobsRequest req;
   do {
@@ -98,17 +102,10 @@ absl::Status ListJobs(Context& ctx) {
     all.mutable_jobs()->MergeFrom(page.jobs());
     req.set_page_token(page.next_page_token());
   } while (!req.page_token().empty());
-  if (ctx.json) return PrintJson(all);
-  Table t({"JOB", ">OWNER", ">CHECKPOINTS", ">LATEST"});
-  for (const v1::JobSummary& j : all.jobs()) {
-    t.AddRow({j.job(), std::to_string(j.owner_uid()), std::to_string(j.checkpoint_count()),
-              j.has_committed() ? std::to_string(j.latest_committed_step()) : "-"});
-  }
-  std::cout << t.Render();
-  return absl::OkStatus();
+  return all;
 }
 
-absl::Status ListCheckpoints(Context& ctx, const std::string& job) {
+absl::StatusOr<v1::ListCheckpointsResponse> AllCheckpoints(Context& ctx, const std::string& job) {
   v1::ListCheckpointsResponse all;
   v1::ListCheckpointsRequest req;
   req.set_job(job);
@@ -121,12 +118,90 @@ absl::Status ListCheckpoints(Context& ctx, const std::string& job) {
     all.mutable_checkpoints()->MergeFrom(page.checkpoints());
     req.set_page_token(page.next_page_token());
   } while (!req.page_token().empty());
-  if (ctx.json) return PrintJson(all);
+  return all;
+}
+
+}  // namespace
+
+absl::Status ListJobs(Context& ctx) {
+  absl::StatusOr<v1::ListJobsResponse> all = AllJobs(ctx);
+  if (!all.ok()) return all.status();
+  if (ctx.json) return PrintJson(*all);
+  Table t({"JOB", ">OWNER", ">CHECKPOINTS", ">LATEST"});
+  for (const v1::JobSummary& j : all->jobs()) {
+    t.AddRow({j.job(), std::to_string(j.owner_uid()), std::to_string(j.checkpoint_count()),
+              j.has_committed() ? std::to_string(j.latest_committed_step()) : "-"});
+  }
+  std::cout << t.Render();
+  return absl::OkStatus();
+}
+
+absl::Status ListCheckpoints(Context& ctx, const std::string& job) {
+  absl::StatusOr<v1::ListCheckpointsResponse> all = AllCheckpoints(ctx, job);
+  if (!all.ok()) return all.status();
+  if (ctx.json) return PrintJson(*all);
   Table t({">STEP", "STATE", ">SIZE", "TIERS", ">WORLD", "CREATED", "ERROR"});
-  for (const v1::CheckpointSummary& c : all.checkpoints()) {
+  for (const v1::CheckpointSummary& c : all->checkpoints()) {
     t.AddRow({std::to_string(c.step()), StateString(c), HumanBytes(c.bytes()),
               TiersString(c.tiers()), std::to_string(c.world_size()),
               FormatUnixMs(c.created_unix_ms()), c.error()});
+  }
+  std::cout << t.Render();
+  return absl::OkStatus();
+}
+
+absl::Status DiskUsage(Context& ctx, const std::string& job) {
+  std::vector<std::string> jobs;
+  if (!job.empty()) {
+    jobs.push_back(job);
+  } else {
+    absl::StatusOr<v1::ListJobsResponse> all = AllJobs(ctx);
+    if (!all.ok()) return all.status();
+    for (const v1::JobSummary& j : all->jobs()) jobs.push_back(j.job());
+  }
+  struct Usage {
+    std::string job;
+    uint64_t checkpoints = 0, local = 0, remote = 0, ram = 0;
+  };
+  std::vector<Usage> rows;
+  Usage total{.job = "total"};
+  for (const std::string& j : jobs) {
+    absl::StatusOr<v1::ListCheckpointsResponse> all = AllCheckpoints(ctx, j);
+    if (!all.ok()) return all.status();
+    Usage u{.job = j};
+    for (const v1::CheckpointSummary& c : all->checkpoints()) {
+      ++u.checkpoints;
+      if (c.tiers().local()) u.local += c.bytes();
+      if (c.tiers().remote()) u.remote += c.bytes();
+      u.ram += c.tiers().ram_bytes();
+    }
+    total.checkpoints += u.checkpoints;
+    total.local += u.local;
+    total.remote += u.remote;
+    total.ram += u.ram;
+    rows.push_back(u);
+  }
+  if (ctx.json) {
+    auto doc = [](const Usage& u) {
+      return absl::StrCat("{\"job\": ", safetensors::JsonString(u.job),
+                          ", \"checkpoints\": ", u.checkpoints, ", \"local_bytes\": ", u.local,
+                          ", \"remote_bytes\": ", u.remote, ", \"ram_bytes\": ", u.ram, "}");
+    };
+    std::vector<std::string> items;
+    items.reserve(rows.size());
+    for (const Usage& u : rows) items.push_back(doc(u));
+    std::cout << "{\"jobs\": [" << absl::StrJoin(items, ", ") << "], \"total\": " << doc(total)
+              << "}\n";
+    return absl::OkStatus();
+  }
+  Table t({"JOB", ">CHECKPOINTS", ">LOCAL", ">REMOTE", ">RAM"});
+  for (const Usage& u : rows) {
+    t.AddRow({u.job, std::to_string(u.checkpoints), HumanBytes(u.local), HumanBytes(u.remote),
+              HumanBytes(u.ram)});
+  }
+  if (job.empty()) {
+    t.AddRow({"total", std::to_string(total.checkpoints), HumanBytes(total.local),
+              HumanBytes(total.remote), HumanBytes(total.ram)});
   }
   std::cout << t.Render();
   return absl::OkStatus();

@@ -22,6 +22,10 @@ struct Context {
 
 absl::Status ListJobs(Context& ctx);
 absl::Status ListCheckpoints(Context& ctx, const std::string& job);
+// Bytes per job (every job the daemon lists, or `job`) and tier: checkpoints, the bytes of those
+// on local storage and on the remote tier (manifest sizes: the files add at most 4 KiB of padding
+// per blob), and the RAM tier's bytes. A "total" row when no job is named.
+absl::Status DiskUsage(Context& ctx, const std::string& job);
 absl::Status Status(Context& ctx, const std::string& job, uint64_t step);
 absl::Status Inspect(Context& ctx, const std::string& job, uint64_t step);
 absl::Status Remove(Context& ctx, const std::string& job, uint64_t step);

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <thread>
 
 #include "harness.h"
@@ -381,4 +382,34 @@ TEST_CASE("ram tier: segments kept for hot checkpoints are removed once their st
   INFO(b.Log());
   CHECK_FALSE(PathExists(segment));
   CHECK_THAT(b.Log(), Contains("its state dir") && Contains("is gone"));
+}
+
+TEST_CASE("ckptctl du: checkpoints and bytes per job and tier, the RAM tier included",
+          "[integration]") {
+  Daemon d;
+  SaveCommitted(d, "du-a", 1, kSeed);
+  SaveCommitted(d, "du-a", 2, kSeed);
+  SaveCommitted(d, "du-b", 1, kSeed);
+  // The bytes `ls` reports per checkpoint, summed.
+  CommandResult ls = RunCtl(d, {"--json", "ls", "du-a"});
+  REQUIRE(ls.exit_code == 0);
+  uint64_t bytes = 0;
+  const std::regex bytes_re("\"bytes\": (\\d+)");
+  for (std::sregex_iterator it(ls.output.begin(), ls.output.end(), bytes_re), end; it != end;
+       ++it) {
+    bytes += std::stoull((*it)[1]);
+  }
+  REQUIRE(bytes > 0);
+  CommandResult du = RunCtl(d, {"--json", "du", "du-a"});
+  INFO(du.output);
+  REQUIRE(du.exit_code == 0);
+  CHECK_THAT(du.output, Contains("\"job\": \"du-a\", \"checkpoints\": 2, \"local_bytes\": " +
+                                 std::to_string(bytes) + ", \"remote_bytes\": 0"));
+  const std::string hot = std::to_string(d.Connect()->GetStatus("du-a", 2).value().tiers.ram_bytes);
+  CHECK_THAT(du.output, Contains("\"ram_bytes\": " + hot + "}"));  // step 2 only: keep one
+  CommandResult all = RunCtl(d, {"du"});
+  INFO(all.output);
+  CHECK(all.exit_code == 0);
+  CHECK_THAT(all.output, Contains("du-a") && Contains("du-b") && Contains("total"));
+  CHECK(RunCtl(d, {"du", "a", "b"}).exit_code == 2);
 }
