@@ -90,3 +90,17 @@ def fio_read(path: str, nbytes: int, direct: bool, bs: str = "16M", depth: int =
 
 def median(xs: list[float]) -> float:
     return statistics.median(xs)
+
+
+def read_through_cache(path: str) -> None:
+    """Reads the file `path`, or every file under the directory `path`, once, so its pages are in
+    the page cache (what a copy tool or a buffered reader leaves behind)."""
+    files = [path] if os.path.isfile(path) else [
+        os.path.join(d, fn) for d, _, fns in os.walk(path) for fn in fns
+    ]  # fmt: skip
+    for fn in files:
+        if not os.path.isfile(fn) or os.path.islink(fn):
+            continue  # sockets, links
+        with open(fn, "rb") as f:
+            while f.read(64 << 20):
+                pass

@@ -41,7 +41,7 @@ import time
 from typing import Any
 
 import numpy as np
-from bench_common import device_read_bytes, drop_caches, median, start_daemon
+from bench_common import device_read_bytes, drop_caches, median, read_through_cache, start_daemon
 
 import ckptd
 
@@ -200,17 +200,6 @@ def main() -> None:
     with open(args.out, "a") as f:
         for s in samples:
             f.write(json.dumps(s) + "\n")
-
-
-def read_through_cache(path: str) -> None:
-    """Reads every blob under `path` through the page cache (what a buffered reader, a copy
-    tool or `cat` leaves behind)."""
-    for dirpath, _, files in os.walk(path):
-        for fn in files:
-            if fn.endswith(".blob"):
-                with open(os.path.join(dirpath, fn), "rb") as f:
-                    while f.read(16 * MIB):
-                        pass
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed.checkpoint as dcp
-from bench_common import GB, device_read_bytes, median, start_daemon
+from bench_common import GB, device_read_bytes, median, read_through_cache, start_daemon
 
 import ckptd
 import ckptd.torch
@@ -51,18 +51,6 @@ import ckptd.torch
 MIB = 1 << 20
 TENSORS = 16
 CASES = ["memcpy", "read", "ckptd:arena", "ckptd:plain", "ckptd_dcp", "dcp", "torch.load"]
-
-
-def _read_all(path: str) -> None:
-    """Reads the file `path`, or every file under the directory `path`, once: its pages in the
-    page cache."""
-    files = [path] if os.path.isfile(path) else [
-        os.path.join(d, fn) for d, _, fns in os.walk(path) for fn in fns
-    ]  # fmt: skip
-    for fn in files:
-        with open(fn, "rb") as f:
-            while f.read(64 * MIB):
-                pass
 
 
 def main() -> None:
@@ -102,8 +90,8 @@ def main() -> None:
         dcp.save(full_t, checkpoint_id=dcp_dir)
         torch_file = os.path.join(base, "state.pt")
         torch.save(full_t, torch_file)
-        _read_all(dcp_dir)  # the page cache warm for both
-        _read_all(torch_file)
+        read_through_cache(dcp_dir)  # the page cache warm for both
+        read_through_cache(torch_file)
         arena = {k: client.empty((n,), np.float32) for k in full}
         plain = {k: torch.empty(n, dtype=torch.float32) for k in full}
         src = np.ones(state_bytes // 4, np.float32)
