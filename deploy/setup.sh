@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what ckptd's build and tests need, only when missing. Idempotent; run as root on a fresh
-# Debian 12 machine (make run / make test call it). Set CKPTD_SKIP_SETUP=1 to skip.
+# Debian 12 machine (make run / make test call it). Set CKPTD_SKIP_SETUP=1 to skip;
+# CKPTD_SETUP_PYTHON=0 installs the Debian packages only (the image build, deploy/Dockerfile).
 set -euo pipefail
 [ "${CKPTD_SKIP_SETUP:-0}" = 1 ] && exit 0
 
@@ -11,6 +12,7 @@ DEB_PKGS=(
   libcurl4-openssl-dev libssl-dev libpugixml-dev prometheus-cpp-dev
   clang-15 libfuzzer-15-dev clang-format-15 clang-tidy-15
   dpkg-dev
+  systemd  # systemd-analyze and systemd-sysusers: tests/deploy/systemd_unit_test.sh
 )
 
 missing=()
@@ -26,15 +28,19 @@ if [ "${#missing[@]}" -gt 0 ]; then
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
+[ "${CKPTD_SETUP_PYTHON:-1}" = 0 ] && exit 0
+
 # Python tier (client/python, plugins/torch, tests/python): pip packages of the Python first on
 # PATH (override with PYTHON=...). torch is pinned to the CPU build; installed only when missing.
 # ruff (make lint-python) is pinned too: a newer one can add findings to the rule sets ruff.toml
-# selects.
+# selects. kubernetes-validate (with PyYAML) checks deploy/k8s offline against the Kubernetes
+# OpenAPI schemas it bundles (tests/python/test_deploy_k8s.py).
 PYTHON="${PYTHON:-python3}"
 TORCH_VERSION=2.13.0
 py_missing=()
 for spec in "numpy:numpy" "pybind11:pybind11" "pytest:pytest" "scikit_build_core:scikit-build-core" \
-            "safetensors:safetensors" "ruff:ruff==0.17.6"; do
+            "safetensors:safetensors" "ruff:ruff==0.17.6" \
+            "kubernetes_validate:kubernetes-validate==1.37.0" "yaml:PyYAML"; do
   "$PYTHON" -c "import ${spec%%:*}" 2>/dev/null || py_missing+=("${spec#*:}")
 done
 if [ "${#py_missing[@]}" -gt 0 ]; then
