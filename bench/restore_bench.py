@@ -19,7 +19,14 @@ storage, everything copied from RAM. Beside them, `disk`: the same-layout load i
 destinations from a second daemon with the RAM tier off (ram_tier_keep_per_job=0; O_DIRECT
 reads, what every restore was before the RAM tier). The ratio of each to memcpy is recorded.
 
-Usage: restore_bench.py --daemon BUILD/ckptd [--state-mib 1024] [--rounds 3] [--out F]
+With --bound (BUILD/ckptd_bench_restore_bound), each round also times the floor of a verified
+restore of each layout: the same bytes copied and checksummed per block in one pass by as many
+threads as ranks, with ckptd's own kernels and nothing around them (`floor same`: contiguous
+shares; `floor columns`: the 4-rank resharded case's 4 KiB runs at a 16 KiB stride). The summary
+sets each load against the floor of its layout, the least any verified restore can cost here.
+
+Usage: restore_bench.py --daemon BUILD/ckptd [--bound BUILD/ckptd_bench_restore_bound]
+                        [--state-mib 1024] [--rounds 3] [--out F]
 Writes one JSON row per sample to --out (bench/results/restore.jsonl by default).
 """
 
@@ -28,6 +35,7 @@ import json
 import multiprocessing as mp
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -112,6 +120,22 @@ def run_case(sock: str, case: str, dest: str, world: int, rows: int) -> tuple[fl
     return seconds, sum(g[3] for g in got), sum(g[4] for g in got)
 
 
+def run_floor(bound: str, layout: str, world: int, state_mib: int) -> float:
+    """Seconds of the floor of a verified restore of `layout` by `world` threads."""
+    out = subprocess.run(
+        [bound, "--threads", str(world), "--mib", str(state_mib), "--layouts", layout],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return float(json.loads(out.splitlines()[-1])["seconds"])
+
+
+def floor_of(case: str, world: int) -> str:
+    """The floor layout a load `case` of `world` ranks is set against."""
+    return "columns" if case == "resharded" and world > 1 else "same"
+
+
 def save_both(client: ckptd.Client, full: dict[str, Any], rows: int) -> None:
     """w1 saved by one rank, w4 by four (a quarter of the rows of every tensor each)."""
     client.save("w1", 1, full).committed().result()
@@ -136,10 +160,16 @@ def save_both(client: ckptd.Client, full: dict[str, Any], rows: int) -> None:
 CASES = [(c, d) for c in ("same", "resharded") for d in ("arena", "numpy")] + [("disk", "arena")]
 
 
+def median_range(rows: list[dict[str, Any]], key: str) -> str:
+    ratios = sorted(r[key] for r in rows)
+    return f"{ratios[len(ratios) // 2]:.2f}x (range {ratios[0]:.2f}-{ratios[-1]:.2f})"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--daemon", required=True)
     ap.add_argument("--dir", default=None, help="state dir (default: a temporary one under bench/)")
+    ap.add_argument("--bound", default=None, help="ckptd_bench_restore_bound: time the floor too")
     ap.add_argument("--state-mib", type=int, default=1024)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--worlds", default="1,4", help="ranks loading at once, comma-separated")
@@ -184,22 +214,27 @@ def main() -> None:
         del full
         for r in range(args.rounds):
             for world in worlds:
-                order = [("memcpy", "-"), *CASES]
+                floors = [("floor", "same")] + ([("floor", "columns")] if world > 1 else [])
+                order = [("memcpy", "-"), *CASES, *(floors if args.bound else [])]
                 order = order[r % len(order) :] + order[: r % len(order)]
                 times = {}
                 for case, dest in order:
+                    if case == "floor":
+                        times[(case, dest)] = run_floor(args.bound, dest, world, args.state_mib)
+                        continue
                     at = disk_sock if case == "disk" else sock
                     s, read, ram = run_case(at, case, dest, world, rows)
                     times[(case, dest)] = s
                     if case == "disk" and (ram != 0 or read < state_bytes):
                         sys.exit(f"restore_bench: disk x{world} read {read}, {ram} from RAM")
-                    if case not in ("memcpy", "disk") and (read != 0 or ram < state_bytes):
+                    if case in ("same", "resharded") and (read != 0 or ram < state_bytes):
                         sys.exit(
                             f"restore_bench: {case}/{dest} x{world} read {read} bytes from "
                             f"storage, {ram} from RAM (want 0 and {state_bytes})"
                         )
                 base_s = times[("memcpy", "-")]
                 for (case, dest), s in times.items():
+                    floor_s = times.get(("floor", floor_of(case, world)))
                     row = dict(
                         round=r,
                         world=world,
@@ -210,10 +245,13 @@ def main() -> None:
                         gbps=state_bytes / s / 1e9,
                         vs_memcpy=s / base_s,
                     )
+                    if floor_s is not None and case in ("same", "resharded"):
+                        row["vs_floor"] = s / floor_s
                     samples.append(row)
                     print(
                         f"round {r} x{world} {case:9s} {dest:5s}: {s:.3f} s "
-                        f"({row['gbps']:.2f} GB/s) {row['vs_memcpy']:.2f}x memcpy",
+                        f"({row['gbps']:.2f} GB/s) {row['vs_memcpy']:.2f}x memcpy"
+                        + (f", {row['vs_floor']:.2f}x floor" if "vs_floor" in row else ""),
                         flush=True,
                     )
     finally:
@@ -222,18 +260,18 @@ def main() -> None:
             p.wait(timeout=60)
         if args.dir is None:
             shutil.rmtree(base, ignore_errors=True)
-    print("median ratio to memcpy (same number of ranks copying):")
+    print("median ratio to memcpy (same number of ranks copying), and to the floor of its layout:")
     for world in worlds:
-        for case, dest in CASES:
-            ratios = sorted(
-                s["vs_memcpy"]
-                for s in samples
-                if (s["world"], s["case"], s["dest"]) == (world, case, dest)
-            )
-            print(
-                f"  x{world} {case:9s} {dest:5s}: {ratios[len(ratios) // 2]:.2f} "
-                f"(range {ratios[0]:.2f}-{ratios[-1]:.2f})"
-            )
+        shown = CASES + ([("floor", "same"), ("floor", "columns")] if args.bound else [])
+        for case, dest in shown:
+            want = (world, case, dest)
+            rows_of = [s for s in samples if (s["world"], s["case"], s["dest"]) == want]
+            if not rows_of:
+                continue
+            line = f"  x{world} {case:9s} {dest:7s}: {median_range(rows_of, 'vs_memcpy')} memcpy"
+            if "vs_floor" in rows_of[0]:
+                line += f", {median_range(rows_of, 'vs_floor')} floor ({floor_of(case, world)})"
+            print(line)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "a") as f:
         for s in samples:

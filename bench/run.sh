@@ -120,6 +120,7 @@ if [ "$ONLY" = all ] || [ "$ONLY" = restore ]; then
 echo "bench: restores from the RAM tier (${BENCH_RESTORE_MIB:-1024} MiB) against memcpy and disk"
 "$BUILD/ckptd_bench_verify_copy" --reps 3 | tee "$OUT/verify_copy.jsonl"
 python3 "$ROOT/bench/restore_bench.py" --daemon "$BUILD/ckptd" --dir "$STATE-restore" \
+  --bound "$BUILD/ckptd_bench_restore_bound" \
   --state-mib "${BENCH_RESTORE_MIB:-1024}" --rounds "${BENCH_RESTORE_ROUNDS:-3}" \
   --worlds "${BENCH_RESTORE_WORLDS:-1,4}" --out "$OUT/restore.jsonl"
 rm -rf "$STATE-restore"
