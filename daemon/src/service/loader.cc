@@ -286,12 +286,14 @@ absl::Status VerifyAndCopy(const Manifest& m, const LoadPlan& plan, const BatchR
                            std::span<const uint64_t> in_place, WorkerPool* pool) {
   std::vector<DeviceCopy> to_device;
   std::vector<CopyPiece> pieces;
+  FusedBatcher small(&pieces);  // a strided load's one-block runs, many to a piece
   for (size_t k = batch.first; k < batch.end; ++k) {
     const uint8_t* data = buf + batch.at[k - batch.first];
     AddRunPieces(
         m, plan, k, [data](uint64_t off, uint64_t) { return data + off; }, dst, &batch.path,
-        &pieces, &to_device, in_place);
+        &pieces, &to_device, in_place, &small);
   }
+  small.Flush();
   return RunPiecesAndDeviceCopies(pool, pieces, m, dst, to_device);
 }
 
@@ -440,6 +442,7 @@ absl::Status Loader::CopyFromRam(const HotCopy& hot, const Manifest& m, const Lo
   served->assign(plan.runs.size(), false);
   std::vector<DeviceCopy> to_device;
   std::vector<CopyPiece> pieces;
+  FusedBatcher batch(&pieces);               // a strided load's one-block runs, many to a piece
   const std::string where = "the RAM tier";  // outlives the pieces: run below
   for (size_t k = 0; k < plan.runs.size(); ++k) {
     const ReadRun& run = plan.runs[k];
@@ -453,12 +456,13 @@ absl::Status Loader::CopyFromRam(const HotCopy& hot, const Manifest& m, const Lo
       all = at(plan.copies[c].run_offset, plan.copies[c].bytes) != nullptr;
     }
     if (!all) continue;  // a blob (or part) not in RAM: read from storage
-    AddRunPieces(m, plan, k, at, dst, &where, &pieces, &to_device);
+    AddRunPieces(m, plan, k, at, dst, &where, &pieces, &to_device, {}, &batch);
     (*served)[k] = true;
     for (uint64_t c = run.first_copy; c < run.first_copy + run.copy_count; ++c) {
       *bytes += plan.copies[c].bytes;
     }
   }
+  batch.Flush();
   return RunPiecesAndDeviceCopies(copy_pool_.get(), pieces, m, dst, to_device);
 }
 

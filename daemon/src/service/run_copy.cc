@@ -188,6 +188,43 @@ absl::Status CopyAndVerifyPart(const Context& c, const BlockCheck& chk,
                  : ok;
 }
 
+absl::Status CopyAndVerifyChecks(const Context& c, std::span<const FusedCopy> copies) {
+  struct Work {
+    std::span<const FusedCopy> copies;
+    uint32_t block;
+    uint32_t* crcs;
+  };
+  uint64_t total = 0;
+  for (const FusedCopy& f : copies) total += BlockCount(CheckedBytes(*f.chk, c.block), c.block);
+  std::vector<uint32_t> crcs(total);  // allocated outside the guard
+  Work w{copies, c.block, crcs.data()};
+  CKPTD_RETURN_IF_ERROR(GuardClientMemory(
+      [](void* arg) {
+        const Work& w = *static_cast<const Work*>(arg);
+        uint32_t* out = w.crcs;
+        for (const FusedCopy& f : w.copies) {
+          const uint64_t n = CheckedBytes(*f.chk, w.block);
+          CopyAndBlockCrcs(f.dst, f.src, n, w.block, out);
+          out += BlockCount(n, w.block);
+        }
+      },
+      &w, "load destination"));
+  const uint32_t* got = crcs.data();
+  for (const FusedCopy& f : copies) {
+    const uint64_t count = BlockCount(CheckedBytes(*f.chk, c.block), c.block);
+    const std::span<const uint32_t> want = Crcs(*f.chk);
+    if (!std::equal(got, got + count, want.begin() + static_cast<long>(f.chk->first_block))) {
+      // Verified again from the source, for the message naming the block.
+      absl::Status ok = VerifyPart(c, *f.chk, f.src, 0, count);
+      return ok.ok() ? CheckFailed(c, *f.chk,
+                                   absl::DataLossError(": a block changed while it was copied"))
+                     : ok;
+    }
+    got += count;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CopyPlain(std::span<const PlainCopy> copies) {
   return GuardClientMemory(
       [](void* arg) {

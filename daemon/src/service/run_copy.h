@@ -91,6 +91,16 @@ absl::Status VerifyInPlacePart(const Context& c, const BlockCheck& chk, const ui
 // the guard) as it checksums them, then compares them with the manifest's.
 absl::Status CopyAndVerifyPart(const Context& c, const BlockCheck& chk, uint8_t* dst,
                                const uint8_t* src, uint64_t first, uint64_t count);
+// A whole check copied from `src` to `dst` (client memory) as it is checksummed.
+struct FusedCopy {
+  const BlockCheck* chk;
+  uint8_t* dst;
+  const uint8_t* src;
+};
+// CopyAndVerifyPart of every block of each check, the copies under one guard: small checks (a
+// strided load's one-block runs) are batched, since a guard (a signal-mask syscall), a piece and
+// a checksum buffer each cost more than copying one 4 KiB block.
+absl::Status CopyAndVerifyChecks(const Context& c, std::span<const FusedCopy> copies);
 struct PlainCopy {
   uint8_t* dst;
   const uint8_t* src;
@@ -100,6 +110,37 @@ struct PlainCopy {
 absl::Status CopyPlain(std::span<const PlainCopy> copies);
 
 }  // namespace run_copy_internal
+
+// Small whole checks copied and verified together (CopyAndVerifyChecks: one piece and one guard
+// for many blocks), across the runs of one load: a strided load's runs are often one block each.
+// AddRunPieces adds to it and pushes a piece whenever limits::kCopyPieceBytes have gathered; the
+// caller calls Flush after its last run (before running the pieces). One load's runs only: every
+// Add names the same context.
+class FusedBatcher {
+ public:
+  explicit FusedBatcher(std::vector<CopyPiece>* pieces) : pieces_(pieces) {}
+  void Add(const run_copy_internal::Context& ctx, const run_copy_internal::FusedCopy& f,
+           uint64_t bytes) {
+    ctx_ = ctx;
+    copies_.push_back(f);
+    bytes_ += bytes;
+    if (bytes_ >= limits::kCopyPieceBytes) Flush();
+  }
+  void Flush() {
+    if (copies_.empty()) return;
+    pieces_->push_back([ctx = ctx_, copies = std::move(copies_)] {
+      return run_copy_internal::CopyAndVerifyChecks(ctx, copies);
+    });
+    copies_ = {};
+    bytes_ = 0;
+  }
+
+ private:
+  std::vector<CopyPiece>* pieces_;
+  run_copy_internal::Context ctx_{};
+  std::vector<run_copy_internal::FusedCopy> copies_;
+  uint64_t bytes_ = 0;
+};
 
 // Whether copy `cp` lands in host memory (not on a GPU).
 inline bool IsHostCopy(const LoadDests& dst, const RunCopy& cp) {
@@ -140,11 +181,15 @@ std::vector<uint64_t> DirectPrefixes(const LoadPlan& plan, const LoadDests& dst,
 // piece succeeded (or, on a pool, while they run: RunPiecesAndDeviceCopies), before the source is
 // reused. `where` must outlive the pieces. in_place (empty, or indexed like plan.copies, as
 // DirectPrefixes answers): leading bytes of a fused copy already read into its destination; their
-// blocks are verified there (under the guard) instead of copied.
+// blocks are verified there (under the guard) instead of copied. `batch` (optional) gathers the
+// run's small whole checks with other runs' (the caller flushes it); without one they are
+// batched within this run.
 template <typename At>
 void AddRunPieces(const Manifest& m, const LoadPlan& plan, size_t k, const At& at,
                   const LoadDests& dst, const std::string* where, std::vector<CopyPiece>* pieces,
-                  std::vector<DeviceCopy>* to_device, std::span<const uint64_t> in_place = {}) {
+                  std::vector<DeviceCopy>* to_device, std::span<const uint64_t> in_place = {},
+                  FusedBatcher* batch = nullptr) {
+  using run_copy_internal::FusedCopy;
   using run_copy_internal::PlainCopy;
   const run_copy_internal::Context ctx{&m, &plan, where, m.header.checksum_block_bytes()};
   const uint32_t block = ctx.block;
@@ -157,6 +202,9 @@ void AddRunPieces(const Manifest& m, const LoadPlan& plan, size_t k, const At& a
     fused_check.emplace(f.check, f.copy);
     fused.insert(f.copy);
   }
+  // Whole checks smaller than a piece, copied and verified together (CopyAndVerifyChecks).
+  FusedBatcher own(pieces);
+  FusedBatcher* small = batch != nullptr ? batch : &own;
   for (uint32_t c = run.first_check; c < run.first_check + run.check_count; ++c) {
     const BlockCheck* chk = &plan.checks[c];
     const uint64_t n = CheckedBytes(*chk, block);
@@ -169,6 +217,10 @@ void AddRunPieces(const Manifest& m, const LoadPlan& plan, size_t k, const At& a
       if (!in_place.empty()) ready = in_place[it->second] / block;
     }
     const uint64_t blocks = BlockCount(n, block);
+    if (to != nullptr && ready == 0 && blocks < blocks_per_piece) {
+      small->Add(ctx, FusedCopy{chk, to, src}, n);
+      continue;
+    }
     for (uint64_t first = 0; first < blocks;) {
       const uint64_t end =
           std::min({first + blocks_per_piece, blocks, first < ready ? ready : blocks});
@@ -189,6 +241,7 @@ void AddRunPieces(const Manifest& m, const LoadPlan& plan, size_t k, const At& a
       first = end;
     }
   }
+  own.Flush();
   std::vector<PlainCopy> group;
   uint64_t group_bytes = 0;
   auto flush_group = [&] {
