@@ -20,6 +20,7 @@
 #include "ckptd/storage.h"
 #include "ckptd/sync_point.h"
 #include "common/limits.h"
+#include "common/log.h"
 #include "dataplane/arena.h"
 #include "dataplane/buffered_io.h"
 #include "dataplane/memory_guard.h"
@@ -44,11 +45,7 @@ namespace ckptd {
 namespace {
 
 void SetUpLogging(const DaemonOptions& o) {
-  if (o.log_format == "json") {
-    spdlog::set_pattern(R"({"time":"%Y-%m-%dT%H:%M:%S.%e%z","level":"%l","thread":%t,"msg":"%v"})");
-  } else {
-    spdlog::set_pattern("%Y-%m-%d %H:%M:%S.%e %^%l%$ [%t] %v");
-  }
+  InstallLogFormat(o.log_format == "json" ? LogFormat::kJson : LogFormat::kText);
   spdlog::set_level(spdlog::level::from_str(o.log_level));
 }
 

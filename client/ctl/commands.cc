@@ -85,6 +85,43 @@ void PrintSummary(const v1::CheckpointSummary& s) {
   if (!s.error().empty()) std::cout << "  error: " << s.error() << "\n";
 }
 
+// "+12.0 ms" after the checkpoint was created; "+0 ms" when `reached` within its first ms.
+std::string At(uint64_t ms, bool reached) {
+  if (ms == 0) return reached ? "+0 ms" : "-";
+  return "+" + HumanMicros(ms * 1000);
+}
+
+// A checkpoint's phases: its own (after it was created), the remote tier's, then one row per
+// rank. Nothing when none is known (a checkpoint saved before timings were recorded).
+void PrintTimings(const v1::CheckpointTimings& t, const v1::Tiers& tiers, uint64_t created_ms) {
+  const uint64_t kMs = 1000;
+  std::vector<std::string> phases;
+  auto after = [&](const char* what, uint64_t ms) {
+    if (ms != 0) phases.push_back(absl::StrCat(what, " +", HumanMicros(ms * kMs)));
+  };
+  after("all staged", t.all_staged_ms());
+  after("all persisted", t.all_persisted_ms());
+  if (t.manifest_us() != 0) phases.push_back("manifest " + HumanMicros(t.manifest_us()));
+  after("committed", t.committed_ms());
+  const v1::Upload& up = tiers.upload();
+  if (up.state() == v1::UPLOAD_DURABLE && up.durable_unix_ms() > created_ms && created_ms != 0) {
+    phases.push_back(absl::StrCat("remote durable +",
+                                  HumanMicros((up.durable_unix_ms() - created_ms) * kMs),
+                                  " (upload ", HumanMicros(up.upload_ms() * kMs), ")"));
+  }
+  if (!phases.empty()) std::cout << "  timings: " << absl::StrJoin(phases, ", ") << "\n";
+  if (t.ranks().empty()) return;
+  Table rt({">RANK", ">RESERVE", ">COPY", ">STAGED", ">QUEUED", ">FLUSH", ">FSYNC", ">STAGED_AT",
+            ">PERSISTED_AT"});
+  for (const v1::RankTimings& r : t.ranks()) {
+    rt.AddRow({std::to_string(r.rank()), HumanMicros(r.reserve_us()), HumanMicros(r.copy_us()),
+               HumanMicros(r.staged_us()), HumanMicros(r.queued_us()), HumanMicros(r.flush_us()),
+               HumanMicros(r.fsync_us()), At(r.staged_at_ms(), r.staged_us() != 0),
+               At(r.persisted_at_ms(), r.fsync_us() != 0 && r.persisted_at_ms() != 0)});
+  }
+  std::cout << "\n" << rt.Render();
+}
+
 }  // namespace
 
 namespace {
@@ -228,6 +265,7 @@ absl::Status Status(Context& ctx, const std::string& job, uint64_t step) {
             << "  ranks missing: "
             << (resp.missing_ranks().empty() ? "none" : absl::StrJoin(resp.missing_ranks(), ","))
             << "\n";
+  PrintTimings(resp.timings(), resp.summary().tiers(), resp.summary().created_unix_ms());
   if (!resp.nodes().empty()) {
     // Spanning nodes: this daemon first, then the parts it read from the shared tier.
     std::cout << "  spans nodes (" << resp.summary().local_world_size()

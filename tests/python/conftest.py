@@ -46,6 +46,23 @@ def daemon_binary() -> str:
     return path
 
 
+def ckptctl_binary() -> str:
+    path = os.environ.get("CKPTCTL_BIN") or str(Path(daemon_binary()).parent / "ckptctl")
+    if not os.access(path, os.X_OK):
+        raise RuntimeError(f"no ckptctl binary at {path}: run `make build` or set CKPTCTL_BIN")
+    return path
+
+
+def ckptctl(daemon: Daemon, *args: str) -> subprocess.CompletedProcess[str]:
+    """`ckptctl --socket <daemon's> ARGS...`, its output captured as text."""
+    return subprocess.run(
+        [ckptctl_binary(), "--socket", daemon.socket, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
 @dataclass
 class Daemon:
     state_dir: str
@@ -70,11 +87,14 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def start_daemon(staging_bytes: int = STAGING_BYTES, flags: Sequence[str] = ()) -> Daemon:
-    state_dir = tempfile.mkdtemp(prefix="ckpy", dir="/tmp")
+def start_daemon(
+    staging_bytes: int = STAGING_BYTES, flags: Sequence[str] = (), state_dir: str | None = None
+) -> Daemon:
+    """A daemon on `state_dir` (default: a new temp dir), its output appended to ckptd.log."""
+    state_dir = state_dir or tempfile.mkdtemp(prefix="ckpy", dir="/tmp")
     sock = os.path.join(state_dir, "ckptd.sock")
     log = os.path.join(state_dir, "ckptd.log")
-    with open(log, "wb") as out:
+    with open(log, "ab") as out:
         proc = subprocess.Popen(
             [
                 daemon_binary(),

@@ -5,37 +5,19 @@ safetensors has (bfloat16 and float8 included), through the index as Hugging Fac
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import ckptd
-from conftest import Daemon, daemon_binary
+from conftest import Daemon, ckptctl
 
 torch = pytest.importorskip("torch")
 st_torch = pytest.importorskip("safetensors.torch")
 safetensors = pytest.importorskip("safetensors")
 
 WORLD = 4
-
-
-def ckptctl_binary() -> str:
-    path = os.environ.get("CKPTCTL_BIN") or str(Path(daemon_binary()).parent / "ckptctl")
-    if not os.access(path, os.X_OK):
-        raise RuntimeError(f"no ckptctl binary at {path}: run `make build` or set CKPTCTL_BIN")
-    return path
-
-
-def ckptctl(daemon: Daemon, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [ckptctl_binary(), "--socket", daemon.socket, *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 def reference() -> dict[str, Any]:

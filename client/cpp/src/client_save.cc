@@ -2,6 +2,7 @@
 // shard in caller memory into the staging arena (strided sources gathered in that pass), none for
 // shards in daemon-visible memory; Allocate()/Release*() manage the caller's arena buffers.
 #include <algorithm>
+#include <chrono>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -100,8 +101,17 @@ absl::StatusOr<SaveResult> SaveSources(internal::ClientCore& core, const Session
     if (flat != nullptr) src.in_daemon = core.Locate(session, flat, src.bytes);
     if (!src.in_daemon.has_value()) sizes.push_back(src.bytes);
   }
+  // The daemon records what the client spent (RankTimings: reserve, copy) with the checkpoint.
+  using Clock = std::chrono::steady_clock;
+  auto micros_since = [](Clock::time_point t0) {
+    return static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0).count());
+  };
+  const Clock::time_point reserve_start = Clock::now();
   absl::StatusOr<std::vector<MappedExtent>> extents = core.Reserve(session, sizes);
   if (!extents.ok()) return extents.status();
+  req.set_client_reserve_us(sizes.empty() ? 0 : micros_since(reserve_start));
+  const Clock::time_point copy_start = Clock::now();
   std::vector<uint64_t> ids;
   for (const MappedExtent& e : *extents) ids.push_back(e.id);
   auto fail = [&](const absl::Status& s) {
@@ -142,6 +152,7 @@ absl::StatusOr<SaveResult> SaveSources(internal::ClientCore& core, const Session
     ref->set_offset(0);
     ref->set_length(src.bytes);
   }
+  req.set_client_copy_us(micros_since(copy_start));
 
   v1::SaveResponse resp;
   absl::Status s = core.Call("Save", core.rpc_timeout_ms(), [&](grpc::ClientContext* c) {

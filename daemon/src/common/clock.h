@@ -32,6 +32,12 @@ class Clock {
 // absl::Now().
 const Clock* RealClock();
 
+// Whole microseconds from `from` to `to`; 0 when `to` is not later (the timings the daemon
+// records: service/pending_checkpoint.h).
+inline uint64_t MicrosBetween(absl::Time from, absl::Time to) {
+  return to > from ? static_cast<uint64_t>(absl::ToInt64Microseconds(to - from)) : 0;
+}
+
 // A clock that stands still until Advance()d (tests). Never goes backwards: the daemon computes
 // elapsed times as unsigned differences.
 class FakeClock final : public Clock {

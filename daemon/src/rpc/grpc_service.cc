@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "ckptd/error_reason.h"
+#include "common/log.h"
 #include "spdlog/spdlog.h"
 
 namespace ckptd {
@@ -112,6 +113,9 @@ grpc::ServerUnaryReactor* GrpcCheckpointService::Dispatch(grpc::CallbackServerCo
                                                           Fn fn) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   const absl::Time received = absl::Now();
+  // Every log line of the call carries its id: "d" and this daemon's call number, in hex.
+  std::string request_id =
+      absl::StrCat("d", absl::Hex(calls_.fetch_add(1, std::memory_order_relaxed) + 1));
   auto finish = [this, reactor, method, received](const absl::Status& st) {
     if (metrics_ != nullptr) {
       metrics_->Rpc(method, st.code(), absl::ToDoubleSeconds(absl::Now() - received));
@@ -123,7 +127,9 @@ grpc::ServerUnaryReactor* GrpcCheckpointService::Dispatch(grpc::CallbackServerCo
     finish(caller.status());
     return reactor;
   }
-  bool posted = pool->Post([finish, fn, method, c = *caller]() mutable {
+  bool posted = pool->Post([finish, fn, method, c = *caller, id = std::move(request_id)]() mutable {
+    LogScope fields;
+    fields.Str("request_id", id).Str("method", method).Num("uid", c.uid);
     absl::Status st = fn(c);
     if (!st.ok()) spdlog::debug("{}: {}", method, st.ToString());
     finish(st);
@@ -136,6 +142,18 @@ grpc::ServerUnaryReactor* GrpcCheckpointService::Dispatch(grpc::CallbackServerCo
 }
 
 namespace {
+
+// The checkpoint a call names, as log fields (job, step, rank where the request has them).
+template <typename Req>
+void AddRequestFields(LogScope& fields, const Req& req) {
+  if constexpr (requires { req.job(); }) {
+    if (!req.job().empty()) fields.Str("job", req.job());
+  }
+  if constexpr (requires { req.step(); }) {
+    if (req.step() != 0) fields.Num("step", req.step());
+  }
+  if constexpr (requires { req.rank(); }) fields.Num("rank", req.rank());
+}
 
 // Per-job metrics of the calls that have them (Save, Load); nothing for the others.
 template <typename Req, typename Resp>
@@ -165,6 +183,8 @@ void RecordCall(Metrics* m, const v1::LoadRequest& req, const v1::LoadResponse& 
                                                         const v1::Req* req, v1::Resp* resp) { \
     return Dispatch(ctx, pools_.pool, #Name, [this, req, resp](const Caller& caller) {        \
       (void)resp; /* calls without a response body (Goodbye, Delete, ...) do not use it */    \
+      LogScope fields;                                                                        \
+      AddRequestFields(fields, *req);                                                         \
       const absl::Time started = absl::Now();                                                 \
       absl::Status st = call;                                                                 \
       RecordCall(metrics_, *req, *resp, st, absl::Now() - started);                           \

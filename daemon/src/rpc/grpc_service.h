@@ -8,6 +8,7 @@
 // (they never end by themselves).
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <set>
 #include <string>
@@ -107,6 +108,7 @@ class GrpcCheckpointService final : public v1::Checkpoint::CallbackService {
   const PeerListener* peers_;
   RpcPools pools_;
   Metrics* metrics_;
+  std::atomic<uint64_t> calls_{0};  // calls received: their request ids (common/log.h)
   absl::Mutex mu_;
   std::set<AttachReactor*> attached_ ABSL_GUARDED_BY(mu_);
   bool closing_ ABSL_GUARDED_BY(mu_) = false;

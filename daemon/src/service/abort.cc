@@ -6,6 +6,7 @@
 #include "ckptd/status.h"
 #include "ckptd/sync_point.h"
 #include "common/limits.h"
+#include "common/log.h"
 #include "format/names.h"
 #include "index/keys.h"
 #include "service/checkpoint_service.h"
@@ -16,6 +17,9 @@ namespace ckptd {
 
 void CheckpointService::AbortLocked(PendingCheckpoint& p, const std::string& reason) {
   if (p.aborting()) return;
+  LogScope fields;
+  fields.Str("job", p.job).Num("step", p.step).Str("event", "aborted");
+  fields.Num("ranks", p.ranks.size()).Num("after_ms", MsAfter(p.created_unix_ms));
   spdlog::warn("{} aborted: {}", CkptName(p.job, p.step), reason);
   p.Transition(p.phase(), CheckpointPhase::kAborting);
   p.error = reason;

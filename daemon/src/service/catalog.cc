@@ -326,6 +326,7 @@ absl::Status CheckpointService::GetStatus(const Caller& caller, const v1::GetSta
         absl::StrCat("checkpoint ", req.job(), "/", req.step(), " does not exist"));
   }
   *resp->mutable_summary() = rec->summary();
+  *resp->mutable_timings() = rec->timings();
   if (rec->summary().state() == v1::COMMITTED) {
     resp->set_bytes_staged(rec->summary().bytes());
     resp->set_bytes_persisted(rec->summary().bytes());

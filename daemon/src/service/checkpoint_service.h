@@ -64,6 +64,7 @@
 #include "common/align.h"
 #include "common/clock.h"
 #include "common/limits.h"
+#include "common/log.h"
 #include "common/single_flight.h"
 #include "common/worker_pool.h"
 #include "dataplane/arena.h"
@@ -111,6 +112,9 @@ struct ServiceDeps {
   // Where events are counted for the metrics endpoint (metrics/metrics.h); null: not counted.
   Metrics* metrics = nullptr;
 };
+
+// A checkpoint's timings as log fields: its own phases, and each rank phase's slowest.
+void AddTimingFields(LogScope& fields, const v1::CheckpointTimings& t);
 
 class CheckpointService {
  public:
@@ -208,6 +212,11 @@ class CheckpointService {
 
   // The time on deps_.clock, in Unix milliseconds.
   uint64_t NowMs() const { return deps_.clock->NowUnixMs(); }
+  // Milliseconds from `unix_ms` to now on the service's clock (0 if it is not later).
+  uint64_t MsAfter(uint64_t unix_ms) const {
+    const uint64_t now = NowMs();
+    return now > unix_ms ? now - unix_ms : 0;
+  }
   // Seconds from `unix_ms` to now (0 when unset or in the future), for the metrics.
   double SecondsSince(uint64_t unix_ms) const {
     const uint64_t now = NowMs();
@@ -250,6 +259,9 @@ class CheckpointService {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::CheckpointSummary SummaryLocked(const PendingCheckpoint& p) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Its timings so far: each rank's, and all staged / all persisted once reached.
+  v1::CheckpointTimings TimingsLocked(const PendingCheckpoint& p) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FillStatusLocked(const PendingCheckpoint& p, v1::CheckpointStatus* out) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeStartCommitLocked(PendingCheckpoint& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -290,13 +302,17 @@ class CheckpointService {
 
   // commit.cc
   void CommitCheckpoint(Key key);
-  absl::Status WriteCommitted(const Manifest& m, const std::string& dir, v1::TierPolicy policy);
-  // Records a durable manifest in the index (COMMITTED row, item rows, journal removed, the
-  // upload row when the policy has a remote tier), synced.
+  // Writes the manifest durably, then IndexCommitted. `timings` (when given) gets manifest_us and
+  // committed_ms and is recorded with the checkpoint.
+  absl::Status WriteCommitted(const Manifest& m, const std::string& dir, v1::TierPolicy policy,
+                              v1::CheckpointTimings* timings = nullptr);
+  // Records a durable manifest in the index (COMMITTED row with `timings`, item rows, journal
+  // removed, the upload row when the policy has a remote tier), synced.
   // `journaled`: further ranks whose journal rows go too (a node's ranks that a partial commit
   // across nodes left out of the manifest).
   absl::Status IndexCommitted(const Manifest& m, const std::string& dir, CommittedTiers tiers = {},
-                              const std::vector<uint32_t>& journaled = {});
+                              const std::vector<uint32_t>& journaled = {},
+                              const v1::CheckpointTimings& timings = {});
   // The tiers to read a COMMITTED checkpoint from, fastest first: local when its row says so,
   // then the remote tier when its copy there is durable. FAILED_PRECONDITION when none.
   absl::StatusOr<std::vector<Storage*>> ReadTiers(const v1::CheckpointRecord& rec);

@@ -8,6 +8,7 @@
 #include "ckptd/sync_point.h"
 #include "common/align.h"
 #include "common/limits.h"
+#include "common/log.h"
 #include "format/blob_layout.h"
 #include "format/names.h"
 #include "format/region.h"
@@ -111,7 +112,8 @@ absl::StatusOr<Manifest> BuildManifest(const PendingCheckpoint& p, uint64_t comm
 
 absl::Status CheckpointService::IndexCommitted(const Manifest& m, const std::string& dir,
                                                CommittedTiers tiers,
-                                               const std::vector<uint32_t>& journaled) {
+                                               const std::vector<uint32_t>& journaled,
+                                               const v1::CheckpointTimings& timings) {
   const v1::ManifestHeader& h = m.header;
   if (tiers.policy == v1::TIER_LOCAL_AND_REMOTE && !remote_.enabled()) {
     // (A TIER_REMOTE checkpoint is never indexed by a daemon without the remote tier: Save
@@ -136,6 +138,7 @@ absl::Status CheckpointService::IndexCommitted(const Manifest& m, const std::str
   s->set_item_count(h.item_count());
   s->set_origin(h.origin());
   rec.set_dir(dir);
+  *rec.mutable_timings() = timings;
   std::vector<MetaStore::Write> writes;
   CKPTD_ASSIGN_OR_RETURN(std::optional<std::string> job, deps_.meta->Get(keys::Job(h.job())));
   if (!job) {
@@ -171,17 +174,26 @@ absl::Status CheckpointService::IndexCommitted(const Manifest& m, const std::str
 }
 
 absl::Status CheckpointService::WriteCommitted(const Manifest& m, const std::string& dir,
-                                               v1::TierPolicy policy) {
+                                               v1::TierPolicy policy,
+                                               v1::CheckpointTimings* timings) {
+  const absl::Time started = absl::Now();
   CKPTD_ASSIGN_OR_RETURN(std::string bytes, EncodeManifest(m));
   // TIER_REMOTE: the blobs are on the store (flushed there), and so goes the manifest; the
   // checkpoint has no local copy, its upload row is DURABLE at once.
   CKPTD_RETURN_IF_ERROR(
       BlobTier(policy)->PutAtomic(absl::StrCat(dir, "/", kManifestFileName), bytes));
   CKPTD_SYNC_POINT("commit.manifest_durable");
+  v1::CheckpointTimings recorded;
+  if (timings != nullptr) {
+    timings->set_manifest_us(MicrosBetween(started, absl::Now()));
+    timings->set_committed_ms(MsAfter(m.header.created_unix_ms()));
+    recorded = *timings;
+  }
   const bool remote_only = policy == v1::TIER_REMOTE;
   CKPTD_RETURN_IF_ERROR(IndexCommitted(
       m, dir,
-      CommittedTiers{.policy = policy, .local = !remote_only, .remote_durable = remote_only}));
+      CommittedTiers{.policy = policy, .local = !remote_only, .remote_durable = remote_only}, {},
+      recorded));
   CKPTD_SYNC_POINT("commit.indexed");
   return absl::OkStatus();
 }
@@ -190,6 +202,7 @@ void CheckpointService::CommitCheckpoint(Key key) {
   absl::StatusOr<Manifest> m;
   const std::string dir = CheckpointDir(key.first, key.second);
   v1::TierPolicy policy = v1::TIER_LOCAL;
+  v1::CheckpointTimings timings;
   {
     absl::MutexLock lock(&mu_);
     PendingCheckpoint& p = *pending_.at(key);
@@ -202,9 +215,10 @@ void CheckpointService::CommitCheckpoint(Key key) {
     CKPTD_CHECK(p.committing());
     m = BuildManifest(p, NowMs());
     policy = p.tier_policy;
+    timings = TimingsLocked(p);
   }
   CKPTD_SYNC_POINT("commit.manifest_built");
-  absl::Status st = m.ok() ? WriteCommitted(*m, dir, policy) : m.status();
+  absl::Status st = m.ok() ? WriteCommitted(*m, dir, policy, &timings) : m.status();
   if (st.ok()) ram_tier_.Commit(key);  // its persisted ranks' staged bytes become hot
   absl::MutexLock lock(&mu_);
   PendingCheckpoint& p = *pending_.at(key);
@@ -212,9 +226,15 @@ void CheckpointService::CommitCheckpoint(Key key) {
     AbortLocked(p, absl::StrCat("commit failed: ", st.message()));
     return;
   }
-  spdlog::info("checkpoint {}/{} COMMITTED ({} items, {} bytes, {} ranks{})", key.first, key.second,
-               m->items.size(), m->header.total_bytes(), p.ranks.size(),
-               p.partial ? ", partial" : "");
+  {
+    LogScope fields;
+    fields.Str("job", key.first).Num("step", key.second).Str("event", "committed");
+    fields.Num("bytes", m->header.total_bytes()).Num("ranks", p.ranks.size());
+    AddTimingFields(fields, timings);
+    spdlog::info("checkpoint {}/{} COMMITTED ({} items, {} bytes, {} ranks{})", key.first,
+                 key.second, m->items.size(), m->header.total_bytes(), p.ranks.size(),
+                 p.partial ? ", partial" : "");
+  }
   manifest_cache_.Put(key, std::make_shared<const Manifest>(*std::move(m)));
   if (deps_.metrics != nullptr) {
     deps_.metrics->CheckpointEnded(key.first, "committed", SecondsSince(p.first_staged_unix_ms));

@@ -50,6 +50,9 @@ void CheckpointService::FlushRank(const Key& key, uint32_t rank) {
       leases = pr.leases;
       write = true;
       to = BlobTier(p.tier_policy);
+      if (pr.staged_at != absl::InfinitePast()) {
+        rec.mutable_timings()->set_queued_us(MicrosBetween(pr.staged_at, absl::Now()));
+      }
     }
   }
   absl::Status st = absl::OkStatus();
@@ -94,7 +97,20 @@ void CheckpointService::FlushRank(const Key& key, uint32_t rank) {
     AbortLocked(p, absl::StrCat("flushing rank ", rank, " failed: ", st.message()));
     return;  // the abort frees the rank's staging (and may have erased p)
   }
-  if (!aborting) pr.rec = std::move(rec);
+  if (!aborting) {
+    if (persisted) {
+      v1::RankTimings& t = *rec.mutable_timings();
+      t.set_persisted_at_ms(MsAfter(p.created_unix_ms));
+      LogScope fields;
+      fields.Str("job", key.first).Num("step", key.second).Num("rank", rank);
+      fields.Str("event", "rank_persisted").Num("bytes", rec.bytes());
+      fields.Num("queued_us", t.queued_us()).Num("flush_us", t.flush_us());
+      fields.Num("fsync_us", t.fsync_us()).Num("persisted_at_ms", t.persisted_at_ms());
+      spdlog::debug("{} rank {} persisted ({} bytes)", CkptName(key.first, key.second), rank,
+                    rec.bytes());
+    }
+    pr.rec = std::move(rec);
+  }
   // The extents go once "persisted" is journaled (to the RAM tier, or freed); those of a rank
   // aborted unpersisted go with its checkpoint's ABORTED row (RecordAbort).
   if (persisted) {

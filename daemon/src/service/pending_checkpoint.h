@@ -36,6 +36,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "ckptd/v1/ckptd.pb.h"
 #include "ckptd/v1/cluster.pb.h"
 #include "ckptd/v1/index.pb.h"
@@ -75,6 +76,9 @@ struct PendingRank {
   v1::RankRecord rec;
   std::vector<RegionLease> leases;   // region-backed shards, held until persisted
   std::vector<uint64_t> extent_ids;  // freed once persisted
+  // When it was staged (its journal row durable), for the flush's queued_us; not journaled, so
+  // unknown (InfinitePast) for a rank rebuilt by recovery. Its timings are in rec.timings().
+  absl::Time staged_at = absl::InfinitePast();
 
   RankPhase phase() const { return phase_; }
   // Only a durable journal row is flushed: a flush journals "persisted" over the same row, which

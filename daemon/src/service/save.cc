@@ -394,12 +394,18 @@ absl::StatusOr<PendingCheckpoint*> CheckpointService::FindOrOpenLocked(const Cal
     p->local_world_size = LocalWorldSize(req);
     PendingCheckpoint* opened = pending_.emplace(key, std::move(p)).first->second.get();
     KeyChangedLocked(key);
+    LogScope fields;
+    fields.Str("event", "opened").Num("world_size", opened->world_size);
+    fields.Str("tier_policy", v1::TierPolicy_Name(policy));
+    spdlog::info("{} opened: world size {}, {}", what, opened->world_size,
+                 v1::TierPolicy_Name(policy));
     return opened;
   }
 }
 
 absl::Status CheckpointService::Save(const Caller& caller, const v1::SaveRequest& req,
                                      v1::SaveResponse* resp) {
+  const absl::Time started = absl::Now();
   CKPTD_ASSIGN_OR_RETURN(std::string session, SessionOf(caller, req.session_id()));
   CKPTD_RETURN_IF_ERROR(ValidateSave(req));
   const std::string what = CkptName(req.job(), req.step());
@@ -408,6 +414,10 @@ absl::Status CheckpointService::Save(const Caller& caller, const v1::SaveRequest
   rank.rec.set_rank(req.rank());
   rank.rec.set_arena_generation(deps_.arena->Generation(caller.uid));
   rank.rec.set_blob_name(BlobName(req.rank()));
+  v1::RankTimings* timings = rank.rec.mutable_timings();
+  timings->set_rank(req.rank());
+  timings->set_reserve_us(req.client_reserve_us());
+  timings->set_copy_us(req.client_copy_us());
   CKPTD_ASSIGN_OR_RETURN(const v1::TierPolicy policy, ResolveTierPolicy(req));
   CKPTD_RETURN_IF_ERROR(ResolveSaveData(session, req, &rank));
 
@@ -467,7 +477,12 @@ absl::Status CheckpointService::Save(const Caller& caller, const v1::SaveRequest
     return absl::AbortedError(why);
   }
   CKPTD_SYNC_POINT("save.journaled");
-  p.ranks.at(r).Transition(RankPhase::kJournaling, RankPhase::kJournaled);
+  PendingRank& staged = p.ranks.at(r);
+  staged.Transition(RankPhase::kJournaling, RankPhase::kJournaled);
+  // Its timings so far are in memory (the next journal row of the rank, "persisted", has them).
+  staged.staged_at = absl::Now();
+  staged.rec.mutable_timings()->set_staged_us(MicrosBetween(started, staged.staged_at));
+  staged.rec.mutable_timings()->set_staged_at_ms(MsAfter(p.created_unix_ms));
   if (p.first_staged_unix_ms == 0) p.first_staged_unix_ms = NowMs();
   // The flush gate: flushing beside ranks still copying into the arena slows their copies (CPU
   // for checksums, and the disk queue every rank's synced journal write waits behind), so flushes
@@ -478,7 +493,19 @@ absl::Status CheckpointService::Save(const Caller& caller, const v1::SaveRequest
   changed_.SignalAll();
   resp->set_state(p.api_state());
   resp->set_bytes_staged(bytes);
-  spdlog::debug("{} rank {} staged ({} shards, {} bytes)", what, r, req.shards_size(), bytes);
+  {
+    const v1::RankTimings& t = staged.rec.timings();
+    LogScope fields;
+    fields.Str("event", "rank_staged").Num("bytes", bytes).Num("staged_us", t.staged_us());
+    fields.Num("reserve_us", t.reserve_us()).Num("copy_us", t.copy_us());
+    spdlog::debug("{} rank {} staged ({} shards, {} bytes)", what, r, req.shards_size(), bytes);
+  }
+  if (p.ranks.size() == p.expected_ranks()) {
+    LogScope fields;
+    fields.Str("event", "all_staged").Num("ranks", p.ranks.size());
+    fields.Num("all_staged_ms", MsAfter(p.created_unix_ms));
+    spdlog::info("{}: every rank staged ({} ranks)", what, p.ranks.size());
+  }
   return absl::OkStatus();
 }
 

@@ -3,6 +3,8 @@
 // answers one of them once the checkpoint reaches the state asked for.
 #include "ckptd/status.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/limits.h"
 #include "service/checkpoint_service.h"
@@ -34,6 +36,54 @@ v1::CheckpointSummary CheckpointService::SummaryLocked(const PendingCheckpoint& 
   return s;
 }
 
+void AddTimingFields(LogScope& fields, const v1::CheckpointTimings& t) {
+  auto known = [&](const char* key, uint64_t v) {
+    if (v != 0) fields.Num(key, v);
+  };
+  known("all_staged_ms", t.all_staged_ms());
+  known("all_persisted_ms", t.all_persisted_ms());
+  known("manifest_us", t.manifest_us());
+  known("committed_ms", t.committed_ms());
+  if (t.ranks().empty()) return;
+  // The slowest rank of each phase (the one the checkpoint waited for).
+  uint64_t reserve = 0, copy = 0, staged = 0, queued = 0, flush = 0, fsync = 0;
+  const v1::RankTimings* last = &t.ranks(0);
+  for (const v1::RankTimings& r : t.ranks()) {
+    reserve = std::max(reserve, r.reserve_us());
+    copy = std::max(copy, r.copy_us());
+    staged = std::max(staged, r.staged_us());
+    queued = std::max(queued, r.queued_us());
+    flush = std::max(flush, r.flush_us());
+    fsync = std::max(fsync, r.fsync_us());
+    if (r.persisted_at_ms() > last->persisted_at_ms()) last = &r;
+  }
+  known("max_reserve_us", reserve);
+  known("max_copy_us", copy);
+  known("max_staged_us", staged);
+  known("max_queued_us", queued);
+  known("max_flush_us", flush);
+  known("max_fsync_us", fsync);
+  fields.Num("last_persisted_rank", last->rank());
+}
+
+v1::CheckpointTimings CheckpointService::TimingsLocked(const PendingCheckpoint& p) const {
+  v1::CheckpointTimings t;
+  uint64_t staged = 0, persisted = 0;
+  bool all_persisted = !p.ranks.empty();
+  for (const auto& [r, pr] : p.ranks) {
+    *t.add_ranks() = pr.rec.timings();
+    t.mutable_ranks()->rbegin()->set_rank(r);
+    staged = std::max(staged, pr.rec.timings().staged_at_ms());
+    persisted = std::max(persisted, pr.rec.timings().persisted_at_ms());
+    all_persisted &= pr.persisted();
+  }
+  if (p.ranks.size() == p.expected_ranks() || p.partial) {
+    t.set_all_staged_ms(staged);
+    if (all_persisted) t.set_all_persisted_ms(persisted);
+  }
+  return t;
+}
+
 void CheckpointService::FillStatusLocked(const PendingCheckpoint& p,
                                          v1::CheckpointStatus* out) const {
   *out->mutable_summary() = SummaryLocked(p);
@@ -57,6 +107,7 @@ void CheckpointService::FillStatusLocked(const PendingCheckpoint& p,
   }
   out->set_bytes_staged(staged);
   out->set_bytes_persisted(persisted);
+  *out->mutable_timings() = TimingsLocked(p);
   if (p.multi_node()) FillNodesLocked(p, out);
 }
 

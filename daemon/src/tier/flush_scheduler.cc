@@ -10,6 +10,7 @@
 #include "ckptd/status.h"
 #include "ckptd/sync_point.h"
 #include "common/align.h"
+#include "common/clock.h"
 #include "common/limits.h"
 #include "dataplane/memory_guard.h"
 #include "format/blob_layout.h"
@@ -108,9 +109,9 @@ absl::Status LayOutRankBlob(absl::FunctionRef<const uint8_t*(const v1::StagedSha
   return absl::OkStatus();
 }
 
-// Writes `pieces` to a new blob at `path` and syncs it.
+// Writes `pieces` to a new blob at `path` and syncs it; `*sync` is how long the sync took.
 absl::Status WritePieces(Storage& storage, const std::string& path,
-                         const std::vector<BlobPiece>& pieces) {
+                         const std::vector<BlobPiece>& pieces, absl::Duration* sync) {
   // A piece's partial last page goes through a zeroed bounce page, so the blob holds whole
   // pages (its size is what the manifest says, and loads read it with O_DIRECT to the end).
   // The bounce pages of one flush are bounded (kFlushBounceBytesMax): when they run out, what
@@ -148,7 +149,10 @@ absl::Status WritePieces(Storage& storage, const std::string& path,
   }
   if (!slices.empty()) CKPTD_RETURN_IF_ERROR(write_gathered());
   CKPTD_SYNC_POINT("flush.blob_written");
-  return Annotate(w->Sync(), absl::StrCat("syncing ", path));
+  const absl::Time sync_start = absl::Now();
+  absl::Status synced = Annotate(w->Sync(), absl::StrCat("syncing ", path));
+  *sync = absl::Now() - sync_start;
+  return synced;
 }
 
 }  // namespace
@@ -194,6 +198,7 @@ const uint8_t* FlushScheduler::ShardSource(std::optional<uint32_t> arena_uid,
 absl::Status FlushScheduler::WriteRankBlob(const std::string& dir,
                                            const std::vector<RegionLease>& leases,
                                            v1::RankRecord* rec, Storage* to) {
+  const absl::Time started = absl::Now();
   const uint32_t block = RankBlockBytes(*rec);
   std::vector<BlobPiece> pieces;
   std::vector<ChecksumJob> checksums;
@@ -208,16 +213,23 @@ absl::Status FlushScheduler::WriteRankBlob(const std::string& dir,
     for (const CrcRange& r : ranges) {
       CKPTD_RETURN_IF_ERROR(GuardedBlockCrcs(r.data, r.length, block, r.out));
     }
-    if (pieces.empty()) return absl::OkStatus();
+    if (pieces.empty()) {
+      rec->mutable_timings()->set_flush_us(MicrosBetween(started, absl::Now()));
+      return absl::OkStatus();
+    }
     ranges.clear();
   }
   // The checksum pool sums while this thread writes: both only read the staged bytes, and the
   // disk, not the CPU, bounds the flush. Each task fills its own entry's crcs; `rec` is not
   // otherwise touched until the job is waited for.
   BlockCrcJob summing = StartBlockCrcs(checksum_pool_, ranges, block, GuardedBlockCrcs);
+  absl::Duration sync = absl::ZeroDuration();
   absl::Status st = WritePieces(to != nullptr ? *to : *storage_,
-                                absl::StrCat(dir, "/", rec->blob_name()), pieces);
+                                absl::StrCat(dir, "/", rec->blob_name()), pieces, &sync);
   absl::Status summed = summing.Wait();
+  const absl::Time ended = absl::Now();
+  rec->mutable_timings()->set_flush_us(MicrosBetween(started + sync, ended));
+  rec->mutable_timings()->set_fsync_us(static_cast<uint64_t>(absl::ToInt64Microseconds(sync)));
   return st.ok() ? summed : st;
 }
 

@@ -59,8 +59,9 @@ class FlushScheduler {
   bool Post(std::function<void()> flush);
   // Writes the blob of `rec` (rec->blob_name() in `dir`) from its staged shards — in the arena
   // segment of its generation, or in `leases` for region-backed shards — and syncs it; fills
-  // every shard's stored entry (offset, length, block checksums). To `to` when given (the remote
-  // tier, for the policy TIER_REMOTE), else to local storage.
+  // every shard's stored entry (offset, length, block checksums) and the rank's timings
+  // (flush_us: laying out, checksumming and writing; fsync_us: the sync). To `to` when given (the
+  // remote tier, for the policy TIER_REMOTE), else to local storage.
   absl::Status WriteRankBlob(const std::string& dir, const std::vector<RegionLease>& leases,
                              v1::RankRecord* rec, Storage* to = nullptr);
 

@@ -10,6 +10,7 @@
 #include "ckptd/sync_point.h"
 #include "common/align.h"
 #include "common/limits.h"
+#include "common/log.h"
 #include "format/manifest.h"
 #include "format/names.h"
 #include "index/keys.h"
@@ -283,6 +284,10 @@ void RemoteTier::Finished(const std::shared_ptr<Upload>& u, const absl::Status& 
     return;
   }
   if (st.ok()) {
+    LogScope fields;
+    fields.Str("job", u->job).Num("step", u->step).Str("event", "remote_durable");
+    fields.Num("bytes", u->state.bytes_total()).Num("upload_ms", u->state.upload_ms());
+    fields.Num("failed_attempts", u->state.attempts());
     spdlog::info("remote tier: {} is durable on {} ({} bytes, {} failed attempts before)", name,
                  remote_->Describe(), u->state.bytes_total(), u->state.attempts());
     tracked_.erase(Key{u->job, u->step});
@@ -306,6 +311,7 @@ absl::Status RemoteTier::WriteRow(const Upload& u, const v1::Upload& state) {
 }
 
 absl::Status RemoteTier::Attempt(Upload& u) {
+  const absl::Time started = absl::Now();
   const std::string name = Name(u.job, u.step);
   const std::string manifest_path = absl::StrCat(u.dir, "/", kManifestFileName);
   absl::StatusOr<std::string> read = local_->Get(manifest_path);
@@ -341,7 +347,15 @@ absl::Status RemoteTier::Attempt(Upload& u) {
   }
   durable.set_state(v1::UPLOAD_DURABLE);
   durable.clear_error();
+  const absl::Time now = absl::Now();
+  durable.set_durable_unix_ms(static_cast<uint64_t>(absl::ToUnixMillis(now)));
+  durable.set_upload_ms(static_cast<uint64_t>(absl::ToInt64Milliseconds(now - started)));
   CKPTD_RETURN_IF_ERROR(WriteRow(u, durable));
+  {
+    absl::MutexLock lock(&mu_);
+    u.state.set_durable_unix_ms(durable.durable_unix_ms());
+    u.state.set_upload_ms(durable.upload_ms());
+  }
   CKPTD_SYNC_POINT("upload.durable");
   return absl::OkStatus();
 }
