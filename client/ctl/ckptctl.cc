@@ -2,6 +2,7 @@
 // socket and runs one command (commands.cc). Exit codes: 0 ok, 1 the daemon (or the connection)
 // answered an error, 2 usage error.
 #include <grpcpp/grpcpp.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <iostream>
@@ -12,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "commands.h"
 #include "export.h"
+#include "watch.h"
 
 namespace {
 
@@ -26,7 +28,16 @@ commands:
                            checkpoints (step, state, size, tiers, world size, created, error)
   du [JOB]                 bytes per job and tier: checkpoints, bytes on local storage, on the
                            remote tier and in the RAM tier (with no JOB: every job and a total)
-  status JOB STEP          state, per-rank progress (staged/persisted bytes), missing ranks, error
+  status JOB STEP          state, per-rank progress (staged/persisted bytes), missing ranks, error,
+                           and where the time went: each rank's phases (reserve, copy, staged,
+                           queued, flush, fsync) and the checkpoint's (all staged, all persisted,
+                           manifest, committed, remote durable)
+  watch [JOB] [--interval_ms N] [--until_idle] [--plain]
+                           live progress of the checkpoints being saved and uploaded: bytes done
+                           of the total, rate, ETA, ranks missing, per tier; redrawn in place on a
+                           terminal (--plain, or not a terminal: changed lines printed as they
+                           change; --json: one JSON object per line); one line when each ends;
+                           until interrupted, or with --until_idle until nothing is in flight
   inspect JOB STEP         items: name, kind, dtype (or object scope), shape, shards, bytes
   rm JOB STEP              delete a checkpoint
   latest JOB               the newest committed step
@@ -76,6 +87,11 @@ struct Args {
   bool force = false;
   bool export_flag_given = false;
   std::string target_job;  // reshard
+  // watch
+  uint32_t interval_ms = 500;
+  bool until_idle = false;
+  bool plain = false;
+  bool watch_flag_given = false;
 };
 
 int Usage(const std::string& problem) {
@@ -139,6 +155,18 @@ std::string Parse(int argc, char** argv, Args* args) {
     } else if (a == "--target_job") {
       if (!take("--target_job") || value.empty()) return "--target_job needs a job name";
       args->target_job = value;
+    } else if (a == "--interval_ms") {
+      if (!take("--interval_ms") || !absl::SimpleAtoi(value, &args->interval_ms) ||
+          args->interval_ms < 50 || args->interval_ms > 3600000) {
+        return "--interval_ms needs a number of milliseconds from 50 to 3600000";
+      }
+      args->watch_flag_given = true;
+    } else if (a == "--until_idle" || a == "--until-idle") {
+      args->until_idle = true;
+      args->watch_flag_given = true;
+    } else if (a == "--plain") {
+      args->plain = true;
+      args->watch_flag_given = true;
     } else if (a == "--dry_run" || a == "--dry-run") {
       args->dry_run = true;
     } else if (a == "--force") {
@@ -197,6 +225,9 @@ int Run(const Args& args) {
     return Usage("--target_job applies to reshard only");
   }
   if (args.dry_run && cmd != "gc") return Usage("--dry_run applies to gc only");
+  if (args.watch_flag_given && cmd != "watch") {
+    return Usage("--interval_ms, --until_idle and --plain apply to watch only");
+  }
   if (args.export_flag_given && cmd != "export") {
     return Usage("--format, --max_file_bytes and --force apply to export only");
   }
@@ -211,6 +242,13 @@ int Run(const Args& args) {
   } else if (cmd == "status") {
     if (!need(2, "JOB STEP")) return 2;
     s = ckptctl::Status(ctx, p[1], step);
+  } else if (cmd == "watch") {
+    if (n > 1) return Usage("watch takes [JOB]");
+    const ckptctl::WatchOptions o{.job = n == 1 ? p[1] : "",
+                                  .interval_ms = args.interval_ms,
+                                  .until_idle = args.until_idle,
+                                  .tty = !args.plain && isatty(STDOUT_FILENO) == 1};
+    s = ckptctl::Watch(ctx, o, std::cout);
   } else if (cmd == "inspect") {
     if (!need(2, "JOB STEP")) return 2;
     s = ckptctl::Inspect(ctx, p[1], step);

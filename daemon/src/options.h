@@ -162,7 +162,28 @@ struct DaemonOptions {
   // way stays). 0: keep all. Applied every gc_interval_ms and by `ckptctl gc`. Default: 0, 0
   uint32_t keep_local = 0;
   uint32_t keep_remote = 0;
-  // How often housekeeping applies retention (when keep_local or keep_remote is set).
+  // Retention milestones: the checkpoints whose step is a multiple of keep_every keep every copy
+  // (they count among the newest keep_local / keep_remote, and are never dropped). 0: none.
+  // Default: 0
+  uint64_t keep_every = 0;
+  // Per-job retention: "PATTERN: key=N, key=N; PATTERN2: ..." — a job matching PATTERN (a shell
+  // glob over the job name, fnmatch(3)) takes these keep_local, keep_remote and keep_every; a key
+  // a rule does not name, and a job no rule matches, takes the option's value. The first
+  // matching rule wins. Default: ""
+  std::string retention_rules;
+  // Parsed from retention_rules by Validate(), in order.
+  struct RetentionRule {
+    std::string pattern;
+    uint32_t keep_local = 0;
+    uint32_t keep_remote = 0;
+    uint64_t keep_every = 0;
+  };
+  std::vector<RetentionRule> retention;
+  // The retention of `job`: the first rule matching it, else keep_local, keep_remote, keep_every.
+  RetentionRule RetentionOf(const std::string& job) const;
+  // Some job may have copies dropped: keep_local or keep_remote set, in the options or a rule.
+  bool RetentionOn() const;
+  // How often housekeeping applies retention (when RetentionOn()).
   // Default: 60000
   uint64_t gc_interval_ms = 60000;
   // Checkpoints that span nodes (README "Checkpoints that span nodes"): this daemon's name on the
@@ -204,8 +225,12 @@ struct DaemonOptions {
   absl::Status ValidateTiers() const;
 };
 
-// Parses argv (argv[0] skipped). --help returns NOT_FOUND with the usage text as message.
+// Parses argv (argv[0] skipped). --help returns NOT_FOUND with the usage text as message,
+// --help-config with OptionsReference().
 absl::StatusOr<DaemonOptions> ParseOptions(const std::vector<std::string>& args);
 std::string OptionsUsage();
+// The configuration reference: a Markdown table of every option (name, default, meaning), made
+// from the options' declarations. README "Configuration" holds it verbatim (a test compares).
+std::string OptionsReference();
 
 }  // namespace ckptd

@@ -33,7 +33,7 @@ void CheckpointService::Housekeeping() {
 
 void CheckpointService::MaybeCollectGarbage() {
   const DaemonOptions& o = *deps_.options;
-  if (o.keep_local == 0 && o.keep_remote == 0) return;
+  if (!o.RetentionOn()) return;
   const absl::Time now = absl::Now();
   if (now - last_gc_ < absl::Milliseconds(o.gc_interval_ms)) return;
   last_gc_ = now;

@@ -33,7 +33,8 @@ absl::StatusOr<std::vector<RetentionStep>> CheckpointService::PlanJobRetention(
       c.upload_pending = !c.remote;
     }
   }
-  return PlanRetention(newest_first, deps_.options->keep_local, deps_.options->keep_remote);
+  const DaemonOptions::RetentionRule policy = deps_.options->RetentionOf(job);
+  return PlanRetention(newest_first, policy.keep_local, policy.keep_remote, policy.keep_every);
 }
 
 absl::Status CheckpointService::CollectGarbage(const Caller& caller, const v1::GcRequest& req,
@@ -58,7 +59,7 @@ absl::Status CheckpointService::CollectGarbage(const Caller& caller, const v1::G
       if (AccessAllowed(caller, job, owner, Access::kDelete).ok()) jobs.push_back(job);
     }
   }
-  if (deps_.options->keep_local == 0 && deps_.options->keep_remote == 0) return absl::OkStatus();
+  if (!deps_.options->RetentionOn()) return absl::OkStatus();
   for (const std::string& job : jobs) {
     CKPTD_ASSIGN_OR_RETURN(std::vector<RetentionStep> plan, PlanJobRetention(job));
     for (const RetentionStep& step : plan) {

@@ -6,14 +6,17 @@
 namespace ckptd {
 
 std::vector<RetentionStep> PlanRetention(std::span<const RetainedCheckpoint> newest_first,
-                                         uint32_t keep_local, uint32_t keep_remote) {
+                                         uint32_t keep_local, uint32_t keep_remote,
+                                         uint64_t keep_every) {
   std::vector<RetentionStep> plan;
   uint32_t local_rank = 0;
   uint32_t remote_rank = 0;
   for (size_t i = 0; i < newest_first.size(); ++i) {
     const RetainedCheckpoint& c = newest_first[i];
-    const bool drop_local = c.local && keep_local > 0 && local_rank++ >= keep_local;
-    const bool drop_remote = c.remote && keep_remote > 0 && remote_rank++ >= keep_remote;
+    const bool milestone = keep_every > 0 && c.step % keep_every == 0;
+    const bool drop_local = c.local && keep_local > 0 && local_rank++ >= keep_local && !milestone;
+    const bool drop_remote =
+        c.remote && keep_remote > 0 && remote_rank++ >= keep_remote && !milestone;
     const bool keeps_local = c.local && !drop_local;
     const bool keeps_remote = c.remote && !drop_remote;
     std::string why;

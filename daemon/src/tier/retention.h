@@ -1,6 +1,8 @@
 // Retention: which copies of a job's COMMITTED checkpoints to let go, per tier (README "Tiers",
 // "Retention"). keep_local = N keeps the local copies of the job's N newest checkpoints that have
-// one; keep_remote = N keeps the remote copies of its N newest with a durable one (0: keep all).
+// one; keep_remote = N keeps the remote copies of its N newest with a durable one (0: keep all);
+// keep_every = K also keeps every copy of the checkpoints whose step is a multiple of K
+// (milestones; 0: none), on every tier they are on (they count among the N newest).
 // A checkpoint past N on one tier loses that tier's copy, or is deleted when that copy is its
 // only durable one. Two rules no plan breaks, whatever the options:
 //   - a local copy whose upload is still under way is never dropped (it is the only durable
@@ -36,7 +38,8 @@ struct RetentionStep {
 
 // The plan for one job: `newest_first` its COMMITTED checkpoints, newest first.
 std::vector<RetentionStep> PlanRetention(std::span<const RetainedCheckpoint> newest_first,
-                                         uint32_t keep_local, uint32_t keep_remote);
+                                         uint32_t keep_local, uint32_t keep_remote,
+                                         uint64_t keep_every = 0);
 
 const char* RetentionActionName(RetentionAction a);  // "drop local", "drop remote", "delete"
 

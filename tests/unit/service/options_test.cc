@@ -2,9 +2,11 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "ckptd/sync_point.h"
 
@@ -104,6 +106,62 @@ namespace {
 
 // The tier options (README "Tiers"): a policy with a remote tier needs one; "remote" is refused
 // as not built; the remote dir may not be the local data or state dir; upload limits hold.
+TEST_CASE("options: retention rules parse in order, unnamed keys take the options' values",
+          "[unit]") {
+  auto o = ParseOptions({"--state_dir=/tmp/x", "--keep_local=3", "--keep_every=1000",
+                         "--retention_rules= eval-*: keep_local=1, keep_every=0 ;; llama-?b: "
+                         "keep_local=5 ;"});
+  REQUIRE(o.ok());
+  REQUIRE(o->retention.size() == 2);
+  CHECK(o->retention[0].pattern == "eval-*");
+  CHECK(o->RetentionOf("eval-7").keep_local == 1);
+  CHECK(o->RetentionOf("eval-7").keep_every == 0);
+  CHECK(o->RetentionOf("llama-7b").keep_local == 5);
+  CHECK(o->RetentionOf("llama-7b").keep_every == 1000);  // not named: the option's
+  CHECK(o->RetentionOf("llama-70b").keep_local == 3);    // no rule matches: the options
+  CHECK(o->RetentionOf("train").keep_every == 1000);
+  CHECK(o->RetentionOn());
+  auto off = ParseOptions({"--state_dir=/tmp/x", "--keep_every=10"});
+  REQUIRE(off.ok());
+  CHECK(!off->RetentionOn());  // milestones alone drop nothing
+  auto rule_only = ParseOptions({"--state_dir=/tmp/x", "--retention_rules=a*: keep_local=2"});
+  REQUIRE(rule_only.ok());
+  CHECK(rule_only->RetentionOn());
+  CHECK(rule_only->RetentionOf("b").keep_local == 0);
+  for (const char* bad : {"x", "x: keep=1", "x: keep_local=-1", ": keep_local=1",
+                          "x: keep_local=99999999999", "x: keep_remote=1"}) {
+    INFO(bad);
+    auto r = ParseOptions({"--state_dir=/tmp/x", std::string("--retention_rules=") + bad});
+    REQUIRE(!r.ok());
+    CHECK(r.status().message().find("retention_rules") != std::string::npos);
+  }
+}
+
+TEST_CASE("options: --help-config is a Markdown table of every option with its default", "[unit]") {
+  auto o = ParseOptions({"--help-config"});
+  REQUIRE(o.status().code() == absl::StatusCode::kNotFound);
+  const std::string ref(o.status().message());
+  CHECK(ref.rfind("| option | default | meaning |\n|---|---|---|\n", 0) == 0);
+  CHECK(ref.find("| `staging_bytes_max` | 1 GiB | ") != std::string::npos);
+  CHECK(ref.find("| `state_dir` | `/var/lib/ckptd` | ") != std::string::npos);
+  CHECK(ref.find("| `socket_mode` | `0600` | ") != std::string::npos);
+  CHECK(ref.find("| `direct_io` | true | ") != std::string::npos);
+  CHECK(ref.find("| `data_dir` | `<state_dir>/data` | ") != std::string::npos);
+  CHECK(ref.find("| `keep_every` | 0 | ") != std::string::npos);
+  // Every option --help lists is in the reference, and nothing else.
+  auto help = ParseOptions({"--help"});
+  std::istringstream usage{std::string(help.status().message())};
+  size_t options = 0;
+  for (std::string line; std::getline(usage, line);) {
+    if (line.rfind("  --", 0) != 0) continue;
+    const std::string name = line.substr(4, line.find(' ', 4) - 4);
+    if (name == "config" || name == "help-config") continue;
+    ++options;
+    CHECK(ref.find("| `" + name + "` |") != std::string::npos);
+  }
+  CHECK(options + 2 == static_cast<size_t>(std::count(ref.begin(), ref.end(), '\n')));
+}
+
 TEST_CASE("options: tier policy and remote tier are validated", "[unit]") {
   auto ok = ParseOptions({"--state_dir=/tmp/x", "--remote_dir=/mnt/shared",
                           "--tier_policy=local+remote", "--upload_threads=4"});

@@ -30,6 +30,19 @@ TEST_CASE("retention: keep_local and keep_remote per tier", "[unit]") {
   CHECK(plan[2].why == "local copy 4 of keep_local 1; remote copy 4 of keep_remote 3");
 }
 
+TEST_CASE("retention: keep_every milestones keep every copy and count among the newest", "[unit]") {
+  std::vector<RetainedCheckpoint> all;
+  for (uint64_t s = 9; s >= 1; --s) all.push_back({.step = s, .local = true, .remote = true});
+  // keep_local 2: 9 and 8 (a milestone of 4); 4 is a milestone too; the rest drop their local copy.
+  CHECK(Render(PlanRetention(all, 2, 0, 4)) ==
+        "7:drop local 6:drop local 5:drop local 3:drop local 2:drop local 1:drop local ");
+  // Past both counts: deleted, but never a milestone.
+  CHECK(Render(PlanRetention(all, 1, 1, 3)) ==
+        "8:delete 7:delete 5:delete 4:delete 2:delete 1:delete ");
+  // keep_every 0: none.
+  CHECK(Render(PlanRetention(all, 8, 0, 0)) == "1:drop local ");
+}
+
 TEST_CASE("retention: a copy that is the only durable one goes only with its checkpoint",
           "[unit]") {
   std::vector<RetainedCheckpoint> c = {
