@@ -12,14 +12,14 @@ _ckptctl_ask() {
 _ckptctl() {
   local cur="${COMP_WORDS[COMP_CWORD]}" prev="${COMP_WORDS[COMP_CWORD-1]}"
   local ctl="${COMP_WORDS[0]}"
-  local commands="ls du status inspect rm latest wait reshard abort gc prefetch export"
+  local commands="ls du status watch inspect rm latest wait reshard abort gc prefetch export"
   _ckptctl_socket=()
   local cmd="" i args=()
   for ((i = 1; i < COMP_CWORD; i++)); do
     local w="${COMP_WORDS[i]}"
     case "$w" in
       --socket) _ckptctl_socket=(--socket "${COMP_WORDS[i+1]}"); ((i++)) ;;
-      --timeout_ms|--until|--target_job|--format|--max_file_bytes) ((i++)) ;;
+      --timeout_ms|--until|--target_job|--format|--max_file_bytes|--interval_ms) ((i++)) ;;
       -*) ;;
       *) if [[ -z "$cmd" ]]; then cmd="$w"; else args+=("$w"); fi ;;
     esac
@@ -28,7 +28,7 @@ _ckptctl() {
     --socket) COMPREPLY=($(compgen -f -- "$cur")); return ;;
     --until) COMPREPLY=($(compgen -W "committed staged remote" -- "$cur")); return ;;
     --format) COMPREPLY=($(compgen -W "safetensors" -- "$cur")); return ;;
-    --timeout_ms|--max_file_bytes) COMPREPLY=(); return ;;
+    --timeout_ms|--max_file_bytes|--interval_ms) COMPREPLY=(); return ;;
     --target_job) COMPREPLY=($(compgen -W "$(_ckptctl_ask "$ctl")" -- "$cur")); return ;;
   esac
   if [[ -z "$cmd" ]]; then
@@ -41,6 +41,7 @@ _ckptctl() {
       wait) opts="--timeout_ms --until" ;;
       reshard) opts="--target_job" ;;
       gc) opts="--dry_run" ;;
+      watch) opts="--interval_ms --until_idle --plain" ;;
       export) opts="--format --max_file_bytes --force" ;;
     esac
     COMPREPLY=($(compgen -W "$opts" -- "$cur"))
@@ -48,10 +49,11 @@ _ckptctl() {
   fi
   local n=${#args[@]}
   case "$cmd" in
-    ls|du|latest|gc|status|inspect|rm|wait|reshard|abort|prefetch|export)
+    ls|du|latest|gc|watch|status|inspect|rm|wait|reshard|abort|prefetch|export)
       if ((n == 0)); then
         COMPREPLY=($(compgen -W "$(_ckptctl_ask "$ctl")" -- "$cur"))
-      elif ((n == 1)) && [[ "$cmd" != ls && "$cmd" != du && "$cmd" != latest && "$cmd" != gc ]]; then
+      elif ((n == 1)) && [[ "$cmd" != ls && "$cmd" != du && "$cmd" != latest && "$cmd" != gc &&
+                            "$cmd" != watch ]]; then
         local steps; steps="$(_ckptctl_ask "$ctl" "${args[0]}")"
         [[ "$cmd" == export || "$cmd" == prefetch ]] && steps+=" latest"
         COMPREPLY=($(compgen -W "$steps" -- "$cur"))
