@@ -12,14 +12,14 @@ _ckptctl_ask() {
 _ckptctl() {
   local cur="${COMP_WORDS[COMP_CWORD]}" prev="${COMP_WORDS[COMP_CWORD-1]}"
   local ctl="${COMP_WORDS[0]}"
-  local commands="ls du status watch inspect rm latest wait reshard abort gc prefetch export"
+  local commands="ls du status watch inspect rm latest wait reshard abort gc prefetch export verify"
   _ckptctl_socket=()
   local cmd="" i args=()
   for ((i = 1; i < COMP_CWORD; i++)); do
     local w="${COMP_WORDS[i]}"
     case "$w" in
       --socket) _ckptctl_socket=(--socket "${COMP_WORDS[i+1]}"); ((i++)) ;;
-      --timeout_ms|--until|--target_job|--format|--max_file_bytes|--interval_ms) ((i++)) ;;
+      --timeout_ms|--until|--target_job|--format|--max_file_bytes|--interval_ms|--sample|--seed|--tier) ((i++)) ;;
       -*) ;;
       *) if [[ -z "$cmd" ]]; then cmd="$w"; else args+=("$w"); fi ;;
     esac
@@ -28,7 +28,8 @@ _ckptctl() {
     --socket) COMPREPLY=($(compgen -f -- "$cur")); return ;;
     --until) COMPREPLY=($(compgen -W "committed staged remote" -- "$cur")); return ;;
     --format) COMPREPLY=($(compgen -W "safetensors" -- "$cur")); return ;;
-    --timeout_ms|--max_file_bytes|--interval_ms) COMPREPLY=(); return ;;
+    --tier) COMPREPLY=($(compgen -W "local remote ram" -- "$cur")); return ;;
+    --timeout_ms|--max_file_bytes|--interval_ms|--sample|--seed) COMPREPLY=(); return ;;
     --target_job) COMPREPLY=($(compgen -W "$(_ckptctl_ask "$ctl")" -- "$cur")); return ;;
   esac
   if [[ -z "$cmd" ]]; then
@@ -43,19 +44,20 @@ _ckptctl() {
       gc) opts="--dry_run" ;;
       watch) opts="--interval_ms --until_idle --plain" ;;
       export) opts="--format --max_file_bytes --force" ;;
+      verify) opts="--sample --seed --tier --timeout_ms" ;;
     esac
     COMPREPLY=($(compgen -W "$opts" -- "$cur"))
     return
   fi
   local n=${#args[@]}
   case "$cmd" in
-    ls|du|latest|gc|watch|status|inspect|rm|wait|reshard|abort|prefetch|export)
+    ls|du|latest|gc|watch|status|inspect|rm|wait|reshard|abort|prefetch|export|verify)
       if ((n == 0)); then
         COMPREPLY=($(compgen -W "$(_ckptctl_ask "$ctl")" -- "$cur"))
       elif ((n == 1)) && [[ "$cmd" != ls && "$cmd" != du && "$cmd" != latest && "$cmd" != gc &&
                             "$cmd" != watch ]]; then
         local steps; steps="$(_ckptctl_ask "$ctl" "${args[0]}")"
-        [[ "$cmd" == export || "$cmd" == prefetch ]] && steps+=" latest"
+        [[ "$cmd" == export || "$cmd" == prefetch || "$cmd" == verify ]] && steps+=" latest"
         COMPREPLY=($(compgen -W "$steps" -- "$cur"))
       elif [[ "$cmd" == export ]]; then
         COMPREPLY=($(compgen -d -- "$cur"))

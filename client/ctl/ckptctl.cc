@@ -1,6 +1,6 @@
 // ckptctl: the operator CLI of ckptd. Parses the command line, connects to the daemon's unix
 // socket and runs one command (commands.cc). Exit codes: 0 ok, 1 the daemon (or the connection)
-// answered an error, 2 usage error.
+// answered an error, 2 usage error, 3 verify found damage.
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "commands.h"
 #include "export.h"
+#include "verify.h"
 #include "watch.h"
 
 namespace {
@@ -20,6 +21,7 @@ namespace {
 constexpr const char* kDefaultSocket = "/var/lib/ckptd/ckptd.sock";
 constexpr int kRpcMessageBytesMax = 64 * 1024 * 1024;
 constexpr uint32_t kWaitTimeoutMsDefault = 600000;
+constexpr int kExitDamaged = 3;  // verify found something that does not verify
 
 constexpr const char* kUsage = R"(usage: ckptctl [--socket PATH] [--json] COMMAND [ARGS]
 
@@ -62,13 +64,22 @@ commands:
                            one) of at most SIZE each (default 5GiB; units B KB MB GB KiB MiB GiB)
                            plus model.safetensors.index.json; object items are skipped. DIR is
                            created if missing; one holding an export is refused without --force
+  verify JOB STEP|latest [--sample FRACTION] [--seed N] [--tier local|remote|ram] [--timeout_ms N]
+                           re-read the checkpoint on every tier it is on (or only TIER) and check
+                           each tier's manifest and every block's crc32c, or FRACTION (0 < F <= 1)
+                           of the blocks (each shard's first and last always; --seed N repeats a
+                           sample); prints a BAD line per damaged block (tier, item, saving rank,
+                           blob, block, byte offset), missing or truncated blob, or bad manifest,
+                           then a line per tier; waits up to --timeout_ms (default 3600000);
+                           exit 3 if anything did not verify
 
 options:
   --socket PATH   the daemon's socket (default: $CKPTD_SOCKET, else /var/lib/ckptd/ckptd.sock)
   --json          print the daemon's answer as one JSON document
   --help          this text
 
-exit codes: 0 ok, 1 daemon error ("ckptctl: CODE: message" on stderr), 2 usage error
+exit codes: 0 ok, 1 daemon error ("ckptctl: CODE: message" on stderr), 2 usage error,
+            3 verify found damage
 )";
 
 struct Args {
@@ -92,6 +103,11 @@ struct Args {
   bool until_idle = false;
   bool plain = false;
   bool watch_flag_given = false;
+  // verify
+  double sample = 0;
+  uint64_t seed = 0;
+  std::string tier;
+  bool verify_flag_given = false;
 };
 
 int Usage(const std::string& problem) {
@@ -167,6 +183,23 @@ std::string Parse(int argc, char** argv, Args* args) {
     } else if (a == "--plain") {
       args->plain = true;
       args->watch_flag_given = true;
+    } else if (a == "--sample") {
+      if (!take("--sample") || !absl::SimpleAtod(value, &args->sample) ||
+          !(args->sample > 0 && args->sample <= 1)) {
+        return "--sample needs a fraction of the blocks, 0 < F <= 1";
+      }
+      args->verify_flag_given = true;
+    } else if (a == "--seed") {
+      if (!take("--seed") || !absl::SimpleAtoi(value, &args->seed)) {
+        return "--seed needs a non-negative integer";
+      }
+      args->verify_flag_given = true;
+    } else if (a == "--tier") {
+      if (!take("--tier") || (value != "local" && value != "remote" && value != "ram")) {
+        return "--tier needs local, remote or ram";
+      }
+      args->tier = value;
+      args->verify_flag_given = true;
     } else if (a == "--dry_run" || a == "--dry-run") {
       args->dry_run = true;
     } else if (a == "--force") {
@@ -218,8 +251,12 @@ int Run(const Args& args) {
     }
     return true;
   };
-  if ((args.timeout_given || args.until_given) && cmd != "wait") {
-    return Usage("--timeout_ms and --until apply to wait only");
+  if (args.until_given && cmd != "wait") return Usage("--until applies to wait only");
+  if (args.timeout_given && cmd != "wait" && cmd != "verify") {
+    return Usage("--timeout_ms applies to wait and verify only");
+  }
+  if (args.verify_flag_given && cmd != "verify") {
+    return Usage("--sample, --seed and --tier apply to verify only");
   }
   if (!args.target_job.empty() && cmd != "reshard") {
     return Usage("--target_job applies to reshard only");
@@ -298,6 +335,21 @@ int Run(const Args& args) {
       o.step = step;
     }
     s = ckptctl::Export(ctx, o);
+  } else if (cmd == "verify") {
+    if (n != 2) return Usage("verify takes JOB STEP|latest");
+    ckptctl::VerifyOptions o{
+        .job = p[1], .sample = args.sample, .seed = args.seed, .tier = args.tier};
+    if (args.timeout_given) o.timeout_ms = args.timeout_ms;
+    if (p[2] != "latest") {
+      if (!absl::SimpleAtoi(p[2], &step)) {
+        return Usage(
+            absl::StrCat("STEP must be a non-negative integer or latest, got \"", p[2], "\""));
+      }
+      o.step = step;
+    }
+    bool damaged = false;
+    s = ckptctl::Verify(ctx, o, &damaged);
+    if (s.ok() && damaged) return kExitDamaged;
   } else {
     return Usage("unknown command " + cmd);
   }

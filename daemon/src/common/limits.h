@@ -184,4 +184,10 @@ static_assert(kUploadThreadsMax <= kWorkerPoolThreadsMax);
 static_assert(kUploadChunkBytesMax % kAlignmentBytes == 0);
 static_assert(kUploadsTrackedMax >= kUploadThreadsMax, "every upload thread can have work");
 
+// Verify (service/verify.cc): the bytes one verify reads at a time (its one buffer; a checksum
+// block larger than this is read alone), and the failures one answer lists (the rest are counted).
+inline constexpr uint64_t kVerifyBatchBytes = 16 * kMiB;
+inline constexpr uint64_t kVerifyFailuresMax = 1000;
+static_assert(kVerifyBatchBytes % kAlignmentBytes == 0);
+
 }  // namespace ckptd::limits

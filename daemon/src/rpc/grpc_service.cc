@@ -217,6 +217,8 @@ CKPTD_RPC(Latest, LatestRequest, LatestResponse, quick, svc_->Latest(caller, *re
 CKPTD_RPC(Reshard, ReshardRequest, CheckpointStatus, quick, svc_->Reshard(caller, *req, resp))
 CKPTD_RPC(CollectGarbage, GcRequest, GcResponse, waiters, svc_->CollectGarbage(caller, *req, resp))
 CKPTD_RPC(Prefetch, PrefetchRequest, PrefetchResponse, loads, svc_->Prefetch(caller, *req, resp))
+// Reads the whole checkpoint (or a sample): a data-moving call, on the load pool.
+CKPTD_RPC(Verify, VerifyRequest, VerifyResponse, loads, svc_->Verify(caller, *req, resp))
 
 #undef CKPTD_RPC
 

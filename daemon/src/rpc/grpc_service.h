@@ -95,6 +95,8 @@ class GrpcCheckpointService final : public v1::Checkpoint::CallbackService {
   grpc::ServerUnaryReactor* Prefetch(grpc::CallbackServerContext* ctx,
                                      const v1::PrefetchRequest* req,
                                      v1::PrefetchResponse* resp) override;
+  grpc::ServerUnaryReactor* Verify(grpc::CallbackServerContext* ctx, const v1::VerifyRequest* req,
+                                   v1::VerifyResponse* resp) override;
 
  private:
   template <typename Fn>

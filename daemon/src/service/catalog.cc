@@ -420,6 +420,10 @@ absl::Status CheckpointService::CheckDeletableLocked(const Key& key) const {
     return absl::AbortedError(
         absl::StrCat(what, " is already ", busy->second, "; retry once that has finished"));
   }
+  if (verifying_.contains(key)) {  // verify.cc: its files are being read
+    return absl::AbortedError(
+        absl::StrCat(what, " is being verified; retry once that has finished"));
+  }
   return absl::OkStatus();
 }
 

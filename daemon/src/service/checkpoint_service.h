@@ -198,6 +198,16 @@ class CheckpointService {
   // Starts an offline reshard (reshard.cc); see the Reshard RPC.
   absl::Status Reshard(const Caller& caller, const v1::ReshardRequest& req,
                        v1::CheckpointStatus* resp) ABSL_LOCKS_EXCLUDED(mu_);
+  // Re-reads a COMMITTED (or CORRUPT) checkpoint and checks its checksums (verify.cc; the
+  // Verify RPC): each storage tier's manifest re-read and decoded, then every sampled block of
+  // every shard on each tier asked for (local, remote, the RAM tier's hot copy), read in batches
+  // of limits::kVerifyBatchBytes. Damage goes into *resp, not the status. The key is claimed in
+  // verifying_ for the whole call (Delete and retention refuse it meanwhile); the hot copy is
+  // pinned. NOT_FOUND, PERMISSION_DENIED (read access), INVALID_ARGUMENT (sample out of (0, 1]),
+  // FAILED_PRECONDITION (another state; not on the tier asked for), ABORTED (being deleted).
+  // Runs on the caller's thread (the RPC layer's load pool).
+  absl::Status Verify(const Caller& caller, const v1::VerifyRequest& req, v1::VerifyResponse* resp)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   const std::string& instance_id() const { return instance_id_; }
   // The RAM tier's occupancy (hot and provisional bytes, evictions).
@@ -392,7 +402,8 @@ class CheckpointService {
                                                                     bool corrupt_is_error)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // FAILED_PRECONDITION while (job, step) is being written (a save or a reshard), ABORTED while
-  // another Delete or a CORRUPT marking owns it (see rewriting_).
+  // another Delete or a CORRUPT marking owns it (see rewriting_) or a verify reads it
+  // (verifying_).
   absl::Status CheckDeletableLocked(const Key& key) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The delete itself, outside mu_, with the key in rewriting_ (or from recovery): records the
   // row DELETING (synced: the tombstone), removes the manifest, then the directory, then the
@@ -532,6 +543,15 @@ class CheckpointService {
   // The target of a running reshard reading `source`, if any (Delete refuses such a source).
   std::optional<Key> ReshardReadingLocked(const Key& source) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // verify.cc. Claims `key` for a verify once its row is current (ReadRowLocked) and no delete
+  // or CORRUPT marking owns it: its row (COMMITTED or CORRUPT), the key counted in verifying_.
+  // NOT_FOUND, FAILED_PRECONDITION (another state), ABORTED (rewriting_). ReleaseVerify undoes it.
+  absl::StatusOr<v1::CheckpointRecord> ClaimForVerify(const Key& key) ABSL_LOCKS_EXCLUDED(mu_);
+  void ReleaseVerify(const Key& key) ABSL_LOCKS_EXCLUDED(mu_);
+  // Verifies whose key is claimed, by key (a count: several may verify one checkpoint).
+  // CheckDeletableLocked refuses these keys, so no Delete or retention step removes the files
+  // under a verify.
+  std::map<Key, uint32_t> verifying_ ABSL_GUARDED_BY(mu_);
   // Cancels reshards and joins their threads (Shutdown).
   void StopReshards();
   // Decoded manifests of recent commits and loads (its own lock; manifest_cache.h).
