@@ -278,6 +278,11 @@ absl::Status StagingArena::Take(const std::string& session, std::span<const uint
   return absl::OkStatus();
 }
 
+void StagingArena::WakeReservations() {
+  absl::MutexLock lock(&mu_);
+  freed_.SignalAll();
+}
+
 void StagingArena::SetReclaimer(ReclaimFn fn) {
   absl::MutexLock lock(&mu_);
   reclaimer_ = std::move(fn);

@@ -206,6 +206,10 @@ class StagingArena {
   // whether it freed any (the reservation then tries again at once). Set before serving.
   using ReclaimFn = std::function<bool(uint64_t bytes)>;
   void SetReclaimer(ReclaimFn fn);
+  // Daemon-owned extents became reclaimable without being freed (the RAM tier took a persisted
+  // rank's extents): wakes the reservations waiting for space, so they ask the reclaimer again
+  // instead of sleeping until their deadline.
+  void WakeReservations();
 
  private:
   struct Seg;

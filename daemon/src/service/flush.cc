@@ -85,6 +85,8 @@ void CheckpointService::FlushRank(const Key& key, uint32_t rank) {
     HotParts hot = HotBytesOfRank(rec);
     for (const HotExtent& e : hot.extents) hot_ids.push_back(e.id);
     if (!ram_tier_.AddRank(key, std::move(hot))) hot_ids.clear();
+    // Not freed but now reclaimable: a reservation waiting for space may evict them.
+    if (!hot_ids.empty()) deps_.arena->WakeReservations();
   }
   absl::MutexLock lock(&mu_);
   PendingCheckpoint& p = *pending_.at(key);
