@@ -5,9 +5,12 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -17,6 +20,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -90,6 +94,22 @@ std::string ReadFile(const std::string& path) {
 void CopyTree(const std::string& from, const std::string& to) {
   fs::create_directories(to);
   fs::copy(from, to, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+}
+
+void CorruptArenaSegment(const Daemon& d) {
+  const std::string path = "/dev/shm" + d.ArenaName();
+  const int fd = open(path.c_str(), O_RDWR);
+  if (fd < 0) throw std::runtime_error("opening " + path + ": " + std::strerror(errno));
+  struct stat st {};
+  const bool sized = fstat(fd, &st) == 0;
+  std::vector<char> junk(1 << 20, 0x5A);
+  bool written = sized;
+  for (off_t off = 4096; written && off < st.st_size; off += static_cast<off_t>(junk.size())) {
+    const size_t n = std::min<size_t>(junk.size(), static_cast<size_t>(st.st_size - off));
+    written = pwrite(fd, junk.data(), n, off) == static_cast<ssize_t>(n);
+  }
+  close(fd);
+  if (!written) throw std::runtime_error("overwriting " + path);
 }
 
 bool PathExists(const std::string& path) {

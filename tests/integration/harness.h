@@ -135,6 +135,9 @@ void SaveCommitted(const Daemon& d, const std::string& job, uint64_t step, uint6
 std::string ReadFile(const std::string& path);
 void CopyTree(const std::string& from, const std::string& to);
 bool PathExists(const std::string& path);
+// Overwrites every byte of `d`'s arena segment after its header page (the RAM tier's hot copies
+// with them); throws when the segment cannot be opened or written.
+void CorruptArenaSegment(const Daemon& d);
 std::string StepDir(uint64_t step);  // "step-%020d"
 
 // A POSIX shm object mapped here, removed when destroyed.

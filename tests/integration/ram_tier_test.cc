@@ -67,21 +67,6 @@ std::string Status(const Daemon& d, const std::string& job, uint64_t step) {
   return r.output;
 }
 
-// Overwrites every byte of the arena segment after its header page (the hot copies with them).
-void CorruptSegment(const Daemon& d) {
-  const std::string path = "/dev/shm" + d.ArenaName();
-  int fd = open(path.c_str(), O_RDWR);
-  REQUIRE(fd >= 0);
-  struct stat st {};
-  REQUIRE(fstat(fd, &st) == 0);
-  std::vector<char> junk(1 << 20, 0x5A);
-  for (off_t off = 4096; off < st.st_size; off += static_cast<off_t>(junk.size())) {
-    const size_t n = std::min<size_t>(junk.size(), static_cast<size_t>(st.st_size - off));
-    REQUIRE(pwrite(fd, junk.data(), n, off) == static_cast<ssize_t>(n));
-  }
-  close(fd);
-}
-
 }  // namespace
 
 TEST_CASE("ram tier: a restore after the trainer's kill -9 copies from RAM, no device read",
@@ -146,7 +131,7 @@ TEST_CASE("ram tier: corrupted hot bytes are never served: checksum error, read 
   SaveCommitted(d, job, 1, kSeed);
   REQUIRE_THAT(Status(d, job, 1), Contains("tiers: ram"));
   SECTION("while the daemon runs") {
-    CorruptSegment(d);
+    CorruptArenaSegment(d);
     ckptd::LoadResult r = LoadAndVerify(d, job, 1);
     CHECK(r.bytes_read > 0);
     CHECK(r.bytes_from_ram == 0);
@@ -155,7 +140,7 @@ TEST_CASE("ram tier: corrupted hot bytes are never served: checksum error, read 
   }
   SECTION("before a restart: recovery does not adopt it") {
     d.Kill9();
-    CorruptSegment(d);
+    CorruptArenaSegment(d);
     d.Restart({});
     CHECK_THAT(d.Log(), Contains("not adopted"));
     CHECK_THAT(Status(d, job, 1), !Contains("tiers: ram"));

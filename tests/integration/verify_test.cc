@@ -94,21 +94,6 @@ int64_t JsonNumber(const std::string& json, const std::string& key) {
   return std::stoll(m[1]);
 }
 
-// Overwrites every byte of the arena segment after its header page (the hot copies with it).
-void CorruptSegment(const Daemon& d) {
-  const std::string path = "/dev/shm" + d.ArenaName();
-  int fd = open(path.c_str(), O_RDWR);
-  REQUIRE(fd >= 0);
-  struct stat st {};
-  REQUIRE(fstat(fd, &st) == 0);
-  std::vector<char> junk(1 << 20, 0x5A);
-  for (off_t off = 4096; off < st.st_size; off += static_cast<off_t>(junk.size())) {
-    const size_t n = std::min<size_t>(junk.size(), static_cast<size_t>(st.st_size - off));
-    REQUIRE(pwrite(fd, junk.data(), n, off) == static_cast<ssize_t>(n));
-  }
-  close(fd);
-}
-
 // Whether a thread of `pid` is blocked opening a FIFO (waiting for its writer).
 bool BlockedOnFifo(pid_t pid) {
   const std::string tasks = "/proc/" + std::to_string(pid) + "/task";
@@ -268,7 +253,7 @@ TEST_CASE("verify: --sample checks fewer blocks, always each shard's first and l
 TEST_CASE("verify: the RAM tier's hot copy is checked in place", "[integration][verify]") {
   Daemon d;
   SaveRows(d, "hot", 1);
-  CorruptSegment(d);  // the hot copy's bytes; the blobs on disk are intact
+  CorruptArenaSegment(d);  // the hot copy's bytes; the blobs on disk are intact
   CommandResult ram = Verify(d, {"hot", "1", "--tier", "ram"});
   CHECK(ram.exit_code == 3);
   CHECK_THAT(ram.output, Contains("BAD tier=ram item=w rank=0 blob=r00000.blob block=0 offset=0: "
