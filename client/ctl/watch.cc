@@ -121,6 +121,7 @@ std::vector<WatchLine> WatchModel::Update(double now_s, const std::vector<Progre
 
 std::vector<Key> WatchModel::Keys() const {
   std::vector<Key> keys;
+  keys.reserve(seen_.size());
   for (const auto& [k, s] : seen_) keys.push_back(k);
   return keys;
 }
