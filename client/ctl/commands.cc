@@ -21,20 +21,6 @@ namespace {
 
 constexpr int64_t kWaitMarginMs = 10000;
 
-template <typename Fn>
-absl::Status Call(Context& ctx, int64_t timeout_ms, Fn&& fn) {
-  grpc::ClientContext cc;
-  cc.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms));
-  grpc::Status s = fn(&cc);
-  if (s.ok()) return absl::OkStatus();
-  auto code = static_cast<absl::StatusCode>(s.error_code());  // same canonical numbering
-  if (code == absl::StatusCode::kUnavailable) {
-    return absl::UnavailableError(
-        absl::StrCat("ckptd at ", ctx.target, " is unavailable: ", s.error_message()));
-  }
-  return absl::Status(code, s.error_message());
-}
-
 absl::Status PrintJson(const google::protobuf::Message& msg) {
   std::cout << MessageJson(msg) << "\n";
   return absl::OkStatus();
@@ -117,16 +103,23 @@ void PrintTimings(const v1::CheckpointTimings& t, const v1::Tiers& tiers, uint64
     rt.AddRow({std::to_string(r.rank()), HumanMicros(r.reserve_us()), HumanMicros(r.copy_us()),
                HumanMicros(r.staged_us()), HumanMicros(r.queued_us()), HumanMicros(r.flush_us()),
                HumanMicros(r.fsync_us()), At(r.staged_at_ms(), r.staged_us() != 0),
-               At(r.persisted_at_ms(), r.fsync_us() != 0 && r.persisted_at_ms() != 0)});
+               At(r.persisted_at_ms(), false)});
   }
   std::cout << "\n" << rt.Render();
 }
 
 }  // namespace
 
-namespace {
+absl::Status DaemonStatus(const Context& ctx, const grpc::Status& s) {
+  if (s.ok()) return absl::OkStatus();
+  auto code = static_cast<absl::StatusCode>(s.error_code());  // same canonical numbering
+  if (code == absl::StatusCode::kUnavailable) {
+    return absl::UnavailableError(
+        absl::StrCat("ckptd at ", ctx.target, " is unavailable: ", s.error_message()));
+  }
+  return absl::Status(code, s.error_message());
+}
 
-// Every page of ListJobs / ListCheckpoints, merged.
 absl::StatusOr<v1::ListJobsResponse> AllJobs(Context& ctx) {
   v1::ListJobsResponse all;
   v1::ListJobsRequest req;
@@ -157,8 +150,6 @@ absl::StatusOr<v1::ListCheckpointsResponse> AllCheckpoints(Context& ctx, const s
   } while (!req.page_token().empty());
   return all;
 }
-
-}  // namespace
 
 absl::Status ListJobs(Context& ctx) {
   absl::StatusOr<v1::ListJobsResponse> all = AllJobs(ctx);

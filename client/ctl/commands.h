@@ -3,12 +3,14 @@
 // into "ckptctl: <CODE>: <message>" and exit code 1.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "ckptd/v1/ckptd.grpc.pb.h"
 
 namespace ckptctl {
@@ -19,6 +21,20 @@ struct Context {
   bool json = false;
   int rpc_timeout_ms = 30000;
 };
+
+// The daemon's answer as a status (UNAVAILABLE names the socket).
+absl::Status DaemonStatus(const Context& ctx, const grpc::Status& s);
+// One call with a deadline of timeout_ms: fn(client_context) returns the call's grpc::Status.
+template <typename Fn>
+absl::Status Call(Context& ctx, int64_t timeout_ms, Fn&& fn) {
+  grpc::ClientContext cc;
+  cc.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms));
+  return DaemonStatus(ctx, fn(&cc));
+}
+// Every page of ListJobs / ListCheckpoints, merged.
+absl::StatusOr<ckptd::v1::ListJobsResponse> AllJobs(Context& ctx);
+absl::StatusOr<ckptd::v1::ListCheckpointsResponse> AllCheckpoints(Context& ctx,
+                                                                  const std::string& job);
 
 absl::Status ListJobs(Context& ctx);
 absl::Status ListCheckpoints(Context& ctx, const std::string& job);

@@ -64,17 +64,9 @@ absl::Status Verify(Context& ctx, const VerifyOptions& options, bool* damaged) {
   if (!tier.ok()) return tier.status();
   req.set_tier(*tier);
   v1::VerifyResponse resp;
-  grpc::ClientContext cc;
-  cc.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(options.timeout_ms));
-  grpc::Status s = ctx.stub->Verify(&cc, req, &resp);
-  if (!s.ok()) {
-    auto code = static_cast<absl::StatusCode>(s.error_code());  // same canonical numbering
-    if (code == absl::StatusCode::kUnavailable) {
-      return absl::UnavailableError(
-          absl::StrCat("ckptd at ", ctx.target, " is unavailable: ", s.error_message()));
-    }
-    return absl::Status(code, s.error_message());
-  }
+  absl::Status s = Call(ctx, options.timeout_ms,
+                        [&](grpc::ClientContext* c) { return ctx.stub->Verify(c, req, &resp); });
+  if (!s.ok()) return s;
   *damaged = resp.failures_total() > 0;
   if (ctx.json) {
     std::cout << MessageJson(resp) << "\n";

@@ -26,14 +26,6 @@ using safetensors::JsonString;
 // Weight of the newest poll's rate in the smoothed rate.
 constexpr double kRateWeight = 0.5;
 
-absl::Status Call(Context& ctx, const std::function<grpc::Status(grpc::ClientContext*)>& fn) {
-  grpc::ClientContext cc;
-  cc.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(ctx.rpc_timeout_ms));
-  grpc::Status s = fn(&cc);
-  if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
-}
-
 }  // namespace
 
 std::string WatchModel::Bar(uint64_t done, uint64_t total, int width) {
@@ -131,55 +123,48 @@ namespace {
 // The checkpoints of `jobs` in flight, each with its status (local) or its upload (remote).
 absl::Status Poll(Context& ctx, const std::vector<std::string>& jobs, std::vector<Progress>* out) {
   for (const std::string& job : jobs) {
-    v1::ListCheckpointsRequest req;
-    req.set_job(job);
-    do {
-      v1::ListCheckpointsResponse page;
-      absl::Status s = Call(
-          ctx, [&](grpc::ClientContext* c) { return ctx.stub->ListCheckpoints(c, req, &page); });
-      if (absl::IsNotFound(s)) break;  // deleted meanwhile
-      if (!s.ok()) return s;
-      for (const v1::CheckpointSummary& c : page.checkpoints()) {
-        if (c.state() == v1::STAGING || c.state() == v1::PERSISTING) {
-          v1::GetStatusRequest sr;
-          sr.set_job(job);
-          sr.set_step(c.step());
-          v1::CheckpointStatus st;
-          absl::Status got =
-              Call(ctx, [&](grpc::ClientContext* cc) { return ctx.stub->GetStatus(cc, sr, &st); });
-          if (absl::IsNotFound(got)) continue;  // ended meanwhile
-          if (!got.ok()) return got;
-          Progress p{.job = job,
-                     .step = c.step(),
-                     .phase = st.summary().state() == v1::STAGING ? "staging" : "persisting",
-                     .tier = "local",
-                     .done = st.bytes_persisted(),
-                     .total = std::max(st.bytes_staged(), st.summary().bytes())};
-          p.ranks_staged = static_cast<uint32_t>(st.ranks_size());
-          p.world_size = st.summary().world_size();
-          p.missing_ranks.assign(st.missing_ranks().begin(), st.missing_ranks().end());
-          if (!st.summary().origin().empty()) p.note = st.summary().origin();
-          out->push_back(std::move(p));
-        }
-        const v1::Upload& u = c.tiers().upload();
-        if (c.state() == v1::COMMITTED && c.tiers().has_upload() &&
-            u.state() != v1::UPLOAD_DURABLE) {
-          Progress p{.job = job,
-                     .step = c.step(),
-                     .phase = u.state() == v1::UPLOAD_RUNNING    ? "uploading"
-                              : u.state() == v1::UPLOAD_RETRYING ? "retrying"
-                                                                 : "pending",
-                     .tier = "remote",
-                     .done = u.bytes_done(),
-                     .total = u.bytes_total()};
-          if (u.state() == v1::UPLOAD_RETRYING) {
-            p.note = absl::StrCat(u.attempts(), " failed: ", u.error());
-          }
-          out->push_back(std::move(p));
-        }
+    absl::StatusOr<v1::ListCheckpointsResponse> listed = AllCheckpoints(ctx, job);
+    if (absl::IsNotFound(listed.status())) continue;  // deleted meanwhile
+    if (!listed.ok()) return listed.status();
+    for (const v1::CheckpointSummary& c : listed->checkpoints()) {
+      if (c.state() == v1::STAGING || c.state() == v1::PERSISTING) {
+        v1::GetStatusRequest sr;
+        sr.set_job(job);
+        sr.set_step(c.step());
+        v1::CheckpointStatus st;
+        absl::Status got = Call(ctx, ctx.rpc_timeout_ms, [&](grpc::ClientContext* cc) {
+          return ctx.stub->GetStatus(cc, sr, &st);
+        });
+        if (absl::IsNotFound(got)) continue;  // ended meanwhile
+        if (!got.ok()) return got;
+        Progress p{.job = job,
+                   .step = c.step(),
+                   .phase = st.summary().state() == v1::STAGING ? "staging" : "persisting",
+                   .tier = "local",
+                   .done = st.bytes_persisted(),
+                   .total = std::max(st.bytes_staged(), st.summary().bytes())};
+        p.ranks_staged = static_cast<uint32_t>(st.ranks_size());
+        p.world_size = st.summary().world_size();
+        p.missing_ranks.assign(st.missing_ranks().begin(), st.missing_ranks().end());
+        if (!st.summary().origin().empty()) p.note = st.summary().origin();
+        out->push_back(std::move(p));
       }
-      req.set_page_token(page.next_page_token());
-    } while (!req.page_token().empty());
+      const v1::Upload& u = c.tiers().upload();
+      if (c.state() == v1::COMMITTED && c.tiers().has_upload() && u.state() != v1::UPLOAD_DURABLE) {
+        Progress p{.job = job,
+                   .step = c.step(),
+                   .phase = u.state() == v1::UPLOAD_RUNNING    ? "uploading"
+                            : u.state() == v1::UPLOAD_RETRYING ? "retrying"
+                                                               : "pending",
+                   .tier = "remote",
+                   .done = u.bytes_done(),
+                   .total = u.bytes_total()};
+        if (u.state() == v1::UPLOAD_RETRYING) {
+          p.note = absl::StrCat(u.attempts(), " failed: ", u.error());
+        }
+        out->push_back(std::move(p));
+      }
+    }
   }
   return absl::OkStatus();
 }
@@ -190,8 +175,8 @@ std::string EndedAs(Context& ctx, const Key& key) {
   req.set_job(std::get<0>(key));
   req.set_step(std::get<1>(key));
   v1::CheckpointStatus st;
-  absl::Status s =
-      Call(ctx, [&](grpc::ClientContext* c) { return ctx.stub->GetStatus(c, req, &st); });
+  absl::Status s = Call(ctx, ctx.rpc_timeout_ms,
+                        [&](grpc::ClientContext* c) { return ctx.stub->GetStatus(c, req, &st); });
   if (absl::IsNotFound(s)) return "deleted";
   if (!s.ok()) return absl::StrCat("unknown (", s.message(), ")");
   if (std::get<2>(key) == "remote") {
@@ -238,15 +223,9 @@ absl::Status Watch(Context& ctx, const WatchOptions& o, std::ostream& out) {
     if (!o.job.empty()) {
       jobs.push_back(o.job);
     } else {
-      v1::ListJobsRequest req;
-      do {
-        v1::ListJobsResponse page;
-        absl::Status s =
-            Call(ctx, [&](grpc::ClientContext* c) { return ctx.stub->ListJobs(c, req, &page); });
-        if (!s.ok()) return s;
-        for (const v1::JobSummary& j : page.jobs()) jobs.push_back(j.job());
-        req.set_page_token(page.next_page_token());
-      } while (!req.page_token().empty());
+      absl::StatusOr<v1::ListJobsResponse> all = AllJobs(ctx);
+      if (!all.ok()) return all.status();
+      for (const v1::JobSummary& j : all->jobs()) jobs.push_back(j.job());
     }
     std::vector<Progress> in_flight;
     absl::Status polled = Poll(ctx, jobs, &in_flight);
