@@ -57,7 +57,6 @@ struct CheckpointService::ClusterWork {
   v1::NodePart part;                                    // this node's (kAwaitingCluster)
   std::vector<std::pair<std::string, uint64_t>> blobs;  // its blobs and their sizes
   std::vector<uint32_t> own_ranks;
-  v1::CheckpointTimings timings;  // this node's ranks'
 };
 
 void CheckpointService::ClusterLoop() {
@@ -93,7 +92,6 @@ std::vector<CheckpointService::ClusterWork> CheckpointService::ClusterWorkLocked
     w.created_unix_ms = p->created_unix_ms;
     w.abort_requested = p->cluster.abort_requested;
     for (const auto& [r, pr] : p->ranks) w.own_ranks.push_back(r);
-    w.timings = TimingsLocked(*p);
     if (w.phase != CheckpointPhase::kAwaitingCluster || w.part_durable) continue;
     v1::NodePart& part = w.part;
     part.set_format_version(kNodePartFormatVersion);
@@ -428,7 +426,13 @@ void CheckpointService::CommitFromStore(const ClusterWork& w, Manifest m) {
   for (uint32_t r : w.own_ranks) {
     if (!present.contains(r)) left_out.push_back(r);
   }
-  v1::CheckpointTimings timings = w.timings;
+  v1::CheckpointTimings timings;  // this node's ranks', read once, at the commit
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = pending_.find(w.key);
+    CKPTD_CHECK(it != pending_.end() && it->second->committing());
+    timings = TimingsLocked(*it->second);
+  }
   timings.set_committed_ms(MsAfter(w.created_unix_ms));
   absl::Status st = IndexCommitted(
       m, w.dir, CommittedTiers{.policy = w.policy, .local = false, .remote_durable = true},
