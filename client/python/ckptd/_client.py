@@ -279,40 +279,44 @@ class Client:
     ) -> SaveHandle:
         """Saves this rank's part of checkpoint (job, step).
 
-        tensors: name -> array/tensor (the whole item) or Shard (a region of it). Each is copied
-        once into the staging arena with the GIL released; ckptd.empty()/stage() memory is not
-        copied at all. objects: name -> any picklable value (Raw(bytes) is stored unpickled);
-        names in per_rank_objects are kept per rank, others once for the job. CUDA tensors are
-        copied by the daemon itself over CUDA IPC, device to its pinned arena, before save()
-        returns, also with blocking=False: that copy is their whole stall and this process copies
-        nothing (where the daemon cannot, libckptd-client copies them, saying so once on
-        stderr). Other device tensors are copied into the arena here.
+        tensors: name -> array/tensor (the whole item), Shard (a region of it) or a list of Shards
+        (disjoint regions of the item held by this rank, e.g. the sub-parameters of a fused
+        tensor-parallel weight: ckptd.layouts). Each is copied once into the staging arena with
+        the GIL released; ckptd.empty()/stage() memory is not copied at all. objects: name -> any
+        picklable value (Raw(bytes) is stored unpickled); names in per_rank_objects are kept per
+        rank, others once for the job. CUDA tensors are copied by the daemon itself over CUDA IPC,
+        device to its pinned arena, before save() returns, also with blocking=False: that copy is
+        their whole stall and this process copies nothing (where the daemon cannot,
+        libckptd-client copies them, saying so once on stderr). Other device tensors are copied
+        into the arena here.
         blocking=True returns once staged; False returns at once and stages in a thread: then wait
         for handle.staged() before changing the tensors. The daemon commits once ranks
         0..world_size-1 have saved."""
         specs: list[tuple[Any, ...]] = []
         keep: list[Any] = []  # holds converted sources alive during the call
-        shards = {
-            name: value if isinstance(value, Shard) else Shard(value, _arrays.shape_of(value))
-            for name, value in (tensors or {}).items()
-        }
+        # (name, shard) in order; a name given a list of Shards appears once per Shard
+        shards = [
+            (name, s) for name, value in (tensors or {}).items() for s in _shards(name, value)
+        ]
         # CUDA tensors go to libckptd-client as device memory: the daemon copies them over CUDA
         # IPC during the Save call (or the library does, where IPC cannot be used). Other device
         # tensors (not CUDA) are copied into the arena here.
         on_device = [
-            n
-            for n, s in shards.items()
+            i
+            for i, (_, s) in enumerate(shards)
             if _arrays.is_device_tensor(s.data) and not _arrays.is_cuda_tensor(s.data)
         ]
-        staged_views = self._stage_from_device([shards[n].data for n in on_device])
+        staged_views = self._stage_from_device([shards[i][1].data for i in on_device])
         device_views = dict(zip(on_device, staged_views, strict=True))
         cuda = {
-            n: _contiguous_cuda(s.data) for n, s in shards.items() if _arrays.is_cuda_tensor(s.data)
+            i: _contiguous_cuda(s.data)
+            for i, (_, s) in enumerate(shards)
+            if _arrays.is_cuda_tensor(s.data)
         }
         _sync_devices(cuda.values())  # the trainer's kernels writing them are done
         try:  # the device copies' buffers stay ours until the daemon takes them
-            for name, shard in shards.items():
-                data = device_views.get(name, cuda.get(name, shard.data))
+            for i, (name, shard) in enumerate(shards):
+                data = device_views.get(i, cuda.get(i, shard.data))
                 if not _arrays.is_torch_tensor(data) and not isinstance(data, np.ndarray):
                     data = np.asarray(data)
                 keep.append(data)
@@ -322,7 +326,7 @@ class Client:
                         _arrays.dtype_name(data),
                         [int(d) for d in shard.global_shape],
                         _region_spec(shard.region),
-                        _arrays.cuda_view(data) if name in cuda else _arrays.view(data),
+                        _arrays.cuda_view(data) if i in cuda else _arrays.view(data),
                     )
                 )
             per_rank = set(per_rank_objects)
@@ -557,6 +561,19 @@ class Client:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _shards(name: str, value: Any) -> list[Shard]:
+    """The shards one entry of save()'s tensors stands for: a list of Shards as it is (each a
+    region of the item; the daemon refuses overlapping ones), a Shard, or a whole array."""
+    if isinstance(value, list):
+        for s in value:
+            if not isinstance(s, Shard):
+                raise TypeError(
+                    f"ckptd: item {name}: a list of regions holds Shards, not {type(s).__name__}"
+                )
+        return value
+    return [value if isinstance(value, Shard) else Shard(value, _arrays.shape_of(value))]
 
 
 def _object_bytes(value: Any) -> bytes:
