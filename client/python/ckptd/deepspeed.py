@@ -1,0 +1,477 @@
+"""Saves a DeepSpeed engine's ZeRO state through ckptd and loads it at another data-parallel size
+and another ZeRO stage, reading only each rank's bytes.
+
+    import ckptd, ckptd.deepspeed as ckds
+    client = ckptd.connect()
+    ckds.save(engine, client, "run42", step)                  # every rank, collectively
+    ...
+    state = ckds.load(engine, client, "run42")                # any DP size, ZeRO stage 1, 2 or 3
+
+No gather and no consolidation: a ZeRO partition is a contiguous range of the flattened
+parameters, so each rank's piece of each parameter is saved as a Flat region of that parameter's
+global fp32 master (and of each Adam moment); a load at another layout reads the Flat regions its
+own partition covers. What a checkpoint holds (the convention `ckptd-import --format deepspeed`
+writes too, so an imported DeepSpeed checkpoint loads here):
+
+- `fp32/<param>`: the fp32 master of each trainable parameter, its full shape, saved as the DP
+  ranks' Flat pieces (checkpoint rank = DP rank, world size = DP size);
+- `optim/<key>/<param>`: every optimizer state tensor with the parameter's size (Adam's `exp_avg`
+  and `exp_avg_sq`), the same regions;
+- `frozen/<param>` (parameters without gradients) and `buffer/<name>` (the module's persistent
+  buffers): whole, saved by rank 0, in their own dtypes;
+- the object `deepspeed`: JSON (never pickle) with the ZeRO stage and DP size it was saved at, the
+  parameters in the optimizer's order with their shapes and groups, the optimizer keys, each
+  group's hyperparameters and step, the engine's counters (global_steps, global_samples,
+  skipped_steps), the LR scheduler's state and the loss scaler's numbers;
+- the object `client_state` (pickled, as torch.save would) when save() is given one.
+
+Load refreshes the low-precision model weights from the loaded fp32 masters, as DeepSpeed's own
+load does. The model must have the same parameter names and shapes (tensor, pipeline and expert
+parallelism are not supported: the engine's model-parallel size must be 1; ckptd.layouts covers
+tensor-parallel layouts outside DeepSpeed). DeepSpeed is needed only by this module.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import deepspeed.comm as dist
+import torch
+
+from ._client import Client, Flat, Raw, SaveHandle, Shard
+
+META = "deepspeed"
+CLIENT_STATE = "client_state"
+FORMAT = 1
+
+__all__ = ["CLIENT_STATE", "META", "LoadedState", "load", "save"]
+
+
+@dataclass
+class _Piece:
+    """One rank's piece of one trainable parameter: elements [start, start + count) of its
+    flattened global tensor, the fp32 master's view and each optimizer state's view."""
+
+    name: str
+    shape: list[int]
+    group: int
+    start: int
+    count: int
+    fp32: torch.Tensor
+    optim: dict[str, torch.Tensor]
+    lp: torch.Tensor | None  # the low-precision partition to refresh after a load (stage 3)
+
+
+@dataclass
+class LoadedState:
+    """What load() restored besides the tensors."""
+
+    step: int  # the ckptd step loaded
+    client_state: Any  # save()'s client_state, or None
+    saved_zero_stage: int
+    saved_dp_world_size: int
+    bytes_read: int  # bytes this rank's loads read from the daemon's storage
+
+
+class _Zero:
+    """The ZeRO optimizer of an engine, seen as this rank's pieces of every trainable parameter."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.zo = engine.optimizer
+        self.stage = int(engine.zero_optimization_stage())
+        if self.stage not in (1, 2, 3):
+            raise ValueError(
+                f"ckptd.deepspeed: the engine runs ZeRO stage {self.stage}; stages 1, 2 and 3 "
+                "are supported"
+            )
+        mp = engine.mpu.get_model_parallel_world_size() if engine.mpu is not None else 1
+        if mp != 1:
+            raise ValueError(
+                f"ckptd.deepspeed: the engine's model-parallel size is {mp}; only data "
+                "parallelism is supported (see ckptd.layouts for tensor-parallel layouts)"
+            )
+        self.names = {id(p): n for n, p in engine.module.named_parameters()}
+        if self.stage == 3:
+            self.group = self.zo.dp_process_group
+            self.fp32_groups = list(self.zo.fp32_partitioned_groups_flat)
+            self.lp_groups = self.zo.fp16_groups
+        else:
+            self.group = self.zo.real_dp_process_group[0]
+            if any(g is not self.group for g in self.zo.real_dp_process_group):
+                raise ValueError("ckptd.deepspeed: param groups with their own DP groups (MoE)")
+            self.fp32_groups = list(self.zo.single_partition_of_fp32_groups)
+            self.lp_groups = self.zo.bit16_groups
+        self.dp_rank = dist.get_rank(group=self.group)
+        self.dp_size = dist.get_world_size(group=self.group)
+
+    def name(self, p: torch.nn.Parameter) -> str:
+        name = self.names.get(id(p))
+        if name is None:
+            raise ValueError("ckptd.deepspeed: an optimizer parameter is not in module")
+        return name
+
+    def state(self, group: int) -> dict[str, Any]:
+        return self.zo.optimizer.state[self.fp32_groups[group]]
+
+    def optim_keys(self) -> list[str]:
+        """The optimizer state tensors sized like the fp32 partition (Adam: exp_avg, exp_avg_sq)."""
+        keys: set[str] = set()
+        for i, flat in enumerate(self.fp32_groups):
+            for k, v in self.state(i).items():
+                if torch.is_tensor(v) and v.shape == flat.shape and flat.numel() > 0:
+                    keys.add(k)
+        return sorted(keys)
+
+    def params(self) -> Iterator[tuple[int, torch.nn.Parameter]]:
+        for i, group in enumerate(self.lp_groups):
+            for p in group:
+                yield i, p
+
+    def shape(self, p: torch.nn.Parameter) -> list[int]:
+        return [int(d) for d in (p.ds_shape if self.stage == 3 else p.shape)]
+
+    def pieces(self, keys: list[str]) -> list[_Piece]:
+        out = []
+        for i, p in self.params():
+            piece = self._piece3(i, p, keys) if self.stage == 3 else self._piece12(i, p, keys)
+            if piece is not None:
+                out.append(piece)
+        return out
+
+    def _piece12(self, group: int, p: torch.nn.Parameter, keys: list[str]) -> _Piece | None:
+        hp = p._hp_mapping  # DeepSpeed's link of this parameter to the rank's fp32 partition
+        if hp is None:
+            return None
+        start, count = int(hp.lp_fragment_address.start), int(hp.lp_fragment_address.numel)
+        at = int(hp.hp_fragment_address.start)
+        state = self.state(group)
+        optim = {k: state[k].narrow(0, at, count) for k in keys if k in state}
+        fp32 = self.fp32_groups[group].narrow(0, at, count)
+        return _Piece(self.name(p), self.shape(p), group, start, count, fp32, optim, None)
+
+    def _piece3(self, group: int, p: torch.nn.Parameter, keys: list[str]) -> _Piece | None:
+        size = int(p.ds_tensor.ds_numel)  # each rank's partition, padded at the last rank
+        start = self.dp_rank * size
+        count = max(0, min(size, int(p.ds_numel) - start))
+        if count == 0:
+            return None
+        fp32 = self.zo.get_local_fp32_param(p)
+        optim = {k: self.zo.get_local_fp32_param(p, optim_state_key=k) for k in keys}
+        views = [fp32, *optim.values()]
+        if any(v.device.type != "cpu" for v in views):
+            raise ValueError("ckptd.deepspeed: ZeRO-3 partitions on a device need a host copy")
+        return _Piece(
+            self.name(p),
+            self.shape(p),
+            group,
+            start,
+            count,
+            fp32.narrow(0, 0, count),
+            {k: v.narrow(0, 0, count) for k, v in optim.items()},
+            p.ds_tensor.data.narrow(0, 0, count),
+        )
+
+    def ensure_state(self, keys: list[str]) -> None:
+        """Creates the optimizer's state tensors a fresh engine does not have yet (torch's Adam
+        makes them at its first step): zeros sized like each fp32 partition, and the step, so
+        that a load has somewhere to write them and the next step continues from them."""
+        for i, flat in enumerate(self.fp32_groups):
+            if flat.numel() == 0:
+                continue
+            state = self.state(i)
+            for k in keys:
+                if k not in state:
+                    state[k] = torch.zeros_like(flat)
+            if keys and "step" not in state:
+                state["step"] = torch.tensor(0.0)
+
+    def steps(self) -> list[float | None]:
+        out: list[float | None] = []
+        for i in range(len(self.fp32_groups)):
+            step = self.state(i).get("step")
+            out.append(None if step is None else float(step))
+        return out
+
+    def set_step(self, group: int, value: float) -> None:
+        state = self.state(group)
+        if torch.is_tensor(state.get("step")):
+            state["step"].fill_(value)
+        else:
+            state["step"] = type(state.get("step", value))(value)
+
+    def refresh_lp(self, pieces: list[_Piece]) -> None:
+        """The model's (low-precision) weights from the loaded fp32 masters, on every rank."""
+        if self.stage == 3:
+            for piece in pieces:
+                if piece.lp is not None:
+                    piece.lp.copy_(piece.fp32)
+        else:
+            self.zo.update_lp_params()  # copies this rank's partition, then all-gathers
+            # DeepSpeed links each parameter to its optimizer state at the first step; linked
+            # now, its safe_get_*_optimizer_state work right after a load, as after its own
+            link = getattr(self.zo, "_lazy_init_hp_params_optimizer_state", None)
+            if link is not None:
+                link()
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if torch.is_tensor(value) and value.numel() == 1:
+        return value.item()
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise TypeError(f"ckptd.deepspeed: {type(value).__name__} in the optimizer or scheduler state")
+
+
+def _hyperparameters(group: dict[str, Any]) -> dict[str, Any]:
+    return {k: _json_safe(v) for k, v in group.items() if k != "params"}
+
+
+def _loss_scaler(zo: Any) -> dict[str, Any] | None:
+    scaler = getattr(zo, "loss_scaler", None)
+    if scaler is None:
+        return None
+    return {
+        k: v for k, v in vars(scaler).items() if isinstance(v, (bool, int, float)) and v is not None
+    }
+
+
+def _persistent_buffers(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    keys = set(module.state_dict().keys())
+    return {n: b for n, b in module.named_buffers() if n in keys}
+
+
+def _frozen(module: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
+    return {n: p for n, p in module.named_parameters() if not p.requires_grad}
+
+
+def _meta(z: _Zero, keys: list[str]) -> dict[str, Any]:
+    engine = z.engine
+    scheduler = engine.lr_scheduler
+    return {
+        "format": FORMAT,
+        "source": "adapter",
+        "zero_stage": z.stage,
+        "dp_world_size": z.dp_size,
+        "ds_version": _ds_version(),
+        "params": [{"name": z.name(p), "shape": z.shape(p), "group": i} for i, p in z.params()],
+        "frozen": sorted(_frozen(engine.module)),
+        "buffers": sorted(_persistent_buffers(engine.module)),
+        "optim_keys": keys,
+        "param_groups": [_hyperparameters(g) for g in z.zo.optimizer.param_groups],
+        "optim_steps": z.steps(),
+        "global_steps": int(engine.global_steps),
+        "global_samples": int(engine.global_samples),
+        "skipped_steps": int(engine.skipped_steps),
+        "lr_scheduler": None if scheduler is None else _json_safe(scheduler.state_dict()),
+        "loss_scaler": _loss_scaler(z.zo),
+    }
+
+
+def _ds_version() -> str:
+    import deepspeed
+
+    return str(deepspeed.__version__)
+
+
+def _gathered(params: list[torch.nn.Parameter], modifier: int | None) -> Any:
+    """ZeRO-3's partitioned parameters gathered for the block (modifier_rank: its changes are
+    broadcast from that rank and partitioned again); nothing for an empty list."""
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters(params, modifier_rank=modifier, enabled=bool(params))
+
+
+def save(
+    engine: Any,
+    client: Client,
+    job: str,
+    step: int,
+    *,
+    client_state: Any = None,
+    blocking: bool = True,
+) -> SaveHandle:
+    """Saves the engine's fp32 masters, optimizer state and counters as checkpoint (job, step).
+    Every DP rank calls it (collectively); each saves only its own ZeRO partition, copied once
+    into the daemon's staging arena. Returns once this rank's part is staged (blocking) or at
+    once; training may go on once handle.staged() resolved. handle.committed() resolves when the
+    checkpoint is durable."""
+    z = _Zero(engine)
+    keys = z.optim_keys()
+    tensors: dict[str, Any] = {}
+    for piece in z.pieces(keys):
+        region = Flat(piece.start, piece.count)
+        tensors[f"fp32/{piece.name}"] = Shard(piece.fp32, piece.shape, region)
+        for k, view in piece.optim.items():
+            tensors[f"optim/{k}/{piece.name}"] = Shard(view, piece.shape, region)
+    frozen = _frozen(engine.module)
+    objects: dict[str, Any] = {}
+    with _gathered(list(frozen.values()) if z.stage == 3 else [], None):
+        if z.dp_rank == 0:
+            for name, p in frozen.items():
+                tensors[f"frozen/{name}"] = p.detach().contiguous()
+            for name, b in _persistent_buffers(engine.module).items():
+                tensors[f"buffer/{name}"] = b.detach().contiguous()
+            meta = _meta(z, keys)
+            meta["client_state"] = client_state is not None
+            objects[META] = Raw(json.dumps(meta).encode())
+            if client_state is not None:
+                objects[CLIENT_STATE] = client_state
+        # ZeRO-3's gathered frozen parameters are freed when the block ends: staged before that
+        handle = client.save(
+            job,
+            step,
+            tensors,
+            objects,
+            rank=z.dp_rank,
+            world_size=z.dp_size,
+            blocking=blocking or (z.stage == 3 and bool(frozen)),
+        )
+    return handle
+
+
+def _agree_on_step(client: Client, job: str, step: int | str, group: Any) -> int:
+    """The step every rank loads: "latest" is resolved by DP rank 0 and broadcast, so a commit
+    between two ranks' calls cannot split them."""
+    box: list[Any] = [None]
+    if dist.get_rank(group=group) == 0:
+        try:
+            box[0] = client._resolve_step(job, step)
+        except Exception as e:  # every rank raises the same error
+            box[0] = e
+    dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0), group=group)
+    if isinstance(box[0], BaseException):
+        raise box[0]
+    return int(box[0])
+
+
+def _check_params(meta: dict[str, Any], z: _Zero, job: str, step: int) -> None:
+    saved = {p["name"]: [int(d) for d in p["shape"]] for p in meta["params"]}
+    mine = {z.name(p): z.shape(p) for _, p in z.params()}
+    where = f"ckptd.deepspeed: job {job} step {step}"
+    missing = sorted(set(mine) - set(saved))
+    if missing:
+        raise ValueError(f"{where} has no fp32 master for the engine's parameters {missing[:8]}")
+    extra = sorted(set(saved) - set(mine))
+    if extra:
+        raise ValueError(f"{where} holds parameters the engine does not have: {extra[:8]}")
+    for name, shape in mine.items():
+        if saved[name] != shape:
+            raise ValueError(
+                f"{where}: parameter {name} was saved with shape {saved[name]}, the engine's is "
+                f"{shape}"
+            )
+
+
+def _read_meta(client: Client, job: str, step: int) -> dict[str, Any]:
+    raw = client.load_object(job, step, META, raw=True)
+    try:
+        meta = json.loads(raw)
+    except ValueError as e:
+        raise ValueError(
+            f"ckptd.deepspeed: job {job} step {step}: the {META} object is not JSON ({e})"
+        ) from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise ValueError(
+            f"ckptd.deepspeed: job {job} step {step} is not a DeepSpeed checkpoint of format "
+            f"{FORMAT} (its {META} object says {str(meta)[:80]})"
+        )
+    return meta
+
+
+def _restore_scalars(z: _Zero, meta: dict[str, Any], optimizer: bool, scheduler: bool) -> None:
+    engine = z.engine
+    engine.global_steps = int(meta.get("global_steps") or 0)
+    engine.global_samples = int(meta.get("global_samples") or 0)
+    engine.skipped_steps = int(meta.get("skipped_steps") or 0)
+    if scheduler and engine.lr_scheduler is not None and meta.get("lr_scheduler"):
+        engine.lr_scheduler.load_state_dict(meta["lr_scheduler"])
+    if not optimizer:
+        return
+    groups = z.zo.optimizer.param_groups
+    saved_groups = meta.get("param_groups") or []
+    if len(saved_groups) != len(groups):
+        raise ValueError(
+            f"ckptd.deepspeed: the checkpoint has {len(saved_groups)} parameter groups, the "
+            f"engine's optimizer {len(groups)}"
+        )
+    for group, saved in zip(groups, saved_groups, strict=True):
+        for k, v in saved.items():
+            if k in group and k != "params":
+                group[k] = tuple(v) if isinstance(group[k], tuple) else v
+    for i, step in enumerate(meta.get("optim_steps") or []):
+        if step is not None and i < len(z.fp32_groups):
+            z.set_step(i, step)
+    scaler = getattr(z.zo, "loss_scaler", None)
+    for k, v in (meta.get("loss_scaler") or {}).items():
+        if scaler is not None and hasattr(scaler, k):
+            setattr(scaler, k, v)
+
+
+def load(
+    engine: Any,
+    client: Client,
+    job: str,
+    step: int | str = "latest",
+    *,
+    load_optimizer_states: bool = True,
+    load_lr_scheduler: bool = True,
+) -> LoadedState:
+    """Loads checkpoint (job, step) into the engine, whatever DP size and ZeRO stage it was saved
+    at: each rank reads only the Flat regions its own partition covers, straight into the fp32
+    master and optimizer state (one copy, out of the daemon's arena). Every DP rank calls it
+    (collectively). Then the model's weights are refreshed from the masters, and the optimizer's
+    steps and hyperparameters, the engine's counters, the LR scheduler and the loss scaler are
+    restored. Raises ValueError naming the difference when the model does not match."""
+    z = _Zero(engine)
+    resolved = _agree_on_step(client, job, step, z.group)
+    meta = _read_meta(client, job, resolved)
+    _check_params(meta, z, job, resolved)
+    saved_keys = sorted(meta.get("optim_keys") or [])
+    keys: list[str] = []
+    if load_optimizer_states:
+        missing = sorted(set(z.optim_keys()) - set(saved_keys))
+        if missing:
+            raise ValueError(
+                f"ckptd.deepspeed: job {job} step {resolved} has no optimizer state {missing} "
+                f"(it holds {saved_keys}); load with load_optimizer_states=False"
+            )
+        z.ensure_state(saved_keys)
+        keys = z.optim_keys()
+    pieces = z.pieces(keys)
+    targets: list[tuple[str, Any, Any]] = []
+    for piece in pieces:
+        region = Flat(piece.start, piece.count)
+        targets.append((f"fp32/{piece.name}", region, piece.fp32))
+        targets.extend((f"optim/{k}/{piece.name}", region, v) for k, v in piece.optim.items())
+    for name, b in _persistent_buffers(engine.module).items():
+        if name in (meta.get("buffers") or []):
+            targets.append((f"buffer/{name}", None, b.data))
+    read = client.load_into(job, resolved, targets, rank=z.dp_rank)
+    frozen = _frozen(engine.module)
+    saved_frozen = set(meta.get("frozen") or [])
+    with _gathered(list(frozen.values()) if z.stage == 3 else [], 0):
+        if z.stage != 3 or z.dp_rank == 0:
+            wanted = [(f"frozen/{n}", None, p.data) for n, p in frozen.items() if n in saved_frozen]
+            read += client.load_into(job, resolved, wanted, rank=z.dp_rank)
+    z.refresh_lp(pieces)
+    _restore_scalars(z, meta, load_optimizer_states, load_lr_scheduler)
+    state = None
+    if meta.get("client_state"):
+        state = pickle.loads(client.load_object(job, resolved, CLIENT_STATE, raw=True))
+    dist.barrier(group=z.group)
+    return LoadedState(
+        step=resolved,
+        client_state=state,
+        saved_zero_stage=int(meta["zero_stage"]),
+        saved_dp_world_size=int(meta["dp_world_size"]),
+        bytes_read=read,
+    )

@@ -1,0 +1,174 @@
+"""One rank of a DeepSpeed training run on CPU over gloo, for test_deepspeed_adapter.py (and the
+DeepSpeed benchmarks): a small transformer-like model with a padded vocabulary, a fused QKV
+projection, a SwiGLU MLP ([W;V] in one weight), a persistent buffer and a frozen parameter,
+trained with AdamW under ZeRO stage 1, 2 or 3 at any data-parallel size.
+
+    python3 deepspeed_rig.py train  --stage 2 --dp 4 --job J --out DIR --tag T [--save_step S]
+    python3 deepspeed_rig.py resume --stage 3 --dp 2 --job J --out DIR --tag T
+
+The global batch of every step is the same whatever the DP size (rows split across the ranks),
+so the losses of a run resumed at another layout match up to the order of the sums. Rank 0
+writes DIR/full_T.pt (every parameter's full fp32 master and Adam moments, gathered with
+DeepSpeed's own safe_get_full_* after the save or the load) and DIR/losses_T.json (the global
+loss of each step run after that). Started by test_deepspeed_adapter.run_ranks with RANK,
+WORLD_SIZE, MASTER_ADDR, MASTER_PORT set."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+VOCAB, VOCAB_PADDED, HIDDEN, FFN, SEQ, GLOBAL_BATCH = 50, 64, 32, 48, 8, 8
+
+
+class Model(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB_PADDED, HIDDEN)  # rows >= VOCAB are padding
+        self.norm = nn.LayerNorm(HIDDEN)
+        self.qkv = nn.Linear(HIDDEN, 3 * HIDDEN)  # fused [Q; K; V]
+        self.proj = nn.Linear(HIDDEN, HIDDEN)
+        self.fc1 = nn.Linear(HIDDEN, 2 * FFN)  # SwiGLU's [W; V]
+        self.fc2 = nn.Linear(FFN, HIDDEN)
+        self.head = nn.Linear(HIDDEN, VOCAB_PADDED, bias=False)
+        self.register_buffer("position", torch.linspace(0.0, 1.0, SEQ))
+        self.gain = nn.Parameter(torch.full((HIDDEN,), 0.5), requires_grad=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.embed(tokens) + self.position[None, :, None] * self.gain
+        q, k, v = self.qkv(self.norm(h)).chunk(3, dim=-1)
+        mask = torch.ones(SEQ, SEQ, dtype=torch.bool).tril()
+        att = (q @ k.transpose(1, 2) / HIDDEN**0.5).masked_fill(~mask, float("-inf"))
+        h = h + self.proj(att.softmax(-1) @ v)
+        w, gate = self.fc1(self.norm(h)).chunk(2, dim=-1)
+        h = h + self.fc2(nn.functional.silu(w) * gate)
+        return self.head(h)[..., :VOCAB]  # padding rows never score
+
+
+def batch(step: int, rank: int, dp: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1000 + step)
+    tokens = torch.randint(0, VOCAB, (GLOBAL_BATCH, SEQ + 1), generator=g)
+    rows = GLOBAL_BATCH // dp
+    mine = tokens[rank * rows : (rank + 1) * rows]
+    return mine[:, :-1], mine[:, 1:]
+
+
+def engine_for(stage: int, dp: int, seed: int, *, perturb: bool = False) -> Any:
+    """A fresh engine; perturb: other values in the buffer and the frozen parameter too (a
+    resume must load them)."""
+    import deepspeed
+
+    torch.manual_seed(seed)
+    model = Model()
+    if perturb:
+        model.position.fill_(-1.0)
+        model.gain.data.fill_(9.0)
+    optimizer = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad], lr=3e-3, weight_decay=0.01
+    )
+    config = {
+        "train_batch_size": GLOBAL_BATCH,
+        "train_micro_batch_size_per_gpu": GLOBAL_BATCH // dp,
+        "gradient_accumulation_steps": 1,
+        "zero_optimization": {"stage": stage},
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 1 << 30,
+    }
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+    return engine
+
+
+def train_step(engine: Any, step: int, rank: int, dp: int) -> float:
+    import deepspeed.comm as dist
+
+    x, y = batch(step, rank, dp)
+    logits = engine(x)
+    loss = nn.functional.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1))
+    engine.backward(loss)
+    engine.step()
+    total = loss.detach().clone()
+    dist.all_reduce(total)
+    return float(total) / dp
+
+
+def full_state(engine: Any) -> dict[str, torch.Tensor]:
+    """Every trainable parameter's full fp32 master and Adam moments (collective)."""
+    from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+
+    out = {}
+    for name, p in engine.module.named_parameters():
+        if not p.requires_grad:
+            continue
+        out[f"fp32/{name}"] = safe_get_full_fp32_param(p).clone()
+        for key in ("exp_avg", "exp_avg_sq"):
+            out[f"optim/{key}/{name}"] = safe_get_full_optimizer_state(p, key).clone()
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("mode", choices=("train", "resume"))
+    p.add_argument("--stage", type=int, required=True)
+    p.add_argument("--dp", type=int, required=True)
+    p.add_argument("--job", required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--tag", required=True)
+    p.add_argument("--train_steps", type=int, default=3)
+    p.add_argument("--next_steps", type=int, default=2)
+    args = p.parse_args()
+
+    import deepspeed
+    import deepspeed.ops
+
+    # DeepSpeed's CPU accelerator JIT-compiles a shared-memory all-reduce for inference at
+    # init_distributed (minutes of g++ on a small machine, racing between ranks); ZeRO training
+    # over gloo never calls it.
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    deepspeed.init_distributed(dist_backend="gloo")
+    import deepspeed.comm as dist
+
+    import ckptd
+    import ckptd.deepspeed as ckds
+
+    rank = dist.get_rank()
+    client = ckptd.connect()
+    if args.mode == "train":
+        engine = engine_for(args.stage, args.dp, seed=0)
+        for step in range(1, args.train_steps + 1):
+            train_step(engine, step, rank, args.dp)
+        handle = ckds.save(
+            engine, client, args.job, args.train_steps, client_state={"epoch": 7, "rank": rank}
+        )
+        handle.committed().result()
+        first = args.train_steps + 1
+    else:
+        engine = engine_for(args.stage, args.dp, seed=123, perturb=True)  # the load must win
+        loaded = ckds.load(engine, client, args.job)
+        assert loaded.client_state == {"epoch": 7, "rank": 0}, loaded.client_state
+        assert engine.global_steps == loaded.step, (engine.global_steps, loaded.step)
+        first = loaded.step + 1
+    state = full_state(engine)
+    state["buffer/position"] = engine.module.position.clone()
+
+    with deepspeed.zero.GatheredParameters([engine.module.gain], enabled=args.stage == 3):
+        state["frozen/gain"] = engine.module.gain.detach().clone()
+    losses = [train_step(engine, s, rank, args.dp) for s in range(first, first + args.next_steps)]
+    if rank == 0:
+        args.out.mkdir(parents=True, exist_ok=True)
+        torch.save(state, args.out / f"full_{args.tag}.pt")
+        (args.out / f"losses_{args.tag}.json").write_text(json.dumps(losses))
+    dist.barrier()
+    client.close()
+    sys.stdout.flush()
+    os._exit(0)  # see conftest.run_rank: gloo's teardown can abort a clean exit
+
+
+if __name__ == "__main__":
+    main()
