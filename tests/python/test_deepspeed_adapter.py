@@ -88,7 +88,7 @@ def test_checkpoint_holds_partitions_not_a_gather(trained: tuple[Daemon, Path]) 
     for name, full in saved.items():
         assert list(rows[name]["shape"]) == list(full.shape), name
     # a ZeRO-2 flat partition splits the first weights: qkv spans two ranks' partitions
-    assert rows["fp32/qkv.weight"]["shard_count"] >= 2, rows["fp32/qkv.weight"]
+    assert rows["fp32/layers.0.qkv.weight"]["shard_count"] >= 2, rows["fp32/layers.0.qkv.weight"]
     meta = json.loads(client.load_object(JOB, 3, "deepspeed", raw=True))
     assert meta["zero_stage"] == 2 and meta["dp_world_size"] == 4
     assert meta["global_steps"] == 3 and meta["optim_keys"] == ["exp_avg", "exp_avg_sq"]
