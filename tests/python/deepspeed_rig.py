@@ -190,6 +190,7 @@ def main() -> None:
         args.stage, args.dp, seed, perturb=perturb, dims=args.dims, universal=universal
     )
     times["engine"] = time.time()
+    io_engine = io_counters()
     if args.mode == "train":
         for step in range(1, args.train_steps + 1):
             train_step(engine, step, rank, args.dp)
@@ -216,6 +217,7 @@ def main() -> None:
             first = engine.global_steps + 1
         assert engine.global_steps == first - 1, (engine.global_steps, first)
         times["restored"] = time.time()
+        times["io_restore"] = {k: v - io_engine[k] for k, v in io_counters().items()}
     state = {} if args.no_check else full_state(engine)
     if not args.no_check:
         state["buffer/position"] = engine.module.position.clone()
