@@ -31,6 +31,7 @@ from torch import nn
 
 VOCAB, SEQ, GLOBAL_BATCH = 50, 8, 8
 SMALL = "32,48,64,1"  # --dims: hidden, ffn, padded vocabulary, layers (the tests' model)
+PADDED = ("embed.weight", "head.weight")  # their rows past VOCAB are padding
 
 
 class Block(nn.Module):
@@ -165,6 +166,11 @@ def main() -> None:
     )
     p.add_argument("--ds_dir", type=Path)
     p.add_argument("--no_check", action="store_true", help="no full-state gather (benchmarks)")
+    p.add_argument(
+        "--padded",
+        action="store_true",
+        help="declare the vocabulary padding (embed and head rows past VOCAB) to ckptd.deepspeed",
+    )
     args = p.parse_args()
     started = time.time()
 
@@ -180,7 +186,9 @@ def main() -> None:
 
     import ckptd
     import ckptd.deepspeed as ckds
+    from ckptd.layouts import Layouts, Padded
 
+    layouts = Layouts({n: Padded(0, VOCAB) for n in PADDED}) if args.padded else None
     rank = dist.get_rank()
     client = ckptd.connect()
     times: dict[str, Any] = {"started": started}
@@ -197,7 +205,12 @@ def main() -> None:
         times["trained"] = time.time()
         if args.via == "ckptd":
             handle = ckds.save(
-                engine, client, args.job, args.train_steps, client_state={"epoch": 7, "rank": rank}
+                engine,
+                client,
+                args.job,
+                args.train_steps,
+                client_state={"epoch": 7, "rank": rank},
+                layouts=layouts,
             )
             times["staged"] = time.time()
             handle.committed().result()
@@ -207,7 +220,7 @@ def main() -> None:
         first = args.train_steps + 1
     else:
         if args.via == "ckptd":
-            loaded = ckds.load(engine, client, args.job)
+            loaded = ckds.load(engine, client, args.job, layouts=layouts)
             assert loaded.client_state == {"epoch": 7, "rank": 0}, loaded.client_state
             times["bytes_read"] = loaded.bytes_read
             first = loaded.step + 1

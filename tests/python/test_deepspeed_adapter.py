@@ -18,6 +18,8 @@ import pytest
 pytest.importorskip("deepspeed")
 torch = pytest.importorskip("torch")
 
+import deepspeed_rig as rig  # noqa: E402
+
 import ckptd  # noqa: E402
 from conftest import Daemon, free_port  # noqa: E402
 
@@ -25,7 +27,9 @@ RIG = Path(__file__).with_name("deepspeed_rig.py")
 JOB = "ds.adapter"
 
 
-def run_ranks(daemon: Daemon, mode: str, stage: int, dp: int, out: Path, tag: str) -> None:
+def run_ranks(
+    daemon: Daemon, mode: str, stage: int, dp: int, out: Path, tag: str, dims: str = rig.SMALL
+) -> None:
     """dp processes of deepspeed_rig.py, one per rank; fails with their output if one fails."""
     env = dict(
         os.environ,
@@ -38,7 +42,7 @@ def run_ranks(daemon: Daemon, mode: str, stage: int, dp: int, out: Path, tag: st
         CKPTD_SOCKET=daemon.socket,
     )
     cmd = [sys.executable, str(RIG), mode, "--stage", str(stage), "--dp", str(dp)]
-    cmd += ["--job", JOB, "--out", str(out), "--tag", tag]
+    cmd += ["--job", JOB, "--out", str(out), "--tag", tag, "--dims", dims, "--padded"]
     procs = []
     logs = []
     for rank in range(dp):
@@ -74,6 +78,11 @@ def load_full(out: Path, tag: str) -> dict[str, torch.Tensor]:
     return torch.load(out / f"full_{tag}.pt", weights_only=True)
 
 
+def logical(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The state without the padding rows of the padded parameters."""
+    return {k: v[: rig.VOCAB] if k.split("/")[-1] in rig.PADDED else v for k, v in state.items()}
+
+
 def losses(out: Path, tag: str) -> list[float]:
     return json.loads((out / f"losses_{tag}.json").read_text())
 
@@ -84,36 +93,50 @@ def test_checkpoint_holds_partitions_not_a_gather(trained: tuple[Daemon, Path]) 
     (info,) = client.list(JOB)
     assert info["state"] == "COMMITTED" and info["world_size"] == 4, info
     rows = {r["name"]: r for r in client.inspect(JOB, 3)}
-    saved = load_full(out, "saved")
+    saved = logical(load_full(out, "saved"))
     for name, full in saved.items():
         assert list(rows[name]["shape"]) == list(full.shape), name
+    assert rows["fp32/embed.weight"]["shape"] == [rig.VOCAB, 32]  # no padding rows stored
     # a ZeRO-2 flat partition splits the first weights: qkv spans two ranks' partitions
     assert rows["fp32/layers.0.qkv.weight"]["shard_count"] >= 2, rows["fp32/layers.0.qkv.weight"]
     meta = json.loads(client.load_object(JOB, 3, "deepspeed", raw=True))
     assert meta["zero_stage"] == 2 and meta["dp_world_size"] == 4
     assert meta["global_steps"] == 3 and meta["optim_keys"] == ["exp_avg", "exp_avg_sq"]
     # the checkpoint is universal: whole tensors load without DeepSpeed's help
-    whole = client.load(JOB, 3, items=list(saved), as_torch=True)
-    for name, full in saved.items():
-        assert torch.equal(whole.tensors[name], full), name
+    whole = client.load(JOB, 3, items=[n for n in saved if "/" in n], as_torch=True)
+    for name, tensor in whole.tensors.items():
+        assert torch.equal(tensor, saved[name]), name
     client.close()
 
 
 @pytest.mark.parametrize(
-    ("stage", "dp"),
-    [(2, 4), (2, 2), (3, 2), (1, 1)],
-    ids=["same-layout", "dp2-zero2", "dp2-zero3", "dp1-zero1"],
+    ("stage", "dp", "dims"),
+    [
+        (2, 4, rig.SMALL),
+        (2, 2, rig.SMALL),
+        (3, 2, rig.SMALL),
+        (1, 1, rig.SMALL),
+        (3, 4, "32,48,96,1"),
+    ],
+    ids=["same-layout", "dp2-zero2", "dp2-zero3", "dp1-zero1", "dp4-zero3-vocab96"],
 )
-def test_resume_at_another_layout(trained: tuple[Daemon, Path], stage: int, dp: int) -> None:
+def test_resume_at_another_layout(
+    trained: tuple[Daemon, Path], stage: int, dp: int, dims: str
+) -> None:
+    """The last case also pads the vocabulary to 96 rows instead of 64 (as another TP size
+    would): only the logical rows were stored, and the new padding rows load as zeros."""
     daemon, out = trained
-    tag = f"z{stage}dp{dp}"
-    run_ranks(daemon, "resume", stage, dp, out, tag)
-    saved, got = load_full(out, "saved"), load_full(out, tag)
+    tag = f"z{stage}dp{dp}v{dims.split(',')[2]}"
+    run_ranks(daemon, "resume", stage, dp, out, tag, dims)
+    saved, full = logical(load_full(out, "saved")), load_full(out, tag)
+    got = logical(full)
     assert set(got) == set(saved)
     for name, tensor in saved.items():
         assert torch.equal(got[name], tensor), f"{tag}: {name} differs after the load"
+        if name.split("/")[-1] in rig.PADDED and name.startswith(("fp32/", "optim/")):
+            assert not full[name][rig.VOCAB :].any(), f"{tag}: {name}'s padding is not zero"
     reference = losses(out, "saved")  # the saved run going on at its own layout
-    if (stage, dp) == (2, 4):
+    if (stage, dp, dims) == (2, 4, rig.SMALL):
         assert losses(out, tag) == reference
     else:
         assert losses(out, tag) == pytest.approx(reference, rel=1e-5, abs=1e-6)

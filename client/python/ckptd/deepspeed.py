@@ -43,6 +43,7 @@ import deepspeed.comm as dist
 import torch
 
 from ._client import Client, Flat, Raw, SaveHandle, Shard
+from .layouts import Fused, Layouts, Padded, Replicated, Split
 
 META = "deepspeed"
 CLIENT_STATE = "client_state"
@@ -57,13 +58,19 @@ class _Piece:
     flattened global tensor, the fp32 master's view and each optimizer state's view."""
 
     name: str
-    shape: list[int]
+    shape: list[int]  # the logical shape (without vocabulary padding)
     group: int
     start: int
-    count: int
-    fp32: torch.Tensor
+    count: int  # of logical elements; the piece's elements past them are padding
+    fp32: torch.Tensor  # the piece's views, padding included
     optim: dict[str, torch.Tensor]
     lp: torch.Tensor | None  # the low-precision partition to refresh after a load (stage 3)
+
+    def logical(self, view: torch.Tensor) -> torch.Tensor:
+        return view.narrow(0, 0, self.count)
+
+    def padding(self, view: torch.Tensor) -> torch.Tensor:
+        return view.narrow(0, self.count, view.numel() - self.count)
 
 
 @dataclass
@@ -80,8 +87,9 @@ class LoadedState:
 class _Zero:
     """The ZeRO optimizer of an engine, seen as this rank's pieces of every trainable parameter."""
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: Any, layouts: Layouts | None = None) -> None:
         self.engine = engine
+        self.layouts = layouts
         self.zo = engine.optimizer
         self.stage = int(engine.zero_optimization_stage())
         if self.stage not in (1, 2, 3):
@@ -132,8 +140,34 @@ class _Zero:
             for p in group:
                 yield i, p
 
-    def shape(self, p: torch.nn.Parameter) -> list[int]:
+    def physical_shape(self, p: torch.nn.Parameter) -> list[int]:
         return [int(d) for d in (p.ds_shape if self.stage == 3 else p.shape)]
+
+    def shape(self, p: torch.nn.Parameter) -> list[int]:
+        """The parameter's logical shape: without the rows a Padded layout declares padding."""
+        shape = self.physical_shape(p)
+        layout = self.layouts.find(self.name(p)) if self.layouts is not None else None
+        if layout is None or isinstance(layout, (Replicated, Split, Fused)):
+            return shape  # at model-parallel size 1 these are the whole tensor
+        if not isinstance(layout, Padded) or layout.dim != 0:
+            raise ValueError(
+                f"ckptd.deepspeed: parameter {self.name(p)}: {layout} is not supported here (a "
+                "ZeRO partition is a flat range: only padding along dim 0 is)"
+            )
+        if not shape or layout.logical > shape[0]:
+            raise ValueError(
+                f"ckptd.deepspeed: parameter {self.name(p)} of shape {shape} is declared "
+                f"padded past {layout.logical} rows"
+            )
+        return [layout.logical, *shape[1:]]
+
+    def _clip(self, p: torch.nn.Parameter, start: int, count: int) -> int:
+        """Of elements [start, start + count) of the flattened parameter, how many are logical
+        (padding rows are the tail of the flattened tensor)."""
+        logical = 1
+        for d in self.shape(p):
+            logical *= d
+        return max(0, min(start + count, logical) - start)
 
     def pieces(self, keys: list[str]) -> list[_Piece]:
         out = []
@@ -152,7 +186,8 @@ class _Zero:
         state = self.state(group)
         optim = {k: state[k].narrow(0, at, count) for k in keys if k in state}
         fp32 = self.fp32_groups[group].narrow(0, at, count)
-        return _Piece(self.name(p), self.shape(p), group, start, count, fp32, optim, None)
+        valid = self._clip(p, start, count)
+        return _Piece(self.name(p), self.shape(p), group, start, valid, fp32, optim, None)
 
     def _piece3(self, group: int, p: torch.nn.Parameter, keys: list[str]) -> _Piece | None:
         size = int(p.ds_tensor.ds_numel)  # each rank's partition, padded at the last rank
@@ -170,7 +205,7 @@ class _Zero:
             self.shape(p),
             group,
             start,
-            count,
+            self._clip(p, start, count),
             fp32.narrow(0, 0, count),
             {k: v.narrow(0, 0, count) for k, v in optim.items()},
             p.ds_tensor.data.narrow(0, 0, count),
@@ -298,20 +333,25 @@ def save(
     *,
     client_state: Any = None,
     blocking: bool = True,
+    layouts: Layouts | None = None,
 ) -> SaveHandle:
     """Saves the engine's fp32 masters, optimizer state and counters as checkpoint (job, step).
     Every DP rank calls it (collectively); each saves only its own ZeRO partition, copied once
     into the daemon's staging arena. Returns once this rank's part is staged (blocking) or at
     once; training may go on once handle.staged() resolved. handle.committed() resolves when the
-    checkpoint is durable."""
-    z = _Zero(engine)
+    checkpoint is durable. layouts: the parameters padded along dim 0 (a vocabulary:
+    ckptd.layouts.Padded(0, logical)) are saved without their padding rows, so a model padded to
+    another multiple loads them."""
+    z = _Zero(engine, layouts)
     keys = z.optim_keys()
     tensors: dict[str, Any] = {}
     for piece in z.pieces(keys):
+        if piece.count == 0:
+            continue  # all padding
         region = Flat(piece.start, piece.count)
-        tensors[f"fp32/{piece.name}"] = Shard(piece.fp32, piece.shape, region)
+        tensors[f"fp32/{piece.name}"] = Shard(piece.logical(piece.fp32), piece.shape, region)
         for k, view in piece.optim.items():
-            tensors[f"optim/{k}/{piece.name}"] = Shard(view, piece.shape, region)
+            tensors[f"optim/{k}/{piece.name}"] = Shard(piece.logical(view), piece.shape, region)
     frozen = _frozen(engine.module)
     objects: dict[str, Any] = {}
     with _gathered(list(frozen.values()) if z.stage == 3 else [], None):
@@ -365,9 +405,15 @@ def _check_params(meta: dict[str, Any], z: _Zero, job: str, step: int) -> None:
         raise ValueError(f"{where} holds parameters the engine does not have: {extra[:8]}")
     for name, shape in mine.items():
         if saved[name] != shape:
+            hint = ""
+            if len(shape) == len(saved[name]) and shape[1:] == saved[name][1:]:
+                hint = (
+                    f" (if its rows past {saved[name][0]} are padding, declare it: "
+                    f"layouts=Layouts({{{name!r}: Padded(0, {saved[name][0]})}}))"
+                )
             raise ValueError(
                 f"{where}: parameter {name} was saved with shape {saved[name]}, the engine's is "
-                f"{shape}"
+                f"{shape}{hint}"
             )
 
 
@@ -424,14 +470,16 @@ def load(
     *,
     load_optimizer_states: bool = True,
     load_lr_scheduler: bool = True,
+    layouts: Layouts | None = None,
 ) -> LoadedState:
     """Loads checkpoint (job, step) into the engine, whatever DP size and ZeRO stage it was saved
     at: each rank reads only the Flat regions its own partition covers, straight into the fp32
     master and optimizer state (one copy, out of the daemon's arena). Every DP rank calls it
     (collectively). Then the model's weights are refreshed from the masters, and the optimizer's
     steps and hyperparameters, the engine's counters, the LR scheduler and the loss scaler are
-    restored. Raises ValueError naming the difference when the model does not match."""
-    z = _Zero(engine)
+    restored. Raises ValueError naming the difference when the model does not match. layouts: as
+    for save (the padding rows of the engine's parameters are zero-filled)."""
+    z = _Zero(engine, layouts)
     resolved = _agree_on_step(client, job, step, z.group)
     meta = _read_meta(client, job, resolved)
     _check_params(meta, z, job, resolved)
@@ -449,9 +497,16 @@ def load(
     pieces = z.pieces(keys)
     targets: list[tuple[str, Any, Any]] = []
     for piece in pieces:
+        with torch.no_grad():  # the fp32 partition is a leaf that requires grad
+            for view in (piece.fp32, *piece.optim.values()):
+                piece.padding(view).zero_()  # padding rows are never stored
+        if piece.count == 0:
+            continue
         region = Flat(piece.start, piece.count)
-        targets.append((f"fp32/{piece.name}", region, piece.fp32))
-        targets.extend((f"optim/{k}/{piece.name}", region, v) for k, v in piece.optim.items())
+        targets.append((f"fp32/{piece.name}", region, piece.logical(piece.fp32)))
+        targets.extend(
+            (f"optim/{k}/{piece.name}", region, piece.logical(v)) for k, v in piece.optim.items()
+        )
     for name, b in _persistent_buffers(engine.module).items():
         if name in (meta.get("buffers") or []):
             targets.append((f"buffer/{name}", None, b.data))
