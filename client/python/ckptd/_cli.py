@@ -1,6 +1,6 @@
 """The command line of the Python package: imports from other checkpoint formats and exports.
 
-    ckptd-import --format dcp|safetensors|torch JOB STEP PATH
+    ckptd-import --format dcp|deepspeed|safetensors|torch JOB STEP PATH
     ckptd-export [--format dcp] JOB STEP|latest DIR
     python3 -m ckptd import ... | python3 -m ckptd export ...
 
@@ -53,7 +53,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def _import_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--format", required=True, choices=("dcp", "safetensors", "torch"))
+    p.add_argument("--format", required=True, choices=("dcp", "deepspeed", "safetensors", "torch"))
     p.add_argument(
         "--batch_bytes",
         type=_size,
@@ -66,8 +66,9 @@ def _import_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("step", type=_step)
     p.add_argument(
         "path",
-        help="a DCP directory, a .safetensors file / index / model "
-        "directory, or a torch.save file / index",
+        help="a DCP directory, a DeepSpeed checkpoint (its tag directory, or the directory whose "
+        "`latest` names it), a .safetensors file / index / model directory, or a torch.save file "
+        "/ index",
     )
 
 
@@ -198,8 +199,8 @@ def import_main(argv: Sequence[str] | None = None) -> int:
     """The ckptd-import console script."""
     p = argparse.ArgumentParser(
         prog="ckptd-import",
-        description="Import a DCP directory, safetensors model or torch.save state dict as "
-        "checkpoint JOB/STEP of the local ckptd.",
+        description="Import a DCP directory, DeepSpeed ZeRO checkpoint, safetensors model or "
+        "torch.save state dict as checkpoint JOB/STEP of the local ckptd.",
     )
     _import_args(p)
     return _guarded(p.prog, _run_import, p.parse_args(argv))

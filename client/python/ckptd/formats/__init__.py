@@ -2,14 +2,18 @@
 
     import ckptd, ckptd.formats as fmt
     client = ckptd.connect()
-    source = fmt.open_source("safetensors", "./llama-8b")       # dcp | safetensors | torch
-    result = fmt.import_source(client, "llama", 0, source)       # an ordinary ckptd checkpoint
+    source = fmt.open_source("safetensors", "./llama-8b")  # dcp|deepspeed|safetensors|torch
+    result = fmt.import_source(client, "llama", 0, source)  # an ordinary ckptd checkpoint
     fmt.export_dcp(client, "llama", 0, "./llama-dcp", chunk_bytes=1 << 30)
 
 Every format is read with its own safe reader (the safetensors library, torch.load with
-weights_only=True, DCP's FileSystemReader with an allowlisted `.metadata` unpickler); input that
-cannot be read safely or is malformed raises RefusedInputError naming the file. The command line
-is `ckptd-import` / `ckptd-export` (or `python3 -m ckptd import|export`; see ckptd/_cli.py).
+weights_only=True — for DeepSpeed's ZeRO files with an allowlist of the four DeepSpeed globals they
+pickle, bound to stand-ins, DeepSpeed not imported — DCP's FileSystemReader with an allowlisted
+`.metadata` unpickler); a DeepSpeed checkpoint is written in ckptd.deepspeed's convention
+(fp32/, optim/, frozen/, buffer/ items and a `deepspeed` JSON object), one part per DP rank.
+Input that cannot be read safely or is malformed raises RefusedInputError naming the file. The
+command line is `ckptd-import` / `ckptd-export` (or `python3 -m ckptd import|export`; see
+ckptd/_cli.py).
 torch is needed (and safetensors for that format); ckptd itself does not import this package."""
 
 from __future__ import annotations

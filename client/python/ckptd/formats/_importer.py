@@ -6,7 +6,11 @@ staged once, so N is planned from the source's description before anything is re
 read, handed to the daemon (client.save copies it once into the staging arena) and dropped before
 the next is read: the importer holds one batch, and the daemon flushes a rank while the next is
 read. A failure after the first rank was saved aborts the checkpoint, so nothing half-imported is
-left STAGING.
+left STAGING. A PartedSource (a DeepSpeed checkpoint: one part per data-parallel rank, read from
+that rank's files) is planned part by part, so no batch holds pieces of two parts: rank r is DP
+rank r whenever each DP rank's bytes fit one batch, and the importer maps one part's files at a
+time. Its FlatPieces are saved as Flat regions (a ZeRO partition's piece of a parameter is a
+range of its row-major elements, not a box).
 
 Flow control. A staged rank holds its arena pages until the daemon has flushed it (after the
 daemon's flush gate, flush_gate_ms). Before staging the next rank the importer waits until at most
@@ -24,11 +28,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import Box, CkptdError, Client, Shard, _arrays
+from .. import Box, CkptdError, Client, Flat, Shard, _arrays
 from ._common import (
     ALIGNMENT_BYTES,
     RESERVED_PREFIX,
     WORLD_SIZE_MAX,
+    Piece,
     RefusedInputError,
     Source,
     UsageError,
@@ -37,9 +42,27 @@ from ._common import (
 )
 from ._progress import Progress
 
-FORMATS = ("dcp", "safetensors", "torch")
+FORMATS = ("dcp", "deepspeed", "safetensors", "torch")
 BATCH_BYTES_MIN = 2 * ALIGNMENT_BYTES  # split() needs 2 pages
 FLOW_POLL_S = 0.01  # how often the importer asks whether the previous ranks are persisted
+
+
+@dataclass(frozen=True)
+class FlatPiece(Piece):
+    """Elements [offsets[0], offsets[0] + lengths[0]) of item `item` in row-major order, saved as
+    Flat(start, count) of a tensor of `item_shape`. `shape` is (numel,): the planner and split()
+    see the item as 1-D, so a piece larger than a batch is cut into shorter element ranges.
+    read() returns a 1-D tensor."""
+
+    item_shape: tuple[int, ...] = ()
+
+
+@dataclass
+class PartedSource(Source):
+    """A source read in parts, each from files of its own (a DeepSpeed checkpoint's DP ranks):
+    `pieces` is the parts one after another, and each part is planned into batches of its own."""
+
+    parts: list[list[Piece]] = field(default_factory=list)
 
 
 @dataclass
@@ -72,6 +95,10 @@ def open_source(fmt: str, path: str | os.PathLike[str]) -> Source:
         from ._dcp_import import open_dcp
 
         return open_dcp(path)
+    if fmt == "deepspeed":
+        from ._deepspeed import open_deepspeed
+
+        return open_deepspeed(path)
     raise UsageError(f"unknown format {fmt!r} (one of {', '.join(FORMATS)})")
 
 
@@ -103,9 +130,23 @@ def _read_batch(batch: list[Any]) -> dict[str, Shard]:
                 f"tensor {p.item!r}: read {_arrays.dtype_name(data)} {list(got)}, but the file "
                 f"describes {p.dtype} {list(p.lengths)}",
             )
+        if isinstance(p, FlatPiece):
+            tensors[p.item] = Shard(data, p.item_shape, Flat(p.offsets[0], p.lengths[0]))
+            continue
         region = None if p.whole else Box(p.offsets, p.lengths)
         tensors[p.item] = Shard(data, p.shape, region)
     return tensors
+
+
+def _plan(source: Source, limit_bytes: int, first_bytes: int) -> list[list[Piece]]:
+    """The source's pieces in batches (the first starting with first_bytes taken); a
+    PartedSource's parts each in batches of their own."""
+    if not isinstance(source, PartedSource):
+        return plan_batches(source.pieces, limit_bytes, first_bytes=first_bytes)
+    batches: list[list[Piece]] = []
+    for i, part in enumerate(source.parts):
+        batches += plan_batches(part, limit_bytes, first_bytes=0 if i else first_bytes)
+    return batches or [[]]
 
 
 def _wait_for_flushes(client: Client, job: str, step: int, limit_bytes: int) -> None:
@@ -129,7 +170,7 @@ def run_import(
     """Saves `source` as checkpoint job/step and waits for COMMITTED. progress(total) makes the
     progress line."""
     objects_bytes = sum(object_bytes(v) for v in source.objects.values())
-    batches = plan_batches(source.pieces, limit_bytes, first_bytes=objects_bytes)
+    batches = _plan(source, limit_bytes, objects_bytes)
     world = len(batches)
     if world > WORLD_SIZE_MAX:
         raise UsageError(
