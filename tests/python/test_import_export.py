@@ -1,8 +1,9 @@
 """Imports (`python3 -m ckptd import`, the ckptd-import script) of the formats users already have —
 safetensors written by the `safetensors` library, torch.save state dicts, DCP FileSystemWriter
-directories (one process, and DTensors saved by two gloo ranks) — loaded back bit-exact whole and
-in other layouts; exports to DCP loaded by stock FileSystemReader; hostile and malformed inputs
-refused with exit 3 naming the file, without running anything; memory bounded by the batch."""
+directories (one process, and DTensors saved by four gloo ranks on a 2-D mesh) — loaded back
+bit-exact whole and in other layouts; exports to DCP loaded by stock FileSystemReader; hostile and
+malformed inputs refused with exit 3 naming the file, without running anything; memory bounded by
+the batch."""
 
 from __future__ import annotations
 
@@ -411,28 +412,33 @@ def test_dcp_corrupt_chunk_aborts_the_import(daemon: Daemon, tmp_path: Path) -> 
     assert info["state"] == "ABORTED"
 
 
-# --- DCP, DTensors saved by two processes -------------------------------------------------------
+# --- DCP, DTensors saved by four processes on a 2-D mesh ----------------------------------------
 def dtensor_reference() -> dict[str, Any]:
     return {
         "rows": torch.arange(10 * 6, dtype=torch.float32).reshape(10, 6),
         "cols": torch.randn(4, 9, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16),
         "rep": torch.arange(5, dtype=torch.int64),
+        "uneven": torch.arange(7 * 5, dtype=torch.float64).reshape(7, 5),
     }
 
 
 def save_dtensors(rank: int, path: str) -> None:
+    """A (2, 2) mesh (data parallel x tensor parallel, as FSDP2 + TP lay it out): a tensor
+    sharded on both mesh dims, one replicated on the first and sharded on the second, one
+    replicated on both, and one sharded twice along the same dim into uneven chunks."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+    dist.init_process_group("gloo", rank=rank, world_size=4)
     try:
-        mesh = init_device_mesh("cpu", (2,))
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
         ref = dtensor_reference()
         state = {
-            "rows": distribute_tensor(ref["rows"], mesh, [Shard(0)]),
-            "cols": distribute_tensor(ref["cols"], mesh, [Shard(1)]),
-            "rep": distribute_tensor(ref["rep"], mesh, [Replicate()]),
+            "rows": distribute_tensor(ref["rows"], mesh, [Shard(0), Shard(1)]),
+            "cols": distribute_tensor(ref["cols"], mesh, [Replicate(), Shard(1)]),
+            "rep": distribute_tensor(ref["rep"], mesh, [Replicate(), Replicate()]),
+            "uneven": distribute_tensor(ref["uneven"], mesh, [Shard(0), Shard(0)]),
             "meta": {"epoch": 9},
         }
         dcp.save(state, storage_writer=dcp.FileSystemWriter(path))
@@ -440,7 +446,7 @@ def save_dtensors(rank: int, path: str) -> None:
         dist.destroy_process_group()
 
 
-def test_dcp_dtensors_from_two_processes(daemon: Daemon, tmp_path: Path) -> None:
+def test_dcp_dtensors_from_a_2d_mesh(daemon: Daemon, tmp_path: Path) -> None:
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(free_port()),
@@ -449,18 +455,32 @@ def test_dcp_dtensors_from_two_processes(daemon: Daemon, tmp_path: Path) -> None
     )
     path = str(tmp_path / "dtensors")
     mp.start_processes(
-        run_rank, args=(save_dtensors, path), nprocs=2, join=True, start_method="spawn"
+        run_rank, args=(save_dtensors, path), nprocs=4, join=True, start_method="spawn"
     )
     s = summary(cli(daemon, "import", "--json", "--format", "dcp", "imp-dt", "1", path))
-    assert s["tensors"] == 3 and s["objects"] == 1
+    assert s["tensors"] == 4 and s["objects"] == 1
     client = ckptd.connect(daemon.socket)
     shards = {i["name"]: i["shard_count"] for i in client.inspect("imp-dt", 1)}
-    assert (shards["rows"], shards["cols"], shards["rep"]) == (2, 2, 1)  # the saved chunks
+    counts = (shards["rows"], shards["cols"], shards["rep"], shards["uneven"])
+    assert counts == (4, 2, 1, 4), counts  # the saved chunks, each once
     ref = dtensor_reference()
     assert_loads_back(client, "imp-dt", 1, ref)
+    # Other layouts: boxes across the saved chunks' boundaries in both dims.
+    rows = torch.empty(4, 3)  # rows 3..6 x columns 2..4: all four (5 x 3) chunks
     cols = torch.empty(4, 3, dtype=torch.bfloat16)  # columns 3..5 straddle both saved chunks
-    client.load("imp-dt", 1, {"cols": (cols, ckptd.Box([0, 3], [4, 3]))})
+    uneven = torch.empty(3, 5, dtype=torch.float64)  # rows 3..5 of chunks 2, 2, 2, 1 rows
+    client.load(
+        "imp-dt",
+        1,
+        {
+            "rows": (rows, ckptd.Box([3, 2], [4, 3])),
+            "cols": (cols, ckptd.Box([0, 3], [4, 3])),
+            "uneven": (uneven, ckptd.Box([3, 0], [3, 5])),
+        },
+    )
+    assert same_bits(rows, ref["rows"][3:7, 2:5])
     assert same_bits(cols, ref["cols"][:, 3:6])
+    assert same_bits(uneven, ref["uneven"][3:6])
     # DCP's byte items are kept as ckptd.torch keeps them: torch.save bytes.
     raw = client.load_object("imp-dt", 1, "meta.epoch", raw=True)
     assert torch.load(io.BytesIO(raw), weights_only=True) == 9
