@@ -106,8 +106,11 @@ def main() -> None:
     p.add_argument("--resume_dp", type=int, default=4)
     p.add_argument("--stage", type=int, default=2)
     p.add_argument("--dir", default=None, help="where the checkpoints go (default: a temp dir)")
-    p.add_argument("--staging_mib", type=int, default=2048)
+    p.add_argument(
+        "--staging_mib", type=int, default=4096, help="the daemon's arena (holds a whole save)"
+    )
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "deepspeed.jsonl"))
+    p.add_argument("--ckptd_only", action="store_true", help="skip DeepSpeed's path (no ratio)")
     args = p.parse_args()
 
     params = trainable_params(args.dims)
@@ -147,9 +150,16 @@ def main() -> None:
         )
         t = times(base, "ck_resume", args.resume_dp)
         result["ckptd_restored_s"] = max(r["restored"] for r in t) - launched
+        result["ckptd_load_s"] = max(r["restored"] - r["engine"] for r in t)
         result["ckptd_first_step_s"] = max(r["first_step"] for r in t) - launched
         result["ckptd_read_per_rank_bytes"] = max(r["bytes_read"] for r in t)
         result["ckptd_device_read_bytes"] = io_of(daemon.pid)["read_bytes"] - before["read_bytes"]
+        result["ckptd_load_phases_s"] = {
+            k: max(r["load_seconds"][k] for r in t) for k in t[0]["load_seconds"]
+        }
+        if args.ckptd_only:
+            print(json.dumps(result))
+            return
 
         # --- DeepSpeed: save_checkpoint, ds_to_universal, load_universal ---
         saved = base / "ds"
@@ -185,6 +195,7 @@ def main() -> None:
         )
         t = times(base, "ds_resume", args.resume_dp)
         result["ds_restored_s"] = max(r["restored"] for r in t) - launched
+        result["ds_load_s"] = max(r["restored"] - r["engine"] for r in t)
         result["ds_first_step_s"] = max(r["first_step"] for r in t) - launched
         result["ds_read_per_rank_bytes"] = max(r["io_restore"]["rchar"] for r in t)
     finally:
@@ -213,7 +224,7 @@ def main() -> None:
         f"{ck_total:.1f} s; wrote {result['ckptd_written_bytes'] / GB:.2f} GB; read per rank "
         f"{result['ckptd_read_amplification']:.3f}x what it needs\n"
         f"  deepspeed save {result['ds_save_s']:.1f} s, ds_to_universal "
-        f"{result['ds_convert_s']:.1f} s, to first resumed step "
+        f"{result['ds_convert_s']:.1f} s, load {result['ds_load_s']:.1f} s, to first resumed step "
         f"{result['ds_first_step_s']:.1f} s; end to end {ds_total:.1f} s;"
         f" wrote {(result['ds_written_bytes'] + result['ds_convert_written_bytes']) / GB:.2f} GB; "
         f"read per rank {result['ds_read_amplification']:.3f}x what it needs\n"

@@ -223,6 +223,7 @@ def main() -> None:
             loaded = ckds.load(engine, client, args.job, layouts=layouts)
             assert loaded.client_state == {"epoch": 7, "rank": 0}, loaded.client_state
             times["bytes_read"] = loaded.bytes_read
+            times["load_seconds"] = loaded.seconds
             first = loaded.step + 1
         else:
             path, _ = engine.load_checkpoint(str(args.ds_dir.parent), tag=args.ds_dir.name)

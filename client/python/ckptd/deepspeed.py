@@ -35,8 +35,9 @@ from __future__ import annotations
 
 import json
 import pickle
+import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import deepspeed.comm as dist
@@ -82,6 +83,10 @@ class LoadedState:
     saved_zero_stage: int
     saved_dp_world_size: int
     bytes_read: int  # bytes this rank's loads read from the daemon's storage
+    # where this rank's load went: "check" (the step, the metadata, the model check), "read"
+    # (the tensors, into the optimizer's own memory), "refresh" (the model's weights from the fp32
+    # masters: DeepSpeed's all-gather at ZeRO 1/2), "rest" (counters, client_state, the barrier)
+    seconds: dict[str, float] = field(default_factory=dict)
 
 
 class _Zero:
@@ -225,19 +230,30 @@ class _Zero:
             if keys and "step" not in state:
                 state["step"] = torch.tensor(0.0)
 
+    def param_group(self, i: int) -> int:
+        """The optimizer's param group of fp32 group i (ZeRO-3 splits a group into sub-groups)."""
+        return int(self.zo.sub_group_to_group_id[i]) if self.stage == 3 else i
+
     def steps(self) -> list[float | None]:
-        out: list[float | None] = []
+        """The optimizer's step of each param group (that of its first sub-group with one)."""
+        out: list[float | None] = [None] * len(self.zo.optimizer.param_groups)
         for i in range(len(self.fp32_groups)):
             step = self.state(i).get("step")
-            out.append(None if step is None else float(step))
+            g = self.param_group(i)
+            if step is not None and out[g] is None:
+                out[g] = float(step)
         return out
 
     def set_step(self, group: int, value: float) -> None:
-        state = self.state(group)
-        if torch.is_tensor(state.get("step")):
-            state["step"].fill_(value)
-        else:
-            state["step"] = type(state.get("step", value))(value)
+        """Sets the step of every fp32 group (sub-group) of param group `group`."""
+        for i in range(len(self.fp32_groups)):
+            if self.param_group(i) != group:
+                continue
+            state = self.state(i)
+            if torch.is_tensor(state.get("step")):
+                state["step"].fill_(value)
+            elif "step" in state:
+                state["step"] = type(state["step"])(value)
 
     def refresh_lp(self, pieces: list[_Piece]) -> None:
         """The model's (low-precision) weights from the loaded fp32 masters, on every rank."""
@@ -297,7 +313,10 @@ def _meta(z: _Zero, keys: list[str]) -> dict[str, Any]:
         "zero_stage": z.stage,
         "dp_world_size": z.dp_size,
         "ds_version": _ds_version(),
-        "params": [{"name": z.name(p), "shape": z.shape(p), "group": i} for i, p in z.params()],
+        "params": [
+            {"name": z.name(p), "shape": z.shape(p), "group": z.param_group(i)}
+            for i, p in z.params()
+        ],
         "frozen": sorted(_frozen(engine.module)),
         "buffers": sorted(_persistent_buffers(engine.module)),
         "optim_keys": keys,
@@ -453,9 +472,9 @@ def _restore_scalars(z: _Zero, meta: dict[str, Any], optimizer: bool, scheduler:
         for k, v in saved.items():
             if k in group and k != "params":
                 group[k] = tuple(v) if isinstance(group[k], tuple) else v
-    for i, step in enumerate(meta.get("optim_steps") or []):
-        if step is not None and i < len(z.fp32_groups):
-            z.set_step(i, step)
+    for g, step in enumerate(meta.get("optim_steps") or []):
+        if step is not None and g < len(groups):
+            z.set_step(g, step)
     scaler = getattr(z.zo, "loss_scaler", None)
     for k, v in (meta.get("loss_scaler") or {}).items():
         if scaler is not None and hasattr(scaler, k):
@@ -479,6 +498,14 @@ def load(
     steps and hyperparameters, the engine's counters, the LR scheduler and the loss scaler are
     restored. Raises ValueError naming the difference when the model does not match. layouts: as
     for save (the padding rows of the engine's parameters are zero-filled)."""
+    clock = [time.monotonic()]
+    seconds: dict[str, float] = {}
+
+    def lap(phase: str) -> None:
+        now = time.monotonic()
+        seconds[phase] = now - clock[0]
+        clock[0] = now
+
     z = _Zero(engine, layouts)
     resolved = _agree_on_step(client, job, step, z.group)
     meta = _read_meta(client, job, resolved)
@@ -495,6 +522,7 @@ def load(
         z.ensure_state(saved_keys)
         keys = z.optim_keys()
     pieces = z.pieces(keys)
+    lap("check")
     targets: list[tuple[str, Any, Any]] = []
     for piece in pieces:
         with torch.no_grad():  # the fp32 partition is a leaf that requires grad
@@ -517,16 +545,20 @@ def load(
         if z.stage != 3 or z.dp_rank == 0:
             wanted = [(f"frozen/{n}", None, p.data) for n, p in frozen.items() if n in saved_frozen]
             read += client.load_into(job, resolved, wanted, rank=z.dp_rank)
+    lap("read")
     z.refresh_lp(pieces)
+    lap("refresh")
     _restore_scalars(z, meta, load_optimizer_states, load_lr_scheduler)
     state = None
     if meta.get("client_state"):
         state = pickle.loads(client.load_object(job, resolved, CLIENT_STATE, raw=True))
     dist.barrier(group=z.group)
+    lap("rest")
     return LoadedState(
         step=resolved,
         client_state=state,
         saved_zero_stage=int(meta["zero_stage"]),
         saved_dp_world_size=int(meta["dp_world_size"]),
         bytes_read=read,
+        seconds=seconds,
     )
