@@ -32,9 +32,15 @@ TENSOR_MIB = 8
 def start_daemon(binary: str, state: str, staging_bytes: int) -> subprocess.Popen:
     sock = os.path.join(state, "s.sock")
     proc = subprocess.Popen(
-        [binary, f"--state_dir={state}", f"--socket={sock}",
-         f"--staging_bytes_max={staging_bytes}"],
-        stdout=subprocess.DEVNULL, stderr=open(os.path.join(state, "daemon.log"), "w"))
+        [
+            binary,
+            f"--state_dir={state}",
+            f"--socket={sock}",
+            f"--staging_bytes_max={staging_bytes}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=open(os.path.join(state, "daemon.log"), "w"),
+    )
     for _ in range(200):
         if os.path.exists(sock):
             return proc
@@ -45,8 +51,19 @@ def start_daemon(binary: str, state: str, staging_bytes: int) -> subprocess.Pope
 
 def dd_seconds(src: str, dst: str, size_mib: int) -> float:
     t0 = time.perf_counter()
-    subprocess.run(["dd", f"if={src}", f"of={dst}", "bs=8M", f"count={size_mib // TENSOR_MIB}",
-                    "oflag=direct", "conv=fdatasync", "status=none"], check=True)
+    subprocess.run(
+        [
+            "dd",
+            f"if={src}",
+            f"of={dst}",
+            "bs=8M",
+            f"count={size_mib // TENSOR_MIB}",
+            "oflag=direct",
+            "conv=fdatasync",
+            "status=none",
+        ],
+        check=True,
+    )
     seconds = time.perf_counter() - t0
     os.remove(dst)
     return seconds
@@ -54,9 +71,22 @@ def dd_seconds(src: str, dst: str, size_mib: int) -> float:
 
 def fio_seconds(dst: str, size_mib: int) -> float:
     t0 = time.perf_counter()
-    subprocess.run(["fio", "--name=floor", f"--filename={dst}", "--rw=write", "--bs=8M",
-                    "--iodepth=8", "--ioengine=io_uring", "--direct=1", "--end_fsync=1",
-                    f"--size={size_mib}M", "--output=/dev/null"], check=True)
+    subprocess.run(
+        [
+            "fio",
+            "--name=floor",
+            f"--filename={dst}",
+            "--rw=write",
+            "--bs=8M",
+            "--iodepth=8",
+            "--ioengine=io_uring",
+            "--direct=1",
+            "--end_fsync=1",
+            f"--size={size_mib}M",
+            "--output=/dev/null",
+        ],
+        check=True,
+    )
     seconds = time.perf_counter() - t0
     os.remove(dst)
     return seconds
@@ -68,8 +98,9 @@ def main() -> None:
     ap.add_argument("--dir", default=None, help="state dir (default: a temporary one under bench/)")
     ap.add_argument("--size-mib", type=int, default=512)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results",
-                                                  "commit_floor.jsonl"))
+    ap.add_argument(
+        "--out", default=os.path.join(os.path.dirname(__file__), "results", "commit_floor.jsonl")
+    )
     args = ap.parse_args()
     if args.size_mib % TENSOR_MIB != 0:
         sys.exit(f"commit_floor: --size-mib must be a multiple of {TENSOR_MIB}")
@@ -78,8 +109,10 @@ def main() -> None:
     shutil.rmtree(state, ignore_errors=True)
     os.makedirs(state)
     rng = np.random.default_rng(1)
-    tensors = {f"t{i}": rng.random(TENSOR_MIB * MIB // 4, dtype=np.float32)
-               for i in range(args.size_mib // TENSOR_MIB)}
+    tensors = {
+        f"t{i}": rng.random(TENSOR_MIB * MIB // 4, dtype=np.float32)
+        for i in range(args.size_mib // TENSOR_MIB)
+    }
     src = os.path.join(base, "dd-src.bin")
     with open(src, "wb") as f:
         for t in tensors.values():
@@ -91,7 +124,7 @@ def main() -> None:
         client.save("warmup", 1, tensors).committed().result()  # maps the arena, creates files
         for r in range(args.rounds):
             systems = ["ckptd", "fio_qd8", "dd_qd1"]
-            order = systems[r % 3:] + systems[:r % 3]
+            order = systems[r % 3 :] + systems[: r % 3]
             sample = {}
             for what in order:
                 if what == "ckptd":
@@ -101,15 +134,23 @@ def main() -> None:
                 elif what == "fio_qd8":
                     sample["fio_qd8_s"] = fio_seconds(os.path.join(base, "fio.dat"), args.size_mib)
                 else:
-                    sample["dd_qd1_s"] = dd_seconds(src, os.path.join(base, "dd-dst.bin"),
-                                                    args.size_mib)
-            sample.update(round=r, size_mib=args.size_mib, order=order,
-                          vs_fio_qd8=sample["ckptd_committed_s"] / sample["fio_qd8_s"],
-                          vs_dd_qd1=sample["ckptd_committed_s"] / sample["dd_qd1_s"])
+                    sample["dd_qd1_s"] = dd_seconds(
+                        src, os.path.join(base, "dd-dst.bin"), args.size_mib
+                    )
+            sample.update(
+                round=r,
+                size_mib=args.size_mib,
+                order=order,
+                vs_fio_qd8=sample["ckptd_committed_s"] / sample["fio_qd8_s"],
+                vs_dd_qd1=sample["ckptd_committed_s"] / sample["dd_qd1_s"],
+            )
             rows.append(sample)
-            print(f"round {r}: ckptd committed {sample['ckptd_committed_s']:.3f} s, fio qd8 "
-                  f"{sample['fio_qd8_s']:.3f} s, dd qd1 {sample['dd_qd1_s']:.3f} s; ratios "
-                  f"{sample['vs_fio_qd8']:.2f} / {sample['vs_dd_qd1']:.2f}", flush=True)
+            print(
+                f"round {r}: ckptd committed {sample['ckptd_committed_s']:.3f} s, fio qd8 "
+                f"{sample['fio_qd8_s']:.3f} s, dd qd1 {sample['dd_qd1_s']:.3f} s; ratios "
+                f"{sample['vs_fio_qd8']:.2f} / {sample['vs_dd_qd1']:.2f}",
+                flush=True,
+            )
         client.close()
     finally:
         proc.terminate()
@@ -120,8 +161,10 @@ def main() -> None:
             os.remove(src)
     for key in ("vs_fio_qd8", "vs_dd_qd1"):
         ratios = sorted(s[key] for s in rows)
-        print(f"ckptd committed {key}: median {ratios[len(ratios) // 2]:.2f} "
-              f"(range {ratios[0]:.2f}-{ratios[-1]:.2f})")
+        print(
+            f"ckptd committed {key}: median {ratios[len(ratios) // 2]:.2f} "
+            f"(range {ratios[0]:.2f}-{ratios[-1]:.2f})"
+        )
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "a") as f:
         for s in rows:

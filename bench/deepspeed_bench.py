@@ -35,28 +35,14 @@ from bench_common import GB, can_drop_caches, drop_caches, start_daemon
 
 ROOT = Path(__file__).resolve().parents[1]
 RIG = ROOT / "tests" / "python" / "deepspeed_rig.py"
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+sys.path.insert(0, str(RIG.parent))
+from deepspeed_rig import Model, rank_envs  # noqa: E402  (the rig's model and environment)
 
 
 def run_ranks(argv: list[str], dp: int, sock: str, logs: Path, tag: str) -> float:
     """dp ranks of the rig; returns the wall-clock time they were launched at."""
-    env = dict(
-        os.environ,
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(free_port()),
-        WORLD_SIZE=str(dp),
-        GLOO_SOCKET_IFNAME="lo",
-        OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // dp)),
-        DS_ACCELERATOR="cpu",
-        CKPTD_SOCKET=sock,
-    )
+    threads = max(1, (os.cpu_count() or 1) // dp)
+    envs = rank_envs(dp, sock, threads)
     launched = time.time()
     procs = []
     for rank in range(dp):
@@ -64,7 +50,7 @@ def run_ranks(argv: list[str], dp: int, sock: str, logs: Path, tag: str) -> floa
             procs.append(
                 subprocess.Popen(
                     [sys.executable, str(RIG), *argv],
-                    env=dict(env, RANK=str(rank), LOCAL_RANK=str(rank)),
+                    env=envs[rank],
                     stdout=log,
                     stderr=subprocess.STDOUT,
                 )
@@ -89,9 +75,7 @@ def io_of(pid: int) -> dict[str, int]:
 
 
 def trainable_params(dims: str) -> int:
-    sys.path.insert(0, str(RIG.parent))
     import torch
-    from deepspeed_rig import Model
 
     with torch.device("meta"):
         model = Model(dims)

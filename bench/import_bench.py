@@ -6,7 +6,9 @@ safetensors.torch.save_file, torch.save, and DCP's FileSystemWriter (dcp.save, o
 a DeepSpeed ZeRO-2 checkpoint (engine.save_checkpoint of tests/python/deepspeed_rig.py's model at
 DP=2) with --deepspeed_dims. The page cache is dropped before each import; the import reads the
 source and the daemon writes it to the same disk (its RAM tier off). The bar is the better of
-fio's sequential O_DIRECT and buffered reads of a file of the same size; the import's time is its
+fio's sequential O_DIRECT and buffered reads of a file of the same size; beside it, a sequential
+copy of such a file on the same disk (dd, O_DIRECT, fsynced), the floor of anything that reads a
+source and writes it durably on one disk. The import's time is its
 own (ImportResult.elapsed_s: from opening the source to COMMITTED, without the interpreter's start).
 
     python3 bench/import_bench.py --daemon build/ckptd --dir /var/tmp/imp [--mib 1024]
@@ -31,6 +33,8 @@ import ckptd
 
 ROOT = Path(__file__).resolve().parents[1]
 RIG = ROOT / "tests" / "python" / "deepspeed_rig.py"
+sys.path.insert(0, str(RIG.parent))
+from deepspeed_rig import rank_envs  # noqa: E402  (the rig's ranks' environment)
 
 
 def state(mib: int) -> dict[str, Any]:
@@ -67,21 +71,11 @@ def write_sources(base: Path, mib: int, formats: list[str], ds_dims: str) -> dic
 
 def deepspeed_source(base: Path, dims: str) -> Path:
     """A ZeRO-2 checkpoint written by DeepSpeed's own save_checkpoint at DP=2 (the rig's model)."""
-    from socket import socket
-
-    with socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     saved = base / "deepspeed"
     argv = [sys.executable, str(RIG), "train", "--stage", "2", "--dp", "2", "--dims", dims]
     argv += ["--via", "deepspeed", "--ds_dir", str(saved), "--next_steps", "0", "--no_check"]
     argv += ["--out", str(base / "rig"), "--tag", "ds"]
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2")
-    env.update(GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
-    env["CKPTD_SOCKET"] = str(base / "unused.sock")
-    procs = [
-        subprocess.Popen(argv, env=dict(env, RANK=str(r), LOCAL_RANK=str(r))) for r in range(2)
-    ]
+    procs = [subprocess.Popen(argv, env=env) for env in rank_envs(2, "")]
     if any(p.wait() for p in procs):
         sys.exit("bench: the DeepSpeed run that writes the source failed")
     return saved
@@ -91,6 +85,22 @@ def size_of(path: Path) -> int:
     if path.is_file():
         return path.stat().st_size
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def copy_rate(src: str, dst: str, nbytes: int) -> float:
+    """Bytes per second of a sequential copy of `src` to `dst` on the same disk, O_DIRECT both
+    ways and fsynced (dd): what an import, which reads the source and has the daemon write it,
+    can do at best."""
+    drop_caches(os.path.dirname(src))
+    started = time.monotonic()
+    subprocess.run(
+        ["dd", f"if={src}", f"of={dst}", "bs=16M", "iflag=direct", "oflag=direct", "conv=fsync"],
+        check=True,
+        capture_output=True,
+    )
+    rate = nbytes / (time.monotonic() - started)
+    os.unlink(dst)
+    return rate
 
 
 def run_import(sock: str, fmt: str, job: str, path: Path) -> dict[str, Any]:
@@ -128,6 +138,7 @@ def main() -> None:
         nbytes = max(size_of(s) for s in sources.values())
         for r in range(args.rounds):
             bar = max(fio_read(fio_file, nbytes, direct=True), fio_read(fio_file, nbytes, False))
+            copy = copy_rate(fio_file, str(base / "copy.dat"), nbytes)
             order = formats[r % len(formats) :] + formats[: r % len(formats)]
             for fmt in order:
                 drop_caches(str(base))
@@ -145,7 +156,9 @@ def main() -> None:
                     "import_gbps": got["bytes"] / got["elapsed_s"] / GB,
                     "disk_read_gbps": bar / GB,
                 }
+                row["disk_copy_gbps"] = copy / GB
                 row["ratio_to_disk_read"] = row["import_gbps"] / row["disk_read_gbps"]
+                row["ratio_to_disk_copy"] = row["import_gbps"] / row["disk_copy_gbps"]
                 rows.append(row)
                 print(json.dumps(row), flush=True)
                 client.delete(f"imp-{fmt}-{r}", 1)  # the disk holds one copy at a time
@@ -163,7 +176,9 @@ def main() -> None:
         print(
             f"import {fmt:12s} {median([x['import_gbps'] for x in mine]):.2f} GB/s, "
             f"{median([x['ratio_to_disk_read'] for x in mine]):.2f}x the disk's best read "
-            f"({median([x['disk_read_gbps'] for x in mine]):.2f} GB/s)"
+            f"({median([x['disk_read_gbps'] for x in mine]):.2f} GB/s), "
+            f"{median([x['ratio_to_disk_copy'] for x in mine]):.2f}x a copy on the same disk "
+            f"({median([x['disk_copy_gbps'] for x in mine]):.2f} GB/s)"
         )
 
 

@@ -37,7 +37,13 @@
 #   BENCH_REPLICATED_MIB=1024 BENCH_REPLICATED_ROUNDS=3   four ranks restoring the same state:
 #                            the prefetch hint, load_io direct/buffered/auto, page cache cold and
 #                            warm, and the daemon's device reads (bench/replicated_restore_bench.py)
+#   BENCH_DS_DIMS=1024,4096,32768,7 BENCH_DS_TRAIN_DP=2 BENCH_DS_RESUME_DP=4   DeepSpeed ZeRO-2
+#                            resumed at another DP size: ckptd.deepspeed against save_checkpoint +
+#                            ds_to_universal + load_universal (bench/deepspeed_bench.py)
+#   BENCH_IMPORT_MIB=1024 BENCH_IMPORT_ROUNDS=2   each importer's throughput against the disk's
+#                            best sequential read (bench/import_bench.py)
 #   BENCH_ONLY=all|planner|reshard|ckpt|commit|restore|cold|warm|resume|replicated|train|remote|cluster
+#              |deepspeed|import
 #                            run one part only
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -148,6 +154,19 @@ python3 "$ROOT/bench/remote_bench.py" --daemon "$BUILD/ckptd" --out "$OUT" \
   --work-dir "$STATE-remote" --gb "${BENCH_REMOTE_GB:-1}" --rounds "${BENCH_REMOTE_ROUNDS:-3}" \
   --part-mib "${BENCH_REMOTE_PART_MIB:-8}" --parts-in-flight "${BENCH_REMOTE_PARTS_IN_FLIGHT:-8}" \
   --systems "${BENCH_REMOTE_SYSTEMS:-ckptd,s3transfer,disk_read}"
+fi
+
+if [ "$ONLY" = all ] || [ "$ONLY" = deepspeed ]; then
+echo "bench: DeepSpeed ZeRO-2 resumed at another DP size (ckptd.deepspeed against UCP)"
+python3 "$ROOT/bench/deepspeed_bench.py" --binary "$BUILD/ckptd" --dir "$(dirname "$STATE")" \
+  --dims "${BENCH_DS_DIMS:-1024,4096,32768,7}" --train_dp "${BENCH_DS_TRAIN_DP:-2}" \
+  --resume_dp "${BENCH_DS_RESUME_DP:-4}" --out "$OUT/deepspeed.jsonl"
+fi
+if [ "$ONLY" = all ] || [ "$ONLY" = import ]; then
+echo "bench: importers (${BENCH_IMPORT_MIB:-1024} MiB) against the disk's read bandwidth"
+python3 "$ROOT/bench/import_bench.py" --daemon "$BUILD/ckptd" --dir "$STATE-import" \
+  --mib "${BENCH_IMPORT_MIB:-1024}" --rounds "${BENCH_IMPORT_ROUNDS:-2}" --out "$OUT/import.jsonl"
+rm -rf "$STATE-import"
 fi
 
 python3 "$ROOT/bench/summarize.py" "$OUT"

@@ -69,6 +69,20 @@ class Model(nn.Module):
         return self.head(h)[..., :VOCAB]  # padding rows never score
 
 
+def rank_envs(dp: int, socket: str, threads: int = 1) -> list[dict[str, str]]:
+    """The environment of each of dp ranks of one run: a free loopback port for gloo's
+    rendezvous, DeepSpeed on the CPU, ckptd's socket."""
+    import socket as socketlib
+
+    with socketlib.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=port, WORLD_SIZE=str(dp))
+    env.update(GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS=str(threads), DS_ACCELERATOR="cpu")
+    env["CKPTD_SOCKET"] = socket
+    return [dict(env, RANK=str(r), LOCAL_RANK=str(r)) for r in range(dp)]
+
+
 def batch(step: int, rank: int, dp: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(1000 + step)
     tokens = torch.randint(0, VOCAB, (GLOBAL_BATCH, SEQ + 1), generator=g)
@@ -190,7 +204,7 @@ def main() -> None:
 
     layouts = Layouts({n: Padded(0, VOCAB) for n in PADDED}) if args.padded else None
     rank = dist.get_rank()
-    client = ckptd.connect()
+    client = ckptd.connect() if args.via == "ckptd" else None
     times: dict[str, Any] = {"started": started}
     universal = args.mode == "resume" and args.via == "deepspeed"
     seed, perturb = (0, False) if args.mode == "train" else (123, True)  # the load must win
@@ -249,7 +263,8 @@ def main() -> None:
             torch.save(state, args.out / f"full_{args.tag}.pt")
         (args.out / f"losses_{args.tag}.json").write_text(json.dumps(losses))
     dist.barrier()
-    client.close()
+    if client is not None:
+        client.close()
     sys.stdout.flush()
     os._exit(0)  # see conftest.run_rank: gloo's teardown can abort a clean exit
 

@@ -8,7 +8,6 @@ is a process running deepspeed_rig.py (see there for the model)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +20,7 @@ torch = pytest.importorskip("torch")
 import deepspeed_rig as rig  # noqa: E402
 
 import ckptd  # noqa: E402
-from conftest import Daemon, free_port  # noqa: E402
+from conftest import Daemon  # noqa: E402
 
 RIG = Path(__file__).with_name("deepspeed_rig.py")
 JOB = "ds.adapter"
@@ -31,25 +30,14 @@ def run_ranks(
     daemon: Daemon, mode: str, stage: int, dp: int, out: Path, tag: str, dims: str = rig.SMALL
 ) -> None:
     """dp processes of deepspeed_rig.py, one per rank; fails with their output if one fails."""
-    env = dict(
-        os.environ,
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(free_port()),
-        WORLD_SIZE=str(dp),
-        GLOO_SOCKET_IFNAME="lo",
-        OMP_NUM_THREADS="1",
-        DS_ACCELERATOR="cpu",
-        CKPTD_SOCKET=daemon.socket,
-    )
     cmd = [sys.executable, str(RIG), mode, "--stage", str(stage), "--dp", str(dp)]
     cmd += ["--job", JOB, "--out", str(out), "--tag", tag, "--dims", dims, "--padded"]
     procs = []
     logs = []
-    for rank in range(dp):
+    for rank, rank_env in enumerate(rig.rank_envs(dp, daemon.socket)):
         log = out / f"{tag}.rank{rank}.log"
         logs.append(log)
         with open(log, "wb") as f:
-            rank_env = dict(env, RANK=str(rank), LOCAL_RANK=str(rank))
             procs.append(subprocess.Popen(cmd, env=rank_env, stdout=f, stderr=subprocess.STDOUT))
     failed = []
     for rank, proc in enumerate(procs):
@@ -167,18 +155,7 @@ def test_load_refuses_another_model(trained: tuple[Daemon, Path], tmp_path: Path
         "except ValueError as e:\n"
         "    print('REFUSED', e)\n"
     )
-    env = dict(
-        os.environ,
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(free_port()),
-        WORLD_SIZE="1",
-        RANK="0",
-        LOCAL_RANK="0",
-        GLOO_SOCKET_IFNAME="lo",
-        OMP_NUM_THREADS="1",
-        DS_ACCELERATOR="cpu",
-        CKPTD_SOCKET=daemon.socket,
-    )
+    (env,) = rig.rank_envs(1, daemon.socket)
     done = subprocess.run(
         [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300
     )

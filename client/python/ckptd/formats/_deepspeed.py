@@ -54,8 +54,9 @@ from pathlib import Path
 from typing import Any
 
 from .. import Raw
-from ._common import Piece, RefusedInputError, check_name, dtype_of, io_failure
+from ._common import Piece, RefusedInputError, check_name, dtype_of
 from ._importer import FlatPiece, PartedSource
+from ._torch_save import load_state
 
 FORMAT = 1  # the `deepspeed` object's format (ckptd/deepspeed.py's FORMAT)
 META_ITEM = "deepspeed"
@@ -133,39 +134,12 @@ def _load(file: Path) -> dict[str, Any]:
     """A DeepSpeed file read by torch.load(weights_only=True, mmap=True) with SAFE_GLOBALS;
     RefusedInputError naming the file for anything that is not a safe, readable torch.save zip
     of a dict. A missing or unreadable file is an I/O error (OSError)."""
-    import torch
-
-    with open(file, "rb"):
-        pass
-    try:
-        with torch.serialization.safe_globals(SAFE_GLOBALS):
-            state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
-    except OSError as e:
-        if io_failure(e):
-            raise
-        raise RefusedInputError(str(file), f"not a readable torch.save file ({e})") from None
-    except pickle.UnpicklingError as e:
-        raise RefusedInputError(
-            str(file), f"refused by torch.load(weights_only=True): {_unpickler_error(e)}"
-        ) from None
-    except Exception as e:  # corrupt data: miniz, EOF, bad records, not a zip (mmap needs one)
-        why = str(e).split("\n")[0][:300]
-        raise RefusedInputError(
-            str(file), f"not a readable torch.save file ({type(e).__name__}: {why})"
-        ) from None
+    state, mapped = load_state(file, SAFE_GLOBALS)
+    if not mapped:
+        raise RefusedInputError(str(file), "not a torch.save zip (DeepSpeed writes zips)")
     if not isinstance(state, dict):
         raise RefusedInputError(str(file), f"holds a {type(state).__name__}, not a dict")
     return state
-
-
-def _unpickler_error(e: Exception) -> str:
-    """torch's restricted unpickler's own reason (which global), without its advice to
-    allowlist it or to load unsafely."""
-    text = str(e)
-    marker = "WeightsUnpickler error: "
-    if marker in text:
-        text = text.split(marker, 1)[1]
-    return text.split(" Please use ")[0].split("\n")[0].strip()[:300]
 
 
 class _Files:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import pickle
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,8 +50,14 @@ def _files(path: Path) -> tuple[list[Path], Path]:
 
 
 def _why(e: BaseException) -> str:
-    """torch's weights_only refusal without its advice to retry unsafely."""
-    paragraphs = [p.strip() for p in str(e).split("\n\n") if p.strip()]
+    """torch's weights_only refusal without its advice to retry unsafely: the restricted
+    unpickler's own reason (which global) where it gives one."""
+    text = str(e)
+    marker = "WeightsUnpickler error: "
+    if marker in text:
+        reason = text.split(marker, 1)[1].split(" Please use ")[0].split("\n")[0].strip()
+        return reason[:300]
+    paragraphs = [p.strip() for p in text.split("\n\n") if p.strip()]
     kept = [
         p
         for p in paragraphs
@@ -60,16 +66,19 @@ def _why(e: BaseException) -> str:
     return " ".join(kept or paragraphs[:1]).replace("\n", " ")[:400]
 
 
-def load_state(file: Path) -> tuple[Any, bool]:
-    """(the object in `file`, whether it is memory-mapped), read by torch.load(weights_only=True);
-    RefusedInputError naming the file for anything that is not a safe, readable torch.save."""
+def load_state(file: Path, safe_globals: Sequence[Any] = ()) -> tuple[Any, bool]:
+    """(the object in `file`, whether it is memory-mapped), read by torch.load(weights_only=True),
+    which may also build the `safe_globals` (torch.serialization.safe_globals' entries: a format's
+    few data-only classes); RefusedInputError naming the file for anything that is not a safe,
+    readable torch.save."""
     import torch
 
     with open(file, "rb"):  # a missing or unreadable file is an I/O error, not refused input
         pass
     mmap = zipfile.is_zipfile(file)  # the zip format maps; the legacy one is read whole
     try:
-        return torch.load(file, map_location="cpu", weights_only=True, mmap=mmap), mmap
+        with torch.serialization.safe_globals(list(safe_globals)):
+            return torch.load(file, map_location="cpu", weights_only=True, mmap=mmap), mmap
     except OSError as e:
         if io_failure(e):
             raise
