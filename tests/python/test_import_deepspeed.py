@@ -442,6 +442,40 @@ def test_small_batches_split_each_rank(daemon: Daemon, trained: Path) -> None:
         assert same_bits(out.tensors[name], want), name
 
 
+@pytest.mark.parametrize("stage", [2, 3])
+def test_padded_vocabulary_stored_without_its_padding(
+    daemon: Daemon, trained: Path, stage: int
+) -> None:
+    """--padded embed.weight=VOCAB: the embedding and head are stored as their VOCAB logical rows
+    (fp32 and moments), as ckptd.deepspeed saves a parameter declared Padded(0, VOCAB), and the
+    metadata records the logical shapes; the other parameters are unchanged."""
+    client = ckptd.connect(daemon.socket)
+    job = f"ds-padded-z{stage}"
+    padded = [f"--padded=embed.weight={VOCAB}", f"--padded=head.weight={VOCAB}"]
+    imported(daemon, job, trained / f"z{stage}", *padded)
+    ref = reference(trained, stage)
+    out = client.load(job, 0, items=list(ref), as_torch=True)
+    for name, want in ref.items():
+        if name.endswith(("/embed.weight", "/head.weight")):
+            want = want[:VOCAB]
+        assert same_bits(out.tensors[name], want), name
+    meta = json.loads(client.load_object(job, 0, "deepspeed", raw=True))
+    shapes = {p["name"]: p["shape"] for p in meta["params"]}
+    assert shapes["embed.weight"] == shapes["head.weight"] == [VOCAB, HIDDEN]
+
+
+def test_padded_usage_errors(daemon: Daemon, trained: Path) -> None:
+    for arg, why in (
+        ("--padded=nope.weight=3", "no trainable parameter"),
+        (f"--padded=embed.weight={PADDED_VOCAB + 1}", "between 1 and its first dimension"),
+        ("--padded=embed.weight", "is not NAME=ROWS"),
+    ):
+        out = cli(daemon, arg, "ds-padded-bad", "0", str(trained / "z2"))
+        assert out.returncode == 2, (arg, out.returncode, out.stderr)
+        assert why in out.stderr, (arg, out.stderr)
+    no_checkpoint(daemon, "ds-padded-bad")
+
+
 # --- malformed and hostile input ----------------------------------------------------------------
 @pytest.fixture()
 def tag(trained: Path, tmp_path: Path) -> Path:

@@ -52,6 +52,13 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the summary as one JSON document")
 
 
+def _padded(text: str) -> tuple[str, int]:
+    name, sep, rows = text.rpartition("=")
+    if not sep or not name or not rows.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=ROWS (e.g. embed.weight=50257)")
+    return name, int(rows)
+
+
 def _import_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", required=True, choices=("dcp", "deepspeed", "safetensors", "torch"))
     p.add_argument(
@@ -60,6 +67,16 @@ def _import_args(p: argparse.ArgumentParser) -> None:
         default=1 << 30,
         help="the most tensor bytes read and saved at once, one rank each (default 1GiB; at "
         "most half the daemon's staging arena)",
+    )
+    p.add_argument(
+        "--padded",
+        type=_padded,
+        action="append",
+        default=[],
+        metavar="NAME=ROWS",
+        help="deepspeed: parameter NAME is padded along dim 0 past ROWS logical rows (a "
+        "vocabulary); stored without the padding, as ckptd.deepspeed saves Padded(0, ROWS) "
+        "(repeatable)",
     )
     _common(p)
     p.add_argument("job")
@@ -107,7 +124,7 @@ def _run_import(args: argparse.Namespace) -> int:
     from .formats import human_bytes as hb
 
     client = ckptd.connect(args.socket)
-    source = formats.open_source(args.format, args.path)
+    source = formats.open_source(args.format, args.path, dict(args.padded))
     try:
         limit = formats.batch_limit(client, args.batch_bytes)
         label = f"import {args.format}"

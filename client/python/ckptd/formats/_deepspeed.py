@@ -46,13 +46,13 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .. import Raw
-from ._common import Piece, RefusedInputError, check_name, dtype_of
+from ._common import Piece, RefusedInputError, UsageError, check_name, dtype_of
 from ._deepspeed_files import (
     CLIENT_STATE_ITEM,
     DP_SIZE_MAX,
@@ -147,6 +147,12 @@ class _Plan:
     strides: list[int]
     keys: list[str]
     files: _Files
+    padded: Mapping[str, int] = field(default_factory=dict)  # parameter -> its logical rows
+
+    def shape(self, p: _Param) -> tuple[int, ...]:
+        """The parameter's shape as stored: without the rows past a declared padding."""
+        rows = self.padded.get(p.name)
+        return p.shape if rows is None else (rows, *p.shape[1:])
 
     def optim(self, rank: int) -> tuple[list[Any], list[Any]]:
         file = self.ranks[rank].file
@@ -171,12 +177,14 @@ class _Plan:
             start, count, local = _range(
                 p, rank, self.strides[g], r.lengths[g], self.stage, self.dp
             )
+            shape = self.shape(p)
+            count = max(0, min(start + count, math.prod(shape)) - start)  # padding rows: the tail
             if count == 0:
                 continue
             for key in [None, *self.keys]:
                 item = f"fp32/{p.name}" if key is None else f"optim/{key}/{p.name}"
                 fetch = self.fetcher(rank, g, key)
-                out.append(_flat(item, "float32", p.shape, start, count, local, r.file, fetch))
+                out.append(_flat(item, "float32", shape, start, count, local, r.file, fetch))
         return out
 
 
@@ -319,7 +327,8 @@ def _meta(
         "dp_world_size": plan.dp,
         "ds_version": str(model.get("ds_version") or optim0.get("ds_version") or "") or None,
         "params": [
-            {"name": p.name, "shape": list(p.shape), "group": owner[p.group]} for p in plan.params
+            {"name": p.name, "shape": list(plan.shape(p)), "group": owner[p.group]}
+            for p in plan.params
         ],
         "frozen": sorted(frozen),
         "buffers": sorted(buffers),
@@ -375,8 +384,25 @@ def _model_file(directory: Path) -> tuple[Path, bool]:
     )
 
 
-def open_deepspeed(path: str | os.PathLike[str]) -> PartedSource:
-    """A DeepSpeed ZeRO checkpoint's pieces, one part per DP rank, and its objects."""
+def _check_padded(padded: Mapping[str, int], params: list[_Param], file: Path) -> None:
+    """Each declared padding names a trainable parameter and at most its rows (a UsageError)."""
+    shapes = {p.name: p.shape for p in params}
+    for name, rows in padded.items():
+        if name not in shapes:
+            raise UsageError(f"--padded {name}: {file} has no trainable parameter of that name")
+        if not shapes[name] or not 1 <= rows <= shapes[name][0]:
+            raise UsageError(
+                f"--padded {name}={rows}: its shape is {list(shapes[name])}; the logical rows "
+                "must be between 1 and its first dimension"
+            )
+
+
+def open_deepspeed(
+    path: str | os.PathLike[str], padded: Mapping[str, int] | None = None
+) -> PartedSource:
+    """A DeepSpeed ZeRO checkpoint's pieces, one part per DP rank, and its objects. padded: the
+    parameters padded along dim 0 (a vocabulary) and their logical rows: stored without the
+    padding rows, as ckptd.deepspeed saves a parameter declared Padded(0, rows)."""
     directory = _tag_dir(Path(path))
     model_file, stage3 = _model_file(directory)
     model = _load(model_file)
@@ -403,7 +429,8 @@ def open_deepspeed(path: str | os.PathLike[str]) -> PartedSource:
     strides = _check_coverage(params, ranks, stage, dp, model_file)
     keys = _check_states(ranks, strides, stage)
     files = _Files()
-    plan = _Plan(directory, stage, dp, params, ranks, strides, keys, files)
+    _check_padded(padded or {}, params, model_file)
+    plan = _Plan(directory, stage, dp, params, ranks, strides, keys, files, dict(padded or {}))
     extras, buffers, frozen, notes = _module_extras(model, model_file, files, params, stage)
     parts = [plan.rank_pieces(r) for r in range(dp)]
     if stage == 3:

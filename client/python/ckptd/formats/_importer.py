@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,8 +81,14 @@ class ImportResult:
     notes: list[str] = field(default_factory=list)
 
 
-def open_source(fmt: str, path: str | os.PathLike[str]) -> Source:
-    """The source reader of a format: RefusedInputError for unsafe or malformed input."""
+def open_source(
+    fmt: str, path: str | os.PathLike[str], padded: Mapping[str, int] | None = None
+) -> Source:
+    """The source reader of a format: RefusedInputError for unsafe or malformed input. padded
+    (deepspeed only): parameters padded along dim 0 and their logical rows, stored without the
+    padding (see ckptd.deepspeed's layouts=)."""
+    if padded and fmt != "deepspeed":
+        raise UsageError(f"--padded is for --format deepspeed, not {fmt}")
     if fmt == "safetensors":
         from ._safetensors import open_safetensors
 
@@ -98,7 +104,7 @@ def open_source(fmt: str, path: str | os.PathLike[str]) -> Source:
     if fmt == "deepspeed":
         from ._deepspeed import open_deepspeed
 
-        return open_deepspeed(path)
+        return open_deepspeed(path, padded)
     raise UsageError(f"unknown format {fmt!r} (one of {', '.join(FORMATS)})")
 
 
