@@ -43,6 +43,7 @@ from typing import Any
 import deepspeed.comm as dist
 import torch
 
+from . import _arrays
 from ._client import Client, Flat, Raw, SaveHandle, Shard
 from .layouts import Fused, Layouts, Padded, Replicated, Split
 
@@ -374,16 +375,21 @@ def save(
     frozen = _frozen(engine.module)
     objects: dict[str, Any] = {}
     with _gathered(list(frozen.values()) if z.stage == 3 else [], None):
+        error: BaseException | None = None
         if z.dp_rank == 0:
-            for name, p in frozen.items():
-                tensors[f"frozen/{name}"] = p.detach().contiguous()
-            for name, b in _persistent_buffers(engine.module).items():
-                tensors[f"buffer/{name}"] = b.detach().contiguous()
-            meta = _meta(z, keys)
-            meta["client_state"] = client_state is not None
-            objects[META] = Raw(json.dumps(meta).encode())
-            if client_state is not None:
-                objects[CLIENT_STATE] = client_state
+            try:
+                for name, p in frozen.items():
+                    tensors[f"frozen/{name}"] = p.detach().contiguous()
+                for name, b in _persistent_buffers(engine.module).items():
+                    tensors[f"buffer/{name}"] = b.detach().contiguous()
+                meta = _meta(z, keys)
+                meta["client_state"] = client_state is not None
+                objects[META] = Raw(json.dumps(meta).encode())
+                if client_state is not None:
+                    objects[CLIENT_STATE] = client_state
+            except Exception as e:  # e.g. a scheduler state JSON cannot hold
+                error = e
+        _agree(z.group, error)  # no rank stages a checkpoint that rank 0 cannot complete
         # ZeRO-3's gathered frozen parameters are freed when the block ends: staged before that
         handle = client.save(
             job,
@@ -410,6 +416,51 @@ def _agree_on_step(client: Client, job: str, step: int | str, group: Any) -> int
     if isinstance(box[0], BaseException):
         raise box[0]
     return int(box[0])
+
+
+def _agree(group: Any, error: BaseException | None) -> None:
+    """Every DP rank learns whether any rank failed since the last collective: this rank's own
+    error is raised again, and a rank that did not fail raises RuntimeError naming the ranks that
+    did. Without it, a failure on one rank (a read error, rank 0's metadata) would leave the
+    others waiting in the next collective until the process group's timeout."""
+    outcomes: list[Any] = [None] * dist.get_world_size(group=group)
+    dist.all_gather_object(outcomes, None if error is None else str(error), group=group)
+    if error is not None:
+        raise error
+    failed = {r: why for r, why in enumerate(outcomes) if why is not None}
+    if failed:
+        first = next(iter(failed))
+        raise RuntimeError(
+            f"ckptd.deepspeed: DP ranks {sorted(failed)} failed (rank {first}: {failed[first]})"
+        )
+
+
+def _check_whole(
+    client: Client, job: str, step: int, meta: dict[str, Any], wanted: dict[str, torch.Tensor]
+) -> None:
+    """The frozen parameters and buffers a load reads whole: each in the checkpoint with the
+    engine's dtype and shape (a whole load checks only the byte count). A frozen parameter the
+    checkpoint does not hold is an error; a buffer it does not hold keeps its value."""
+    where = f"ckptd.deepspeed: job {job} step {step}"
+    missing = sorted(set(_frozen_names(wanted)) - set(meta.get("frozen") or []))
+    if missing:
+        raise ValueError(f"{where} holds no frozen parameters {missing[:8]}")
+    items = {row["name"]: row for row in client.inspect(job, step)}
+    for item, t in wanted.items():
+        row = items.get(item)
+        if row is None:
+            continue  # a buffer the checkpoint does not hold (checked by name above for frozen)
+        mine = (_arrays.dtype_name(t), [int(d) for d in t.shape])
+        theirs = (str(row["dtype"]), [int(d) for d in row["shape"]])
+        if mine != theirs:
+            raise ValueError(
+                f"{where}: {item} was saved as {theirs[0]} {theirs[1]}, the engine's is "
+                f"{mine[0]} {mine[1]}"
+            )
+
+
+def _frozen_names(wanted: dict[str, torch.Tensor]) -> list[str]:
+    return [k.split("/", 1)[1] for k in wanted if k.startswith("frozen/")]
 
 
 def _check_params(meta: dict[str, Any], z: _Zero, job: str, step: int) -> None:
@@ -489,6 +540,7 @@ def load(
     *,
     load_optimizer_states: bool = True,
     load_lr_scheduler: bool = True,
+    load_client_state: bool = True,
     layouts: Layouts | None = None,
 ) -> LoadedState:
     """Loads checkpoint (job, step) into the engine, whatever DP size and ZeRO stage it was saved
@@ -496,8 +548,13 @@ def load(
     master and optimizer state (one copy, out of the daemon's arena). Every DP rank calls it
     (collectively). Then the model's weights are refreshed from the masters, and the optimizer's
     steps and hyperparameters, the engine's counters, the LR scheduler and the loss scaler are
-    restored. Raises ValueError naming the difference when the model does not match. layouts: as
-    for save (the padding rows of the engine's parameters are zero-filled)."""
+    restored. Raises ValueError naming the difference when the model does not match (before
+    anything is read), on every rank. A failure of one rank's reads is raised on every rank (a
+    RuntimeError naming it elsewhere) before the next collective, never left waiting in it; the
+    engine's tensors then hold a partial load and must not be trained on. layouts: as for save
+    (the padding rows of the engine's parameters are zero-filled). load_client_state: save()'s
+    client_state is unpickled, as torch.load(weights_only=False) would: load only checkpoints
+    you trust with it, or pass False."""
     clock = [time.monotonic()]
     seconds: dict[str, float] = {}
 
@@ -508,20 +565,38 @@ def load(
 
     z = _Zero(engine, layouts)
     resolved = _agree_on_step(client, job, step, z.group)
-    meta = _read_meta(client, job, resolved)
-    _check_params(meta, z, job, resolved)
-    saved_keys = sorted(meta.get("optim_keys") or [])
-    keys: list[str] = []
-    if load_optimizer_states:
-        missing = sorted(set(z.optim_keys()) - set(saved_keys))
-        if missing:
-            raise ValueError(
-                f"ckptd.deepspeed: job {job} step {resolved} has no optimizer state {missing} "
-                f"(it holds {saved_keys}); load with load_optimizer_states=False"
-            )
-        z.ensure_state(saved_keys)
-        keys = z.optim_keys()
-    pieces = z.pieces(keys)
+    try:
+        meta = _read_meta(client, job, resolved)
+        _check_params(meta, z, job, resolved)
+        frozen = _frozen(engine.module)
+        whole = {f"frozen/{n}": p for n, p in frozen.items()}
+        if z.stage == 3:  # partitioned: their full shapes
+            whole = {
+                k: torch.empty(getattr(p, "ds_shape", p.shape), dtype=p.dtype, device="meta")
+                for k, p in whole.items()
+            }
+        buffers = {
+            f"buffer/{n}": b
+            for n, b in _persistent_buffers(engine.module).items()
+            if n in (meta.get("buffers") or [])
+        }
+        _check_whole(client, job, resolved, meta, {**whole, **buffers})
+        saved_keys = sorted(meta.get("optim_keys") or [])
+        keys: list[str] = []
+        if load_optimizer_states:
+            missing = sorted(set(z.optim_keys()) - set(saved_keys))
+            if missing:
+                raise ValueError(
+                    f"ckptd.deepspeed: job {job} step {resolved} has no optimizer state "
+                    f"{missing} (it holds {saved_keys}); load with load_optimizer_states=False"
+                )
+            z.ensure_state(saved_keys)
+            keys = z.optim_keys()
+        pieces = z.pieces(keys)
+    except Exception as e:
+        _agree(z.group, e)  # raises e here, and on the other ranks an error naming this one
+        raise
+    _agree(z.group, None)
     lap("check")
     targets: list[tuple[str, Any, Any]] = []
     for piece in pieces:
@@ -535,22 +610,27 @@ def load(
         targets.extend(
             (f"optim/{k}/{piece.name}", region, piece.logical(v)) for k, v in piece.optim.items()
         )
-    for name, b in _persistent_buffers(engine.module).items():
-        if name in (meta.get("buffers") or []):
-            targets.append((f"buffer/{name}", None, b.data))
-    read = client.load_into(job, resolved, targets, rank=z.dp_rank)
-    frozen = _frozen(engine.module)
-    saved_frozen = set(meta.get("frozen") or [])
+    targets.extend((item, None, b.data) for item, b in buffers.items())
+    error: BaseException | None = None
+    read = 0
+    try:
+        read = client.load_into(job, resolved, targets, rank=z.dp_rank)
+    except Exception as e:
+        error = e
     with _gathered(list(frozen.values()) if z.stage == 3 else [], 0):
-        if z.stage != 3 or z.dp_rank == 0:
-            wanted = [(f"frozen/{n}", None, p.data) for n, p in frozen.items() if n in saved_frozen]
-            read += client.load_into(job, resolved, wanted, rank=z.dp_rank)
+        if error is None and (z.stage != 3 or z.dp_rank == 0):
+            wanted = [(f"frozen/{n}", None, p.data) for n, p in frozen.items()]
+            try:
+                read += client.load_into(job, resolved, wanted, rank=z.dp_rank)
+            except Exception as e:  # the block's exit still broadcasts, as on every rank
+                error = e
+    _agree(z.group, error)  # before the refresh's all-gather
     lap("read")
     z.refresh_lp(pieces)
     lap("refresh")
     _restore_scalars(z, meta, load_optimizer_states, load_lr_scheduler)
     state = None
-    if meta.get("client_state"):
+    if meta.get("client_state") and load_client_state:
         state = pickle.loads(client.load_object(job, resolved, CLIENT_STATE, raw=True))
     dist.barrier(group=z.group)
     lap("rest")

@@ -517,7 +517,10 @@ def load_tp(
     daemon read from storage. Checks, before reading anything: the declared layout of each item
     against the one recorded in `ckptd.layouts` (check_compatible), and the local tensor's shape
     and dtype against the checkpoint's. require_record=False loads a checkpoint saved without
-    save_tp, trusting the declared layouts (its logical tensors must be the unsharded ones)."""
+    save_tp, trusting the declared layouts (its logical tensors must be the unsharded ones).
+    step "latest" is resolved by this call alone: ranks loading at once should agree on an
+    integer step first (one resolves it and broadcasts it), or a commit between their calls
+    gives them different steps."""
     resolved = client._resolve_step(job, step)
     where = f"job {job} step {resolved}"
     catalog = {row["name"]: row for row in client.inspect(job, resolved)}
