@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import faulthandler
 import os
+import re
 import shutil
 import signal
 import socket as socketlib
@@ -70,6 +71,19 @@ class Daemon:
     proc: subprocess.Popen[bytes]
     log: str
 
+    def remove_shm(self) -> None:
+        """Unlinks this daemon's shared-memory segments, for a daemon whose state dir is being
+        removed: a clean stop keeps the arena while the RAM tier holds checkpoints (for a restart
+        on the same state dir), and only a daemon on that state dir would remove it later. The
+        prefix is the one its log names ("staging arena /ckptd-xxxxxxxx-arena-u0-...")."""
+        try:
+            text = Path(self.log).read_text(errors="replace")
+        except OSError:
+            return
+        for prefix in set(re.findall(r"arena /(ckptd-[0-9a-f]+-)arena-u[0-9]+-", text)):
+            for segment in Path("/dev/shm").glob(prefix + "*"):
+                segment.unlink(missing_ok=True)
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -131,6 +145,7 @@ def daemon() -> Iterator[Daemon]:
         yield d
     finally:
         d.stop()
+        d.remove_shm()
         shutil.rmtree(d.state_dir, ignore_errors=True)
 
 
