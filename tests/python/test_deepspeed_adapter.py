@@ -181,3 +181,43 @@ def test_load_refuses_another_model(
     )
     assert "REFUSED" in done.stdout, done.stdout + done.stderr
     assert want in done.stdout, done.stdout
+
+
+def test_one_rank_failing_fails_every_rank(trained: tuple[Daemon, Path], tmp_path: Path) -> None:
+    """A read that fails on one rank only (here rank 1's, injected): that rank raises its error
+    and the other raises a RuntimeError naming it, both promptly; neither waits in the refresh's
+    all-gather until the process group's timeout."""
+    daemon, _ = trained
+    script = tmp_path / "one_fails.py"
+    script.write_text(
+        "import os, sys\n"
+        f"sys.path.insert(0, {str(RIG.parent)!r})\n"
+        "import deepspeed, deepspeed.ops\n"
+        "deepspeed.ops.__compatible_ops__['deepspeed_shm_comm'] = False\n"
+        "deepspeed.init_distributed(dist_backend='gloo')\n"
+        "import ckptd, ckptd.deepspeed as ckds, deepspeed_rig as rig\n"
+        "from ckptd.layouts import Layouts, Padded\n"
+        "rank = int(os.environ['RANK'])\n"
+        "engine = rig.engine_for(2, 2, seed=0)\n"
+        "client = ckptd.connect()\n"
+        "if rank == 1:\n"
+        "    def broken(*args, **kwargs):\n"
+        "        raise OSError('injected read failure')\n"
+        "    client.load_into = broken\n"
+        "layouts = Layouts({n: Padded(0, rig.VOCAB) for n in rig.PADDED})\n"
+        "try:\n"
+        f"    ckds.load(engine, client, {JOB!r}, layouts=layouts)\n"
+        "    print('LOADED')\n"
+        "except Exception as e:\n"
+        "    print('RAISED', type(e).__name__, e)\n"
+        "sys.stdout.flush()\n"
+        "os._exit(0)\n"
+    )
+    procs = [
+        subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, text=True)
+        for env in rig.rank_envs(2, daemon.socket)
+    ]
+    outs = [p.communicate(timeout=240)[0] for p in procs]
+    assert "RAISED OSError injected read failure" in outs[1], outs
+    assert "RAISED RuntimeError" in outs[0] and "DP ranks [1] failed" in outs[0], outs
+    assert "injected read failure" in outs[0], outs
