@@ -65,13 +65,23 @@ def drop_caches(path: str) -> None:
                 os.close(fd)
 
 
+def proc_io(pid: int) -> dict[str, int]:
+    """Process `pid`'s /proc/PID/io: rchar/wchar (bytes through read/write calls, page cache
+    included) and read_bytes/write_bytes (the block devices')."""
+    with open(f"/proc/{pid}/io") as f:
+        return {k: int(v) for k, v in (line.split(": ") for line in f)}
+
+
 def device_read_bytes(pid: int) -> int:
     """What process `pid` has read from block devices (/proc/PID/io read_bytes)."""
-    with open(f"/proc/{pid}/io") as f:
-        for line in f:
-            if line.startswith("read_bytes:"):
-                return int(line.split()[1])
-    return 0
+    return proc_io(pid).get("read_bytes", 0)
+
+
+def tree_bytes(path: str | os.PathLike[str]) -> int:
+    """The size of a file, or of every file under a directory."""
+    if os.path.isfile(path):
+        return os.path.getsize(path)
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
 
 
 def fio_read(path: str, nbytes: int, direct: bool, bs: str = "16M", depth: int = 4) -> float:

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_common import GB, can_drop_caches, drop_caches, start_daemon
+from bench_common import GB, can_drop_caches, drop_caches, proc_io, start_daemon, tree_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 RIG = ROOT / "tests" / "python" / "deepspeed_rig.py"
@@ -65,13 +65,14 @@ def times(out: Path, tag: str, dp: int) -> list[dict[str, Any]]:
     return [json.loads((out / f"times_{tag}.rank{r}.json").read_text()) for r in range(dp)]
 
 
-def du(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-
-
-def io_of(pid: int) -> dict[str, int]:
-    with open(f"/proc/{pid}/io") as f:
-        return {k: int(v) for k, v in (line.split(": ") for line in f)}
+def resumed(t: list[dict[str, Any]], launched: float, system: str) -> dict[str, float]:
+    """A resume's times, the slowest rank's: launch to restored, the load itself (engine built to
+    restored) and launch to the end of the first step."""
+    return {
+        f"{system}_restored_s": max(r["restored"] for r in t) - launched,
+        f"{system}_load_s": max(r["restored"] - r["engine"] for r in t),
+        f"{system}_first_step_s": max(r["first_step"] for r in t) - launched,
+    }
 
 
 def trainable_params(dims: str) -> int:
@@ -119,25 +120,23 @@ def main() -> None:
     }
     try:
         # --- ckptd ---
-        before = io_of(daemon.pid)
+        before = proc_io(daemon.pid)
         argv = ["train", "--dp", str(args.train_dp), "--job", "bench", "--next_steps", "0"]
         run_ranks([*argv, "--tag", "ck_train", *common], args.train_dp, sock, logs, "ck_train")
         t = times(base, "ck_train", args.train_dp)
         result["ckptd_save_stall_s"] = max(r["staged"] - r["trained"] for r in t)
         result["ckptd_save_s"] = max(r["saved"] - r["trained"] for r in t)
-        result["ckptd_written_bytes"] = io_of(daemon.pid)["write_bytes"] - before["write_bytes"]
+        result["ckptd_written_bytes"] = proc_io(daemon.pid)["write_bytes"] - before["write_bytes"]
         drop_caches(str(state))
-        before = io_of(daemon.pid)
+        before = proc_io(daemon.pid)
         argv = ["resume", "--dp", str(args.resume_dp), "--job", "bench", "--next_steps", "1"]
         launched = run_ranks(
             [*argv, "--tag", "ck_resume", *common], args.resume_dp, sock, logs, "ck_resume"
         )
         t = times(base, "ck_resume", args.resume_dp)
-        result["ckptd_restored_s"] = max(r["restored"] for r in t) - launched
-        result["ckptd_load_s"] = max(r["restored"] - r["engine"] for r in t)
-        result["ckptd_first_step_s"] = max(r["first_step"] for r in t) - launched
+        result.update(resumed(t, launched, "ckptd"))
         result["ckptd_read_per_rank_bytes"] = max(r["bytes_read"] for r in t)
-        result["ckptd_device_read_bytes"] = io_of(daemon.pid)["read_bytes"] - before["read_bytes"]
+        result["ckptd_device_read_bytes"] = proc_io(daemon.pid)["read_bytes"] - before["read_bytes"]
         result["ckptd_load_phases_s"] = {
             k: max(r["load_seconds"][k] for r in t) for k in t[0]["load_seconds"]
         }
@@ -153,7 +152,7 @@ def main() -> None:
         t = times(base, "ds_train", args.train_dp)
         result["ds_save_s"] = max(r["saved"] - r["trained"] for r in t)
         tag = (saved / "latest").read_text().strip()
-        result["ds_written_bytes"] = du(saved)
+        result["ds_written_bytes"] = tree_bytes(saved)
         universal = base / "ds_universal" / f"{tag}_universal"
         drop_caches(str(saved))
         started = time.time()
@@ -170,7 +169,7 @@ def main() -> None:
                 stderr=subprocess.STDOUT,
             )
         result["ds_convert_s"] = time.time() - started
-        result["ds_convert_written_bytes"] = du(universal)
+        result["ds_convert_written_bytes"] = tree_bytes(universal)
         drop_caches(str(base))
         argv = ["resume", "--dp", str(args.resume_dp), "--via", "deepspeed", "--next_steps", "1"]
         argv += ["--ds_dir", str(universal)]
@@ -178,9 +177,7 @@ def main() -> None:
             [*argv, "--tag", "ds_resume", *common], args.resume_dp, sock, logs, "ds_resume"
         )
         t = times(base, "ds_resume", args.resume_dp)
-        result["ds_restored_s"] = max(r["restored"] for r in t) - launched
-        result["ds_load_s"] = max(r["restored"] - r["engine"] for r in t)
-        result["ds_first_step_s"] = max(r["first_step"] for r in t) - launched
+        result.update(resumed(t, launched, "ds"))
         result["ds_read_per_rank_bytes"] = max(r["io_restore"]["rchar"] for r in t)
     finally:
         daemon.terminate()

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_common import GB, drop_caches, fio_read, median, start_daemon
+from bench_common import GB, drop_caches, fio_read, median, start_daemon, tree_bytes
 
 import ckptd
 
@@ -81,12 +81,6 @@ def deepspeed_source(base: Path, dims: str) -> Path:
     return saved
 
 
-def size_of(path: Path) -> int:
-    if path.is_file():
-        return path.stat().st_size
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-
-
 def copy_rate(src: str, dst: str, nbytes: int) -> float:
     """Bytes per second of a sequential copy of `src` to `dst` on the same disk, O_DIRECT both
     ways and fsynced (dd): what an import, which reads the source and has the daemon write it,
@@ -135,7 +129,7 @@ def main() -> None:
     client = ckptd.connect(sock)
     try:
         fio_file = str(base / "fio.dat")
-        nbytes = max(size_of(s) for s in sources.values())
+        nbytes = max(tree_bytes(s) for s in sources.values())
         for r in range(args.rounds):
             bar = max(fio_read(fio_file, nbytes, direct=True), fio_read(fio_file, nbytes, False))
             copy = copy_rate(fio_file, str(base / "copy.dat"), nbytes)
@@ -148,7 +142,7 @@ def main() -> None:
                     "bench": "import",
                     "format": fmt,
                     "round": r,
-                    "source_bytes": size_of(sources[fmt]),
+                    "source_bytes": tree_bytes(sources[fmt]),
                     "tensor_bytes": got["bytes"],
                     "ranks": got["world_size"],
                     "elapsed_s": got["elapsed_s"],

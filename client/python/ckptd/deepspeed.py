@@ -36,7 +36,6 @@ from __future__ import annotations
 import json
 import pickle
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,34 +44,14 @@ import torch
 
 from . import _arrays
 from ._client import Client, Flat, Raw, SaveHandle, Shard
-from .layouts import Fused, Layouts, Padded, Replicated, Split
+from ._zero import Zero
+from .layouts import Layouts
 
 META = "deepspeed"
 CLIENT_STATE = "client_state"
 FORMAT = 1
 
 __all__ = ["CLIENT_STATE", "META", "LoadedState", "load", "save"]
-
-
-@dataclass
-class _Piece:
-    """One rank's piece of one trainable parameter: elements [start, start + count) of its
-    flattened global tensor, the fp32 master's view and each optimizer state's view."""
-
-    name: str
-    shape: list[int]  # the logical shape (without vocabulary padding)
-    group: int
-    start: int
-    count: int  # of logical elements; the piece's elements past them are padding
-    fp32: torch.Tensor  # the piece's views, padding included
-    optim: dict[str, torch.Tensor]
-    lp: torch.Tensor | None  # the low-precision partition to refresh after a load (stage 3)
-
-    def logical(self, view: torch.Tensor) -> torch.Tensor:
-        return view.narrow(0, 0, self.count)
-
-    def padding(self, view: torch.Tensor) -> torch.Tensor:
-        return view.narrow(0, self.count, view.numel() - self.count)
 
 
 @dataclass
@@ -88,187 +67,6 @@ class LoadedState:
     # (the tensors, into the optimizer's own memory), "refresh" (the model's weights from the fp32
     # masters: DeepSpeed's all-gather at ZeRO 1/2), "rest" (counters, client_state, the barrier)
     seconds: dict[str, float] = field(default_factory=dict)
-
-
-class _Zero:
-    """The ZeRO optimizer of an engine, seen as this rank's pieces of every trainable parameter."""
-
-    def __init__(self, engine: Any, layouts: Layouts | None = None) -> None:
-        self.engine = engine
-        self.layouts = layouts
-        self.zo = engine.optimizer
-        self.stage = int(engine.zero_optimization_stage())
-        if self.stage not in (1, 2, 3):
-            raise ValueError(
-                f"ckptd.deepspeed: the engine runs ZeRO stage {self.stage}; stages 1, 2 and 3 "
-                "are supported"
-            )
-        mp = engine.mpu.get_model_parallel_world_size() if engine.mpu is not None else 1
-        if mp != 1:
-            raise ValueError(
-                f"ckptd.deepspeed: the engine's model-parallel size is {mp}; only data "
-                "parallelism is supported (see ckptd.layouts for tensor-parallel layouts)"
-            )
-        self.names = {id(p): n for n, p in engine.module.named_parameters()}
-        if self.stage == 3:
-            self.group = self.zo.dp_process_group
-            self.fp32_groups = list(self.zo.fp32_partitioned_groups_flat)
-            self.lp_groups = self.zo.fp16_groups
-        else:
-            self.group = self.zo.real_dp_process_group[0]
-            if any(g is not self.group for g in self.zo.real_dp_process_group):
-                raise ValueError("ckptd.deepspeed: param groups with their own DP groups (MoE)")
-            self.fp32_groups = list(self.zo.single_partition_of_fp32_groups)
-            self.lp_groups = self.zo.bit16_groups
-        self.dp_rank = dist.get_rank(group=self.group)
-        self.dp_size = dist.get_world_size(group=self.group)
-
-    def name(self, p: torch.nn.Parameter) -> str:
-        name = self.names.get(id(p))
-        if name is None:
-            raise ValueError("ckptd.deepspeed: an optimizer parameter is not in module")
-        return name
-
-    def state(self, group: int) -> dict[str, Any]:
-        return self.zo.optimizer.state[self.fp32_groups[group]]
-
-    def optim_keys(self) -> list[str]:
-        """The optimizer state tensors sized like the fp32 partition (Adam: exp_avg, exp_avg_sq)."""
-        keys: set[str] = set()
-        for i, flat in enumerate(self.fp32_groups):
-            for k, v in self.state(i).items():
-                if torch.is_tensor(v) and v.shape == flat.shape and flat.numel() > 0:
-                    keys.add(k)
-        return sorted(keys)
-
-    def params(self) -> Iterator[tuple[int, torch.nn.Parameter]]:
-        for i, group in enumerate(self.lp_groups):
-            for p in group:
-                yield i, p
-
-    def physical_shape(self, p: torch.nn.Parameter) -> list[int]:
-        return [int(d) for d in (p.ds_shape if self.stage == 3 else p.shape)]
-
-    def shape(self, p: torch.nn.Parameter) -> list[int]:
-        """The parameter's logical shape: without the rows a Padded layout declares padding."""
-        shape = self.physical_shape(p)
-        layout = self.layouts.find(self.name(p)) if self.layouts is not None else None
-        if layout is None or isinstance(layout, (Replicated, Split, Fused)):
-            return shape  # at model-parallel size 1 these are the whole tensor
-        if not isinstance(layout, Padded) or layout.dim != 0:
-            raise ValueError(
-                f"ckptd.deepspeed: parameter {self.name(p)}: {layout} is not supported here (a "
-                "ZeRO partition is a flat range: only padding along dim 0 is)"
-            )
-        if not shape or layout.logical > shape[0]:
-            raise ValueError(
-                f"ckptd.deepspeed: parameter {self.name(p)} of shape {shape} is declared "
-                f"padded past {layout.logical} rows"
-            )
-        return [layout.logical, *shape[1:]]
-
-    def _clip(self, p: torch.nn.Parameter, start: int, count: int) -> int:
-        """Of elements [start, start + count) of the flattened parameter, how many are logical
-        (padding rows are the tail of the flattened tensor)."""
-        logical = 1
-        for d in self.shape(p):
-            logical *= d
-        return max(0, min(start + count, logical) - start)
-
-    def pieces(self, keys: list[str]) -> list[_Piece]:
-        out = []
-        for i, p in self.params():
-            piece = self._piece3(i, p, keys) if self.stage == 3 else self._piece12(i, p, keys)
-            if piece is not None:
-                out.append(piece)
-        return out
-
-    def _piece12(self, group: int, p: torch.nn.Parameter, keys: list[str]) -> _Piece | None:
-        hp = p._hp_mapping  # DeepSpeed's link of this parameter to the rank's fp32 partition
-        if hp is None:
-            return None
-        start, count = int(hp.lp_fragment_address.start), int(hp.lp_fragment_address.numel)
-        at = int(hp.hp_fragment_address.start)
-        state = self.state(group)
-        optim = {k: state[k].narrow(0, at, count) for k in keys if k in state}
-        fp32 = self.fp32_groups[group].narrow(0, at, count)
-        valid = self._clip(p, start, count)
-        return _Piece(self.name(p), self.shape(p), group, start, valid, fp32, optim, None)
-
-    def _piece3(self, group: int, p: torch.nn.Parameter, keys: list[str]) -> _Piece | None:
-        size = int(p.ds_tensor.ds_numel)  # each rank's partition, padded at the last rank
-        start = self.dp_rank * size
-        count = max(0, min(size, int(p.ds_numel) - start))
-        if count == 0:
-            return None
-        fp32 = self.zo.get_local_fp32_param(p)
-        optim = {k: self.zo.get_local_fp32_param(p, optim_state_key=k) for k in keys}
-        views = [fp32, *optim.values()]
-        if any(v.device.type != "cpu" for v in views):
-            raise ValueError("ckptd.deepspeed: ZeRO-3 partitions on a device need a host copy")
-        return _Piece(
-            self.name(p),
-            self.shape(p),
-            group,
-            start,
-            self._clip(p, start, count),
-            fp32.narrow(0, 0, count),
-            {k: v.narrow(0, 0, count) for k, v in optim.items()},
-            p.ds_tensor.data.narrow(0, 0, count),
-        )
-
-    def ensure_state(self, keys: list[str]) -> None:
-        """Creates the optimizer's state tensors a fresh engine does not have yet (torch's Adam
-        makes them at its first step): zeros sized like each fp32 partition, and the step, so
-        that a load has somewhere to write them and the next step continues from them."""
-        for i, flat in enumerate(self.fp32_groups):
-            if flat.numel() == 0:
-                continue
-            state = self.state(i)
-            for k in keys:
-                if k not in state:
-                    state[k] = torch.zeros_like(flat)
-            if keys and "step" not in state:
-                state["step"] = torch.tensor(0.0)
-
-    def param_group(self, i: int) -> int:
-        """The optimizer's param group of fp32 group i (ZeRO-3 splits a group into sub-groups)."""
-        return int(self.zo.sub_group_to_group_id[i]) if self.stage == 3 else i
-
-    def steps(self) -> list[float | None]:
-        """The optimizer's step of each param group (that of its first sub-group with one)."""
-        out: list[float | None] = [None] * len(self.zo.optimizer.param_groups)
-        for i in range(len(self.fp32_groups)):
-            step = self.state(i).get("step")
-            g = self.param_group(i)
-            if step is not None and out[g] is None:
-                out[g] = float(step)
-        return out
-
-    def set_step(self, group: int, value: float) -> None:
-        """Sets the step of every fp32 group (sub-group) of param group `group`."""
-        for i in range(len(self.fp32_groups)):
-            if self.param_group(i) != group:
-                continue
-            state = self.state(i)
-            if torch.is_tensor(state.get("step")):
-                state["step"].fill_(value)
-            elif "step" in state:
-                state["step"] = type(state["step"])(value)
-
-    def refresh_lp(self, pieces: list[_Piece]) -> None:
-        """The model's (low-precision) weights from the loaded fp32 masters, on every rank."""
-        if self.stage == 3:
-            for piece in pieces:
-                if piece.lp is not None:
-                    piece.lp.copy_(piece.fp32)
-        else:
-            self.zo.update_lp_params()  # copies this rank's partition, then all-gathers
-            # DeepSpeed links each parameter to its optimizer state at the first step; linked
-            # now, its safe_get_*_optimizer_state work right after a load, as after its own
-            link = getattr(self.zo, "_lazy_init_hp_params_optimizer_state", None)
-            if link is not None:
-                link()
 
 
 def _json_safe(value: Any) -> Any:
@@ -305,7 +103,7 @@ def _frozen(module: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
     return {n: p for n, p in module.named_parameters() if not p.requires_grad}
 
 
-def _meta(z: _Zero, keys: list[str]) -> dict[str, Any]:
+def _meta(z: Zero, keys: list[str], frozen: list[str], buffers: list[str]) -> dict[str, Any]:
     engine = z.engine
     scheduler = engine.lr_scheduler
     return {
@@ -318,8 +116,8 @@ def _meta(z: _Zero, keys: list[str]) -> dict[str, Any]:
             {"name": z.name(p), "shape": z.shape(p), "group": z.param_group(i)}
             for i, p in z.params()
         ],
-        "frozen": sorted(_frozen(engine.module)),
-        "buffers": sorted(_persistent_buffers(engine.module)),
+        "frozen": sorted(frozen),
+        "buffers": sorted(buffers),
         "optim_keys": keys,
         "param_groups": [_hyperparameters(g) for g in z.zo.optimizer.param_groups],
         "optim_steps": z.steps(),
@@ -362,7 +160,7 @@ def save(
     checkpoint is durable. layouts: the parameters padded along dim 0 (a vocabulary:
     ckptd.layouts.Padded(0, logical)) are saved without their padding rows, so a model padded to
     another multiple loads them."""
-    z = _Zero(engine, layouts)
+    z = Zero(engine, layouts)
     keys = z.optim_keys()
     tensors: dict[str, Any] = {}
     for piece in z.pieces(keys):
@@ -380,9 +178,10 @@ def save(
             try:
                 for name, p in frozen.items():
                     tensors[f"frozen/{name}"] = p.detach().contiguous()
-                for name, b in _persistent_buffers(engine.module).items():
+                buffers = _persistent_buffers(engine.module)
+                for name, b in buffers.items():
                     tensors[f"buffer/{name}"] = b.detach().contiguous()
-                meta = _meta(z, keys)
+                meta = _meta(z, keys, list(frozen), list(buffers))
                 meta["client_state"] = client_state is not None
                 objects[META] = Raw(json.dumps(meta).encode())
                 if client_state is not None:
@@ -442,7 +241,8 @@ def _check_whole(
     engine's dtype and shape (a whole load checks only the byte count). A frozen parameter the
     checkpoint does not hold is an error; a buffer it does not hold keeps its value."""
     where = f"ckptd.deepspeed: job {job} step {step}"
-    missing = sorted(set(_frozen_names(wanted)) - set(meta.get("frozen") or []))
+    frozen = [k.split("/", 1)[1] for k in wanted if k.startswith("frozen/")]
+    missing = sorted(set(frozen) - set(meta.get("frozen") or []))
     if missing:
         raise ValueError(f"{where} holds no frozen parameters {missing[:8]}")
     items = {row["name"]: row for row in client.inspect(job, step)}
@@ -459,11 +259,7 @@ def _check_whole(
             )
 
 
-def _frozen_names(wanted: dict[str, torch.Tensor]) -> list[str]:
-    return [k.split("/", 1)[1] for k in wanted if k.startswith("frozen/")]
-
-
-def _check_params(meta: dict[str, Any], z: _Zero, job: str, step: int) -> None:
+def _check_params(meta: dict[str, Any], z: Zero, job: str, step: int) -> None:
     saved = {p["name"]: [int(d) for d in p["shape"]] for p in meta["params"]}
     mine = {z.name(p): z.shape(p) for _, p in z.params()}
     where = f"ckptd.deepspeed: job {job} step {step}"
@@ -503,7 +299,7 @@ def _read_meta(client: Client, job: str, step: int) -> dict[str, Any]:
     return meta
 
 
-def _restore_scalars(z: _Zero, meta: dict[str, Any], optimizer: bool, scheduler: bool) -> None:
+def _restore_scalars(z: Zero, meta: dict[str, Any], optimizer: bool, scheduler: bool) -> None:
     engine = z.engine
     engine.global_steps = int(meta.get("global_steps") or 0)
     engine.global_samples = int(meta.get("global_samples") or 0)
@@ -563,7 +359,7 @@ def load(
         seconds[phase] = now - clock[0]
         clock[0] = now
 
-    z = _Zero(engine, layouts)
+    z = Zero(engine, layouts)
     resolved = _agree_on_step(client, job, step, z.group)
     try:
         meta = _read_meta(client, job, resolved)
