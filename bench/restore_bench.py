@@ -98,6 +98,9 @@ def worker(
     result = client.load(job, 1, {n: (a if r is None else (a, r)) for n, r, a in specs})
     t1 = time.monotonic()
     results.put((rank, t0, t1, result.bytes_read, result.bytes_from_ram))
+    # Sessions end only once every rank has loaded: a finished rank's teardown (the daemon unmaps
+    # its registered destinations) is not restore work, and a trainer keeps its session anyway.
+    barrier.wait()
     client.close()
 
 

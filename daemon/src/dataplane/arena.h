@@ -155,7 +155,8 @@ class StagingArena {
   // The generation of `uid`'s segment ("" when it has none).
   std::string Generation(uint32_t uid) const;
 
-  // Where the bytes at `offset` of `uid`'s segment are mapped in the daemon. The segment must
+  // Where the bytes at `offset` of `uid`'s segment are mapped in the daemon (for the daemon's
+  // life: a segment is never unmapped or moved while it runs). The segment must
   // exist (CHECKed: callers name only extents and journaled offsets of existing segments).
   uint8_t* At(uint32_t uid, uint64_t offset) const;
   uint8_t* Data(const ExtentInfo& e) const { return At(e.uid, e.offset); }

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_format.h"
@@ -116,6 +118,29 @@ struct CheckRange {
   uint64_t end;
   const v1::ShardEntry* shard;
 };
+
+// Sorts `v` by (blob, offset). In one pass when it already is, and in O(n) when each blob's
+// entries come in offset order (the usual request order: item by item, a shard's rows ascending,
+// the blobs interleaved): a counting sort by blob, then a sort of any blob's entries that are not.
+template <typename T, typename Offset>
+void SortByBlob(std::vector<T>* v, size_t blobs, const Offset& offset) {
+  auto less = [&](const T& a, const T& b) {
+    return std::pair(a.blob, offset(a)) < std::pair(b.blob, offset(b));
+  };
+  if (std::is_sorted(v->begin(), v->end(), less)) return;
+  std::vector<size_t> start(blobs + 1, 0);
+  for (const T& x : *v) ++start[x.blob + 1];
+  for (size_t b = 0; b < blobs; ++b) start[b + 1] += start[b];
+  std::vector<size_t> next(start.begin(), start.end() - 1);
+  std::vector<T> out(v->size());
+  for (const T& x : *v) out[next[x.blob]++] = x;
+  for (size_t b = 0; b < blobs; ++b) {
+    auto first = out.begin() + static_cast<ptrdiff_t>(start[b]);
+    auto last = out.begin() + static_cast<ptrdiff_t>(start[b + 1]);
+    if (!std::is_sorted(first, last, less)) std::sort(first, last, less);
+  }
+  *v = std::move(out);
+}
 
 class Planner {
  public:
@@ -282,9 +307,7 @@ void Planner::Split(std::vector<std::pair<uint64_t, uint64_t>>* runs,
 }
 
 void Planner::NeededStats(LoadPlan* plan) {
-  std::sort(needs_.begin(), needs_.end(), [](const Need& a, const Need& b) {
-    return std::tie(a.blob, a.file_offset) < std::tie(b.blob, b.file_offset);
-  });
+  SortByBlob(&needs_, blob_ids_.size(), [](const Need& n) { return n.file_offset; });
   uint64_t raw = 0, aligned = 0;
   uint32_t blob = UINT32_MAX;
   uint64_t raw_end = 0, aligned_end = 0;
@@ -305,9 +328,7 @@ void Planner::NeededStats(LoadPlan* plan) {
 void Planner::MakeRuns(LoadPlan* plan) {
   NeededStats(plan);
   // One check range per shard span: union the ranges of each shard (they are block-aligned to it).
-  std::sort(checks_.begin(), checks_.end(), [](const CheckRange& a, const CheckRange& b) {
-    return std::tie(a.blob, a.begin) < std::tie(b.blob, b.begin);
-  });
+  SortByBlob(&checks_, blob_ids_.size(), [](const CheckRange& c) { return c.begin; });
   std::vector<CheckRange> checks;
   for (const CheckRange& c : checks_) {
     if (!checks.empty() && checks.back().shard == c.shard && c.begin <= checks.back().end) {

@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 
@@ -237,18 +238,36 @@ absl::Status CopyPlain(std::span<const PlainCopy> copies) {
 
 }  // namespace run_copy_internal
 
-std::vector<FusedPair> FusedPairs(const LoadPlan& plan, size_t k, const LoadDests& dst,
-                                  uint32_t block) {
+FusedPairList FusedPairs(const LoadPlan& plan, size_t k, const LoadDests& dst, uint32_t block) {
   const ReadRun& run = plan.runs[k];
+  FusedPairList pairs;
+  auto fits = [&](const BlockCheck& chk, uint64_t c) {
+    const RunCopy& cp = plan.copies[c];
+    return IsHostCopy(dst, cp) && cp.run_offset == chk.run_offset &&
+           cp.bytes == CheckedBytes(chk, block);
+  };
+  if (run.copy_count <= 64 && run.copy_count * run.check_count <= 256) {
+    // Few: a scan, the copies taken marked in a mask (the common case: no allocation).
+    uint64_t taken = 0;
+    for (uint32_t c = run.first_check; c < run.first_check + run.check_count; ++c) {
+      for (uint64_t i = 0; i < run.copy_count; ++i) {
+        if ((taken >> i & 1) == 0 && fits(plan.checks[c], run.first_copy + i)) {
+          pairs.push_back({c, run.first_copy + i});
+          taken |= uint64_t{1} << i;
+          break;
+        }
+      }
+    }
+    return pairs;
+  }
   absl::flat_hash_map<uint64_t, uint64_t> copy_at;  // run offset -> copy, host copies only
   for (uint64_t c = run.first_copy; c < run.first_copy + run.copy_count; ++c) {
     if (IsHostCopy(dst, plan.copies[c])) copy_at.emplace(plan.copies[c].run_offset, c);
   }
-  std::vector<FusedPair> pairs;
   for (uint32_t c = run.first_check; c < run.first_check + run.check_count; ++c) {
     const BlockCheck& chk = plan.checks[c];
     auto it = copy_at.find(chk.run_offset);
-    if (it != copy_at.end() && plan.copies[it->second].bytes == CheckedBytes(chk, block)) {
+    if (it != copy_at.end() && fits(chk, it->second)) {
       pairs.push_back({c, it->second});
       copy_at.erase(it);  // one check per copy
     }

@@ -18,8 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "ckptd/status.h"
@@ -153,9 +152,11 @@ struct FusedPair {
   uint32_t check;
   uint64_t copy;
 };
-// The fused pairs of run `k` (each copy in at most one, each check in at most one).
-std::vector<FusedPair> FusedPairs(const LoadPlan& plan, size_t k, const LoadDests& dst,
-                                  uint32_t block);
+// The fused pairs of run `k` (each copy in at most one, each check in at most one), in check
+// order. Inline for a few (a strided load's runs are one check and one copy each: no allocation
+// per run).
+using FusedPairList = absl::InlinedVector<FusedPair, 4>;
+FusedPairList FusedPairs(const LoadPlan& plan, size_t k, const LoadDests& dst, uint32_t block);
 
 // Reading straight into the destination (no bounce copy): for each copy of `plan` (indexed like
 // plan.copies), how many of its leading bytes are read from storage straight into its
@@ -195,13 +196,11 @@ void AddRunPieces(const Manifest& m, const LoadPlan& plan, size_t k, const At& a
   const uint32_t block = ctx.block;
   const uint64_t blocks_per_piece = std::max<uint64_t>(1, limits::kCopyPieceBytes / block);
   const ReadRun& run = plan.runs[k];
-  const std::vector<FusedPair> pairs = FusedPairs(plan, k, dst, block);
-  absl::flat_hash_map<uint32_t, uint64_t> fused_check;  // check -> its one-pass copy
-  absl::flat_hash_set<uint64_t> fused;
-  for (const FusedPair& f : pairs) {
-    fused_check.emplace(f.check, f.copy);
-    fused.insert(f.copy);
-  }
+  const FusedPairList pairs = FusedPairs(plan, k, dst, block);  // in check order
+  absl::InlinedVector<uint64_t, 4> fused;                       // their copies, sorted
+  for (const FusedPair& f : pairs) fused.push_back(f.copy);
+  std::sort(fused.begin(), fused.end());
+  size_t next_pair = 0;
   // Whole checks smaller than a piece, copied and verified together (CopyAndVerifyChecks).
   FusedBatcher own(pieces);
   FusedBatcher* small = batch != nullptr ? batch : &own;
@@ -211,10 +210,11 @@ void AddRunPieces(const Manifest& m, const LoadPlan& plan, size_t k, const At& a
     const uint8_t* src = at(chk->run_offset, n);
     uint8_t* to = nullptr;
     uint64_t ready = 0;  // leading blocks already read into `to`: verified there
-    if (auto it = fused_check.find(c); it != fused_check.end()) {
-      const RunCopy& cp = plan.copies[it->second];
+    if (next_pair < pairs.size() && pairs[next_pair].check == c) {
+      const uint64_t copy = pairs[next_pair++].copy;
+      const RunCopy& cp = plan.copies[copy];
       to = dst.ptr[cp.request] + cp.dst_offset;
-      if (!in_place.empty()) ready = in_place[it->second] / block;
+      if (!in_place.empty()) ready = in_place[copy] / block;
     }
     const uint64_t blocks = BlockCount(n, block);
     if (to != nullptr && ready == 0 && blocks < blocks_per_piece) {
@@ -258,7 +258,7 @@ void AddRunPieces(const Manifest& m, const LoadPlan& plan, size_t k, const At& a
                                     const_cast<uint8_t*>(at(cp.run_offset, cp.bytes)), cp.bytes}});
       continue;
     }
-    if (fused.contains(c)) continue;
+    if (std::binary_search(fused.begin(), fused.end(), c)) continue;
     const uint8_t* src = at(cp.run_offset, cp.bytes);
     for (uint64_t off = 0; off < cp.bytes; off += limits::kCopyPieceBytes) {
       const uint64_t n = std::min<uint64_t>(limits::kCopyPieceBytes, cp.bytes - off);

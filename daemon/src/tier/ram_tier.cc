@@ -23,6 +23,10 @@ HotCopy::HotCopy(StagingArena* arena, std::vector<HotRange> ranges, std::vector<
     return std::pair(a.blob_id, a.blob_offset) < std::pair(b.blob_id, b.blob_offset);
   });
   for (const HotExtent& e : extents_) bytes_ += e.length;
+  // Resolved once: a segment stays mapped at one address for the arena's life, and these extents
+  // are ours until the destructor, so Find (per run of a load) takes no arena lock.
+  at_.reserve(ranges_.size());
+  for (const HotRange& r : ranges_) at_.push_back(arena_->At(r.uid, r.arena_offset));
 }
 
 HotCopy::~HotCopy() {
@@ -39,9 +43,10 @@ const uint8_t* HotCopy::Find(uint32_t blob, uint64_t offset, uint64_t length) co
                                return k < std::pair(r.blob_id, r.blob_offset);
                              });
   if (it == ranges_.begin()) return nullptr;
-  const HotRange& r = *std::prev(it);
+  const size_t i = static_cast<size_t>(std::prev(it) - ranges_.begin());
+  const HotRange& r = ranges_[i];
   if (r.blob_id != blob || offset + length > r.blob_offset + r.length) return nullptr;
-  return arena_->At(r.uid, r.arena_offset + (offset - r.blob_offset));
+  return at_[i] + (offset - r.blob_offset);
 }
 
 v1::HotRecord HotCopy::Record() const {

@@ -91,7 +91,8 @@ class HotCopy {
 
  private:
   StagingArena* const arena_;
-  std::vector<HotRange> ranges_;  // sorted by (blob_id, blob_offset), disjoint
+  std::vector<HotRange> ranges_;    // sorted by (blob_id, blob_offset), disjoint
+  std::vector<const uint8_t*> at_;  // at_[i]: where ranges_[i]'s first byte is mapped
   std::vector<HotExtent> extents_;
   uint64_t bytes_ = 0;
 };

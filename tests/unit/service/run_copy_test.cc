@@ -178,5 +178,57 @@ TEST_CASE("run pieces: a flipped byte in a batched one-block run fails naming it
   CHECK_THAT(std::string(st.message()), Catch::Contains("the RAM tier"));
 }
 
+// One run of `n` one-block checks, its copies in reverse order; copy i of every 5th check is cut
+// short (not a whole check: no pair) and request 1 is a GPU destination (never paired).
+struct PairedRun {
+  static constexpr uint32_t kBlock = 4096;
+  v1::ShardEntry shard;
+  LoadPlan plan;
+  std::vector<uint8_t*> ptr{nullptr, nullptr};
+  std::vector<int> device{-1, 0};
+
+  explicit PairedRun(uint32_t n) {
+    shard.set_length(uint64_t{n} * kBlock);
+    ReadRun run;
+    run.length = shard.length();
+    run.check_count = n;
+    for (uint32_t i = 0; i < n; ++i) {
+      plan.checks.push_back(BlockCheck{&shard, uint64_t{i} * kBlock, i, i + 1});
+    }
+    for (uint32_t i = n; i-- > 0;) {
+      const uint64_t bytes = i % 5 == 0 ? kBlock / 2 : kBlock;
+      plan.copies.push_back(RunCopy{uint64_t{i} * kBlock, 0, uint64_t{i} * kBlock, bytes});
+      // The same bytes to the GPU too, listed first for odd checks: skipped for the host one.
+      if (i % 2 == 1) {
+        plan.copies.insert(plan.copies.end() - 1, RunCopy{uint64_t{i} * kBlock, 1, 0, kBlock});
+      }
+    }
+    run.copy_count = plan.copies.size();
+    plan.runs.push_back(run);
+  }
+};
+
+TEST_CASE(
+    "fused pairs: each whole check pairs with the host copy of exactly its bytes, in check "
+    "order, with few copies (the scan) and many (the index)",
+    "[run_copy]") {
+  const uint32_t n = GENERATE(1u, 6u, 10u, 100u);  // 6 and 10: the scan; 100: the index
+  PairedRun r(n);
+  const LoadDests dests{r.ptr, r.device, nullptr};
+  const FusedPairList pairs = FusedPairs(r.plan, 0, dests, PairedRun::kBlock);
+  std::vector<uint32_t> want;
+  for (uint32_t i = 0; i < n; ++i) {
+    if (i % 5 != 0) want.push_back(i);
+  }
+  REQUIRE(pairs.size() == want.size());
+  for (size_t j = 0; j < pairs.size(); ++j) {
+    CHECK(pairs[j].check == want[j]);  // in check order
+    const RunCopy& cp = r.plan.copies[pairs[j].copy];
+    CHECK(cp.request == 0);  // the host copy, never the GPU one at the same offset
+    CHECK(cp.run_offset == r.plan.checks[pairs[j].check].run_offset);
+    CHECK(cp.bytes == PairedRun::kBlock);
+  }
+}
+
 }  // namespace
 }  // namespace ckptd
