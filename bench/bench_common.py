@@ -3,12 +3,15 @@ daemon's device reads, fio's sequential read of a file, and medians."""
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import statistics
 import subprocess
 import sys
 import time
+
+from ckptd._shm import remove_segments
 
 GB = 1e9
 
@@ -19,6 +22,9 @@ def start_daemon(
     """Starts `binary` on `state` (socket state/s.sock, log state/daemon.log) and waits for its
     socket; returns the process and the socket's path. Exits the bench if it does not start."""
     sock = os.path.join(state, "s.sock")
+    # Benches delete their state dirs, which would orphan the daemon's shared memory (a clean
+    # stop keeps the RAM tier's arena for a restart): its segments go when the bench exits.
+    atexit.register(remove_segments, state)
     with open(os.path.join(state, "daemon.log"), "w") as log:
         proc = subprocess.Popen(
             [

@@ -13,6 +13,7 @@ Writes one JSON row per sample to --out (bench/results/commit_floor.jsonl by def
 """
 
 import argparse
+import atexit
 import json
 import os
 import shutil
@@ -24,6 +25,7 @@ import time
 import numpy as np
 
 import ckptd
+from ckptd._shm import remove_segments
 
 MIB = 1 << 20
 TENSOR_MIB = 8
@@ -31,6 +33,7 @@ TENSOR_MIB = 8
 
 def start_daemon(binary: str, state: str, staging_bytes: int) -> subprocess.Popen:
     sock = os.path.join(state, "s.sock")
+    atexit.register(remove_segments, state)  # its shared memory, once the bench ends
     proc = subprocess.Popen(
         [
             binary,

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import faulthandler
 import os
-import re
 import shutil
 import signal
 import socket as socketlib
@@ -19,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from ckptd._shm import remove_segments
 
 ROOT = Path(__file__).resolve().parents[2]
 STAGING_BYTES = 64 << 20
@@ -74,15 +75,8 @@ class Daemon:
     def remove_shm(self) -> None:
         """Unlinks this daemon's shared-memory segments, for a daemon whose state dir is being
         removed: a clean stop keeps the arena while the RAM tier holds checkpoints (for a restart
-        on the same state dir), and only a daemon on that state dir would remove it later. The
-        prefix is the one its log names ("staging arena /ckptd-xxxxxxxx-arena-u0-...")."""
-        try:
-            text = Path(self.log).read_text(errors="replace")
-        except OSError:
-            return
-        for prefix in set(re.findall(r"arena /(ckptd-[0-9a-f]+-)arena-u[0-9]+-", text)):
-            for segment in Path("/dev/shm").glob(prefix + "*"):
-                segment.unlink(missing_ok=True)
+        on the same state dir), and only a daemon on that state dir would remove it later."""
+        remove_segments(self.state_dir)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -101,11 +95,30 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+# Every state dir a test started a daemon on: their shared-memory segments are removed when the
+# session ends (tests delete their state dirs, which orphans the segments; see ckptd._shm).
+_STATE_DIRS: set[str] = set()
+
+
+def remove_shm_at_end(state_dir: str) -> None:
+    """For a test that starts its own daemon on `state_dir`: its segments go when the session
+    ends, as start_daemon's do."""
+    _STATE_DIRS.add(state_dir)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _remove_daemons_shm() -> Iterator[None]:
+    yield
+    for state_dir in _STATE_DIRS:
+        remove_segments(state_dir)
+
+
 def start_daemon(
     staging_bytes: int = STAGING_BYTES, flags: Sequence[str] = (), state_dir: str | None = None
 ) -> Daemon:
     """A daemon on `state_dir` (default: a new temp dir), its output appended to ckptd.log."""
     state_dir = state_dir or tempfile.mkdtemp(prefix="ckpy", dir="/tmp")
+    remove_shm_at_end(state_dir)
     sock = os.path.join(state_dir, "ckptd.sock")
     log = os.path.join(state_dir, "ckptd.log")
     with open(log, "ab") as out:

@@ -28,7 +28,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from conftest import daemon_binary
+from conftest import daemon_binary, remove_shm_at_end
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
@@ -190,6 +190,7 @@ def daemon_args(tmp: str, overrides: Sequence[str]) -> list[str]:
 
 
 def start(tmp: str, overrides: Sequence[str] = ()) -> Started:
+    remove_shm_at_end(f"{tmp}/state")
     log = Path(tmp) / "ckptd.log"
     sock = f"{tmp}/ckptd.sock"
     with open(log, "wb") as out:

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import ckptd
-from conftest import daemon_binary
+from conftest import daemon_binary, remove_shm_at_end
 
 PR_SET_MDWE = 65
 PR_MDWE_REFUSE_EXEC_GAIN = 1
@@ -52,6 +52,7 @@ def test_the_daemon_runs_with_memory_deny_write_execute() -> None:
     assert r.returncode != 0, "a write+execute mapping was allowed under PR_SET_MDWE"
 
     state = tempfile.mkdtemp(prefix="ckmdwe", dir="/tmp")
+    remove_shm_at_end(state)
     sock = os.path.join(state, "ckptd.sock")
     log = Path(state) / "ckptd.log"
     with open(log, "wb") as out:
