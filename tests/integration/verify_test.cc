@@ -2,7 +2,8 @@
 // clean checkpoint verifies on every tier; a flipped byte, a truncated blob, a missing blob and a
 // damaged manifest on disk are each reported with their item, saving rank, blob and block, and
 // exit 3; a sample checks fewer blocks but always a shard's ends; the RAM tier's hot copy and the
-// remote tier are verified too; a delete waits for a verify; errors exit 1 and usage errors 2.
+// remote tier are verified too; a delete waits for a verify; a verify whose caller went away
+// stops; errors exit 1 and usage errors 2.
 //
 // The checkpoint: tensor "w", float32 [2, 65536], rank r saving row r (256 KiB: 64 checksum
 // blocks of the default 4 KiB), so rank r's blob r0000r.blob holds that one shard at offset 0.
@@ -323,6 +324,35 @@ TEST_CASE("verify: a delete waits for the verify reading the checkpoint", "[inte
   CHECK_THAT(verify.output(), Contains("BAD tier=local item=w rank=0 blob=r00000.blob block=0 "
                                        "offset=0: blob truncated: 0 bytes, manifest says 262144"));
   CHECK(RunCtl(d, {"rm", "busy", "1"}).exit_code == 0);
+}
+
+TEST_CASE("verify: a caller that goes away stops the verify and releases the checkpoint",
+          "[integration][verify]") {
+  Daemon d(DaemonConfig{.extra_flags = {"--ram_tier_keep_per_job=0", "--log_level=debug"}});
+  SaveRows(d, "gone", 1);
+  // As above: the verify's first open waits on a FIFO, the checkpoint claimed, while its caller
+  // gives up (the deadline of --timeout_ms passes).
+  const std::string blob = Blob(d.data_dir(), "gone", 1, 0);
+  REQUIRE(unlink(blob.c_str()) == 0);
+  REQUIRE(mkfifo(blob.c_str(), 0600) == 0);
+  CommandResult v = Verify(d, {"gone", "1", "--timeout_ms", "1500"});
+  CHECK(v.exit_code == 1);
+  CHECK_THAT(v.output, Contains("DEADLINE_EXCEEDED"));
+  REQUIRE(BlockedOnFifo(d.pid()));  // the daemon is still in the open
+  // Released, the verify reaches its next batch, finds its caller gone and ends there: the
+  // claim goes with it, so a delete succeeds without any writer closing the FIFO.
+  int writer = open(blob.c_str(), O_WRONLY);
+  REQUIRE(writer >= 0);
+  CommandResult rm;
+  for (int i = 0; i < 100; ++i) {
+    rm = RunCtl(d, {"rm", "gone", "1"});
+    if (rm.exit_code == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  close(writer);
+  INFO(rm.output);
+  CHECK(rm.exit_code == 0);
+  CHECK_THAT(d.Log(), Contains("the caller went away"));
 }
 
 TEST_CASE("verify: errors exit 1, usage errors 2", "[integration][verify]") {

@@ -181,7 +181,8 @@ void RecordCall(Metrics* m, const v1::LoadRequest& req, const v1::LoadResponse& 
 #define CKPTD_RPC(Name, Req, Resp, pool, call)                                                \
   grpc::ServerUnaryReactor* GrpcCheckpointService::Name(grpc::CallbackServerContext* ctx,     \
                                                         const v1::Req* req, v1::Resp* resp) { \
-    return Dispatch(ctx, pools_.pool, #Name, [this, req, resp](const Caller& caller) {        \
+    return Dispatch(ctx, pools_.pool, #Name, [this, ctx, req, resp](const Caller& caller) {   \
+      (void)ctx;  /* the calls that watch for their caller going away (Verify) use it */      \
       (void)resp; /* calls without a response body (Goodbye, Delete, ...) do not use it */    \
       LogScope fields;                                                                        \
       AddRequestFields(fields, *req);                                                         \
@@ -218,7 +219,9 @@ CKPTD_RPC(Reshard, ReshardRequest, CheckpointStatus, quick, svc_->Reshard(caller
 CKPTD_RPC(CollectGarbage, GcRequest, GcResponse, waiters, svc_->CollectGarbage(caller, *req, resp))
 CKPTD_RPC(Prefetch, PrefetchRequest, PrefetchResponse, loads, svc_->Prefetch(caller, *req, resp))
 // Reads the whole checkpoint (or a sample): a data-moving call, on the load pool.
-CKPTD_RPC(Verify, VerifyRequest, VerifyResponse, loads, svc_->Verify(caller, *req, resp))
+// Reading stops once the caller went away (interrupted, or past its deadline).
+CKPTD_RPC(Verify, VerifyRequest, VerifyResponse, loads,
+          svc_->Verify(caller, *req, resp, [ctx] { return ctx->IsCancelled(); }))
 
 #undef CKPTD_RPC
 

@@ -205,9 +205,11 @@ class CheckpointService {
   // verifying_ for the whole call (Delete and retention refuse it meanwhile); the hot copy is
   // pinned. NOT_FOUND, PERMISSION_DENIED (read access), INVALID_ARGUMENT (sample out of (0, 1]),
   // FAILED_PRECONDITION (another state; not on the tier asked for), ABORTED (being deleted).
-  // Runs on the caller's thread (the RPC layer's load pool).
-  absl::Status Verify(const Caller& caller, const v1::VerifyRequest& req, v1::VerifyResponse* resp)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // Runs on the caller's thread (the RPC layer's load pool). `cancelled` (optional) is polled
+  // between batches: true once the caller went away, which ends the call CANCELLED (the daemon
+  // stopping ends it UNAVAILABLE).
+  absl::Status Verify(const Caller& caller, const v1::VerifyRequest& req, v1::VerifyResponse* resp,
+                      const std::function<bool()>& cancelled = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
 
   const std::string& instance_id() const { return instance_id_; }
   // The RAM tier's occupancy (hot and provisional bytes, evictions).

@@ -22,7 +22,9 @@
 // Concurrency: the key is claimed in verifying_ for the whole call, so a Delete or a retention
 // step on it answers ABORTED until the verify ends (CheckDeletableLocked) instead of removing
 // files under it; a delete already running makes the verify ABORTED. Shutdown stops a verify
-// between two batches (UNAVAILABLE).
+// between two batches (UNAVAILABLE), and so does a caller that went away (CANCELLED: the RPC's
+// client cancelled it or passed its deadline), so an interrupted `ckptctl verify` stops reading
+// and releases its claim within a batch.
 #include <algorithm>
 #include <functional>
 #include <map>
@@ -394,7 +396,7 @@ void ReportManifest(TierCheck& tier, const absl::Status& st) {
 // buffer cannot be allocated.
 absl::Status RunVerify(const std::string& dir, const std::vector<StorageTier>& storage,
                        const HotCopy* hot, const Manifest* ref, const BlockSample& sample,
-                       const std::function<bool()>& stopping, v1::VerifyResponse* resp) {
+                       const std::function<absl::Status()>& stop, v1::VerifyResponse* resp) {
   const uint32_t block = ref == nullptr ? 0 : ref->header.checksum_block_bytes();
   if (block > limits::kChecksumBlockBytesMax) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -419,6 +421,7 @@ absl::Status RunVerify(const std::string& dir, const std::vector<StorageTier>& s
           absl::StrCat("verify: no memory for its ", buf_bytes, "-byte read buffer"));
     }
   }
+  const std::function<bool()> stopping = [&stop] { return !stop().ok(); };
   for (const StorageTier& t : storage) {
     TierCheck tier(block, sample, resp, t.name);
     ReportManifest(tier, t.manifest);
@@ -426,7 +429,8 @@ absl::Status RunVerify(const std::string& dir, const std::vector<StorageTier>& s
     StorageCheck check(tier, *t.storage, dir, buf.get(), buf_bytes, stopping);
     for (const auto& [id, shards] : by_blob) {
       if (!check.Blob(*blobs.at(id), shards)) {
-        return absl::UnavailableError("verify: the daemon is stopping");
+        absl::Status st = stop();  // stays set once set
+        return st.ok() ? absl::UnavailableError("verify: stopped") : st;
       }
     }
   }
@@ -485,7 +489,8 @@ void CheckpointService::ReleaseVerify(const Key& key) {
 }
 
 absl::Status CheckpointService::Verify(const Caller& caller, const v1::VerifyRequest& req,
-                                       v1::VerifyResponse* resp) {
+                                       v1::VerifyResponse* resp,
+                                       const std::function<bool()>& cancelled) {
   CKPTD_RETURN_IF_ERROR(ValidateJobName(req.job()));
   CKPTD_RETURN_IF_ERROR(CheckAccess(caller, req.job(), Access::kRead));
   if (req.sample() != 0.0) CKPTD_RETURN_IF_ERROR(BlockSample::ValidateFraction(req.sample()));
@@ -542,13 +547,21 @@ absl::Status CheckpointService::Verify(const Caller& caller, const v1::VerifyReq
     resp->set_seed(PickSeed(req.seed()));
     sample = BlockSample(req.sample(), resp->seed());
   }
-  const std::function<bool()> stopping = [this] {
-    absl::MutexLock lock(&mu_);
-    return stopping_;
+  // Polled between batches: the daemon stopping, or the caller gone (its tool interrupted, or
+  // past its deadline), ends the reading there.
+  const std::function<absl::Status()> stop = [this, &cancelled] {
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) return absl::UnavailableError("verify: the daemon is stopping");
+    }
+    if (cancelled && cancelled()) {
+      return absl::CancelledError("verify: the caller went away (cancelled, or past its deadline)");
+    }
+    return absl::OkStatus();
   };
-  CKPTD_RETURN_IF_ERROR(Annotate(RunVerify(CheckpointDir(req.job(), step), storage, hot.get(),
-                                           ref.get(), sample, stopping, resp),
-                                 what));
+  CKPTD_RETURN_IF_ERROR(Annotate(
+      RunVerify(CheckpointDir(req.job(), step), storage, hot.get(), ref.get(), sample, stop, resp),
+      what));
   if (resp->failures_total() == 0) {
     spdlog::info("verify of {}: {}", what, Summary(*resp));
   } else {
