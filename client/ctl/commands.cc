@@ -9,6 +9,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/json_escape.h"
 #include "json.h"
 #include "safetensors.h"
 #include "table.h"
@@ -211,7 +212,7 @@ absl::Status DiskUsage(Context& ctx, const std::string& job) {
   }
   if (ctx.json) {
     auto doc = [](const Usage& u) {
-      return absl::StrCat("{\"job\": ", safetensors::JsonString(u.job),
+      return absl::StrCat("{\"job\": ", ckptd::JsonString(u.job),
                           ", \"checkpoints\": ", u.checkpoints, ", \"local_bytes\": ", u.local,
                           ", \"remote_bytes\": ", u.remote, ", \"ram_bytes\": ", u.ram, "}");
     };

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "ckptd/client.h"
+#include "common/json_escape.h"
 #include "table.h"
 
 namespace ckptctl {
@@ -287,12 +288,12 @@ void PrintResult(const Context& ctx, const ExportOptions& o, const Source& src,
   if (ctx.json) {
     std::vector<std::string> fj, sj;
     for (const st::FilePlan& f : files) {
-      fj.push_back(absl::StrCat("{\"name\": ", st::JsonString(f.name), ", \"tensors\": ",
+      fj.push_back(absl::StrCat("{\"name\": ", ckptd::JsonString(f.name), ", \"tensors\": ",
                                 f.tensors.size(), ", \"bytes\": ", f.file_bytes(), "}"));
     }
-    for (const std::string& s : src.skipped_objects) sj.push_back(st::JsonString(s));
-    std::cout << "{\"job\": " << st::JsonString(o.job) << ", \"step\": " << src.step
-              << ", \"dir\": " << st::JsonString(o.dir) << ", \"format\": \"safetensors\""
+    for (const std::string& s : src.skipped_objects) sj.push_back(ckptd::JsonString(s));
+    std::cout << "{\"job\": " << ckptd::JsonString(o.job) << ", \"step\": " << src.step
+              << ", \"dir\": " << ckptd::JsonString(o.dir) << ", \"format\": \"safetensors\""
               << ", \"tensors\": " << src.tensors.size() << ", \"total_size\": " << total
               << ", \"index\": \"" << kIndexName << "\", \"files\": [" << absl::StrJoin(fj, ", ")
               << "], \"skipped_objects\": [" << absl::StrJoin(sj, ", ") << "]}\n";

@@ -5,15 +5,15 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-#include "safetensors.h"  // safetensors::JsonString
+#include "common/json_escape.h"
 
 namespace ckptctl {
 namespace {
 
+using ckptd::JsonString;
 using google::protobuf::FieldDescriptor;
 using google::protobuf::Message;
 using google::protobuf::Reflection;
-using safetensors::JsonString;
 
 void Indent(int depth, std::string* out) { out->append(2 * static_cast<size_t>(depth), ' '); }
 

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/json_escape.h"
 
 namespace ckptctl::safetensors {
 
@@ -33,13 +34,13 @@ std::string MetadataJson(const std::map<std::string, std::string>& metadata) {
   std::string out = "{";
   for (const auto& [key, value] : metadata) {
     if (out.size() > 1) out += ",";
-    absl::StrAppend(&out, JsonString(key), ":", JsonString(value));
+    absl::StrAppend(&out, ckptd::JsonString(key), ":", ckptd::JsonString(value));
   }
   return out + "}";
 }
 
 std::string EntryJson(const Tensor& t, const std::string& dtype, uint64_t begin, uint64_t end) {
-  return absl::StrCat(JsonString(t.name), ":{\"dtype\":\"", dtype, "\",\"shape\":[",
+  return absl::StrCat(ckptd::JsonString(t.name), ":{\"dtype\":\"", dtype, "\",\"shape\":[",
                       absl::StrJoin(t.shape, ","), "],\"data_offsets\":[", begin, ",", end, "]}");
 }
 
@@ -114,43 +115,6 @@ absl::StatusOr<std::string> SafetensorsDType(DType dtype) {
         absl::StrCat("dtype ", static_cast<int>(dtype), " has no safetensors equivalent"));
   }
   return std::string(ckptd::DTypeSafetensorsName(dtype));
-}
-
-std::string JsonString(const std::string& s) {
-  std::string out = "\"";
-  for (char ch : s) {
-    auto c = static_cast<unsigned char>(ch);
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\b':
-        out += "\\b";
-        break;
-      case '\f':
-        out += "\\f";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (c < 0x20 || c == 0x7f) {
-          absl::StrAppend(&out, "\\u00", absl::Hex(c, absl::kZeroPad2));
-        } else {
-          out.push_back(ch);  // UTF-8 passes through
-        }
-    }
-  }
-  return out + "\"";
 }
 
 absl::Status ValidateUtf8(const std::string& s, const std::string& what) {
@@ -267,8 +231,8 @@ std::string IndexJson(const std::vector<FilePlan>& files, const std::vector<Tens
   for (const FilePlan& f : files) {
     for (const TensorPlacement& p : f.tensors) {
       total += tensors[p.tensor].bytes;
-      absl::StrAppend(&map, map.empty() ? "\n" : ",\n", "    ", JsonString(tensors[p.tensor].name),
-                      ": ", JsonString(f.name));
+      absl::StrAppend(&map, map.empty() ? "\n" : ",\n", "    ",
+                      ckptd::JsonString(tensors[p.tensor].name), ": ", ckptd::JsonString(f.name));
     }
   }
   return absl::StrCat("{\n  \"metadata\": {\n    \"total_size\": ", total,

@@ -30,8 +30,6 @@ inline constexpr uint64_t kMaxFileBytesMin = 4096;
 // "F32", "BF16", "F8_E4M3", ...
 absl::StatusOr<std::string> SafetensorsDType(ckptd::DType dtype);
 
-// `s` as a JSON string literal, quotes included. `s` must be valid UTF-8 (ValidateUtf8).
-std::string JsonString(const std::string& s);
 // INVALID_ARGUMENT naming `what` and the byte offset when `s` is not valid UTF-8 (JSON, and so
 // the safetensors header, can only hold UTF-8).
 absl::Status ValidateUtf8(const std::string& s, const std::string& what);

@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "safetensors.h"  // safetensors::JsonString
+#include "common/json_escape.h"
 #include "table.h"
 
 namespace ckptctl {
@@ -21,7 +21,7 @@ namespace v1 = ckptd::v1;
 namespace {
 
 using Key = std::tuple<std::string, uint64_t, std::string>;
-using safetensors::JsonString;
+using ckptd::JsonString;
 
 // Weight of the newest poll's rate in the smoothed rate.
 constexpr double kRateWeight = 0.5;

@@ -47,8 +47,4 @@ void InstallLogFormat(LogFormat format);
 // (JSON: `,"job":"j","step":7`; text: `  job=j step=7`; "" with none). For tests and the formatter.
 std::string RenderLogFields(LogFormat format);
 
-// `s` as the body of a JSON string (quotes, backslashes and control bytes escaped; bytes that
-// are not valid UTF-8 written as \u00XX of the byte, so the line stays valid JSON).
-std::string JsonEscape(std::string_view s);
-
 }  // namespace ckptd

@@ -8,6 +8,7 @@
 #include <string>
 #include <thread>
 
+#include "common/json_escape.h"
 #include "spdlog/sinks/ostream_sink.h"
 #include "spdlog/spdlog.h"
 

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include "absl/strings/str_format.h"
+#include "common/json_escape.h"
 
 using Catch::Matchers::Contains;
 using ckptd::DType;
@@ -109,7 +110,7 @@ TEST_CASE("safetensors plan: refuses what a safetensors file cannot hold", "[uni
 }
 
 TEST_CASE("safetensors: JSON strings and byte sizes", "[unit]") {
-  CHECK(st::JsonString("a\"b\\c\n\x01\xc3\xa9") == "\"a\\\"b\\\\c\\n\\u0001\xc3\xa9\"");
+  CHECK(ckptd::JsonString("a\"b\\c\n\x01\xc3\xa9") == "\"a\\\"b\\\\c\\n\\u0001\xc3\xa9\"");
   CHECK(*st::ParseByteSize("5GiB") == (5ull << 30));
   CHECK(*st::ParseByteSize("5GB") == 5000000000ull);
   CHECK(*st::ParseByteSize("64kib") == 65536);
