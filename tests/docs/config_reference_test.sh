@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # README "Configuration" holds the configuration reference verbatim as `ckptd --help-config`
-# prints it from the options' declarations (daemon/src/options.cc), between the markers
+# prints it from the options' declarations (daemon/src/options_table.cc), between the markers
 # <!-- config-reference:begin --> and <!-- config-reference:end -->, so it cannot drift.
 #   config_reference_test.sh CKPTD [README]            fails (with the diff) when they differ
 #   config_reference_test.sh CKPTD [README] --update   rewrites the README's block (make docs)

@@ -1,0 +1,307 @@
+// The option table (options_table.h): every daemon option's name, help, reference text and field.
+#include "options_table.h"
+
+#include <limits>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace ckptd {
+namespace {
+
+// "1 GiB", "64 MiB": a byte count that is a whole number of KiB, MiB, GiB or TiB; else digits.
+std::string BinarySize(uint64_t v) {
+  static constexpr const char* kUnits[] = {"TiB", "GiB", "MiB", "KiB"};
+  for (int i = 0; i < 4; ++i) {
+    const uint64_t unit = uint64_t{1} << (10 * (4 - i));
+    if (v != 0 && v % unit == 0) return absl::StrCat(v / unit, " ", kUnits[i]);
+  }
+  return absl::StrCat(v);
+}
+
+Field StringField(std::string DaemonOptions::*field) {
+  return {[field](DaemonOptions& o, absl::string_view v) {
+            o.*field = std::string(v);
+            return absl::OkStatus();
+          },
+          [field](const DaemonOptions& o) {
+            return (o.*field).empty() ? std::string("(none)") : absl::StrCat("`", o.*field, "`");
+          }};
+}
+
+template <typename T>
+Setter IntSetter(T DaemonOptions::*field, std::string name) {
+  return [field, name = std::move(name)](DaemonOptions& o, absl::string_view v) {
+    uint64_t parsed = 0;
+    if (!absl::SimpleAtoi(v, &parsed) || parsed > std::numeric_limits<T>::max()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("option ", name, ": \"", v, "\" is not a non-negative integer in range"));
+    }
+    o.*field = static_cast<T>(parsed);
+    return absl::OkStatus();
+  };
+}
+
+template <typename T>
+Field IntField(T DaemonOptions::*field, std::string name) {
+  const bool bytes = absl::EndsWith(name, "_bytes") || absl::EndsWith(name, "_bytes_max");
+  return {IntSetter(field, name), [field, bytes](const DaemonOptions& o) {
+            const auto v = static_cast<uint64_t>(o.*field);
+            return bytes ? BinarySize(v) : absl::StrCat(v);
+          }};
+}
+
+Setter OctalSetter(uint32_t DaemonOptions::*field) {
+  return [field](DaemonOptions& o, absl::string_view v) {
+    uint32_t parsed = 0;
+    if (v.empty() || v.size() > 4) parsed = 010000;
+    for (char c : v) parsed = (c >= '0' && c <= '7') ? parsed * 8 + (c - '0') : 010000;
+    if (parsed > 0777) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("option socket_mode: \"", v, "\" is not octal permission bits (e.g. 0660)"));
+    }
+    o.*field = parsed;
+    return absl::OkStatus();
+  };
+}
+
+Field OctalField(uint32_t DaemonOptions::*field) {
+  return {OctalSetter(field),
+          [field](const DaemonOptions& o) { return absl::StrFormat("`0%o`", o.*field); }};
+}
+
+Setter BoolSetter(bool DaemonOptions::*field, std::string name) {
+  return [field, name = std::move(name)](DaemonOptions& o, absl::string_view v) {
+    std::string s = absl::AsciiStrToLower(v);
+    if (s == "true" || s == "1" || s == "yes" || s.empty()) {
+      o.*field = true;
+    } else if (s == "false" || s == "0" || s == "no") {
+      o.*field = false;
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("option ", name, ": \"", v, "\" is not true or false"));
+    }
+    return absl::OkStatus();
+  };
+}
+
+Field BoolField(bool DaemonOptions::*field, std::string name) {
+  return {BoolSetter(field, std::move(name)),
+          [field](const DaemonOptions& o) { return std::string(o.*field ? "true" : "false"); }};
+}
+
+}  // namespace
+
+// Every option, in the order of the configuration reference.
+const std::vector<OptionDef>& OptionDefs() {
+  using O = DaemonOptions;
+  static const auto* defs = new std::vector<OptionDef>{
+      {"state_dir", "index, socket and default data dir",
+       "RocksDB index, socket and default data dir (created, mode 0700)",
+       StringField(&O::state_dir)},
+      {"data_dir", "blobs and manifests (default <state_dir>/data)",
+       "where blobs and manifests are written", StringField(&O::data_dir), "`<state_dir>/data`"},
+      {"socket", "unix socket path (default <state_dir>/ckptd.sock)",
+       "unix socket, at most 101 bytes (the arena socket `<socket>.arena` lies beside it); no "
+       "TCP listener yet",
+       StringField(&O::socket_path), "`<state_dir>/ckptd.sock`"},
+      {"socket_mode", "socket permission bits, octal (0600 or 0660)",
+       "permission bits of the socket (octal; the owner needs rw, others nothing); `0660` with "
+       "`socket_group` opens it to a group",
+       OctalField(&O::socket_mode)},
+      {"socket_group", "group that may connect and map the arena",
+       "group (name or number) of the socket and the arena socket", StringField(&O::socket_group),
+       "(daemon's)"},
+      {"metrics_address", "Prometheus endpoint: PORT or :PORT (loopback), HOST:PORT; empty: off",
+       "Prometheus endpoint: `PORT` or `:PORT` on loopback, `HOST:PORT` as given, 0 for a free "
+       "port ([Metrics](#metrics-prometheus))",
+       StringField(&O::metrics_address), "(off)"},
+      {"admin_group", "group that may read and delete every job",
+       "members (and root) may read, abort and delete every job", StringField(&O::admin_group),
+       "(none)"},
+      {"staging_bytes_max", "staging arena bytes",
+       "size of the shared-memory staging arena (multiple of 4096, ≥ 16 MiB)",
+       IntField(&O::staging_bytes_max, "staging_bytes_max")},
+      {"staging_prefault", "pre-fault the arena",
+       "fault arena pages in when they become a uid's (the whole arena, in the background, for "
+       "the first uid that maps it), not in a client's copy",
+       BoolField(&O::staging_prefault, "staging_prefault")},
+      {"staging_mlock", "mlock the arena", "mlock the arena's resident pages (`MLOCK_ONFAULT`)",
+       BoolField(&O::staging_mlock, "staging_mlock")},
+      {"ram_tier_keep_per_job", "hot checkpoints per job (0: no RAM tier)",
+       "committed checkpoints of each job kept hot in the arena for restores (its newest); 0 "
+       "turns the RAM tier off",
+       IntField(&O::ram_tier_keep_per_job, "ram_tier_keep_per_job")},
+      {"ram_tier_bytes_max", "arena bytes kept hot for restores (0: up to the whole arena)",
+       "at most this many arena bytes hold hot checkpoints (0: up to the whole arena); staging "
+       "always evicts them first",
+       IntField(&O::ram_tier_bytes_max, "ram_tier_bytes_max")},
+      {"stage_timeout_ms", "abort checkpoints short of ranks after this",
+       "abort a checkpoint still short of ranks this long after its first save",
+       IntField(&O::stage_timeout_ms, "stage_timeout_ms")},
+      {"reserve_timeout_ms", "wait for arena space at most this",
+       "how long a reservation waits for arena space before RESOURCE_EXHAUSTED",
+       IntField(&O::reserve_timeout_ms, "reserve_timeout_ms")},
+      {"io_queue_depth", "I/Os in flight per batch",
+       "I/Os in flight per batch, each of at most 8 MiB",
+       IntField(&O::io_queue_depth, "io_queue_depth")},
+      {"direct_io", "use O_DIRECT", "O_DIRECT where the file system accepts it",
+       BoolField(&O::direct_io, "direct_io")},
+      {"flush_threads", "flush/commit threads", "threads that flush and commit",
+       IntField(&O::flush_threads, "flush_threads")},
+      {"flush_gate_ms", "max wait for a checkpoint's other ranks before flushing",
+       "a staged rank's flush waits until every rank of its checkpoint is staged, or at most "
+       "this long (flushing beside ranks still copying slows their copies); 0 flushes at once",
+       IntField(&O::flush_gate_ms, "flush_gate_ms")},
+      {"load_threads", "load threads", "threads that serve loads",
+       IntField(&O::load_threads, "load_threads")},
+      {"load_copy_threads", "threads verifying and copying one load (0: one per CPU, at most 16)",
+       "threads verifying and copying one load (the load's own and `load_copy_threads` − 1 of "
+       "a shared pool); 0: one per CPU the daemon may run on, at most 16; 1: each load on its "
+       "own thread",
+       IntField(&O::load_copy_threads, "load_copy_threads")},
+      {"load_into_destination", "read whole shards straight into their destinations",
+       "read whole shards (≥ 256 KiB, 4 KiB-aligned destination) from the local tier straight "
+       "into the destination and verify them there; `false`: every byte through the read buffer",
+       BoolField(&O::load_into_destination, "load_into_destination")},
+      {"load_io",
+       "loads read the local tier auto (what the page cache holds through it, the rest "
+       "O_DIRECT), direct (O_DIRECT) or buffered (the page cache)",
+       "how loads read the local tier: `auto` (each aligned read the page cache holds whole is "
+       "copied out of it, every other one O_DIRECT), `direct` (O_DIRECT always) or `buffered` "
+       "(the page cache always: several local ranks restoring the same bytes at about the same "
+       "time read them from the device once; the kernel's readahead applies)",
+       StringField(&O::load_io)},
+      {"checksum_block_bytes", "bytes per shard checksum block",
+       "one crc32c per block of this many bytes (a power of two, 4 KiB–16 MiB): smaller blocks "
+       "let partial loads read less, larger ones shrink manifests (4 bytes per block)",
+       IntField(&O::checksum_block_bytes, "checksum_block_bytes")},
+      {"load_buffer_bytes", "read buffer per load",
+       "each of the two read buffers of one load (one batch is read while the other is "
+       "verified and copied); kept for reuse, at most two per load thread",
+       IntField(&O::load_buffer_bytes, "load_buffer_bytes")},
+      {"rpc_threads", "quick RPC threads", "threads for quick RPCs",
+       IntField(&O::rpc_threads, "rpc_threads")},
+      {"rpc_queue_max", "queued RPCs before RESOURCE_EXHAUSTED",
+       "queued RPCs beyond which new ones get RESOURCE_EXHAUSTED",
+       IntField(&O::rpc_queue_max, "rpc_queue_max")},
+      {"waiters_max", "RPCs blocked at once",
+       "Waits that may block at once, and separately reservations/unregisters that may wait "
+       "(each on its own pool, so Waits never starve saves)",
+       IntField(&O::waiters_max, "waiters_max")},
+      {"index_reserve_bytes", "free bytes kept on the index volume; saves refused below",
+       "free bytes kept on the index's volume: a Save (new work) is `RESOURCE_EXHAUSTED` "
+       "naming this option when less is free, so commits, aborts and deletes of work already "
+       "journaled can still be written",
+       IntField(&O::index_reserve_bytes, "index_reserve_bytes")},
+      {"shutdown_grace_s", "SIGTERM waits this long for flushes",
+       "SIGTERM waits this long for flushes", IntField(&O::shutdown_grace_s, "shutdown_grace_s")},
+      {"tier_policy", "tiers of a checkpoint whose Save names none: local | local+remote | remote",
+       "tiers of a checkpoint whose Save names none: `local`, `local+remote` or `remote` (the "
+       "last two need a remote tier: `remote_dir` or `remote_s3_bucket`); see "
+       "[Tiers](#tiers-local-and-remote)",
+       StringField(&O::tier_policy)},
+      {"remote_dir", "remote tier: a directory on a shared file system",
+       "the remote tier: a directory on a shared file system; must exist at start",
+       StringField(&O::remote_dir), "(none)"},
+      {"upload_threads", "threads uploading to the remote tier",
+       "threads uploading committed checkpoints to the remote tier (1–16)",
+       IntField(&O::upload_threads, "upload_threads")},
+      {"upload_chunk_bytes", "bytes per upload read/write",
+       "for a remote store without streaming copies (the posix plugin on a shared mount): "
+       "bytes an upload reads locally and hands the store at a time, two buffers per upload "
+       "(the next chunk is read while this one is written); the S3 plugin streams each blob "
+       "with `remote_s3_part_size_bytes` x `remote_s3_parts_in_flight` of buffers instead",
+       IntField(&O::upload_chunk_bytes, "upload_chunk_bytes")},
+      {"upload_retry_max_ms", "longest backoff between upload attempts",
+       "a failed upload is retried forever, after a backoff doubling from 1 s up to this",
+       IntField(&O::upload_retry_max_ms, "upload_retry_max_ms")},
+      {"remote_s3_bucket", "remote tier: an S3 bucket (with remote_s3_endpoint)",
+       "the remote tier: an S3 bucket (exclusive with `remote_dir`; needs `remote_s3_endpoint`)",
+       StringField(&O::remote_s3_bucket), "(none)"},
+      {"remote_s3_endpoint", "remote tier: the S3 endpoint, http(s)://host[:port]",
+       "`http(s)://host[:port]` of the S3-compatible store", StringField(&O::remote_s3_endpoint),
+       "(none)"},
+      {"remote_s3_prefix", "remote tier: key prefix in the bucket", "key prefix inside the bucket",
+       StringField(&O::remote_s3_prefix), "(none)"},
+      {"remote_s3_region", "remote tier: SigV4 region", "SigV4 region",
+       StringField(&O::remote_s3_region)},
+      {"remote_s3_path_style", "remote tier: path-style addressing",
+       "path-style addressing (MinIO, Ceph, SeaweedFS); false: virtual-host (AWS)",
+       BoolField(&O::remote_s3_path_style, "remote_s3_path_style")},
+      {"remote_s3_tls_verify", "remote tier: verify TLS certificates",
+       "verify the store's TLS certificate",
+       BoolField(&O::remote_s3_tls_verify, "remote_s3_tls_verify")},
+      {"remote_s3_ca_path", "remote tier: CA bundle file", "CA bundle for TLS verification",
+       StringField(&O::remote_s3_ca_path), "(system)"},
+      {"remote_s3_part_size_bytes", "remote tier: multipart part size",
+       "multipart part size (5 MiB–5 GiB)",
+       IntField(&O::remote_s3_part_size_bytes, "remote_s3_part_size_bytes")},
+      {"remote_s3_parts_in_flight", "remote tier: parts uploaded at once per blob",
+       "parts uploaded at once per blob",
+       IntField(&O::remote_s3_parts_in_flight, "remote_s3_parts_in_flight")},
+      {"keep_local", "retention: local copies kept per job (0: all)",
+       "[retention](#retention): local copies kept per job (0: all)",
+       IntField(&O::keep_local, "keep_local")},
+      {"keep_remote", "retention: remote copies kept per job (0: all)",
+       "[retention](#retention): remote copies kept per job (0: all); needs a remote tier",
+       IntField(&O::keep_remote, "keep_remote")},
+      {"keep_every", "retention: every copy of steps that are multiples of this is kept (0: none)",
+       "[retention](#retention): milestones — checkpoints whose step is a multiple of this keep "
+       "every copy (they count among the newest `keep_local` / `keep_remote`); 0: none",
+       IntField(&O::keep_every, "keep_every")},
+      {"retention_rules", "per-job retention: PATTERN: key=N, ...; ...",
+       "[retention](#retention) per job: `PATTERN: keep_local=N, keep_remote=N, keep_every=N; "
+       "PATTERN2: ...` — the first rule whose shell glob matches the job name sets what it names; "
+       "the rest, and jobs no rule matches, take the options above",
+       StringField(&O::retention_rules), "(none)"},
+      {"gc_interval_ms", "how often retention is applied",
+       "how often housekeeping applies retention", IntField(&O::gc_interval_ms, "gc_interval_ms")},
+      {"node_id", "this daemon's name on the shared tier (default: the host name)",
+       "[spanning nodes](#checkpoints-that-span-nodes): this daemon's name on the shared tier "
+       "(letters, digits, `.-_`, ≤ 64); one per daemon of a job",
+       StringField(&O::node_id), "the host name"},
+      {"cluster_poll_ms", "how often a checkpoint spanning nodes reads the shared tier",
+       "spanning nodes: how often the shared tier is read (the parts, or the decision); bounds "
+       "the commit latency across nodes",
+       IntField(&O::cluster_poll_ms, "cluster_poll_ms")},
+      {"store_discovery_wait_ms",
+       "how long a question about a job waits for a scan of the store (0: at start only)",
+       "how long a question about a job (Load of `latest`, Latest, List, Status, Inspect, a "
+       "Load of an unknown step) waits for a scan of the store for checkpoints other daemons "
+       "committed; the answer comes from the index either way; 0: the store is scanned at "
+       "start only",
+       IntField(&O::store_discovery_wait_ms, "store_discovery_wait_ms")},
+      {"log_format", "text or json", "`text` or `json`", StringField(&O::log_format)},
+      {"log_level", "trace|debug|info|warn|error", "trace, debug, info, warn, error",
+       StringField(&O::log_level)},
+      {"debug_flush_delay_ms", "testing: delay every flush",
+       "testing only: delay every flush (makes crash windows deterministic)",
+       IntField(&O::debug_flush_delay_ms, "debug_flush_delay_ms")},
+      {"debug_load_delay_ms", "testing: delay every load after leasing its destinations",
+       "testing only: delay every load after its destinations are leased",
+       IntField(&O::debug_load_delay_ms, "debug_load_delay_ms")},
+      {"debug_reshard_delay_ms", "testing: delay every reshard chunk",
+       "testing only: delay every chunk an offline reshard copies",
+       IntField(&O::debug_reshard_delay_ms, "debug_reshard_delay_ms")},
+      {"debug_crash_at",
+       "testing: <point>[:<nth>] kills the daemon at a crash point (test builds only)",
+       "testing only: `<point>[:<nth>]` — the daemon SIGKILLs itself the nth time (default 1) "
+       "it reaches that [crash point](#crash-point-matrix); refused by a build without test "
+       "hooks",
+       StringField(&O::debug_crash_at), "(none)"},
+  };
+  return *defs;
+}
+
+const OptionDef* FindOptionDef(const std::string& name) {
+  for (const OptionDef& d : OptionDefs()) {
+    if (d.name == name) return &d;
+  }
+  return nullptr;
+}
+
+}  // namespace ckptd
