@@ -13,7 +13,6 @@ Writes one JSON row per sample to --out (bench/results/commit_floor.jsonl by def
 """
 
 import argparse
-import atexit
 import json
 import os
 import shutil
@@ -23,33 +22,12 @@ import tempfile
 import time
 
 import numpy as np
+from bench_common import start_daemon
 
 import ckptd
-from ckptd._shm import remove_segments
 
 MIB = 1 << 20
 TENSOR_MIB = 8
-
-
-def start_daemon(binary: str, state: str, staging_bytes: int) -> subprocess.Popen:
-    sock = os.path.join(state, "s.sock")
-    atexit.register(remove_segments, state)  # its shared memory, once the bench ends
-    proc = subprocess.Popen(
-        [
-            binary,
-            f"--state_dir={state}",
-            f"--socket={sock}",
-            f"--staging_bytes_max={staging_bytes}",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=open(os.path.join(state, "daemon.log"), "w"),
-    )
-    for _ in range(200):
-        if os.path.exists(sock):
-            return proc
-        time.sleep(0.05)
-    proc.kill()
-    sys.exit(f"commit_floor: {binary} did not create {sock}")
 
 
 def dd_seconds(src: str, dst: str, size_mib: int) -> float:
@@ -120,10 +98,10 @@ def main() -> None:
     with open(src, "wb") as f:
         for t in tensors.values():
             f.write(t.tobytes())
-    proc = start_daemon(args.daemon, state, 2 * args.size_mib * MIB)
+    proc, sock = start_daemon(args.daemon, state, 2 * args.size_mib * MIB)
     rows = []
     try:
-        client = ckptd.connect(os.path.join(state, "s.sock"))
+        client = ckptd.connect(sock)
         client.save("warmup", 1, tensors).committed().result()  # maps the arena, creates files
         for r in range(args.rounds):
             systems = ["ckptd", "fio_qd8", "dd_qd1"]
