@@ -1,8 +1,10 @@
 // Cold loads read whole shards straight into their destinations (load_into_destination): the
 // bytes are bit-exact whatever the destination (an aligned arena extent, a registered region at an
 // aligned or unaligned offset), whatever the shard's length (a short last block goes through the
-// read buffer), under both load_io modes, and a flipped byte in the part read in place is caught
+// read buffer), under both load_io modes, also when one load asks for the same bytes more than
+// once (those go through the read buffer), and a flipped byte in the part read in place is caught
 // by the checksum there (DATA_LOSS naming the item), never handed out.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <filesystem>
@@ -67,6 +69,32 @@ TEST_CASE("load into destination: whole shards read in place are bit-exact in ev
     REQUIRE(r.ok());
     CHECK(r->bytes_from_ram == 0);
     for (size_t i = 0; i < data.size(); ++i) CHECK(out[i] == data[i]);
+  }
+
+  SECTION(
+      "the same shard into two destinations in one load (one read in place, the other copied)") {
+    // Each whole shard twice, and the 3 MiB one a third time as its second half: every shard's
+    // bytes go to more than one copy of its run, so none may be read around the read buffer.
+    std::vector<std::vector<float>> out;
+    out.reserve(2 * data.size() + 1);  // the targets point into them
+    std::vector<ckptd::LoadTarget> targets;
+    for (size_t i = 0; i < 2 * data.size() + 1; ++i) {
+      const size_t t = i < 2 * data.size() ? i % data.size() : 3;
+      const bool half = i == 2 * data.size();
+      out.emplace_back(half ? data[t].size() / 2 : data[t].size(), -1.0f);
+      const ckptd::Region region =
+          half ? ckptd::Region::Box({data[t].size() / 2}, {data[t].size() / 2})
+               : ckptd::Region::Whole();
+      targets.push_back(ckptd::LoadTarget{"t" + std::to_string(t), region, out.back().data(),
+                                          out.back().size() * sizeof(float)});
+    }
+    auto r = client->Load("direct", 1, 0, targets);
+    REQUIRE(r.ok());
+    for (size_t i = 0; i < 2 * data.size(); ++i) {
+      INFO("target " << i);
+      CHECK(std::equal(out[i].begin(), out[i].end(), data[i % data.size()].begin()));
+    }
+    CHECK(std::equal(out.back().begin(), out.back().end(), data[3].begin() + data[3].size() / 2));
   }
 
   SECTION("into a registered region, at an aligned and at an unaligned offset") {

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <future>
 #include <memory>
+#include <optional>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -275,17 +276,55 @@ FusedPairList FusedPairs(const LoadPlan& plan, size_t k, const LoadDests& dst, u
   return pairs;
 }
 
+namespace {
+
+// Whether a copy's bytes of run `k` also go to another copy of the run (host or GPU): such bytes
+// must be in the read buffer, since that other copy is made from there.
+class RunOverlaps {
+ public:
+  RunOverlaps(const LoadPlan& plan, size_t k) {
+    const ReadRun& run = plan.runs[k];
+    for (uint64_t c = run.first_copy; c < run.first_copy + run.copy_count; ++c) {
+      spans_.push_back(
+          {plan.copies[c].run_offset, plan.copies[c].run_offset + plan.copies[c].bytes});
+    }
+    std::sort(spans_.begin(), spans_.end());
+    uint64_t max_end = 0;
+    for (const auto& [b, e] : spans_) max_end_.push_back(max_end = std::max(max_end, e));
+  }
+  // Whether bytes [begin, end) of the copy starting at `begin` reach another copy's.
+  bool Shared(uint64_t begin, uint64_t end) const {
+    auto first_at = [this](uint64_t off) {
+      return static_cast<size_t>(
+          std::lower_bound(spans_.begin(), spans_.end(), std::pair(off, uint64_t{0})) -
+          spans_.begin());
+    };
+    const size_t lo = first_at(begin), hi = first_at(end);
+    // One copy starting before `begin` ends after it, or another starts inside (the copy itself
+    // is the one starting at `begin`).
+    return (lo > 0 && max_end_[lo - 1] > begin) || hi - lo > 1;
+  }
+
+ private:
+  std::vector<std::pair<uint64_t, uint64_t>> spans_;  // [start, end) of each copy, sorted
+  std::vector<uint64_t> max_end_;                     // the furthest end of spans_[0..i]
+};
+
+}  // namespace
+
 std::vector<uint64_t> DirectPrefixes(const LoadPlan& plan, const LoadDests& dst, uint32_t block) {
   std::vector<uint64_t> in_place(plan.copies.size(), 0);
   const uint64_t align = limits::kAlignmentBytes;
   for (size_t k = 0; k < plan.runs.size(); ++k) {
+    std::optional<RunOverlaps> overlaps;  // built for the first copy that qualifies otherwise
     for (const FusedPair& f : FusedPairs(plan, k, dst, block)) {
       const RunCopy& cp = plan.copies[f.copy];
       const uint64_t whole = cp.bytes / block * block;
       const auto to = reinterpret_cast<uintptr_t>(dst.ptr[cp.request] + cp.dst_offset);
       if (whole >= limits::kDirectReadBytesMin && to % align == 0 &&
           (plan.runs[k].offset + cp.run_offset) % align == 0) {
-        in_place[f.copy] = whole;
+        if (!overlaps) overlaps.emplace(plan, k);
+        if (!overlaps->Shared(cp.run_offset, cp.run_offset + whole)) in_place[f.copy] = whole;
       }
     }
   }

@@ -163,8 +163,10 @@ FusedPairList FusedPairs(const LoadPlan& plan, size_t k, const LoadDests& dst, u
 // destination and verified there, 0 for none. A copy qualifies when it is a fused pair's (its
 // bytes are exactly one check's, to host memory), its destination and its file offset are
 // limits::kAlignmentBytes-aligned (O_DIRECT's rule), and it has at least
-// limits::kDirectReadBytesMin bytes; the bytes are its whole checksum blocks (the shard's
-// short last block, if any, goes through the read buffer).
+// limits::kDirectReadBytesMin bytes, and no other copy of its run (host or GPU) takes any of
+// those bytes (a load asking for the same bytes twice: the other copy is made from the read
+// buffer, so they are read there); the bytes are its whole checksum blocks (the shard's short
+// last block, if any, goes through the read buffer).
 std::vector<uint64_t> DirectPrefixes(const LoadPlan& plan, const LoadDests& dst, uint32_t block);
 
 // Adds the work of run `k` to `pieces`: its blocks verified and its bytes copied to their

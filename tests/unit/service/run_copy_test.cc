@@ -230,5 +230,39 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("direct prefixes: a whole shard is read in place only when no other copy takes its bytes",
+          "[run_copy]") {
+  constexpr uint64_t kBlock = 4096;
+  constexpr uint64_t kShard = 64 * kBlock;  // 256 KiB: the least read in place
+  v1::ShardEntry shard;
+  shard.set_length(kShard);
+  alignas(4096) static uint8_t dst[4][kShard];
+  std::vector<uint8_t*> ptr{dst[0], dst[1], dst[2], dst[3]};
+  std::vector<int> device{-1, -1, -1, 0};  // request 3: a GPU destination
+  auto plan_with = [&](std::vector<RunCopy> others) {
+    LoadPlan plan;
+    plan.checks.push_back(BlockCheck{&shard, 0, 0, kShard / kBlock});
+    plan.copies.push_back(RunCopy{0, 0, 0, kShard});  // the whole shard to request 0
+    for (const RunCopy& c : others) plan.copies.push_back(c);
+    ReadRun run;
+    run.length = kShard;
+    run.check_count = 1;
+    run.copy_count = plan.copies.size();
+    plan.runs.push_back(run);
+    return plan;
+  };
+  const LoadDests dests{ptr, device, nullptr};
+  SECTION("alone: in place") {
+    CHECK(DirectPrefixes(plan_with({}), dests, kBlock)[0] == kShard);
+  }
+  SECTION("the same bytes twice, a part of them, or the same bytes to a GPU: through the buffer") {
+    const RunCopy other = GENERATE(RunCopy{0, 1, 0, kShard}, RunCopy{kShard / 2, 2, 0, kBlock},
+                                   RunCopy{0, 3, 0, kShard});
+    const std::vector<uint64_t> in_place = DirectPrefixes(plan_with({other}), dests, kBlock);
+    CHECK(in_place[0] == 0);
+    CHECK(in_place[1] == 0);
+  }
+}
+
 }  // namespace
 }  // namespace ckptd
