@@ -11,9 +11,15 @@ import subprocess
 import sys
 import time
 
-from ckptd._shm import remove_segments
-
 GB = 1e9
+
+
+def remove_shm_at_exit(state: str) -> None:
+    """The shared-memory segments of a daemon on `state` go when the bench exits (named now:
+    the dir may be gone by then)."""
+    from ckptd._shm import prefix_of, remove_prefix  # lazily: some benches import no ckptd
+
+    atexit.register(remove_prefix, prefix_of(state))
 
 
 def start_daemon(
@@ -24,7 +30,7 @@ def start_daemon(
     sock = os.path.join(state, "s.sock")
     # Benches delete their state dirs, which would orphan the daemon's shared memory (a clean
     # stop keeps the RAM tier's arena for a restart): its segments go when the bench exits.
-    atexit.register(remove_segments, state)
+    remove_shm_at_exit(state)
     with open(os.path.join(state, "daemon.log"), "w") as log:
         proc = subprocess.Popen(
             [

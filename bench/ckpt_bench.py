@@ -22,7 +22,6 @@ and bench/plot.py the PNG.
 from __future__ import annotations
 
 import argparse
-import atexit
 import json
 import math
 import os
@@ -719,7 +718,7 @@ def fio_limits(data_dir: str, nbytes: int, out_file: str, drop: bool, when: str)
 
 def start_daemon(binary: str, state_dir: str, staging_bytes: int) -> subprocess.Popen[bytes]:
     sock = os.path.join(state_dir, "ckptd.sock")
-    atexit.register(bench_common.remove_segments, state_dir)  # its shared memory, at exit
+    bench_common.remove_shm_at_exit(state_dir)
     log = open(os.path.join(state_dir, "ckptd.log"), "wb")  # lives as long as the daemon
     proc = subprocess.Popen(
         [

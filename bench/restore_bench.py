@@ -100,7 +100,7 @@ def worker(
     results.put((rank, t0, t1, result.bytes_read, result.bytes_from_ram))
     # Sessions end only once every rank has loaded: a finished rank's teardown (the daemon unmaps
     # its registered destinations) is not restore work, and a trainer keeps its session anyway.
-    barrier.wait()
+    barrier.wait(timeout=600)
     client.close()
 
 

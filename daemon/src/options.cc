@@ -26,6 +26,10 @@
 namespace ckptd {
 namespace {
 
+using options_internal::FindOptionDef;
+using options_internal::OptionDef;
+using options_internal::OptionDefs;
+
 // A group name or number; -1 for "".
 absl::StatusOr<int64_t> ResolveGroup(const std::string& name, const char* option) {
   if (name.empty()) return -1;

@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 
 namespace ckptd {
+namespace options_internal {
 namespace {
 
 // "1 GiB", "64 MiB": a byte count that is a whole number of KiB, MiB, GiB or TiB; else digits.
@@ -304,4 +305,5 @@ const OptionDef* FindOptionDef(const std::string& name) {
   return nullptr;
 }
 
+}  // namespace options_internal
 }  // namespace ckptd

@@ -13,6 +13,7 @@
 #include "options.h"
 
 namespace ckptd {
+namespace options_internal {
 
 using Setter = std::function<absl::Status(DaemonOptions&, absl::string_view)>;
 // An option's value in `o` as the configuration reference shows a default (Markdown).
@@ -40,4 +41,5 @@ const std::vector<OptionDef>& OptionDefs();
 // The option named `name` (underscores), or null.
 const OptionDef* FindOptionDef(const std::string& name);
 
+}  // namespace options_internal
 }  // namespace ckptd

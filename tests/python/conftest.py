@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from ckptd._shm import remove_segments
+from ckptd._shm import prefix_of, remove_prefix, remove_segments
 
 ROOT = Path(__file__).resolve().parents[2]
 STAGING_BYTES = 64 << 20
@@ -95,22 +95,23 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-# Every state dir a test started a daemon on: their shared-memory segments are removed when the
-# session ends (tests delete their state dirs, which orphans the segments; see ckptd._shm).
-_STATE_DIRS: set[str] = set()
+# The segment prefix of every state dir a test started a daemon on, taken then (the dir may be
+# gone by the end): their shared-memory segments are removed when the session ends (tests delete
+# their state dirs, which orphans the segments; see ckptd._shm).
+_PREFIXES: set[str] = set()
 
 
 def remove_shm_at_end(state_dir: str) -> None:
     """For a test that starts its own daemon on `state_dir`: its segments go when the session
     ends, as start_daemon's do."""
-    _STATE_DIRS.add(state_dir)
+    _PREFIXES.add(prefix_of(state_dir))
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _remove_daemons_shm() -> Iterator[None]:
     yield
-    for state_dir in _STATE_DIRS:
-        remove_segments(state_dir)
+    for prefix in _PREFIXES:
+        remove_prefix(prefix)
 
 
 def start_daemon(

@@ -40,11 +40,17 @@ def prefix_of(state_dir: str) -> str:
     return f"ckptd-{crc32c(canon.encode()):08x}-"
 
 
-def remove_segments(state_dir: str, shm_dir: str = "/dev/shm") -> list[str]:
-    """Unlinks every segment of a daemon on `state_dir` (none may still run on it); returns the
-    names removed."""
+def remove_prefix(prefix: str, shm_dir: str = "/dev/shm") -> list[str]:
+    """Unlinks every segment named with `prefix` (prefix_of a state dir, taken while the dir
+    still exists: a symlink inside a deleted tree resolves no more); returns the names removed."""
     removed = []
-    for segment in Path(shm_dir).glob(prefix_of(state_dir) + "*"):
+    for segment in Path(shm_dir).glob(prefix + "*"):
         segment.unlink(missing_ok=True)
         removed.append(segment.name)
     return removed
+
+
+def remove_segments(state_dir: str, shm_dir: str = "/dev/shm") -> list[str]:
+    """Unlinks every segment of a daemon on `state_dir` (none may still run on it); returns the
+    names removed."""
+    return remove_prefix(prefix_of(state_dir), shm_dir)

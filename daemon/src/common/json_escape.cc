@@ -19,6 +19,13 @@ size_t Utf8Length(std::string_view s, size_t i) {
     return 0;
   }
   if (i + n > s.size()) return 0;
+  // The second byte's range excludes overlong forms (E0 80..9F, F0 80..8F), UTF-16 surrogates
+  // (ED A0..BF) and code points past U+10FFFF (F4 90..BF).
+  const auto b1 = static_cast<unsigned char>(s[i + 1]);
+  if ((b == 0xe0 && b1 < 0xa0) || (b == 0xed && b1 > 0x9f) || (b == 0xf0 && b1 < 0x90) ||
+      (b == 0xf4 && b1 > 0x8f)) {
+    return 0;
+  }
   for (size_t k = 1; k < n; ++k) {
     if ((static_cast<unsigned char>(s[i + k]) & 0xc0) != 0x80) return 0;
   }

@@ -195,7 +195,8 @@ class StorageCheck {
         buf_bytes_(buf_bytes),
         stopping_(stopping) {}
 
-  // Verifies the shards `shards` of blob `info`. False once the daemon is stopping.
+  // Verifies the shards `shards` of blob `info`. False once `stopping` said so (the daemon
+  // stopping, or the caller gone).
   bool Blob(const v1::BlobInfo& info, const std::vector<ShardRef>& shards) {
     blob_ = &info;
     for (const ShardRef& ref : shards) tier_.AddTotal(tier_.BlockCount(ref));
@@ -392,8 +393,9 @@ void ReportManifest(TierCheck& tier, const absl::Status& st) {
 
 // Verifies the storage tiers (their manifests, and their blobs against `ref` when there is one)
 // and the hot copy (`hot`, when there is one and a reference), in that order, into *resp.
-// UNAVAILABLE when `stopping` said so between two batches; RESOURCE_EXHAUSTED when the batch
-// buffer cannot be allocated.
+// The status of `stop` (UNAVAILABLE: the daemon is stopping; CANCELLED: the caller went away)
+// when it said so before a blob or between two batches; RESOURCE_EXHAUSTED when the batch buffer
+// cannot be allocated.
 absl::Status RunVerify(const std::string& dir, const std::vector<StorageTier>& storage,
                        const HotCopy* hot, const Manifest* ref, const BlockSample& sample,
                        const std::function<absl::Status()>& stop, v1::VerifyResponse* resp) {
@@ -428,6 +430,7 @@ absl::Status RunVerify(const std::string& dir, const std::vector<StorageTier>& s
     if (ref == nullptr) continue;
     StorageCheck check(tier, *t.storage, dir, buf.get(), buf_bytes, stopping);
     for (const auto& [id, shards] : by_blob) {
+      CKPTD_RETURN_IF_ERROR(stop());  // also between blobs with nothing to read
       if (!check.Blob(*blobs.at(id), shards)) {
         absl::Status st = stop();  // stays set once set
         return st.ok() ? absl::UnavailableError("verify: stopped") : st;

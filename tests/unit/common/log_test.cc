@@ -50,6 +50,11 @@ TEST_CASE("JsonEscape: quotes, backslashes, control bytes and invalid UTF-8", "[
   CHECK(JsonEscape("caf\xc3\xa9 \xe2\x9c\x93") == "caf\xc3\xa9 \xe2\x9c\x93");  // valid: kept
   CHECK(JsonEscape("bad \xff\xc3 end") == R"(bad \u00ff\u00c3 end)");           // invalid: escaped
   CHECK(JsonEscape("cut \xe2\x9c") == R"(cut \u00e2\u009c)");  // truncated sequence
+  // Overlong forms, surrogates and code points past U+10FFFF are not UTF-8: escaped bytewise.
+  CHECK(JsonEscape("\xe0\x80\xaf") == "\\u00e0\\u0080\\u00af");
+  CHECK(JsonEscape("\xed\xa0\x80") == "\\u00ed\\u00a0\\u0080");
+  CHECK(JsonEscape("\xf4\x90\x80\x80") == "\\u00f4\\u0090\\u0080\\u0080");
+  CHECK(JsonEscape("\xf4\x8f\xbf\xbf") == "\xf4\x8f\xbf\xbf");  // U+10FFFF passes
 }
 
 TEST_CASE("Text fields: strings with spaces, quotes or '=' are quoted", "[unit]") {
