@@ -252,9 +252,7 @@ TEST_CASE("direct prefixes: a whole shard is read in place only when no other co
     return plan;
   };
   const LoadDests dests{ptr, device, nullptr};
-  SECTION("alone: in place") {
-    CHECK(DirectPrefixes(plan_with({}), dests, kBlock)[0] == kShard);
-  }
+  SECTION("alone: in place") { CHECK(DirectPrefixes(plan_with({}), dests, kBlock)[0] == kShard); }
   SECTION("the same bytes twice, a part of them, or the same bytes to a GPU: through the buffer") {
     const RunCopy other = GENERATE(RunCopy{0, 1, 0, kShard}, RunCopy{kShard / 2, 2, 0, kBlock},
                                    RunCopy{0, 3, 0, kShard});
