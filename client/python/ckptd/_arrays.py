@@ -5,6 +5,7 @@ tensor (so the package works without it)."""
 from __future__ import annotations
 
 import sys
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -33,9 +34,35 @@ _RAW_STANDIN = {
 }
 
 
-def is_torch_tensor(x: object) -> bool:
+# torch is imported only for a caller that asked for torch tensors (as_torch=True, a torch dtype),
+# and then under this lock: threads making their first such call together never see a
+# half-initialized torch (AttributeError: partially initialized module 'torch').
+_torch_import_lock = threading.Lock()
+
+
+def torch_module() -> Any:
+    """The torch module, imported on first use under a lock."""
+    with _torch_import_lock:
+        import torch
+    return torch
+
+
+def _loaded_torch(attr: str) -> Any:
+    """torch.<attr> if torch is already imported, else None. Never imports torch, and tolerates a
+    torch that another thread is still importing (its attributes not all set yet): an object
+    cannot be a torch tensor or dtype before torch has made those classes."""
     torch = sys.modules.get("torch")
-    return torch is not None and isinstance(x, torch.Tensor)
+    return getattr(torch, attr, None) if torch is not None else None
+
+
+def is_torch_tensor(x: object) -> bool:
+    tensor = _loaded_torch("Tensor")
+    return tensor is not None and isinstance(x, tensor)
+
+
+def is_torch_dtype(x: object) -> bool:
+    dtype = _loaded_torch("dtype")
+    return dtype is not None and isinstance(x, dtype)
 
 
 def is_device_tensor(x: object) -> bool:
@@ -55,9 +82,7 @@ def numpy_dtype(name: str) -> np.dtype[Any]:
 
 
 def torch_dtype(name: str) -> Any:
-    import torch
-
-    return getattr(torch, name)
+    return getattr(torch_module(), name)
 
 
 def dtype_name(x: Any) -> str:
@@ -66,8 +91,7 @@ def dtype_name(x: Any) -> str:
         x = x.dtype
     elif isinstance(x, np.ndarray):
         x = x.dtype
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(x, torch.dtype):
+    if is_torch_dtype(x):
         name = str(x).removeprefix("torch.")
     else:
         name = np.dtype(x).name
@@ -130,8 +154,7 @@ def view_of(buffer: Any, offset: int, shape: Sequence[int], dtype: str, as_torch
     for d in shape:
         count *= int(d)
     if as_torch:
-        import torch
-
+        torch = torch_module()
         tdt = torch_dtype(dtype)
         if count == 0:
             return torch.empty(tuple(shape), dtype=tdt)

@@ -140,11 +140,13 @@ def _contiguous_cuda(t: Any) -> Any:
 
 def _sync_devices(tensors: Iterable[Any]) -> None:
     """Waits for the work queued on the devices of these CUDA tensors: the daemon's copies run on
-    its own streams, unordered with this process's."""
-    import torch
-
-    for device in {t.device for t in tensors}:
-        torch.cuda.synchronize(device)
+    its own streams, unordered with this process's. Imports nothing: CUDA tensors mean torch is
+    loaded (a numpy-only caller never imports torch)."""
+    devices = {t.device for t in tensors}
+    if devices:
+        torch = _arrays.torch_module()
+        for device in devices:
+            torch.cuda.synchronize(device)
 
 
 class Client:
@@ -230,9 +232,11 @@ class Client:
         """Copies each device (GPU) tensor once into its own staging-arena buffer with copy_
         (DMA straight into the arena when it is pinned: pin_cuda=True) and returns arena-backed
         CPU views of them, registered like stage()'s (an empty tensor: just a CPU copy, no
-        buffer). Returns once the copies are done."""
-        import torch
-
+        buffer). Returns once the copies are done. Without tensors it does nothing (and never
+        imports torch)."""
+        if not tensors:
+            return []
+        torch = _arrays.torch_module()
         sized = [t for t in tensors if _arrays.nbytes(t) > 0]
         bufs = self._native.allocate([_arrays.nbytes(t) for t in sized]) if sized else []
         views = []
@@ -583,16 +587,12 @@ def _object_bytes(value: Any) -> bytes:
 
 
 def _is_torch_dtype(dtype: Any) -> bool:
-    import sys
-
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(dtype, torch.dtype)
+    return _arrays.is_torch_dtype(dtype)
 
 
 def _new_array(shape: Sequence[int], dtype: str, as_torch: bool) -> Any:
     if as_torch:
-        import torch
-
+        torch = _arrays.torch_module()
         return torch.empty(tuple(shape), dtype=_arrays.torch_dtype(dtype))
     return np.empty(tuple(shape), dtype=_arrays.numpy_dtype(dtype))
 
