@@ -189,8 +189,8 @@ TEST_CASE("copy counter: exactly one copy per saved byte on the CPU path", "[int
   CHECK(s.save_bytes == 0);
 }
 
-// DESIGN's double buffering: with room in the arena for two checkpoints, step N+1 stages while
-// step N is still being written, and both commit bit-exact.
+// docs/DESIGN.md "Save": double buffering: with room in the arena for two checkpoints, step N+1
+// stages while step N is still being written, and both commit bit-exact.
 TEST_CASE("double-buffered: step 2 stages while step 1 still persists", "[integration]") {
   Daemon d;
   d.Restart({"--debug_flush_delay_ms=1500"});

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The closed plugin seam (DESIGN: Storage and Io interfaces; issue 17 item 5), as a test.
+"""The closed plugin seam (docs/DESIGN.md "Seams"; issue 17 item 5), as a test.
 
 Every storage plugin (plugins/storage/<name>/*.cc) must build against the plugin API,
 daemon/include/ckptd, and nothing else of the daemon. For each plugin source this compiles it

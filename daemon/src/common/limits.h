@@ -1,4 +1,4 @@
-// Every limit of ckptd in one place (STYLE.md). A breach is RESOURCE_EXHAUSTED or
+// Every limit of ckptd in one place (docs/STYLE.md). A breach is RESOURCE_EXHAUSTED or
 // INVALID_ARGUMENT naming the limit, never a crash. Units are last in each name.
 #pragma once
 

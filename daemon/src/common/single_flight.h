@@ -1,7 +1,7 @@
 // SingleFlight: at most one run of some work per key at a time. A caller that asks for a key
 // while its run is in flight waits for that run and shares its outcome instead of doing the work
-// again — DESIGN's "identical reads from several local ranks are read once" for prefetches of a
-// checkpoint (service/hot.cc: the Prefetch RPC and a Load's prefetch hint).
+// again — docs/DESIGN.md "Load" (bytes that several local ranks load are read once) for
+// prefetches of a checkpoint (service/hot.cc: the Prefetch RPC and a Load's prefetch hint).
 //
 // Ownership: a run's state lives while its runner or a waiter holds it; the table forgets the key
 // when the run ends (a later Do runs again). The work must not call Do or Await on the same key

@@ -1,7 +1,7 @@
 // WorkerPool: a named, fixed set of long-lived threads fed from one bounded queue. It replaces
 // threads made per request (std::async, std::thread): the daemon's concurrent work runs on a
 // known number of threads, each named "<pool>-<i>" so it shows in top -H, gdb and perf, and the
-// queue in front of them never grows past its bound (DESIGN.md invariant 5).
+// queue in front of them never grows past its bound (docs/DESIGN.md invariant 5).
 //
 // Submission, chosen per call:
 //  - WhenFull::kWait blocks the submitter until the queue has room (backpressure) — for internal

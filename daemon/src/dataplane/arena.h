@@ -2,7 +2,7 @@
 // extents. Clients map it and copy each shard straight into an extent they reserved (the one
 // copy); the daemon writes blobs from it with O_DIRECT and never copies an extent.
 //
-// One segment per uid (DESIGN invariant 6: a client reaches only staging memory of its own
+// One segment per uid (docs/DESIGN.md invariant 6: a client reaches only staging memory of its own
 // uid). The arena is one offset space and one allocator, but the bytes of an extent live in the
 // segment of the uid that reserved it: a segment is a named shared-memory object of the full
 // size, mode 0600, owned by the daemon, which no client can open by name; a client receives the

@@ -1,4 +1,4 @@
-// Gpu: the daemon's seam to CUDA (DESIGN "Seams": GpuIpc) — opening clients' CUDA IPC handles,
+// Gpu: the daemon's seam to CUDA (docs/DESIGN.md "Seams": Gpu) — opening clients' CUDA IPC handles,
 // page-locking host memory, and batches of device<->host copies on the daemon's own streams.
 // CudaGpu is the real one (the driver API through cuda/cuda_driver.h, loaded on first use, so a
 // CPU-only daemon never touches CUDA); tests put a fake behind it to drive the region registry,

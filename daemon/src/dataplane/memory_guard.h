@@ -1,4 +1,4 @@
-// Client memory can never crash the daemon (DESIGN.md invariant 4).
+// Client memory can never crash the daemon (docs/DESIGN.md invariant 4).
 //
 // The daemon reads and writes client-visible shared memory (the staging arena and registered
 // regions) in place. Its owner can shrink that memory (ftruncate) or leave it unbacked (a sparse

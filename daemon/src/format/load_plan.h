@@ -1,6 +1,6 @@
 // The load planner: from a decoded manifest and the regions one load asks for, the list of byte
 // runs to read from the blobs and, for each run, which checksum blocks to verify and which bytes
-// to copy where. Pure code, no I/O (DESIGN.md "Load"); the service executes a plan.
+// to copy where. Pure code, no I/O (docs/DESIGN.md "Load"); the service executes a plan.
 //
 // How a plan is made:
 //  1. For each request, the item's shards that overlap the requested region are found through a

@@ -1,6 +1,6 @@
 // The on-disk manifest of one checkpoint (proto/ckptd/v1/manifest.proto): every item, its dtype
 // and shape, its shards and the blobs they live in. Writing it is the commit, so it is validated
-// before it is encoded and again after it is decoded (STYLE.md: assert on both sides of
+// before it is encoded and again after it is decoded (docs/STYLE.md: assert on both sides of
 // persistence). File layout:
 //   "CKPTMAN1" | record(ManifestHeader) | record(ManifestSegment) x header.segment_count
 //   record = u32le payload_len | u32le MaskCrc(crc32c(payload)) | payload

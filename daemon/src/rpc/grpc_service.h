@@ -1,7 +1,7 @@
 // gRPC callback adapter for CheckpointService: each RPC is translated into a task posted to a
 // bounded executor, never run on gRPC's threads. Calls that may block (Wait, ReserveExtents on a
 // full arena) go to a separate, bounded waiter pool; the data-moving Load goes to the load pool.
-// A full pool answers RESOURCE_EXHAUSTED at once (backpressure, DESIGN.md invariant 5).
+// A full pool answers RESOURCE_EXHAUSTED at once (backpressure, docs/DESIGN.md invariant 5).
 // absl status codes map 1:1 onto gRPC codes. Every call is attributed to the Caller the kernel
 // named for its connection (rpc/peer_listener.h); calls on connections the listener did not
 // accept are PERMISSION_DENIED. Attach streams are tracked so the daemon can close them at stop

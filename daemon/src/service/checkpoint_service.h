@@ -34,7 +34,7 @@
 // reshard pool. GetStatus, Wait and ListCheckpoints take mu_ only briefly (no I/O under it), so
 // they never queue behind a journal fsync.
 //
-// The save path (DESIGN.md "Save", "Commit", "Durable"):
+// The save path (docs/DESIGN.md "Save", "Commit", "Durable"):
 //   Save → validate → take the extents → journal the RankRecord (synced, committer) → answer
 //   "staged" → flush the rank's blob from the arena (O_DIRECT) → fdatasync → journal "persisted"
 //   (committer) → free the extents → once every rank is persisted: validate coverage, write the

@@ -1,7 +1,7 @@
 // Executor: the daemon's bounded pools for RPC work and flushes ("flush", "rpc", "wait",
 // "reserve", "load" in main.cc): a WorkerPool (common/worker_pool.h) whose Post never blocks: a
 // full queue is refused (the caller answers RESOURCE_EXHAUSTED), which is how overload turns into
-// backpressure instead of unbounded growth (DESIGN.md invariant 5). Its threads are named
+// backpressure instead of unbounded growth (docs/DESIGN.md invariant 5). Its threads are named
 // "<name>-<i>".
 //
 // Thread safety: every method may be called from any thread, Stop not from the executor's own

@@ -1,6 +1,6 @@
-// Loader: executes a Load against a verified manifest (DESIGN.md "Load"): resolves each requested
-// item and its destination (an arena extent or a registered region, leased for the whole load),
-// plans the reads (format/load_plan.h: only the byte runs needed, coalesced), reads them in
+// Loader: executes a Load against a verified manifest (docs/DESIGN.md "Load"): resolves each
+// requested item and its destination (an arena extent or a registered region, leased for the whole
+// load), plans the reads (format/load_plan.h: only the byte runs needed, coalesced), reads them in
 // batches of at most options.load_buffer_bytes — the next batch prefetched on the reader pool
 // ("reader-<i>", long-lived threads each keeping its io_uring ring) while this one is verified
 // (ReadPlan) — verifies every checksum block used and copies into the destinations, in pieces

@@ -1,4 +1,4 @@
-// PendingCheckpoint: one checkpoint being saved (DESIGN.md "Save", "Commit"), from its first
+// PendingCheckpoint: one checkpoint being saved (docs/DESIGN.md "Save", "Commit"), from its first
 // staged rank until it is COMMITTED or its abort is recorded — the lifecycle as one object with
 // an explicit state and checked transitions (was: six booleans mutated from four files).
 //

@@ -1,4 +1,4 @@
-// Resharder: the data path of an offline reshard (DESIGN.md "Reshard"). Given a COMMITTED,
+// Resharder: the data path of an offline reshard (docs/DESIGN.md "Reshard"). Given a COMMITTED,
 // verified source manifest and a spec (format/reshard_spec.h), it writes the target's blobs — one
 // per target rank, laid out as format/blob_layout.h says, each shard's block checksums computed as
 // its bytes stream through — reading only the source bytes each target shard needs through the

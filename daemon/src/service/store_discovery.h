@@ -1,5 +1,5 @@
 // StoreDiscovery: how a running daemon learns of checkpoints that other daemons committed to the
-// shared store after it started (DESIGN.md "Tiers"; README "Checkpoints that span nodes"). The
+// shared store after it started (docs/DESIGN.md "Tiers"; README "Checkpoints that span nodes"). The
 // scan itself (list the store, adopt what this node has no row of) is the caller's function; this
 // class runs it on its own thread ("discover-0") so that the caller waits a bounded time for an
 // answer from a store that may be slow or down, and so that many callers asking about one scope

@@ -1,5 +1,5 @@
 // FlushScheduler: the tier below the staging arena — when staged ranks move to the local tier
-// and how one rank's bytes get there (DESIGN.md "Flush", "Durable"):
+// and how one rank's bytes get there (docs/DESIGN.md "Flush", "Durable"):
 //   - the flush gate: flushing beside ranks still copying into the arena slows their copies (CPU
 //     for checksums, and the disk queue every rank's synced journal write waits behind), so a
 //     checkpoint's flushes start once every rank is staged (or it is committed partial), or at

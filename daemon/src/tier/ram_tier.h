@@ -1,5 +1,5 @@
 // RamTier: the newest committed checkpoints kept hot in node RAM, so a restore after a trainer
-// failure copies from memory instead of reading the disk (issue 12; DESIGN.md "Load").
+// failure copies from memory instead of reading the disk (issue 12; docs/DESIGN.md "Load").
 //
 // What it holds: a checkpoint's bytes stay in the daemon-owned arena extents that staged them —
 // not a copy. A persisted rank's extents join its checkpoint's copy-to-be (AddRank: a

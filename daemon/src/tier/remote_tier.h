@@ -1,4 +1,4 @@
-// RemoteTier: the tier above local storage (DESIGN.md "Tiers"). A checkpoint saved under the
+// RemoteTier: the tier above local storage (docs/DESIGN.md "Tiers"). A checkpoint saved under the
 // policy TIER_LOCAL_AND_REMOTE commits locally as always; its COMMITTED row is written in one
 // synced batch with a PENDING upload row ('U' key, index/keys.h), and this part then copies it
 // to the remote store in the background: every blob (read from local storage, written to the

@@ -1,4 +1,4 @@
-// Seeded control-plane simulation (STYLE.md "failure is tested"): one seed drives a
+// Seeded control-plane simulation (docs/STYLE.md "Failure is tested"): one seed drives a
 // std::mt19937_64 through a few hundred random operations against CheckpointService in-process
 // (service_rig.h: posix storage over FaultIo, a gated index, a real arena and flush pool) with a
 // FakeClock: multi-rank saves of random layouts by several clients (each its own connection and
