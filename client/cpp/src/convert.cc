@@ -64,6 +64,8 @@ CheckpointState FromProto(v1::CheckpointState state) {
       return CheckpointState::kDeleting;
     case v1::CORRUPT:
       return CheckpointState::kCorrupt;
+    case v1::MISSING:
+      return CheckpointState::kMissing;
     default:
       return CheckpointState::kUnspecified;
   }

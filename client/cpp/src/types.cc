@@ -68,6 +68,8 @@ const char* CheckpointStateName(CheckpointState state) {
       return "DELETING";
     case CheckpointState::kCorrupt:
       return "CORRUPT";
+    case CheckpointState::kMissing:
+      return "MISSING";
   }
   return "UNKNOWN";
 }

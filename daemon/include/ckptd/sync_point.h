@@ -91,7 +91,7 @@ inline constexpr std::string_view kSyncPoints[] = {
     "recovery.manifests_adopted",       // 3: manifests without a COMMITTED row adopted
     "recovery.aborted_files_removed",   // in an abort: files removed, ABORTED row not yet written
     "recovery.pending_resumed",         // 4: staged checkpoints resumed (flushes posted) or aborted
-    "recovery.committed_rows_checked",  // 5: COMMITTED rows without a manifest aborted
+    "recovery.committed_rows_checked",  // 5: COMMITTED rows without a manifest marked MISSING
     "recovery.newest_verified",         // 6: each job's newest manifest verified
 };
 inline constexpr size_t kSyncPointCount = std::size(kSyncPoints);

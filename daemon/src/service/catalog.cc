@@ -46,11 +46,15 @@ uint32_t PageSize(uint32_t asked, uint32_t def, uint32_t max) {
   return asked == 0 ? def : std::min(asked, max);
 }
 
-// What using a CORRUPT checkpoint answers.
-absl::Status CorruptError(const std::string& job, uint64_t step, const std::string& why) {
-  return absl::DataLossError(absl::StrCat(CkptName(job, step), " is CORRUPT: ", why,
+// What using a CORRUPT or MISSING checkpoint answers.
+absl::Status CorruptError(const std::string& job, uint64_t step, const std::string& why,
+                          v1::CheckpointState state = v1::CORRUPT) {
+  return absl::DataLossError(absl::StrCat(CkptName(job, step), " is ",
+                                          v1::CheckpointState_Name(state), ": ", why,
                                           "; load another step (latest skips it) or delete it"));
 }
+
+bool Damaged(v1::CheckpointState state) { return state == v1::CORRUPT || state == v1::MISSING; }
 
 }  // namespace
 
@@ -87,8 +91,8 @@ absl::StatusOr<std::optional<v1::CheckpointRecord>> CheckpointService::ReadRowLo
 absl::StatusOr<std::optional<v1::CheckpointRecord>> CheckpointService::GetRecord(
     const std::string& job, uint64_t step) {
   CKPTD_ASSIGN_OR_RETURN(std::optional<v1::CheckpointRecord> rec, ReadRecord(job, step));
-  if (rec && rec->summary().state() == v1::CORRUPT) {
-    return CorruptError(job, step, rec->summary().error());
+  if (rec && Damaged(rec->summary().state())) {
+    return CorruptError(job, step, rec->summary().error(), rec->summary().state());
   }
   return rec;
 }
@@ -345,8 +349,8 @@ absl::Status CheckpointService::Inspect(const Caller& caller, const v1::InspectR
                          ReadRecordOrAdopt(req.job(), req.step()));
   if (!rec) return absl::NotFoundError(absl::StrCat(what, " does not exist"));
   *resp->mutable_summary() = rec->summary();
-  if (rec->summary().state() == v1::CORRUPT) {  // as a load of it: clients inspect first
-    return CorruptError(req.job(), req.step(), rec->summary().error());
+  if (Damaged(rec->summary().state())) {  // as a load of it: clients inspect first
+    return CorruptError(req.job(), req.step(), rec->summary().error(), rec->summary().state());
   }
   if (rec->summary().state() != v1::COMMITTED) {
     return absl::FailedPreconditionError(

@@ -229,6 +229,17 @@ absl::Status Recovery::AdoptManifests() {
                                  " not exposed: ", m.status().ToString()));
           } else {
             spdlog::warn("recovery: {} stays CORRUPT: {}", CkptName(job, step),
+        if (!m.ok() && state == v1::MISSING) {
+          // Its manifest is back but does not verify: CORRUPT, files still kept.
+          v1::CheckpointRecord marked = **rec;
+          marked.mutable_summary()->set_state(v1::CORRUPT);
+          marked.mutable_summary()->set_error(
+              absl::StrCat("its manifest does not verify: ", m.status().message()).substr(0, 4096));
+          CKPTD_RETURN_IF_ERROR(host_.PutRecordSync(marked));
+          Problem(absl::StrCat(root, "/", path, " is back but does not verify: ",
+                               CkptName(job, step), " is CORRUPT: ", m.status().ToString()));
+          return absl::OkStatus();
+        }
                          m.status().ToString());
           }
           return absl::OkStatus();
@@ -241,7 +252,9 @@ absl::Status Recovery::AdoptManifests() {
         }
         CKPTD_RETURN_IF_ERROR(host_.IndexCommitted(*m, dir, tiers));
         spdlog::info("recovery: adopted {} from its manifest on {}{}", CkptName(job, step), root,
-                     state == v1::CORRUPT ? " (it was CORRUPT; the manifest verifies again)" : "");
+                     state == v1::CORRUPT   ? " (it was CORRUPT; the manifest verifies again)"
+                     : state == v1::MISSING ? " (it was MISSING; its manifest is back and verifies)"
+                                            : "");
         return absl::OkStatus();
       });
 }
@@ -434,7 +447,20 @@ absl::Status Recovery::CheckCommittedRows() {
                            " is missing; the checkpoint stays COMMITTED on the remote tier"));
       continue;
     }
-    AbortRecovered(rec, "recovery: its manifest is missing from storage");
+    // No tier holds it. Removing what is left is the operator's decision: it is marked MISSING
+    // (never visible to load or latest) with its files and rows kept.
+    const std::string where = absl::StrCat(stores_.storage->Describe(), "/", path);
+    rec.mutable_summary()->set_state(v1::MISSING);
+    rec.mutable_summary()->mutable_tiers()->set_ram(false);
+    rec.mutable_summary()->mutable_tiers()->set_ram_bytes(0);
+    rec.mutable_summary()->set_error(absl::StrCat(
+        "its manifest ", where,
+        " is missing and no other tier holds a copy; its other files are kept: put the manifest "
+        "back and restart the daemon, or delete the checkpoint"));
+    CKPTD_RETURN_IF_ERROR(host_.PutRecordSync(rec));
+    Problem(absl::StrCat(where, " is missing and no other tier holds a copy: ",
+                         CkptName(rec.summary().job(), rec.summary().step()),
+                         " is MISSING (its files are kept; never loaded or latest)"));
   }
   return absl::OkStatus();
 }

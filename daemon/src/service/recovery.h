@@ -14,9 +14,12 @@
 //      staged into (same generation: their extents are restored and their flushes posted), else
 //      they are ABORTED and their files removed; interrupted reshards are ABORTED (their source
 //      is intact); ABORTED rows' leftover files are collected;
-//   5. CheckCommittedRows: COMMITTED rows whose manifest is gone are ABORTED (kept COMMITTED on
-//      the remote tier alone when it holds a durable copy); local files of a checkpoint read from
-//      the remote tier alone are removed (a spanning node stopped before removing its blobs);
+//   5. CheckCommittedRows: COMMITTED rows whose manifest is gone are kept COMMITTED on the
+//      remote tier alone when it holds a durable copy, else marked MISSING with their files and
+//      rows kept (never ABORTED: removing data is an operator's decision; a MISSING row whose
+//      manifest is put back is adopted COMMITTED again by step 3 of the next start); local
+//      files of a checkpoint read from the remote tier alone are removed (a spanning node
+//      stopped before removing its blobs);
 //   6. VerifyNewestCommitted: per job the newest COMMITTED manifest is verified; one that does not
 //      verify is recorded CORRUPT and the next older one is verified, so `latest` always loads;
 //   7. AdoptHotCopies: each RAM tier row ('H') whose bytes are still in the arena's segments (same

@@ -131,6 +131,40 @@ TEST_CASE("MergeNodeParts: coverage, or partial", "[unit]") {
   CHECK_FALSE(MergeNodeParts(kJob, 3, 4, true, {}).ok());
 }
 
+// Issue 33 §5: a merge accepting parts one rank short passed every test (the case above leaves
+// two out). Each rank in turn — the lowest, one in the middle of a node's ranks, a node's last,
+// and the highest — is left out of otherwise complete parts: refused naming exactly that rank
+// (and accepted only as an explicit partial commit).
+TEST_CASE("MergeNodeParts: parts one rank short are refused, whichever rank is missing", "[unit]") {
+  constexpr uint32_t kWorld = 6;
+  for (uint32_t missing = 0; missing < kWorld; ++missing) {
+    CAPTURE(missing);
+    std::vector<uint32_t> a, b;
+    for (uint32_t r = 0; r < kWorld; ++r) {
+      if (r == missing) continue;
+      (r < kWorld / 2 ? a : b).push_back(r);
+    }
+    std::map<std::string, v1::NodePart> parts;
+    if (!a.empty()) parts.emplace("node-a", Part("node-a", a, kWorld));
+    if (!b.empty()) parts.emplace("node-b", Part("node-b", b, kWorld));
+    auto merged = MergeNodeParts(kJob, 3, kWorld, false, parts);
+    REQUIRE_FALSE(merged.ok());
+    CHECK(merged.status().code() == absl::StatusCode::kInvalidArgument);
+    const std::string message(merged.status().message());
+    CHECK_THAT(message, Catch::Matchers::StartsWith("1 rank") &&
+                            Catch::Matchers::EndsWith("the first " + std::to_string(missing)));
+    auto partial = MergeNodeParts(kJob, 3, kWorld, true, parts);
+    REQUIRE(partial.ok());
+    CHECK((*partial)->ranks.size() == kWorld - 1);
+    CHECK_FALSE((*partial)->ranks.contains(missing));
+  }
+  // A late node holding only the highest rank: without its part, one short.
+  std::map<std::string, v1::NodePart> parts = {{"node-a", Part("node-a", {0, 1, 2}, 4)}};
+  CHECK_FALSE(MergeNodeParts(kJob, 3, 4, false, parts).ok());
+  parts.emplace("node-b", Part("node-b", {3}, 4));
+  CHECK(MergeNodeParts(kJob, 3, 4, false, parts).ok());
+}
+
 TEST_CASE("MergeNodeParts: parts that disagree are refused naming the node", "[unit]") {
   auto refused = [](std::map<std::string, v1::NodePart> parts, const std::string& want) {
     auto m = MergeNodeParts(kJob, 3, 4, false, parts);

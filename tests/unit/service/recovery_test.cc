@@ -5,7 +5,8 @@
 //     and the end state is "absent" or "COMMITTED and loads bit-exact";
 //   - a delete that failed half way is finished by the next Delete or by recovery;
 //   - recovery skips stray files, repairs rows that do not parse, and marks a COMMITTED
-//     checkpoint whose manifest does not verify CORRUPT (latest falls back to an older one);
+//     checkpoint whose manifest does not verify CORRUPT (latest falls back to an older one), and
+//     one whose manifest is gone MISSING (its files kept);
 //   - a checkpoint resumed at a restart keeps its owner.
 #include <catch2/catch.hpp>
 #include <cstring>
@@ -337,6 +338,76 @@ TEST_CASE(
   absl::StatusOr<uint64_t> latest = rig.Latest();
   CHECK(latest.status().code() == absl::StatusCode::kNotFound);
   CHECK(rig.State(1) == v1::CORRUPT);
+}
+
+// Issue 33 §3: a COMMITTED checkpoint whose manifest vanished, with no other tier holding a
+// copy, was ABORTED at the next start and its blobs removed. Removing data is the operator's
+// call: it is MISSING, its files and rows stay, latest skips it, a load is DATA_LOSS naming the
+// state; the manifest put back makes it COMMITTED again; Delete removes it.
+TEST_CASE("recovery: a committed checkpoint whose manifest vanished is MISSING, its files kept",
+          "[unit][fault]") {
+  Rig rig;
+  REQUIRE(rig.SaveCommitted(1, 0x11).ok());
+  REQUIRE(rig.SaveCommitted(2, 0x22).ok());
+  const std::string manifest = rig.ManifestOnDisk(2);
+  const std::string saved = rig.dir + "/manifest-2.copy";
+  std::filesystem::copy_file(manifest, saved);
+  rig.Stop();
+  std::filesystem::remove(manifest);
+  rig.Start();
+  INFO(rig.recovered.ToString());
+  REQUIRE(rig.recovered.ok());
+
+  absl::StatusOr<v1::CheckpointSummary> s = rig.Status(2);
+  REQUIRE(s.ok());
+  CHECK(s->state() == v1::MISSING);
+  CHECK(s->error().find(kManifestFileName) != std::string::npos);
+  CHECK(std::filesystem::exists(rig.StepDirOnDisk(2) + "/" + BlobName(0)));  // evidence kept
+  auto listed = rig.List();
+  CHECK(listed[1].state() == v1::COMMITTED);
+  CHECK(listed[2].state() == v1::MISSING);
+  absl::StatusOr<uint64_t> latest = rig.Latest();
+  CHECK((latest.ok() && *latest == 1));
+  uint64_t loaded = 0;
+  CHECK(rig.LoadCheck(std::nullopt, 0x11, &loaded).ok());
+  CHECK(loaded == 1);
+  absl::Status by_number = rig.LoadCheck(2, 0x22);
+  INFO(by_number.ToString());
+  CHECK(by_number.code() == absl::StatusCode::kDataLoss);
+  CHECK(Contains(by_number, "MISSING"));
+  CHECK(rig.Save(2, 0x33).code() == absl::StatusCode::kDataLoss);  // never saved over
+
+  SECTION("a second start keeps it MISSING and its files") {
+    rig.Restart();
+    REQUIRE(rig.recovered.ok());
+    CHECK(rig.State(2) == v1::MISSING);
+    CHECK(std::filesystem::exists(rig.StepDirOnDisk(2) + "/" + BlobName(0)));
+  }
+  SECTION("an operator puts the manifest back: the next start makes it COMMITTED") {
+    rig.Stop();
+    std::filesystem::copy_file(saved, manifest);
+    rig.Start();
+    REQUIRE(rig.recovered.ok());
+    CHECK(rig.State(2) == v1::COMMITTED);
+    CHECK(rig.LoadCheck(2, 0x22).ok());
+    latest = rig.Latest();
+    CHECK((latest.ok() && *latest == 2));
+  }
+  SECTION("a manifest put back that does not verify makes it CORRUPT") {
+    rig.Stop();
+    std::filesystem::copy_file(saved, manifest);
+    FlipByte(manifest, std::filesystem::file_size(manifest) / 2);
+    rig.Start();
+    REQUIRE(rig.recovered.ok());
+    CHECK(rig.State(2) == v1::CORRUPT);
+    CHECK(std::filesystem::exists(rig.StepDirOnDisk(2) + "/" + BlobName(0)));
+  }
+  SECTION("Delete removes it, and the step can be saved again") {
+    CHECK(rig.Delete(2).ok());
+    CHECK_FALSE(std::filesystem::exists(rig.StepDirOnDisk(2)));
+    REQUIRE(rig.SaveCommitted(2, 0x33).ok());
+    CHECK(rig.LoadCheck(2, 0x33).ok());
+  }
 }
 
 }  // namespace

@@ -10,8 +10,10 @@
 
 #include "../dataplane/test_arena.h"
 #include "ckptd/storage.h"
+#include "ckptd/sync_point.h"
 #include "dataplane/arena.h"
 #include "dataplane/region_registry.h"
+#include "index/keys.h"
 #include "io/fault_io.h"
 #include "service/checkpoint_service.h"
 
@@ -188,6 +190,46 @@ TEST_CASE("service: a failing manifest rename aborts, never exposes a torn check
   CHECK(latest.step() == 1);
   CHECK(rig.LoadCheck(1, 0x44).ok());
 }
+
+#if CKPTD_TEST_HOOKS
+// Issue 33 §5: the COMMITTED row written before the manifest is durable passed every test. At
+// the named points of the commit before the manifest is durable (built, its temporary file
+// synced) the index row of the checkpoint being committed is read: it is never COMMITTED there,
+// and a manifest write that fails leaves it ABORTED without ever having shown it COMMITTED (the
+// rename failing: the temporary file was synced, the points before it are reached).
+TEST_CASE("service: a failing manifest write never shows the key COMMITTED", "[unit][fault]") {
+  Rig rig;
+  REQUIRE(rig.Save(1, 0x44).ok());
+  REQUIRE(rig.Wait(1).ok());
+  std::atomic<int> seen_committed{0};
+  std::atomic<int> checked{0};
+  const std::string key = keys::Checkpoint("fault-job", 2);
+  MetaStore* meta = rig.meta.get();
+  SetSyncPointCallback([&, meta](size_t point) {
+    const std::string_view name = kSyncPoints[point];
+    if (name != "commit.manifest_built" && name != "put_atomic.tmp_synced" &&
+        name != "put_atomic.renamed") {
+      return;
+    }
+    absl::StatusOr<std::optional<std::string>> raw = meta->Get(key);
+    v1::CheckpointRecord rec;
+    if (raw.ok() && *raw && rec.ParseFromString(**raw) && rec.summary().state() == v1::COMMITTED) {
+      ++seen_committed;
+    }
+    ++checked;
+  });
+  rig.io->FailNextRename(EIO);  // the manifest's: the only rename of a commit
+  REQUIRE(rig.Save(2, 0x55).ok());
+  absl::Status st = rig.Wait(2);
+  ResetSyncPoints();
+  INFO(st.ToString());
+  CHECK(st.code() == absl::StatusCode::kAborted);
+  CHECK(std::string(st.message()).find("commit failed") != std::string::npos);
+  CHECK(checked.load() >= 1);
+  CHECK(seen_committed.load() == 0);
+  CHECK(rig.LoadCheck(1, 0x44).ok());
+}
+#endif  // CKPTD_TEST_HOOKS
 
 TEST_CASE("service: a corrupted blob is detected by its checksum on load", "[unit][fault]") {
   Rig rig(/*ram_tier_keep=*/0);  // from storage (a hot copy would serve the load)

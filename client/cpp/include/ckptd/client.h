@@ -200,7 +200,9 @@ struct InPlaceObjectShard {
 
 // kDeleting: a Delete is removing it (gone once the Delete returns; a crash mid-delete leaves it
 // here until the Delete is repeated or the daemon restarts). kCorrupt: committed, but its manifest
-// no longer verifies — never `latest`, and a load is DATA_LOSS.
+// no longer verifies — never `latest`, and a load is DATA_LOSS. kMissing: committed, but a restart
+// found its manifest gone and no other tier holding a copy; its files are kept for the operator
+// (Delete removes it) — never `latest`, and a load is DATA_LOSS.
 enum class CheckpointState {
   kUnspecified,
   kStaging,
@@ -208,7 +210,8 @@ enum class CheckpointState {
   kCommitted,
   kAborted,
   kDeleting,
-  kCorrupt
+  kCorrupt,
+  kMissing
 };
 const char* CheckpointStateName(CheckpointState state);  // "STAGING", ...
 
