@@ -5,8 +5,12 @@ Listens on a free 127.0.0.1 port (written to --port-file) and forwards every req
 Host header and body included, to 127.0.0.1:--upstream-port, so SigV4 signatures still verify.
 Requests to /__fault?... are its control: mode=none|500|503|slowdown|reset|delay, count=N (the
 next N matching requests), fraction=F (then each with probability F), match=S (only requests
-whose "METHOD /path?query" contains S), delay_ms=D; /__fault?stats=1 answers the number of faults
-injected so far. It only ever connects to loopback.
+whose "METHOD /path?query" contains S), delay_ms=D; /__fault?conditional=501 answers every PUT
+carrying If-None-Match with 501 NotImplemented, as stores without conditional writes do
+(conditional=pass forwards them again), independently of the other faults; /__fault?stats=1
+answers the number of faults injected so far. With --tls-cert and --tls-key it speaks HTTPS
+(control requests too): a TLS-terminating proxy in front of a plain-HTTP store. It only ever
+connects to loopback.
 """
 
 import argparse
@@ -15,6 +19,7 @@ import http.server
 import os
 import random
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -27,6 +32,10 @@ SLOWDOWN = (
 )
 ERROR_500 = b"<Error><Code>InternalError</Code><Message>injected</Message></Error>"
 ERROR_503 = b"<Error><Code>ServiceUnavailable</Code><Message>injected</Message></Error>"
+NOT_IMPLEMENTED = (
+    b"<Error><Code>NotImplemented</Code><Message>A header you provided implies functionality "
+    b"that is not implemented (If-None-Match)</Message></Error>"
+)
 
 
 class Faults:
@@ -38,6 +47,7 @@ class Faults:
         self.match = ""
         self.delay_ms = 0
         self.injected = 0
+        self.conditional_501 = False
 
     def pick(self, what: str) -> tuple[str, int]:
         """The fault for this request ("none" to forward it) and the delay."""
@@ -50,6 +60,13 @@ class Faults:
                 return "none", 0
             self.injected += 1
             return self.mode, self.delay_ms
+
+    def refuse_conditional(self) -> bool:
+        """Whether to answer this conditional PUT 501 (counted as a fault)."""
+        with self.lock:
+            if self.conditional_501:
+                self.injected += 1
+            return self.conditional_501
 
 
 FAULTS = Faults()
@@ -67,6 +84,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if "stats" in q:
             with FAULTS.lock:
                 body = str(FAULTS.injected).encode()
+        elif "conditional" in q:
+            with FAULTS.lock:
+                FAULTS.conditional_501 = q["conditional"][0] == "501"
+            body = b"ok"
         else:
             with FAULTS.lock:
                 FAULTS.mode = q.get("mode", ["none"])[0]
@@ -99,6 +120,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return
         length = int(self.headers.get("Content-Length", "0") or "0")
         body = self.rfile.read(length) if length > 0 else b""
+        conditional = self.command == "PUT" and self.headers.get("If-None-Match") is not None
+        if conditional and FAULTS.refuse_conditional():
+            self.reply(501, NOT_IMPLEMENTED)
+            return
         mode, delay_ms = FAULTS.pick(f"{self.command} {self.path}")
         if mode == "reset":
             self.reset()
@@ -146,7 +171,24 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if self.command != "HEAD":
             self.wfile.write(data)
 
+    def setup(self) -> None:
+        # TLS: the handshake runs here, on the connection's own thread (a client that refuses
+        # the certificate ends only its connection).
+        if isinstance(self.request, ssl.SSLSocket):
+            self.request.do_handshake()
+        super().setup()
+
     do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = handle_one
+
+
+class TlsServer(http.server.ThreadingHTTPServer):
+    """Accepts TLS connections with `context` (the handshake happens in Handler.setup)."""
+
+    context: ssl.SSLContext
+
+    def get_request(self) -> tuple[socket.socket, object]:
+        sock, addr = self.socket.accept()
+        return self.context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False), addr
 
 
 def main() -> None:
@@ -154,9 +196,17 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--upstream-port", type=int, required=True)
     parser.add_argument("--port-file", required=True)
+    parser.add_argument("--tls-cert", help="serve HTTPS with this certificate (PEM)")
+    parser.add_argument("--tls-key", help="the certificate's private key (PEM)")
     args = parser.parse_args()
     UPSTREAM_PORT = args.upstream_port
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server: http.server.ThreadingHTTPServer
+    if args.tls_cert:
+        server = TlsServer(("127.0.0.1", 0), Handler)
+        server.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        server.context.load_cert_chain(args.tls_cert, args.tls_key)
+    else:
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
     tmp = args.port_file + ".tmp"
     with open(tmp, "w") as f:

@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "ckptd/status.h"
@@ -107,7 +108,8 @@ size_t ReadBody(char* out, size_t size, size_t n, void* arg) {
 }
 
 absl::StatusOr<HttpResult> Request(const std::string& method, const std::string& url,
-                                   const std::string& body, bool sign, int timeout_ms) {
+                                   const std::string& body, bool sign, int timeout_ms,
+                                   const std::string& ca_path = "") {
   static const CURLcode init = curl_global_init(CURL_GLOBAL_DEFAULT);
   if (init != CURLE_OK) return absl::InternalError("curl_global_init");
   CURL* e = curl_easy_init();
@@ -126,6 +128,7 @@ absl::StatusOr<HttpResult> Request(const std::string& method, const std::string&
   set(CURLOPT_HTTPHEADER, headers);
   set(CURLOPT_WRITEFUNCTION, &Append);
   set(CURLOPT_WRITEDATA, static_cast<void*>(&result.body));
+  if (!ca_path.empty()) set(CURLOPT_CAINFO, ca_path.c_str());
   if (sign) {
     set(CURLOPT_AWS_SIGV4, "aws:amz:us-east-1:s3");
     set(CURLOPT_USERNAME, kWeedAccessKey);
@@ -200,27 +203,17 @@ absl::StatusOr<std::unique_ptr<WeedServer>> WeedServer::Start(const std::string&
 
 absl::Status WeedServer::Launch(uint32_t ready_timeout_ms) {
   auto port = [this](Port p) { return std::to_string(ports_[p]); };
-  std::vector<std::string> argv = {weed_,
-                                   "server",
-                                   "-dir=" + dir_ + "/data",
-                                   "-ip=127.0.0.1",
-                                   "-ip.bind=127.0.0.1",
-                                   "-master.port=" + port(kMaster),
-                                   "-master.port.grpc=" + port(kMasterGrpc),
-                                   "-volume.port=" + port(kVolume),
-                                   "-volume.port.grpc=" + port(kVolumeGrpc),
-                                   "-filer",
-                                   "-filer.port=" + port(kFiler),
-                                   "-filer.port.grpc=" + port(kFilerGrpc),
-                                   "-filer.localSocket=" + FilerSocket(),
-                                   "-s3",
-                                   "-s3.port=" + port(kS3),
-                                   "-s3.port.grpc=" + port(kS3Grpc),
-                                   "-s3.port.iceberg=0",
-                                   "-s3.port.lance=0",
-                                   "-s3.config=" + dir_ + "/s3.json",
-                                   "-master.volumeSizeLimitMB=64",
-                                   "-volume.max=0"};
+  std::vector<std::string> argv = {
+      weed_, "server", "-dir=" + dir_ + "/data", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+      "-master.port=" + port(kMaster), "-master.port.grpc=" + port(kMasterGrpc),
+      "-volume.port=" + port(kVolume), "-volume.port.grpc=" + port(kVolumeGrpc), "-filer",
+      "-filer.port=" + port(kFiler), "-filer.port.grpc=" + port(kFilerGrpc),
+      "-filer.localSocket=" + FilerSocket(), "-s3", "-s3.port=" + port(kS3),
+      "-s3.port.grpc=" + port(kS3Grpc), "-s3.port.iceberg=0", "-s3.port.lance=0",
+      "-s3.config=" + dir_ + "/s3.json",
+      // virtual-host addressing: <bucket>.localhost (curl resolves
+      // every *.localhost to loopback itself)
+      "-s3.domainName=localhost", "-master.volumeSizeLimitMB=64", "-volume.max=0"};
   CKPTD_ASSIGN_OR_RETURN(pid_, Spawn(argv, dir_ + "/weed.log"));
   // Ready when the gateway accepts a signed bucket creation (the filer behind it is up too).
   absl::Time deadline = absl::Now() + absl::Milliseconds(ready_timeout_ms);
@@ -344,23 +337,80 @@ absl::StatusOr<std::vector<std::string>> WeedServer::ListUploads(const std::stri
   return keys;
 }
 
+absl::StatusOr<TestCa> MakeTestCa(const std::string& dir,
+                                  const std::vector<std::string>& dns_names) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return absl::InternalError(absl::StrCat("mkdir ", dir, ": ", ec.message()));
+  TestCa ca{dir + "/ca.pem", dir + "/server.pem", dir + "/server.key"};
+  std::string san = "subjectAltName=IP:127.0.0.1";
+  for (const std::string& name : dns_names) absl::StrAppend(&san, ",DNS:", name);
+  std::ofstream ext(dir + "/server.ext");
+  ext << san << "\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n";
+  ext.close();
+  if (!ext) return absl::InternalError(absl::StrCat("writing ", dir, "/server.ext"));
+  const std::vector<std::string> ec_key = {"-newkey", "ec", "-pkeyopt",
+                                           "ec_paramgen_curve:prime256v1", "-nodes"};
+  std::vector<std::vector<std::string>> steps = {
+      {"openssl", "req", "-x509", "-days", "2", "-subj", "/CN=ckptd test CA", "-keyout",
+       dir + "/ca.key", "-out", ca.ca_path},
+      {"openssl", "req", "-subj", "/CN=localhost", "-keyout", ca.key_path, "-out",
+       dir + "/server.csr"},
+      {"openssl", "x509", "-req", "-days", "2", "-in", dir + "/server.csr", "-CA", ca.ca_path,
+       "-CAkey", dir + "/ca.key", "-CAcreateserial", "-extfile", dir + "/server.ext", "-out",
+       ca.cert_path}};
+  steps[0].insert(steps[0].begin() + 2, ec_key.begin(), ec_key.end());
+  steps[1].insert(steps[1].begin() + 2, ec_key.begin(), ec_key.end());
+  for (const std::vector<std::string>& argv : steps) {
+    const std::string log = dir + "/openssl.log";
+    CKPTD_ASSIGN_OR_RETURN(pid_t pid, Spawn(argv, log));
+    int status = 0;
+    if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      std::ifstream in(log);
+      std::stringstream out;
+      out << in.rdbuf();
+      return absl::InternalError(absl::StrCat(absl::StrJoin(argv, " "), " failed: ", out.str()));
+    }
+  }
+  return ca;
+}
+
 absl::StatusOr<std::unique_ptr<FaultProxy>> FaultProxy::Start(uint16_t upstream_port) {
+  return Launch(upstream_port, nullptr);
+}
+
+absl::StatusOr<std::unique_ptr<FaultProxy>> FaultProxy::StartTls(uint16_t upstream_port,
+                                                                 const TestCa& ca) {
+  return Launch(upstream_port, &ca);
+}
+
+absl::StatusOr<std::unique_ptr<FaultProxy>> FaultProxy::Launch(uint16_t upstream_port,
+                                                               const TestCa* tls) {
   std::unique_ptr<FaultProxy> p(new FaultProxy());
   char tmpl[] = "/tmp/ckptd-fault-proxy.XXXXXX";
   if (mkdtemp(tmpl) == nullptr) return ErrnoStatus(errno, "mkdtemp");
   const std::string dir = tmpl;
   const std::string port_file = dir + "/port";
   const char* python = std::getenv("PYTHON");
-  CKPTD_ASSIGN_OR_RETURN(p->pid_, Spawn({python != nullptr && *python != '\0' ? python : "python3",
-                                         CKPTD_FAULT_PROXY_PY, "--upstream-port",
-                                         std::to_string(upstream_port), "--port-file", port_file},
-                                        dir + "/proxy.log"));
+  std::vector<std::string> argv = {python != nullptr && *python != '\0' ? python : "python3",
+                                   CKPTD_FAULT_PROXY_PY,
+                                   "--upstream-port",
+                                   std::to_string(upstream_port),
+                                   "--port-file",
+                                   port_file};
+  if (tls != nullptr) {
+    argv.insert(argv.end(), {"--tls-cert", tls->cert_path, "--tls-key", tls->key_path});
+    p->ca_path_ = tls->ca_path;
+  }
+  CKPTD_ASSIGN_OR_RETURN(p->pid_, Spawn(argv, dir + "/proxy.log"));
   absl::Time deadline = absl::Now() + absl::Seconds(10);
   while (absl::Now() < deadline) {
     std::ifstream in(port_file);
     int port = 0;
     if (in >> port && port > 0) {
-      p->endpoint_ = absl::StrCat("http://127.0.0.1:", port);
+      p->port_ = static_cast<uint16_t>(port);
+      p->endpoint_ = tls != nullptr ? absl::StrCat("https://localhost:", port)
+                                    : absl::StrCat("http://127.0.0.1:", port);
       std::filesystem::remove_all(dir);
       return p;
     }
@@ -376,8 +426,8 @@ absl::StatusOr<std::unique_ptr<FaultProxy>> FaultProxy::Start(uint16_t upstream_
 FaultProxy::~FaultProxy() { KillGroup(pid_, 2000); }
 
 absl::StatusOr<std::string> FaultProxy::Control(const std::string& query) {
-  CKPTD_ASSIGN_OR_RETURN(HttpResult r,
-                         Request("GET", endpoint_ + "/__fault?" + query, "", false, 5000));
+  CKPTD_ASSIGN_OR_RETURN(
+      HttpResult r, Request("GET", endpoint_ + "/__fault?" + query, "", false, 5000, ca_path_));
   if (r.status != 200) return absl::InternalError("fault proxy control: " + r.body);
   return r.body;
 }
@@ -390,6 +440,10 @@ absl::Status FaultProxy::Arm(const std::string& mode, uint32_t count, double fra
                                "&delay_ms=", delay_ms, "&match=", m);
   curl_free(m);
   return Control(q).status();
+}
+
+absl::Status FaultProxy::RefuseConditionalPuts(bool refuse) {
+  return Control(refuse ? "conditional=501" : "conditional=pass").status();
 }
 
 absl::StatusOr<uint64_t> FaultProxy::Injected() {

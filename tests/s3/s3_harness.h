@@ -1,5 +1,6 @@
-// A real S3 store for tests: SeaweedFS's `weed server` on loopback with SigV4 credentials, and a
-// fault-injecting HTTP proxy (fault_proxy.py) to put in front of it. Reusable by any test binary
+// A real S3 store for tests: SeaweedFS's `weed server` on loopback with SigV4 credentials (and
+// virtual-host addressing for <bucket>.localhost), and a fault-injecting HTTP(S) proxy
+// (fault_proxy.py) to put in front of it. Reusable by any test binary
 // (link ckptd_s3_harness); it never talks to anything but 127.0.0.1.
 //
 // WeedServer::Start launches weed in its own process group on free loopback ports, waits
@@ -93,14 +94,31 @@ struct HttpResult {
 absl::StatusOr<HttpResult> SignedRequest(const std::string& method, const std::string& url,
                                          const std::string& body = "");
 
+// A certificate authority made for one test with the `openssl` command, and a server certificate
+// it signed (EC P-256, valid two days).
+struct TestCa {
+  std::string ca_path;    // the CA certificate (PEM): what a client trusts (S3Options::ca_path)
+  std::string cert_path;  // the server certificate (PEM), for the names given
+  std::string key_path;   // its private key (PEM)
+};
+// Writes them under `dir` (created). `dns_names` become the certificate's subjectAltName DNS
+// entries (with IP 127.0.0.1). INTERNAL naming the command and its output if openssl fails.
+absl::StatusOr<TestCa> MakeTestCa(const std::string& dir,
+                                  const std::vector<std::string>& dns_names);
+
 // fault_proxy.py on a free loopback port in front of 127.0.0.1:<upstream_port>. It forwards
 // requests byte for byte (Host kept, so SigV4 still verifies) unless a fault is armed.
 class FaultProxy {
  public:
   static absl::StatusOr<std::unique_ptr<FaultProxy>> Start(uint16_t upstream_port);
+  // The same speaking HTTPS with `ca`'s server certificate (a TLS-terminating proxy in front of
+  // the plain-HTTP store); endpoint() is then https://localhost:<port>.
+  static absl::StatusOr<std::unique_ptr<FaultProxy>> StartTls(uint16_t upstream_port,
+                                                              const TestCa& ca);
   ~FaultProxy();
 
   const std::string& endpoint() const { return endpoint_; }
+  uint16_t port() const { return port_; }
 
   // Arms a fault for requests whose "METHOD /path?query" contains `match` (empty: all): `mode`
   // is "500", "503", "slowdown" (503 + SlowDown XML), "reset" (TCP RST after reading the
@@ -109,15 +127,22 @@ class FaultProxy {
   absl::Status Arm(const std::string& mode, uint32_t count, double fraction = 0,
                    const std::string& match = "", uint32_t delay_ms = 0);
   absl::Status Disarm() { return Arm("none", 0); }
+  // refuse: every PUT carrying If-None-Match is answered 501 NotImplemented (a store without
+  // conditional writes), whatever else is armed; false forwards them again.
+  absl::Status RefuseConditionalPuts(bool refuse);
   // Faults injected since the start.
   absl::StatusOr<uint64_t> Injected();
 
  private:
   FaultProxy() = default;
+  static absl::StatusOr<std::unique_ptr<FaultProxy>> Launch(uint16_t upstream_port,
+                                                            const TestCa* tls);
   absl::StatusOr<std::string> Control(const std::string& query);
 
   pid_t pid_ = -1;
+  uint16_t port_ = 0;
   std::string endpoint_;
+  std::string ca_path_;  // TLS: the CA the control requests trust
 };
 
 }  // namespace ckptd::testing

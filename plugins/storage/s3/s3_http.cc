@@ -79,7 +79,10 @@ bool RetryableCurl(CURLcode rc) {
   }
 }
 
+// 501 NotImplemented never passes on a retry (a store without conditional PUT answers it at
+// once, and PutIfAbsent then falls back).
 bool RetryableHttp(long status, const std::string& code) {
+  if (status == 501 || code == "NotImplemented") return false;
   return status >= 500 || status == 429 || code == "SlowDown" || code == "RequestTimeout" ||
          code == "InternalError" || code == "ServiceUnavailable";
 }
@@ -120,6 +123,19 @@ absl::Status HttpStatus(const std::string& what, const Request& r) {
   }
 }
 
+// A transport failure in words: curl's code name, its error buffer where it says more, and for a
+// certificate that did not verify, what it was checked against.
+std::string CurlFailure(CURLcode rc, const char* error, const S3Options& o) {
+  std::string out = curl_easy_strerror(rc);
+  if (error[0] != '\0' && out != error) absl::StrAppend(&out, " (", error, ")");
+  if (rc == CURLE_PEER_FAILED_VERIFICATION || rc == CURLE_SSL_CACERT_BADFILE) {
+    absl::StrAppend(&out, "; the store's TLS certificate was checked against ",
+                    o.ca_path.empty() ? "the system's CA certificates"
+                                      : absl::StrCat("the CA file ", o.ca_path));
+  }
+  return out;
+}
+
 absl::Duration Backoff(const S3Options& o, uint32_t retry) {
   thread_local std::mt19937_64 rng{std::random_device{}()};
   uint64_t cap = o.backoff_base_ms;
@@ -139,6 +155,9 @@ struct Transfer {
   size_t piece_off = 0;  // and the offset in it
   bool sink_overflow = false;
   bool body_overflow = false;
+  // curl's own words for a transport failure (CURLOPT_ERRORBUFFER), e.g. which certificate check
+  // failed: more than curl_easy_strerror's code name.
+  char error[CURL_ERROR_SIZE] = {};
 
   ~Transfer() {
     if (easy != nullptr) curl_easy_cleanup(easy);
@@ -306,6 +325,7 @@ CURLcode Configure(Transfer& t, const S3Options& o, const S3Credentials& c,
   }
   set(CURLOPT_URL, url.c_str());
   set(CURLOPT_PRIVATE, static_cast<void*>(&t));
+  set(CURLOPT_ERRORBUFFER, t.error);
   set(CURLOPT_NOSIGNAL, 1L);
   set(CURLOPT_AWS_SIGV4, sigv4.c_str());
   set(CURLOPT_USERNAME, c.access_key_id.c_str());
@@ -403,6 +423,7 @@ absl::Status Client::RunStream(const std::function<absl::StatusOr<Request*>()>& 
     }
     const bool sink_overflow = t->sink_overflow;
     const bool body_overflow = t->body_overflow;
+    const std::string detail = rc == CURLE_OK ? "" : CurlFailure(rc, t->error, options_);
     remove(t);
     if (sink_overflow) {
       return absl::DataLossError(
@@ -414,10 +435,8 @@ absl::Status Client::RunStream(const std::function<absl::StatusOr<Request*>()>& 
     }
     std::string last;
     if (rc != CURLE_OK) {
-      if (!RetryableCurl(rc)) {
-        return absl::UnavailableError(absl::StrCat(What(*r), ": ", curl_easy_strerror(rc)));
-      }
-      last = curl_easy_strerror(rc);
+      if (!RetryableCurl(rc)) return absl::UnavailableError(absl::StrCat(What(*r), ": ", detail));
+      last = detail;
     } else {
       const bool ok2xx = r->http_status >= 200 && r->http_status < 300;
       if (!ok2xx || r->error_in_200) ParseError(r->response, &r->error_code, &r->error_message);

@@ -37,7 +37,7 @@
 // key, the HTTP status and the S3 error Code and Message — never a credential. 404 → NOT_FOUND
 // (NoSuchBucket names the bucket), 403 → PERMISSION_DENIED, 400 → INVALID_ARGUMENT, 412 →
 // FAILED_PRECONDITION (ALREADY_EXISTS from PutIfAbsent), 501 → UNIMPLEMENTED. Retried with
-// exponential backoff and full jitter: 5xx, 429, SlowDown, RequestTimeout, and connection
+// exponential backoff and full jitter: 5xx but 501, 429, SlowDown, RequestTimeout, and connection
 // failures (refused, reset, timed out, empty reply); when retries_max attempts are spent the
 // call is UNAVAILABLE. Other 4xx are never retried.
 //
