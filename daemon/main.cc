@@ -159,6 +159,11 @@ absl::StatusOr<std::unique_ptr<Storage>> OpenRemoteTier(const DaemonOptions& o, 
     return absl::FailedPreconditionError(absl::StrCat(
         "remote_dir ", o.remote_dir, " is not a directory (mount the shared file system first)"));
   }
+  if (o.remote_dir_link_fallback) {
+    spdlog::info(
+        "remote tier: conditional writes take the link() fallback "
+        "(remote_dir_link_fallback)");
+  }
   std::unique_ptr<Storage> remote = NewPosixStorage(o.remote_dir, io);
   CKPTD_RETURN_IF_ERROR(Annotate(remote->List("").status(), remote->Describe()));
   spdlog::info("remote tier: {} (default tier policy {})", remote->Describe(), o.tier_policy);
@@ -187,6 +192,7 @@ struct Stores {
   // load_io = auto: the same data dir, reading what the page cache holds through it.
   std::unique_ptr<Io> load_io;
   std::unique_ptr<Storage> load_storage;
+  std::unique_ptr<Io> remote_io;  // remote_dir_link_fallback: `io` with the link() fallback
   std::unique_ptr<Storage> remote;
 };
 
@@ -208,7 +214,10 @@ absl::StatusOr<Stores> OpenStores(const DaemonOptions& o, const std::string& shm
     s.load_storage = NewPosixStorage(o.data_dir, s.io.get(),
                                      PosixStorageOptions{.read_cached_through_cache = true});
   }
-  CKPTD_ASSIGN_OR_RETURN(s.remote, Annotate(OpenRemoteTier(o, s.io.get()), "remote tier"));
+  if (o.remote_dir_link_fallback) s.remote_io = NewLinkNoReplaceIo(s.io.get());
+  CKPTD_ASSIGN_OR_RETURN(
+      s.remote,
+      Annotate(OpenRemoteTier(o, s.remote_io ? s.remote_io.get() : s.io.get()), "remote tier"));
   return s;
 }
 

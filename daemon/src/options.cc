@@ -286,6 +286,9 @@ absl::Status DaemonOptions::ValidateTiers() const {
                                                    "\" needs a remote tier (remote_dir or "
                                                    "remote_s3_bucket)"));
   }
+  if (remote_dir_link_fallback && remote_dir.empty()) {
+    return absl::InvalidArgumentError("option remote_dir_link_fallback needs remote_dir");
+  }
   if (!remote_s3_bucket.empty() && remote_s3_endpoint.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("option remote_s3_bucket = \"", remote_s3_bucket,
                                                    "\" needs remote_s3_endpoint"));

@@ -121,6 +121,12 @@ struct DaemonOptions {
   // (<job>/step-<20 digits>/), so the directory is self-contained: any daemon configured with it
   // lists and loads them. Empty: no remote tier. Default: ""
   std::string remote_dir;
+  // remote_dir's PutIfAbsent (the node parts and the commit decision of checkpoints spanning
+  // nodes) always takes the link(2) fallback (ckptd/io.h LinkNoReplace) instead of
+  // renameat2(RENAME_NOREPLACE). The fallback is taken by itself where the file system answers
+  // EINVAL or ENOSYS; this is for one that refuses the flag otherwise, and for tests of the
+  // fallback on any file system. Default: false
+  bool remote_dir_link_fallback = false;
   // The remote tier on an S3-compatible store (AWS S3, MinIO, Ceph RGW, SeaweedFS) through the S3
   // plugin (plugins/storage/s3/s3_storage.h): the bucket, under remote_s3_prefix. Exclusive with
   // remote_dir. Credentials come from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY /

@@ -208,6 +208,11 @@ const std::vector<OptionDef>& OptionDefs() {
       {"remote_dir", "remote tier: a directory on a shared file system",
        "the remote tier: a directory on a shared file system; must exist at start",
        StringField(&O::remote_dir), "(none)"},
+      {"remote_dir_link_fallback", "remote tier: link(2) instead of RENAME_NOREPLACE",
+       "`remote_dir`'s conditional writes (the commit of checkpoints spanning nodes) always take "
+       "the `link(2)` fallback instead of `renameat2(RENAME_NOREPLACE)` (taken by itself where "
+       "the file system answers EINVAL or ENOSYS)",
+       BoolField(&O::remote_dir_link_fallback, "remote_dir_link_fallback")},
       {"upload_threads", "threads uploading to the remote tier",
        "threads uploading committed checkpoints to the remote tier (1–16)",
        IntField(&O::upload_threads, "upload_threads")},

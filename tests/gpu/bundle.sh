@@ -15,7 +15,7 @@ for b in build/ckptd build/ckptctl build/tests/ckptd_integration_tests build/tes
 done
 EXT=$(ls build-py312/client/python/_ckptd.cpython-312-*.so)
 strip -o "$STAGE/py/ckptd/$(basename "$EXT")" "$EXT"
-cp client/python/ckptd/*.py client/python/ckptd/*.pyi client/python/ckptd/py.typed "$STAGE/py/ckptd/"
+tar -C client/python --exclude=__pycache__ -cf - ckptd | tar -C "$STAGE/py" -xf -  # subpackages too
 cp plugins/torch/ckptd/torch/*.py "$STAGE/py/ckptd/torch/"
 # Every shared library outside glibc/libstdc++ (the target has newer ones) and the CUDA driver.
 for f in "$STAGE"/bin/* "$STAGE"/py/ckptd/*.so; do ldd "$f"; done | awk '/=> \//{print $3}' | sort -u |
