@@ -8,6 +8,7 @@
 // abort every node; what the other nodes may not do (abort, commit partial) is refused.
 #include "multi_node.h"
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <filesystem>
@@ -335,4 +336,39 @@ TEST_CASE("spanning nodes: bad configurations are refused naming what is wrong",
     CHECK(r.exit_code != 0);
     CHECK(r.output.find("option node_id = \"a/b\"") != std::string::npos);
   }
+}
+
+// A shared file system without RENAME_NOREPLACE: the node parts and the decision go through the
+// link(2) fallback (forced by remote_dir_link_fallback on any file system), and the checkpoint
+// commits exactly as with renameat2 — rank 3 alone on the late node.
+TEST_CASE("spanning nodes: a shared file system without RENAME_NOREPLACE commits by link()",
+          "[integration][multinode]") {
+  TempDir dir;
+  const std::string shared = SharedDir(dir);
+  const std::vector<std::string> fallback = {"--remote_dir_link_fallback=true"};
+  Daemon a(DaemonConfig{.extra_flags = NodeFlags(shared, "node-a", fallback)});
+  Daemon b(DaemonConfig{.extra_flags = NodeFlags(shared, "node-b", fallback)});
+  CHECK(a.Log().find("link() fallback") != std::string::npos);
+  auto ca = ConnectNode(a, 3);
+  auto cb = ConnectNode(b, 1);
+  REQUIRE((ca && cb));
+  for (uint32_t r : {0u, 1u, 2u}) REQUIRE(SaveRank(*ca, kJob, 1, r, 4, 73).ok());
+  REQUIRE(WaitForWaiting(*ca, kJob, 1, "ranks [3]", 20000).ok());
+  REQUIRE(SaveRank(*cb, kJob, 1, 3, 4, 73).ok());
+  for (auto* c : {ca.get(), cb.get()}) {
+    absl::Status committed = c->WaitCommitted(kJob, 1, 30000);
+    INFO(committed.ToString() << "\nnode a:\n" << a.Log() << "\nnode b:\n" << b.Log());
+    REQUIRE(committed.ok());
+  }
+  const std::string cluster = shared + "/" + kJob + "/" + StepDir(1) + "/cluster";
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(cluster)) {
+    names.push_back(e.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  CHECK(names == std::vector<std::string>{"decision", "node-a.part", "node-b.part"});  // no temps
+  CHECK(std::filesystem::hard_link_count(cluster + "/decision") == 1);
+  CHECK(std::filesystem::exists(ManifestOnShared(shared, 1)));
+  CHECK(VerifyInProcess(a, kJob, 1, 73) == "");
+  CHECK(VerifyInProcess(b, kJob, 1, 73) == "");
 }

@@ -95,4 +95,17 @@ std::unique_ptr<Io> NewUringIo(uint32_t queue_depth);
 // pread/pwrite only.
 std::unique_ptr<Io> NewPosixIo();
 
+// RenameNoReplace where the file system refuses RENAME_NOREPLACE (renameat2 answering EINVAL or
+// ENOSYS: some NFS servers, FUSE and older file systems): link(2) `from` to `to`, which never
+// replaces an existing name on any POSIX file system (EEXIST: ALREADY_EXISTS, `from` left for the
+// caller to remove), then unlink(2) `from`. Only one of several racing writers gets the name, and
+// the name points at a whole file. A crash between the two leaves `from` as a second name of the
+// file (the caller's temporary, which it never reads).
+absl::Status LinkNoReplace(const std::string& from, const std::string& to);
+
+// An Io over `base` (not owned; it must outlive the result) whose RenameNoReplace always takes
+// LinkNoReplace, as on a file system that refuses RENAME_NOREPLACE; every other call goes to
+// `base`. The daemon's remote_dir_link_fallback option, and the tests of the fallback.
+std::unique_ptr<Io> NewLinkNoReplaceIo(Io* base);
+
 }  // namespace ckptd

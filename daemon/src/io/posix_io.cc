@@ -233,9 +233,7 @@ absl::Status PosixIo::RenameNoReplace(const std::string& from, const std::string
   }
   // File systems without RENAME_NOREPLACE (EINVAL) still refuse to link over an existing name.
   if (errno != EINVAL && errno != ENOSYS) return ErrnoStatus(errno, what);
-  if (link(from.c_str(), to.c_str()) != 0) return ErrnoStatus(errno, what);
-  if (unlink(from.c_str()) != 0) return ErrnoStatus(errno, absl::StrCat(what, ": unlink"));
-  return absl::OkStatus();
+  return LinkNoReplace(from, to);
 }
 
 absl::Status PosixIo::FsyncDir(const std::string& dir) {
@@ -320,6 +318,13 @@ absl::StatusOr<bool> PosixIo::Exists(const std::string& path) {
 }  // namespace ckptd::io_internal
 
 namespace ckptd {
+
+absl::Status LinkNoReplace(const std::string& from, const std::string& to) {
+  const std::string what = absl::StrCat("link (no replace) ", from, " -> ", to);
+  if (link(from.c_str(), to.c_str()) != 0) return ErrnoStatus(errno, what);
+  if (unlink(from.c_str()) != 0) return ErrnoStatus(errno, absl::StrCat(what, ": unlink"));
+  return absl::OkStatus();
+}
 
 std::unique_ptr<Io> NewPosixIo() { return std::make_unique<io_internal::PosixIo>(); }
 

@@ -424,5 +424,58 @@ TEST_CASE("PosixStorage read_cached_through_cache reads cached slices through th
   }
 }
 
+// A shared file system without RENAME_NOREPLACE (README "Checkpoints that span nodes"): the
+// link(2) fallback, forced on any file system by NewLinkNoReplaceIo, keeps PutIfAbsent's
+// contract: of writers racing on one path exactly one wins, its content whole, and the losers'
+// temporary files are gone.
+TEST_CASE("posix storage: PutIfAbsent through the link() fallback is once only under a race",
+          "[io]") {
+  TestDir dir("storage_link");
+  std::unique_ptr<Io> base = NewPosixIo();
+  std::unique_ptr<Io> io = NewLinkNoReplaceIo(base.get());
+  std::unique_ptr<Storage> storage = NewPosixStorage(dir.path(), io.get());
+  constexpr int kWriters = 8;
+  for (int round = 0; round < 20; ++round) {
+    const std::string path = "j/step-" + std::to_string(round) + "/cluster/decision";
+    std::atomic<int> go{0};
+    std::vector<absl::Status> results(kWriters);
+    std::vector<std::thread> writers;
+    for (int w = 0; w < kWriters; ++w) {
+      writers.emplace_back([&, w] {
+        go.fetch_add(1);
+        while (go.load() < kWriters) {
+        }
+        results[w] = storage->PutIfAbsent(path, std::string(5000, static_cast<char>('a' + w)));
+      });
+    }
+    for (std::thread& t : writers) t.join();
+    int won = -1;
+    for (int w = 0; w < kWriters; ++w) {
+      if (results[w].ok()) {
+        CHECK(won == -1);
+        won = w;
+      } else {
+        CHECK(absl::IsAlreadyExists(results[w]));
+      }
+    }
+    REQUIRE(won >= 0);
+    CHECK(*storage->Get(path) == std::string(5000, static_cast<char>('a' + won)));
+    CHECK(*storage->List("j/step-" + std::to_string(round) + "/cluster") ==
+          std::vector<std::string>{"decision"});
+  }
+  // LinkNoReplace itself: an existing name is never replaced, and the source is left in place.
+  const std::string a = dir.path() + "/a", b = dir.path() + "/b";
+  std::ofstream(a) << "A";
+  std::ofstream(b) << "B";
+  absl::Status s = LinkNoReplace(a, b);
+  CHECK(absl::IsAlreadyExists(s));
+  CHECK_THAT(std::string(s.message()), Catch::Contains(b));
+  CHECK(std::filesystem::exists(a));
+  std::ifstream in(b);
+  std::string got;
+  in >> got;
+  CHECK(got == "B");
+}
+
 }  // namespace
 }  // namespace ckptd
