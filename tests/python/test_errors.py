@@ -70,7 +70,7 @@ def test_a_corrupt_blob_raises_data_loss(cold_daemon: Daemon) -> None:
     client = ckptd.connect(cold_daemon.socket)
     x = np.arange(4096, dtype=np.float32)
     client.save("py-dataloss", 1, {"x": x}).committed().result(60)
-    np.testing.assert_array_equal(client.load("py-dataloss", 1)["x"], x)
+    np.testing.assert_array_equal(client.load("py-dataloss", 1).tensors["x"], x)
     blobs = list((Path(cold_daemon.state_dir) / "data").glob("py-dataloss/step-*/r00000.blob"))
     assert len(blobs) == 1
     with open(blobs[0], "r+b") as f:

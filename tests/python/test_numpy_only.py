@@ -39,7 +39,7 @@ NUMPY_ONLY = """
     h = client.save("py-numpy-only", 1, {"x": x, "v": x[:, ::3]}, {"meta": {"a": 1}})
     h.committed().result(60)
     out = client.load("py-numpy-only", "latest")
-    np.testing.assert_array_equal(out["x"], x)
+    np.testing.assert_array_equal(out.tensors["x"], x)
     dest = np.empty((10, 100), dtype=np.float32)
     client.load("py-numpy-only", 1, {"x": dest})
     np.testing.assert_array_equal(dest, x)
@@ -75,7 +75,7 @@ FIRST_CALLS_AT_ONCE = """
             x = np.full((256,), i, dtype=np.int64)
             start.wait()
             client.save(f"py-first-{i}", 1, {"x": x}).committed().result(60)
-            np.testing.assert_array_equal(client.load(f"py-first-{i}", 1)["x"], x)
+            np.testing.assert_array_equal(client.load(f"py-first-{i}", 1).tensors["x"], x)
         except BaseException as e:
             errors.append(repr(e))
 
@@ -111,7 +111,7 @@ TORCH_FIRST_CALLS_AT_ONCE = """
     def first(i):
         try:
             start.wait()
-            t = client.load("py-first-torch", 1, as_torch=True)["x"]  # imports torch
+            t = client.load("py-first-torch", 1, as_torch=True).tensors["x"]  # imports torch
             assert type(t).__module__ == "torch", type(t)
         except BaseException as e:
             errors.append(repr(e))

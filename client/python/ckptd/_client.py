@@ -263,6 +263,12 @@ class Client:
         """Whether this process's mapping of the staging arena is pinned for CUDA (pin_cuda)."""
         return bool(self._native.arena_pinned_for_cuda())
 
+    @property
+    def reconnect_count(self) -> int:
+        """How often this client reconnected to a restarted daemon: each time a new session, the
+        new instance's arena mapped and the shared-memory slabs registered again."""
+        return int(self._native.reconnect_count())
+
     def release(self, staged: Iterable[Any]) -> None:
         """Gives back the arena buffers of stage() views that were not saved (libckptd-client
         finds each view's buffer; views of anything else are skipped)."""
