@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import tempfile
@@ -187,7 +188,10 @@ def bench_async_save(
     ckptd_s: list[float] = []
     shared_s: list[float] = []
     dcp_s: list[float] = []
-    with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as d:
+    with (
+        tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as d,
+        ckptd.connect(socket) as c,
+    ):
         for r in range(rounds + 1):  # round 0 warms every writer up
             times = (
                 stall(dcp.FileSystemWriter(f"{d}/{r}")),
@@ -198,6 +202,10 @@ def bench_async_save(
             if r:
                 for out, t in zip((dcp_s, ckptd_s, shared_s), times, strict=True):
                     out.append(t)
+            # Each round's checkpoints go: 3 x the state per round would fill a small disk.
+            shutil.rmtree(f"{d}/{r}")
+            c.delete("bench-dcp", r)
+            c.delete("bench-dcp2", r)
     ck, sh, base = (statistics.median(x) for x in (ckptd_s, shared_s, dcp_s))
     return {
         "ckptd_stall_s": ck,
