@@ -5,11 +5,16 @@
 // reshard, a cancelled reshard, or a restart with work to recover). It must kill itself there
 // (SIGKILL: a kill -9 at exactly that step). It is then restarted without a crash armed, and:
 //   - it starts;
+//   - at the crash (read from the killed daemon's index before anything restarts), every
+//     COMMITTED row names a checkpoint whose manifest is on the tier the row says: the index
+//     never shows a key COMMITTED before its manifest is durable;
 //   - every checkpoint committed before still loads bit-exact (the one being deleted may instead
 //     be absent, with its directory gone — never DELETING, never half there);
-//   - the checkpoint in flight is COMMITTED and loads bit-exact, or is ABORTED / absent with its
-//     directory gone from the data dir;
-//   - `ckptctl ls` shows only COMMITTED and ABORTED checkpoints once recovery has settled them.
+//   - the checkpoint in flight, from the point its manifest is durable on (`ManifestDurable`), is
+//     COMMITTED and loads bit-exact; before it, it is COMMITTED and bit-exact (recovery resumed
+//     it, or the test's retried ranks completed it) or ABORTED / absent with its directory gone;
+//   - `ckptctl ls` shows only COMMITTED and ABORTED checkpoints once recovery has settled them
+//     (never MISSING or CORRUPT: no manifest of the matrix is lost or damaged).
 // Every point of kSyncPoints must appear in the matrix and be reached (a point no workload reaches
 // fails the test), so the list stays honest. Prints "crash matrix: N crash points x M
 // checkpoints checked". The power-loss variant (unsynced writes dropped) runs in-process:
@@ -25,6 +30,7 @@
 
 #include "ckptd/sync_point.h"
 #include "harness.h"
+#include "index_rows.h"
 #include "multi_node.h"
 #include "testclient/rank_io.h"
 
@@ -117,6 +123,7 @@ enum class May {
   kStayCommitted,  // committed before: COMMITTED and bit-exact
   kBeDeleted,      // being deleted: COMMITTED and bit-exact, or absent with its directory gone
   kBeInFlight,     // being written: COMMITTED and bit-exact, or ABORTED / absent, files gone
+  kBeDurable,      // being written, its manifest durable at the crash: COMMITTED and bit-exact
 };
 
 struct Expect {
@@ -124,6 +131,24 @@ struct Expect {
   uint64_t seed;
   May may;
 };
+
+// Whether the case crashes with the manifest of its checkpoint in flight durable (visible to the
+// next process: a rename done is kept by a kill -9): from then on it must be COMMITTED.
+bool ManifestDurable(const Case& c) {
+  const std::string_view p = c.point;
+  switch (c.workload) {
+    case Workload::kSave:
+    case Workload::kReshard:
+      return p == "put_atomic.renamed" || p == "put_atomic.dir_synced" ||
+             p == "commit.manifest_durable" || p == "commit.indexed" || p == "reshard.committed";
+    case Workload::kUpload:  // committed locally before its upload starts
+      return true;
+    case Workload::kCluster:
+      return p == "cluster.manifest_written" || p == "cluster.committed";
+    default:
+      return false;
+  }
+}
 
 std::string CrashFlag(const Case& c) {
   return absl::StrCat("--debug_crash_at=", c.point, ":", c.nth);
@@ -234,15 +259,17 @@ std::vector<std::string> WorkloadFlags(const Case& c) {
   }
 }
 
-std::vector<Expect> Expectations(Workload w) {
+std::vector<Expect> Expectations(const Case& c) {
+  const Workload w = c.workload;
+  const May in_flight = ManifestDurable(c) ? May::kBeDurable : May::kBeInFlight;
   std::vector<Expect> out = {{1, kSeed1, May::kStayCommitted}, {2, kSeed2, May::kStayCommitted}};
   if (w == Workload::kDelete || w == Workload::kRecovery) out[1].may = May::kBeDeleted;
   if (w == Workload::kSave || w == Workload::kAbort || w == Workload::kRecovery ||
       w == Workload::kUpload || w == Workload::kCluster) {
-    out.push_back({kNewStep, kSeed3, May::kBeInFlight});
+    out.push_back({kNewStep, kSeed3, in_flight});
   }
   if (w == Workload::kReshard || w == Workload::kReshardAbort || w == Workload::kRecovery) {
-    out.push_back({kReshardStep, kSeed1, May::kBeInFlight});  // a copy of step 1's bytes
+    out.push_back({kReshardStep, kSeed1, in_flight});  // a copy of step 1's bytes
   }
   return out;
 }
@@ -280,7 +307,10 @@ std::string Check(const Daemon& d, const Expect& e, std::map<std::string, int>* 
       continue;
     }
     if (st.ok() && st->state == ckptd::CheckpointState::kCommitted) {
-      if (e.may != May::kStayCommitted) ++(*outcomes)["COMMITTED"];
+      if (e.may != May::kStayCommitted) {
+        ++(*outcomes)[e.may == May::kBeDurable ? "COMMITTED (manifest durable at the crash)"
+                                               : "COMMITTED"];
+      }
       std::string verified = VerifyInProcess(d, kJob, e.step, e.seed);
       if (!verified.empty()) return absl::StrCat(name, " is COMMITTED but: ", verified);
       return StrayTemps(dir);
@@ -291,12 +321,39 @@ std::string Check(const Daemon& d, const Expect& e, std::map<std::string, int>* 
     if ((gone || aborted) && !PathExists(dir)) {
       ++(*outcomes)[gone ? "absent" : "ABORTED"];
       if (e.may == May::kBeInFlight || (gone && e.may == May::kBeDeleted)) return "";
+      if (e.may == May::kBeDurable) {
+        return absl::StrCat(name, "'s manifest was durable at the crash, and it is now ", seen);
+      }
       return absl::StrCat(name, " was committed before the crash and is now ", seen);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   return absl::StrCat(name, " did not settle within 20 s: ", seen,
                       PathExists(dir) ? " (its directory is still there)" : "");
+}
+
+// The index of the killed daemon (`state`), read before anything restarts: a COMMITTED row whose
+// manifest is not on the tier the row names ("" when none). `remote` is the remote tier's
+// directory ("" when the case has none).
+std::string CommittedWithoutManifest(const std::string& state, const std::string& remote) {
+  std::string error;
+  std::vector<ckptd::v1::CheckpointRecord> rows = ReadCheckpointRows(state + "/index", &error);
+  if (!error.empty()) return absl::StrCat("reading the index at the crash: ", error);
+  std::string bad;
+  for (const ckptd::v1::CheckpointRecord& rec : rows) {
+    const ckptd::v1::CheckpointSummary& s = rec.summary();
+    if (s.state() != ckptd::v1::COMMITTED) continue;
+    const std::string rel = absl::StrCat(s.job(), "/", StepDir(s.step()), "/manifest.ckm");
+    const bool local = PathExists(state + "/data/" + rel);
+    const bool remote_copy = !remote.empty() && PathExists(remote + "/" + rel);
+    if (s.tiers().local() ? !local : !remote_copy) {
+      bad += absl::StrCat(" ", s.job(), "/", s.step(), " (", s.tiers().local() ? "local" : "remote",
+                          ")");
+    }
+  }
+  return bad.empty()
+             ? ""
+             : absl::StrCat("the index said COMMITTED before the manifest was durable:", bad);
 }
 
 // States `ckptctl --json ls` shows that are neither COMMITTED nor ABORTED.
@@ -343,11 +400,16 @@ int RunCase(const std::string& base_state, const Case& c, std::vector<std::strin
     d.Kill9();
     return 0;
   }
+  if (std::string bad =
+          CommittedWithoutManifest(state, remote.empty() ? "" : dir.path() + "/remote");
+      !bad.empty()) {
+    problems->push_back(absl::StrCat(label, ": ", bad));
+  }
   std::vector<std::string> restart = {"--stage_timeout_ms=10000"};
   restart.insert(restart.end(), remote.begin(), remote.end());
   d.Restart(restart);
   int checked = 0;
-  for (const Expect& e : Expectations(c.workload)) {
+  for (const Expect& e : Expectations(c)) {
     std::string wrong = Check(d, e, outcomes);
     ++checked;
     if (!wrong.empty()) problems->push_back(absl::StrCat(label, ": ", wrong));

@@ -5,7 +5,8 @@
 // tier; every daemon learns COMMITTED from the store; a third daemon with an empty state dir loads
 // the checkpoint in another layout from the store alone. A node killed before its part is
 // durable holds the commit back until it restarts; the coordinator's stage timeout and Abort
-// abort every node; what the other nodes may not do (abort, commit partial) is refused.
+// abort every node; what the other nodes may not do (abort, commit partial) is refused. A late
+// node holding only the highest rank holds the commit back until its part is there.
 #include "multi_node.h"
 
 #include <algorithm>
@@ -108,6 +109,38 @@ TEST_CASE("spanning nodes: 4 ranks over two daemons commit once both parts are o
   Daemon c(DaemonConfig{.extra_flags = {"--remote_dir=" + shared, "--node_id=node-c"}});
   CHECK(VerifyInProcess(c, kJob, 1, 71) == "");
   CHECK(CheckPartialLoadFromStore(c, kJob, 1, 71) == "");
+}
+
+// Issue 33 §5: every other spanning-nodes test puts ranks 2 and 3 on the late node, so a merge
+// accepting parts one rank short (the highest) was never tried. Node a holds ranks 0..2, the late
+// node b only rank 3: nothing commits (and no manifest is written) until b's part is there.
+TEST_CASE("spanning nodes: a late node holding only the highest rank holds the commit back",
+          "[integration][multinode]") {
+  TwoNodes nodes;
+  auto ca = ConnectNode(nodes.a, 3);
+  auto cb = ConnectNode(nodes.b, 1);
+  REQUIRE(ca != nullptr);
+  REQUIRE(cb != nullptr);
+  for (uint32_t r : {0u, 1u, 2u}) REQUIRE(SaveRank(*ca, kJob, 1, r, 4, 91).ok());
+  auto waiting = WaitForWaiting(*ca, kJob, 1, "ranks [3]", 20000);
+  INFO(nodes.a.Log());
+  REQUIRE(waiting.ok());
+  CHECK(waiting->state == ckptd::CheckpointState::kPersisting);
+  CHECK(waiting->missing_ranks == std::vector<uint32_t>{3});
+  // Several merge attempts (cluster_poll_ms=50) later, still not committed.
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  auto still = ca->GetStatus(kJob, 1);
+  REQUIRE(still.ok());
+  CHECK(still->state == ckptd::CheckpointState::kPersisting);
+  CHECK_FALSE(std::filesystem::exists(ManifestOnShared(nodes.shared, 1)));
+  REQUIRE(SaveRank(*cb, kJob, 1, 3, 4, 91).ok());
+  for (auto* c : {ca.get(), cb.get()}) {
+    absl::Status committed = c->WaitCommitted(kJob, 1, 30000);
+    INFO(committed.ToString() << "\nnode a:\n" << nodes.a.Log() << "\nnode b:\n" << nodes.b.Log());
+    REQUIRE(committed.ok());
+  }
+  CHECK(VerifyInProcess(nodes.a, kJob, 1, 91) == "");
+  CHECK(VerifyInProcess(nodes.b, kJob, 1, 91) == "");
 }
 
 TEST_CASE(
