@@ -222,11 +222,13 @@ absl::StatusOr<Stores> OpenStores(const DaemonOptions& o, const std::string& shm
 }
 
 // The RPC front over `svc`: the peer-checking listener, the arena descriptor server and the gRPC
-// server, serving until SIGTERM or SIGINT; then it stops taking connections, ends the sessions
-// and shuts the server down (5 s for calls in flight) before it returns. Errors: a socket that
-// cannot be listened on, a server that does not start.
+// server, serving until SIGTERM or SIGINT; then, still serving (status, list and waits answer;
+// new saves are refused), it drains the work in flight within shutdown_grace_s
+// (CheckpointService::Drain; *grace_left is what is left of it), and only then stops taking
+// connections, ends the sessions and shuts the server down (5 s for calls in flight) before it
+// returns. Errors: a socket that cannot be listened on, a server that does not start.
 absl::Status ServeUntilSignal(const DaemonOptions& o, CheckpointService& svc, const RpcPools& pools,
-                              size_t segments, Metrics* metrics) {
+                              size_t segments, Metrics* metrics, absl::Duration* grace_left) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   CKPTD_ASSIGN_OR_RETURN(std::unique_ptr<PeerListener> listener,
@@ -264,6 +266,7 @@ absl::Status ServeUntilSignal(const DaemonOptions& o, CheckpointService& svc, co
   int sig = 0;
   sigwait(&set, &sig);
   spdlog::info("signal {}: stopping (grace {} s)", sig, o.shutdown_grace_s);
+  *grace_left = svc.Drain(absl::Seconds(o.shutdown_grace_s));
   listener->Stop();
   arena_fds->Stop();
   rpc.CloseSessions();
@@ -335,15 +338,16 @@ int Run(const DaemonOptions& o) {
         metrics_server->bind_address().substr(0, metrics_server->bind_address().rfind(':')),
         metrics_server->port());
   }
+  absl::Duration grace_left = absl::Seconds(o.shutdown_grace_s);
   if (absl::Status st =
           ServeUntilSignal(o, svc, RpcPools{&quick_pool, &wait_pool, &reserve_pool, &load_pool},
-                           arena->segments().size(), &metrics);
+                           arena->segments().size(), &metrics, &grace_left);
       !st.ok()) {
     spdlog::critical("{}", st.ToString());
     return 1;
   }
   bool drained = true;
-  bool nothing_staged = svc.Shutdown(absl::Seconds(o.shutdown_grace_s), &drained);
+  bool nothing_staged = svc.Shutdown(grace_left, &drained);
   if (!drained) {
     // Flush threads are still inside a write: leave them (their work is journaled and resumes
     // from the arena at the next start) rather than overrun the grace period.

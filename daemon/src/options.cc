@@ -203,6 +203,7 @@ absl::Status ValidateRanges(const DaemonOptions& o) {
   return absl::OkStatus();
 }
 
+  CKPTD_RETURN_IF_ERROR(Range("debug_upload_delay_ms", o.debug_upload_delay_ms, 0, 60'000));
 // The node's name on a shared tier (the host name unless given), logging and the test hooks.
 absl::Status ValidateNodeAndLogging(DaemonOptions& o) {
   if (!o.debug_crash_at.empty()) {

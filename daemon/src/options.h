@@ -108,8 +108,10 @@ struct DaemonOptions {
   uint32_t rpc_queue_max = 4096;
   // RPCs that may block at once (Wait, ReserveExtents on a full arena). Default: 64
   uint32_t waiters_max = 64;
-  // Seconds SIGTERM waits for in-flight flushes before exiting (the rest stays journaled).
-  // Default: 30
+  // Seconds SIGTERM gives the work in flight before exiting: flushes and commits of checkpoints
+  // whose ranks are all staged, this node's part of a checkpoint spanning nodes, uploads to the
+  // remote tier. The RPC server keeps answering (status, list, wait; new saves are refused)
+  // meanwhile; what is left stays journaled and resumes at the next start. Default: 30
   uint32_t shutdown_grace_s = 30;
   // The tiers a checkpoint is made durable on when its Save names none: "local",
   // "local+remote" (COMMITTED on local storage, then uploaded to the remote tier in the
@@ -218,6 +220,9 @@ struct DaemonOptions {
   // Testing only: an offline reshard waits this long before each chunk it copies, so tests can
   // watch its progress, cancel it or crash the daemon during it. Default: 0
   uint64_t debug_reshard_delay_ms = 0;
+  // Testing only: each chunk an upload to the remote tier (or a node part's blob copy) writes
+  // waits this long first: a slow store, so tests can stop the daemon mid-upload. Default: 0
+  uint64_t debug_upload_delay_ms = 0;
   // Testing only: "<point>[:<nth>]" kills the daemon (SIGKILL to itself, nothing flushed) the nth
   // time (default 1) it reaches the named crash point (daemon/include/ckptd/sync_point.h lists
   // them; the crash-point matrix of tests/integration/crash_matrix_test.cc drives them). Refused by

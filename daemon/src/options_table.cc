@@ -198,8 +198,10 @@ const std::vector<OptionDef>& OptionDefs() {
        "naming this option when less is free, so commits, aborts and deletes of work already "
        "journaled can still be written",
        IntField(&O::index_reserve_bytes, "index_reserve_bytes")},
-      {"shutdown_grace_s", "SIGTERM waits this long for flushes",
-       "SIGTERM waits this long for flushes", IntField(&O::shutdown_grace_s, "shutdown_grace_s")},
+      {"shutdown_grace_s", "SIGTERM drains flushes, node parts and uploads this long",
+       "SIGTERM gives flushes and commits, node parts and uploads in flight this long, answering "
+       "status meanwhile; the rest resumes at the next start",
+       IntField(&O::shutdown_grace_s, "shutdown_grace_s")},
       {"tier_policy", "tiers of a checkpoint whose Save names none: local | local+remote | remote",
        "tiers of a checkpoint whose Save names none: `local`, `local+remote` or `remote` (the "
        "last two need a remote tier: `remote_dir` or `remote_s3_bucket`); see "
@@ -312,3 +314,6 @@ const OptionDef* FindOptionDef(const std::string& name) {
 
 }  // namespace options_internal
 }  // namespace ckptd
+      {"debug_upload_delay_ms", "testing: delay every upload chunk",
+       "testing only: delay every chunk an upload to the remote tier writes (a slow store)",
+       IntField(&O::debug_upload_delay_ms, "debug_upload_delay_ms")},

@@ -4,7 +4,10 @@
 // Wait(kRemote) waits for that; status and ckptctl show the tier; a daemon with an empty state dir
 // adopts what the store holds and loads it in another layout; a local blob missing or corrupt is
 // read from the remote tier instead; a failed upload is retried until it succeeds; a restart
-// resumes an interrupted upload; delete removes both copies.
+// resumes an interrupted upload; SIGTERM mid-upload drains it (answering status meanwhile);
+// delete removes both copies.
+#include <signal.h>
+
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
@@ -243,6 +246,59 @@ TEST_CASE("remote tier: a daemon killed mid-upload resumes it at restart",
   }
 }
 #endif
+
+// Issue 33 §3: SIGTERM abandoned the upload in flight and stopped the RPC server before the
+// drain. Now, with the store slowed down (--debug_upload_delay_ms on every 4 KiB chunk), SIGTERM
+// arrives mid-upload: the daemon keeps answering status (on a connection it had, and on a new
+// one: ckptctl), finishes the upload within shutdown_grace_s, logs the tiers the checkpoint
+// reached, and exits 0; the store then holds a complete copy a fresh node loads.
+TEST_CASE("remote tier: SIGTERM mid-upload drains it within the grace, answering status",
+          "[integration][remote]") {
+  TempDir shared;
+  const std::string remote = shared.path() + "/store";
+  std::filesystem::create_directories(remote);
+  std::vector<std::string> flags = RemoteFlags(remote, "local+remote");
+  flags.insert(flags.end(), {"--debug_upload_delay_ms=150", "--upload_chunk_bytes=4096",
+                             "--shutdown_grace_s=60"});
+  Daemon d(DaemonConfig{.extra_flags = flags});
+  SaveWith(d, 1, 51, ckptd::TierPolicy::kLocalAndRemote);
+  auto client = d.Connect();
+  bool running = false;
+  for (int i = 0; i < 200 && !running; ++i) {
+    auto st = client->GetStatus(kJob, 1);
+    REQUIRE(st.ok());
+    running = st->tiers.upload.state == ckptd::UploadProgress::kRunning &&
+              st->tiers.upload.bytes_done < st->tiers.upload.bytes_total;
+    if (!running) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  INFO(d.Log());
+  REQUIRE(running);
+  const auto t0 = std::chrono::steady_clock::now();
+  REQUIRE(kill(d.pid(), SIGTERM) == 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // Still draining: status answers, on the old connection and on a new one.
+  auto during = client->GetStatus(kJob, 1);
+  INFO(during.status().ToString());
+  REQUIRE(during.ok());
+  CHECK(during->state == ckptd::CheckpointState::kCommitted);
+  CHECK_FALSE(during->tiers.remote);  // the upload is still under way
+  CommandResult ctl = RunCtl(d, {"status", kJob, "1"});
+  INFO(ctl.output);
+  CHECK(ctl.exit_code == 0);
+  // A new checkpoint is refused while stopping.
+  auto refused = SaveRank(*client, kJob, 2, 0, 4, 52);
+  CHECK(refused.status().code() == absl::StatusCode::kUnavailable);
+  const int rc = d.WaitExit(60000);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  INFO(d.Log());
+  CHECK(rc == 0);
+  CHECK(took < std::chrono::seconds(60));
+  CHECK(PathExists(StepPath(remote, 1) + "/manifest.ckm"));
+  CHECK(d.Log().find("remote-job/1 reached: COMMITTED, durable on local and remote") !=
+        std::string::npos);
+  Daemon fresh(DaemonConfig{.extra_flags = RemoteFlags(remote, "local")});
+  CHECK(VerifyInProcess(fresh, kJob, 1, 51) == "");
+}
 
 TEST_CASE("remote tier: the remote policy flushes straight to the store, with no local copy",
           "[integration][remote]") {

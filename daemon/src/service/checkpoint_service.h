@@ -129,6 +129,13 @@ class CheckpointService {
   absl::Status Recover() ABSL_LOCKS_EXCLUDED(mu_);
   // Starts the housekeeping thread (stage timeouts, dead sessions, stale reservations).
   void Start() ABSL_LOCKS_EXCLUDED(mu_);
+  // SIGTERM's first half, run while the RPC server still answers (status, list, wait): new saves
+  // are refused (UNAVAILABLE) and, up to `grace`, the work in flight reaches its tiers —
+  // checkpoints whose ranks are all staged flushed and committed, this node's part of a
+  // checkpoint spanning nodes published, uploads to the remote tier made durable (checkpoints
+  // still short of ranks are not waited for: they stay journaled). Logs, per checkpoint that was
+  // in flight, the tiers it reached. Returns what is left of `grace` (for Shutdown).
+  absl::Duration Drain(absl::Duration grace) ABSL_LOCKS_EXCLUDED(mu_);
   // Stops housekeeping and waits up to `grace` for in-flight flushes and commits. Returns true
   // when nothing is left staged (the arena may be removed). *drained says whether the flush
   // threads finished; when false they are still running and the process should exit without
@@ -589,6 +596,7 @@ class CheckpointService {
   StoreDiscovery discovery_{[this](const std::string& scope) { return ScanStore(scope, nullptr); },
                             absl::Milliseconds(limits::kDiscoveryMinIntervalMs)};
   // The reshard data path (resharder.h: its pool, one thread per reshard that may run), last so it
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;  // Drain: new saves are refused
   // is destroyed (joined) first: its threads call CommitReshard.
   Resharder resharder_{deps_.options, deps_.storage, &loader_, deps_.clock};
 };

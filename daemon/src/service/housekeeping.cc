@@ -1,9 +1,13 @@
 // The lifecycle's background work: the housekeeping thread (stage timeouts, the flush gate, abort
 // retries, unattached sessions) and shutdown.
+#include <set>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "ckptd/sync_point.h"
 #include "common/limits.h"
+#include "common/log.h"
+#include "format/names.h"
 #include "service/checkpoint_service.h"
 #include "spdlog/spdlog.h"
 
@@ -94,6 +98,94 @@ bool CheckpointService::HousekeepingPass() {
     }
   }
   return true;
+}
+
+namespace {
+
+// The tiers a checkpoint's row says it reached, for the shutdown log.
+std::string TiersReached(const std::optional<v1::CheckpointRecord>& rec) {
+  if (!rec) return "gone (deleted, or never journaled)";
+  const v1::CheckpointSummary& s = rec->summary();
+  if (s.state() != v1::COMMITTED) {
+    return absl::StrCat(v1::CheckpointState_Name(s.state()),
+                        s.state() == v1::STAGING || s.state() == v1::PERSISTING
+                            ? " (journaled: it resumes from the staging arena at the next start)"
+                            : "");
+  }
+  const v1::Tiers& t = s.tiers();
+  std::string where = t.local() && t.remote() ? "local and remote"
+                      : t.remote()            ? "remote"
+                                              : "local";
+  if (t.has_upload() && t.upload().state() != v1::UPLOAD_DURABLE) {
+    absl::StrAppend(&where, "; its upload to ", t.upload().store(), " is ",
+                    v1::UploadState_Name(t.upload().state()), " (", t.upload().bytes_done(), " of ",
+                    t.upload().bytes_total(), " bytes) and starts again at the next start");
+  }
+  return absl::StrCat("COMMITTED, durable on ", where);
+}
+
+}  // namespace
+
+absl::Duration CheckpointService::Drain(absl::Duration grace) {
+  const absl::Time deadline = absl::Now() + grace;
+  std::set<Key> in_flight;  // what the log reports at the end
+  // Work this node can finish alone: every rank staged (flushes, the commit, an abort being
+  // recorded), or its own part of a checkpoint spanning nodes not yet on the shared tier. A
+  // checkpoint short of ranks, or whose part is published and waits for other nodes, is not.
+  auto busy = [this](const PendingCheckpoint& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (p.staging()) return !p.idle();
+    if (p.multi_node() && p.cluster.part_durable && !p.committing()) return !p.idle();
+    return true;
+  };
+  if (remote_.enabled()) {
+    for (const auto& key : remote_.Tracked()) in_flight.insert(key);
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    draining_ = true;
+    for (const auto& [key, p] : pending_) in_flight.insert(key);
+    spdlog::info("shutdown: draining {} checkpoint(s) in flight{} (at most {})", pending_.size(),
+                 remote_.enabled() ? " and the uploads to the remote tier" : "",
+                 absl::FormatDuration(grace));
+    while (absl::Now() < deadline) {
+      bool any = false;
+      for (const auto& [key, p] : pending_) any = any || busy(*p);
+      if (!any) break;
+      cluster_wake_ = true;
+      changed_.SignalAll();
+      changed_.WaitWithDeadline(&mu_, std::min(deadline, absl::Now() + absl::Milliseconds(50)));
+    }
+  }
+  std::vector<std::pair<std::pair<std::string, uint64_t>, v1::Upload>> uploads;
+  if (remote_.enabled()) uploads = remote_.Drain(deadline);
+  for (const auto& [key, state] : uploads) in_flight.insert(key);
+  std::set<Key> still_pending;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [key, p] : pending_) {
+      if (busy(*p)) still_pending.insert(key);
+    }
+  }
+  for (const Key& key : in_flight) {
+    absl::StatusOr<std::optional<v1::CheckpointRecord>> rec = ReadRecord(key.first, key.second);
+    std::string reached = rec.ok() ? "" : absl::StrCat("unknown (", rec.status().ToString(), ")");
+    if (rec.ok()) {
+      std::optional<v1::CheckpointRecord> r = *rec;
+      if (r && r->summary().state() == v1::COMMITTED) FillRemoteTier(r->mutable_summary());
+      reached = TiersReached(r);
+    }
+    LogScope fields;
+    fields.Str("job", key.first).Num("step", key.second).Str("event", "shutdown_reached");
+    spdlog::info("shutdown: {} reached: {}{}", CkptName(key.first, key.second), reached,
+                 still_pending.contains(key) ? " (its flushes were still running at the end of "
+                                               "the grace period)"
+                                             : "");
+  }
+  const absl::Duration left = deadline - absl::Now();
+  spdlog::info("shutdown: drained{} with {} of the grace period left",
+               still_pending.empty() && uploads.empty() ? "" : " partly",
+               absl::FormatDuration(std::max(left, absl::ZeroDuration())));
+  return std::max(left, absl::ZeroDuration());
 }
 
 bool CheckpointService::Shutdown(absl::Duration grace, bool* drained_out) {

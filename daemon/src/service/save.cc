@@ -397,6 +397,10 @@ absl::StatusOr<PendingCheckpoint*> CheckpointService::FindOrOpenLocked(const Cal
     LogScope fields;
     fields.Str("event", "opened").Num("world_size", opened->world_size);
     fields.Str("tier_policy", v1::TierPolicy_Name(policy));
+    if (draining_) {  // SIGTERM: ranks of open checkpoints are taken, new ones are not opened
+      return absl::UnavailableError(absl::StrCat(
+          what, ": the daemon is stopping (SIGTERM); save it again once it has restarted"));
+    }
     spdlog::info("{} opened: world size {}, {}", what, opened->world_size,
                  v1::TierPolicy_Name(policy));
     return opened;

@@ -219,6 +219,30 @@ absl::Status RemoteTier::Remove(const std::string& job, uint64_t step, const std
   return committer_->Commit(keys::Checkpoint(job, step), std::move(row));
 }
 
+std::vector<std::pair<std::string, uint64_t>> RemoteTier::Tracked() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<Key> keys;
+  for (const auto& [key, u] : tracked_) keys.push_back(key);
+  return keys;
+}
+
+std::vector<std::pair<std::pair<std::string, uint64_t>, v1::Upload>> RemoteTier::Drain(
+    absl::Time deadline) {
+  std::vector<std::pair<Key, v1::Upload>> left;
+  if (!enabled()) return left;
+  absl::MutexLock lock(&mu_);
+  // refill_: rows the tracked set could not take yet are still waiting in the index.
+  while ((!tracked_.empty() || refill_) && !stopping_ && absl::Now() < deadline) {
+    changed_.WaitWithDeadline(&mu_, std::min(deadline, absl::Now() + absl::Milliseconds(100)));
+  }
+  for (const auto& [key, u] : tracked_) {
+    v1::Upload s = u->state;
+    s.set_bytes_done(u->bytes_done.load());
+    left.emplace_back(key, std::move(s));
+  }
+  return left;
+}
+
 void RemoteTier::Stop() {
   {
     absl::MutexLock lock(&mu_);
@@ -438,6 +462,9 @@ absl::Status RemoteTier::CopyBlob(Upload& u, const std::string& path, BlobReader
     if (off + len < size) CKPTD_RETURN_IF_ERROR(start_read(1 - cur, off + len));
     if (u.cancel || stop_)
       return absl::CancelledError(absl::StrCat("upload of ", path, " stopped"));
+    if (options_->debug_upload_delay_ms > 0) {  // testing: a slow store
+      absl::SleepFor(absl::Milliseconds(options_->debug_upload_delay_ms));
+    }
     IoSlice slice{bufs[cur].get(), len, off};
     CKPTD_RETURN_IF_ERROR(Annotate(writer->Write(std::span<const IoSlice>(&slice, 1)),
                                    absl::StrCat("writing ", path, " to ", remote_->Describe())));
