@@ -19,6 +19,9 @@ static_assert(kAlignmentBytes == kIoAlignmentBytes);
 inline constexpr uint64_t kArenaHeaderBytes = 4 * kKiB;
 // Staging arena segments, one per uid that ever reserved staging memory since the daemon started.
 inline constexpr uint64_t kArenaSegmentsMax = 64;
+// Damaged (truncated) segments one uid may have replaced before a restart (StagingArena::
+// Segment): each retired one stays mapped (address space, one descriptor) until the daemon exits.
+inline constexpr uint32_t kArenaSegmentRetiresMax = 4;
 inline constexpr uint64_t kStagingBytesMin = 16 * kMiB;
 inline constexpr uint64_t kStagingBytesMax = 1024 * kGiB;
 

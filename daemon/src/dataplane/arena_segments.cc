@@ -24,6 +24,7 @@ struct StagingArena::Seg {
   uint64_t size_bytes = 0;
   uint64_t dev = 0;
   uint64_t ino = 0;
+  bool retired = false;  // damaged and replaced (Segment()); guarded by seg_mu_
 
   ~Seg() {
     if (base != nullptr) munmap(base, size_bytes);
@@ -228,14 +229,58 @@ absl::Status StagingArena::Adopt(uint32_t uid, const std::string& name,
   return absl::OkStatus();
 }
 
+absl::Status StagingArena::CheckIntact(const Seg& s) const {
+  struct stat st;
+  if (fstat(s.fd, &st) != 0) return ErrnoStatus(errno, absl::StrCat("fstat ", s.info.name));
+  if (static_cast<uint64_t>(st.st_size) != s.size_bytes) {
+    return absl::DataLossError(
+        absl::StrCat("staging arena segment ", s.info.name, " of uid ", s.info.uid, " is ",
+                     st.st_size, " bytes, not ", s.size_bytes, ": a process of uid ", s.info.uid,
+                     " truncated or resized it (its staged bytes are gone)"));
+  }
+  return absl::OkStatus();
+}
+
+void StagingArena::RetireLocked(Seg* s, const absl::Status& why) {
+  {
+    absl::WriterMutexLock lock(&seg_mu_);
+    s->retired = true;
+  }
+  ++retired_[s->info.uid];
+  if (shm_unlink(s->info.name.c_str()) != 0 && errno != ENOENT) {
+    spdlog::warn("shm_unlink {}: {}", s->info.name, std::strerror(errno));
+  }
+  {
+    // The pages its uid held are gone with it: the new segment faults them in when claimed.
+    absl::MutexLock lock(&mu_);
+    for (auto& [off, run] : resident_) {
+      if (run.second == s->info.uid) run.second = kAnyone;
+    }
+  }
+  spdlog::error(
+      "staging arena: {}; segment retired (sessions that mapped it are refused; checkpoints "
+      "staged in it abort when flushed); new sessions of uid {} get a new segment",
+      std::string(why.message()), s->info.uid);
+}
+
 absl::StatusOr<ArenaSegmentInfo> StagingArena::Segment(uint32_t uid) {
-  if (Seg* s = Find(uid)) return s->info;
+  if (Seg* s = Find(uid); s != nullptr && CheckIntact(*s).ok()) return s->info;
   absl::MutexLock create(&create_mu_);
-  if (Seg* s = Find(uid)) return s->info;
+  if (Seg* s = Find(uid)) {
+    absl::Status intact = CheckIntact(*s);
+    if (intact.ok()) return s->info;
+    if (retired_[uid] >= limits::kArenaSegmentRetiresMax) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          intact.message(), "; uid ", uid, " already had ", retired_[uid],
+          " damaged segments replaced (kArenaSegmentRetiresMax): its staging is refused until "
+          "the daemon restarts"));
+    }
+    RetireLocked(s, intact);
+  }
   size_t count = 0;
   {
     absl::ReaderMutexLock lock(&seg_mu_);
-    count = segs_.size();
+    for (const auto& s : segs_) count += s->retired ? 0 : 1;
   }
   if (count >= limits::kArenaSegmentsMax) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -253,7 +298,7 @@ absl::StatusOr<ArenaSegmentInfo> StagingArena::Segment(uint32_t uid) {
     absl::WriterMutexLock lock(&seg_mu_);
     segs_.push_back(std::move(seg));
   }
-  if (count == 0 && options_.prefault) {
+  if (count == 0 && options_.prefault && !prefault_thread_.joinable()) {
     // The first uid (the node's training uid, usually) gets the whole free arena resident, as
     // pre-faulting at start did — in the background, so this Hello answers at once.
     {
@@ -309,9 +354,28 @@ void StagingArena::PrefaultLoop(uint32_t uid) {
 StagingArena::Seg* StagingArena::Find(uint32_t uid) const {
   absl::ReaderMutexLock lock(&seg_mu_);
   for (const auto& s : segs_) {
-    if (s->info.uid == uid) return s.get();
+    if (s->info.uid == uid && !s->retired) return s.get();
   }
   return nullptr;
+}
+
+uint8_t* StagingArena::AtGeneration(const std::string& generation, uint64_t offset) const {
+  absl::ReaderMutexLock lock(&seg_mu_);
+  for (const auto& s : segs_) {
+    if (s->info.generation == generation) {
+      CKPTD_CHECK(offset <= s->size_bytes);
+      return s->base + offset;
+    }
+  }
+  return nullptr;
+}
+
+bool StagingArena::Retired(const std::string& generation) const {
+  absl::ReaderMutexLock lock(&seg_mu_);
+  for (const auto& s : segs_) {
+    if (s->info.generation == generation) return s->retired;
+  }
+  return false;
 }
 
 std::optional<ArenaSegmentInfo> StagingArena::ExistingSegment(uint32_t uid) const {
@@ -330,7 +394,9 @@ std::vector<ArenaSegmentInfo> StagingArena::segments() const {
   absl::ReaderMutexLock lock(&seg_mu_);
   std::vector<ArenaSegmentInfo> out;
   out.reserve(segs_.size());
-  for (const auto& s : segs_) out.push_back(s->info);
+  for (const auto& s : segs_) {
+    if (!s->retired) out.push_back(s->info);  // a retired one is unlinked already
+  }
   return out;
 }
 
@@ -424,7 +490,7 @@ absl::Status StagingArena::MakeResident(uint32_t uid, const std::vector<Span>& s
   {
     absl::ReaderMutexLock lock(&seg_mu_);
     for (const auto& s : segs_) {
-      if (s.get() != mine) others.push_back(s.get());
+      if (s.get() != mine && !s->retired) others.push_back(s.get());
     }
   }
   if (!spans.empty()) {

@@ -151,7 +151,11 @@ class CheckpointService {
   // descriptor (borrowed from the arena; rpc/arena_fd_server.h hands it over), name and
   // residency. FAILED_PRECONDITION when `session` is not a live session of `uid`;
   // RESOURCE_EXHAUSTED as StagingArena::Segment.
-  absl::StatusOr<ArenaGrant> ArenaFd(uint32_t uid, const std::string& session) const;
+  absl::StatusOr<ArenaGrant> ArenaFd(uint32_t uid, const std::string& session);
+  // FAILED_PRECONDITION when `session` was handed an arena segment that has since been retired
+  // (a process of its uid truncated it: StagingArena::Segment): its mapping and the extents it
+  // reserved are gone; a new session (reconnect) maps the new segment. OK otherwise.
+  absl::Status SessionArenaStatus(const std::string& session) const;
   // Binds session `id` to the caller's Attach stream (sessions.h); EndSession ends it when the
   // stream ends.
   absl::Status Attach(const Caller& caller, const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);

@@ -416,7 +416,11 @@ absl::Status CheckpointService::Save(const Caller& caller, const v1::SaveRequest
   CKPTD_RETURN_IF_ERROR(CheckIndexReserve(what));
   PendingRank rank;
   rank.rec.set_rank(req.rank());
-  rank.rec.set_arena_generation(deps_.arena->Generation(caller.uid));
+  // The segment the session mapped, where its extents are (the uid's current one may be newer:
+  // a damaged segment retired meanwhile is read, guarded, and its flush fails).
+  std::string generation = sessions_.ArenaGeneration(session);
+  rank.rec.set_arena_generation(generation.empty() ? deps_.arena->Generation(caller.uid)
+                                                   : generation);
   rank.rec.set_blob_name(BlobName(req.rank()));
   v1::RankTimings* timings = rank.rec.mutable_timings();
   timings->set_rank(req.rank());
@@ -430,6 +434,7 @@ absl::Status CheckpointService::Save(const Caller& caller, const v1::SaveRequest
   PendingCheckpoint& p = *found;
   if (p.owner_uid != caller.uid) {
     return absl::PermissionDeniedError(absl::StrCat(what, " is being saved by uid ", p.owner_uid,
+  CKPTD_RETURN_IF_ERROR(SessionArenaStatus(session));  // its extents' segment is intact
                                                     "; ", DescribeCaller(caller),
                                                     " may not add ranks to it"));
   }

@@ -45,12 +45,21 @@ absl::Status CheckpointService::Hello(const Caller& caller, const v1::HelloReque
   return absl::OkStatus();
 }
 
-absl::StatusOr<ArenaGrant> CheckpointService::ArenaFd(uint32_t uid,
-                                                      const std::string& session) const {
+absl::StatusOr<ArenaGrant> CheckpointService::ArenaFd(uint32_t uid, const std::string& session) {
   CKPTD_RETURN_IF_ERROR(sessions_.CheckUid(uid, session));
   CKPTD_ASSIGN_OR_RETURN(ArenaSegmentInfo seg, deps_.arena->Segment(uid));
   CKPTD_ASSIGN_OR_RETURN(int fd, deps_.arena->SegmentFd(uid));
+  sessions_.SetArenaGeneration(session, seg.generation);
   return ArenaGrant{fd, seg.name, seg.generation, deps_.arena->FullyResident(uid)};
+}
+
+absl::Status CheckpointService::SessionArenaStatus(const std::string& session) const {
+  const std::string generation = sessions_.ArenaGeneration(session);
+  if (generation.empty() || !deps_.arena->Retired(generation)) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "session ", session, ": the staging arena segment it mapped (generation ", generation,
+      ") was truncated or resized by a process of its uid and is retired; its mapping and the "
+      "extents it reserved are gone: start a new session (reconnect) to map the new segment"));
 }
 
 absl::Status CheckpointService::Attach(const Caller& caller, const std::string& id) {
@@ -75,6 +84,9 @@ absl::Status CheckpointService::ReserveExtents(const Caller& caller,
                                                    " extents in one call; the limit is ",
                                                    limits::kExtentsPerReserveMax));
   }
+  // Reserving also checks the uid's segment (StagingArena::Segment: a damaged one is retired).
+  CKPTD_RETURN_IF_ERROR(deps_.arena->Segment(caller.uid).status());
+  CKPTD_RETURN_IF_ERROR(SessionArenaStatus(session));
   uint64_t timeout_ms = req.timeout_ms() == 0 ? deps_.options->reserve_timeout_ms
                                               : std::min<uint64_t>(req.timeout_ms(), 3600000);
   CKPTD_ASSIGN_OR_RETURN(std::vector<ExtentInfo> extents,

@@ -79,6 +79,18 @@ absl::Status SessionTable::CheckUid(uint32_t uid, const std::string& id) const {
   return absl::OkStatus();
 }
 
+void SessionTable::SetArenaGeneration(const std::string& id, const std::string& generation) {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(id);
+  if (it != sessions_.end()) it->second.arena_generation = generation;
+}
+
+std::string SessionTable::ArenaGeneration(const std::string& id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(id);
+  return it == sessions_.end() ? "" : it->second.arena_generation;
+}
+
 void SessionTable::End(const std::string& id) {
   {
     absl::MutexLock lock(&mu_);

@@ -68,6 +68,9 @@ class SessionTable {
   // OK when `id` is a live session of `uid` (from any connection: the arena socket's peer, which
   // is a connection of its own); FAILED_PRECONDITION naming the session otherwise.
   absl::Status CheckUid(uint32_t uid, const std::string& id) const;
+  // The generation of the arena segment the session was handed (the arena socket), "" before.
+  void SetArenaGeneration(const std::string& id, const std::string& generation);
+  std::string ArenaGeneration(const std::string& id) const;
   // Ends the session (idempotent) and calls on_end for it.
   void End(const std::string& id);
   // Ends every session opened more than `timeout` ago (on the table's clock) and never attached.
@@ -84,6 +87,7 @@ class SessionTable {
     std::string client_name;
     absl::Time opened;
     bool attached = false;
+    std::string arena_generation;  // of the segment the arena socket handed it
   };
   EndFn on_end_;
   const Clock* clock_;

@@ -178,15 +178,17 @@ bool FlushScheduler::Post(std::function<void()> flush) {
   });
 }
 
-const uint8_t* FlushScheduler::ShardSource(std::optional<uint32_t> arena_uid,
+const uint8_t* FlushScheduler::ShardSource(const std::string& arena_generation,
                                            const v1::StagedShard& s,
                                            const std::vector<RegionLease>& leases) const {
   const v1::MemRef& m = s.spec().data();
   if (m.length() == 0) return nullptr;
   if (m.target_case() == v1::MemRef::kExtentId) {
-    // Save staged it in its uid's segment; recovery restored it only into an adopted one.
-    CKPTD_CHECK(arena_uid.has_value());
-    return arena_->At(*arena_uid, s.arena_offset() + m.offset());
+    // Save staged it in its uid's segment; recovery restored it only into an adopted one. A
+    // segment retired since (damaged) is still mapped: its bytes are read there, guarded.
+    const uint8_t* p = arena_->AtGeneration(arena_generation, s.arena_offset() + m.offset());
+    CKPTD_CHECK(p != nullptr);
+    return p;
   }
   for (const RegionLease& l : leases) {
     if (l->id == m.region_id()) return l->base + m.offset();
@@ -203,10 +205,9 @@ absl::Status FlushScheduler::WriteRankBlob(const std::string& dir,
   std::vector<BlobPiece> pieces;
   std::vector<ChecksumJob> checksums;
   uint64_t checksum_bytes = 0;
-  std::optional<uint32_t> arena_uid;
-  if (auto seg = arena_->SegmentOfGeneration(rec->arena_generation())) arena_uid = seg->uid;
+  const std::string& generation = rec->arena_generation();
   CKPTD_RETURN_IF_ERROR(
-      LayOutRankBlob([&](const v1::StagedShard& s) { return ShardSource(arena_uid, s, leases); },
+      LayOutRankBlob([&](const v1::StagedShard& s) { return ShardSource(generation, s, leases); },
                      rec, &pieces, &checksums, &checksum_bytes));
   std::vector<CrcRange> ranges = CrcRanges(checksums, block);
   if (pieces.empty() || checksum_bytes < limits::kChecksumParallelBytesMin) {

@@ -66,7 +66,9 @@ class FlushScheduler {
                              v1::RankRecord* rec, Storage* to = nullptr);
 
  private:
-  const uint8_t* ShardSource(std::optional<uint32_t> arena_uid, const v1::StagedShard& s,
+  // Where a staged shard's bytes are: in the segment of the rank's generation (even a retired,
+  // damaged one: read under the memory guard, never another segment's bytes), or a lease.
+  const uint8_t* ShardSource(const std::string& arena_generation, const v1::StagedShard& s,
                              const std::vector<RegionLease>& leases) const;
 
   const DaemonOptions* const options_;
