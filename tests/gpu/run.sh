@@ -10,6 +10,7 @@
 set -uo pipefail
 STAGES=${STAGES:-cpp py bench}  # which of the three stages below run
 GIB=${GIB:-2}                   # the benchmark's state on the GPU, GiB
+PYK=${PYK:-gpu or cuda}         # the Python tests run (pytest -k)
 ROOT=$PWD
 OUT=${OUT:-$ROOT/gpu-out}
 mkdir -p "$OUT"
@@ -49,7 +50,7 @@ fi
 if [[ $STAGES == *py* ]]; then
   echo "== Python GPU tests"
   (cd tests/python && CKPTD_BIN=$X/bin/ckptd timeout 200 python3 -m pytest -p no:cacheprovider \
-    -q -rA --durations=15 test_gpu.py test_client.py -k "gpu or cuda" >"$W/py_gpu.log" 2>&1
+    -q -rA --durations=15 test_gpu.py test_client.py -k "$PYK" >"$W/py_gpu.log" 2>&1
   echo "rc=$?" >>"$W/py_gpu.log")
   grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed|rc=" "$W/py_gpu.log" | tail -40
 fi

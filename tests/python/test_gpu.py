@@ -332,23 +332,26 @@ def _expected(step: int, i: int, n: int) -> torch.Tensor:
 
 
 def test_a_client_killed_mid_copy() -> None:
-    # A trainer saving 512 MiB of GPU tensors step after step is SIGKILLed while a Save is in
-    # flight (most likely while the daemon copies its GPU memory over CUDA IPC). The daemon goes
-    # on; every checkpoint of that trainer ends COMMITTED with its bytes, or ABORTED (or never
+    # A trainer saving 2 GiB of GPU tensors step after step is SIGKILLed in the middle of a Save:
+    # half the shortest earlier Save's time after it began, when the daemon is copying its GPU
+    # memory over CUDA IPC (about 40 ms of a Save of 2 GiB on an H200). The daemon goes on;
+    # every checkpoint of that trainer ends COMMITTED with its bytes, or ABORTED (or never
     # existed); a new client saves and loads GPU tensors.
-    d = start_daemon(2 << 30, ["--stage_timeout_ms=3000"])
-    n = 32 << 20  # 128 MiB of float32 per tensor, four tensors
+    d = start_daemon(12 << 30, ["--stage_timeout_ms=3000"])
+    n = 128 << 20  # 512 MiB of float32 per tensor, four tensors
     try:
         code = f"""
-            import torch, ckptd
+            import time, torch, ckptd
             c = ckptd.connect({d.socket!r})
             def expected(step, i, n):
                 return torch.arange(n, dtype=torch.float32, device="cuda") * (step + 1) + i
             for step in range(1, 1000):
                 xs = {{f"x{{i}}": expected(step, i, {n}) for i in range(4)}}
                 torch.cuda.synchronize()
-                print(step, flush=True)
+                print("saving", step, flush=True)
+                t0 = time.perf_counter()
                 c.save("gpu-midcopy", step, xs)
+                print("saved", step, time.perf_counter() - t0, flush=True)
         """
         child = subprocess.Popen(
             [sys.executable, "-c", textwrap.dedent(code)],
@@ -358,11 +361,17 @@ def test_a_client_killed_mid_copy() -> None:
         )
         assert child.stdout is not None
         killed_at = 0
+        took: list[float] = []
         for line in child.stdout:
-            if int(line) == 4:
-                child.send_signal(signal.SIGKILL)  # right after it began saving step 4
+            words = line.split()
+            if words[0] == "saved":
+                took.append(float(words[2]))
+            elif int(words[1]) == 4:
+                time.sleep(min(took) / 2)
+                child.send_signal(signal.SIGKILL)  # in the middle of step 4's Save
                 killed_at = 4
                 break
+        print(f"Saves of steps 1-3 took {took} s; killed {min(took) / 2:.4f} s into step 4's")
         child.wait(timeout=60)
         assert killed_at == 4, child.stderr.read() if child.stderr else ""
         assert d.proc.poll() is None, "the daemon died with its client"
