@@ -200,10 +200,30 @@ absl::Status ValidateRanges(const DaemonOptions& o) {
   CKPTD_RETURN_IF_ERROR(Range("debug_flush_delay_ms", o.debug_flush_delay_ms, 0, 3'600'000));
   CKPTD_RETURN_IF_ERROR(Range("debug_load_delay_ms", o.debug_load_delay_ms, 0, 3'600'000));
   CKPTD_RETURN_IF_ERROR(Range("debug_reshard_delay_ms", o.debug_reshard_delay_ms, 0, 60'000));
+  CKPTD_RETURN_IF_ERROR(Range("debug_upload_delay_ms", o.debug_upload_delay_ms, 0, 60'000));
   return absl::OkStatus();
 }
 
-  CKPTD_RETURN_IF_ERROR(Range("debug_upload_delay_ms", o.debug_upload_delay_ms, 0, 60'000));
+// owner_map and owner_map_file (common/owner_map.h): the table read once, here.
+absl::StatusOr<OwnerMap> ParseOwnerMap(const DaemonOptions& o) {
+  std::string table;
+  if (!o.owner_map_file.empty()) {
+    std::ifstream in(o.owner_map_file, std::ios::binary);
+    if (!in) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("option owner_map_file = \"", o.owner_map_file, "\": cannot be read"));
+    }
+    std::ostringstream text;
+    text << in.rdbuf();
+    table = text.str();
+    if (table.size() > limits::kOwnerMapEntriesMax * (limits::kOwnerNameBytesMax + 16)) {
+      return absl::InvalidArgumentError(absl::StrCat("option owner_map_file = \"", o.owner_map_file,
+                                                     "\": too large (", table.size(), " bytes)"));
+    }
+  }
+  return OwnerMap::Parse(o.owner_map, table, o.owner_map_file);
+}
+
 // The node's name on a shared tier (the host name unless given), logging and the test hooks.
 absl::Status ValidateNodeAndLogging(DaemonOptions& o) {
   if (!o.debug_crash_at.empty()) {
@@ -268,6 +288,7 @@ bool DaemonOptions::RetentionOn() const {
 absl::Status DaemonOptions::Validate() {
   CKPTD_RETURN_IF_ERROR(ValidatePaths(*this));
   CKPTD_ASSIGN_OR_RETURN(retention, ParseRetentionRules(*this));
+  CKPTD_ASSIGN_OR_RETURN(owners, ParseOwnerMap(*this));
   CKPTD_RETURN_IF_ERROR(ValidateRanges(*this));
   CKPTD_RETURN_IF_ERROR(ValidateTiers());
   return ValidateNodeAndLogging(*this);

@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/owner_map.h"
 
 namespace ckptd {
 
@@ -198,6 +199,18 @@ struct DaemonOptions {
   // shared tier (its node part is <dir>/cluster/<node_id>.part; letters, digits, '.', '-', '_',
   // at most 64). Every daemon of a job needs its own. Default: the host name
   std::string node_id;
+  // How a job's owner recorded in a manifest or node part (written by a daemon on any node)
+  // becomes a uid here when this daemon adopts the checkpoint (docs/SECURITY.md "Ownership"):
+  // "uid" (the recorded numeric uid: every node shares one uid space) or "name" (the recorded
+  // user name, looked up in owner_map_file, then in this host's passwd database).
+  // Default: uid
+  std::string owner_map = "uid";
+  // A table of "NAME UID" lines (# comments), read once at start: in owner_map = name, the uid of
+  // each name on this node (before the passwd database); in both modes, the name recorded for a
+  // uid. Default: "" (none)
+  std::string owner_map_file;
+  // Built from owner_map and owner_map_file by Validate().
+  OwnerMap owners;
   // How often a daemon reads the shared tier for a checkpoint spanning nodes (the coordinator:
   // the other nodes' parts; the others: the coordinator's decision). Bounds the commit latency
   // across nodes. Default: 200

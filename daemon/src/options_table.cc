@@ -272,6 +272,15 @@ const std::vector<OptionDef>& OptionDefs() {
        "[spanning nodes](#checkpoints-that-span-nodes): this daemon's name on the shared tier "
        "(letters, digits, `.-_`, ≤ 64); one per daemon of a job",
        StringField(&O::node_id), "the host name"},
+      {"owner_map", "how an adopted checkpoint's recorded owner maps to a uid here: uid|name",
+       "how the owner recorded in a checkpoint another node wrote becomes a uid here when it "
+       "is adopted (docs/SECURITY.md \"Ownership\"): `uid` (the numeric uid: nodes share one uid "
+       "space) or `name` (the user name, looked up in `owner_map_file`, then the passwd database)",
+       StringField(&O::owner_map)},
+      {"owner_map_file", "a file of NAME UID lines naming owners (read once at start)",
+       "a file of `NAME UID` lines (`#` comments), read once at start: the uid of each name "
+       "here (owner_map = name, before the passwd database) and the name recorded for each uid",
+       StringField(&O::owner_map_file), "(none)"},
       {"cluster_poll_ms", "how often a checkpoint spanning nodes reads the shared tier",
        "spanning nodes: how often the shared tier is read (the parts, or the decision); bounds "
        "the commit latency across nodes",
@@ -295,6 +304,9 @@ const std::vector<OptionDef>& OptionDefs() {
       {"debug_reshard_delay_ms", "testing: delay every reshard chunk",
        "testing only: delay every chunk an offline reshard copies",
        IntField(&O::debug_reshard_delay_ms, "debug_reshard_delay_ms")},
+      {"debug_upload_delay_ms", "testing: delay every upload chunk",
+       "testing only: delay every chunk an upload to the remote tier writes (a slow store)",
+       IntField(&O::debug_upload_delay_ms, "debug_upload_delay_ms")},
       {"debug_crash_at",
        "testing: <point>[:<nth>] kills the daemon at a crash point (test builds only)",
        "testing only: `<point>[:<nth>]` — the daemon SIGKILLs itself the nth time (default 1) "
@@ -314,6 +326,3 @@ const OptionDef* FindOptionDef(const std::string& name) {
 
 }  // namespace options_internal
 }  // namespace ckptd
-      {"debug_upload_delay_ms", "testing: delay every upload chunk",
-       "testing only: delay every chunk an upload to the remote tier writes (a slow store)",
-       IntField(&O::debug_upload_delay_ms, "debug_upload_delay_ms")},

@@ -26,6 +26,10 @@ inline constexpr uint64_t kStagingBytesMin = 16 * kMiB;
 inline constexpr uint64_t kStagingBytesMax = 1024 * kGiB;
 
 inline constexpr uint64_t kJobNameBytesMax = 128;
+// The owner map (common/owner_map.h): a user name's length (POSIX tools allow 32), and the
+// entries of owner_map_file.
+inline constexpr uint64_t kOwnerNameBytesMax = 32;
+inline constexpr uint64_t kOwnerMapEntriesMax = 65536;
 inline constexpr uint64_t kItemNameBytesMax = 1024;
 inline constexpr uint32_t kWorldSizeMax = 65536;
 inline constexpr uint64_t kStepMax = (uint64_t{1} << 62);

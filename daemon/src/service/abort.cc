@@ -134,6 +134,11 @@ absl::Status CheckpointService::Abort(const Caller& caller, const v1::AbortReque
   CKPTD_RETURN_IF_ERROR(CheckAccess(caller, req.job(), Access::kDelete));
   const std::string what = CkptName(req.job(), req.step());
   absl::MutexLock lock(&mu_);
+  // The owner is checked again on what was found (the check above passes for a job that had no
+  // owner yet, and one may have claimed it since).
+  if (auto r = reshards_.find(Key{req.job(), req.step()}); r != reshards_.end()) {
+    CKPTD_RETURN_IF_ERROR(AccessAllowed(caller, req.job(), r->second->owner_uid, Access::kDelete));
+  }
   if (CancelReshardLocked(Key{req.job(), req.step()}, req.reason(), resp)) return absl::OkStatus();
   auto it = pending_.find(Key{req.job(), req.step()});
   if (it == pending_.end()) {
@@ -141,6 +146,7 @@ absl::Status CheckpointService::Abort(const Caller& caller, const v1::AbortReque
         absl::StrCat(what, " is not being saved (committed checkpoints are deleted, not aborted)"));
   }
   PendingCheckpoint& p = *it->second;
+  CKPTD_RETURN_IF_ERROR(AccessAllowed(caller, req.job(), p.owner_uid, Access::kDelete));
   if (p.committing()) {
     return absl::FailedPreconditionError(absl::StrCat(what, " is already committing"));
   }

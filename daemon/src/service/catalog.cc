@@ -204,6 +204,8 @@ absl::Status CheckpointService::Latest(const Caller& caller, const v1::LatestReq
   CKPTD_RETURN_IF_ERROR(CheckAccess(caller, req.job(), Access::kRead));
   RefreshFromStore(req.job());
   CKPTD_ASSIGN_OR_RETURN(uint64_t step, LatestCommitted(req.job()));
+  // Again once adopted and found (owners.cc): the check above passes for a job with no owner.
+  CKPTD_RETURN_IF_ERROR(CheckAccess(caller, req.job(), Access::kRead));
   resp->set_step(step);
   return absl::OkStatus();
 }
@@ -284,6 +286,8 @@ absl::Status CheckpointService::ListCheckpoints(const Caller& caller,
         rec.mutable_summary()->set_step(id->second);
         return recs.size() <= page;  // one more than a page says whether another follows
       }));
+  // Again once adopted and listed (owners.cc): the check above passes for a job with no owner.
+  CKPTD_RETURN_IF_ERROR(CheckAccess(caller, req.job(), Access::kRead));
   if (recs.size() > page) {
     recs.resize(page);
     resp->set_next_page_token(absl::StrCat(recs.back().summary().step()));
@@ -316,15 +320,22 @@ absl::Status CheckpointService::GetStatus(const Caller& caller, const v1::GetSta
   CKPTD_RETURN_IF_ERROR(CheckAccess(caller, req.job(), Access::kRead));
   {
     absl::MutexLock lock(&mu_);
+    // The owner is checked again on what is found (the check above passes for a job that had
+    // no owner yet): the saver's, the reshard's, or, for a row, the job's once adopted.
     auto it = pending_.find(Key{req.job(), req.step()});
     if (it != pending_.end()) {
+      CKPTD_RETURN_IF_ERROR(AccessAllowed(caller, req.job(), it->second->owner_uid, Access::kRead));
       FillStatusLocked(*it->second, resp);
       return absl::OkStatus();
+    }
+    if (auto r = reshards_.find(Key{req.job(), req.step()}); r != reshards_.end()) {
+      CKPTD_RETURN_IF_ERROR(AccessAllowed(caller, req.job(), r->second->owner_uid, Access::kRead));
     }
     if (ReshardStatusLocked(Key{req.job(), req.step()}, resp)) return absl::OkStatus();
   }
   CKPTD_ASSIGN_OR_RETURN(std::optional<v1::CheckpointRecord> rec,
                          ReadRecordOrAdopt(req.job(), req.step()));
+  CKPTD_RETURN_IF_ERROR(CheckAccess(caller, req.job(), Access::kRead));
   if (!rec) {
     return absl::NotFoundError(
         absl::StrCat("checkpoint ", req.job(), "/", req.step(), " does not exist"));
@@ -347,6 +358,8 @@ absl::Status CheckpointService::Inspect(const Caller& caller, const v1::InspectR
   const std::string what = absl::StrCat("checkpoint ", req.job(), "/", req.step());
   CKPTD_ASSIGN_OR_RETURN(std::optional<v1::CheckpointRecord> rec,
                          ReadRecordOrAdopt(req.job(), req.step()));
+  // Again once adopted and found (owners.cc): the check above passes for a job with no owner.
+  CKPTD_RETURN_IF_ERROR(CheckAccess(caller, req.job(), Access::kRead));
   if (!rec) return absl::NotFoundError(absl::StrCat(what, " does not exist"));
   *resp->mutable_summary() = rec->summary();
   if (Damaged(rec->summary().state())) {  // as a load of it: clients inspect first
@@ -436,6 +449,10 @@ absl::Status CheckpointService::Delete(const Caller& caller, const v1::DeleteReq
   CKPTD_RETURN_IF_ERROR(CheckAccess(caller, req.job(), Access::kDelete));
   const std::string what = CkptName(req.job(), req.step());
   const Key key{req.job(), req.step()};
+  // A checkpoint another daemon committed to the store is adopted first (a delete is of every
+  // tier), so its owner is this job's here when checked below. A row that does not parse is
+  // deleted all the same (DATA_LOSS here).
+  ReadRecordOrAdopt(req.job(), req.step()).status().IgnoreError();
   v1::CheckpointRecord rec;
   {
     absl::MutexLock lock(&mu_);
@@ -455,7 +472,11 @@ absl::Status CheckpointService::Delete(const Caller& caller, const v1::DeleteReq
     KeyChangedLocked(key);
     manifest_cache_.Erase(key);
   }
-  absl::Status st = RemoveCheckpoint(req.job(), req.step(), std::move(rec));
+  // Again, now that the row was found (owners.cc: its job's owner row was written before it, and
+  // never changes): the check above passes for a job that had no owner yet.
+  const absl::Status allowed = CheckAccess(caller, req.job(), Access::kDelete);
+  absl::Status st =
+      allowed.ok() ? RemoveCheckpoint(req.job(), req.step(), std::move(rec)) : allowed;
   {
     absl::MutexLock lock(&mu_);
     rewriting_.erase(key);
@@ -463,6 +484,7 @@ absl::Status CheckpointService::Delete(const Caller& caller, const v1::DeleteReq
     manifest_cache_.Erase(key);  // a load that raced the delete may have cached it again
     changed_.SignalAll();
   }
+  if (!allowed.ok()) return allowed;
   if (!st.ok()) {
     spdlog::error("deleting {}: {}", what, st.ToString());
     return Annotate(st, absl::StrCat("deleting ", what,

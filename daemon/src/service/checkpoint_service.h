@@ -391,6 +391,23 @@ class CheckpointService {
                                     std::optional<uint32_t> owner, Access access);
   // The owner of `job`, if it has a record.
   absl::StatusOr<std::optional<uint32_t>> JobOwner(const std::string& job);
+  // owners.cc: a job's owner is claimed once, atomically (docs/SECURITY.md "Ownership").
+  // The owner of `job`: its row's, or, when it has none, `uid`, recorded now (a synced JobRecord
+  // write, with mu_ released) — one claim at a time per job (owner_claims_), and a row read with
+  // mu_ released is read again when a claim landed meanwhile (owner_claims_done_), so two
+  // callers never both see "no owner" and both claim. Held on entry and exit (may release it).
+  absl::StatusOr<uint32_t> ClaimJobOwnerLocked(const std::string& job, uint32_t uid)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<uint32_t> ClaimJobOwner(const std::string& job, uint32_t uid)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Adoption (from the store, or from a manifest after the index is lost): the job of `m` gets
+  // the owner `m` records, mapped to a uid here (OwnerMap::LocalUid), claimed when the job has no
+  // owner yet; a manifest of an older version (no owner) keeps the job's owner, or claims it for
+  // this daemon's uid. PERMISSION_DENIED (not adopted) when the owner maps to no uid here or the
+  // job here belongs to another uid.
+  absl::Status AdoptOwner(const Manifest& m) ABSL_LOCKS_EXCLUDED(mu_);
+  // What a manifest or node part of a job owned by `uid` records (OwnerMap::Record).
+  v1::Owner OwnerRecordOf(uint32_t uid) const;
   absl::StatusOr<std::optional<v1::CheckpointRecord>> GetRecord(const std::string& job,
                                                                 uint64_t step);
   absl::StatusOr<uint64_t> LatestCommitted(const std::string& job);
@@ -584,6 +601,10 @@ class CheckpointService {
   // Reshard can create it meanwhile (they see the row, or, in Save, this entry), and a second
   // Delete or marking is refused. Removed when the operation ends, after its last write.
   std::map<Key, std::string> rewriting_ ABSL_GUARDED_BY(mu_);
+  // Jobs whose owner is being claimed (ClaimJobOwnerLocked: its JobRecord write in flight), and
+  // how many claims have landed: an owner read with mu_ released is current if none landed since.
+  absl::flat_hash_set<std::string> owner_claims_ ABSL_GUARDED_BY(mu_);
+  uint64_t owner_claims_done_ ABSL_GUARDED_BY(mu_) = 0;
   static constexpr size_t kKeyEpochBuckets = 64;
   std::array<uint64_t, kKeyEpochBuckets> key_epochs_ ABSL_GUARDED_BY(mu_) = {};
   // Aborts whose synced ABORTED row failed (an index error) or that the flush pool refused,

@@ -53,6 +53,7 @@ struct CheckpointService::ClusterWork {
   v1::TierPolicy policy = v1::TIER_LOCAL_AND_REMOTE;
   uint32_t world_size = 0;
   uint64_t created_unix_ms = 0;
+  uint32_t owner_uid = 0;  // the job's owner here (recorded in the part and the manifest)
   std::string abort_requested;
   v1::NodePart part;                                    // this node's (kAwaitingCluster)
   std::vector<std::pair<std::string, uint64_t>> blobs;  // its blobs and their sizes
@@ -90,6 +91,7 @@ std::vector<CheckpointService::ClusterWork> CheckpointService::ClusterWorkLocked
     w.policy = p->tier_policy;
     w.world_size = p->world_size;
     w.created_unix_ms = p->created_unix_ms;
+    w.owner_uid = p->owner_uid;
     w.abort_requested = p->cluster.abort_requested;
     for (const auto& [r, pr] : p->ranks) w.own_ranks.push_back(r);
     if (w.phase != CheckpointPhase::kAwaitingCluster || w.part_durable) continue;
@@ -135,6 +137,7 @@ void CheckpointService::ClusterStep(ClusterWork& w) {
 }
 
 bool CheckpointService::PublishOwnPart(ClusterWork& w) {
+  *w.part.mutable_owner() = OwnerRecordOf(w.owner_uid);  // named outside mu_
   absl::Status st = PublishPart(w);
   if (!st.ok()) {
     spdlog::warn("{}: publishing this node's part (retried): {}",
@@ -285,9 +288,24 @@ absl::StatusOr<std::map<std::string, v1::NodePart>> CheckpointService::ReadParts
 
 absl::StatusOr<Manifest> CheckpointService::BuildClusterManifest(
     const ClusterWork& w, const std::map<std::string, v1::NodePart>& parts) {
+  // Every part is the job owner's (docs/SECURITY.md "Ownership"): its recorded owner maps to the
+  // coordinator's owner of the job (a part of an older version records none). Another uid's
+  // ranks under the same job name on another node make no checkpoint of this owner's: abort.
+  for (const auto& [node, part] : parts) {
+    if (!part.has_owner()) continue;
+    absl::StatusOr<uint32_t> uid = deps_.options->owners.LocalUid(part.owner());
+    if (!uid.ok() || *uid != w.owner_uid) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the part of node ", node, " is owned by ", OwnerMap::Describe(part.owner()),
+          uid.ok() ? absl::StrCat(", uid ", *uid, " here")
+                   : absl::StrCat(" (", uid.status().message(), ")"),
+          ", but job ", w.key.first, " belongs to uid ", w.owner_uid, " on the coordinator"));
+    }
+  }
   CKPTD_ASSIGN_OR_RETURN(std::unique_ptr<PendingCheckpoint> merged,
                          MergeNodeParts(w.key.first, w.key.second, w.world_size, w.partial, parts));
   CKPTD_ASSIGN_OR_RETURN(Manifest m, BuildManifest(*merged, NowMs()));
+  *m.header.mutable_owner() = OwnerRecordOf(w.owner_uid);
   CKPTD_RETURN_IF_ERROR(EncodeManifest(m).status());  // validates
   return m;
 }

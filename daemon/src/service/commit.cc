@@ -1,7 +1,5 @@
 // Commit: validate the staged set, write the manifest durably (that is the commit), then record
 // COMMITTED in the index with a synced write.
-#include <unistd.h>
-
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "ckptd/status.h"
@@ -140,13 +138,11 @@ absl::Status CheckpointService::IndexCommitted(const Manifest& m, const std::str
   rec.set_dir(dir);
   *rec.mutable_timings() = timings;
   std::vector<MetaStore::Write> writes;
-  CKPTD_ASSIGN_OR_RETURN(std::optional<std::string> job, deps_.meta->Get(keys::Job(h.job())));
-  if (!job) {
-    v1::JobRecord jr;
-    jr.set_owner_uid(getuid());
-    jr.set_created_unix_ms(h.created_unix_ms());
-    writes.push_back({keys::Job(h.job()), jr.SerializeAsString()});
-  }
+  // The job's owner row comes first (owners.cc): a Save or Reshard claimed it before any row of
+  // its checkpoint; an adoption claims it here, for the owner the manifest records, if its
+  // caller did not already.
+  CKPTD_ASSIGN_OR_RETURN(std::optional<uint32_t> owner, JobOwner(h.job()));
+  if (!owner) CKPTD_RETURN_IF_ERROR(AdoptOwner(m));
   writes.push_back({keys::Checkpoint(h.job(), h.step()), rec.SerializeAsString()});
   for (const v1::ItemEntry& item : m.items) {
     v1::ItemRecord ir;
@@ -203,6 +199,7 @@ void CheckpointService::CommitCheckpoint(Key key) {
   const std::string dir = CheckpointDir(key.first, key.second);
   v1::TierPolicy policy = v1::TIER_LOCAL;
   v1::CheckpointTimings timings;
+  uint32_t owner_uid = 0;
   {
     absl::MutexLock lock(&mu_);
     PendingCheckpoint& p = *pending_.at(key);
@@ -216,7 +213,11 @@ void CheckpointService::CommitCheckpoint(Key key) {
     m = BuildManifest(p, NowMs());
     policy = p.tier_policy;
     timings = TimingsLocked(p);
+    owner_uid = p.owner_uid;
   }
+  // The owner travels with the data (docs/SECURITY.md "Ownership"); named outside mu_ (a passwd
+  // lookup may be slow).
+  if (m.ok()) *m->header.mutable_owner() = OwnerRecordOf(owner_uid);
   CKPTD_SYNC_POINT("commit.manifest_built");
   absl::Status st = m.ok() ? WriteCommitted(*m, dir, policy, &timings) : m.status();
   if (st.ok()) ram_tier_.Commit(key);  // its persisted ranks' staged bytes become hot

@@ -115,12 +115,15 @@ absl::Status CheckpointService::Prefetch(const Caller& caller, const v1::Prefetc
   const std::string what = CkptName(req.job(), step);
   resp->set_step(step);
   if (std::optional<uint64_t> hot = ram_tier_.HotBytes(key)) {
+    // Again on what was found (owners.cc): the check above passes for a job with no owner.
+    CKPTD_RETURN_IF_ERROR(CheckAccess(caller, req.job(), Access::kRead));
     resp->set_ram_bytes(*hot);
     return absl::OkStatus();
   }
   CKPTD_ASSIGN_OR_RETURN(std::optional<v1::CheckpointRecord> rec,
                          ReadRecordOrAdopt(req.job(), step, /*corrupt_is_error=*/true));
   if (!rec) return absl::NotFoundError(absl::StrCat(what, " does not exist"));
+  CKPTD_RETURN_IF_ERROR(CheckAccess(caller, req.job(), Access::kRead));  // once adopted
   if (rec->summary().state() != v1::COMMITTED) {
     return absl::FailedPreconditionError(
         absl::StrCat(what, " is ", v1::CheckpointState_Name(rec->summary().state()),

@@ -69,6 +69,9 @@ absl::Status CheckpointService::Load(const Caller& caller, const v1::LoadRequest
     return absl::NotFoundError(
         absl::StrCat("checkpoint ", req.job(), "/", step, " does not exist"));
   }
+  // Again, now that the checkpoint is adopted (if it came from the store) and found: the check
+  // above passes for a job this node had no owner of (owners.cc).
+  CKPTD_RETURN_IF_ERROR(CheckAccess(caller, req.job(), Access::kRead));
   if (rec->summary().state() != v1::COMMITTED) {
     return absl::FailedPreconditionError(absl::StrCat(
         "checkpoint ", req.job(), "/", step, " is ",

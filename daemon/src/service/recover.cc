@@ -19,6 +19,8 @@ class CheckpointService::RecoveryAccess final : public RecoveryHost {
   }
   absl::Status IndexCommitted(const Manifest& m, const std::string& dir,
                               CommittedTiers tiers) override {
+    // Recovery indexes a manifest only to adopt it: the owner it records first (owners.cc).
+    CKPTD_RETURN_IF_ERROR(svc_.AdoptOwner(m));
     return svc_.IndexCommitted(m, dir, tiers);
   }
   absl::StatusOr<std::optional<v1::CheckpointRecord>> ReadRecord(const std::string& job,

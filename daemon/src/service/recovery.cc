@@ -159,7 +159,12 @@ absl::Status Recovery::RepairIndexRows() {
     }
     absl::StatusOr<Manifest> m = ReadManifest(*stores_.storage, job, step);
     if (m.ok()) {
-      CKPTD_RETURN_IF_ERROR(host_.IndexCommitted(*m, dir, {}));
+      absl::Status indexed = host_.IndexCommitted(*m, dir, {});
+      if (absl::IsPermissionDenied(indexed)) {  // its owner is not this job's here: left as is
+        Problem(absl::StrCat(what, "; ", indexed.message()));
+        continue;
+      }
+      CKPTD_RETURN_IF_ERROR(indexed);
       Problem(absl::StrCat(what, "; rebuilt from its manifest (COMMITTED)"));
       continue;
     }
@@ -250,7 +255,12 @@ absl::Status Recovery::AdoptManifests() {
           // is recorded PENDING with COMMITTED, as the commit it finishes would have.
           tiers.policy = v1::TIER_LOCAL_AND_REMOTE;
         }
-        CKPTD_RETURN_IF_ERROR(host_.IndexCommitted(*m, dir, tiers));
+        absl::Status indexed = host_.IndexCommitted(*m, dir, tiers);
+        if (absl::IsPermissionDenied(indexed)) {  // its recorded owner maps to no uid here, or
+          Problem(absl::StrCat(root, "/", path, ": ", indexed.message()));  // to another's
+          return absl::OkStatus();
+        }
+        CKPTD_RETURN_IF_ERROR(indexed);
         spdlog::info("recovery: adopted {} from its manifest on {}{}", CkptName(job, step), root,
                      state == v1::CORRUPT   ? " (it was CORRUPT; the manifest verifies again)"
                      : state == v1::MISSING ? " (it was MISSING; its manifest is back and verifies)"

@@ -75,7 +75,9 @@ class RecoveryHost {
 
   // The catalog. A synced write of the checkpoint's row.
   virtual absl::Status PutRecordSync(const v1::CheckpointRecord& rec) = 0;
-  // Records a durable manifest COMMITTED (rows, journal removed, upload row), synced.
+  // Records a durable manifest COMMITTED (rows, journal removed, upload row), synced, after
+  // adopting the owner it records (CheckpointService::AdoptOwner): PERMISSION_DENIED, nothing
+  // recorded, when that owner maps to no uid here or the job here is another uid's.
   virtual absl::Status IndexCommitted(const Manifest& m, const std::string& dir,
                                       CommittedTiers tiers) = 0;
   // The row of (job, step) in any state; DATA_LOSS when it does not parse.

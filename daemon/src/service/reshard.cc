@@ -28,8 +28,12 @@ absl::Status CheckpointService::Reshard(const Caller& caller, const v1::ReshardR
   const std::string src_name = CkptName(req.job(), req.step());
   const std::string dst_name = CkptName(target_job, req.target_step());
   CKPTD_ASSIGN_OR_RETURN(ReshardSpec spec, ParseReshardSpec(req.spec()));
-  CKPTD_ASSIGN_OR_RETURN(std::optional<v1::CheckpointRecord> src, GetRecord(req.job(), req.step()));
+  // A source another daemon committed to the store is adopted first (as for a load); its owner
+  // is checked once it is (owners.cc), before anything of it is read.
+  CKPTD_ASSIGN_OR_RETURN(std::optional<v1::CheckpointRecord> src,
+                         ReadRecordOrAdopt(req.job(), req.step(), /*corrupt_is_error=*/true));
   if (!src) return absl::NotFoundError(absl::StrCat(src_name, " does not exist"));
+  CKPTD_RETURN_IF_ERROR(CheckAccess(caller, req.job(), Access::kRead));
   if (src->summary().state() != v1::COMMITTED) {
     return absl::FailedPreconditionError(
         absl::StrCat(src_name, " is ", v1::CheckpointState_Name(src->summary().state()),
@@ -57,18 +61,13 @@ absl::Status CheckpointService::Reshard(const Caller& caller, const v1::ReshardR
   s->set_item_count(m->items.size());
   s->set_origin(absl::StrCat("reshard of ", src_name, " (", job->spec.text, ")"));
   job->rec.set_dir(CheckpointDir(target_job, req.target_step()));
-  // The target's row, and its job's owner when the job is new: the caller, as a Save's first
-  // journal write records it (found by the simulation: the job was left to the commit, which
-  // records the daemon's own uid, and the caller could not read what it had resharded).
-  CKPTD_ASSIGN_OR_RETURN(std::optional<uint32_t> target_owner, JobOwner(target_job));
+  // The target job's owner: claimed for the caller when the job is new, as a Save's first claims
+  // it (owners.cc; found by the simulation: the job was left to the commit, which recorded the
+  // daemon's own uid, and the caller could not read what it had resharded), before its row.
+  CKPTD_ASSIGN_OR_RETURN(job->owner_uid, ClaimJobOwner(target_job, caller.uid));
+  CKPTD_RETURN_IF_ERROR(AccessAllowed(caller, target_job, job->owner_uid, Access::kWrite));
   std::vector<MetaStore::Write> first{
       {keys::Checkpoint(target_job, req.target_step()), job->rec.SerializeAsString()}};
-  if (!target_owner) {
-    v1::JobRecord jr;
-    jr.set_owner_uid(caller.uid);
-    jr.set_created_unix_ms(s->created_unix_ms());
-    first.push_back({keys::Job(target_job), jr.SerializeAsString()});
-  }
 
   return ClaimAndStartReshard(job, std::move(first), resp);
 }
@@ -130,6 +129,7 @@ void CheckpointService::CommitReshard(ReshardJob& job, absl::StatusOr<Manifest> 
   absl::Status st = m.status();
   if (st.ok() && job.cancel.load()) st = absl::CancelledError(job.cancel_reason);
   if (st.ok()) {
+    *m->header.mutable_owner() = OwnerRecordOf(job.owner_uid);
     st = WriteCommitted(*m, CheckpointDir(job.target.first, job.target.second), v1::TIER_LOCAL);
   }
   if (st.ok()) {

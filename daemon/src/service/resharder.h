@@ -50,6 +50,7 @@ struct ReshardJob {
   std::shared_ptr<const Manifest> src;  // verified
   std::vector<Storage*> src_tiers;      // where the source is read from, fastest first
   v1::CheckpointRecord rec;             // the target's row (PERSISTING until done)
+  uint32_t owner_uid = 0;               // the target job's owner (recorded in its manifest)
   uint32_t world_size = 1;              // ReshardWorldSize
   std::atomic<uint64_t> bytes_done{0};
   std::atomic<bool> cancel{false};

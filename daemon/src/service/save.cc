@@ -358,16 +358,25 @@ absl::StatusOr<PendingCheckpoint*> CheckpointService::FindOrOpenLocked(const Cal
   const Key key{req.job(), req.step()};
   const std::string what = CkptName(req.job(), req.step());
   // The job's owner matters only to the Save that opens the checkpoint, so only that one reads
-  // its row (with mu_ released, before the checkpoint's row, as the checks below expect).
-  std::optional<absl::StatusOr<std::optional<uint32_t>>> owner;
+  // its row (with mu_ released, before the checkpoint's row, as the checks below expect), and
+  // claims the job when it has no owner yet (owners.cc): atomically, durably, before anything of
+  // the checkpoint is opened. A job this node has no owner of may be on the store, another
+  // node's: its checkpoints are adopted first (with their owner), so the claim sees that owner.
+  std::optional<absl::StatusOr<uint32_t>> owner;
   while (true) {
     if (auto it = pending_.find(key); it != pending_.end()) return it->second.get();
     if (!owner.has_value()) {
-      mu_.Unlock();
-      owner = JobOwner(req.job());
-      mu_.Lock();
+      if (remote_.enabled()) {
+        mu_.Unlock();
+        absl::StatusOr<std::optional<uint32_t>> known = JobOwner(req.job());
+        if (known.ok() && !known->has_value()) RefreshFromStore(req.job());
+        mu_.Lock();
+      }
+      owner = ClaimJobOwnerLocked(req.job(), caller.uid);
       continue;  // another rank may have opened it meanwhile
     }
+    if (!owner->ok()) return owner->status();
+    CKPTD_RETURN_IF_ERROR(AccessAllowed(caller, req.job(), **owner, Access::kWrite));
     // Read with mu_ released; the maps are checked after it, consistent with the row.
     CKPTD_ASSIGN_OR_RETURN(std::optional<v1::CheckpointRecord> existing,
                            ReadRowLocked(key, /*corrupt_is_error=*/true));
@@ -381,12 +390,10 @@ absl::StatusOr<PendingCheckpoint*> CheckpointService::FindOrOpenLocked(const Cal
           absl::StrCat(what, " is already ", v1::CheckpointState_Name(existing->summary().state()),
                        "; delete it first or save another step"));
     }
-    if (!owner->ok()) return owner->status();
-    CKPTD_RETURN_IF_ERROR(AccessAllowed(caller, req.job(), **owner, Access::kWrite));
     CKPTD_RETURN_IF_ERROR(CheckOpenLimitsLocked(req.job(), what));
     auto p = std::make_unique<PendingCheckpoint>(req.job(), req.step());
     p->owner_uid = caller.uid;
-    p->job_recorded = (*owner)->has_value();
+    p->job_recorded = true;  // claimed above
     p->world_size = req.world_size();
     p->created_unix_ms = NowMs();
     p->checksum_block_bytes = deps_.options->checksum_block_bytes;
@@ -572,6 +579,8 @@ absl::Status CheckpointService::Commit(const Caller& caller, const v1::CommitReq
     return absl::FailedPreconditionError(absl::StrCat(what, " is not being saved"));
   }
   PendingCheckpoint& p = *it->second;
+  // Checked again on what was found: the check above passes for a job with no owner yet.
+  CKPTD_RETURN_IF_ERROR(AccessAllowed(caller, req.job(), p.owner_uid, Access::kWrite));
   if (p.aborting()) return absl::AbortedError(absl::StrCat(what, " was aborted: ", p.error));
   if (p.committing()) {  // already being committed: nothing to journal (and no row to race)
     FillStatusLocked(p, resp);

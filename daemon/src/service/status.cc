@@ -114,8 +114,13 @@ void CheckpointService::FillStatusLocked(const PendingCheckpoint& p,
 absl::Status CheckpointService::Wait(const Caller& caller, const v1::WaitRequest& req,
                                      v1::CheckpointStatus* resp) {
   CKPTD_RETURN_IF_ERROR(ValidateJobStep(req.job(), req.step()));
-  CKPTD_RETURN_IF_ERROR(CheckAccess(caller, req.job(), Access::kRead));
   const std::string what = CkptName(req.job(), req.step());
+  // A job is claimed before anything of it exists (owners.cc), and its owner never changes: no
+  // owner, no checkpoint (answered so at once, as before; nothing a uid that claims the job a
+  // moment later saves can reach this caller).
+  CKPTD_ASSIGN_OR_RETURN(std::optional<uint32_t> owner, JobOwner(req.job()));
+  if (!owner) return absl::NotFoundError(absl::StrCat(what, " does not exist"));
+  CKPTD_RETURN_IF_ERROR(AccessAllowed(caller, req.job(), owner, Access::kRead));
   v1::WaitFor until =
       req.until() == v1::WAIT_FOR_UNSPECIFIED ? v1::WAIT_FOR_COMMITTED : req.until();
   absl::Time deadline =

@@ -13,7 +13,10 @@
 // neither a Save nor a Delete of the key races the adoption; the manifest is read from the store
 // and verified (framing, checksums, and that it names the checkpoint); it is indexed COMMITTED on
 // the remote tier alone (IndexCommitted: synced, with its item rows and a DURABLE upload row);
-// the claim is released. A checkpoint this node has a row of is never adopted: its row is this
+// the claim is released. The job's owner is the one the manifest records (mapped to a uid here,
+// common/owner_map.h), claimed if the job has none here; a manifest whose owner maps to no uid
+// here, or to another than the job's here, is not adopted (PERMISSION_DENIED, a problem naming
+// both). A checkpoint this node has a row of is never adopted: its row is this
 // node's own word (a node that took part in a checkpoint spanning nodes learns its commit from
 // the cluster protocol, service/cluster.cc). A manifest that does not verify is not adopted (a
 // problem naming it; the scan goes on).
@@ -42,9 +45,14 @@ absl::StatusOr<bool> CheckpointService::AdoptFromStore(const std::string& job, u
   absl::StatusOr<Manifest> m = ReadManifest(*remote_.remote(), job, step);
   absl::StatusOr<bool> adopted = false;
   if (m.ok()) {
-    absl::Status indexed = IndexCommitted(
-        *m, CheckpointDir(job, step),
-        {.policy = v1::TIER_LOCAL_AND_REMOTE, .local = false, .remote_durable = true});
+    // Its owner first (owners.cc): the one its manifest records, mapped to a uid here; refused
+    // when the job here belongs to another uid.
+    absl::Status indexed = AdoptOwner(*m);
+    if (indexed.ok()) {
+      indexed = IndexCommitted(
+          *m, CheckpointDir(job, step),
+          {.policy = v1::TIER_LOCAL_AND_REMOTE, .local = false, .remote_durable = true});
+    }
     if (indexed.ok()) {
       adopted = true;
     } else {

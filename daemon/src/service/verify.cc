@@ -507,6 +507,8 @@ absl::Status CheckpointService::Verify(const Caller& caller, const v1::VerifyReq
   }
   // A checkpoint another daemon committed to the store is adopted first, as for a load.
   CKPTD_RETURN_IF_ERROR(ReadRecordOrAdopt(req.job(), step).status());
+  // Again once adopted and found (owners.cc): the check above passes for a job with no owner.
+  CKPTD_RETURN_IF_ERROR(CheckAccess(caller, req.job(), Access::kRead));
   const Key key{req.job(), step};
   const std::string what = CkptName(req.job(), step);
   CKPTD_ASSIGN_OR_RETURN(v1::CheckpointRecord rec, ClaimForVerify(key));

@@ -62,6 +62,8 @@ TEST_CASE("options: every invalid value is a clear error naming the option", "[u
       {{"--bogus=1"}, "unknown option"},
       {{"positional"}, "unexpected argument"},
       {{"--stage_timeout_ms=1"}, "stage_timeout_ms"},
+      {{"--owner_map=gid"}, "option owner_map = \"gid\": expected uid or name"},
+      {{"--owner_map_file=/nonexistent/owners"}, "owner_map_file = \"/nonexistent/owners\""},
   };
   for (const Case& c : cases) {
     INFO(c.args[0]);
@@ -210,6 +212,29 @@ TEST_CASE("options: tier policy and remote tier are validated", "[unit]") {
     CHECK(o.status().code() == absl::StatusCode::kInvalidArgument);
     CHECK(std::string(o.status().message()).find(b.says) != std::string::npos);
   }
+}
+
+TEST_CASE("options: owner_map_file is read and checked once, at start", "[unit]") {
+  const std::string path =
+      std::string(getenv("CKPTD_TEST_TMP") ? getenv("CKPTD_TEST_TMP") : "/tmp") +
+      "/ckptd-owners-test-" + std::to_string(getpid());
+  {
+    std::ofstream f(path);
+    f << "# name uid\nalice 60001\n";
+  }
+  auto o = ParseOptions({"--state_dir=/tmp/x", "--owner_map=name", "--owner_map_file=" + path});
+  REQUIRE(o.ok());
+  CHECK(o->owners.mode() == OwnerMap::Mode::kName);
+  CHECK(o->owners.table_size() == 1);
+  CHECK(ParseOptions({"--state_dir=/tmp/x"})->owners.mode() == OwnerMap::Mode::kUid);
+  {
+    std::ofstream f(path);
+    f << "alice 60001\nalice 60002\n";
+  }
+  auto bad = ParseOptions({"--state_dir=/tmp/x", "--owner_map_file=" + path});
+  REQUIRE_FALSE(bad.ok());
+  CHECK(std::string(bad.status().message()).find(path + " line 2") != std::string::npos);
+  std::filesystem::remove(path);
 }
 
 }  // namespace

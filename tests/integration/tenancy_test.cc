@@ -1,0 +1,446 @@
+// Ownership between uids (issue 33 §1, docs/SECURITY.md "Ownership"), against real daemons and
+// real uids (the test runs as root and acts as uids 60001 and 60002 in forked children; root is
+// an admin, so every uid that matters here is another): a job's owner is claimed once, atomically,
+// by its first save; the owner travels with the data — a daemon that adopts a checkpoint from the
+// shared store, or from its manifest after its index is lost, keeps the recorded owner, mapped to
+// its own uids by number or by name — and no byte or metadata of another uid's job leaves the
+// daemon through an adoption. Each case failed on the daemon before (both racing uids committed;
+// the adopting daemon handed the first uid to ask the bytes, then owned the job itself).
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "harness.h"
+#include "raw_session.h"
+
+using namespace ckptd_it;
+
+namespace {
+
+constexpr uint32_t kUidA = 60001;
+constexpr uint32_t kUidB = 60002;
+constexpr uint64_t kRows = 64;  // a [64, 4] float32 item: 1 KiB
+constexpr uint64_t kBytes = kRows * 16;
+
+// The socket open to group 65534, which both test uids run as (neither is an admin).
+std::vector<std::string> TenantFlags(std::vector<std::string> more = {}) {
+  std::vector<std::string> f = {"--socket_mode=0660", "--socket_group=65534"};
+  f.insert(f.end(), more.begin(), more.end());
+  return f;
+}
+
+// A daemon whose socket the test uids reach (its temp dir opened to traverse).
+std::unique_ptr<Daemon> TenantDaemon(std::vector<std::string> more = {}) {
+  auto d = std::make_unique<Daemon>(DaemonConfig{.extra_flags = TenantFlags(std::move(more))});
+  const std::string parent = d->state_dir().substr(0, d->state_dir().rfind('/'));
+  REQUIRE(chmod(parent.c_str(), 0711) == 0);
+  return d;
+}
+
+std::string Failed(const std::string& what, const grpc::Status& s) {
+  return what + ": " + std::to_string(s.error_code()) + " " + s.error_message();
+}
+
+// A raw session of the calling uid with its arena segment mapped.
+struct Tenant {
+  explicit Tenant(const Daemon& d) : raw(d.socket()) {
+    raw.Attach();
+    ArenaAnswer a = AskArena(d.socket(), raw.hello.session_id());
+    if (a.status != 0 || a.fd < 0) throw std::runtime_error("arena fd: " + a.message);
+    bytes = raw.hello.arena_bytes();
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, a.fd, 0);
+    close(a.fd);
+    if (p == MAP_FAILED) throw std::runtime_error("mmap of the arena failed");
+    arena = static_cast<uint8_t*>(p);
+  }
+  ~Tenant() { munmap(arena, bytes); }
+
+  // A world-1 Save of item "w" ([kRows, 4] float32, every byte `fill`), staged in a new extent.
+  v1::SaveRequest Prepare(const std::string& job, uint64_t step, uint8_t fill) {
+    v1::Extent e = raw.Reserve(kBytes);
+    std::memset(arena + e.offset(), fill, kBytes);
+    v1::SaveRequest req = raw.SaveOf(job, step, 0, 1, "w", kRows);
+    v1::MemRef* m = req.mutable_shards(0)->mutable_data();
+    m->set_extent_id(e.id());
+    m->set_length(kBytes);
+    return req;
+  }
+  grpc::Status WaitFor(const std::string& job, uint64_t step, v1::WaitFor until) {
+    v1::WaitRequest w;
+    w.set_job(job);
+    w.set_step(step);
+    w.set_until(until);
+    w.set_timeout_ms(15000);
+    v1::CheckpointStatus st;
+    return raw.Call([&](grpc::ClientContext* c) { return raw.stub->Wait(c, w, &st); });
+  }
+  // Saves (job, step) and waits until it is `until`; "" or what failed.
+  std::string SaveDurable(const std::string& job, uint64_t step, uint8_t fill,
+                          v1::WaitFor until = v1::WAIT_FOR_COMMITTED) {
+    grpc::Status s = raw.Save(Prepare(job, step, fill));
+    if (!s.ok()) return Failed("save " + job, s);
+    s = WaitFor(job, step, until);
+    return s.ok() ? "" : Failed("wait " + job, s);
+  }
+  grpc::Status Load(const std::string& job, uint64_t step, uint64_t* offset) {
+    v1::Extent e = raw.Reserve(kBytes);
+    std::memset(arena + e.offset(), 0, kBytes);
+    *offset = e.offset();
+    v1::LoadRequest req;
+    req.set_session_id(raw.hello.session_id());
+    req.set_job(job);
+    req.set_step(step);
+    v1::LoadItemRequest* it = req.add_items();
+    it->set_item("w");
+    it->mutable_dest()->set_extent_id(e.id());
+    it->mutable_dest()->set_length(kBytes);
+    v1::LoadResponse resp;
+    return raw.Call([&](grpc::ClientContext* c) { return raw.stub->Load(c, req, &resp); });
+  }
+  // Loads item "w" of (job, step): "" when every byte is `fill`.
+  std::string LoadCheck(const std::string& job, uint64_t step, uint8_t fill) {
+    uint64_t offset = 0;
+    grpc::Status s = Load(job, step, &offset);
+    if (!s.ok()) return Failed("load " + job, s);
+    for (uint64_t i = 0; i < kBytes; ++i) {
+      if (arena[offset + i] != fill)
+        return "load " + job + ": byte " + std::to_string(i) + " wrong";
+    }
+    return "";
+  }
+
+  Raw raw;
+  uint8_t* arena = nullptr;
+  uint64_t bytes = 0;
+};
+
+// A gate several children wait at, opened at once by the parent (every child closes its copy
+// of the write end at once, so the parent's close is the last: all see EOF together).
+class Gate {
+ public:
+  Gate() { REQUIRE(pipe(fds_) == 0); }
+  ~Gate() {
+    Open();
+    close(fds_[0]);
+  }
+  void Open() {
+    if (fds_[1] >= 0) close(fds_[1]);
+    fds_[1] = -1;
+  }
+  int read_fd() const { return fds_[0]; }
+  int write_fd() const { return fds_[1]; }
+
+ private:
+  int fds_[2] = {-1, -1};
+};
+
+// A forked child acting as `uid` (gid 65534): runs `body`, which may wait at `gate` (calling its
+// argument returns once the parent opened it; without a gate it returns at once), and reports
+// what went wrong there ("" when nothing).
+class AsUid {
+ public:
+  using Body = std::function<std::string(const std::function<void()>& gate)>;
+  AsUid(uint32_t uid, const Body& body, Gate* gate = nullptr) {
+    int result[2];
+    REQUIRE(pipe(result) == 0);
+    pid_ = fork();
+    REQUIRE(pid_ >= 0);
+    if (pid_ == 0) {
+      close(result[0]);
+      const int gate_fd = gate != nullptr ? gate->read_fd() : -1;
+      if (gate != nullptr && gate->write_fd() >= 0) close(gate->write_fd());
+      std::string err;
+      if (setgid(65534) != 0 || setuid(uid) != 0) {
+        err = "setuid failed";
+      } else {
+        auto wait_gate = [gate_fd] {
+          char c;
+          if (gate_fd >= 0) (void)!read(gate_fd, &c, 1);  // EOF once the parent opens it
+        };
+        try {
+          err = body(wait_gate);
+        } catch (const std::exception& e) {
+          err = e.what();
+        }
+      }
+      (void)!write(result[1], err.data(), err.size());
+      _exit(err.empty() ? 0 : 1);
+    }
+    close(result[1]);
+    result_fd_ = result[0];
+  }
+  ~AsUid() {
+    if (pid_ > 0) Finish();
+  }
+  std::string Finish() {
+    std::string err;
+    char buf[512];
+    for (ssize_t n; (n = read(result_fd_, buf, sizeof buf)) > 0;) err.append(buf, n);
+    close(result_fd_);
+    int status = 0;
+    REQUIRE(waitpid(pid_, &status, 0) == pid_);
+    pid_ = -1;
+    if (err.empty() && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+      err = "the child did not exit cleanly";
+    }
+    return err;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int result_fd_ = -1;
+};
+
+std::string RunAs(uint32_t uid, const std::function<std::string()>& body) {
+  return AsUid(uid, [&](const std::function<void()>&) { return body(); }).Finish();
+}
+
+bool NeedsRoot() {
+  if (geteuid() == 0) return false;
+  WARN("not run: needs root to act as other uids");
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("tenancy: two uids racing the first saves of a job name: one owns it, one is refused",
+          "[integration][tenancy]") {
+  if (NeedsRoot()) return;
+  auto d = TenantDaemon();
+  Raw root(*d);
+  for (int i = 0; i < 8; ++i) {
+    const std::string job = "race-" + std::to_string(i);
+    // Both ways: which uid is started first (and saves step 1) alternates.
+    const uint32_t first = i % 2 == 0 ? kUidA : kUidB;
+    const uint32_t second = i % 2 == 0 ? kUidB : kUidA;
+    // Each prepares its session and extent, then both save at once when released; the winner
+    // loads its bytes back, the loser must be refused before anything is staged.
+    auto racer = [&](uint64_t step, uint8_t fill) {
+      return [&d, job, step, fill](const std::function<void()>& gate) -> std::string {
+        Tenant t(*d);
+        v1::SaveRequest req = t.Prepare(job, step, fill);
+        gate();  // both prepared: save at once
+        grpc::Status s = t.raw.Save(req);
+        if (s.error_code() == grpc::StatusCode::PERMISSION_DENIED) return "denied";
+        if (!s.ok()) return Failed("save", s);
+        s = t.WaitFor(job, step, v1::WAIT_FOR_COMMITTED);
+        if (!s.ok()) return Failed("wait", s);
+        std::string loaded = t.LoadCheck(job, step, fill);
+        return loaded.empty() ? "" : loaded;
+      };
+    };
+    Gate gate;
+    AsUid a(first, racer(1, 0x11), &gate);
+    AsUid b(second, racer(2, 0x22), &gate);
+    gate.Open();
+    const std::string ra = a.Finish();
+    const std::string rb = b.Finish();
+    INFO(job << ": uid " << first << " → \"" << ra << "\", uid " << second << " → \"" << rb
+             << "\"");
+    CHECK(((ra.empty() && rb == "denied") || (ra == "denied" && rb.empty())));
+    // The loser staged nothing: the job has exactly one checkpoint, the winner's (root, an
+    // admin, may list it).
+    v1::ListCheckpointsRequest q;
+    q.set_job(job);
+    v1::ListCheckpointsResponse listed;
+    REQUIRE(
+        root.Call([&](grpc::ClientContext* c) { return root.stub->ListCheckpoints(c, q, &listed); })
+            .ok());
+    REQUIRE(listed.checkpoints_size() == 1);
+    CHECK(listed.checkpoints(0).step() == (ra.empty() ? 1u : 2u));
+    CHECK(listed.checkpoints(0).state() == v1::COMMITTED);
+  }
+}
+
+namespace {
+
+// The catalog and data calls a uid makes on another uid's job (one job each, so each is the
+// first call about it on the adopting node: the adoption happens in that call).
+const std::vector<std::string> kOps = {"load",   "inspect", "status",  "list",
+                                       "latest", "verify",  "reshard", "delete"};
+
+grpc::Status CallOp(Tenant& t, const std::string& op, const std::string& job) {
+  Raw& r = t.raw;
+  if (op == "load") {
+    uint64_t offset = 0;
+    return t.Load(job, 1, &offset);
+  }
+  if (op == "inspect") {
+    v1::InspectRequest q;
+    q.set_job(job);
+    q.set_step(1);
+    v1::InspectResponse a;
+    return r.Call([&](grpc::ClientContext* c) { return r.stub->Inspect(c, q, &a); });
+  }
+  if (op == "status") {
+    v1::GetStatusRequest q;
+    q.set_job(job);
+    q.set_step(1);
+    v1::CheckpointStatus a;
+    return r.Call([&](grpc::ClientContext* c) { return r.stub->GetStatus(c, q, &a); });
+  }
+  if (op == "list") {
+    v1::ListCheckpointsRequest q;
+    q.set_job(job);
+    v1::ListCheckpointsResponse a;
+    return r.Call([&](grpc::ClientContext* c) { return r.stub->ListCheckpoints(c, q, &a); });
+  }
+  if (op == "latest") {
+    v1::LatestRequest q;
+    q.set_job(job);
+    v1::LatestResponse a;
+    return r.Call([&](grpc::ClientContext* c) { return r.stub->Latest(c, q, &a); });
+  }
+  if (op == "verify") {
+    v1::VerifyRequest q;
+    q.set_job(job);
+    q.set_step(1);
+    v1::VerifyResponse a;
+    return r.Call([&](grpc::ClientContext* c) { return r.stub->Verify(c, q, &a); });
+  }
+  if (op == "reshard") {
+    v1::ReshardRequest q;
+    q.set_job(job);
+    q.set_step(1);
+    q.set_target_job("stolen-" + job);
+    q.set_target_step(1);
+    q.set_spec("consolidated");
+    v1::CheckpointStatus a;
+    return r.Call([&](grpc::ClientContext* c) { return r.stub->Reshard(c, q, &a); });
+  }
+  v1::DeleteRequest q;
+  q.set_job(job);
+  q.set_step(1);
+  v1::DeleteResponse a;
+  return r.Call([&](grpc::ClientContext* c) { return r.stub->Delete(c, q, &a); });
+}
+
+std::vector<std::string> SharedStoreFlags(const std::string& shared, const std::string& node,
+                                          std::vector<std::string> more = {}) {
+  std::vector<std::string> f = {"--remote_dir=" + shared, "--tier_policy=local+remote",
+                                "--node_id=" + node, "--upload_retry_max_ms=1000"};
+  f.insert(f.end(), more.begin(), more.end());
+  return f;
+}
+
+std::string SharedDir(const TempDir& dir) {
+  std::filesystem::create_directories(dir.path() + "/shared");
+  return dir.path() + "/shared";
+}
+
+}  // namespace
+
+TEST_CASE("tenancy: another uid's job adopted from the shared store gives nothing away",
+          "[integration][tenancy]") {
+  if (NeedsRoot()) return;
+  TempDir dir;
+  const std::string shared = SharedDir(dir);
+  auto a = TenantDaemon(SharedStoreFlags(shared, "node-a"));
+  auto b = TenantDaemon(SharedStoreFlags(shared, "node-b"));
+  // uid A saves one job per call on node a, durable on the store.
+  REQUIRE(RunAs(kUidA, [&] {
+            Tenant t(*a);
+            for (const std::string& op : kOps) {
+              std::string err = t.SaveDurable("adopt-" + op, 1, 0x5a, v1::WAIT_FOR_REMOTE);
+              if (!err.empty()) return err;
+            }
+            return std::string();
+          }) == "");
+  // uid B asks node b, which has no row of these jobs: each call adopts the job from the store
+  // with its recorded owner, then refuses.
+  CHECK(RunAs(kUidB, [&] {
+          Tenant t(*b);
+          std::string errors;
+          for (const std::string& op : kOps) {
+            grpc::Status s = CallOp(t, op, "adopt-" + op);
+            if (s.error_code() != grpc::StatusCode::PERMISSION_DENIED) {
+              errors += Failed(op + " was not refused", s) + "\n";
+            } else if (s.error_message().find("belongs to uid 60001") == std::string::npos) {
+              errors += op + ": " + s.error_message() + "\n";
+            }
+          }
+          return errors;
+        }) == "");
+  // The owner is the same on node b: it loads its bytes there, and its delete-refused job is
+  // whole.
+  CHECK(RunAs(kUidA, [&] {
+          Tenant t(*b);
+          std::string err = t.LoadCheck("adopt-load", 1, 0x5a);
+          if (err.empty()) err = t.LoadCheck("adopt-delete", 1, 0x5a);
+          if (err.empty()) err = t.LoadCheck("adopt-reshard", 1, 0x5a);
+          return err;
+        }) == "");
+  CommandResult jobs = RunCtl(*b, {"ls"});
+  INFO(jobs.output);
+  CHECK(jobs.output.find("stolen-") == std::string::npos);
+}
+
+TEST_CASE("tenancy: adoption from manifests after the index is lost keeps each job's owner",
+          "[integration][tenancy]") {
+  if (NeedsRoot()) return;
+  auto d = TenantDaemon();
+  REQUIRE(RunAs(kUidA, [&] { return Tenant(*d).SaveDurable("lost-a", 1, 0x3c); }) == "");
+  REQUIRE(RunAs(kUidB, [&] { return Tenant(*d).SaveDurable("lost-b", 1, 0x4d); }) == "");
+  REQUIRE(d->Stop());
+  std::filesystem::remove_all(d->state_dir() + "/index");
+  d->Restart(TenantFlags());
+  CHECK(RunAs(kUidA, [&] {
+          Tenant t(*d);
+          std::string err = t.LoadCheck("lost-a", 1, 0x3c);
+          uint64_t offset = 0;
+          grpc::Status s = t.Load("lost-b", 1, &offset);
+          if (err.empty() && s.error_code() != grpc::StatusCode::PERMISSION_DENIED) {
+            err = Failed("uid A loading uid B's job", s);
+          }
+          return err;
+        }) == "");
+  CHECK(RunAs(kUidB, [&] { return Tenant(*d).LoadCheck("lost-b", 1, 0x4d); }) == "");
+  CommandResult ls = RunCtl(*d, {"ls"});
+  INFO(ls.output);
+  CHECK(ls.output.find("60001") != std::string::npos);
+  CHECK(ls.output.find("60002") != std::string::npos);
+}
+
+TEST_CASE("tenancy: three daemons on one store map the owner by number or by name",
+          "[integration][tenancy]") {
+  if (NeedsRoot()) return;
+  TempDir dir;
+  const std::string shared = SharedDir(dir);
+  // alice is uid 60001 on node a and uid 60002 on node b; node c maps owners by number.
+  const std::string map_a = dir.path() + "/owners-a";
+  const std::string map_b = dir.path() + "/owners-b";
+  std::ofstream(map_a) << "# name uid\nalice 60001\n";
+  std::ofstream(map_b) << "alice 60002\n";
+  auto a = TenantDaemon(SharedStoreFlags(shared, "node-a", {"--owner_map_file=" + map_a}));
+  auto b = TenantDaemon(
+      SharedStoreFlags(shared, "node-b", {"--owner_map=name", "--owner_map_file=" + map_b}));
+  auto c = TenantDaemon(SharedStoreFlags(shared, "node-c"));
+  REQUIRE(RunAs(kUidA, [&] {
+            return Tenant(*a).SaveDurable("mapped", 1, 0x77, v1::WAIT_FOR_REMOTE);
+          }) == "");
+  auto refused = [](const Daemon& d) {
+    return [&d]() -> std::string {
+      Tenant t(d);
+      uint64_t offset = 0;
+      grpc::Status s = t.Load("mapped", 1, &offset);
+      return s.error_code() == grpc::StatusCode::PERMISSION_DENIED ? "" : Failed("load", s);
+    };
+  };
+  // Node b: alice is uid 60002 there; uid 60001 is someone else.
+  CHECK(RunAs(kUidA, refused(*b)) == "");
+  CHECK(RunAs(kUidB, [&] { return Tenant(*b).LoadCheck("mapped", 1, 0x77); }) == "");
+  // Node c: the numeric uid.
+  CHECK(RunAs(kUidB, refused(*c)) == "");
+  CHECK(RunAs(kUidA, [&] { return Tenant(*c).LoadCheck("mapped", 1, 0x77); }) == "");
+  // And node a itself still is the owner's.
+  CHECK(RunAs(kUidA, [&] { return Tenant(*a).LoadCheck("mapped", 1, 0x77); }) == "");
+}
