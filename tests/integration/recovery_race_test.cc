@@ -5,6 +5,8 @@
 //   - stray files and directories in the data dir: the daemon starts and names them in its log;
 //   - a corrupted newest manifest: CORRUPT in `ckptctl ls`, latest is the previous step (a restore
 //     of "latest" falls back), loading it by number is DATA_LOSS;
+//   - a vanished manifest: MISSING in `ckptctl ls`, its blobs kept, COMMITTED again once the
+//     manifest is put back;
 //   - index rows that do not parse (written into the stopped daemon's RocksDB): repaired from the
 //     manifest or aborted, and the daemon starts.
 #include <dlfcn.h>
@@ -264,6 +266,48 @@ TEST_CASE(
   CHECK(rm.exit_code == 0);
   SaveCommitted(d, job, 2, 43);
   REQUIRE(VerifyInProcess(d, job, 2, 43) == "");
+}
+
+// Issue 33 §3: a committed checkpoint whose manifest vanished (no other tier holding it) was
+// ABORTED at the next start and its blobs removed. Now it is MISSING in `ckptctl ls`, its blobs
+// stay, latest is the step before, a load of it by number is DATA_LOSS; the manifest put back,
+// the next start makes it COMMITTED and it loads bit-exact.
+TEST_CASE("recovery: a vanished manifest makes its checkpoint MISSING, its files kept",
+          "[integration][crash]") {
+  Daemon d;
+  const std::string job = "vanished";
+  SaveCommitted(d, job, 1, 51);
+  SaveCommitted(d, job, 2, 52);
+  REQUIRE(d.Stop());
+  const std::string manifest = ManifestPath(d, job, 2);
+  const std::string kept = d.state_dir() + "/manifest-2.kept";
+  std::filesystem::rename(manifest, kept);
+  d.Restart({});
+  auto client = d.Connect();
+  auto latest = client->Latest(job);
+  INFO(latest.status().ToString() << "\n" << d.Log());
+  REQUIRE(latest.ok());
+  CHECK(*latest == 1);
+  CommandResult ls = RunCtl(d, {"ls", job});
+  INFO(ls.output);
+  CHECK(ls.exit_code == 0);
+  CHECK_THAT(ls.output, Contains("MISSING"));
+  CommandResult st = RunCtl(d, {"--json", "status", job, "2"});
+  INFO(st.output);
+  CHECK_THAT(st.output, Contains("\"state\": \"MISSING\"") && Contains("manifest.ckm"));
+  CHECK(PathExists(d.data_dir() + "/" + job + "/" + StepDir(2) + "/r00000.blob"));
+  auto by_number = client->LoadObject(job, 2, 0, kRankObject);
+  INFO(by_number.status().ToString());
+  CHECK(by_number.status().code() == absl::StatusCode::kDataLoss);
+  CHECK_THAT(std::string(by_number.status().message()), Contains("MISSING"));
+
+  REQUIRE(d.Stop());
+  std::filesystem::rename(kept, manifest);
+  d.Restart({});
+  auto again = d.Connect()->GetStatus(job, 2);
+  REQUIRE(again.ok());
+  CHECK(again->state == ckptd::CheckpointState::kCommitted);
+  CHECK(VerifyInProcess(d, job, 2, 52) == "");
 }
 
 TEST_CASE("recovery: index rows that do not parse are repaired or aborted - the daemon starts",

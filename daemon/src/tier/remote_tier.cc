@@ -231,8 +231,17 @@ std::vector<std::pair<std::pair<std::string, uint64_t>, v1::Upload>> RemoteTier:
   std::vector<std::pair<Key, v1::Upload>> left;
   if (!enabled()) return left;
   absl::MutexLock lock(&mu_);
-  // refill_: rows the tracked set could not take yet are still waiting in the index.
-  while ((!tracked_.empty() || refill_) && !stopping_ && absl::Now() < deadline) {
+  // Waited for: uploads running, queued (refill_: rows the tracked set could not take yet), or
+  // retrying while one of them still makes progress. Once every one left failed its last attempt
+  // and none runs, the store is refusing them: the rest of the grace is not spent on it.
+  auto waiting = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (refill_) return true;
+    for (const auto& [key, u] : tracked_) {
+      if (u->running || u->state.state() != v1::UPLOAD_RETRYING) return true;
+    }
+    return false;
+  };
+  while (waiting() && !stopping_ && absl::Now() < deadline) {
     changed_.WaitWithDeadline(&mu_, std::min(deadline, absl::Now() + absl::Milliseconds(100)));
   }
   for (const auto& [key, u] : tracked_) {

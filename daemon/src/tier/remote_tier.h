@@ -105,8 +105,10 @@ class RemoteTier {
   std::vector<std::pair<std::string, uint64_t>> Tracked() const ABSL_LOCKS_EXCLUDED(mu_);
   // Shutdown's drain (SIGTERM): waits until no upload is tracked or waiting in the index (every
   // one durable, or deleted), or `deadline`; the threads keep working meanwhile (an upload in a
-  // retry's backoff is tried again when it is due). Returns the uploads still not durable then,
-  // each with its state and progress (empty: drained). Stop() afterwards abandons those.
+  // retry's backoff is tried again when it is due). It stops waiting early when every upload left
+  // failed its last attempt and none is running (a store that refuses them). Returns the uploads
+  // still not durable then, each with its state and progress (empty: drained). Stop() afterwards
+  // abandons those.
   std::vector<std::pair<std::pair<std::string, uint64_t>, v1::Upload>> Drain(absl::Time deadline)
       ABSL_LOCKS_EXCLUDED(mu_);
 
