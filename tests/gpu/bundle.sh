@@ -3,6 +3,12 @@
 # the build's packages: the stripped daemon, ckptctl and test binaries of build/, the shared
 # libraries they load (Debian's gRPC, RocksDB, ...), and the Python package with its extension
 # built for that machine's Python (build-py312/, see PY below). Writes .gpu/bundle.tar.xz.
+# build-py312/ once (pybind11 from another Python's site-packages where PY has none), then its
+# extension only:
+#   cmake -S . -B build-py312 -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPTD_BUILD_PYTHON=ON \
+#     -DPython_EXECUTABLE=$PY -Dpybind11_DIR=$(python3 -m pybind11 --cmakedir)
+#   cmake --build build-py312 --target _ckptd
+# On the machine, tests/gpu/run.sh also installs wheels carried in .whl/ (DeepSpeed: RESULTS.md).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
