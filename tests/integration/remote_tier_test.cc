@@ -245,6 +245,35 @@ TEST_CASE("remote tier: a daemon killed mid-upload resumes it at restart",
     }
   }
 }
+
+// Issue 33 §3: a committed checkpoint whose local manifest is gone is restored from the remote
+// tier when the store holds a complete copy, even one its upload row does not record as durable
+// (the daemon died between the manifest's put and the row): COMMITTED there, loads bit-exact —
+// never MISSING, never ABORTED.
+TEST_CASE("remote tier: a vanished local manifest is restored from the store's copy",
+          "[integration][remote][crash]") {
+  TempDir shared;
+  const std::string remote = shared.path() + "/store";
+  std::filesystem::create_directories(remote);
+  std::vector<std::string> flags = RemoteFlags(remote, "local+remote");
+  flags.push_back("--debug_crash_at=upload.manifest_put");
+  Daemon d(DaemonConfig{.extra_flags = flags});
+  {
+    auto client = d.Connect();
+    for (uint32_t r = 0; r < 4; ++r) REQUIRE(SaveRank(*client, kJob, 1, r, 4, 44).ok());
+  }
+  REQUIRE(d.WaitExit(30000) >= 0);
+  REQUIRE(PathExists(StepPath(remote, 1) + "/manifest.ckm"));
+  std::filesystem::remove(StepPath(d.data_dir(), 1) + "/manifest.ckm");
+  d.Restart(RemoteFlags(remote, "local+remote"));
+  auto st = d.Connect()->GetStatus(kJob, 1);
+  INFO(st.status().ToString() << "\nlog:\n" << d.Log());
+  REQUIRE(st.ok());
+  CHECK(st->state == ckptd::CheckpointState::kCommitted);
+  CHECK(st->tiers.remote);
+  CHECK_FALSE(st->tiers.local);
+  CHECK(VerifyInProcess(d, kJob, 1, 44) == "");
+}
 #endif
 
 // Issue 33 §3: SIGTERM abandoned the upload in flight and stopped the RPC server before the

@@ -458,6 +458,30 @@ absl::Status Recovery::CheckCommittedRows() {
       continue;
     }
     // No tier holds it. Removing what is left is the operator's decision: it is marked MISSING
+    // The store may hold a complete copy its upload row does not record as durable (a crash
+    // between the manifest's put and the row, or another node's upload): the checkpoint is
+    // restored from there, COMMITTED on the remote tier alone, as a scan adopts one.
+    if (stores_.remote != nullptr) {
+      const std::string& job = rec.summary().job();
+      const uint64_t step = rec.summary().step();
+      absl::StatusOr<Manifest> far = ReadManifest(*stores_.remote, job, step);
+      absl::Status restored =
+          far.ok()
+              ? host_.IndexCommitted(
+                    *far, CheckpointDir(job, step),
+                    {.policy = v1::TIER_LOCAL_AND_REMOTE, .local = false, .remote_durable = true})
+              : far.status();
+      if (restored.ok()) {
+        Problem(absl::StrCat(stores_.storage->Describe(), "/", path, " is missing; ",
+                             CkptName(job, step), " is restored from its copy on ",
+                             stores_.remote->Describe(), " (COMMITTED there)"));
+        continue;
+      }
+      if (!absl::IsNotFound(restored)) {
+        spdlog::warn("recovery: {} has no usable copy on {}: {}", CkptName(job, step),
+                     stores_.remote->Describe(), restored.ToString());
+      }
+    }
     // (never visible to load or latest) with its files and rows kept.
     const std::string where = absl::StrCat(stores_.storage->Describe(), "/", path);
     rec.mutable_summary()->set_state(v1::MISSING);
