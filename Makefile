@@ -171,7 +171,7 @@ format: setup
 docs: build
 	@bash tests/docs/config_reference_test.sh $(BUILD)/ckptd README.md --update
 
-# ruff on the Python (client/python, plugins/torch, tests/python; ruff.toml).
+# ruff on the Python (client/python, tests/python, bench; ruff.toml).
 lint-python: setup
 	@$(PYTHON) -m ruff check .
 

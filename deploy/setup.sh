@@ -30,7 +30,7 @@ fi
 
 [ "${CKPTD_SETUP_PYTHON:-1}" = 0 ] && exit 0
 
-# Python tier (client/python, plugins/torch, tests/python): pip packages of the Python first on
+# Python tier (client/python, tests/python): pip packages of the Python first on
 # PATH (override with PYTHON=...). torch is pinned to the CPU build; installed only when missing.
 # ruff (make lint-python) is pinned too: a newer one can add findings to the rule sets ruff.toml
 # selects. kubernetes-validate (with PyYAML) checks deploy/k8s offline against the Kubernetes

@@ -15,14 +15,13 @@ ROOT=$PWD
 PY=${PY:-/root/.pyenv/versions/3.12.1/bin/python3}
 STAGE=$(mktemp -d)
 trap 'rm -rf "$STAGE"' EXIT
-mkdir -p "$STAGE"/bin "$STAGE"/lib "$STAGE"/py/ckptd/torch .gpu
+mkdir -p "$STAGE"/bin "$STAGE"/lib "$STAGE"/py/ckptd .gpu
 for b in build/ckptd build/ckptctl build/tests/ckptd_integration_tests build/tests/ckptd_testclient; do
   strip -o "$STAGE/bin/$(basename "$b")" "$b"
 done
 EXT=$(ls build-py312/client/python/_ckptd.cpython-312-*.so)
 strip -o "$STAGE/py/ckptd/$(basename "$EXT")" "$EXT"
 tar -C client/python --exclude=__pycache__ -cf - ckptd | tar -C "$STAGE/py" -xf -  # subpackages too
-cp plugins/torch/ckptd/torch/*.py "$STAGE/py/ckptd/torch/"
 # Every shared library outside glibc/libstdc++ (the target has newer ones) and the CUDA driver.
 for f in "$STAGE"/bin/* "$STAGE"/py/ckptd/*.so; do ldd "$f"; done | awk '/=> \//{print $3}' | sort -u |
   grep -v -E '/(libc|libm|libpthread|libdl|librt|ld-linux-x86-64|libgcc_s|libstdc\+\+|libcuda)\.so' |

@@ -19,7 +19,6 @@ X=$ROOT/.gpu/x
 mkdir -p "$X" && tar -C "$X" -xJf "$ROOT/.gpu/bundle.tar.xz"
 # The Python sources of this tree over the bundle's (they need no build), subpackages included.
 tar -C client/python --exclude=__pycache__ -cf - ckptd | tar -C "$X/py" -xf -
-cp plugins/torch/ckptd/torch/*.py "$X/py/ckptd/torch/"
 export LD_LIBRARY_PATH=$X/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PYTHONPATH=$X/py${PYTHONPATH:+:$PYTHONPATH}
 if compgen -G ".whl/*.whl" >/dev/null; then

@@ -9,8 +9,9 @@ import os
 import threading
 from typing import Any
 
-import ckptd
 import torch.distributed as dist
+
+import ckptd
 
 _clients: dict[tuple[str, str, int], ckptd.Client] = {}
 _clients_lock = threading.Lock()

@@ -15,7 +15,6 @@ import io
 import os
 from typing import Any
 
-import ckptd
 import torch
 from torch.distributed.checkpoint.metadata import (
     BytesStorageMetadata,
@@ -29,6 +28,8 @@ from torch.distributed.checkpoint.metadata import (
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner
 from torch.distributed.checkpoint.storage import StorageReader as _DcpReader
 from torch.futures import Future
+
+import ckptd
 
 from . import _ids
 from ._connection import LazyClient, rank_world

@@ -12,10 +12,11 @@ import pickle
 from dataclasses import dataclass
 from typing import Any
 
-import ckptd
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+import ckptd
 
 from . import _ids
 from ._connection import connect

@@ -42,7 +42,6 @@ from concurrent.futures import Future as _ConcurrentFuture
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import ckptd
 import torch
 
 # The format version FileSystemWriter records; finish() records the same.
@@ -54,6 +53,8 @@ from torch.distributed.checkpoint.storage import StorageWriter as _DcpWriter
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.distributed.tensor import DTensor
 from torch.futures import Future
+
+import ckptd
 
 from . import _ids
 from ._connection import LazyClient, rank_world
