@@ -42,7 +42,9 @@
 #                            ds_to_universal + load_universal (bench/deepspeed_bench.py)
 #   BENCH_IMPORT_MIB=1024 BENCH_IMPORT_ROUNDS=2   each importer's throughput against the disk's
 #                            best sequential read (bench/import_bench.py)
-#   BENCH_ONLY=all|planner|reshard|ckpt|commit|restore|cold|warm|resume|replicated|train|remote|cluster
+#   BENCH_SAVE_ITEMS=1000,100000   a Save's staging time against its item count
+#                            (bench/save_validate_bench.cc: per-item time, 1.0 = linear)
+#   BENCH_ONLY=all|planner|save_validate|reshard|ckpt|commit|restore|cold|warm|resume|replicated|train|remote|cluster
 #              |deepspeed|import
 #                            run one part only
 set -euo pipefail
@@ -66,6 +68,12 @@ if [ "$ONLY" = all ] || [ "$ONLY" = planner ]; then
 echo "bench: planner (100k tensors / 1M shards; decode reported separately)"
 "$BUILD/ckptd_bench_planner" --reps 3 | tee "$OUT/planner.jsonl"
 
+fi
+
+if [ "$ONLY" = all ] || [ "$ONLY" = save_validate ]; then
+echo "bench: a Save's staging time against its item count (linear validation)"
+"$BUILD/ckptd_bench_save_validate" --daemon "$BUILD/ckptd" --items "${BENCH_SAVE_ITEMS:-1000,100000}" \
+  --reps 3 | tee "$OUT/save_validate.jsonl"
 fi
 
 if [ "$ONLY" = all ] || [ "$ONLY" = cluster ]; then

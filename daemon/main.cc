@@ -2,6 +2,7 @@
 // SIGTERM/SIGINT, then finish or journal in-flight work and exit.
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 
 #include <cstdio>
@@ -38,6 +39,7 @@
 #include "rpc/peer_listener.h"
 #include "service/checkpoint_service.h"
 #include "service/executor.h"
+#include "service/fair_executor.h"
 #include "spdlog/spdlog.h"
 #include "storage/s3/s3_storage.h"
 
@@ -87,7 +89,7 @@ absl::StatusOr<std::unique_ptr<StagingArena>> OpenArena(const DaemonOptions& o, 
       std::unique_ptr<StagingArena> arena,
       StagingArena::Create(
           ArenaOptions{"/" + prefix, o.staging_bytes_max, o.staging_prefault, o.staging_mlock,
-                       std::filesystem::absolute(o.state_dir).string()},
+                       std::filesystem::absolute(o.state_dir).string(), o.uid_arena_share_percent},
           journal));
   std::vector<std::pair<std::string, std::string>> rows;
   CKPTD_RETURN_IF_ERROR(
@@ -221,6 +223,16 @@ absl::StatusOr<Stores> OpenStores(const DaemonOptions& o, const std::string& shm
   return s;
 }
 
+// Connections the main socket takes at once: connections_max, or half the descriptor limit.
+uint64_t ConnectionsMax(const DaemonOptions& o) {
+  if (o.connections_max != 0) return o.connections_max;
+  rlimit nofile{};
+  if (getrlimit(RLIMIT_NOFILE, &nofile) != 0 || nofile.rlim_cur == RLIM_INFINITY) {
+    return limits::kConnectionsDefault;
+  }
+  return std::max<uint64_t>(nofile.rlim_cur / 2, 2);
+}
+
 // The RPC front over `svc`: the peer-checking listener, the arena descriptor server and the gRPC
 // server, serving until SIGTERM or SIGINT; then, still serving (status, list and waits answer;
 // new saves are refused), it drains the work in flight within shutdown_grace_s
@@ -231,18 +243,22 @@ absl::Status ServeUntilSignal(const DaemonOptions& o, CheckpointService& svc, co
                               size_t segments, Metrics* metrics, absl::Duration* grace_left) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  CKPTD_ASSIGN_OR_RETURN(std::unique_ptr<PeerListener> listener,
-                         Annotate(PeerListener::Listen(ListenOptions{o.socket_path, o.socket_mode,
-                                                                     o.socket_gid, o.admin_gid}),
-                                  absl::StrCat("cannot listen on ", o.socket_path)));
+  CKPTD_ASSIGN_OR_RETURN(
+      std::unique_ptr<PeerListener> listener,
+      Annotate(PeerListener::Listen(ListenOptions{
+                   o.socket_path, o.socket_mode, o.socket_gid, o.admin_gid, ConnectionsMax(o),
+                   limits::UidShare(ConnectionsMax(o), o.uid_share_percent)}),
+               absl::StrCat("cannot listen on ", o.socket_path)));
   const std::string fd_path = o.socket_path + ArenaFdServer::kPathSuffix;
   // (svc outlives the server: the server is stopped, then destroyed, before it.)
   CKPTD_ASSIGN_OR_RETURN(
       std::unique_ptr<ArenaFdServer> arena_fds,
-      Annotate(ArenaFdServer::Listen(fd_path, o.socket_mode, o.socket_gid,
-                                     [&svc](uint32_t uid, const std::string& session) {
-                                       return svc.ArenaFd(uid, session);
-                                     }),
+      Annotate(ArenaFdServer::Listen(
+                   fd_path, o.socket_mode, o.socket_gid,
+                   [&svc](uint32_t uid, const std::string& session) {
+                     return svc.ArenaFd(uid, session);
+                   },
+                   limits::UidShare(ArenaFdServer::kConnectionsMax, o.uid_share_percent)),
                absl::StrCat("cannot listen on ", fd_path)));
   GrpcCheckpointService rpc(&svc, listener.get(), pools, metrics);
   grpc::ServerBuilder builder;
@@ -297,12 +313,41 @@ int Run(const DaemonOptions& o) {
                        [arena](uint64_t dev, uint64_t ino) { return arena->IsSegment(dev, ino); }},
       gpu.get());
   Executor flush_pool("flush", o.flush_threads, 1 << 20);
-  Executor quick_pool("rpc", o.rpc_threads, o.rpc_queue_max);
-  // Waits and reservations on their own bounded pools: Waits that may last an hour can never
-  // starve the reservations (or anything else) a save needs.
-  Executor wait_pool("wait", o.waiters_max, o.waiters_max);
-  Executor reserve_pool("reserve", o.waiters_max, o.waiters_max);
-  Executor load_pool("load", o.load_threads, o.rpc_queue_max);
+  // The RPC pools, fair among uids (service/fair_executor.h). Pools of short or data-moving
+  // calls have one thread more than a uid may use, kept for the other uids; the blocking ones
+  // (Waits, and reservations, on their own pools so Waits that may last an hour never starve the
+  // reservations a save needs) give each uid uid_share_percent of their waiters_max threads.
+  const uint64_t share = o.uid_share_percent;
+  const uint64_t queued_share = limits::UidShare(o.rpc_queue_max, share);
+  FairExecutor quick_pool("rpc",
+                          {.threads = o.rpc_threads + 1u,
+                           .queue_max = o.rpc_queue_max,
+                           .uid_running_max = o.rpc_threads,
+                           .uid_inflight_max = std::max<uint64_t>(queued_share, o.rpc_threads),
+                           .inflight_name = "uid_share_percent of rpc_queue_max"});
+  FairExecutor large_save_pool(
+      "save-large", {.threads = limits::kLargeSaveThreads + 1,
+                     .queue_max = o.rpc_queue_max,
+                     .uid_running_max = limits::kLargeSaveThreads,
+                     .uid_inflight_max = std::max(queued_share, limits::kLargeSaveThreads),
+                     .inflight_name = "uid_share_percent of rpc_queue_max"});
+  const uint64_t waiter_share = limits::UidShare(o.waiters_max, share);
+  FairExecutor wait_pool("wait", {.threads = o.waiters_max,
+                                  .queue_max = o.waiters_max,
+                                  .uid_running_max = waiter_share,
+                                  .uid_inflight_max = waiter_share,
+                                  .inflight_name = "uid_share_percent of waiters_max"});
+  FairExecutor reserve_pool("reserve", {.threads = o.waiters_max,
+                                        .queue_max = o.waiters_max,
+                                        .uid_running_max = waiter_share,
+                                        .uid_inflight_max = waiter_share,
+                                        .inflight_name = "uid_share_percent of waiters_max"});
+  FairExecutor load_pool("load",
+                         {.threads = o.load_threads + 1u,
+                          .queue_max = o.rpc_queue_max,
+                          .uid_running_max = o.load_threads,
+                          .uid_inflight_max = std::max<uint64_t>(queued_share, o.load_threads),
+                          .inflight_name = "uid_share_percent of rpc_queue_max"});
   Metrics metrics;
   ServiceDeps deps{&o, stores->meta.get(), stores->storage.get(), arena, &regions, &flush_pool};
   deps.remote = stores->remote.get();
@@ -321,6 +366,7 @@ int Run(const DaemonOptions& o) {
     l.queued.emplace_back("wait", wait_pool.queued());
     l.queued.emplace_back("reserve", reserve_pool.queued());
     l.queued.emplace_back("load", load_pool.queued());
+    l.queued.emplace_back("save-large", large_save_pool.queued());
     return l;
   });
   // Declared after what its scrapes read (the service, the pools): destroyed, so stopped, first.
@@ -339,9 +385,9 @@ int Run(const DaemonOptions& o) {
         metrics_server->port());
   }
   absl::Duration grace_left = absl::Seconds(o.shutdown_grace_s);
-  if (absl::Status st =
-          ServeUntilSignal(o, svc, RpcPools{&quick_pool, &wait_pool, &reserve_pool, &load_pool},
-                           arena->segments().size(), &metrics, &grace_left);
+  if (absl::Status st = ServeUntilSignal(
+          o, svc, RpcPools{&quick_pool, &wait_pool, &reserve_pool, &load_pool, &large_save_pool},
+          arena->segments().size(), &metrics, &grace_left);
       !st.ok()) {
     spdlog::critical("{}", st.ToString());
     return 1;
@@ -359,6 +405,7 @@ int Run(const DaemonOptions& o) {
     std::_Exit(0);
   }
   quick_pool.Stop();
+  large_save_pool.Stop();
   wait_pool.Stop();
   reserve_pool.Stop();
   load_pool.Stop();

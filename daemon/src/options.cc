@@ -196,6 +196,9 @@ absl::Status ValidateRanges(const DaemonOptions& o) {
   CKPTD_RETURN_IF_ERROR(Range("rpc_threads", o.rpc_threads, 1, 256));
   CKPTD_RETURN_IF_ERROR(Range("rpc_queue_max", o.rpc_queue_max, 1, 1 << 20));
   CKPTD_RETURN_IF_ERROR(Range("waiters_max", o.waiters_max, 1, 4096));
+  CKPTD_RETURN_IF_ERROR(Range("uid_share_percent", o.uid_share_percent, 1, 100));
+  CKPTD_RETURN_IF_ERROR(Range("uid_arena_share_percent", o.uid_arena_share_percent, 1, 100));
+  CKPTD_RETURN_IF_ERROR(Range("connections_max", o.connections_max, 0, 1 << 20));
   CKPTD_RETURN_IF_ERROR(Range("shutdown_grace_s", o.shutdown_grace_s, 0, 3600));
   CKPTD_RETURN_IF_ERROR(Range("debug_flush_delay_ms", o.debug_flush_delay_ms, 0, 3'600'000));
   CKPTD_RETURN_IF_ERROR(Range("debug_load_delay_ms", o.debug_load_delay_ms, 0, 3'600'000));

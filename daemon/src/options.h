@@ -109,6 +109,20 @@ struct DaemonOptions {
   uint32_t rpc_queue_max = 4096;
   // RPCs that may block at once (Wait, ReserveExtents on a full arena). Default: 64
   uint32_t waiters_max = 64;
+  // Per-uid shares (docs/SECURITY.md "Per-uid shares"): the percentage of each shared count one
+  // uid may hold at once — open checkpoints (of limits::kOpenCheckpointsMax), blocked Waits and
+  // blocked reservations (each of waiters_max), queued RPCs (of rpc_queue_max), connections on
+  // the main socket (of connections_max) and exchanges on the arena socket (of its 64) — so that
+  // one uid always leaves the rest to the others. 100 turns the shares off. Default: 50
+  uint32_t uid_share_percent = 50;
+  // The percentage of the staging arena one uid may hold reserved or staged (not yet persisted;
+  // the RAM tier's hot copies are not counted: any reservation evicts them). 100 turns it off.
+  // Default: 75
+  uint32_t uid_arena_share_percent = 75;
+  // Connections on the main socket at once (each holds a descriptor); 0: half the daemon's
+  // descriptor limit (RLIMIT_NOFILE), so its own files always have room. A uid past its share
+  // (uid_share_percent of this) has its new connections closed at once. Default: 0
+  uint32_t connections_max = 0;
   // Seconds SIGTERM gives the work in flight before exiting: flushes and commits of checkpoints
   // whose ranks are all staged, this node's part of a checkpoint spanning nodes, uploads to the
   // remote tier. The RPC server keeps answering (status, list, wait; new saves are refused)

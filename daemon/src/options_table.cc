@@ -193,6 +193,21 @@ const std::vector<OptionDef>& OptionDefs() {
        "Waits that may block at once, and separately reservations/unregisters that may wait "
        "(each on its own pool, so Waits never starve saves)",
        IntField(&O::waiters_max, "waiters_max")},
+      {"uid_share_percent", "one uid's share of each shared count (percent)",
+       "the percentage of each shared count one uid may hold at once: open checkpoints (of "
+       "256), blocked Waits and blocked reservations (each of `waiters_max`), queued RPCs (of "
+       "`rpc_queue_max`), connections (of `connections_max`), arena-socket exchanges (of 64); "
+       "past it `RESOURCE_EXHAUSTED` naming the limit and the uid (docs/SECURITY.md); 100: off",
+       IntField(&O::uid_share_percent, "uid_share_percent")},
+      {"uid_arena_share_percent", "one uid's share of the staging arena (percent)",
+       "the percentage of the staging arena one uid may hold reserved or staged (hot copies "
+       "not counted); past it a reservation waits for the uid's own bytes, then "
+       "`RESOURCE_EXHAUSTED` naming this option and the uid; 100: off",
+       IntField(&O::uid_arena_share_percent, "uid_arena_share_percent")},
+      {"connections_max", "connections at once on the main socket (0: half RLIMIT_NOFILE)",
+       "connections on the main socket at once; 0: half the daemon's descriptor limit. A uid "
+       "past its share of them has its new connections closed at once",
+       IntField(&O::connections_max, "connections_max")},
       {"index_reserve_bytes", "free bytes kept on the index volume; saves refused below",
        "free bytes kept on the index's volume: a Save (new work) is `RESOURCE_EXHAUSTED` "
        "naming this option when less is free, so commits, aborts and deletes of work already "

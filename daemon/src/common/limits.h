@@ -73,6 +73,27 @@ inline constexpr uint32_t kLegacyChecksumBlockBytes = 1 * 1024 * 1024;
 // would open one more is RESOURCE_EXHAUSTED naming the limit (commit or abort older ones).
 inline constexpr uint64_t kOpenCheckpointsPerJobMax = 16;
 inline constexpr uint64_t kOpenCheckpointsMax = 256;
+
+// --- per-uid shares (docs/SECURITY.md "Per-uid shares"; options uid_share_percent,
+// uid_arena_share_percent) ---
+// One uid's share of a shared count `total`: `percent` of it, at least 1, and (below 100%) at
+// most total - 1, so another uid always finds one left.
+inline constexpr uint64_t UidShare(uint64_t total, uint64_t percent) {
+  const uint64_t share = total * percent / 100;
+  if (percent >= 100) return total;
+  if (share >= total) return total > 1 ? total - 1 : 1;
+  return share > 0 ? share : 1;
+}
+static_assert(UidShare(256, 50) == 128 && UidShare(1, 50) == 1 && UidShare(2, 99) == 1);
+static_assert(UidShare(64, 100) == 64 && UidShare(4096, 1) == 40);
+// A Save of more shards than this validates and journals on its own pool ("save-large"), off
+// the pool that serves Hello and small Saves: 100,000 items take about a second there.
+inline constexpr uint64_t kLargeSaveShardsMin = 4096;
+// Threads of the "save-large" pool beyond the one kept for other uids: one uid runs at most this
+// many large Saves at once.
+inline constexpr uint64_t kLargeSaveThreads = 2;
+// Main-socket connections when connections_max is 0 and the descriptor limit cannot be read.
+inline constexpr uint64_t kConnectionsDefault = 512;
 // Zeroed bounce pages one flush holds for the partial last pages of its shards; a rank with more
 // such shards is written in batches reusing them.
 inline constexpr uint64_t kFlushBounceBytesMax = 4 * kMiB;

@@ -123,6 +123,13 @@ absl::StatusOr<std::vector<ExtentInfo>> StagingArena::Reserve(const std::string&
                      " extents can never fit: the staging arena holds ", capacity_bytes(),
                      " bytes (reserve in smaller batches or raise staging_bytes_max)"));
   }
+  if (total > uid_share_bytes()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "reservation of ", total, " bytes can never fit uid ", uid,
+        "'s share of the staging arena: ", uid_share_bytes(), " of its ", capacity_bytes(),
+        " bytes (uid_arena_share_percent = ", options_.uid_share_percent,
+        "; reserve in smaller batches or raise staging_bytes_max)"));
+  }
   CKPTD_RETURN_IF_ERROR(Segment(uid).status());
   std::vector<ExtentInfo> out;
   std::vector<Span> spans;
@@ -161,6 +168,21 @@ absl::StatusOr<std::vector<ExtentInfo>> StagingArena::AllocateAllLocked(
     reserve_wait_seconds_ += absl::ToDoubleSeconds(absl::Now() - started);
   };
   while (true) {
+    // The uid's share first: past it the reservation waits for the uid's own bytes to go (a
+    // flush, a release), never for another uid's, and evicts nobody's hot copies.
+    if (charged_[uid] + total > uid_share_bytes()) {
+      waited = true;
+      if (freed_.WaitWithDeadline(&mu_, deadline) && absl::Now() >= deadline) {
+        count_wait();
+        return absl::ResourceExhaustedError(absl::StrFormat(
+            "uid %d's share of the staging arena is full: it holds %d bytes reserved or staged, "
+            "asked %d more, its share is %d (uid_arena_share_percent = %d of %d bytes) after "
+            "waiting %d ms",
+            uid, charged_[uid], total, uid_share_bytes(), options_.uid_share_percent,
+            capacity_bytes(), absl::ToInt64Milliseconds(timeout)));
+      }
+      continue;
+    }
     std::vector<ExtentInfo> out;
     bool ok = true;
     for (uint64_t s : sizes) {
@@ -170,10 +192,13 @@ absl::StatusOr<std::vector<ExtentInfo>> StagingArena::AllocateAllLocked(
         ok = false;
         break;
       }
-      out.push_back(ExtentInfo{next_id_++, *off, len, uid, session, false, 0, false});
+      out.push_back(ExtentInfo{next_id_++, *off, len, uid, session, false, 0, false, true});
     }
     if (ok) {
-      for (const ExtentInfo& e : out) extents_[e.id] = e;
+      for (const ExtentInfo& e : out) {
+        extents_[e.id] = e;
+        charged_[uid] += e.length;
+      }
       count_wait();
       return out;
     }
@@ -236,11 +261,7 @@ void StagingArena::EndLease(uint64_t id) {
   absl::MutexLock lock(&mu_);
   auto it = extents_.find(id);
   CKPTD_CHECK(it != extents_.end() && it->second.leases > 0);
-  if (--it->second.leases == 0 && it->second.released) {
-    FreeRangeLocked(it->second.offset, it->second.length);
-    free_bytes_ += it->second.length;
-    extents_.erase(it);
-  }
+  if (--it->second.leases == 0 && it->second.released) EraseLocked(it);
 }
 
 absl::Status StagingArena::CheckDistinct(std::span<const uint64_t> ids, const char* what) {
@@ -293,10 +314,46 @@ void StagingArena::Free(std::span<const uint64_t> ids) {
   for (uint64_t id : ids) {
     auto it = extents_.find(id);
     CKPTD_CHECK(it != extents_.end() && it->second.daemon_owned && it->second.leases == 0);
-    FreeRangeLocked(it->second.offset, it->second.length);
-    free_bytes_ += it->second.length;
-    extents_.erase(it);
+    EraseLocked(it);
   }
+}
+
+void StagingArena::UnchargeLocked(ExtentInfo& e) {
+  if (!e.charged) return;
+  e.charged = false;
+  auto c = charged_.find(e.uid);
+  CKPTD_CHECK(c != charged_.end() && c->second >= e.length);
+  c->second -= e.length;
+  if (c->second == 0) charged_.erase(c);
+  freed_.SignalAll();  // a reservation waiting for its uid's share
+}
+
+void StagingArena::EraseLocked(absl::flat_hash_map<uint64_t, ExtentInfo>::iterator it) {
+  UnchargeLocked(it->second);
+  FreeRangeLocked(it->second.offset, it->second.length);
+  free_bytes_ += it->second.length;
+  extents_.erase(it);
+}
+
+void StagingArena::Uncharge(std::span<const uint64_t> ids) {
+  absl::MutexLock lock(&mu_);
+  for (uint64_t id : ids) {
+    if (auto it = extents_.find(id); it != extents_.end()) UnchargeLocked(it->second);
+  }
+}
+
+uint64_t StagingArena::charged_bytes(uint32_t uid) const {
+  absl::MutexLock lock(&mu_);
+  auto it = charged_.find(uid);
+  return it == charged_.end() ? 0 : it->second;
+}
+
+uint64_t StagingArena::uid_share_bytes() const {
+  if (options_.uid_share_percent >= 100) return capacity_bytes();
+  // Whole pages, so a share is something a reservation can fill.
+  const uint64_t share = capacity_bytes() / 100 * options_.uid_share_percent;
+  return std::max(share / limits::kAlignmentBytes * limits::kAlignmentBytes,
+                  limits::kAlignmentBytes);
 }
 
 void StagingArena::ReleaseLocked(absl::flat_hash_map<uint64_t, ExtentInfo>::iterator it) {
@@ -305,9 +362,7 @@ void StagingArena::ReleaseLocked(absl::flat_hash_map<uint64_t, ExtentInfo>::iter
     it->second.session.clear();
     return;
   }
-  FreeRangeLocked(it->second.offset, it->second.length);
-  free_bytes_ += it->second.length;
-  extents_.erase(it);
+  EraseLocked(it);
 }
 
 absl::Status StagingArena::Release(const std::string& session, std::span<const uint64_t> ids) {

@@ -69,6 +69,9 @@ struct ExtentInfo {
   bool daemon_owned = false;
   uint32_t leases = 0;    // operations using it now (ExtentLease)
   bool released = false;  // released while leased: freed when the last lease goes
+  // Counted in its uid's share (ArenaOptions::uid_share_percent): reserved or staged, until it
+  // is freed or passes to the RAM tier (Uncharge).
+  bool charged = false;
 };
 
 // One uid's segment, as the journal records it and the operator sees it.
@@ -97,6 +100,11 @@ struct ArenaOptions {
   // The daemon's state dir (absolute), recorded in each segment's header page: a segment whose
   // state dir is gone belongs to no daemon any more (RemoveAbandonedSegments).
   std::string state_dir;
+  // One uid's share of the arena (docs/SECURITY.md "Per-uid shares"): the percentage of the
+  // capacity its charged extents (reserved, or staged and not yet persisted) may hold. A
+  // reservation past it waits for the uid's own bytes to go, then RESOURCE_EXHAUSTED naming
+  // uid_arena_share_percent and the uid; other uids' reservations never wait for it. 100: off.
+  uint32_t uid_share_percent = 100;
 };
 
 // Removes every arena segment in /dev/shm owned by this euid whose header names a state dir that
@@ -204,6 +212,12 @@ class StagingArena {
   absl::Status Take(const std::string& session, std::span<const uint64_t> ids);
   // Frees daemon-owned extents (after persist or abort).
   void Free(std::span<const uint64_t> ids);
+  // Daemon-owned extents that passed to the RAM tier (reclaimable by any reservation): no longer
+  // counted in their uid's share. Unknown ids are skipped.
+  void Uncharge(std::span<const uint64_t> ids);
+  // Bytes `uid`'s charged extents hold, and the most they may (its share).
+  uint64_t charged_bytes(uint32_t uid) const;
+  uint64_t uid_share_bytes() const;
   // Client release of its own reserved extents, all or none. NOT_FOUND names the first unknown
   // id, INVALID_ARGUMENT an id named twice. Leased extents are freed when their lease ends.
   absl::Status Release(const std::string& session, std::span<const uint64_t> ids);
@@ -266,6 +280,10 @@ class StagingArena {
   // INVALID_ARGUMENT when an id appears twice.
   static absl::Status CheckDistinct(std::span<const uint64_t> ids, const char* what);
   void FreeRangeLocked(uint64_t offset, uint64_t len) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees extent `it` (its range and its charge) and forgets it.
+  void EraseLocked(absl::flat_hash_map<uint64_t, ExtentInfo>::iterator it)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UnchargeLocked(ExtentInfo& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t LargestFreeLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ArenaOptions options_;
@@ -288,6 +306,7 @@ class StagingArena {
   absl::flat_hash_map<uint64_t, ExtentInfo> extents_ ABSL_GUARDED_BY(mu_);
   ReclaimFn reclaimer_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::flat_hash_map<uint32_t, uint64_t> charged_ ABSL_GUARDED_BY(mu_);  // uid → bytes
 
   // Background faulting of the first segment: the chunk being faulted now (claimed for
   // prefault_uid_, still free in the allocator). Another uid's claim of it waits until it is

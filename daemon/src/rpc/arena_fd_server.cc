@@ -19,11 +19,13 @@ namespace ckptd {
 
 absl::StatusOr<std::unique_ptr<ArenaFdServer>> ArenaFdServer::Listen(const std::string& path,
                                                                      uint32_t mode, int64_t gid,
-                                                                     LookupFn lookup) {
+                                                                     LookupFn lookup,
+                                                                     size_t uid_connections_max) {
   CKPTD_ASSIGN_OR_RETURN(int fd, ListenUnix(path, mode, gid));
   std::unique_ptr<ArenaFdServer> s(new ArenaFdServer());
   s->path_ = path;
   s->lookup_ = std::move(lookup);
+  s->uid_connections_max_ = std::clamp<size_t>(uid_connections_max, 1, kConnectionsMax);
   s->listen_fd_ = fd;
   s->stop_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (s->stop_fd_ < 0) return ErrnoStatus(errno, "eventfd");
@@ -86,6 +88,10 @@ void ArenaFdServer::Loop() {
   for (const Conn& c : conns) close(c.fd);
 }
 
+namespace {
+void Reply(int fd, const absl::Status& st, const std::string& text, int attach_fd);
+}  // namespace
+
 void ArenaFdServer::Accept(std::vector<Conn>* conns) {
   int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
   if (fd < 0) {
@@ -97,6 +103,17 @@ void ArenaFdServer::Accept(std::vector<Conn>* conns) {
   absl::StatusOr<uint32_t> uid = PeerUid(fd);
   if (!uid.ok()) {
     spdlog::warn("arena socket: dropping a connection: {}", uid.status().ToString());
+    close(fd);
+    return;
+  }
+  const size_t mine = static_cast<size_t>(
+      std::count_if(conns->begin(), conns->end(), [&](const Conn& c) { return c.uid == *uid; }));
+  if (mine >= uid_connections_max_) {
+    Reply(fd,
+          absl::ResourceExhaustedError(absl::StrCat(
+              "uid ", *uid, " has ", mine, " exchanges in progress on ", path_, "; its share is ",
+              uid_connections_max_, " (uid_share_percent of ", kConnectionsMax, "); retry later")),
+          "", -1);
     close(fd);
     return;
   }

@@ -17,8 +17,11 @@
 // borrowed from the arena (the kernel duplicates them into the client). Bounds: at most
 // kConnectionsMax connections at once (more wait in the listen backlog), each given kIoTimeoutMs
 // to send its request (then DEADLINE_EXCEEDED and closed); one thread polls them all without
-// blocking, so a client that stalls delays nobody and holds one slot for at most that long. The
-// reply (a few hundred bytes) always fits the socket's buffer.
+// blocking, so a client that stalls delays nobody and holds one slot for at most that long. One
+// uid holds at most `uid_connections_max` of the slots (its share, docs/SECURITY.md): a
+// connection of a uid past it is answered RESOURCE_EXHAUSTED naming the limit and the uid at
+// once and closed, so a uid flooding the socket never keeps another uid's exchange waiting in
+// the backlog. The reply (a few hundred bytes) always fits the socket's buffer.
 // Thread safety: Start/Stop from one thread; the lookup callback runs on the server's thread.
 #pragma once
 
@@ -48,9 +51,10 @@ class ArenaFdServer {
       std::function<absl::StatusOr<ArenaGrant>(uint32_t uid, const std::string& session)>;
 
   // Listens at `path` (see ListenUnix in peer_listener.h for mode, gid and errors).
-  static absl::StatusOr<std::unique_ptr<ArenaFdServer>> Listen(const std::string& path,
-                                                               uint32_t mode, int64_t gid,
-                                                               LookupFn lookup);
+  // `uid_connections_max`: one uid's share of the kConnectionsMax slots (at least 1).
+  static absl::StatusOr<std::unique_ptr<ArenaFdServer>> Listen(
+      const std::string& path, uint32_t mode, int64_t gid, LookupFn lookup,
+      size_t uid_connections_max = kConnectionsMax);
   ~ArenaFdServer();
 
   void Start();
@@ -75,6 +79,7 @@ class ArenaFdServer {
 
   std::string path_;
   LookupFn lookup_;
+  size_t uid_connections_max_ = kConnectionsMax;
   int listen_fd_ = -1;
   int stop_fd_ = -1;
   std::thread thread_;

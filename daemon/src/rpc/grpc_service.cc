@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "ckptd/error_reason.h"
+#include "common/limits.h"
 #include "common/log.h"
 #include "spdlog/spdlog.h"
 
@@ -109,7 +110,7 @@ grpc::ServerWriteReactor<v1::SessionEvent>* GrpcCheckpointService::Attach(
 
 template <typename Fn>
 grpc::ServerUnaryReactor* GrpcCheckpointService::Dispatch(grpc::CallbackServerContext* ctx,
-                                                          Executor* pool, const char* method,
+                                                          FairExecutor* pool, const char* method,
                                                           Fn fn) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   const absl::Time received = absl::Now();
@@ -127,16 +128,18 @@ grpc::ServerUnaryReactor* GrpcCheckpointService::Dispatch(grpc::CallbackServerCo
     finish(caller.status());
     return reactor;
   }
-  bool posted = pool->Post([finish, fn, method, c = *caller, id = std::move(request_id)]() mutable {
-    LogScope fields;
-    fields.Str("request_id", id).Str("method", method).Num("uid", c.uid);
-    absl::Status st = fn(c);
-    if (!st.ok()) spdlog::debug("{}: {}", method, st.ToString());
-    finish(st);
-  });
-  if (!posted) {
-    finish(absl::ResourceExhaustedError(absl::StrCat(
-        method, ": the daemon is overloaded (", pool->queued(), " calls queued); retry later")));
+  const uint32_t uid = caller->uid;
+  absl::Status posted =
+      pool->Post(uid, [finish, fn, method, c = *caller, id = std::move(request_id)]() mutable {
+        LogScope fields;
+        fields.Str("request_id", id).Str("method", method).Num("uid", c.uid);
+        absl::Status st = fn(c);
+        if (!st.ok()) spdlog::debug("{}: {}", method, st.ToString());
+        finish(st);
+      });
+  if (!posted.ok()) {
+    spdlog::debug("{}: refused: {}", method, posted.ToString());
+    finish(absl::Status(posted.code(), absl::StrCat(method, ": ", posted.message())));
   }
   return reactor;
 }
@@ -181,7 +184,7 @@ void RecordCall(Metrics* m, const v1::LoadRequest& req, const v1::LoadResponse& 
 #define CKPTD_RPC(Name, Req, Resp, pool, call)                                                \
   grpc::ServerUnaryReactor* GrpcCheckpointService::Name(grpc::CallbackServerContext* ctx,     \
                                                         const v1::Req* req, v1::Resp* resp) { \
-    return Dispatch(ctx, pools_.pool, #Name, [this, ctx, req, resp](const Caller& caller) {   \
+    return Dispatch(ctx, pool, #Name, [this, ctx, req, resp](const Caller& caller) {          \
       (void)ctx;  /* the calls that watch for their caller going away (Verify) use it */      \
       (void)resp; /* calls without a response body (Goodbye, Delete, ...) do not use it */    \
       LogScope fields;                                                                        \
@@ -193,34 +196,44 @@ void RecordCall(Metrics* m, const v1::LoadRequest& req, const v1::LoadResponse& 
     });                                                                                       \
   }
 
-CKPTD_RPC(Hello, HelloRequest, HelloResponse, quick, svc_->Hello(caller, *req, resp))
-CKPTD_RPC(Goodbye, GoodbyeRequest, GoodbyeResponse, quick, svc_->Goodbye(caller, *req))
-CKPTD_RPC(ReserveExtents, ReserveExtentsRequest, ReserveExtentsResponse, reserves,
+CKPTD_RPC(Hello, HelloRequest, HelloResponse, pools_.quick, svc_->Hello(caller, *req, resp))
+CKPTD_RPC(Goodbye, GoodbyeRequest, GoodbyeResponse, pools_.quick, svc_->Goodbye(caller, *req))
+CKPTD_RPC(ReserveExtents, ReserveExtentsRequest, ReserveExtentsResponse, pools_.reserves,
           svc_->ReserveExtents(caller, *req, resp))
-CKPTD_RPC(ReleaseExtents, ReleaseExtentsRequest, ReleaseExtentsResponse, quick,
+CKPTD_RPC(ReleaseExtents, ReleaseExtentsRequest, ReleaseExtentsResponse, pools_.quick,
           svc_->ReleaseExtents(caller, *req))
-CKPTD_RPC(RegisterRegion, RegisterRegionRequest, RegisterRegionResponse, reserves,
+CKPTD_RPC(RegisterRegion, RegisterRegionRequest, RegisterRegionResponse, pools_.reserves,
           svc_->RegisterRegion(caller, *req, resp))
-CKPTD_RPC(UnregisterRegion, UnregisterRegionRequest, UnregisterRegionResponse, reserves,
+CKPTD_RPC(UnregisterRegion, UnregisterRegionRequest, UnregisterRegionResponse, pools_.reserves,
           svc_->UnregisterRegion(caller, *req))
-CKPTD_RPC(Save, SaveRequest, SaveResponse, quick, svc_->Save(caller, *req, resp))
-CKPTD_RPC(Wait, WaitRequest, CheckpointStatus, waiters, svc_->Wait(caller, *req, resp))
-CKPTD_RPC(Commit, CommitRequest, CheckpointStatus, quick, svc_->Commit(caller, *req, resp))
-CKPTD_RPC(Abort, AbortRequest, CheckpointStatus, quick, svc_->Abort(caller, *req, resp))
-CKPTD_RPC(Load, LoadRequest, LoadResponse, loads, svc_->Load(caller, *req, resp))
-CKPTD_RPC(ListJobs, ListJobsRequest, ListJobsResponse, quick, svc_->ListJobs(caller, *req, resp))
-CKPTD_RPC(ListCheckpoints, ListCheckpointsRequest, ListCheckpointsResponse, quick,
+// A Save of many shards validates and journals on its own pool (seconds for 100,000 items).
+CKPTD_RPC(Save, SaveRequest, SaveResponse,
+          static_cast<uint64_t>(req->shards_size()) > limits::kLargeSaveShardsMin
+              ? pools_.large_saves
+              : pools_.quick,
+          svc_->Save(caller, *req, resp))
+CKPTD_RPC(Wait, WaitRequest, CheckpointStatus, pools_.waiters, svc_->Wait(caller, *req, resp))
+CKPTD_RPC(Commit, CommitRequest, CheckpointStatus, pools_.quick, svc_->Commit(caller, *req, resp))
+CKPTD_RPC(Abort, AbortRequest, CheckpointStatus, pools_.quick, svc_->Abort(caller, *req, resp))
+CKPTD_RPC(Load, LoadRequest, LoadResponse, pools_.loads, svc_->Load(caller, *req, resp))
+CKPTD_RPC(ListJobs, ListJobsRequest, ListJobsResponse, pools_.quick,
+          svc_->ListJobs(caller, *req, resp))
+CKPTD_RPC(ListCheckpoints, ListCheckpointsRequest, ListCheckpointsResponse, pools_.quick,
           svc_->ListCheckpoints(caller, *req, resp))
-CKPTD_RPC(GetStatus, GetStatusRequest, CheckpointStatus, quick, svc_->GetStatus(caller, *req, resp))
-CKPTD_RPC(Inspect, InspectRequest, InspectResponse, quick, svc_->Inspect(caller, *req, resp))
-CKPTD_RPC(Delete, DeleteRequest, DeleteResponse, quick, svc_->Delete(caller, *req))
-CKPTD_RPC(Latest, LatestRequest, LatestResponse, quick, svc_->Latest(caller, *req, resp))
-CKPTD_RPC(Reshard, ReshardRequest, CheckpointStatus, quick, svc_->Reshard(caller, *req, resp))
-CKPTD_RPC(CollectGarbage, GcRequest, GcResponse, waiters, svc_->CollectGarbage(caller, *req, resp))
-CKPTD_RPC(Prefetch, PrefetchRequest, PrefetchResponse, loads, svc_->Prefetch(caller, *req, resp))
+CKPTD_RPC(GetStatus, GetStatusRequest, CheckpointStatus, pools_.quick,
+          svc_->GetStatus(caller, *req, resp))
+CKPTD_RPC(Inspect, InspectRequest, InspectResponse, pools_.quick, svc_->Inspect(caller, *req, resp))
+CKPTD_RPC(Delete, DeleteRequest, DeleteResponse, pools_.quick, svc_->Delete(caller, *req))
+CKPTD_RPC(Latest, LatestRequest, LatestResponse, pools_.quick, svc_->Latest(caller, *req, resp))
+CKPTD_RPC(Reshard, ReshardRequest, CheckpointStatus, pools_.quick,
+          svc_->Reshard(caller, *req, resp))
+CKPTD_RPC(CollectGarbage, GcRequest, GcResponse, pools_.waiters,
+          svc_->CollectGarbage(caller, *req, resp))
+CKPTD_RPC(Prefetch, PrefetchRequest, PrefetchResponse, pools_.loads,
+          svc_->Prefetch(caller, *req, resp))
 // Reads the whole checkpoint (or a sample): a data-moving call, on the load pool.
 // Reading stops once the caller went away (interrupted, or past its deadline).
-CKPTD_RPC(Verify, VerifyRequest, VerifyResponse, loads,
+CKPTD_RPC(Verify, VerifyRequest, VerifyResponse, pools_.loads,
           svc_->Verify(caller, *req, resp, [ctx] { return ctx->IsCancelled(); }))
 
 #undef CKPTD_RPC

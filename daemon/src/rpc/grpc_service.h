@@ -1,7 +1,8 @@
 // gRPC callback adapter for CheckpointService: each RPC is translated into a task posted to a
 // bounded executor, never run on gRPC's threads. Calls that may block (Wait, ReserveExtents on a
 // full arena) go to a separate, bounded waiter pool; the data-moving Load goes to the load pool.
-// A full pool answers RESOURCE_EXHAUSTED at once (backpressure, docs/DESIGN.md invariant 5).
+// A full pool, or a uid past its share of one, answers RESOURCE_EXHAUSTED at once (backpressure,
+// docs/DESIGN.md invariants 5 and 6; docs/SECURITY.md "Per-uid shares").
 // absl status codes map 1:1 onto gRPC codes. Every call is attributed to the Caller the kernel
 // named for its connection (rpc/peer_listener.h); calls on connections the listener did not
 // accept are PERMISSION_DENIED. Attach streams are tracked so the daemon can close them at stop
@@ -17,17 +18,23 @@
 #include "grpcpp/grpcpp.h"
 #include "rpc/peer_listener.h"
 #include "service/checkpoint_service.h"
-#include "service/executor.h"
+#include "service/fair_executor.h"
 
 namespace ckptd {
 
 grpc::Status ToGrpcStatus(const absl::Status& s);
 
+// Every pool is fair among uids (service/fair_executor.h): per-uid queues served in turn, and
+// per-uid shares of its threads and of its calls in flight.
 struct RpcPools {
-  Executor* quick = nullptr;
-  Executor* waiters = nullptr;   // Wait: may block up to its timeout
-  Executor* reserves = nullptr;  // ReserveExtents / UnregisterRegion: may wait for space or leases
-  Executor* loads = nullptr;
+  FairExecutor* quick = nullptr;
+  FairExecutor* waiters = nullptr;  // Wait: may block up to its timeout
+  // ReserveExtents / UnregisterRegion: may wait for space or leases.
+  FairExecutor* reserves = nullptr;
+  FairExecutor* loads = nullptr;
+  // Saves of more than limits::kLargeSaveShardsMin shards: their validation and journaling take
+  // long enough (up to seconds) to be kept off the pool that serves Hello and small Saves.
+  FairExecutor* large_saves = nullptr;
 };
 
 class AttachReactor;
@@ -100,7 +107,7 @@ class GrpcCheckpointService final : public v1::Checkpoint::CallbackService {
 
  private:
   template <typename Fn>
-  grpc::ServerUnaryReactor* Dispatch(grpc::CallbackServerContext* ctx, Executor* pool,
+  grpc::ServerUnaryReactor* Dispatch(grpc::CallbackServerContext* ctx, FairExecutor* pool,
                                      const char* method, Fn fn);
 
   friend class AttachReactor;

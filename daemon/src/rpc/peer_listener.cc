@@ -11,8 +11,10 @@
 #include <cstring>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "ckptd/status.h"
 #include "grpcpp/server_posix.h"
 #include "spdlog/spdlog.h"
@@ -138,13 +140,73 @@ void PeerListener::AcceptLoop(grpc::Server* server) {
       continue;
     }
     Caller c = Identify(fd);
-    {
-      absl::MutexLock lock(&mu_);
-      by_fd_[fd] = c;  // replaces the closed connection that had this number
+    if (absl::Status admitted = Admit(fd, c); !admitted.ok()) {
+      close(fd);
+      continue;
     }
     spdlog::debug("connection {} from {} (fd {})", c.connection, DescribeCaller(c), fd);
     grpc::AddInsecureChannelFromFd(server, fd);
   }
+}
+
+namespace {
+
+// The inode of socket `fd`, 0 when it is not an open socket.
+uint64_t SocketInode(int fd) {
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) return 0;
+  return st.st_ino;
+}
+
+}  // namespace
+
+void PeerListener::PruneLocked() {
+  absl::erase_if(by_fd_, [](const auto& entry) {
+    const uint64_t ino = SocketInode(entry.first);
+    return ino == 0 || ino != entry.second.ino;
+  });
+}
+
+absl::Status PeerListener::Admit(int fd, const Caller& c) {
+  const uint64_t ino = SocketInode(fd);
+  absl::MutexLock lock(&mu_);
+  by_fd_.erase(fd);  // the closed connection that had this number: no call of it is left
+  auto count_uid = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    uint64_t n = 0;
+    for (const auto& [other_fd, conn] : by_fd_) n += conn.caller.uid == c.uid;
+    return n;
+  };
+  uint64_t mine = count_uid();
+  if (mine >= options_.uid_connections_max || by_fd_.size() >= options_.connections_max) {
+    PruneLocked();
+    mine = count_uid();
+  }
+  absl::Status refused = absl::OkStatus();
+  if (mine >= options_.uid_connections_max) {
+    refused = absl::ResourceExhaustedError(absl::StrCat(
+        "uid ", c.uid, " has ", mine, " connections open on ", options_.path, "; its share is ",
+        options_.uid_connections_max, " (uid_share_percent of connections_max): connection ",
+        c.connection, " (pid ", c.pid, ") closed"));
+  } else if (by_fd_.size() >= options_.connections_max) {
+    refused = absl::ResourceExhaustedError(absl::StrCat(
+        by_fd_.size(), " connections are open on ", options_.path, " (connections_max): uid ",
+        c.uid, "'s connection ", c.connection, " (pid ", c.pid, ") closed"));
+  }
+  if (!refused.ok()) {
+    // A flood is logged once a second, not once a connection.
+    const int64_t now_s = absl::ToUnixSeconds(absl::Now());
+    if (now_s != last_refusal_log_s_) {
+      spdlog::warn("{} ({} more refused since the last such message)", refused.ToString(),
+                   refusals_unlogged_);
+      last_refusal_log_s_ = now_s;
+      refusals_unlogged_ = 0;
+    } else {
+      ++refusals_unlogged_;
+    }
+    return refused;
+  }
+  by_fd_[fd] = Conn{c, ino};
+  return absl::OkStatus();
 }
 
 absl::StatusOr<Caller> PeerListener::Lookup(const std::string& peer) const {
@@ -152,7 +214,7 @@ absl::StatusOr<Caller> PeerListener::Lookup(const std::string& peer) const {
   if (peer.rfind("fd:", 0) == 0 && absl::SimpleAtoi(peer.substr(3), &fd)) {
     absl::MutexLock lock(&mu_);
     auto it = by_fd_.find(fd);
-    if (it != by_fd_.end()) return it->second;
+    if (it != by_fd_.end()) return it->second.caller;
   }
   return absl::PermissionDeniedError(
       absl::StrCat("connection \"", peer, "\" did not come through the daemon's socket"));

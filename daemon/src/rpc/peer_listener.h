@@ -10,8 +10,13 @@
 // the entry of the closed connection that had it (no call of that one is left).
 //
 // Ownership: owns the listening socket (removed at Stop) and the accept thread; accepted sockets
-// belong to gRPC once handed over. Resource bound: connections are bounded by the process's
-// RLIMIT_NOFILE; when accept fails for lack of descriptors the loop backs off instead of spinning.
+// belong to gRPC once handed over. Resource bounds: at most `connections_max` connections at
+// once, and at most `uid_connections_max` of one uid (its share, docs/SECURITY.md): a connection
+// past either is closed at once (the client sees UNAVAILABLE) and the refusal is logged as
+// RESOURCE_EXHAUSTED naming the limit and the uid, so one uid can never take the descriptors
+// another uid's connection needs. A connection counts until gRPC closes its socket (checked by
+// the socket's inode when the count nears a limit). When accept fails for lack of descriptors the
+// loop backs off instead of spinning.
 // Thread safety: Lookup may be called from any thread, concurrently with the accept loop.
 #pragma once
 
@@ -30,10 +35,12 @@
 namespace ckptd {
 
 struct ListenOptions {
-  std::string path;        // at most 107 bytes
-  uint32_t mode = 0600;    // permission bits of the socket file
-  int64_t gid = -1;        // group of the socket file; -1 keeps the daemon's
-  int64_t admin_gid = -1;  // members (and uid 0) are admin callers; -1: uid 0 only
+  std::string path;                        // at most 107 bytes
+  uint32_t mode = 0600;                    // permission bits of the socket file
+  int64_t gid = -1;                        // group of the socket file; -1 keeps the daemon's
+  int64_t admin_gid = -1;                  // members (and uid 0) are admin callers; -1: uid 0 only
+  uint64_t connections_max = 1 << 20;      // connections at once, all uids
+  uint64_t uid_connections_max = 1 << 20;  // connections at once of one uid
 };
 
 // Binds and listens on a unix socket at `path` with permission bits `mode` and group `gid` (-1:
@@ -63,8 +70,17 @@ class PeerListener {
 
  private:
   PeerListener() = default;
+  struct Conn {
+    Caller caller;
+    uint64_t ino = 0;  // the socket's inode: a descriptor number reused for anything else differs
+  };
   void AcceptLoop(grpc::Server* server);
   Caller Identify(int fd);
+  // Records the accepted connection `fd` of `c`; RESOURCE_EXHAUSTED (naming the limit and the
+  // uid) when it would pass connections_max or c's share, and then it must be closed.
+  absl::Status Admit(int fd, const Caller& c);
+  // Forgets connections gRPC has closed.
+  void PruneLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   ListenOptions options_;
   int listen_fd_ = -1;
@@ -72,7 +88,9 @@ class PeerListener {
   std::thread thread_;
   std::atomic<uint64_t> next_connection_{1};
   mutable absl::Mutex mu_;
-  absl::flat_hash_map<int, Caller> by_fd_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<int, Conn> by_fd_ ABSL_GUARDED_BY(mu_);
+  int64_t last_refusal_log_s_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t refusals_unlogged_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace ckptd

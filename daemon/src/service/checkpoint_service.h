@@ -259,7 +259,8 @@ class CheckpointService {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // RESOURCE_EXHAUSTED when opening one more checkpoint of `job` would pass
   // kOpenCheckpointsPerJobMax or kOpenCheckpointsMax.
-  absl::Status CheckOpenLimitsLocked(const std::string& job, const std::string& what) const
+  absl::Status CheckOpenLimitsLocked(uint32_t uid, const std::string& job,
+                                     const std::string& what) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // RESOURCE_EXHAUSTED when the index volume has less than index_reserve_bytes free.
   absl::Status CheckIndexReserve(const std::string& what) const;

@@ -2,6 +2,7 @@
 // tier write the blob (tier/flush_scheduler.h) and journal "persisted" (committer) with no lock
 // held, hand its staged bytes to the RAM tier (tier/ram_tier.h), then record the result: the
 // rank persisted and the staging the RAM tier did not take freed, or the checkpoint aborted.
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "ckptd/status.h"
 #include "ckptd/sync_point.h"
@@ -85,8 +86,12 @@ void CheckpointService::FlushRank(const Key& key, uint32_t rank) {
     HotParts hot = HotBytesOfRank(rec);
     for (const HotExtent& e : hot.extents) hot_ids.push_back(e.id);
     if (!ram_tier_.AddRank(key, std::move(hot))) hot_ids.clear();
-    // Not freed but now reclaimable: a reservation waiting for space may evict them.
-    if (!hot_ids.empty()) deps_.arena->WakeReservations();
+    // Not freed but now reclaimable: a reservation waiting for space may evict them, and they
+    // leave the saving uid's share of the arena.
+    if (!hot_ids.empty()) {
+      deps_.arena->Uncharge(hot_ids);
+      deps_.arena->WakeReservations();
+    }
   }
   absl::MutexLock lock(&mu_);
   PendingCheckpoint& p = *pending_.at(key);
@@ -116,9 +121,8 @@ void CheckpointService::FlushRank(const Key& key, uint32_t rank) {
   // The extents go once "persisted" is journaled (to the RAM tier, or freed); those of a rank
   // aborted unpersisted go with its checkpoint's ABORTED row (RecordAbort).
   if (persisted) {
-    std::erase_if(pr.extent_ids, [&](uint64_t id) {
-      return std::find(hot_ids.begin(), hot_ids.end(), id) != hot_ids.end();
-    });
+    const absl::flat_hash_set<uint64_t> hot(hot_ids.begin(), hot_ids.end());
+    std::erase_if(pr.extent_ids, [&](uint64_t id) { return hot.contains(id); });
     deps_.arena->Free(pr.extent_ids);
     pr.extent_ids.clear();
   }

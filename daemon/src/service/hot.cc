@@ -220,6 +220,7 @@ absl::Status CheckpointService::PrefetchInto(const Key& key, uint32_t caller_uid
         absl::StrCat("prefetch of ", what, ": it does not fit the RAM tier's budget"));
   }
   std::move(free_extents).Cancel();  // the tier's now
+  deps_.arena->Uncharge(ids);        // reclaimable: no longer in the uid's share
   // A delete that ran meanwhile dropped nothing (the copy was not in the tier yet): drop it now.
   CKPTD_ASSIGN_OR_RETURN(std::optional<v1::CheckpointRecord> after, ReadRecord(job, step));
   if (!after || after->summary().state() != v1::COMMITTED) {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <map>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -372,6 +373,7 @@ absl::Status Recovery::ResumeOne(const v1::CheckpointRecord& rec,
     PendingRank pr;
     pr.rec = rr;
     pr.Restore(rr.persisted());
+    absl::flat_hash_set<uint64_t> restored;  // pr.extent_ids, for a linear dedup
     for (int i = 0; i < rr.shards_size(); ++i) {
       const v1::StagedShard& sh = rr.shards(i);
       const v1::ShardSpec& spec = sh.spec();
@@ -389,8 +391,7 @@ absl::Status Recovery::ResumeOne(const v1::CheckpointRecord& rec,
                            " was staged into generation ", rr.arena_generation(),
                            ", which this daemon did not adopt)"));
         }
-        if (std::find(pr.extent_ids.begin(), pr.extent_ids.end(), sh.extent_id()) ==
-            pr.extent_ids.end()) {
+        if (restored.insert(sh.extent_id()).second) {
           CKPTD_RETURN_IF_ERROR(stores_.arena->Restore(sh.extent_id(), seg->uid, sh.arena_offset(),
                                                        sh.extent_length()));
           pr.extent_ids.push_back(sh.extent_id());

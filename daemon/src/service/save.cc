@@ -95,18 +95,19 @@ bool SameItemDescription(const v1::ShardSpec& f, const v1::ShardSpec& s) {
 }
 
 // Distinct regions of one item in one Save may not overlap: which bytes would an element
-// overlapped take? (Identical regions are refused before.) `items`: item -> its first shard.
+// overlapped take? (Identical regions are refused before.) `items`: item -> its shards in this
+// Save, in order. Linear in the shards (an item's regions are gathered once, not searched for
+// among every shard per item: a Save of 100,000 items took minutes so).
 absl::Status CheckNoOverlapInSave(const v1::SaveRequest& req,
-                                  const absl::flat_hash_map<std::string, int>& items,
+                                  const absl::flat_hash_map<std::string, std::vector<int>>& items,
                                   const std::string& what) {
-  for (const auto& [item, first] : items) {
-    const v1::ShardSpec& f = req.shards(first);
+  std::vector<v1::Region> regions;
+  for (const auto& [item, shards] : items) {
+    if (shards.size() < 2) continue;
+    const v1::ShardSpec& f = req.shards(shards.front());
     if (!f.has_tensor()) continue;
-    std::vector<v1::Region> regions;
-    for (const v1::ShardSpec& s : req.shards()) {
-      if (s.item() == item) regions.push_back(s.tensor().region());
-    }
-    if (regions.size() < 2) continue;
+    regions.clear();
+    for (int i : shards) regions.push_back(req.shards(i).tensor().region());
     std::vector<uint64_t> shape(f.tensor().global_shape().begin(), f.tensor().global_shape().end());
     CKPTD_RETURN_IF_ERROR(Annotate(CheckNoOverlap(shape, regions, item), what));
   }
@@ -149,8 +150,20 @@ absl::Status CheckpointService::CheckIndexReserve(const std::string& what) const
   return absl::OkStatus();
 }
 
-absl::Status CheckpointService::CheckOpenLimitsLocked(const std::string& job,
+absl::Status CheckpointService::CheckOpenLimitsLocked(uint32_t uid, const std::string& job,
                                                       const std::string& what) const {
+  // One uid's share first (docs/SECURITY.md "Per-uid shares"): the global limit must never be
+  // reachable by one uid alone, or it could lock every other uid out for stage_timeout_ms.
+  const uint64_t share =
+      limits::UidShare(limits::kOpenCheckpointsMax, deps_.options->uid_share_percent);
+  uint64_t mine = 0;
+  for (const auto& [key, p] : pending_) mine += p->owner_uid == uid;
+  if (mine >= share) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        what, ": uid ", uid, " has ", mine, " checkpoints being saved; its share is ", share,
+        " (uid_share_percent of kOpenCheckpointsMax = ", limits::kOpenCheckpointsMax,
+        "); wait for them to commit or abort them"));
+  }
   if (pending_.size() >= limits::kOpenCheckpointsMax) {
     return absl::ResourceExhaustedError(absl::StrCat(
         what, ": ", pending_.size(), " checkpoints are being saved; the limit is ",
@@ -174,8 +187,8 @@ absl::Status CheckpointService::ValidateSave(const v1::SaveRequest& req) const {
   CKPTD_RETURN_IF_ERROR(ValidateJobStep(req.job(), req.step()));
   const std::string what = CkptName(req.job(), req.step());
   CKPTD_RETURN_IF_ERROR(ValidateSaveRanks(req, what));
-  absl::flat_hash_set<std::string> seen;        // item '\0' region: each stored copy once
-  absl::flat_hash_map<std::string, int> items;  // item -> its first shard in this Save
+  absl::flat_hash_set<std::string> seen;  // item '\0' region: each stored copy once
+  absl::flat_hash_map<std::string, std::vector<int>> items;  // item -> its shards in this Save
   for (int i = 0; i < req.shards_size(); ++i) {
     const v1::ShardSpec& s = req.shards(i);
     const std::string where = absl::StrCat(what, " rank ", req.rank(), " item \"", s.item(), "\"");
@@ -187,14 +200,15 @@ absl::Status CheckpointService::ValidateSave(const v1::SaveRequest& req) const {
     }
     // Every shard of one item in one Save agrees on what the item is (kind, dtype, shape,
     // scope) — CheckItemsLocked compares against other ranks only.
-    auto [first, fresh] = items.emplace(s.item(), i);
-    if (!fresh && !SameItemDescription(req.shards(first->second), s)) {
+    std::vector<int>& shards = items[s.item()];
+    if (!shards.empty() && !SameItemDescription(req.shards(shards.front()), s)) {
       return absl::InvalidArgumentError(
           absl::StrCat(where, ": shard ", i,
                        " describes the item differently (kind, dtype, global shape "
                        "or scope) than shard ",
-                       first->second, " of the same Save"));
+                       shards.front(), " of the same Save"));
     }
+    shards.push_back(i);
   }
   return CheckNoOverlapInSave(req, items, absl::StrCat(what, " rank ", req.rank()));
 }
@@ -252,6 +266,7 @@ absl::Status CheckpointService::ResolveSaveData(const std::string& session,
                                                 const v1::SaveRequest& req,
                                                 PendingRank* rank) const {
   CKPTD_RETURN_IF_ERROR(StageFromGpu(session, req));
+  absl::flat_hash_set<uint64_t> extents;  // rank->extent_ids, for a linear dedup
   for (const v1::ShardSpec& s : req.shards()) {
     v1::StagedShard* st = rank->rec.add_shards();
     *st->mutable_spec() = s;
@@ -267,10 +282,7 @@ absl::Status CheckpointService::ResolveSaveData(const std::string& session,
       st->set_extent_id(e->id);
       st->set_arena_offset(e->offset);
       st->set_extent_length(e->length);
-      if (std::find(rank->extent_ids.begin(), rank->extent_ids.end(), e->id) ==
-          rank->extent_ids.end()) {
-        rank->extent_ids.push_back(e->id);
-      }
+      if (extents.insert(e->id).second) rank->extent_ids.push_back(e->id);
     } else {
       absl::StatusOr<RegionLease> lease =
           deps_.regions->Acquire(session, m.region_id(), m.offset(), m.length());
