@@ -69,6 +69,14 @@ if ! "$PYTHON" -c "import importlib.metadata as m, sys; sys.exit(m.version('tran
   "$PYTHON" -m pip install -q "transformers==$TRANSFORMERS_VERSION"
 fi
 
+# Hugging Face Accelerate (ckptd.accelerate, tests/python/test_accelerate.py: save_state /
+# load_state and the transformers Trainer through ckptd), pinned; accepts torch 2.13 as installed.
+ACCELERATE_VERSION=1.15.0
+if ! "$PYTHON" -c "import importlib.metadata as m, sys; sys.exit(m.version('accelerate') != '$ACCELERATE_VERSION')" 2>/dev/null; then
+  echo "setup: installing accelerate==$ACCELERATE_VERSION"
+  "$PYTHON" -m pip install -q "accelerate==$ACCELERATE_VERSION"
+fi
+
 # PyTorch Lightning (ckptd.lightning, tests/python/test_lightning.py) and torchdata's
 # StatefulDataLoader (ckptd.data, tests/python/test_data.py), pinned; both accept torch 2.13 as
 # installed (pip leaves torch alone).
