@@ -65,10 +65,15 @@ struct Tenant {
   ~Tenant() { munmap(arena, bytes); }
 
   // A world-1 Save of item "w" ([kRows, 4] float32, every byte `fill`), staged in a new extent.
-  v1::SaveRequest Prepare(const std::string& job, uint64_t step, uint8_t fill) {
+  // With `world` > 1: rank `rank` of a checkpoint spanning nodes (2 ranks a node), its item
+  // "w<rank>".
+  v1::SaveRequest Prepare(const std::string& job, uint64_t step, uint8_t fill, uint32_t rank = 0,
+                          uint32_t world = 1) {
     v1::Extent e = raw.Reserve(kBytes);
     std::memset(arena + e.offset(), fill, kBytes);
-    v1::SaveRequest req = raw.SaveOf(job, step, 0, 1, "w", kRows);
+    v1::SaveRequest req =
+        raw.SaveOf(job, step, rank, world, world == 1 ? "w" : "w" + std::to_string(rank), kRows);
+    if (world > 1) req.set_local_world_size(2);
     v1::MemRef* m = req.mutable_shards(0)->mutable_data();
     m->set_extent_id(e.id());
     m->set_length(kBytes);
@@ -443,4 +448,37 @@ TEST_CASE("tenancy: three daemons on one store map the owner by number or by nam
   CHECK(RunAs(kUidA, [&] { return Tenant(*c).LoadCheck("mapped", 1, 0x77); }) == "");
   // And node a itself still is the owner's.
   CHECK(RunAs(kUidA, [&] { return Tenant(*a).LoadCheck("mapped", 1, 0x77); }) == "");
+}
+
+TEST_CASE("tenancy: a checkpoint spanning nodes whose parts have different owners aborts",
+          "[integration][tenancy]") {
+  if (NeedsRoot()) return;
+  TempDir dir;
+  const std::string shared = SharedDir(dir);
+  auto a = TenantDaemon(SharedStoreFlags(shared, "node-a", {"--cluster_poll_ms=50"}));
+  auto b = TenantDaemon(SharedStoreFlags(shared, "node-b", {"--cluster_poll_ms=50"}));
+  // The job name is new on both nodes: uid A claims it on node a (ranks 0 and 1, the
+  // coordinator's), uid B on node b (ranks 2 and 3). Each node part records its owner.
+  auto save_ranks = [](const Daemon& d, uint32_t first) {
+    return [&d, first]() -> std::string {
+      Tenant t(d);
+      for (uint32_t r = first; r < first + 2; ++r) {
+        grpc::Status s = t.raw.Save(t.Prepare("split", 1, 0x42, r, 4));
+        if (!s.ok()) return Failed("save rank " + std::to_string(r), s);
+      }
+      return "";
+    };
+  };
+  REQUIRE(RunAs(kUidA, save_ranks(*a, 0)) == "");
+  REQUIRE(RunAs(kUidB, save_ranks(*b, 2)) == "");
+  // The coordinator merges only parts of its owner's: it decides abort, naming both owners.
+  CHECK(RunAs(kUidA, [&]() -> std::string {
+          grpc::Status s = Tenant(*a).WaitFor("split", 1, v1::WAIT_FOR_COMMITTED);
+          if (s.error_code() != grpc::StatusCode::ABORTED) return Failed("wait", s);
+          if (s.error_message().find("node-b is owned by uid 60002") == std::string::npos) {
+            return s.error_message();
+          }
+          return "";
+        }) == "");
+  CHECK_FALSE(std::filesystem::exists(shared + "/split/" + StepDir(1) + "/manifest.ckm"));
 }

@@ -372,18 +372,13 @@ absl::StatusOr<PendingCheckpoint*> CheckpointService::FindOrOpenLocked(const Cal
   // The job's owner matters only to the Save that opens the checkpoint, so only that one reads
   // its row (with mu_ released, before the checkpoint's row, as the checks below expect), and
   // claims the job when it has no owner yet (owners.cc): atomically, durably, before anything of
-  // the checkpoint is opened. A job this node has no owner of may be on the store, another
-  // node's: its checkpoints are adopted first (with their owner), so the claim sees that owner.
+  // the checkpoint is opened. (The store is not scanned first: a node joining a checkpoint that
+  // spans nodes after its commit learns it from the cluster protocol, which an adoption of the
+  // key here would preempt. docs/SECURITY.md says what that leaves.)
   std::optional<absl::StatusOr<uint32_t>> owner;
   while (true) {
     if (auto it = pending_.find(key); it != pending_.end()) return it->second.get();
     if (!owner.has_value()) {
-      if (remote_.enabled()) {
-        mu_.Unlock();
-        absl::StatusOr<std::optional<uint32_t>> known = JobOwner(req.job());
-        if (known.ok() && !known->has_value()) RefreshFromStore(req.job());
-        mu_.Lock();
-      }
       owner = ClaimJobOwnerLocked(req.job(), caller.uid);
       continue;  // another rank may have opened it meanwhile
     }
