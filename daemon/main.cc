@@ -33,6 +33,7 @@
 #include "index/keys.h"
 #include "index/meta_store.h"
 #include "options.h"
+#include "peer/peer_server.h"
 #include "rpc/arena_fd_server.h"
 #include "rpc/grpc_service.h"
 #include "rpc/metrics_server.h"
@@ -384,6 +385,26 @@ int Run(const DaemonOptions& o) {
         metrics_server->bind_address().substr(0, metrics_server->bind_address().rfind(':')),
         metrics_server->port());
   }
+  // The peer channel (docs/PEERS.md): other daemons' copies; its certificates are checked here,
+  // at start, and a bad one stops the daemon naming the file. Stopped when serving ends.
+  std::unique_ptr<peer::Server> peer_server;
+  if (!o.peer_listen_addr.empty()) {
+    absl::StatusOr<std::unique_ptr<peer::Server>> started = peer::Server::Start(
+        peer::ServerOptions{
+            .listen_addr = o.peer_listen_addr,
+            .node_id = o.node_id,
+            .tls = {o.peer_tls_ca_path, o.peer_tls_cert_path, o.peer_tls_key_path},
+            .store = {.bytes_max = o.peer_bytes_max,
+                      .streams_per_node_max = o.peer_streams_per_node_max,
+                      .inflight_bytes_per_node_max = o.peer_inflight_bytes_per_node_max,
+                      .connections_per_node_max = limits::kPeerConnectionsPerNodeMax}},
+        &metrics);
+    if (!started.ok()) {
+      spdlog::critical("peer channel: {}", started.status().ToString());
+      return 1;
+    }
+    peer_server = *std::move(started);
+  }
   absl::Duration grace_left = absl::Seconds(o.shutdown_grace_s);
   if (absl::Status st = ServeUntilSignal(
           o, svc, RpcPools{&quick_pool, &wait_pool, &reserve_pool, &load_pool, &large_save_pool},
@@ -392,6 +413,7 @@ int Run(const DaemonOptions& o) {
     spdlog::critical("{}", st.ToString());
     return 1;
   }
+  if (peer_server != nullptr) peer_server->Stop();
   bool drained = true;
   bool nothing_staged = svc.Shutdown(grace_left, &drained);
   if (!drained) {

@@ -288,12 +288,47 @@ bool DaemonOptions::RetentionOn() const {
                      [](const RetentionRule& r) { return r.keep_local > 0 || r.keep_remote > 0; });
 }
 
+// The peer channel's options (the certificate files themselves are read and checked when the
+// listener starts, peer/peer_tls.h).
+static absl::Status ValidatePeer(const DaemonOptions& o) {
+  if (o.peer_listen_addr.empty()) {
+    if (o.peer_bytes_max > 0) {
+      return absl::InvalidArgumentError(
+          "option peer_bytes_max: set, but peer_listen_addr is not (no peer can reach the store)");
+    }
+    return absl::OkStatus();
+  }
+  for (const auto& [name, value] :
+       {std::pair<const char*, const std::string*>{"peer_tls_ca_path", &o.peer_tls_ca_path},
+        {"peer_tls_cert_path", &o.peer_tls_cert_path},
+        {"peer_tls_key_path", &o.peer_tls_key_path}}) {
+    if (value->empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "option ", name, ": required with peer_listen_addr (there is no plaintext mode)"));
+    }
+  }
+  if (o.peer_streams_per_node_max == 0 ||
+      o.peer_streams_per_node_max > limits::kPeerStreamsPerNodeMax) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("option peer_streams_per_node_max = ", o.peer_streams_per_node_max,
+                     ": expected 1 to kPeerStreamsPerNodeMax = ", limits::kPeerStreamsPerNodeMax));
+  }
+  if (o.peer_inflight_bytes_per_node_max == 0 ||
+      o.peer_inflight_bytes_per_node_max > limits::kPeerInflightBytesPerNodeMax) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "option peer_inflight_bytes_per_node_max = ", o.peer_inflight_bytes_per_node_max,
+        ": expected 1 to kPeerInflightBytesPerNodeMax = ", limits::kPeerInflightBytesPerNodeMax));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status DaemonOptions::Validate() {
   CKPTD_RETURN_IF_ERROR(ValidatePaths(*this));
   CKPTD_ASSIGN_OR_RETURN(retention, ParseRetentionRules(*this));
   CKPTD_ASSIGN_OR_RETURN(owners, ParseOwnerMap(*this));
   CKPTD_RETURN_IF_ERROR(ValidateRanges(*this));
   CKPTD_RETURN_IF_ERROR(ValidateTiers());
+  CKPTD_RETURN_IF_ERROR(ValidatePeer(*this));
   return ValidateNodeAndLogging(*this);
 }
 

@@ -213,6 +213,25 @@ struct DaemonOptions {
   // shared tier (its node part is <dir>/cluster/<node_id>.part; letters, digits, '.', '-', '_',
   // at most 64). Every daemon of a job needs its own. Default: the host name
   std::string node_id;
+  // The peer channel between daemons (docs/PEERS.md): host:port of a TCP listener for other
+  // daemons only (never the client API), gRPC over mutual TLS; empty: off. Default: "" (off)
+  std::string peer_listen_addr;
+  // PEM files of the peer channel, required when peer_listen_addr is set and checked at start
+  // (a missing, unreadable, malformed or expired one stops the daemon naming it): the CA that
+  // signs every daemon's certificate, this daemon's certificate (its subject CN or a DNS
+  // subjectAltName must be node_id) and its key. Default: "" (none)
+  std::string peer_tls_ca_path;
+  std::string peer_tls_cert_path;
+  std::string peer_tls_key_path;
+  // Memory for the copies other nodes place here (the peer store), apart from the staging arena;
+  // 0: this node holds none (puts are refused). Needs peer_listen_addr. Default: 0
+  uint64_t peer_bytes_max = 0;
+  // Per peer node: PutBlob and GetBlob streams in flight here (at most kPeerStreamsPerNodeMax).
+  // Default: 8
+  uint64_t peer_streams_per_node_max = 8;
+  // Per peer node: bytes of the copies it is sending here at once (at most
+  // kPeerInflightBytesPerNodeMax). Default: 4 GiB
+  uint64_t peer_inflight_bytes_per_node_max = uint64_t{4} << 30;
   // How a job's owner recorded in a manifest or node part (written by a daemon on any node)
   // becomes a uid here when this daemon adopts the checkpoint (docs/SECURITY.md "Ownership"):
   // "uid" (the recorded numeric uid: every node shares one uid space) or "name" (the recorded

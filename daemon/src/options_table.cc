@@ -287,6 +287,32 @@ const std::vector<OptionDef>& OptionDefs() {
        "[spanning nodes](#checkpoints-that-span-nodes): this daemon's name on the shared tier "
        "(letters, digits, `.-_`, ≤ 64); one per daemon of a job",
        StringField(&O::node_id), "the host name"},
+      {"peer_listen_addr",
+       "host:port of the peer channel for other daemons (mutual TLS; empty: off)",
+       "[peers](docs/PEERS.md): host:port of a TCP listener for other daemons only (never the "
+       "client API), gRPC over mutual TLS; empty: off",
+       StringField(&O::peer_listen_addr), "(off)"},
+      {"peer_tls_ca_path", "PEM file of the CA signing every daemon's peer certificate",
+       "[peers](docs/PEERS.md): PEM file of the CA that signs every daemon's certificate; "
+       "required with `peer_listen_addr`",
+       StringField(&O::peer_tls_ca_path)},
+      {"peer_tls_cert_path", "PEM file of this daemon's peer certificate (names node_id)",
+       "[peers](docs/PEERS.md): PEM file of this daemon's certificate; its subject CN or a DNS "
+       "subjectAltName is `node_id`",
+       StringField(&O::peer_tls_cert_path)},
+      {"peer_tls_key_path", "PEM file of the peer certificate's key",
+       "[peers](docs/PEERS.md): PEM file of the certificate's private key",
+       StringField(&O::peer_tls_key_path)},
+      {"peer_bytes_max", "memory for copies other nodes place here (0: none)",
+       "[peers](docs/PEERS.md): memory for the copies other nodes place here, apart from "
+       "staging; 0: none (puts refused)",
+       IntField(&O::peer_bytes_max, "peer_bytes_max")},
+      {"peer_streams_per_node_max", "peer streams in flight per peer node",
+       "[peers](docs/PEERS.md): PutBlob and GetBlob streams in flight per peer node",
+       IntField(&O::peer_streams_per_node_max, "peer_streams_per_node_max")},
+      {"peer_inflight_bytes_per_node_max", "bytes a peer node may be sending here at once",
+       "[peers](docs/PEERS.md): bytes of the copies one peer node may be sending here at once",
+       IntField(&O::peer_inflight_bytes_per_node_max, "peer_inflight_bytes_per_node_max")},
       {"owner_map", "how an adopted checkpoint's recorded owner maps to a uid here: uid|name",
        "how the owner recorded in a checkpoint another node wrote becomes a uid here when it "
        "is adopted (docs/SECURITY.md \"Ownership\"): `uid` (the numeric uid: nodes share one uid "

@@ -218,4 +218,32 @@ inline constexpr uint64_t kVerifyBatchBytes = 16 * kMiB;
 inline constexpr uint64_t kVerifyFailuresMax = 1000;
 static_assert(kVerifyBatchBytes % kAlignmentBytes == 0);
 
+// The peer channel (peer/; docs/PEERS.md). One PutBlob/GetBlob chunk: at most kPeerChunkBytesMax
+// (what a receiver accepts), kPeerChunkBytes what ckptd sends. A header's checksums are bounded by
+// kPeerBlockCrcsPerBlobMax (4 bytes each: the message limit below holds them) and its spans by
+// kShardsPerSaveMax; a blob's bytes by kPeerBlobBytesMax, its name by kPeerBlobNameBytesMax.
+inline constexpr uint64_t kPeerChunkBytes = 1 * kMiB;
+inline constexpr uint64_t kPeerChunkBytesMax = 4 * kMiB;
+inline constexpr uint64_t kPeerBlockCrcsPerBlobMax = uint64_t{1} << 22;
+inline constexpr uint64_t kPeerMessageBytesMax = 32 * kMiB;
+inline constexpr uint64_t kPeerBlobBytesMax = 256 * kGiB;
+inline constexpr uint64_t kPeerBlobNameBytesMax = 256;
+// The peer store: copies it holds at once; nodes it keeps accounts for (a node with no stream in
+// flight holds no account); the newest steps of each job it never evicts (peer/peer_store.h).
+inline constexpr uint64_t kPeerBlobsMax = uint64_t{1} << 20;
+inline constexpr uint64_t kPeerNodesMax = 4096;
+inline constexpr uint64_t kPeerProtectedStepsPerJob = 2;
+// Per sending node: streams (PutBlob, GetBlob) in flight and the bytes of the puts in flight
+// (options peer_streams_per_node_max, peer_inflight_bytes_per_node_max are capped by these), and
+// connections with a call in flight. Per connection: concurrent HTTP/2 streams. The listener's
+// threads (gRPC's resource quota: a call beyond them is RESOURCE_EXHAUSTED by gRPC itself).
+inline constexpr uint64_t kPeerStreamsPerNodeMax = 256;
+inline constexpr uint64_t kPeerInflightBytesPerNodeMax = 1024 * kGiB;
+inline constexpr uint64_t kPeerConnectionsPerNodeMax = 8;
+inline constexpr uint64_t kPeerStreamsPerConnectionMax = 64;
+inline constexpr uint64_t kPeerServerThreadsMax = 128;
+static_assert(kPeerChunkBytes <= kPeerChunkBytesMax);
+static_assert(kPeerChunkBytesMax + 64 * kKiB <= kPeerMessageBytesMax);
+static_assert(kPeerBlockCrcsPerBlobMax * 4 + 4 * kMiB <= kPeerMessageBytesMax);
+
 }  // namespace ckptd::limits

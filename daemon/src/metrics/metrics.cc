@@ -174,7 +174,12 @@ Metrics::Metrics()
                              .Name("ckptd_checksum_failures_total")
                              .Help("Loads whose bytes did not verify, by where they were (ram: a "
                                    "hot copy, the load fell back to storage; storage: DATA_LOSS)")
-                             .Register(*registry_)) {
+                             .Register(*registry_)),
+      peer_bytes_(BuildCounter()
+                      .Name("ckptd_peer_bytes_total")
+                      .Help("Bytes of the peer channel by the other node (peer) and what "
+                            "happened to them (received, stored, served)")
+                      .Register(*registry_)) {
   // Series an operator alerts on exist from the start (at 0), so rate() and increase() see the
   // first event.
   for (const char* where : {"ram", "storage"}) checksum_failures_.Add({{"where", where}});
@@ -244,6 +249,22 @@ void Metrics::Flushed(std::string_view tier, uint64_t bytes, double seconds) {
 
 void Metrics::ChecksumFailure(std::string_view where) {
   checksum_failures_.Add({{"where", std::string(where)}}).Increment();
+}
+
+void Metrics::PeerBytes(std::string_view node, std::string_view what, uint64_t bytes) {
+  std::string label(node);
+  {
+    absl::MutexLock lock(&jobs_mu_);
+    if (!node_labels_.contains(label)) {
+      if (node_labels_.size() >= kJobLabelsMax) {
+        label = "_other";
+      } else {
+        node_labels_.insert(label);
+      }
+    }
+  }
+  peer_bytes_.Add({{"peer", label}, {"what", std::string(what)}})
+      .Increment(static_cast<double>(bytes));
 }
 
 }  // namespace ckptd

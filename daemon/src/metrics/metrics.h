@@ -90,6 +90,10 @@ class Metrics {
   // A load whose bytes did not verify, by where they were: "ram" (a hot copy's checksum failed;
   // the load fell back to storage) or "storage" (the load failed DATA_LOSS).
   void ChecksumFailure(std::string_view where);
+  // The peer channel (peer/; docs/PEERS.md): bytes by the other node's id and what happened to
+  // them: "received" (PutBlob chunks read), "stored" (copies verified and kept), "served"
+  // (GetBlob bytes sent). Nodes beyond kJobLabelsMax share the label "_other".
+  void PeerBytes(std::string_view node, std::string_view what, uint64_t bytes);
 
  private:
   class LevelsCollectable;
@@ -111,9 +115,11 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& flush_bytes_;
   prometheus::Family<prometheus::Counter>& flush_seconds_;
   prometheus::Family<prometheus::Counter>& checksum_failures_;
+  prometheus::Family<prometheus::Counter>& peer_bytes_;
 
   absl::Mutex jobs_mu_;
-  absl::flat_hash_set<std::string> job_labels_ ABSL_GUARDED_BY(jobs_mu_);  // labelled jobs
+  absl::flat_hash_set<std::string> job_labels_ ABSL_GUARDED_BY(jobs_mu_);   // labelled jobs
+  absl::flat_hash_set<std::string> node_labels_ ABSL_GUARDED_BY(jobs_mu_);  // labelled peers
 };
 
 }  // namespace ckptd

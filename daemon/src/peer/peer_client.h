@@ -1,0 +1,79 @@
+// The sender side of the peer channel (docs/PEERS.md): one daemon's connection to another's peer
+// listener (peer/peer_server.h), over mutual TLS with this daemon's certificate. The replicator
+// (not built yet) will stream blobs straight from the arena extents that hold them; PutBlob takes
+// any memory it is given and never copies it whole (it sends bounded chunks).
+//
+// The server is checked to be the node the caller expects: its certificate must name
+// `peer_node_id` (gRPC's hostname check, with the target name set to it), and Hello's answer must
+// say the same.
+//
+// Thread safety: a Client may be used from several threads at once (one gRPC channel; each call
+// its own stream). Status codes: those of the Peer service (peer.proto), UNAVAILABLE when the
+// peer cannot be reached, DEADLINE_EXCEEDED past `call_timeout`.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "ckptd/v1/peer.pb.h"
+#include "common/limits.h"
+#include "peer/peer_store.h"
+#include "peer/peer_tls.h"
+
+namespace grpc {
+class Channel;
+}
+
+namespace ckptd::peer {
+
+struct ClientOptions {
+  std::string address;       // the peer's peer_listen_addr (host:port)
+  std::string self_node_id;  // this daemon's node id (a name of its certificate)
+  std::string peer_node_id;  // the node expected to answer
+  TlsFiles tls;
+  uint64_t chunk_bytes = limits::kPeerChunkBytes;  // <= kPeerChunkBytesMax
+  absl::Duration call_timeout = absl::Minutes(10);
+  // Testing and benchmarks: called after each PutBlob chunk is written, with the bytes sent so
+  // far (tests/integration/peer_test.cc kills or stalls a sender mid-stream with it).
+  std::function<void(uint64_t bytes_sent)> after_chunk;
+};
+
+struct PutResult {
+  uint64_t bytes_stored = 0;
+  bool deduplicated = false;
+};
+
+class Client {
+ public:
+  // Reads and checks the certificate files (LoadTls; INVALID_ARGUMENT naming the file) and sets up
+  // the channel; nothing is sent until the first call.
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const ClientOptions& options);
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  absl::StatusOr<v1::PeerHelloResponse> Hello();
+  // Copies `data` as blob `blob` of (job, step). `spans` as the manifest records the blob's shards
+  // (block crcs with `block_bytes`); empty: one span over the whole blob, its crcs computed here.
+  absl::StatusOr<PutResult> PutBlob(const std::string& job, uint64_t step, const std::string& blob,
+                                    std::span<const char> data, uint32_t block_bytes,
+                                    std::vector<Span> spans = {});
+  // Reads bytes [offset, offset + out.size()) of a copy `origin_node` placed on the peer into out.
+  absl::Status GetBlob(const std::string& origin_node, const std::string& job, uint64_t step,
+                       const std::string& blob, uint64_t offset, std::span<char> out);
+  absl::StatusOr<v1::PeerDropResponse> DropBlobs(const std::string& job, uint64_t step);
+
+  const ClientOptions& options() const { return options_; }
+
+ private:
+  Client(ClientOptions options, std::shared_ptr<grpc::Channel> channel);
+  ClientOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
+};
+
+}  // namespace ckptd::peer

@@ -1,0 +1,224 @@
+#include "peer/peer_server.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "ckptd/v1/peer.grpc.pb.h"
+#include "common/limits.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/security/server_credentials.h"
+#include "metrics/metrics.h"
+#include "spdlog/spdlog.h"
+
+namespace ckptd::peer {
+namespace {
+
+constexpr uint32_t kProtocolVersion = 1;
+
+grpc::Status ToGrpc(const absl::Status& st) {
+  if (st.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(st.code()), std::string(st.message()));
+}
+
+BlobHeader FromProto(const v1::PeerPutHeader& p) {
+  BlobHeader h;
+  h.key = BlobKey{p.node_id(), p.job(), p.step(), p.blob()};
+  h.total_bytes = p.total_bytes();
+  h.block_bytes = p.checksum_block_bytes();
+  h.spans.reserve(p.spans_size());
+  for (const v1::PeerSpan& s : p.spans()) {
+    h.spans.push_back(
+        Span{s.offset(), s.length(), {s.block_crc32c().begin(), s.block_crc32c().end()}});
+  }
+  return h;
+}
+
+class Service final : public v1::Peer::Service {
+ public:
+  Service(std::string node_id, Store* store, Metrics* metrics)
+      : node_id_(std::move(node_id)), store_(store), metrics_(metrics) {}
+
+  grpc::Status Hello(grpc::ServerContext* ctx, const v1::PeerHelloRequest* req,
+                     v1::PeerHelloResponse* resp) override {
+    if (absl::Status st = Authenticate(ctx, req->node_id()); !st.ok()) return ToGrpc(st);
+    const Store::Usage u = store_->usage();
+    const Store::Limits& l = store_->limits();
+    resp->set_node_id(node_id_);
+    resp->set_protocol_version(kProtocolVersion);
+    resp->set_peer_bytes_max(u.bytes_max);
+    resp->set_peer_bytes_used(u.bytes_used);
+    resp->set_peer_bytes_reserved(u.bytes_reserved);
+    resp->set_blobs_held(u.blobs);
+    resp->set_chunk_bytes_max(limits::kPeerChunkBytesMax);
+    resp->set_streams_per_node_max(static_cast<uint32_t>(l.streams_per_node_max));
+    resp->set_inflight_bytes_per_node_max(l.inflight_bytes_per_node_max);
+    resp->set_connections_per_node_max(static_cast<uint32_t>(l.connections_per_node_max));
+    return grpc::Status::OK;
+  }
+
+  grpc::Status PutBlob(grpc::ServerContext* ctx, grpc::ServerReader<v1::PeerPutRequest>* reader,
+                       v1::PeerPutResponse* resp) override {
+    v1::PeerPutRequest req;
+    if (!reader->Read(&req) || !req.has_header()) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "PutBlob: the first message must be the header");
+    }
+    const std::string node = req.header().node_id();
+    if (absl::Status st = Authenticate(ctx, node); !st.ok()) return ToGrpc(st);
+    absl::StatusOr<std::unique_ptr<Store::Stream>> stream = store_->OpenStream(node, ctx->peer());
+    if (!stream.ok()) return ToGrpc(stream.status());
+    absl::StatusOr<std::unique_ptr<Store::Put>> put =
+        store_->BeginPut(**stream, FromProto(req.header()));
+    if (!put.ok()) return ToGrpc(put.status());
+    if (*put == nullptr) {
+      resp->set_deduplicated(true);
+      resp->set_bytes_stored(req.header().total_bytes());
+      return grpc::Status::OK;
+    }
+    while (reader->Read(&req)) {
+      if (req.part_case() != v1::PeerPutRequest::kChunk) {
+        return grpc::Status(
+            grpc::StatusCode::INVALID_ARGUMENT,
+            absl::StrCat((*put)->header().key.ToString(), ": a second header in one PutBlob"));
+      }
+      const std::string& chunk = req.chunk();
+      if (metrics_ != nullptr) metrics_->PeerBytes(node, "received", chunk.size());
+      if (absl::Status st = (*put)->Append(chunk); !st.ok()) {
+        spdlog::warn("peer put refused: {}", st.ToString());
+        return ToGrpc(st);
+      }
+    }
+    if (ctx->IsCancelled()) {
+      spdlog::warn("peer put of {} cancelled after {} bytes (the sender is gone): dropped",
+                   (*put)->header().key.ToString(), (*put)->received());
+      return grpc::Status(grpc::StatusCode::CANCELLED, "the sender hung up");
+    }
+    if (absl::Status st = (*put)->Finish(); !st.ok()) return ToGrpc(st);
+    resp->set_bytes_stored((*put)->header().total_bytes);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status GetBlob(grpc::ServerContext* ctx, const v1::PeerGetRequest* req,
+                       grpc::ServerWriter<v1::PeerGetChunk>* writer) override {
+    if (absl::Status st = Authenticate(ctx, req->node_id()); !st.ok()) return ToGrpc(st);
+    absl::StatusOr<std::unique_ptr<Store::Stream>> stream =
+        store_->OpenStream(req->node_id(), ctx->peer());
+    if (!stream.ok()) return ToGrpc(stream.status());
+    const BlobKey key{req->origin_node(), req->job(), req->step(), req->blob()};
+    absl::StatusOr<std::shared_ptr<const StoredBlob>> blob = store_->Find(key);
+    if (!blob.ok()) return ToGrpc(blob.status());
+    const uint64_t size = (*blob)->header.total_bytes;
+    const uint64_t offset = req->offset();
+    if (offset > size || req->length() > size - offset) {
+      return grpc::Status(grpc::StatusCode::OUT_OF_RANGE,
+                          absl::StrCat(key.ToString(), ": bytes [", offset, ", +", req->length(),
+                                       ") are not inside its ", size, " bytes"));
+    }
+    const uint64_t end = req->length() == 0 ? size : offset + req->length();
+    v1::PeerGetChunk chunk;
+    for (uint64_t at = offset; at < end;) {
+      const uint64_t n = std::min<uint64_t>(limits::kPeerChunkBytes, end - at);
+      chunk.set_offset(at);
+      chunk.set_data((*blob)->data.get() + at, n);
+      if (!writer->Write(chunk)) {
+        return grpc::Status(grpc::StatusCode::CANCELLED, "the reader hung up");
+      }
+      if (metrics_ != nullptr) metrics_->PeerBytes(req->node_id(), "served", n);
+      at += n;
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status DropBlobs(grpc::ServerContext* ctx, const v1::PeerDropRequest* req,
+                         v1::PeerDropResponse* resp) override {
+    if (absl::Status st = Authenticate(ctx, req->node_id()); !st.ok()) return ToGrpc(st);
+    const Store::DropResult r = store_->Drop(req->node_id(), req->job(), req->step());
+    resp->set_blobs_dropped(r.blobs);
+    resp->set_bytes_freed(r.bytes);
+    return grpc::Status::OK;
+  }
+
+ private:
+  absl::Status Authenticate(grpc::ServerContext* ctx, const std::string& claimed) {
+    if (absl::Status st = ValidateNodeId(claimed); !st.ok()) return st;
+    std::shared_ptr<const grpc::AuthContext> auth = ctx->auth_context();
+    if (auth == nullptr) {
+      return absl::UnauthenticatedError("the connection carries no authentication context");
+    }
+    absl::Status st = CheckPeerIdentity(*auth, claimed);
+    if (!st.ok()) spdlog::warn("peer refused from {}: {}", ctx->peer(), st.ToString());
+    return st;
+  }
+
+  const std::string node_id_;
+  Store* const store_;
+  Metrics* const metrics_;
+};
+
+}  // namespace
+
+class Server::Impl {
+ public:
+  Impl(const ServerOptions& o, Metrics* metrics)
+      : store(o.store, metrics), service(o.node_id, &store, metrics) {}
+  Store store;
+  Service service;
+  std::unique_ptr<grpc::Server> server;
+  int port = 0;
+  bool stopped = false;
+};
+
+absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& o, Metrics* metrics) {
+  absl::StatusOr<TlsMaterial> tls = LoadTls(o.tls, absl::Now());
+  if (!tls.ok()) return tls.status();
+  if (absl::Status st = CheckOwnIdentity(o.tls, *tls, o.node_id); !st.ok()) return st;
+  grpc::SslServerCredentialsOptions ssl(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  ssl.pem_root_certs = tls->ca_pem;
+  ssl.pem_key_cert_pairs.push_back({tls->key_pem, tls->cert_pem});
+  auto impl = std::make_unique<Impl>(o, metrics);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(o.listen_addr, grpc::SslServerCredentials(ssl), &impl->port);
+  builder.RegisterService(&impl->service);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(limits::kPeerMessageBytesMax));
+  builder.SetMaxSendMessageSize(static_cast<int>(limits::kPeerMessageBytesMax));
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                             static_cast<int>(limits::kPeerStreamsPerConnectionMax));
+  // Bulk transfer: a wide HTTP/2 window and large socket reads (gRPC's defaults suit small
+  // messages; bench/peer_bench.cc measures the difference).
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES,
+                             static_cast<int>(limits::kPeerMessageBytesMax));
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, 16 * 1024 * 1024 - 1);
+  builder.AddChannelArgument(GRPC_ARG_TCP_READ_CHUNK_SIZE,
+                             static_cast<int>(limits::kPeerChunkBytes));
+  builder.AddChannelArgument(GRPC_ARG_TCP_MAX_READ_CHUNK_SIZE,
+                             static_cast<int>(limits::kPeerChunkBytesMax));
+  grpc::ResourceQuota quota("ckptd-peer");
+  quota.SetMaxThreads(static_cast<int>(limits::kPeerServerThreadsMax));
+  builder.SetResourceQuota(quota);
+  impl->server = builder.BuildAndStart();
+  if (impl->server == nullptr || impl->port == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("option peer_listen_addr = \"", o.listen_addr, "\": cannot listen there"));
+  }
+  spdlog::info("peer channel on {} (port {}, mutual TLS, node {}, peer_bytes_max {})",
+               o.listen_addr, impl->port, o.node_id, o.store.bytes_max);
+  return std::unique_ptr<Server>(new Server(std::move(impl)));
+}
+
+Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Server::~Server() { Stop(); }
+
+void Server::Stop(uint64_t grace_ms) {
+  if (impl_->stopped) return;
+  impl_->stopped = true;
+  impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(grace_ms));
+  impl_->server->Wait();
+}
+
+int Server::port() const { return impl_->port; }
+
+Store& Server::store() { return impl_->store; }
+
+}  // namespace ckptd::peer
