@@ -2,7 +2,8 @@
 AdamW and a LambdaLR scheduler prepared by Accelerator (FSDP2 with --fsdp, else DDP), a
 registered custom object, and the same global batch every step whatever the world size.
 
-    train:  steps 1-2, ckptd.accelerate.save_state(step 2), then steps 3-4
+    train:  step 1, save_state(step 1, async), step 2, save_state(step 2) (total_limit=1: step 1
+            deleted), then steps 3-4
     resume: a fresh model (another seed), load_state("latest"), then steps 3-4
     kill:   steps 1-3, save_state(step 3) where rank 1 dies before it is staged
     faults: (one rank) load_state of a job with no checkpoint, of a corrupt one (its blobs
@@ -66,7 +67,7 @@ def main() -> None:
     accelerator = Accelerator(
         cpu=True,
         fsdp_plugin=plugin,
-        project_config=ProjectConfiguration(total_limit=2),
+        project_config=ProjectConfiguration(total_limit=1),
     )
     rank, world = accelerator.process_index, accelerator.num_processes
     torch.manual_seed(0 if args.mode != "resume" else 99)  # a resume must load, not start fresh
@@ -93,8 +94,9 @@ def main() -> None:
     result: dict[str, Any] = {"world": world}
     if args.mode == "train":
         step(1)
+        cka.save_state(accelerator, args.job, 1, async_save=True).result()
         step(2)
-        cka.save_state(accelerator, args.job, 2)
+        cka.save_state(accelerator, args.job, 2)  # total_limit=1: step 1 deleted
     elif args.mode == "kill":
         for s in (1, 2, 3):
             step(s)

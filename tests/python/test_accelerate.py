@@ -77,6 +77,15 @@ def trained(acc_daemon: Daemon, tmp_path_factory: pytest.TempPathFactory) -> tup
     return tmp, run(acc_daemon, "train", 2, tmp, "train")
 
 
+def test_total_limit_keeps_the_newest(acc_daemon: Daemon, trained: tuple[Path, Any]) -> None:
+    """ProjectConfiguration(total_limit=1): the async save of step 1 is deleted once step 2 is
+    committed."""
+    client = ckptd.connect(acc_daemon.socket)
+    rows = client.list(encode_job(JOB))
+    client.close()
+    assert [(r["step"], r["state"], r["world_size"]) for r in rows] == [(2, "COMMITTED", 2)]
+
+
 def test_a_rank_killed_mid_save_never_reaches_latest(
     acc_daemon: Daemon, trained: tuple[Path, Any]
 ) -> None:
