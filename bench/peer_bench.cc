@@ -166,7 +166,8 @@ int Bench(const std::map<std::string, std::string>& f) {
       .address = absl::StrCat("127.0.0.1:", (*server)->port()),
       .self_node_id = "node-a",
       .peer_node_id = "node-b",
-      .tls = {dir + "/ca.pem", dir + "/node-a.pem", dir + "/node-a.key"}});
+      .tls = {dir + "/ca.pem", dir + "/node-a.pem", dir + "/node-a.key"},
+      .chunk_bytes = U64(f, "chunk_bytes", ckptd::limits::kPeerChunkBytes)});
   if (!client.ok()) return Report(client.status());
   if (auto h = (*client)->Hello(); !h.ok()) return Report(h.status());
   std::vector<char> src(bytes);
