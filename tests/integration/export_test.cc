@@ -345,7 +345,9 @@ TEST_CASE("export: a busy staging arena makes the chunks smaller instead of fail
   // Chunks start at a quarter of the 16 MiB arena (4 MiB); with 13 MiB of it held by another
   // client, a 4 MiB load is RESOURCE_EXHAUSTED after the short reserve wait, and the export
   // goes on with 2 MiB chunks.
-  Daemon d({.staging_bytes_max = kDaemonArenaBytes, .extra_flags = {"--reserve_timeout_ms=200"}});
+  // (The holder and the export are one uid: its arena share is off, as on a one-uid node.)
+  Daemon d({.staging_bytes_max = kDaemonArenaBytes,
+            .extra_flags = {"--reserve_timeout_ms=200", "--uid_arena_share_percent=100"}});
   SaveForExport(d, "busy", 1, 5);
   auto hog = d.Connect();
   auto held = hog->Allocate(13ull << 20);

@@ -274,7 +274,8 @@ TEST_CASE("failure paths answer clear errors and leave committed data intact", "
 TEST_CASE("a full arena answers RESOURCE_EXHAUSTED stating bytes asked and free", "[integration]") {
   DaemonConfig cfg;
   cfg.staging_bytes_max = 16 << 20;  // the daemon's minimum
-  cfg.extra_flags = {"--reserve_timeout_ms=200"};
+  // One uid fills the arena here: its share (uid_arena_share_percent) is off.
+  cfg.extra_flags = {"--reserve_timeout_ms=200", "--uid_arena_share_percent=100"};
   Daemon d(cfg);
   SaveCommitted(d, kBaseJob, 1, kBaseSeed);
   auto client = d.Connect();

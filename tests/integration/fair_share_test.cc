@@ -146,7 +146,8 @@ std::string VictimRound(const Daemon& d, const std::string& job) {
   auto saved = (*client)->Save(job, 1, 0, 1, std::span(&shard, 1));
   check("save", saved.status(), MsSince(t));
   t = std::chrono::steady_clock::now();
-  check("wait", (*client)->WaitCommitted(job, 1, 10000), MsSince(t));
+  const absl::Status waited = (*client)->WaitCommitted(job, 1, 10000);
+  check("wait", waited, MsSince(t));
   std::vector<float> back(data.size());
   ckptd::LoadTarget target;
   target.item = "w";
@@ -154,7 +155,8 @@ std::string VictimRound(const Daemon& d, const std::string& job) {
   target.dest = back.data();
   target.bytes = back.size() * sizeof(float);
   t = std::chrono::steady_clock::now();
-  check("load", (*client)->Load(job, 1, 0, std::span(&target, 1)).status(), MsSince(t));
+  const absl::Status loaded = (*client)->Load(job, 1, 0, std::span(&target, 1)).status();
+  check("load", loaded, MsSince(t));
   if (back != data) err += "load: wrong bytes; ";
   // The victim's latencies, in the test's output (ctest -V, or the binary with -s).
   std::printf("fair share: %s: victim %s\n", job.c_str(), times.c_str());

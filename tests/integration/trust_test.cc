@@ -69,7 +69,8 @@ constexpr uint64_t kCapacity = kArenaBytes - 4096;
 
 TEST_CASE("trust: a load's destination extent stays leased when the client releases it",
           "[integration]") {
-  Daemon d({.extra_flags = {"--debug_load_delay_ms=1500"}});
+  // One uid asks for the whole arena here: its share (uid_arena_share_percent) is off.
+  Daemon d({.extra_flags = {"--debug_load_delay_ms=1500", "--uid_arena_share_percent=100"}});
   Raw a(d), b(d);
   a.Attach();
   b.Attach();
@@ -120,7 +121,8 @@ TEST_CASE("trust: the same extent twice in one release is INVALID_ARGUMENT, not 
 }
 
 TEST_CASE("trust: a session ends with its client process, promptly", "[integration]") {
-  Daemon d;
+  // One uid takes the whole arena here: its share (uid_arena_share_percent) is off.
+  Daemon d({.extra_flags = {"--uid_arena_share_percent=100"}});
   Child holder(TestClientArgs(d, "allocate", {"--job", "x", "--bytes", std::to_string(kCapacity)}));
   REQUIRE(holder.WaitForLine("allocated", 20000));
   Raw raw(d);
@@ -312,7 +314,8 @@ TEST_CASE("trust: a restarted daemon never adopts an arena someone else could ha
 }
 
 TEST_CASE("trust: waits can never starve reservations", "[integration]") {
-  Daemon d({.extra_flags = {"--waiters_max=8"}});
+  // One uid holds every waiter thread here: its share of them (uid_share_percent) is off.
+  Daemon d({.extra_flags = {"--waiters_max=8", "--uid_share_percent=100"}});
   Raw raw(d);
   raw.Attach();
   // A checkpoint that will wait for a second rank for ever, and 8 clients waiting on it.
@@ -596,7 +599,8 @@ TEST_CASE("trust (child of the case above): the arena on a full /dev/shm",
           "[.][arena-full-child]") {
   REQUIRE(getenv("CKPTD_IT_SPARSE_CHILD") != nullptr);  // only inside the private /dev/shm
   // A 160 MiB arena on a 96 MiB /dev/shm: its pages cannot all be had.
-  Daemon d({.staging_bytes_max = 160ull << 20});
+  // (One uid asks for most of the arena: its share, uid_arena_share_percent, is off.)
+  Daemon d({.staging_bytes_max = 160ull << 20, .extra_flags = {"--uid_arena_share_percent=100"}});
   Raw raw(d);
   raw.Attach();
   // The background faulting of the first segment gives up with a warning, not a crash.

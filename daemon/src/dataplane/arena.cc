@@ -170,7 +170,7 @@ absl::StatusOr<std::vector<ExtentInfo>> StagingArena::AllocateAllLocked(
   while (true) {
     // The uid's share first: past it the reservation waits for the uid's own bytes to go (a
     // flush, a release), never for another uid's, and evicts nobody's hot copies.
-    if (charged_[uid] + total > uid_share_bytes()) {
+    if (options_.uid_share_percent < 100 && charged_[uid] + total > uid_share_bytes()) {
       waited = true;
       if (freed_.WaitWithDeadline(&mu_, deadline) && absl::Now() >= deadline) {
         count_wait();
