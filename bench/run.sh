@@ -44,7 +44,7 @@
 #                            best sequential read (bench/import_bench.py)
 #   BENCH_SAVE_ITEMS=1000,100000   a Save's staging time against its item count
 #                            (bench/save_validate_bench.cc: per-item time, 1.0 = linear)
-#   BENCH_ONLY=all|planner|save_validate|reshard|ckpt|commit|restore|cold|warm|resume|replicated|train|remote|cluster
+#   BENCH_ONLY=all|planner|save_validate|reshard|ckpt|commit|restore|cold|warm|resume|replicated|train|remote|cluster|peer
 #              |deepspeed|import
 #                            run one part only
 set -euo pipefail
@@ -74,6 +74,17 @@ if [ "$ONLY" = all ] || [ "$ONLY" = save_validate ]; then
 echo "bench: a Save's staging time against its item count (linear validation)"
 "$BUILD/ckptd_bench_save_validate" --daemon "$BUILD/ckptd" --items "${BENCH_SAVE_ITEMS:-1000,100000}" \
   --reps 3 | tee "$OUT/save_validate.jsonl"
+fi
+
+if [ "$ONLY" = all ] || [ "$ONLY" = peer ]; then
+echo "bench: the peer channel's PutBlob against a raw TCP copy over loopback (goal >= 0.9x)"
+rm -rf "$OUT/peer-certs"
+for a in "ca $OUT/peer-certs ca" "node $OUT/peer-certs ca node-a" "node $OUT/peer-certs ca node-b"; do
+  # shellcheck disable=SC2086
+  sh "$ROOT/tests/integration/peer_certs.sh" $a
+done
+"$BUILD/ckptd_peer_bench" bench --certs "$OUT/peer-certs" --bytes "${BENCH_PEER_BYTES:-1073741824}" \
+  --rounds 5 | tee "$OUT/peer.txt"
 fi
 
 if [ "$ONLY" = all ] || [ "$ONLY" = cluster ]; then
