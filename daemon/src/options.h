@@ -117,8 +117,8 @@ struct DaemonOptions {
   uint32_t uid_share_percent = 50;
   // The percentage of the staging arena one uid may hold reserved or staged (not yet persisted;
   // the RAM tier's hot copies are not counted: any reservation evicts them). 100 turns it off.
-  // Default: 75
-  uint32_t uid_arena_share_percent = 75;
+  // Default: 80
+  uint32_t uid_arena_share_percent = 80;
   // Connections on the main socket at once (each holds a descriptor); 0: half the daemon's
   // descriptor limit (RLIMIT_NOFILE), so its own files always have room. A uid past its share
   // (uid_share_percent of this) has its new connections closed at once. Default: 0
