@@ -196,7 +196,7 @@ absl::StatusOr<std::unique_ptr<Store::Put>> Store::BeginPut(Stream& stream, Blob
 
 bool Store::MakeRoomLocked(uint64_t bytes,
                            std::vector<std::shared_ptr<const StoredBlob>>* evicted) {
-  auto fits = [&] {
+  auto fits = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return bytes <= limits_.bytes_max && bytes_used_ + bytes_reserved_ <= limits_.bytes_max - bytes;
   };
   if (fits()) return true;
