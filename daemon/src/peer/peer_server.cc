@@ -15,6 +15,11 @@ namespace ckptd::peer {
 namespace {
 
 constexpr uint32_t kProtocolVersion = 1;
+// A connection to the listener: its TLS handshake (a certificate the peer CA signed) must complete
+// within this; one with no call for kConnectionIdleMs is closed. (They bound only this listener;
+// they belong in common/limits.h and move there with its next change, which rebuilds the tree.)
+constexpr int kHandshakeTimeoutMs = 10'000;
+constexpr int kConnectionIdleMs = 300'000;
 
 grpc::Status ToGrpc(const absl::Status& st) {
   if (st.ok()) return grpc::Status::OK;
@@ -193,6 +198,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& o, Me
                              static_cast<int>(limits::kPeerChunkBytes));
   builder.AddChannelArgument(GRPC_ARG_TCP_MAX_READ_CHUNK_SIZE,
                              static_cast<int>(limits::kPeerChunkBytesMax));
+  // gRPC 1.51 cannot cap the connections of a listener: a connection that does not complete
+  // the TLS handshake (a client certificate the CA signed) in time is closed, and an idle one
+  // after a while, so only working peers hold connections.
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, kHandshakeTimeoutMs);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, kConnectionIdleMs);
   grpc::ResourceQuota quota("ckptd-peer");
   quota.SetMaxThreads(static_cast<int>(limits::kPeerServerThreadsMax));
   builder.SetResourceQuota(quota);
