@@ -209,7 +209,7 @@ TEST_CASE("peer: a corrupted block is DATA_LOSS naming it and nothing is stored"
   CHECK(Tool(p, "get", {"--bytes=1048576", "--step=3", "--blob=b7"}).exit_code == kNotFound);
 }
 
-TEST_CASE("peer: past peer_bytes_max a put is RESOURCE_EXHAUSTED; with none, refused",
+TEST_CASE("peer: past peer_bytes_max a put is RESOURCE_EXHAUSTED, and with none it is refused",
           "[integration][peer]") {
   PeerDaemon p({"--peer_bytes_max=2097152"});
   CommandResult r = Tool(p, "put", {"--bytes=3145728"});
