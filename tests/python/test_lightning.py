@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from conftest import Daemon, start_daemon
+from conftest import Daemon, free_port, start_daemon
 
 torch = pytest.importorskip("torch")
 pl = pytest.importorskip("lightning.pytorch")
@@ -170,3 +170,34 @@ def test_killed_mid_save_resumes_from_the_previous_last(daemon: Daemon) -> None:
     resumed = Tiny()
     t.fit(resumed, ckpt_path="last")
     assert t.global_step == 8 and os.path.basename(str(t.ckpt_path)) == "last.ckpt"
+
+
+def test_two_ddp_ranks_save_one_rank_resumes(daemon: Daemon) -> None:
+    """Lightning DDP, 2 gloo processes, saves (rank 0 through CheckpointIO); 1 process resumes
+    from "last" at another world size and continues the step count."""
+    env = dict(
+        os.environ,
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(free_port()),
+        GLOO_SOCKET_IFNAME="lo",
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=str(Path(__file__).parent),
+    )
+    rig = str(Path(__file__).parent / "lightning_rig.py")
+    dirpath = "ckptd://runs/lit-ddp"
+    proc = subprocess.run(
+        [sys.executable, rig, daemon.socket, dirpath, "1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # 32 samples, batch 8, 2 ranks: 2 steps per rank in the epoch
+    assert "rank 1 world 2 global_step 2" in proc.stdout, proc.stdout
+    client = ckptd.connect(daemon.socket)
+    (row,) = client.list(ckl.job_of(f"{dirpath}/last.ckpt"))
+    assert row["state"] == "COMMITTED" and row["step"] == 2
+    t = trainer(ckl.CheckpointIO(daemon.socket), dirpath, 2)
+    t.fit(Tiny(), ckpt_path="last")
+    assert t.global_step == 2 + 4  # resumed at 1 rank: the second epoch's 4 steps

@@ -145,14 +145,6 @@ class StagingArena {
   // a background thread, chunk by chunk (seconds per GiB on a cold tmpfs: not in a Hello).
   // RESOURCE_EXHAUSTED when /dev/shm cannot hold it or kArenaSegmentsMax uids have one; INTERNAL
   // for other syscalls.
-  absl::StatusOr<ArenaSegmentInfo> Segment(uint32_t uid);
-  // `uid`'s segment if it has one (nothing is created).
-  std::optional<ArenaSegmentInfo> ExistingSegment(uint32_t uid) const;
-  // The open descriptor of `uid`'s segment, to hand to a client of that uid (SCM_RIGHTS).
-  // Borrowed: valid while the arena lives. NOT_FOUND when `uid` has no segment.
-  absl::StatusOr<int> SegmentFd(uint32_t uid) const;
-  std::vector<ArenaSegmentInfo> segments() const;
-  // Whether (dev, ino) is one of the arena's segments (so it is refused as a client region).
   // Damage: a process of `uid` holds the segment's descriptor and may truncate (or grow) it. Each
   // call checks the segment's size first (one fstat); a segment that is not its size any more is
   // retired — its name unlinked, kept mapped (staged bytes still in it are read under the memory
@@ -161,6 +153,14 @@ class StagingArena {
   // Sessions handed the retired one are refused by the service (SessionArenaStatus). At most
   // limits::kArenaSegmentRetiresMax retirements per uid: past it, RESOURCE_EXHAUSTED until the
   // daemon restarts.
+  absl::StatusOr<ArenaSegmentInfo> Segment(uint32_t uid);
+  // `uid`'s segment if it has one (nothing is created).
+  std::optional<ArenaSegmentInfo> ExistingSegment(uint32_t uid) const;
+  // The open descriptor of `uid`'s segment, to hand to a client of that uid (SCM_RIGHTS).
+  // Borrowed: valid while the arena lives. NOT_FOUND when `uid` has no segment.
+  absl::StatusOr<int> SegmentFd(uint32_t uid) const;
+  std::vector<ArenaSegmentInfo> segments() const;
+  // Whether (dev, ino) is one of the arena's segments (so it is refused as a client region).
   bool IsSegment(uint64_t dev, uint64_t ino) const;
   // The segment with `generation`; nullopt when none (e.g. the bytes staged there did not
   // survive a restart).
@@ -170,6 +170,12 @@ class StagingArena {
   bool FullyResident(uint32_t uid) const;
   // The generation of `uid`'s segment ("" when it has none).
   std::string Generation(uint32_t uid) const;
+  // Where the bytes at `offset` of the segment with `generation` are mapped in the daemon, a
+  // retired segment included (its bytes may be gone: callers read it under the memory guard);
+  // nullptr when no segment has that generation.
+  uint8_t* AtGeneration(const std::string& generation, uint64_t offset) const;
+  // Whether the segment with `generation` was retired (see Segment()).
+  bool Retired(const std::string& generation) const;
 
   // Where the bytes at `offset` of `uid`'s segment are mapped in the daemon (for the daemon's
   // life: a segment is never unmapped or moved while it runs). The segment must
@@ -178,12 +184,6 @@ class StagingArena {
   uint8_t* Data(const ExtentInfo& e) const { return At(e.uid, e.offset); }
 
   uint64_t size_bytes() const { return options_.size_bytes; }
-  // Where the bytes at `offset` of the segment with `generation` are mapped in the daemon, a
-  // retired segment included (its bytes may be gone: callers read it under the memory guard);
-  // nullptr when no segment has that generation.
-  uint8_t* AtGeneration(const std::string& generation, uint64_t offset) const;
-  // Whether the segment with `generation` was retired (see Segment()).
-  bool Retired(const std::string& generation) const;
   uint64_t capacity_bytes() const;  // bytes extents can use
   uint64_t free_bytes() const;
   // Reservations that had to wait for space since start (done or timed out), and their waits.
@@ -253,7 +253,12 @@ class StagingArena {
 
   explicit StagingArena(ArenaOptions options, SegmentJournalFn journal);
   absl::StatusOr<std::unique_ptr<Seg>> NewSegment(uint32_t uid);
+  // The uid's segment in use (never a retired one), or null.
   Seg* Find(uint32_t uid) const;
+  // Segment()'s damage check: OK, or why `s` must be retired.
+  absl::Status CheckIntact(const Seg& s) const;
+  // Retires `s` (create_mu_ held): marks it, unlinks its name, forgets which ranges its uid held.
+  void RetireLocked(Seg* s, const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(create_mu_);
   std::optional<uint64_t> AllocateLocked(uint64_t len) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reserve's allocation: all or none, waiting (mu_ released meanwhile) up to `timeout`.
   absl::StatusOr<std::vector<ExtentInfo>> AllocateAllLocked(const std::string& session,
@@ -267,12 +272,7 @@ class StagingArena {
   // Punches `spans` out of the segments that held them and faults them into `uid`'s.
   absl::Status MakeResident(uint32_t uid, const std::vector<Span>& spans);
   // The first segment's background faulting (see Segment()).
-  // The uid's segment in use (never a retired one), or null.
   void PrefaultLoop(uint32_t uid);
-  // Segment()'s damage check: OK, or why `s` must be retired.
-  absl::Status CheckIntact(const Seg& s) const;
-  // Retires `s` (create_mu_ held): marks it, unlinks its name, forgets which ranges its uid held.
-  void RetireLocked(Seg* s, const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(create_mu_);
   // Detaches a reserved extent from its session: freed now, or when its last lease ends.
   void ReleaseLocked(absl::flat_hash_map<uint64_t, ExtentInfo>::iterator it)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -294,6 +294,8 @@ class StagingArena {
   absl::Mutex create_mu_;
   mutable absl::Mutex seg_mu_;
   std::vector<std::unique_ptr<Seg>> segs_ ABSL_GUARDED_BY(seg_mu_);
+  // Retirements per uid (Segment(): damaged segments).
+  absl::flat_hash_map<uint32_t, uint32_t> retired_ ABSL_GUARDED_BY(create_mu_);
 
   mutable absl::Mutex mu_;
   absl::CondVar freed_;
@@ -313,8 +315,6 @@ class StagingArena {
   // done, so its punch never races the faulting; the destructor stops and joins the thread.
   std::thread prefault_thread_;
   std::atomic<bool> stop_prefault_{false};
-  // Retirements per uid (Segment(): damaged segments).
-  absl::flat_hash_map<uint32_t, uint32_t> retired_ ABSL_GUARDED_BY(create_mu_);
   uint32_t prefault_uid_ ABSL_GUARDED_BY(mu_) = kNobody;
   uint64_t inflight_offset_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t inflight_length_ ABSL_GUARDED_BY(mu_) = 0;

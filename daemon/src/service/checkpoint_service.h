@@ -596,6 +596,7 @@ class CheckpointService {
   // Load arriving meanwhile, waits for it instead of reading the checkpoint again.
   SingleFlight<Key> prefetches_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;  // Drain: new saves are refused
   // Keys whose row and files a catalog operation rewrites outside mu_, with what it does ("being
   // deleted": Delete's in-memory tombstone; "being marked CORRUPT"). Inserted under mu_ only
   // while the key is neither in pending_ nor in reshards_ and its row exists, so no Save or
@@ -622,7 +623,6 @@ class CheckpointService {
   StoreDiscovery discovery_{[this](const std::string& scope) { return ScanStore(scope, nullptr); },
                             absl::Milliseconds(limits::kDiscoveryMinIntervalMs)};
   // The reshard data path (resharder.h: its pool, one thread per reshard that may run), last so it
-  bool draining_ ABSL_GUARDED_BY(mu_) = false;  // Drain: new saves are refused
   // is destroyed (joined) first: its threads call CommitReshard.
   Resharder resharder_{deps_.options, deps_.storage, &loader_, deps_.clock};
 };

@@ -229,12 +229,6 @@ absl::Status Recovery::AdoptManifests() {
             *rec ? (*rec)->summary().state() : v1::CHECKPOINT_STATE_UNSPECIFIED;
         if (state == v1::COMMITTED || state == v1::DELETING) return absl::OkStatus();
         absl::StatusOr<Manifest> m = ReadManifest(storage, job, step);
-        if (!m.ok()) {
-          if (state != v1::CORRUPT) {
-            Problem(absl::StrCat(root, "/", path, " does not verify; ", CkptName(job, step),
-                                 " not exposed: ", m.status().ToString()));
-          } else {
-            spdlog::warn("recovery: {} stays CORRUPT: {}", CkptName(job, step),
         if (!m.ok() && state == v1::MISSING) {
           // Its manifest is back but does not verify: CORRUPT, files still kept.
           v1::CheckpointRecord marked = **rec;
@@ -246,6 +240,12 @@ absl::Status Recovery::AdoptManifests() {
                                CkptName(job, step), " is CORRUPT: ", m.status().ToString()));
           return absl::OkStatus();
         }
+        if (!m.ok()) {
+          if (state != v1::CORRUPT) {
+            Problem(absl::StrCat(root, "/", path, " does not verify; ", CkptName(job, step),
+                                 " not exposed: ", m.status().ToString()));
+          } else {
+            spdlog::warn("recovery: {} stays CORRUPT: {}", CkptName(job, step),
                          m.status().ToString());
           }
           return absl::OkStatus();
@@ -458,7 +458,6 @@ absl::Status Recovery::CheckCommittedRows() {
                            " is missing; the checkpoint stays COMMITTED on the remote tier"));
       continue;
     }
-    // No tier holds it. Removing what is left is the operator's decision: it is marked MISSING
     // The store may hold a complete copy its upload row does not record as durable (a crash
     // between the manifest's put and the row, or another node's upload): the checkpoint is
     // restored from there, COMMITTED on the remote tier alone, as a scan adopts one.
@@ -483,6 +482,7 @@ absl::Status Recovery::CheckCommittedRows() {
                      stores_.remote->Describe(), restored.ToString());
       }
     }
+    // No tier holds it. Removing what is left is the operator's decision: it is marked MISSING
     // (never visible to load or latest) with its files and rows kept.
     const std::string where = absl::StrCat(stores_.storage->Describe(), "/", path);
     rec.mutable_summary()->set_state(v1::MISSING);

@@ -392,12 +392,16 @@ absl::StatusOr<PendingCheckpoint*> CheckpointService::FindOrOpenLocked(const Cal
       return absl::AbortedError(
           absl::StrCat(what, " is ", busy->second, "; retry once that has finished"));
     }
+    if (draining_) {  // SIGTERM: ranks of open checkpoints are taken, new ones are not opened
+      return absl::UnavailableError(absl::StrCat(
+          what, ": the daemon is stopping (SIGTERM); save it again once it has restarted"));
+    }
     if (existing) {
       return absl::AlreadyExistsError(
           absl::StrCat(what, " is already ", v1::CheckpointState_Name(existing->summary().state()),
                        "; delete it first or save another step"));
     }
-    CKPTD_RETURN_IF_ERROR(CheckOpenLimitsLocked(req.job(), what));
+    CKPTD_RETURN_IF_ERROR(CheckOpenLimitsLocked(caller.uid, req.job(), what));
     auto p = std::make_unique<PendingCheckpoint>(req.job(), req.step());
     p->owner_uid = caller.uid;
     p->job_recorded = true;  // claimed above
@@ -411,10 +415,6 @@ absl::StatusOr<PendingCheckpoint*> CheckpointService::FindOrOpenLocked(const Cal
     LogScope fields;
     fields.Str("event", "opened").Num("world_size", opened->world_size);
     fields.Str("tier_policy", v1::TierPolicy_Name(policy));
-    if (draining_) {  // SIGTERM: ranks of open checkpoints are taken, new ones are not opened
-      return absl::UnavailableError(absl::StrCat(
-          what, ": the daemon is stopping (SIGTERM); save it again once it has restarted"));
-    }
     spdlog::info("{} opened: world size {}, {}", what, opened->world_size,
                  v1::TierPolicy_Name(policy));
     return opened;
@@ -425,6 +425,7 @@ absl::Status CheckpointService::Save(const Caller& caller, const v1::SaveRequest
                                      v1::SaveResponse* resp) {
   const absl::Time started = absl::Now();
   CKPTD_ASSIGN_OR_RETURN(std::string session, SessionOf(caller, req.session_id()));
+  CKPTD_RETURN_IF_ERROR(SessionArenaStatus(session));  // its extents' segment is intact
   CKPTD_RETURN_IF_ERROR(ValidateSave(req));
   const std::string what = CkptName(req.job(), req.step());
   CKPTD_RETURN_IF_ERROR(CheckIndexReserve(what));
@@ -448,7 +449,6 @@ absl::Status CheckpointService::Save(const Caller& caller, const v1::SaveRequest
   PendingCheckpoint& p = *found;
   if (p.owner_uid != caller.uid) {
     return absl::PermissionDeniedError(absl::StrCat(what, " is being saved by uid ", p.owner_uid,
-  CKPTD_RETURN_IF_ERROR(SessionArenaStatus(session));  // its extents' segment is intact
                                                     "; ", DescribeCaller(caller),
                                                     " may not add ranks to it"));
   }
