@@ -1,6 +1,6 @@
-// Recovery: the daemon's start, before it serves (DESIGN.md "Recovery"). The manifest on storage
-// is the truth; the index is the node's journal. Run() makes them agree, in this order (each step
-// a named sync point, so the crash matrix can stop the daemon between any two):
+// Recovery: the daemon's start, before it serves (docs/DESIGN.md "Recovery"). The manifest on
+// storage is the truth; the index is the node's journal. Run() makes them agree, in this order
+// (each step a named sync point, so the crash matrix can stop the daemon between any two):
 //   1. RepairIndexRows: a checkpoint row that does not parse is rebuilt from its manifest when
 //      that verifies, recorded CORRUPT when a manifest is there but does not verify, else ABORTED
 //      (its partial files collected); job rows and keys that do not decode are reported;
