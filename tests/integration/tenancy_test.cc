@@ -269,27 +269,42 @@ TEST_CASE("tenancy: two uids racing the first saves of a job name: one owns it, 
 namespace {
 
 // The catalog and data calls a uid makes on another uid's job (one job each, so each is the
-// first call about it on the adopting node: the adoption happens in that call).
-const std::vector<std::string> kOps = {"load",   "inspect", "status",  "list",
-                                       "latest", "verify",  "reshard", "delete"};
+// first call about it on the adopting node: the adoption happens in that call). An op ending in
+// "-absent" asks for step 99, which the job does not have: refused all the same (NOT_FOUND there
+// would tell another uid which steps the job has).
+const std::vector<std::string> kOps = {
+    "load",          "inspect",        "status",         "list",
+    "latest",        "verify",         "reshard",        "delete",
+    "prefetch",      "load-absent",    "inspect-absent", "status-absent",
+    "verify-absent", "reshard-absent", "delete-absent",  "prefetch-absent"};
 
-grpc::Status CallOp(Tenant& t, const std::string& op, const std::string& job) {
+grpc::Status CallOp(Tenant& t, const std::string& op_name, const std::string& job) {
   Raw& r = t.raw;
+  const bool absent = op_name.ends_with("-absent");
+  const std::string op = absent ? op_name.substr(0, op_name.size() - 7) : op_name;
+  const uint64_t step = absent ? 99 : 1;
   if (op == "load") {
     uint64_t offset = 0;
-    return t.Load(job, 1, &offset);
+    return t.Load(job, step, &offset);
+  }
+  if (op == "prefetch") {
+    v1::PrefetchRequest q;
+    q.set_job(job);
+    q.set_step(step);
+    v1::PrefetchResponse a;
+    return r.Call([&](grpc::ClientContext* c) { return r.stub->Prefetch(c, q, &a); });
   }
   if (op == "inspect") {
     v1::InspectRequest q;
     q.set_job(job);
-    q.set_step(1);
+    q.set_step(step);
     v1::InspectResponse a;
     return r.Call([&](grpc::ClientContext* c) { return r.stub->Inspect(c, q, &a); });
   }
   if (op == "status") {
     v1::GetStatusRequest q;
     q.set_job(job);
-    q.set_step(1);
+    q.set_step(step);
     v1::CheckpointStatus a;
     return r.Call([&](grpc::ClientContext* c) { return r.stub->GetStatus(c, q, &a); });
   }
@@ -308,14 +323,14 @@ grpc::Status CallOp(Tenant& t, const std::string& op, const std::string& job) {
   if (op == "verify") {
     v1::VerifyRequest q;
     q.set_job(job);
-    q.set_step(1);
+    q.set_step(step);
     v1::VerifyResponse a;
     return r.Call([&](grpc::ClientContext* c) { return r.stub->Verify(c, q, &a); });
   }
   if (op == "reshard") {
     v1::ReshardRequest q;
     q.set_job(job);
-    q.set_step(1);
+    q.set_step(step);
     q.set_target_job("stolen-" + job);
     q.set_target_step(1);
     q.set_spec("consolidated");
@@ -324,7 +339,7 @@ grpc::Status CallOp(Tenant& t, const std::string& op, const std::string& job) {
   }
   v1::DeleteRequest q;
   q.set_job(job);
-  q.set_step(1);
+  q.set_step(step);
   v1::DeleteResponse a;
   return r.Call([&](grpc::ClientContext* c) { return r.stub->Delete(c, q, &a); });
 }

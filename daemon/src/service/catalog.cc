@@ -453,6 +453,9 @@ absl::Status CheckpointService::Delete(const Caller& caller, const v1::DeleteReq
   // tier), so its owner is this job's here when checked below. A row that does not parse is
   // deleted all the same (DATA_LOSS here).
   ReadRecordOrAdopt(req.job(), req.step()).status().IgnoreError();
+  // Once adopted, before any answer about the key (NOT_FOUND, or what is writing it, would tell
+  // another uid which steps the job has); checked again below, once the row is found.
+  CKPTD_RETURN_IF_ERROR(CheckAccess(caller, req.job(), Access::kDelete));
   v1::CheckpointRecord rec;
   {
     absl::MutexLock lock(&mu_);

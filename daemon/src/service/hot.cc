@@ -122,8 +122,9 @@ absl::Status CheckpointService::Prefetch(const Caller& caller, const v1::Prefetc
   }
   CKPTD_ASSIGN_OR_RETURN(std::optional<v1::CheckpointRecord> rec,
                          ReadRecordOrAdopt(req.job(), step, /*corrupt_is_error=*/true));
+  // Once adopted, and before NOT_FOUND (which would tell another uid which steps the job has).
+  CKPTD_RETURN_IF_ERROR(CheckAccess(caller, req.job(), Access::kRead));
   if (!rec) return absl::NotFoundError(absl::StrCat(what, " does not exist"));
-  CKPTD_RETURN_IF_ERROR(CheckAccess(caller, req.job(), Access::kRead));  // once adopted
   if (rec->summary().state() != v1::COMMITTED) {
     return absl::FailedPreconditionError(
         absl::StrCat(what, " is ", v1::CheckpointState_Name(rec->summary().state()),

@@ -65,13 +65,14 @@ absl::Status CheckpointService::Load(const Caller& caller, const v1::LoadRequest
   }
   CKPTD_ASSIGN_OR_RETURN(std::optional<v1::CheckpointRecord> rec,
                          ReadRecordOrAdopt(req.job(), step, /*corrupt_is_error=*/true));
+  // Again, now that the job is adopted (if it came from the store): the check above passes for a
+  // job this node had no owner of (owners.cc). Before NOT_FOUND, which would tell another uid
+  // which steps the job has.
+  CKPTD_RETURN_IF_ERROR(CheckAccess(caller, req.job(), Access::kRead));
   if (!rec) {
     return absl::NotFoundError(
         absl::StrCat("checkpoint ", req.job(), "/", step, " does not exist"));
   }
-  // Again, now that the checkpoint is adopted (if it came from the store) and found: the check
-  // above passes for a job this node had no owner of (owners.cc).
-  CKPTD_RETURN_IF_ERROR(CheckAccess(caller, req.job(), Access::kRead));
   if (rec->summary().state() != v1::COMMITTED) {
     return absl::FailedPreconditionError(absl::StrCat(
         "checkpoint ", req.job(), "/", step, " is ",

@@ -32,8 +32,8 @@ absl::Status CheckpointService::Reshard(const Caller& caller, const v1::ReshardR
   // is checked once it is (owners.cc), before anything of it is read.
   CKPTD_ASSIGN_OR_RETURN(std::optional<v1::CheckpointRecord> src,
                          ReadRecordOrAdopt(req.job(), req.step(), /*corrupt_is_error=*/true));
+  CKPTD_RETURN_IF_ERROR(CheckAccess(caller, req.job(), Access::kRead));  // before NOT_FOUND
   if (!src) return absl::NotFoundError(absl::StrCat(src_name, " does not exist"));
-  CKPTD_RETURN_IF_ERROR(CheckAccess(caller, req.job(), Access::kRead));
   if (src->summary().state() != v1::COMMITTED) {
     return absl::FailedPreconditionError(
         absl::StrCat(src_name, " is ", v1::CheckpointState_Name(src->summary().state()),
