@@ -166,10 +166,10 @@ format-check: setup
 format: setup
 	@$(CXX_SOURCES) | xargs -0 -r clang-format-15 -i --style=file
 
-# README "Configuration" regenerated from the options' declarations (ckptd --help-config); the
+# docs/CONFIGURATION.md regenerated from the options' declarations (ckptd --help-config); the
 # ctest "docs: configuration reference" fails while they differ.
 docs: build
-	@bash tests/docs/config_reference_test.sh $(BUILD)/ckptd README.md --update
+	@bash tests/docs/config_reference_test.sh $(BUILD)/ckptd docs/CONFIGURATION.md --update
 
 # ruff on the Python (client/python, tests/python, bench; ruff.toml).
 lint-python: setup

@@ -50,7 +50,7 @@ commands:
   reshard JOB STEP TARGET_STEP SPEC [--target_job JOB2]
                            write a new checkpoint JOB2/TARGET_STEP (JOB2 defaults to JOB) holding
                            JOB/STEP in the layout SPEC, e.g. "consolidated", "rows:4",
-                           "*.bias=consolidated; *=grid:2x4" (README: "Offline reshard"); runs in
+                           "*.bias=consolidated; *=grid:2x4" (docs/USER_GUIDE.md: "Offline reshard"); runs in
                            the daemon: follow it with status, cancel it with abort
   abort JOB STEP [REASON]  abort a checkpoint being saved, or cancel a reshard writing it
   gc [JOB] [--dry_run]     apply the daemon's retention (keep_local, keep_remote) now, to JOB or

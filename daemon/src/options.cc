@@ -389,7 +389,8 @@ std::string OptionsUsage() {
   out << "usage: ckptd [--config=PATH] [--name=value ...]\n\noptions:\n";
   for (const OptionDef& def : OptionDefs()) out << "  --" << def.name << "  " << def.help << "\n";
   out << "  --config  file of \"name = value\" lines (flags override it)\n";
-  out << "  --help-config  the configuration reference (README \"Configuration\"), as Markdown\n";
+  out << "  --help-config  the configuration reference (docs/CONFIGURATION.md \"Configuration\"), "
+         "as Markdown\n";
   return out.str();
 }
 

@@ -179,7 +179,7 @@ struct DaemonOptions {
   // A failed upload is retried after a backoff doubling from 1 s up to this, forever (the store
   // may be down for hours; the checkpoint stays COMMITTED locally meanwhile). Default: 60000
   uint64_t upload_retry_max_ms = 60000;
-  // Retention (README "Tiers"): per job, keep the local copies of the newest keep_local
+  // Retention (docs/OPERATIONS.md "Tiers"): per job, keep the local copies of the newest keep_local
   // checkpoints that have one and the remote copies of the newest keep_remote; older copies go
   // (a checkpoint whose only durable copy goes is deleted; a local copy whose upload is under
   // way stays). 0: keep all. Applied every gc_interval_ms and by `ckptctl gc`. Default: 0, 0
@@ -209,9 +209,9 @@ struct DaemonOptions {
   // How often housekeeping applies retention (when RetentionOn()).
   // Default: 60000
   uint64_t gc_interval_ms = 60000;
-  // Checkpoints that span nodes (README "Checkpoints that span nodes"): this daemon's name on the
-  // shared tier (its node part is <dir>/cluster/<node_id>.part; letters, digits, '.', '-', '_',
-  // at most 64). Every daemon of a job needs its own. Default: the host name
+  // Checkpoints that span nodes (docs/OPERATIONS.md "Checkpoints that span nodes"): this daemon's
+  // name on the shared tier (its node part is <dir>/cluster/<node_id>.part; letters, digits, '.',
+  // '-', '_', at most 64). Every daemon of a job needs its own. Default: the host name
   std::string node_id;
   // The peer channel between daemons (docs/PEERS.md): host:port of a TCP listener for other
   // daemons only (never the client API), gRPC over mutual TLS; empty: off. Default: "" (off)
@@ -287,7 +287,8 @@ struct DaemonOptions {
 absl::StatusOr<DaemonOptions> ParseOptions(const std::vector<std::string>& args);
 std::string OptionsUsage();
 // The configuration reference: a Markdown table of every option (name, default, meaning), made
-// from the options' declarations. README "Configuration" holds it verbatim (a test compares).
+// from the options' declarations. docs/CONFIGURATION.md "Configuration" holds it verbatim (a test
+// compares).
 std::string OptionsReference();
 
 }  // namespace ckptd

@@ -118,7 +118,7 @@ const std::vector<OptionDef>& OptionDefs() {
        "(daemon's)"},
       {"metrics_address", "Prometheus endpoint: PORT or :PORT (loopback), HOST:PORT; empty: off",
        "Prometheus endpoint: `PORT` or `:PORT` on loopback, `HOST:PORT` as given, 0 for a free "
-       "port ([Metrics](#metrics-prometheus))",
+       "port ([Metrics](OPERATIONS.md#metrics-prometheus))",
        StringField(&O::metrics_address), "(off)"},
       {"admin_group", "group that may read and delete every job",
        "members (and root) may read, abort and delete every job", StringField(&O::admin_group),
@@ -220,7 +220,7 @@ const std::vector<OptionDef>& OptionDefs() {
       {"tier_policy", "tiers of a checkpoint whose Save names none: local | local+remote | remote",
        "tiers of a checkpoint whose Save names none: `local`, `local+remote` or `remote` (the "
        "last two need a remote tier: `remote_dir` or `remote_s3_bucket`); see "
-       "[Tiers](#tiers-local-and-remote)",
+       "[Tiers](OPERATIONS.md#tiers-local-and-remote)",
        StringField(&O::tier_policy)},
       {"remote_dir", "remote tier: a directory on a shared file system",
        "the remote tier: a directory on a shared file system; must exist at start",
@@ -267,51 +267,55 @@ const std::vector<OptionDef>& OptionDefs() {
        "parts uploaded at once per blob",
        IntField(&O::remote_s3_parts_in_flight, "remote_s3_parts_in_flight")},
       {"keep_local", "retention: local copies kept per job (0: all)",
-       "[retention](#retention): local copies kept per job (0: all)",
+       "[retention](OPERATIONS.md#retention): local copies kept per job (0: all)",
        IntField(&O::keep_local, "keep_local")},
       {"keep_remote", "retention: remote copies kept per job (0: all)",
-       "[retention](#retention): remote copies kept per job (0: all); needs a remote tier",
+       "[retention](OPERATIONS.md#retention): remote copies kept per job (0: all); needs a remote "
+       "tier",
        IntField(&O::keep_remote, "keep_remote")},
       {"keep_every", "retention: every copy of steps that are multiples of this is kept (0: none)",
-       "[retention](#retention): milestones — checkpoints whose step is a multiple of this keep "
+       "[retention](OPERATIONS.md#retention): milestones — checkpoints whose step is a multiple of "
+       "this keep "
        "every copy (they count among the newest `keep_local` / `keep_remote`); 0: none",
        IntField(&O::keep_every, "keep_every")},
       {"retention_rules", "per-job retention: PATTERN: key=N, ...; ...",
-       "[retention](#retention) per job: `PATTERN: keep_local=N, keep_remote=N, keep_every=N; "
+       "[retention](OPERATIONS.md#retention) per job: `PATTERN: keep_local=N, keep_remote=N, "
+       "keep_every=N; "
        "PATTERN2: ...` — the first rule whose shell glob matches the job name sets what it names; "
        "the rest, and jobs no rule matches, take the options above",
        StringField(&O::retention_rules), "(none)"},
       {"gc_interval_ms", "how often retention is applied",
        "how often housekeeping applies retention", IntField(&O::gc_interval_ms, "gc_interval_ms")},
       {"node_id", "this daemon's name on the shared tier (default: the host name)",
-       "[spanning nodes](#checkpoints-that-span-nodes): this daemon's name on the shared tier "
+       "[spanning nodes](OPERATIONS.md#checkpoints-that-span-nodes): this daemon's name on the "
+       "shared tier "
        "(letters, digits, `.-_`, ≤ 64); one per daemon of a job",
        StringField(&O::node_id), "the host name"},
       {"peer_listen_addr",
        "host:port of the peer channel for other daemons (mutual TLS; empty: off)",
-       "[peers](docs/PEERS.md): host:port of a TCP listener for other daemons only (never the "
+       "[peers](PEERS.md): host:port of a TCP listener for other daemons only (never the "
        "client API), gRPC over mutual TLS; empty: off",
        StringField(&O::peer_listen_addr), "(off)"},
       {"peer_tls_ca_path", "PEM file of the CA signing every daemon's peer certificate",
-       "[peers](docs/PEERS.md): PEM file of the CA that signs every daemon's certificate; "
+       "[peers](PEERS.md): PEM file of the CA that signs every daemon's certificate; "
        "required with `peer_listen_addr`",
        StringField(&O::peer_tls_ca_path)},
       {"peer_tls_cert_path", "PEM file of this daemon's peer certificate (names node_id)",
-       "[peers](docs/PEERS.md): PEM file of this daemon's certificate; its subject CN or a DNS "
+       "[peers](PEERS.md): PEM file of this daemon's certificate; its subject CN or a DNS "
        "subjectAltName is `node_id`",
        StringField(&O::peer_tls_cert_path)},
       {"peer_tls_key_path", "PEM file of the peer certificate's key",
-       "[peers](docs/PEERS.md): PEM file of the certificate's private key",
+       "[peers](PEERS.md): PEM file of the certificate's private key",
        StringField(&O::peer_tls_key_path)},
       {"peer_bytes_max", "memory for copies other nodes place here (0: none)",
-       "[peers](docs/PEERS.md): memory for the copies other nodes place here, apart from "
+       "[peers](PEERS.md): memory for the copies other nodes place here, apart from "
        "staging; 0: none (puts refused)",
        IntField(&O::peer_bytes_max, "peer_bytes_max")},
       {"peer_streams_per_node_max", "peer streams in flight per peer node",
-       "[peers](docs/PEERS.md): PutBlob and GetBlob streams in flight per peer node",
+       "[peers](PEERS.md): PutBlob and GetBlob streams in flight per peer node",
        IntField(&O::peer_streams_per_node_max, "peer_streams_per_node_max")},
       {"peer_inflight_bytes_per_node_max", "bytes a peer node may be sending here at once",
-       "[peers](docs/PEERS.md): bytes of the copies one peer node may be sending here at once",
+       "[peers](PEERS.md): bytes of the copies one peer node may be sending here at once",
        IntField(&O::peer_inflight_bytes_per_node_max, "peer_inflight_bytes_per_node_max")},
       {"owner_map", "how an adopted checkpoint's recorded owner maps to a uid here: uid|name",
        "how the owner recorded in a checkpoint another node wrote becomes a uid here when it "
@@ -351,7 +355,8 @@ const std::vector<OptionDef>& OptionDefs() {
       {"debug_crash_at",
        "testing: <point>[:<nth>] kills the daemon at a crash point (test builds only)",
        "testing only: `<point>[:<nth>]` — the daemon SIGKILLs itself the nth time (default 1) "
-       "it reaches that [crash point](#crash-point-matrix); refused by a build without test "
+       "it reaches that [crash point](DEVELOPMENT.md#crash-point-matrix); refused by a build "
+       "without test "
        "hooks",
        StringField(&O::debug_crash_at), "(none)"},
   };

@@ -1,7 +1,7 @@
 // The daemon's option table: each option's name, its --help line, its text in the configuration
-// reference (README "Configuration", `ckptd --help-config`) and its DaemonOptions field, declared
-// once (options_table.cc). options.cc parses flags and config files through it and prints the
-// help and the reference from it, so none of them can drift from the fields.
+// reference (docs/CONFIGURATION.md "Configuration", `ckptd --help-config`) and its DaemonOptions
+// field, declared once (options_table.cc). options.cc parses flags and config files through it and
+// prints the help and the reference from it, so none of them can drift from the fields.
 #pragma once
 
 #include <functional>
@@ -25,8 +25,9 @@ struct Field {
 };
 
 // One option: its name, a line for --help, its documentation for the configuration reference
-// (README "Configuration", printed by --help-config), and its field. `default_doc` is the
-// default as the reference shows it when the field's own default is not it (a derived default:
+// (docs/CONFIGURATION.md "Configuration", printed by --help-config), and its field. `default_doc`
+// is the default as the reference shows it when the field's own default is not it (a derived
+// default:
 // "`<state_dir>/data`", "(none)"); empty: the default-constructed DaemonOptions' value.
 struct OptionDef {
   std::string name;

@@ -11,7 +11,7 @@ ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 UNIT="$ROOT/deploy/ckptd.service"
 SYSUSERS="$ROOT/deploy/ckptd.sysusers.conf"
 CONF="$ROOT/deploy/ckptd.conf"
-MAX_EXPOSURE=2.0  # README "Deployment" records the score (1.7 with systemd 252)
+MAX_EXPOSURE=2.0  # docs/OPERATIONS.md "Deployment" records the score (1.7 with systemd 252)
 
 if ! command -v systemd-analyze >/dev/null || ! command -v systemd-sysusers >/dev/null; then
   echo "systemd-analyze or systemd-sysusers not found (install the systemd package)"

@@ -6,9 +6,11 @@ Checks, over every source and doc git knows or would add:
   names a file or folder that exists, from the repository root or from the citing file's folder;
 - a bare `NAME.md` names a Markdown file somewhere in the tree;
 - a relative Markdown link `[text](path)` resolves from the linking page;
-- the design is cited as `docs/DESIGN.md` (never a bare `DESIGN`), a cited section
-  (`docs/DESIGN.md "Load"`) is a heading of docs/DESIGN.md and a cited invariant number is one
-  of its invariants.
+- a link's `#anchor` is a heading of the page it points to;
+- a cited section (`docs/OPERATIONS.md "Tiers"`, `README "Using it from C++"`) is a heading of that
+  page (or the start of one);
+- the design is cited as `docs/DESIGN.md` (never a bare `DESIGN`), and a cited invariant number is
+  one of its invariants.
 Prints each broken reference as FILE:LINE: what, and exits 1 if there is any.
 """
 
@@ -27,7 +29,8 @@ TREE_PATH = re.compile(
     rf"(?<![\w./<-])((?:{TREE_DIRS})/[A-Za-z0-9_./-]*[A-Za-z0-9_])(?![\w<>*{{}}-])"
 )
 BARE_MD = re.compile(r"(?<![\w./<-])([A-Za-z0-9_-]+\.md)\b")
-MD_LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+MD_LINK = re.compile(r"\]\(([^)#\s]*)(?:#([^)\s]*))?\)")
+SECTION_CITE = re.compile(r'((?:[\w./-]+/)?[\w.-]+\.md|README)(?::)? ((?:\\?"[^"\\]+\\?"(?:, )?)+)')
 DESIGN_CITE = re.compile(r'docs/DESIGN\.md((?:[ ,;:and]*"[^"]+")*)(?:\s+invariants?\s+(\d+))?')
 BARE_DESIGN = re.compile(r"(?<![/\w])DESIGN(?!\.md)\b")
 
@@ -45,6 +48,31 @@ def tracked_files() -> list[Path]:
         if p.is_file() and (p.suffix in SUFFIXES or p.name in NAMES):
             files.append(p)
     return files
+
+
+def anchor(title: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces as dashes."""
+    return re.sub(r"[^\w\- ]", "", title.strip().lower()).replace(" ", "-")
+
+
+_HEADINGS: dict[Path, list[str]] = {}
+
+
+def headings(page: Path) -> list[str]:
+    if page not in _HEADINGS:
+        text = page.read_text(errors="replace") if page.is_file() else ""
+        text = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+        _HEADINGS[page] = [m.group(1).strip() for m in re.finditer(r"^#+\s+(.+)$", text, re.M)]
+    return _HEADINGS[page]
+
+
+def cited_page(ref: str, here: Path) -> Path | None:
+    if ref == "README":
+        return ROOT / "README.md"
+    for p in (ROOT / ref, here.parent / ref, ROOT / "docs" / ref):
+        if p.is_file():
+            return p
+    return None
 
 
 def design_sections() -> tuple[set[str], int]:
@@ -71,7 +99,7 @@ def check_line(
     path: Path, line: str, md_names: set[str], design: tuple[set[str], int]
 ) -> list[str]:
     problems = []
-    headings, invariant_count = design
+    _, invariant_count = design
     for m in TREE_PATH.finditer(line):
         ref = m.group(1)
         if "." not in Path(ref).name and not (ROOT / ref).exists():
@@ -83,15 +111,23 @@ def check_line(
             problems.append(f"cites {m.group(1)}, which is not in the repository")
     if path.suffix == ".md":
         for m in MD_LINK.finditer(line):
-            target = m.group(1)
+            target, frag = m.group(1), m.group(2)
             if "://" in target or target.startswith("mailto:"):
                 continue
-            if not (path.parent / target).exists():
+            page = (path.parent / target) if target else path
+            if not page.exists():
                 problems.append(f"links to {target}, which does not exist")
+            elif frag and page.suffix == ".md" and frag not in {anchor(h) for h in headings(page)}:
+                problems.append(f"links to {target}#{frag}, which has no such heading")
+    for m in SECTION_CITE.finditer(line):
+        page = cited_page(m.group(1), path)
+        if page is None:
+            continue  # a missing file is reported above
+        titles = [h.lower() for h in headings(page)]
+        for section in re.findall(r'\\?"([^"\\]+)\\?"', m.group(2)):
+            if not any(t == section.lower() or t.startswith(section.lower()) for t in titles):
+                problems.append(f'cites {m.group(1)} "{section}", which has no such section')
     for m in DESIGN_CITE.finditer(line):
-        for section in re.findall(r'"([^"]+)"', m.group(1) or ""):
-            if section not in headings:
-                problems.append(f'cites docs/DESIGN.md "{section}", which has no such section')
         if m.group(2) and not 1 <= int(m.group(2)) <= invariant_count:
             problems.append(f"cites docs/DESIGN.md invariant {m.group(2)}, which does not exist")
     if path.suffix != ".md" or path.name != "DESIGN.md":

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# README "Configuration" holds the configuration reference verbatim as `ckptd --help-config`
+# docs/CONFIGURATION.md holds the configuration reference verbatim as `ckptd --help-config`
 # prints it from the options' declarations (daemon/src/options_table.cc), between the markers
 # <!-- config-reference:begin --> and <!-- config-reference:end -->, so it cannot drift.
 #   config_reference_test.sh CKPTD [README]            fails (with the diff) when they differ
 #   config_reference_test.sh CKPTD [README] --update   rewrites the README's block (make docs)
 set -euo pipefail
 ckptd="$1"
-readme="${2:-$(dirname "$0")/../../README.md}"
+readme="${2:-$(dirname "$0")/../../docs/CONFIGURATION.md}"
 begin='<!-- config-reference:begin -->'
 end='<!-- config-reference:end -->'
 for m in "$begin" "$end"; do
@@ -29,7 +29,7 @@ if [ "${3:-}" = --update ]; then
   echo "config_reference_test: $readme updated from ckptd --help-config"
   exit 0
 fi
-if ! diff -u --label "README.md (configuration reference)" --label "ckptd --help-config" \
+if ! diff -u --label "$readme (configuration reference)" --label "ckptd --help-config" \
     "$want.readme" "$want"; then
   echo "config_reference_test: README's configuration reference differs from ckptd --help-config;" \
     "run: make docs" >&2

@@ -1,7 +1,8 @@
-// README "C++": a client survives a daemon restart. The same ckptd::Client, kept across a kill -9
-// and a clean stop of its daemon, reconnects (a new session), maps the new instance's arena and
-// re-registers its shm regions, then saves and loads again bit-exact; while the daemon is down a
-// call fails UNAVAILABLE naming the socket, and buffers of the old session are refused.
+// README "Using it from C++": a client survives a daemon restart. The same ckptd::Client, kept
+// across a kill -9 and a clean stop of its daemon, reconnects (a new session), maps the new
+// instance's arena and re-registers its shm regions, then saves and loads again bit-exact; while
+// the daemon is down a call fails UNAVAILABLE naming the socket, and buffers of the old session are
+// refused.
 
 #include <catch2/catch.hpp>
 #include <cstring>

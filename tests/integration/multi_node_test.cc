@@ -1,9 +1,9 @@
-// Checkpoints that span nodes (README "Checkpoints that span nodes"), against real daemons: each
-// daemon stands for one node (its own state dir, socket and arena) and the shared tier is a
-// directory (the posix plugin on a shared file system) or, in remote_s3_test.cc, a real S3 store.
-// 4 ranks saved over two daemons commit once, only when both nodes' parts are on the shared
-// tier; every daemon learns COMMITTED from the store; a third daemon with an empty state dir loads
-// the checkpoint in another layout from the store alone. A node killed before its part is
+// Checkpoints that span nodes (docs/OPERATIONS.md "Checkpoints that span nodes"), against real
+// daemons: each daemon stands for one node (its own state dir, socket and arena) and the shared
+// tier is a directory (the posix plugin on a shared file system) or, in remote_s3_test.cc, a real
+// S3 store. 4 ranks saved over two daemons commit once, only when both nodes' parts are on the
+// shared tier; every daemon learns COMMITTED from the store; a third daemon with an empty state dir
+// loads the checkpoint in another layout from the store alone. A node killed before its part is
 // durable holds the commit back until it restarts; the coordinator's stage timeout and Abort
 // abort every node; what the other nodes may not do (abort, commit partial) is refused. A late
 // node holding only the highest rank holds the commit back until its part is there.

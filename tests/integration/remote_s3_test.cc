@@ -238,10 +238,11 @@ TEST_CASE(
   CHECK(CheckPartialLoadFromStore(c, kJob, 9, 79) == "");
 }
 
-// README "S3 storage plugin": https with virtual-host addressing and a CA file. A TLS-terminating
-// proxy (a certificate made here by openssl) in front of the store; the daemon reaches
-// https://ckptd-test.localhost:<port>, uploads, and a fresh daemon restores from the bucket. A CA
-// that did not sign the store's certificate stops the daemon at start naming the endpoint.
+// docs/OPERATIONS.md "S3 storage plugin": https with virtual-host addressing and a CA file. A
+// TLS-terminating proxy (a certificate made here by openssl) in front of the store; the daemon
+// reaches https://ckptd-test.localhost:<port>, uploads, and a fresh daemon restores from the
+// bucket. A CA that did not sign the store's certificate stops the daemon at start naming the
+// endpoint.
 TEST_CASE("remote tier on S3 over TLS with virtual-host addressing and a CA file",
           "[integration][remote][s3][tls]") {
   TempDir dir;
@@ -280,10 +281,10 @@ TEST_CASE("remote tier on S3 over TLS with virtual-host addressing and a CA file
   CHECK(refused.output.find(other->ca_path) != std::string::npos);
 }
 
-// README "S3 storage plugin", PutIfAbsent: a store that answers 501 to conditional PUTs gets the
-// logged HEAD-then-PUT fallback, and a checkpoint spanning nodes still commits through it (rank 3
-// alone on the late node). The fallback is not atomic against a concurrent writer of the same key;
-// in the protocol only a second daemon with the same node_id would be one (README).
+// docs/OPERATIONS.md "S3 storage plugin", PutIfAbsent: a store that answers 501 to conditional PUTs
+// gets the logged HEAD-then-PUT fallback, and a checkpoint spanning nodes still commits through it
+// (rank 3 alone on the late node). The fallback is not atomic against a concurrent writer of the
+// same key; in the protocol only a second daemon with the same node_id would be one (README).
 TEST_CASE("spanning nodes on S3 without conditional PUT: the parts and decision by HEAD-then-PUT",
           "[integration][remote][s3][multinode]") {
   TempDir dir;

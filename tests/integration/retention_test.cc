@@ -1,6 +1,7 @@
-// Retention policies against a real daemon (README "Retention"): keep_local with keep_every
-// milestones for most jobs, and a retention_rules rule for others; `ckptctl gc` and housekeeping
-// keep exactly what the policy says, across a restart; a bad rule stops the start naming it.
+// Retention policies against a real daemon (docs/OPERATIONS.md "Retention"): keep_local with
+// keep_every milestones for most jobs, and a retention_rules rule for others; `ckptctl gc` and
+// housekeeping keep exactly what the policy says, across a restart; a bad rule stops the start
+// naming it.
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <functional>

@@ -1,4 +1,5 @@
-"""ckptd.torch across nodes (README "Checkpoints that span nodes"): 4 gloo ranks save through two
+"""ckptd.torch across nodes (docs/OPERATIONS.md "Checkpoints that span nodes"): 4 gloo ranks save
+through two
 daemons standing for two nodes (ranks 0-1 through one, 2-3 through the other; local_world_size=2)
 that share a directory as their remote tier; the checkpoint commits once, on both; 2 ranks on a
 third daemon with an empty state dir (a fresh node) load it with another placement, reading only

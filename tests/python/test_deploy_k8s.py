@@ -37,7 +37,7 @@ K8S = ROOT / "deploy" / "k8s"
 K8S_VERSIONS = ("1.32", "1.37")
 MiB = 1 << 20
 GiB = 1 << 30
-# Defaults of the options the memory sizing adds (README "Configuration").
+# Defaults of the options the memory sizing adds (docs/CONFIGURATION.md "Configuration").
 DEFAULTS = {
     "load_threads": "2",
     "load_buffer_bytes": str(64 * MiB),

@@ -1,4 +1,5 @@
-"""README "Exporting to safetensors": an export loads with `transformers`. A tiny Llama made here
+"""docs/USER_GUIDE.md "Exporting to safetensors": an export loads with `transformers`. A tiny Llama
+made here
 (no hub download: HF_HUB_OFFLINE=1) is saved by two ranks as row blocks, exported with `ckptctl
 export` (several files and an index), and loaded by `from_pretrained` next to the model's own
 config.json; every weight equals the saved one bit for bit, and the model computes the same

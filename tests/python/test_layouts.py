@@ -430,7 +430,7 @@ def test_save_takes_a_list_of_shards_per_item(client: ckptd.Client) -> None:
 
 
 def test_readme_example(daemon: Daemon, tmp_path: Path) -> None:
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "USER_GUIDE.md").read_text()
     section = readme.split("### Tensor-parallel layouts", 1)[1]
     [block] = re.findall(r"```python\n(.*?)```", section.split("\n## ", 1)[0], flags=re.S)[:1]
     (tmp_path / "example.py").write_text(block)

@@ -1,5 +1,5 @@
-"""README "A client survives a daemon restart", in Python: one ckptd.Client kept across a kill -9
-and a clean stop of its daemon reconnects (a new session), maps the new instance's arena and
+"""README "Python and PyTorch": a client survives a daemon restart. One ckptd.Client kept across a
+kill -9 and a clean stop of its daemon reconnects (a new session), maps the new instance's arena and
 registers its slabs again (ckptd.empty arrays save and load in place, copying nothing); while
 the daemon is down a call raises UnavailableError naming the socket."""
 

@@ -1,4 +1,5 @@
-"""The remote tier from Python (README "Tiers"): a client saving with tier_policy="local+remote",
+"""The remote tier from Python (docs/OPERATIONS.md "Tiers"): a client saving with
+tier_policy="local+remote",
 wait(until="remote"), the upload shown in status, and a second daemon with an empty state dir
 (a fresh node) loading the checkpoint from the shared directory alone, in another layout."""
 

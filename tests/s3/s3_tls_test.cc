@@ -1,4 +1,5 @@
-// README "S3 storage plugin" promises that no plain-HTTP test reaches, against a real SeaweedFS:
+// docs/OPERATIONS.md "S3 storage plugin" promises that no plain-HTTP test reaches, against a real
+// SeaweedFS:
 // - S3 over TLS with virtual-host addressing: a TLS-terminating proxy (fault_proxy.py --tls-cert)
 //   in front of the store, with a certificate authority the test makes with openssl; the plugin
 //   reaches https://<bucket>.localhost:<port> (curl resolves *.localhost to loopback), verifies

@@ -1,4 +1,5 @@
-// Structured logging: the fields a log line carries beside its message (README "Logs").
+// Structured logging: the fields a log line carries beside its message (docs/OPERATIONS.md
+// "Where a checkpoint's time went, and logs").
 //
 // A LogScope adds fields — job, step, rank, request_id, an event and its timings — to every line
 // its thread logs while the scope lives; scopes nest (an RPC's request_id and method, then the

@@ -11,7 +11,7 @@
 // names can reach beyond its allocation. A handle is a capability the driver does not tie to a
 // uid; only a session's own regions can be named in its saves and loads, but a client that
 // learned another process's handle bytes could have the daemon open memory on a GPU the client
-// cannot reach itself (README "Security and failure model"). Without a
+// cannot reach itself (docs/SECURITY.md "Security and failure model"). Without a
 // usable GPU (no driver, no device, a GPU the daemon cannot see) registration answers
 // FAILED_PRECONDITION naming the cause, and the clients fall back to copying themselves.
 //

@@ -17,7 +17,7 @@
 // Neither the synced writes nor the removal happen under mu_. A delete that fails half way
 // leaves the row DELETING (shown so); Delete again or a restart finishes it.
 //
-// Verification of manifests (DESIGN.md "Recovery": never expose a manifest that does not
+// Verification of manifests (docs/DESIGN.md "Recovery": never expose a manifest that does not
 // verify). A manifest is verified (decoded: framing, checksums, and its job/step) when it is
 // adopted at start, for the newest COMMITTED checkpoint of every job at start, and whenever
 // Latest (or a Load of "latest") picks a candidate that is not in the manifest cache. One that

@@ -1,9 +1,9 @@
 // StoreDiscovery: how a running daemon learns of checkpoints that other daemons committed to the
-// shared store after it started (docs/DESIGN.md "Tiers"; README "Checkpoints that span nodes"). The
-// scan itself (list the store, adopt what this node has no row of) is the caller's function; this
-// class runs it on its own thread ("discover-0") so that the caller waits a bounded time for an
-// answer from a store that may be slow or down, and so that many callers asking about one scope
-// at once (every rank of a node loading "latest") cost one scan:
+// shared store after it started (docs/DESIGN.md "Tiers"; docs/OPERATIONS.md "Checkpoints that span
+// nodes"). The scan itself (list the store, adopt what this node has no row of) is the caller's
+// function; this class runs it on its own thread ("discover-0") so that the caller waits a bounded
+// time for an answer from a store that may be slow or down, and so that many callers asking about
+// one scope at once (every rank of a node loading "latest") cost one scan:
 //  - at most one scan of a scope runs at a time; a caller arriving meanwhile joins it;
 //  - a scope scanned OK less than `min_interval` ago is not scanned again (the caller goes on),
 //    unless the caller forces it;

@@ -1,7 +1,7 @@
-// Retention: which copies of a job's COMMITTED checkpoints to let go, per tier (README "Tiers",
-// "Retention"). keep_local = N keeps the local copies of the job's N newest checkpoints that have
-// one; keep_remote = N keeps the remote copies of its N newest with a durable one (0: keep all);
-// keep_every = K also keeps every copy of the checkpoints whose step is a multiple of K
+// Retention: which copies of a job's COMMITTED checkpoints to let go, per tier (docs/OPERATIONS.md
+// "Tiers", "Retention"). keep_local = N keeps the local copies of the job's N newest checkpoints
+// that have one; keep_remote = N keeps the remote copies of its N newest with a durable one (0:
+// keep all); keep_every = K also keeps every copy of the checkpoints whose step is a multiple of K
 // (milestones; 0: none), on every tier they are on (they count among the N newest).
 // A checkpoint past N on one tier loses that tier's copy, or is deleted when that copy is its
 // only durable one. Two rules no plan breaks, whatever the options:

@@ -424,8 +424,8 @@ TEST_CASE("PosixStorage read_cached_through_cache reads cached slices through th
   }
 }
 
-// A shared file system without RENAME_NOREPLACE (README "Checkpoints that span nodes"): the
-// link(2) fallback, forced on any file system by NewLinkNoReplaceIo, keeps PutIfAbsent's
+// A shared file system without RENAME_NOREPLACE (docs/OPERATIONS.md "Checkpoints that span nodes"):
+// the link(2) fallback, forced on any file system by NewLinkNoReplaceIo, keeps PutIfAbsent's
 // contract: of writers racing on one path exactly one wins, its content whole, and the losers'
 // temporary files are gone.
 TEST_CASE("posix storage: PutIfAbsent through the link() fallback is once only under a race",

@@ -106,8 +106,8 @@ TEST_CASE("options: debug_crash_at names a crash point, and needs a build with t
 namespace ckptd {
 namespace {
 
-// The tier options (README "Tiers"): a policy with a remote tier needs one; "remote" is refused
-// as not built; the remote dir may not be the local data or state dir; upload limits hold.
+// The tier options (docs/OPERATIONS.md "Tiers"): a policy with a remote tier needs one; "remote" is
+// refused as not built; the remote dir may not be the local data or state dir; upload limits hold.
 TEST_CASE("options: retention rules parse in order, unnamed keys take the options' values",
           "[unit]") {
   auto o = ParseOptions({"--state_dir=/tmp/x", "--keep_local=3", "--keep_every=1000",

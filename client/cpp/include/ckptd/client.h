@@ -410,7 +410,7 @@ struct ClientOptions {
   // The ranks of a checkpoint that save through this client's daemon (torchrun's
   // LOCAL_WORLD_SIZE), the same in every client of the node. Fewer than a save's world_size: the
   // checkpoint spans nodes, one daemon each, committed through their shared tier (needs
-  // kLocalAndRemote; README "Checkpoints that span nodes"). 0: all of them. Default: 0
+  // kLocalAndRemote; docs/OPERATIONS.md "Checkpoints that span nodes"). 0: all of them. Default: 0
   uint32_t local_world_size = 0;
 };
 

@@ -174,11 +174,11 @@ class StorageWriter(LazyClient, _DcpWriter, AsyncStager):
         refuse_extensions(_extensions, "StorageWriter")
         self.socket = socket
         # The tiers the checkpoints this writer saves are made durable on: "default" (the
-        # daemon's tier_policy), "local", "local+remote" or "remote" (README "Tiers").
+        # daemon's tier_policy), "local", "local+remote" or "remote" (docs/OPERATIONS.md "Tiers").
         self.tier_policy = tier_policy
         # The ranks saving through this node's daemon (None: torchrun's LOCAL_WORLD_SIZE). Below
         # the world size, each node's daemon takes its ranks and they commit together through
-        # the shared tier (README "Checkpoints that span nodes"; needs a remote tier).
+        # the shared tier (docs/OPERATIONS.md "Checkpoints that span nodes"; needs a remote tier).
         self.local_world_size = local_world_size
         self.commit_timeout_ms = commit_timeout_ms
         self.async_staging = async_staging
