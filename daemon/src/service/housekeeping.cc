@@ -132,7 +132,7 @@ absl::Duration CheckpointService::Drain(absl::Duration grace) {
   // Work this node can finish alone: every rank staged (flushes, the commit, an abort being
   // recorded), or its own part of a checkpoint spanning nodes not yet on the shared tier. A
   // checkpoint short of ranks, or whose part is published and waits for other nodes, is not.
-  auto busy = [this](const PendingCheckpoint& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  auto busy = [](const PendingCheckpoint& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (p.staging()) return !p.idle();
     if (p.multi_node() && p.cluster.part_durable && !p.committing()) return !p.idle();
     return true;

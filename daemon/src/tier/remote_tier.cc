@@ -222,6 +222,7 @@ absl::Status RemoteTier::Remove(const std::string& job, uint64_t step, const std
 std::vector<std::pair<std::string, uint64_t>> RemoteTier::Tracked() const {
   absl::MutexLock lock(&mu_);
   std::vector<Key> keys;
+  keys.reserve(tracked_.size());
   for (const auto& [key, u] : tracked_) keys.push_back(key);
   return keys;
 }
