@@ -19,7 +19,7 @@ v1::Owner OwnerOf(uint32_t uid, const std::string& name) {
   return o;
 }
 
-TEST_CASE("OwnerMap: uid mode keeps the recorded uid; the record names it", "[unit]") {
+TEST_CASE("OwnerMap: uid mode keeps the recorded uid, and the record names it", "[unit]") {
   absl::StatusOr<OwnerMap> map = OwnerMap::Parse("uid", "# names\nalice 60001\n\n", "t");
   REQUIRE(map.ok());
   CHECK(map->mode() == OwnerMap::Mode::kUid);
