@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import os
 import shutil
@@ -154,7 +155,15 @@ def start_daemon(
 
 @pytest.fixture(scope="module")
 def daemon() -> Iterator[Daemon]:
-    d = start_daemon()
+    with own_daemon() as d:
+        yield d
+
+
+@contextlib.contextmanager
+def own_daemon(flags: Sequence[str] = (), **kwargs: Any) -> Iterator[Daemon]:
+    """A daemon of the caller's own (start_daemon's arguments); at the end it is stopped and its
+    segments and state dir are removed."""
+    d = start_daemon(flags=flags, **kwargs)
     try:
         yield d
     finally:

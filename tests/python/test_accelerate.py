@@ -23,7 +23,7 @@ pytest.importorskip("torch")
 
 import ckptd
 from ckptd.torch import encode_job
-from conftest import Daemon, free_port, start_daemon
+from conftest import Daemon, free_port, own_daemon, start_daemon
 
 RIG = Path(__file__).with_name("accelerate_rig.py")
 JOB = "acc/run"
@@ -62,13 +62,8 @@ def run(daemon: Daemon, mode: str, world: int, tmp: Path, tag: str, **env: str) 
 
 @pytest.fixture(scope="module")
 def acc_daemon() -> Iterator[Daemon]:
-    d = start_daemon(flags=FLAGS)
-    try:
+    with own_daemon(flags=FLAGS) as d:
         yield d
-    finally:
-        d.stop()
-        d.remove_shm()
-        shutil.rmtree(d.state_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ pytest.importorskip("torch")
 import deepspeed_rig as rig
 
 import ckptd
-from conftest import Daemon, start_daemon
+from conftest import Daemon, own_daemon, start_daemon
 
 RIG = Path(__file__).with_name("ds_engine_rig.py")
 JOB = "ds.engine"
@@ -62,13 +62,8 @@ def run(
 
 @pytest.fixture(scope="module")
 def engine_daemon() -> Iterator[Daemon]:
-    d = start_daemon(flags=FLAGS)
-    try:
+    with own_daemon(flags=FLAGS) as d:
         yield d
-    finally:
-        d.stop()
-        d.remove_shm()
-        shutil.rmtree(d.state_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ DATA_LOSS from the daemon raised as DataLossError (not InternalError)."""
 from __future__ import annotations
 
 import pickle
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import pytest
 
 import ckptd
 from ckptd import _errors
-from conftest import Daemon, start_daemon
+from conftest import Daemon, own_daemon
 
 # absl::StatusCode value -> (class name, code name, also an instance of)
 CODES: dict[int, tuple[str, str, tuple[type, ...]]] = {
@@ -57,13 +56,8 @@ def test_one_class_per_status_code() -> None:
 @pytest.fixture(scope="module")
 def cold_daemon() -> Iterator[Daemon]:
     """No RAM tier: every load reads the local blob."""
-    d = start_daemon(flags=["--ram_tier_keep_per_job=0"])
-    try:
+    with own_daemon(flags=["--ram_tier_keep_per_job=0"]) as d:
         yield d
-    finally:
-        d.stop()
-        d.remove_shm()
-        shutil.rmtree(d.state_dir, ignore_errors=True)
 
 
 def test_a_corrupt_blob_raises_data_loss(cold_daemon: Daemon) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -23,7 +22,7 @@ pytest.importorskip("accelerate")
 
 import ckptd
 from ckptd.torch import encode_job
-from conftest import Daemon, free_port, start_daemon
+from conftest import Daemon, free_port, own_daemon
 
 RIG = Path(__file__).with_name("hf_trainer_rig.py")
 JOB = "hf/run"
@@ -58,13 +57,8 @@ def result(tmp: Path, tag: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def hf_daemon() -> Iterator[Daemon]:
-    d = start_daemon(flags=["--ram_tier_keep_per_job=0"])
-    try:
+    with own_daemon(flags=["--ram_tier_keep_per_job=0"]) as d:
         yield d
-    finally:
-        d.stop()
-        d.remove_shm()
-        shutil.rmtree(d.state_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
