@@ -47,6 +47,9 @@ std::string TiersString(const v1::Tiers& t) {
         parts.push_back(
             absl::StrCat("remote (retrying, ", u.attempts(), " failed: ", u.error(), ")"));
         break;
+      case v1::UPLOAD_REFUSED:
+        parts.push_back(absl::StrCat("remote (refused: ", u.error(), ")"));
+        break;
       default:
         parts.push_back("remote (pending)");
     }

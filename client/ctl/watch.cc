@@ -155,11 +155,12 @@ absl::Status Poll(Context& ctx, const std::vector<std::string>& jobs, std::vecto
                    .step = c.step(),
                    .phase = u.state() == v1::UPLOAD_RUNNING    ? "uploading"
                             : u.state() == v1::UPLOAD_RETRYING ? "retrying"
+                            : u.state() == v1::UPLOAD_REFUSED  ? "refused"
                                                                : "pending",
                    .tier = "remote",
                    .done = u.bytes_done(),
                    .total = u.bytes_total()};
-        if (u.state() == v1::UPLOAD_RETRYING) {
+        if (u.state() == v1::UPLOAD_RETRYING || u.state() == v1::UPLOAD_REFUSED) {
           p.note = absl::StrCat(u.attempts(), " failed: ", u.error());
         }
         out->push_back(std::move(p));

@@ -65,6 +65,14 @@ class Hog {
     int report[2], hold[2];
     REQUIRE(pipe(report) == 0);
     REQUIRE(pipe(hold) == 0);
+    // Built before the fork: the forked copy of this multi-threaded process makes only
+    // async-signal-safe calls until it execs (as_uid.h).
+    std::vector<std::string> args = {
+        "/proc/self/exe",          "--fair-share-hog",      name, socket,
+        std::to_string(report[1]), std::to_string(hold[0]), out};
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
     pid_ = fork();
     REQUIRE(pid_ >= 0);
     if (pid_ == 0) {
@@ -74,12 +82,6 @@ class Hog {
       dup2(null, STDOUT_FILENO);
       dup2(null, STDERR_FILENO);
       if (setgid(kHogUid) != 0 || setuid(kHogUid) != 0) _exit(3);
-      std::vector<std::string> args = {
-          "/proc/self/exe",          "--fair-share-hog",      name, socket,
-          std::to_string(report[1]), std::to_string(hold[0]), out};
-      std::vector<char*> argv;
-      for (std::string& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
       execv(argv[0], argv.data());
       _exit(127);
     }

@@ -4,10 +4,13 @@
 //   ckptd_integration_tests --fair-share-hog NAME ...   a hog process of fair_share_test.cc (it
 //                                            runs exec'd, not forked: a forked child would share
 //                                            the test process's gRPC descriptors)
+//   ckptd_integration_tests --as-uid-child NAME ...  a test's process of another uid (as_uid.h:
+//                                            exec'd for the same reason)
 #include <cstring>
 #include <exception>
 #include <iostream>
 
+#include "as_uid.h"
 #include "catch_session.h"
 
 namespace ckptd_it {
@@ -26,6 +29,9 @@ int main(int argc, char** argv) {
   }
   if (argc >= 2 && std::strcmp(argv[1], "--fair-share-hog") == 0) {
     return ckptd_it::FairShareHog(argc, argv);
+  }
+  if (argc >= 2 && std::strcmp(argv[1], "--as-uid-child") == 0) {
+    return ckptd_it::RunChild(argc, argv);
   }
   return ckptd::testing::RunCatchSession(argc, argv);
 }

@@ -9,6 +9,8 @@
 // node holding only the highest rank holds the commit back until its part is there.
 #include "multi_node.h"
 
+#include <signal.h>
+
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
@@ -404,4 +406,38 @@ TEST_CASE("spanning nodes: a shared file system without RENAME_NOREPLACE commits
   CHECK(std::filesystem::exists(ManifestOnShared(shared, 1)));
   CHECK(VerifyInProcess(a, kJob, 1, 73) == "");
   CHECK(VerifyInProcess(b, kJob, 1, 73) == "");
+}
+
+// Issue 33 §3: SIGTERM abandoned a node part's publication in flight. Node b's copies to the
+// shared tier are slowed (--debug_upload_delay_ms on every 4 KiB chunk) and SIGTERM arrives
+// before its part is published: b drains the publication within shutdown_grace_s and exits 0,
+// and the coordinator, finding b's part, commits a checkpoint that loads bit-exact.
+TEST_CASE("spanning nodes: SIGTERM during a node part's publication drains it",
+          "[integration][multinode]") {
+  TempDir dir;
+  const std::string shared = SharedDir(dir);
+  Daemon a{DaemonConfig{.extra_flags = NodeFlags(shared, "node-a")}};
+  Daemon b{DaemonConfig{
+      .extra_flags = NodeFlags(
+          shared, "node-b",
+          {"--debug_upload_delay_ms=100", "--upload_chunk_bytes=4096", "--shutdown_grace_s=60"})}};
+  auto ca = ConnectNode(a, 2);
+  auto cb = ConnectNode(b, 2);
+  REQUIRE(ca != nullptr);
+  REQUIRE(cb != nullptr);
+  for (uint32_t r : {0u, 1u}) REQUIRE(SaveRank(*ca, kJob, 1, r, 4, 61).ok());
+  for (uint32_t r : {2u, 3u}) REQUIRE(SaveRank(*cb, kJob, 1, r, 4, 61).ok());
+  const std::string part = shared + "/" + kJob + "/" + StepDir(1) + "/cluster/node-b.part";
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // b's copy under way
+  REQUIRE_FALSE(std::filesystem::exists(part));
+  REQUIRE(kill(b.pid(), SIGTERM) == 0);
+  const int rc = b.WaitExit(60000);
+  INFO("node b:\n" << b.Log());
+  CHECK(rc == 0);
+  CHECK(std::filesystem::exists(part));
+  CHECK(b.Log().find("shutdown: draining") != std::string::npos);
+  absl::Status committed = ca->WaitCommitted(kJob, 1, 30000);
+  INFO(committed.ToString() << "\nnode a:\n" << a.Log());
+  REQUIRE(committed.ok());
+  CHECK(VerifyInProcess(a, kJob, 1, 61) == "");
 }

@@ -16,9 +16,12 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "as_uid.h"
 #include "harness.h"
 #include "raw_session.h"
 
@@ -52,9 +55,9 @@ std::string Failed(const std::string& what, const grpc::Status& s) {
 
 // A raw session of the calling uid with its arena segment mapped.
 struct Tenant {
-  explicit Tenant(const Daemon& d) : raw(d.socket()) {
+  explicit Tenant(const std::string& socket) : raw(socket) {
     raw.Attach();
-    ArenaAnswer a = AskArena(d.socket(), raw.hello.session_id());
+    ArenaAnswer a = AskArena(socket, raw.hello.session_id());
     if (a.status != 0 || a.fd < 0) throw std::runtime_error("arena fd: " + a.message);
     bytes = raw.hello.arena_bytes();
     void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, a.fd, 0);
@@ -128,91 +131,23 @@ struct Tenant {
   uint64_t bytes = 0;
 };
 
-// A gate several children wait at, opened at once by the parent (every child closes its copy
-// of the write end at once, so the parent's close is the last: all see EOF together).
-class Gate {
- public:
-  Gate() { REQUIRE(pipe(fds_) == 0); }
-  ~Gate() {
-    Open();
-    close(fds_[0]);
-  }
-  void Open() {
-    if (fds_[1] >= 0) close(fds_[1]);
-    fds_[1] = -1;
-  }
-  int read_fd() const { return fds_[0]; }
-  int write_fd() const { return fds_[1]; }
-
- private:
-  int fds_[2] = {-1, -1};
-};
-
-// A forked child acting as `uid` (gid 65534): runs `body`, which may wait at `gate` (calling its
-// argument returns once the parent opened it; without a gate it returns at once), and reports
-// what went wrong there ("" when nothing).
-class AsUid {
- public:
-  using Body = std::function<std::string(const std::function<void()>& gate)>;
-  AsUid(uint32_t uid, const Body& body, Gate* gate = nullptr) {
-    int result[2];
-    REQUIRE(pipe(result) == 0);
-    pid_ = fork();
-    REQUIRE(pid_ >= 0);
-    if (pid_ == 0) {
-      close(result[0]);
-      const int gate_fd = gate != nullptr ? gate->read_fd() : -1;
-      if (gate != nullptr && gate->write_fd() >= 0) close(gate->write_fd());
-      std::string err;
-      if (setgid(65534) != 0 || setuid(uid) != 0) {
-        err = "setuid failed";
-      } else {
-        auto wait_gate = [gate_fd] {
-          char c;
-          if (gate_fd >= 0) (void)!read(gate_fd, &c, 1);  // EOF once the parent opens it
-        };
-        try {
-          err = body(wait_gate);
-        } catch (const std::exception& e) {
-          err = e.what();
-        }
-      }
-      (void)!write(result[1], err.data(), err.size());
-      _exit(err.empty() ? 0 : 1);
-    }
-    close(result[1]);
-    result_fd_ = result[0];
-  }
-  ~AsUid() {
-    if (pid_ > 0) Finish();
-  }
-  std::string Finish() {
-    std::string err;
-    char buf[512];
-    for (ssize_t n; (n = read(result_fd_, buf, sizeof buf)) > 0;) err.append(buf, n);
-    close(result_fd_);
-    int status = 0;
-    REQUIRE(waitpid(pid_, &status, 0) == pid_);
-    pid_ = -1;
-    if (err.empty() && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
-      err = "the child did not exit cleanly";
-    }
-    return err;
-  }
-
- private:
-  pid_t pid_ = -1;
-  int result_fd_ = -1;
-};
-
-std::string RunAs(uint32_t uid, const std::function<std::string()>& body) {
-  return AsUid(uid, [&](const std::function<void()>&) { return body(); }).Finish();
-}
-
 bool NeedsRoot() {
   if (geteuid() == 0) return false;
   WARN("not run: needs root to act as other uids");
   return true;
+}
+
+// A child running `commands` as `uid` against daemon `d` (as_uid.h; TenantChild below runs
+// them). Its report: "" when all went as expected, else what did not ("denied" from a race that
+// was refused).
+ExecAsUid StartAs(uint32_t uid, const Daemon& d, const std::vector<std::string>& commands,
+                  const Gate* gate = nullptr) {
+  std::vector<std::string> args = {d.socket()};
+  args.insert(args.end(), commands.begin(), commands.end());
+  return ExecAsUid(uid, 65534, "tenant", args, gate);
+}
+std::string RunAs(uint32_t uid, const Daemon& d, const std::vector<std::string>& commands) {
+  return StartAs(uid, d, commands).Finish();
 }
 
 }  // namespace
@@ -229,23 +164,9 @@ TEST_CASE("tenancy: two uids racing the first saves of a job name: one owns it, 
     const uint32_t second = i % 2 == 0 ? kUidB : kUidA;
     // Each prepares its session and extent, then both save at once when released; the winner
     // loads its bytes back, the loser must be refused before anything is staged.
-    auto racer = [&](uint64_t step, uint8_t fill) {
-      return [&d, job, step, fill](const std::function<void()>& gate) -> std::string {
-        Tenant t(*d);
-        v1::SaveRequest req = t.Prepare(job, step, fill);
-        gate();  // both prepared: save at once
-        grpc::Status s = t.raw.Save(req);
-        if (s.error_code() == grpc::StatusCode::PERMISSION_DENIED) return "denied";
-        if (!s.ok()) return Failed("save", s);
-        s = t.WaitFor(job, step, v1::WAIT_FOR_COMMITTED);
-        if (!s.ok()) return Failed("wait", s);
-        std::string loaded = t.LoadCheck(job, step, fill);
-        return loaded.empty() ? "" : loaded;
-      };
-    };
     Gate gate;
-    AsUid a(first, racer(1, 0x11), &gate);
-    AsUid b(second, racer(2, 0x22), &gate);
+    ExecAsUid a = StartAs(first, *d, {"race " + job + " 1 0x11"}, &gate);
+    ExecAsUid b = StartAs(second, *d, {"race " + job + " 2 0x22"}, &gate);
     gate.Open();
     const std::string ra = a.Finish();
     const std::string rb = b.Finish();
@@ -357,6 +278,103 @@ std::string SharedDir(const TempDir& dir) {
   return dir.path() + "/shared";
 }
 
+std::vector<std::string> Words(const std::string& line) {
+  std::vector<std::string> w;
+  std::istringstream in(line);
+  for (std::string x; in >> x;) w.push_back(x);
+  return w;
+}
+
+// One command of TenantChild: "" when it went as expected.
+std::string RunTenantCommand(Tenant& t, int gate_fd, const std::string& line) {
+  const std::vector<std::string> w = Words(line);
+  auto arg = [&](size_t i) -> const std::string& {
+    if (i >= w.size()) throw std::runtime_error("command \"" + line + "\": too few words");
+    return w[i];
+  };
+  auto num = [&](size_t i) { return std::stoull(arg(i), nullptr, 0); };
+  const std::string& op = arg(0);
+  if (op == "save") {
+    const bool remote = w.size() > 4 && w[4] == "remote";
+    return t.SaveDurable(arg(1), num(2), static_cast<uint8_t>(num(3)),
+                         remote ? v1::WAIT_FOR_REMOTE : v1::WAIT_FOR_COMMITTED);
+  }
+  if (op == "load") return t.LoadCheck(arg(1), num(2), static_cast<uint8_t>(num(3)));
+  if (op == "upload-refused") {  // commits here; its upload is refused, naming the owner
+    std::string err = t.SaveDurable(arg(1), num(2), static_cast<uint8_t>(num(3)));
+    if (!err.empty()) return err;
+    grpc::Status s = t.WaitFor(arg(1), num(2), v1::WAIT_FOR_REMOTE);
+    if (s.error_code() != grpc::StatusCode::PERMISSION_DENIED) return Failed("wait remote", s);
+    return s.error_message().find("belongs to uid 60001") == std::string::npos ? s.error_message()
+                                                                               : "";
+  }
+  if (op == "remote-save-refused") {  // TIER_REMOTE: refused before anything is staged
+    v1::SaveRequest req = t.Prepare(arg(1), num(2), static_cast<uint8_t>(num(3)));
+    req.set_tier_policy(v1::TIER_REMOTE);
+    grpc::Status s = t.raw.Save(req);
+    return s.error_code() == grpc::StatusCode::PERMISSION_DENIED ? "" : Failed("save", s);
+  }
+  if (op == "delete") {
+    v1::DeleteRequest q;
+    q.set_job(arg(1));
+    q.set_step(num(2));
+    v1::DeleteResponse a;
+    grpc::Status s =
+        t.raw.Call([&](grpc::ClientContext* c) { return t.raw.stub->Delete(c, q, &a); });
+    return s.ok() ? "" : Failed("delete", s);
+  }
+  if (op == "refused-load") {
+    uint64_t offset = 0;
+    grpc::Status s = t.Load(arg(1), num(2), &offset);
+    return s.error_code() == grpc::StatusCode::PERMISSION_DENIED ? "" : Failed("load", s);
+  }
+  if (op == "race") {
+    v1::SaveRequest req = t.Prepare(arg(1), num(2), static_cast<uint8_t>(num(3)));
+    char c;
+    if (gate_fd >= 0) (void)!read(gate_fd, &c, 1);  // EOF once the parent opens the gate
+    grpc::Status s = t.raw.Save(req);
+    if (s.error_code() == grpc::StatusCode::PERMISSION_DENIED) return "denied";
+    if (!s.ok()) return Failed("save", s);
+    s = t.WaitFor(arg(1), num(2), v1::WAIT_FOR_COMMITTED);
+    if (!s.ok()) return Failed("wait", s);
+    return t.LoadCheck(arg(1), num(2), static_cast<uint8_t>(num(3)));
+  }
+  if (op == "save-ops") {
+    for (const std::string& o : kOps) {
+      std::string err = t.SaveDurable("adopt-" + o, 1, 0x5a, v1::WAIT_FOR_REMOTE);
+      if (!err.empty()) return err;
+    }
+    return "";
+  }
+  if (op == "refuse-ops") {
+    std::string errors;
+    for (const std::string& o : kOps) {
+      grpc::Status s = CallOp(t, o, "adopt-" + o);
+      if (s.error_code() != grpc::StatusCode::PERMISSION_DENIED) {
+        errors += Failed(o + " was not refused", s) + "\n";
+      } else if (s.error_message().find("belongs to uid 60001") == std::string::npos) {
+        errors += o + ": " + s.error_message() + "\n";
+      }
+    }
+    return errors;
+  }
+  if (op == "save-ranks") {
+    const auto first = static_cast<uint32_t>(num(2));
+    for (uint32_t r = first; r < first + 2; ++r) {
+      grpc::Status s = t.raw.Save(t.Prepare(arg(1), 1, 0x42, r, 4));
+      if (!s.ok()) return Failed("save rank " + std::to_string(r), s);
+    }
+    return "";
+  }
+  if (op == "wait-aborted") {
+    const std::string text = line.substr(line.find(arg(3)));
+    grpc::Status s = t.WaitFor(arg(1), num(2), v1::WAIT_FOR_COMMITTED);
+    if (s.error_code() != grpc::StatusCode::ABORTED) return Failed("wait", s);
+    return s.error_message().find(text) == std::string::npos ? s.error_message() : "";
+  }
+  return "unknown command \"" + line + "\"";
+}
+
 }  // namespace
 
 TEST_CASE("tenancy: another uid's job adopted from the shared store gives nothing away",
@@ -367,63 +385,60 @@ TEST_CASE("tenancy: another uid's job adopted from the shared store gives nothin
   auto a = TenantDaemon(SharedStoreFlags(shared, "node-a"));
   auto b = TenantDaemon(SharedStoreFlags(shared, "node-b"));
   // uid A saves one job per call on node a, durable on the store.
-  REQUIRE(RunAs(kUidA, [&] {
-            Tenant t(*a);
-            for (const std::string& op : kOps) {
-              std::string err = t.SaveDurable("adopt-" + op, 1, 0x5a, v1::WAIT_FOR_REMOTE);
-              if (!err.empty()) return err;
-            }
-            return std::string();
-          }) == "");
+  REQUIRE(RunAs(kUidA, *a, {"save-ops"}) == "");
   // uid B asks node b, which has no row of these jobs: each call adopts the job from the store
   // with its recorded owner, then refuses.
-  CHECK(RunAs(kUidB, [&] {
-          Tenant t(*b);
-          std::string errors;
-          for (const std::string& op : kOps) {
-            grpc::Status s = CallOp(t, op, "adopt-" + op);
-            if (s.error_code() != grpc::StatusCode::PERMISSION_DENIED) {
-              errors += Failed(op + " was not refused", s) + "\n";
-            } else if (s.error_message().find("belongs to uid 60001") == std::string::npos) {
-              errors += op + ": " + s.error_message() + "\n";
-            }
-          }
-          return errors;
-        }) == "");
+  CHECK(RunAs(kUidB, *b, {"refuse-ops"}) == "");
   // The owner is the same on node b: it loads its bytes there, and its delete-refused job is
   // whole.
-  CHECK(RunAs(kUidA, [&] {
-          Tenant t(*b);
-          std::string err = t.LoadCheck("adopt-load", 1, 0x5a);
-          if (err.empty()) err = t.LoadCheck("adopt-delete", 1, 0x5a);
-          if (err.empty()) err = t.LoadCheck("adopt-reshard", 1, 0x5a);
-          return err;
-        }) == "");
+  CHECK(RunAs(kUidA, *b,
+              {"load adopt-load 1 0x5a", "load adopt-delete 1 0x5a",
+               "load adopt-reshard 1 0x5a"}) == "");
   CommandResult jobs = RunCtl(*b, {"ls"});
   INFO(jobs.output);
   CHECK(jobs.output.find("stolen-") == std::string::npos);
+}
+
+TEST_CASE(
+    "tenancy: a job name claimed on a second node neither overwrites nor deletes the first "
+    "owner's data on the store",
+    "[integration][tenancy]") {
+  if (NeedsRoot()) return;
+  TempDir dir;
+  const std::string shared = SharedDir(dir);
+  auto a = TenantDaemon(SharedStoreFlags(shared, "node-a"));
+  auto b = TenantDaemon(SharedStoreFlags(shared, "node-b"));
+  REQUIRE(RunAs(kUidA, *a, {"save shared 1 0x61 remote"}) == "");
+  REQUIRE(std::filesystem::exists(shared + "/shared/owner.ckj"));
+  // Node b has not seen the job: uid B claims the name there and commits its step 1 locally,
+  // but the store records the job as uid A's: B's upload is refused (never retried), a save
+  // flushed straight to the store is refused before anything is staged, and B's delete of its
+  // own step 1 leaves A's step 1 on the store.
+  CHECK(RunAs(kUidB, *b, {"upload-refused shared 1 0x62", "remote-save-refused shared 2 0x62"}) ==
+        "");
+  CommandResult st = RunCtl(*b, {"status", "shared", "1"});
+  INFO(st.output);
+  CHECK(st.output.find("refused") != std::string::npos);
+  CHECK(RunAs(kUidB, *b, {"delete shared 1"}) == "");
+  CHECK(std::filesystem::exists(shared + "/shared/" + StepDir(1) + "/manifest.ckm"));
+  CHECK_FALSE(std::filesystem::exists(shared + "/shared/" + StepDir(2)));
+  // A third node reads uid A's bytes from the store, for uid A only.
+  auto c = TenantDaemon(SharedStoreFlags(shared, "node-c"));
+  CHECK(RunAs(kUidA, *c, {"load shared 1 0x61"}) == "");
+  CHECK(RunAs(kUidB, *c, {"refused-load shared 1"}) == "");
 }
 
 TEST_CASE("tenancy: adoption from manifests after the index is lost keeps each job's owner",
           "[integration][tenancy]") {
   if (NeedsRoot()) return;
   auto d = TenantDaemon();
-  REQUIRE(RunAs(kUidA, [&] { return Tenant(*d).SaveDurable("lost-a", 1, 0x3c); }) == "");
-  REQUIRE(RunAs(kUidB, [&] { return Tenant(*d).SaveDurable("lost-b", 1, 0x4d); }) == "");
+  REQUIRE(RunAs(kUidA, *d, {"save lost-a 1 0x3c"}) == "");
+  REQUIRE(RunAs(kUidB, *d, {"save lost-b 1 0x4d"}) == "");
   REQUIRE(d->Stop());
   std::filesystem::remove_all(d->state_dir() + "/index");
   d->Restart(TenantFlags());
-  CHECK(RunAs(kUidA, [&] {
-          Tenant t(*d);
-          std::string err = t.LoadCheck("lost-a", 1, 0x3c);
-          uint64_t offset = 0;
-          grpc::Status s = t.Load("lost-b", 1, &offset);
-          if (err.empty() && s.error_code() != grpc::StatusCode::PERMISSION_DENIED) {
-            err = Failed("uid A loading uid B's job", s);
-          }
-          return err;
-        }) == "");
-  CHECK(RunAs(kUidB, [&] { return Tenant(*d).LoadCheck("lost-b", 1, 0x4d); }) == "");
+  CHECK(RunAs(kUidA, *d, {"load lost-a 1 0x3c", "refused-load lost-b 1"}) == "");
+  CHECK(RunAs(kUidB, *d, {"load lost-b 1 0x4d"}) == "");
   CommandResult ls = RunCtl(*d, {"ls"});
   INFO(ls.output);
   CHECK(ls.output.find("60001") != std::string::npos);
@@ -444,56 +459,62 @@ TEST_CASE("tenancy: three daemons on one store map the owner by number or by nam
   auto b = TenantDaemon(
       SharedStoreFlags(shared, "node-b", {"--owner_map=name", "--owner_map_file=" + map_b}));
   auto c = TenantDaemon(SharedStoreFlags(shared, "node-c"));
-  REQUIRE(RunAs(kUidA, [&] {
-            return Tenant(*a).SaveDurable("mapped", 1, 0x77, v1::WAIT_FOR_REMOTE);
-          }) == "");
-  auto refused = [](const Daemon& d) {
-    return [&d]() -> std::string {
-      Tenant t(d);
-      uint64_t offset = 0;
-      grpc::Status s = t.Load("mapped", 1, &offset);
-      return s.error_code() == grpc::StatusCode::PERMISSION_DENIED ? "" : Failed("load", s);
-    };
-  };
+  REQUIRE(RunAs(kUidA, *a, {"save mapped 1 0x77 remote"}) == "");
   // Node b: alice is uid 60002 there; uid 60001 is someone else.
-  CHECK(RunAs(kUidA, refused(*b)) == "");
-  CHECK(RunAs(kUidB, [&] { return Tenant(*b).LoadCheck("mapped", 1, 0x77); }) == "");
+  CHECK(RunAs(kUidA, *b, {"refused-load mapped 1"}) == "");
+  CHECK(RunAs(kUidB, *b, {"load mapped 1 0x77"}) == "");
   // Node c: the numeric uid.
-  CHECK(RunAs(kUidB, refused(*c)) == "");
-  CHECK(RunAs(kUidA, [&] { return Tenant(*c).LoadCheck("mapped", 1, 0x77); }) == "");
+  CHECK(RunAs(kUidB, *c, {"refused-load mapped 1"}) == "");
+  CHECK(RunAs(kUidA, *c, {"load mapped 1 0x77"}) == "");
   // And node a itself still is the owner's.
-  CHECK(RunAs(kUidA, [&] { return Tenant(*a).LoadCheck("mapped", 1, 0x77); }) == "");
+  CHECK(RunAs(kUidA, *a, {"load mapped 1 0x77"}) == "");
 }
 
-TEST_CASE("tenancy: a checkpoint spanning nodes whose parts have different owners aborts",
+TEST_CASE("tenancy: a checkpoint spanning nodes whose nodes have different owners aborts",
           "[integration][tenancy]") {
   if (NeedsRoot()) return;
   TempDir dir;
   const std::string shared = SharedDir(dir);
-  auto a = TenantDaemon(SharedStoreFlags(shared, "node-a", {"--cluster_poll_ms=50"}));
-  auto b = TenantDaemon(SharedStoreFlags(shared, "node-b", {"--cluster_poll_ms=50"}));
+  const std::vector<std::string> quick = {"--cluster_poll_ms=50", "--stage_timeout_ms=3000"};
+  auto a = TenantDaemon(SharedStoreFlags(shared, "node-a", quick));
+  auto b = TenantDaemon(SharedStoreFlags(shared, "node-b", quick));
   // The job name is new on both nodes: uid A claims it on node a (ranks 0 and 1, the
-  // coordinator's), uid B on node b (ranks 2 and 3). Each node part records its owner.
-  auto save_ranks = [](const Daemon& d, uint32_t first) {
-    return [&d, first]() -> std::string {
-      Tenant t(d);
-      for (uint32_t r = first; r < first + 2; ++r) {
-        grpc::Status s = t.raw.Save(t.Prepare("split", 1, 0x42, r, 4));
-        if (!s.ok()) return Failed("save rank " + std::to_string(r), s);
-      }
-      return "";
-    };
-  };
-  REQUIRE(RunAs(kUidA, save_ranks(*a, 0)) == "");
-  REQUIRE(RunAs(kUidB, save_ranks(*b, 2)) == "");
-  // The coordinator merges only parts of its owner's: it decides abort, naming both owners.
-  CHECK(RunAs(kUidA, [&]() -> std::string {
-          grpc::Status s = Tenant(*a).WaitFor("split", 1, v1::WAIT_FOR_COMMITTED);
-          if (s.error_code() != grpc::StatusCode::ABORTED) return Failed("wait", s);
-          if (s.error_message().find("node-b is owned by uid 60002") == std::string::npos) {
-            return s.error_message();
-          }
-          return "";
-        }) == "");
+  // coordinator's), uid B on node b (ranks 2 and 3).
+  REQUIRE(RunAs(kUidA, *a, {"save-ranks split 0"}) == "");
+  // Node a's part claimed the job on the store for uid A: node b's part is refused before it is
+  // written, and node b aborts its ranks, naming the owner.
+  REQUIRE(RunAs(kUidB, *b, {"save-ranks split 2", "wait-aborted split 1 belongs to uid 60001"}) ==
+          "");
+  CHECK_FALSE(std::filesystem::exists(shared + "/split/" + StepDir(1) + "/cluster/node-b.part"));
+  // The coordinator never sees ranks 2 and 3: it aborts at the stage timeout.
+  CHECK(RunAs(kUidA, *a, {"wait-aborted split 1 stage timeout"}) == "");
   CHECK_FALSE(std::filesystem::exists(shared + "/split/" + StepDir(1) + "/manifest.ckm"));
 }
+
+// The child body of StartAs (as_uid.h; args: SOCKET COMMAND...): runs each command, one line of
+// words, on one session of its uid, and reports the first that did not go as expected. The
+// commands:
+//   save JOB STEP FILL [remote]      saves and waits until committed (or on the store)
+//   load JOB STEP FILL               loads, every byte must be FILL
+//   refused-load JOB STEP            a load must be refused (PERMISSION_DENIED)
+//   race JOB STEP FILL               waits at the gate, saves; "denied" when refused, else
+//                                    waits until committed and loads its bytes back
+//   save-ops / refuse-ops            saves job "adopt-OP" for each of kOps (on the store) /
+//                                    each call OP on "adopt-OP" must be refused as uid 60001's
+//   upload-refused JOB STEP FILL     saves and commits; its upload must be refused (uid 60001's)
+//   remote-save-refused JOB STEP FILL  a TIER_REMOTE save must be refused
+//   delete JOB STEP                  deletes
+//   save-ranks JOB FIRST             saves ranks FIRST and FIRST+1 of a 4-rank step 1
+//   wait-aborted JOB STEP TEXT...    a wait must end ABORTED with TEXT in its message
+namespace {
+std::string TenantChild(const std::vector<std::string>& args, int gate_fd) {
+  if (args.empty()) return "no socket";
+  Tenant t(args[0]);
+  std::string out;
+  for (size_t i = 1; i < args.size() && out.empty(); ++i) {
+    out = RunTenantCommand(t, gate_fd, args[i]);
+  }
+  return out;
+}
+CKPTD_AS_UID_CHILD("tenant", TenantChild);
+}  // namespace

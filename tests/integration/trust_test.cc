@@ -14,6 +14,7 @@
 #include <future>
 #include <thread>
 
+#include "as_uid.h"
 #include "harness.h"
 #include "raw_session.h"
 
@@ -381,41 +382,10 @@ void LetThroughTempDir(const Daemon& d) {
   REQUIRE(chmod(parent.c_str(), 0711) == 0);
 }
 
-// Runs `body` in a forked child as uid/gid 65534 and returns what went wrong there ("" when
-// nothing: `body` returned "" and threw nothing). Only async-signal-safe work would be strictly
-// allowed after fork in a threaded process; the child creates its own gRPC channel, which works
-// in practice and is what these tests exercise.
-std::string RunAsNobody(const std::function<std::string()>& body) {
-  int pipe_fds[2];
-  REQUIRE(pipe(pipe_fds) == 0);
-  pid_t pid = fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    close(pipe_fds[0]);
-    std::string err;
-    if (setgid(65534) != 0 || setuid(65534) != 0) {
-      err = "setuid(65534) failed";
-    } else {
-      try {
-        err = body();
-      } catch (const std::exception& e) {
-        err = e.what();
-      }
-    }
-    (void)!write(pipe_fds[1], err.data(), err.size());
-    _exit(err.empty() ? 0 : 1);
-  }
-  close(pipe_fds[1]);
-  std::string err;
-  char buf[512];
-  for (ssize_t n; (n = read(pipe_fds[0], buf, sizeof buf)) > 0;) err.append(buf, n);
-  close(pipe_fds[0]);
-  int status = 0;
-  REQUIRE(waitpid(pid, &status, 0) == pid);
-  if (err.empty() && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
-    err = "the child as uid 65534 did not exit cleanly";
-  }
-  return err;
+// Runs the child body `name` (as_uid.h) with `args` as uid/gid 65534; "" when it went as
+// expected, else what went wrong there.
+std::string RunAsNobody(const std::string& name, const std::vector<std::string>& args) {
+  return ExecAsUid(65534, 65534, name, args).Finish();
 }
 
 void AsOtherUid(const std::string& sock) {
@@ -447,6 +417,12 @@ void AsOtherUid(const std::string& sock) {
   save.set_job("nobody-job");
   expect(other.Save(save), grpc::StatusCode::OK, "save its own job");
 }
+std::string AsOtherUidChild(const std::vector<std::string>& args, int /*gate_fd*/) {
+  if (args.size() != 1) return "trust-other-uid: 1 argument";
+  AsOtherUid(args[0]);
+  return "";
+}
+CKPTD_AS_UID_CHILD("trust-other-uid", AsOtherUidChild);
 
 }  // namespace
 
@@ -470,10 +446,7 @@ TEST_CASE("trust: a job belongs to the uid that created it", "[integration]") {
   CHECK((st.st_mode & 0777) == 0660);
   CHECK(st.st_gid == 65534);
   SaveCommitted(d, "root-job", 1, 3);
-  CHECK(RunAsNobody([&] {
-          AsOtherUid(sock);
-          return std::string();
-        }) == "");
+  CHECK(RunAsNobody("trust-other-uid", {sock}) == "");
   // Root is an admin: it may list and read the other uid's job; `ckptctl ls` shows owners.
   CommandResult ls = RunCtl(d, {"ls"});
   INFO(ls.output);
@@ -515,6 +488,11 @@ std::string ArenaAsOtherUid(const std::string& sock, const std::string& root_seg
   if (seen != 0) return std::to_string(seen) + " of root's staged bytes visible";
   return "";
 }
+std::string ArenaAsOtherUidChild(const std::vector<std::string>& a, int /*gate_fd*/) {
+  if (a.size() != 5) return "trust-arena-other-uid: 5 arguments";
+  return ArenaAsOtherUid(a[0], a[1], a[2], std::stoull(a[3]), std::stoull(a[4]));
+}
+CKPTD_AS_UID_CHILD("trust-arena-other-uid", ArenaAsOtherUidChild);
 
 }  // namespace
 
@@ -535,10 +513,9 @@ TEST_CASE("trust: a uid maps only its own staging arena", "[integration]") {
   REQUIRE(p != MAP_FAILED);
   std::memset(static_cast<uint8_t*>(p) + e.offset(), 0xa5, e.length());
   const std::string root_segment = fd.segment();
-  CHECK(RunAsNobody([&] {
-          return ArenaAsOtherUid(d.socket(), root_segment, root.hello.session_id(), e.offset(),
-                                 e.length());
-        }) == "");
+  CHECK(RunAsNobody("trust-arena-other-uid",
+                    {d.socket(), root_segment, root.hello.session_id(), std::to_string(e.offset()),
+                     std::to_string(e.length())}) == "");
   // Root's bytes are untouched, and root's segment gave up nothing to the other uid.
   CHECK(static_cast<uint8_t*>(p)[e.offset() + e.length() - 1] == 0xa5);
   munmap(p, root.hello.arena_bytes());

@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "absl/strings/str_join.h"
+#include "as_uid.h"
 #include "harness.h"
 #include "raw_session.h"
 
@@ -376,6 +377,22 @@ TEST_CASE("verify: errors exit 1, usage errors 2", "[integration][verify]") {
   CHECK_THAT(no_remote.output, Contains("FAILED_PRECONDITION"));
 }
 
+namespace {
+// As another uid (as_uid.h; args: SOCKET): verify root's job "mine" step 1 and report the answer's
+// code and message.
+std::string VerifyAsOtherUid(const std::vector<std::string>& args, int /*gate_fd*/) {
+  Raw other(args.at(0));
+  v1::VerifyRequest req;
+  req.set_job("mine");
+  req.set_step(1);
+  v1::VerifyResponse resp;
+  grpc::Status s =
+      other.Call([&](grpc::ClientContext* c) { return other.stub->Verify(c, req, &resp); });
+  return std::to_string(s.error_code()) + " " + s.error_message();
+}
+CKPTD_AS_UID_CHILD("verify-other-uid", VerifyAsOtherUid);
+}  // namespace
+
 TEST_CASE("verify: another uid may not verify a job it does not own", "[integration][verify]") {
   if (geteuid() != 0) {
     WARN("not run: needs root to act as a second uid");
@@ -387,37 +404,7 @@ TEST_CASE("verify: another uid may not verify a job it does not own", "[integrat
   REQUIRE(chmod(parent.c_str(), 0711) == 0);
   SaveRows(d, "mine", 1);
   const std::string sock = d.socket();
-  int pipe_fds[2];
-  REQUIRE(pipe(pipe_fds) == 0);
-  pid_t pid = fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {  // as uid 65534: its own connection (Raw), the answer's code to the parent
-    close(pipe_fds[0]);
-    std::string answer = "setuid(65534) failed";
-    if (setgid(65534) == 0 && setuid(65534) == 0) {
-      try {
-        Raw other(sock);
-        v1::VerifyRequest req;
-        req.set_job("mine");
-        req.set_step(1);
-        v1::VerifyResponse resp;
-        grpc::Status s =
-            other.Call([&](grpc::ClientContext* c) { return other.stub->Verify(c, req, &resp); });
-        answer = std::to_string(s.error_code()) + " " + s.error_message();
-      } catch (const std::exception& e) {
-        answer = e.what();
-      }
-    }
-    (void)!write(pipe_fds[1], answer.data(), answer.size());
-    _exit(0);
-  }
-  close(pipe_fds[1]);
-  std::string answer;
-  char buf[512];
-  for (ssize_t n; (n = read(pipe_fds[0], buf, sizeof buf)) > 0;) answer.append(buf, n);
-  close(pipe_fds[0]);
-  int status = 0;
-  REQUIRE(waitpid(pid, &status, 0) == pid);
+  const std::string answer = ExecAsUid(65534, 65534, "verify-other-uid", {sock}).Finish();
   INFO(answer);
   CHECK(answer.rfind(std::to_string(grpc::StatusCode::PERMISSION_DENIED) + " ", 0) == 0);
   // Root is an admin: it may verify the job.

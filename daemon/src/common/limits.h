@@ -211,6 +211,11 @@ inline constexpr uint64_t kUploadBatchBlobsMax = 64;
 static_assert(kUploadThreadsMax <= kWorkerPoolThreadsMax);
 static_assert(kUploadChunkBytesMax % kAlignmentBytes == 0);
 static_assert(kUploadsTrackedMax >= kUploadThreadsMax, "every upload thread can have work");
+// Jobs whose owner on the store the remote tier remembers as verified (beyond that the cache is
+// emptied and each job's owner file is read again at its next write).
+inline constexpr uint64_t kStoreOwnersCachedMax = 4096;
+// The bytes of a job's owner file on the store (<job>/owner.ckj) a daemon reads.
+inline constexpr uint64_t kStoreOwnerFileBytesMax = 4096;
 
 // Verify (service/verify.cc): the bytes one verify reads at a time (its one buffer; a checksum
 // block larger than this is read alone), and the failures one answer lists (the rest are counted).

@@ -16,6 +16,9 @@
 namespace ckptd {
 
 inline constexpr char kManifestFileName[] = "manifest.ckm";
+// A job's owner on the remote store (<job>/owner.ckj: a serialized v1::Owner, written once by the
+// first write of the job's data there; tier/remote_tier.h). Not a checkpoint directory.
+inline constexpr char kJobOwnerFileName[] = "owner.ckj";
 inline constexpr char kStepDirPrefix[] = "step-";
 
 // OK iff `job` is 1..limits::kJobNameBytesMax bytes of [A-Za-z0-9._-] and does not start with

@@ -202,12 +202,19 @@ absl::Status CheckpointService::Latest(const Caller& caller, const v1::LatestReq
                                        v1::LatestResponse* resp) {
   CKPTD_RETURN_IF_ERROR(ValidateJobName(req.job()));
   CKPTD_RETURN_IF_ERROR(CheckAccess(caller, req.job(), Access::kRead));
-  RefreshFromStore(req.job());
-  CKPTD_ASSIGN_OR_RETURN(uint64_t step, LatestCommitted(req.job()));
-  // Again once adopted and found (owners.cc): the check above passes for a job with no owner.
-  CKPTD_RETURN_IF_ERROR(CheckAccess(caller, req.job(), Access::kRead));
+  CKPTD_ASSIGN_OR_RETURN(uint64_t step, LatestReadable(caller, req.job()));
   resp->set_step(step);
   return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> CheckpointService::LatestReadable(const Caller& caller,
+                                                           const std::string& job) {
+  RefreshFromStore(job);  // another daemon may have committed a newer one
+  absl::StatusOr<uint64_t> step = LatestCommitted(job);
+  // Again once adopted, before any answer, an error too (it may name the job's steps and paths):
+  // the caller's check before the refresh passes for a job with no owner yet (owners.cc).
+  CKPTD_RETURN_IF_ERROR(CheckAccess(caller, job, Access::kRead));
+  return step;
 }
 
 absl::Status CheckpointService::ListJobs(
@@ -512,7 +519,8 @@ absl::Status CheckpointService::RemoveCheckpoint(const std::string& job, uint64_
   // The remote copy first (its manifest, then its blobs, then its upload row): a delete is of
   // every tier, and a store keeping a copy of a deleted checkpoint would resurrect it on the
   // next daemon that adopts from the store.
-  CKPTD_RETURN_IF_ERROR(remote_.Remove(job, step, dir));
+  CKPTD_ASSIGN_OR_RETURN(std::optional<uint32_t> owner, JobOwner(job));
+  CKPTD_RETURN_IF_ERROR(remote_.Remove(job, step, dir, owner));
   CKPTD_SYNC_POINT("delete.remote_removed");
   // The manifest first: should the index be lost, no directory with a manifest is left to adopt.
   CKPTD_RETURN_IF_ERROR(deps_.storage->RemoveAll(absl::StrCat(dir, "/", kManifestFileName)));

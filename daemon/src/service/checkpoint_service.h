@@ -412,6 +412,9 @@ class CheckpointService {
   absl::StatusOr<std::optional<v1::CheckpointRecord>> GetRecord(const std::string& job,
                                                                 uint64_t step);
   absl::StatusOr<uint64_t> LatestCommitted(const std::string& job);
+  // The "latest" form of a call: LatestCommitted after the store's catalog of `job` was refreshed,
+  // answered (an error too) only once `caller` may read the job, adopted or not.
+  absl::StatusOr<uint64_t> LatestReadable(const Caller& caller, const std::string& job);
   absl::Status PutRecordSync(const v1::CheckpointRecord& rec);
   // The index row of (job, step) in any state; DATA_LOSS when it does not parse. GetRecord is
   // the same except that a CORRUPT checkpoint is DATA_LOSS naming why, so every caller that would

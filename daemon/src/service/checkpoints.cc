@@ -69,6 +69,7 @@ absl::Status ForEachCheckpointDir(
       continue;
     }
     for (const std::string& step_dir : *steps) {
+      if (step_dir == kJobOwnerFileName) continue;  // the job's owner on the store
       absl::StatusOr<uint64_t> step = ParseStepDirName(step_dir);
       if (!step.ok()) {
         problem(absl::StrCat(root, "/", job, "/", step_dir, " is not a checkpoint directory (",

@@ -27,7 +27,9 @@
 // to kCommitting before it writes a commit decision, so no Abort can race it (Abort refuses
 // kCommitting, and asks the cluster thread for the abort decision in kAwaitingCluster).
 // Ownership: the part, decision and manifest files are the checkpoint's (Delete removes its
-// remote directory). Threads: the cluster thread only; store I/O with no lock held.
+// remote directory). The job's owner on the store (tier/remote_tier.h) is claimed before a part
+// is written: a node whose job of that name is another owner's there aborts its part. Threads: the
+// cluster thread only; store I/O with no lock held.
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -139,6 +141,14 @@ void CheckpointService::ClusterStep(ClusterWork& w) {
 bool CheckpointService::PublishOwnPart(ClusterWork& w) {
   *w.part.mutable_owner() = OwnerRecordOf(w.owner_uid);  // named outside mu_
   absl::Status st = PublishPart(w);
+  if (absl::IsPermissionDenied(st)) {  // the job on the store is another owner's: never retried
+    absl::MutexLock lock(&mu_);
+    auto it = pending_.find(w.key);
+    if (it != pending_.end() && !it->second->aborting() && !it->second->committing()) {
+      AbortLocked(*it->second, std::string(st.message()));
+    }
+    return false;
+  }
   if (!st.ok()) {
     spdlog::warn("{}: publishing this node's part (retried): {}",
                  CkptName(w.key.first, w.key.second), st.ToString());
@@ -231,6 +241,9 @@ void CheckpointService::CoordinatorStep(ClusterWork& w) {
 
 absl::Status CheckpointService::PublishPart(const ClusterWork& w) {
   Storage* const store = remote_.remote();
+  // The job's owner on the store before anything of this part is written there (the flush under
+  // TIER_REMOTE claimed it already, in Save).
+  CKPTD_RETURN_IF_ERROR(remote_.ClaimStoreOwner(w.key.first, w.part.owner()));
   // Under TIER_REMOTE the flush wrote them there already.
   if (w.policy != v1::TIER_REMOTE) CKPTD_RETURN_IF_ERROR(remote_.CopyBlobs(w.dir, w.blobs));
   const std::string path = NodePartPath(w.dir, w.part.node());

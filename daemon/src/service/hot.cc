@@ -108,8 +108,7 @@ absl::Status CheckpointService::Prefetch(const Caller& caller, const v1::Prefetc
   }
   uint64_t step = req.step();
   if (req.which_case() != v1::PrefetchRequest::kStep) {
-    RefreshFromStore(req.job());
-    CKPTD_ASSIGN_OR_RETURN(step, LatestCommitted(req.job()));
+    CKPTD_ASSIGN_OR_RETURN(step, LatestReadable(caller, req.job()));
   }
   const Key key{req.job(), step};
   const std::string what = CkptName(req.job(), step);

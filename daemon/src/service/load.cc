@@ -60,8 +60,7 @@ absl::Status CheckpointService::Load(const Caller& caller, const v1::LoadRequest
   }
   uint64_t step = req.step();
   if (req.which_case() != v1::LoadRequest::kStep) {
-    RefreshFromStore(req.job());  // another daemon may have committed a newer one
-    CKPTD_ASSIGN_OR_RETURN(step, LatestCommitted(req.job()));
+    CKPTD_ASSIGN_OR_RETURN(step, LatestReadable(caller, req.job()));
   }
   CKPTD_ASSIGN_OR_RETURN(std::optional<v1::CheckpointRecord> rec,
                          ReadRecordOrAdopt(req.job(), step, /*corrupt_is_error=*/true));

@@ -88,6 +88,7 @@ absl::Status CheckpointService::ApplyRetention(const Caller& caller, const std::
     return Delete(caller, del);
   }
   const Key key{job, step.step};
+  CKPTD_ASSIGN_OR_RETURN(std::optional<uint32_t> owner, JobOwner(job));
   {
     absl::MutexLock lock(&mu_);
     CKPTD_ASSIGN_OR_RETURN(std::optional<v1::CheckpointRecord> rec,
@@ -102,7 +103,7 @@ absl::Status CheckpointService::ApplyRetention(const Caller& caller, const std::
     manifest_cache_.Erase(key);
   }
   absl::Status st = step.action == RetentionAction::kDropRemote
-                        ? remote_.Remove(job, step.step, CheckpointDir(job, step.step))
+                        ? remote_.Remove(job, step.step, CheckpointDir(job, step.step), owner)
                         : DropLocalCopy(job, step.step);
   absl::MutexLock lock(&mu_);
   rewriting_.erase(key);

@@ -502,8 +502,7 @@ absl::Status CheckpointService::Verify(const Caller& caller, const v1::VerifyReq
   }
   uint64_t step = req.step();
   if (req.which_case() != v1::VerifyRequest::kStep) {
-    RefreshFromStore(req.job());
-    CKPTD_ASSIGN_OR_RETURN(step, LatestCommitted(req.job()));
+    CKPTD_ASSIGN_OR_RETURN(step, LatestReadable(caller, req.job()));
   }
   // A checkpoint another daemon committed to the store is adopted first, as for a load.
   CKPTD_RETURN_IF_ERROR(ReadRecordOrAdopt(req.job(), step).status());

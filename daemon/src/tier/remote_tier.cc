@@ -11,6 +11,7 @@
 #include "common/align.h"
 #include "common/limits.h"
 #include "common/log.h"
+#include "common/owner_map.h"
 #include "format/manifest.h"
 #include "format/names.h"
 #include "index/keys.h"
@@ -184,6 +185,11 @@ absl::Status RemoteTier::WaitDurable(const std::string& job, uint64_t step, absl
     if (row->upload().state() == v1::UPLOAD_DURABLE) return absl::OkStatus();
     absl::MutexLock lock(&mu_);
     auto it = tracked_.find(Key{job, step});
+    if (it != tracked_.end() && it->second->state.state() == v1::UPLOAD_REFUSED) {
+      return absl::PermissionDeniedError(absl::StrCat("checkpoint ", name, " will not be on ",
+                                                      it->second->state.store(), ": ",
+                                                      it->second->state.error()));
+    }
     if (absl::Now() >= deadline) {
       v1::Upload s = it != tracked_.end() ? it->second->state : row->upload();
       uint64_t done = it != tracked_.end() ? it->second->bytes_done.load() : 0;
@@ -198,7 +204,62 @@ absl::Status RemoteTier::WaitDurable(const std::string& job, uint64_t step, absl
   }
 }
 
-absl::Status RemoteTier::Remove(const std::string& job, uint64_t step, const std::string& dir) {
+absl::Status RemoteTier::ClaimStoreOwner(const std::string& job, const v1::Owner& owner) {
+  CKPTD_CHECK(enabled());
+  const std::string path = absl::StrCat(job, "/", kJobOwnerFileName);
+  CKPTD_ASSIGN_OR_RETURN(const uint32_t uid, options_->owners.LocalUid(owner));
+  {
+    absl::MutexLock lock(&mu_);
+    if (auto it = store_owners_.find(job); it != store_owners_.end() && it->second == uid) {
+      return absl::OkStatus();
+    }
+  }
+  absl::Status put = remote_->PutIfAbsent(path, owner.SerializeAsString());
+  if (!put.ok() && !absl::IsAlreadyExists(put)) {
+    return Annotate(put,
+                    absl::StrCat("recording the owner of job ", job, " on ", remote_->Describe()));
+  }
+  if (absl::IsAlreadyExists(put)) {
+    CKPTD_ASSIGN_OR_RETURN(std::optional<uint32_t> there, StoreOwnerUid(job));
+    if (!there.has_value()) {
+      return absl::UnavailableError(
+          absl::StrCat(remote_->Describe(), "/", path, " vanished after it was found; try again"));
+    }
+    if (*there != uid) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "job ", job, " on ", remote_->Describe(), " belongs to uid ", *there,
+          " here; this node's job of that name (", OwnerMap::Describe(owner),
+          ") may not write there (rename the job, or see docs/SECURITY.md \"Ownership\")"));
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  if (store_owners_.size() >= limits::kStoreOwnersCachedMax) store_owners_.clear();
+  store_owners_[job] = uid;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::optional<uint32_t>> RemoteTier::StoreOwnerUid(const std::string& job) {
+  const std::string path = absl::StrCat(job, "/", kJobOwnerFileName);
+  absl::StatusOr<std::string> there = remote_->Get(path);
+  if (absl::IsNotFound(there.status())) return std::nullopt;
+  CKPTD_RETURN_IF_ERROR(
+      Annotate(there.status(), absl::StrCat("reading ", path, " on ", remote_->Describe())));
+  v1::Owner recorded;
+  if (there->size() > limits::kStoreOwnerFileBytesMax || !recorded.ParseFromString(*there)) {
+    return absl::DataLossError(absl::StrCat(remote_->Describe(), "/", path,
+                                            " is not an owner record (", there->size(),
+                                            " bytes); nothing of job ", job, " is written there"));
+  }
+  absl::StatusOr<uint32_t> uid = options_->owners.LocalUid(recorded);
+  if (!uid.ok()) {
+    return Annotate(uid.status(), absl::StrCat("the owner of job ", job, " on ",
+                                               remote_->Describe(), " is no uid here"));
+  }
+  return *uid;
+}
+
+absl::Status RemoteTier::Remove(const std::string& job, uint64_t step, const std::string& dir,
+                                std::optional<uint32_t> owner_uid) {
   if (!enabled()) return absl::OkStatus();
   {
     absl::MutexLock lock(&mu_);
@@ -209,6 +270,26 @@ absl::Status RemoteTier::Remove(const std::string& job, uint64_t step, const std
       while (u->running) changed_.Wait(&mu_);
       tracked_.erase(Key{job, step});
     }
+  }
+  // A copy on the store of a job the store records for another owner is theirs: left there.
+  bool theirs = false;
+  if (owner_uid.has_value()) {
+    absl::StatusOr<std::optional<uint32_t>> there = StoreOwnerUid(job);
+    theirs = !there.ok()
+                 ? absl::IsPermissionDenied(there.status()) || absl::IsDataLoss(there.status())
+                 : there->has_value() && **there != *owner_uid;
+    if (!there.ok() && !theirs) {
+      return Annotate(there.status(),
+                      absl::StrCat("checking the owner of ", Name(job, step), " on the store"));
+    }
+  }
+  if (theirs) {
+    spdlog::warn(
+        "remote tier: {} on {} is left there: the store records job {} for another "
+        "owner than uid {}",
+        Name(job, step), remote_->Describe(), job, *owner_uid);
+    std::vector<MetaStore::Write> row{{keys::Upload(job, step), std::nullopt}};
+    return committer_->Commit(keys::Checkpoint(job, step), std::move(row));
   }
   // The manifest first: a store left with blobs and no manifest shows nothing to load.
   CKPTD_RETURN_IF_ERROR(Annotate(remote_->RemoveAll(absl::StrCat(dir, "/", kManifestFileName)),
@@ -238,7 +319,8 @@ std::vector<std::pair<std::pair<std::string, uint64_t>, v1::Upload>> RemoteTier:
   auto waiting = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (refill_) return true;
     for (const auto& [key, u] : tracked_) {
-      if (u->running || u->state.state() != v1::UPLOAD_RETRYING) return true;
+      const v1::UploadState s = u->state.state();
+      if (u->running || (s != v1::UPLOAD_RETRYING && s != v1::UPLOAD_REFUSED)) return true;
     }
     return false;
   };
@@ -332,6 +414,13 @@ void RemoteTier::Finished(const std::shared_ptr<Upload>& u, const absl::Status& 
   if (stop_) return;  // abandoned by Stop: the row stays, the next start redoes it
   u->state.set_attempts(u->state.attempts() + 1);
   u->state.set_error(std::string(st.message()));
+  if (absl::IsPermissionDenied(st)) {  // another owner's job on the store: never retried here
+    u->state.set_state(v1::UPLOAD_REFUSED);
+    u->next_attempt = absl::InfiniteFuture();
+    spdlog::error("remote tier: upload of {} to {} refused (not retried until restart): {}", name,
+                  remote_->Describe(), st.ToString());
+    return;
+  }
   u->state.set_state(v1::UPLOAD_RETRYING);
   const absl::Duration wait = Backoff(u->state.attempts(), options_->upload_retry_max_ms);
   u->next_attempt = absl::Now() + wait;
@@ -364,6 +453,8 @@ absl::Status RemoteTier::Attempt(Upload& u) {
     absl::MutexLock lock(&mu_);
     u.state.set_bytes_total(total);
   }
+  // The job's owner on the store first: nothing of another owner's job is overwritten.
+  if (m.header.has_owner()) CKPTD_RETURN_IF_ERROR(ClaimStoreOwner(u.job, m.header.owner()));
   std::vector<std::pair<std::string, uint64_t>> blobs;
   for (const v1::BlobInfo& b : m.header.blobs()) blobs.emplace_back(b.name(), b.size_bytes());
   CKPTD_RETURN_IF_ERROR(CopyAll(u, u.dir, blobs));

@@ -21,6 +21,14 @@
 // COMMITTED locally meanwhile, with the last error shown in its status. Stop abandons an attempt
 // between two chunks; its row stays PENDING and the next start copies it again from the start
 // (blobs are rewritten whole; the manifest is written only after every blob).
+// Ownership on the store (docs/SECURITY.md "Ownership"): the store records each job's owner in
+// <job>/owner.ckj (kJobOwnerFileName), claimed with PutIfAbsent by the first write of the job's
+// data there (an upload, a node part, a TIER_REMOTE flush: ClaimStoreOwner). A write for another
+// owner (mapped to uids here, common/owner_map.h) is refused with PERMISSION_DENIED: an upload so
+// refused is UPLOAD_REFUSED and not retried until restart, and nothing of it reaches the store.
+// Remove leaves a store copy another owner's job holds there. So a uid that claimed a job name
+// on a node which had not seen the job can neither overwrite nor delete another uid's data on the
+// shared store. Verified owners are cached per job (at most kStoreOwnersCachedMax).
 // Threads: every public method from any thread. No lock is held across I/O: mu_ guards only the
 // tracked set. The caller's locks (the lifecycle lock) must not be held across WaitDurable or
 // Remove (both wait).
@@ -39,6 +47,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -90,8 +99,18 @@ class RemoteTier {
 
   // For Delete (and recovery finishing one): stops the upload of (job, step) if one runs (waits
   // for its thread to let go), removes the remote copy (the manifest first, then the directory)
-  // and the 'U' row (synced). Idempotent; OK when it has no remote copy or no remote tier.
-  absl::Status Remove(const std::string& job, uint64_t step, const std::string& dir)
+  // and the 'U' row (synced). Idempotent; OK when it has no remote copy or no remote tier. With
+  // `owner_uid` (the job's owner here): a remote copy of a job the store records for another
+  // owner is left there (only the row goes), with a warning.
+  absl::Status Remove(const std::string& job, uint64_t step, const std::string& dir,
+                      std::optional<uint32_t> owner_uid = std::nullopt) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Claims `job` on the store for `owner` (the owner record a manifest or node part of it holds)
+  // unless the store records an owner already: OK when the store's owner is `owner` (both mapped
+  // to a uid here); PERMISSION_DENIED naming both when it is another; DATA_LOSS for an owner file
+  // that does not parse; the store's error otherwise. Store I/O on the caller's thread (none once
+  // the job is cached as verified).
+  absl::Status ClaimStoreOwner(const std::string& job, const v1::Owner& owner)
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // Copies blobs of `dir` (path relative to `dir`, the size they must have; 0: the blob may be
@@ -141,6 +160,9 @@ class RemoteTier {
   absl::Status RefillFromIndex() ABSL_LOCKS_EXCLUDED(mu_);
   // One attempt: blobs, the manifest, the DURABLE row.
   absl::Status Attempt(Upload& u);
+  // The uid here of the owner the store records for `job`; nullopt when it records none.
+  // PERMISSION_DENIED when the record maps to no uid here, DATA_LOSS when it does not parse.
+  absl::StatusOr<std::optional<uint32_t>> StoreOwnerUid(const std::string& job);
   // Copies blobs of `dir` (as CopyBlobs) to the store: in batches of kUploadBatchBlobsMax,
   // each one Storage::CopyBlobsFrom (the store reads and streams them), or for a store without it
   // CopyBlob of each.
@@ -163,6 +185,8 @@ class RemoteTier {
   mutable absl::Mutex mu_;
   absl::CondVar changed_;  // an upload became runnable, finished, or let go; stopping
   std::map<Key, std::shared_ptr<Upload>> tracked_ ABSL_GUARDED_BY(mu_);
+  // Jobs whose owner on the store was verified (or claimed): job -> the owner's uid here.
+  absl::flat_hash_map<std::string, uint32_t> store_owners_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool refill_ ABSL_GUARDED_BY(mu_) = false;  // the index may hold rows not tracked
   uint64_t durable_count_ ABSL_GUARDED_BY(mu_) = 0;
