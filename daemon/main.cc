@@ -34,6 +34,7 @@
 #include "index/meta_store.h"
 #include "options.h"
 #include "peer/peer_server.h"
+#include "peer/replicator.h"
 #include "rpc/arena_fd_server.h"
 #include "rpc/grpc_service.h"
 #include "rpc/metrics_server.h"
@@ -350,7 +351,50 @@ int Run(const DaemonOptions& o) {
                           .uid_inflight_max = std::max<uint64_t>(queued_share, o.load_threads),
                           .inflight_name = "uid_share_percent of rpc_queue_max"});
   Metrics metrics;
+  // The peer channel (docs/PEERS.md): other daemons' copies; its certificates are checked here,
+  // at start, and a bad one stops the daemon naming the file. Stopped when serving ends.
+  std::unique_ptr<peer::Server> peer_server;
+  if (!o.peer_listen_addr.empty()) {
+    absl::StatusOr<std::unique_ptr<peer::Server>> started = peer::Server::Start(
+        peer::ServerOptions{
+            .listen_addr = o.peer_listen_addr,
+            .node_id = o.node_id,
+            .tls = {o.peer_tls_ca_path, o.peer_tls_cert_path, o.peer_tls_key_path},
+            .store = {.bytes_max = o.peer_bytes_max,
+                      .streams_per_node_max = o.peer_streams_per_node_max,
+                      .inflight_bytes_per_node_max = o.peer_inflight_bytes_per_node_max,
+                      .connections_per_node_max = limits::kPeerConnectionsPerNodeMax}},
+        &metrics);
+    if (!started.ok()) {
+      spdlog::critical("peer channel: {}", started.status().ToString());
+      return 1;
+    }
+    peer_server = *std::move(started);
+  }
+  // The peer tier (docs/PEERS.md "Replication"): registered on the shared tier, it copies this
+  // node's parts of checkpoints spanning nodes to its peers and reads their copies for loads.
+  // Declared before the service, which uses it: destroyed after it.
+  std::unique_ptr<peer::Replicator> replicator;
+  if (peer_server != nullptr && stores->remote != nullptr) {
+    std::string advertise = o.peer_advertise_addr;
+    if (advertise.empty()) {
+      advertise = absl::StrCat(o.peer_listen_addr.substr(0, o.peer_listen_addr.rfind(':')), ":",
+                               peer_server->port());
+    }
+    absl::StatusOr<std::unique_ptr<peer::Replicator>> started = peer::Replicator::Start(
+        peer::ReplicatorOptions{
+            .node_id = o.node_id,
+            .advertise_addr = advertise,
+            .tls = {o.peer_tls_ca_path, o.peer_tls_cert_path, o.peer_tls_key_path}},
+        stores->storage.get(), stores->remote.get());
+    if (!started.ok()) {
+      spdlog::critical("peer tier: {}", started.status().ToString());
+      return 1;
+    }
+    replicator = *std::move(started);
+  }
   ServiceDeps deps{&o, stores->meta.get(), stores->storage.get(), arena, &regions, &flush_pool};
+  deps.peers = replicator.get();
   deps.remote = stores->remote.get();
   deps.gpu = &gpu_staging;
   deps.load_storage = stores->load_storage.get();
@@ -384,26 +428,6 @@ int Run(const DaemonOptions& o) {
         "metrics on http://{}:{}/metrics",
         metrics_server->bind_address().substr(0, metrics_server->bind_address().rfind(':')),
         metrics_server->port());
-  }
-  // The peer channel (docs/PEERS.md): other daemons' copies; its certificates are checked here,
-  // at start, and a bad one stops the daemon naming the file. Stopped when serving ends.
-  std::unique_ptr<peer::Server> peer_server;
-  if (!o.peer_listen_addr.empty()) {
-    absl::StatusOr<std::unique_ptr<peer::Server>> started = peer::Server::Start(
-        peer::ServerOptions{
-            .listen_addr = o.peer_listen_addr,
-            .node_id = o.node_id,
-            .tls = {o.peer_tls_ca_path, o.peer_tls_cert_path, o.peer_tls_key_path},
-            .store = {.bytes_max = o.peer_bytes_max,
-                      .streams_per_node_max = o.peer_streams_per_node_max,
-                      .inflight_bytes_per_node_max = o.peer_inflight_bytes_per_node_max,
-                      .connections_per_node_max = limits::kPeerConnectionsPerNodeMax}},
-        &metrics);
-    if (!started.ok()) {
-      spdlog::critical("peer channel: {}", started.status().ToString());
-      return 1;
-    }
-    peer_server = *std::move(started);
   }
   absl::Duration grace_left = absl::Seconds(o.shutdown_grace_s);
   if (absl::Status st = ServeUntilSignal(

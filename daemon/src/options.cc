@@ -313,6 +313,11 @@ static absl::Status ValidatePeer(const DaemonOptions& o) {
         absl::StrCat("option peer_streams_per_node_max = ", o.peer_streams_per_node_max,
                      ": expected 1 to kPeerStreamsPerNodeMax = ", limits::kPeerStreamsPerNodeMax));
   }
+  if (o.peer_replicas > limits::kPeerReplicasMax) {
+    return absl::InvalidArgumentError(absl::StrCat("option peer_replicas = ", o.peer_replicas,
+                                                   ": expected 0 to kPeerReplicasMax = ",
+                                                   limits::kPeerReplicasMax));
+  }
   if (o.peer_inflight_bytes_per_node_max == 0 ||
       o.peer_inflight_bytes_per_node_max > limits::kPeerInflightBytesPerNodeMax) {
     return absl::InvalidArgumentError(absl::StrCat(

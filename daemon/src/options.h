@@ -232,6 +232,13 @@ struct DaemonOptions {
   // Per peer node: bytes of the copies it is sending here at once (at most
   // kPeerInflightBytesPerNodeMax). Default: 4 GiB
   uint64_t peer_inflight_bytes_per_node_max = uint64_t{4} << 30;
+  // Replication (docs/PEERS.md "Replication"): how many other nodes' peer stores receive a copy
+  // of this node's part of each checkpoint spanning nodes (0: none). Needs peer_listen_addr and
+  // a remote tier (the peers register there). Default: 1
+  uint64_t peer_replicas = 1;
+  // host:port other daemons reach this one's peer listener at (registered on the shared tier);
+  // empty: peer_listen_addr. Default: "" (peer_listen_addr)
+  std::string peer_advertise_addr;
   // How a job's owner recorded in a manifest or node part (written by a daemon on any node)
   // becomes a uid here when this daemon adopts the checkpoint (docs/SECURITY.md "Ownership"):
   // "uid" (the recorded numeric uid: every node shares one uid space) or "name" (the recorded

@@ -317,6 +317,14 @@ const std::vector<OptionDef>& OptionDefs() {
       {"peer_inflight_bytes_per_node_max", "bytes a peer node may be sending here at once",
        "[peers](PEERS.md): bytes of the copies one peer node may be sending here at once",
        IntField(&O::peer_inflight_bytes_per_node_max, "peer_inflight_bytes_per_node_max")},
+      {"peer_replicas", "other nodes receiving a copy of this node's part (0: none)",
+       "[peers](PEERS.md#replication): how many other nodes' peer stores receive a copy of this "
+       "node's part of each checkpoint spanning nodes; 0: none",
+       IntField(&O::peer_replicas, "peer_replicas")},
+      {"peer_advertise_addr", "host:port other daemons reach this peer listener at",
+       "[peers](PEERS.md#replication): host:port other daemons reach this daemon's peer "
+       "listener at, registered on the shared tier; empty: `peer_listen_addr`",
+       StringField(&O::peer_advertise_addr), "(peer_listen_addr)"},
       {"owner_map", "how an adopted checkpoint's recorded owner maps to a uid here: uid|name",
        "how the owner recorded in a checkpoint another node wrote becomes a uid here when it "
        "is adopted (docs/SECURITY.md \"Ownership\"): `uid` (the numeric uid: nodes share one uid "

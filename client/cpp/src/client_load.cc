@@ -312,6 +312,7 @@ class BatchedLoad {
       result_.step = b.resp.step();
       result_.bytes_read += b.resp.bytes_read();
       result_.bytes_read_remote += b.resp.bytes_read_remote();
+      result_.bytes_read_peer += b.resp.bytes_read_peer();
       result_.bytes_from_ram += b.resp.bytes_from_ram();
       result_.bytes_prefetched += b.resp.bytes_prefetched();
       result_.bytes_needed += b.resp.bytes_needed();

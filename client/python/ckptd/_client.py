@@ -73,6 +73,7 @@ class LoadResult:
     objects: dict[str, Any] = field(default_factory=dict)
     bytes_read: int = 0  # bytes the daemon read from storage for this load
     bytes_read_remote: int = 0  # of bytes_read, those read from the remote tier
+    bytes_read_peer: int = 0  # of bytes_read, those read from other nodes' peer stores
     bytes_from_ram: int = 0  # copied from the daemon's RAM tier (not in bytes_read)
     # read from storage into the RAM tier by this load's prefetch hint (then copied from there)
     bytes_prefetched: int = 0
@@ -441,6 +442,7 @@ class Client:
         read = self._load_into(job, resolved, targets, rank=rank, prefetch=prefetch)
         result.bytes_read = int(read["bytes_read"])
         result.bytes_read_remote = int(read["bytes_read_remote"])
+        result.bytes_read_peer = int(read["bytes_read_peer"])
         result.bytes_from_ram = int(read["bytes_from_ram"])
         result.bytes_prefetched = int(read["bytes_prefetched"])
         for name in object_names:
@@ -467,11 +469,17 @@ class Client:
         prefetch: bool = False,
     ) -> dict[str, int]:
         """load_into, answering the daemon's counts: bytes_read (from storage),
-        bytes_read_remote (of those, from the remote tier), bytes_from_ram (copied from its RAM
-        tier) and bytes_prefetched (read into the RAM tier by this load's prefetch hint, see
-        load())."""
+        bytes_read_remote (of those, from the remote tier), bytes_read_peer (of those, from other
+        nodes' peer stores), bytes_from_ram (copied from its RAM tier) and bytes_prefetched (read
+        into the RAM tier by this load's prefetch hint, see load())."""
         got = self._load_into(job, step, targets, rank=rank, prefetch=prefetch)
-        keys = ("bytes_read", "bytes_read_remote", "bytes_from_ram", "bytes_prefetched")
+        keys = (
+            "bytes_read",
+            "bytes_read_remote",
+            "bytes_read_peer",
+            "bytes_from_ram",
+            "bytes_prefetched",
+        )
         return {k: int(got[k]) for k in keys}
 
     def _load_into(
@@ -501,6 +509,7 @@ class Client:
             return {
                 "bytes_read": 0,
                 "bytes_read_remote": 0,
+                "bytes_read_peer": 0,
                 "bytes_from_ram": 0,
                 "bytes_prefetched": 0,
             }

@@ -178,6 +178,7 @@ class PyClient {
     LoadResult r = Check(std::move(result));
     return py::dict(py::arg("step") = r.step, py::arg("bytes_read") = r.bytes_read,
                     py::arg("bytes_read_remote") = r.bytes_read_remote,
+                    py::arg("bytes_read_peer") = r.bytes_read_peer,
                     py::arg("bytes_from_ram") = r.bytes_from_ram,
                     py::arg("bytes_prefetched") = r.bytes_prefetched,
                     py::arg("item_bytes") = r.item_bytes);

@@ -247,6 +247,13 @@ inline constexpr uint64_t kPeerInflightBytesPerNodeMax = 1024 * kGiB;
 inline constexpr uint64_t kPeerConnectionsPerNodeMax = 8;
 inline constexpr uint64_t kPeerStreamsPerConnectionMax = 64;
 inline constexpr uint64_t kPeerServerThreadsMax = 128;
+// Replication (service/replication.cc): copies of a node's part (option peer_replicas), the
+// peers registered on the shared tier a daemon reads (the rest are not placed on), and the bytes
+// of one registration file. The handshake and a copy's time limits.
+inline constexpr uint64_t kPeerReplicasMax = 8;
+inline constexpr uint64_t kPeerRegistryNodesMax = 16384;
+inline constexpr uint64_t kPeerRegistrationBytesMax = 4096;
+inline constexpr uint64_t kPeerCallTimeoutMs = 10 * 60 * 1000;
 static_assert(kPeerChunkBytes <= kPeerChunkBytesMax);
 static_assert(kPeerChunkBytesMax + 64 * kKiB <= kPeerMessageBytesMax);
 static_assert(kPeerBlockCrcsPerBlobMax * 4 + 4 * kMiB <= kPeerMessageBytesMax);

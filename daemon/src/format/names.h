@@ -19,6 +19,9 @@ inline constexpr char kManifestFileName[] = "manifest.ckm";
 // A job's owner on the remote store (<job>/owner.ckj: a serialized v1::Owner, written once by the
 // first write of the job's data there; tier/remote_tier.h). Not a checkpoint directory.
 inline constexpr char kJobOwnerFileName[] = "owner.ckj";
+// The peer registry on the remote store (<store>/.ckptd-peers/<node_id>: a v1::PeerRegistration;
+// peer/replicator.h). Not a job directory.
+inline constexpr char kPeerRegistryDir[] = ".ckptd-peers";
 inline constexpr char kStepDirPrefix[] = "step-";
 
 // OK iff `job` is 1..limits::kJobNameBytesMax bytes of [A-Za-z0-9._-] and does not start with

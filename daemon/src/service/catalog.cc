@@ -27,6 +27,7 @@
 // DATA_LOSS from the manifest decode and is marked once Latest or a restart reaches it. A CORRUPT
 // row whose manifest verifies again at a later start (restored by an operator) is adopted back.
 #include <algorithm>
+#include <set>
 
 #include "absl/hash/hash.h"
 #include "absl/strings/numbers.h"
@@ -505,6 +506,19 @@ absl::Status CheckpointService::Delete(const Caller& caller, const v1::DeleteReq
   return absl::OkStatus();
 }
 
+void CheckpointService::DropPeerCopies(const std::string& job, uint64_t step) {
+  if (deps_.peers == nullptr || !remote_.enabled()) return;
+  // The copies this node placed, as the store's manifest names them (best effort: a peer's
+  // budget evicts what is not dropped).
+  absl::StatusOr<Manifest> m = ReadManifest(*remote_.remote(), job, step);
+  if (!m.ok()) return;
+  std::set<std::string> nodes;
+  for (const v1::BlobInfo& b : m->header.blobs()) {
+    if (b.node() == deps_.options->node_id) nodes.insert(b.peers().begin(), b.peers().end());
+  }
+  if (!nodes.empty()) deps_.peers->Drop(job, step, {nodes.begin(), nodes.end()});
+}
+
 absl::Status CheckpointService::RemoveCheckpoint(const std::string& job, uint64_t step,
                                                  v1::CheckpointRecord rec) {
   const std::string dir = CheckpointDir(job, step);
@@ -520,6 +534,7 @@ absl::Status CheckpointService::RemoveCheckpoint(const std::string& job, uint64_
   // every tier, and a store keeping a copy of a deleted checkpoint would resurrect it on the
   // next daemon that adopts from the store.
   CKPTD_ASSIGN_OR_RETURN(std::optional<uint32_t> owner, JobOwner(job));
+  DropPeerCopies(job, step);
   CKPTD_RETURN_IF_ERROR(remote_.Remove(job, step, dir, owner));
   CKPTD_SYNC_POINT("delete.remote_removed");
   // The manifest first: should the index be lost, no directory with a manifest is left to adopt.

@@ -80,6 +80,7 @@
 #include "service/executor.h"
 #include "service/loader.h"
 #include "service/manifest_cache.h"
+#include "service/peer_tier.h"
 #include "service/pending_checkpoint.h"
 #include "service/resharder.h"
 #include "service/sessions.h"
@@ -111,6 +112,9 @@ struct ServiceDeps {
   Storage* load_storage = nullptr;
   // Where events are counted for the metrics endpoint (metrics/metrics.h); null: not counted.
   Metrics* metrics = nullptr;
+  // The peer tier (service/peer_tier.h: replication of checkpoints spanning nodes, loads from
+  // peers); null: none.
+  PeerTier* peers = nullptr;
 };
 
 // A checkpoint's timings as log fields: its own phases, and each rank phase's slowest.
@@ -415,6 +419,12 @@ class CheckpointService {
   // The "latest" form of a call: LatestCommitted after the store's catalog of `job` was refreshed,
   // answered (an error too) only once `caller` may read the job, adopted or not.
   absl::StatusOr<uint64_t> LatestReadable(const Caller& caller, const std::string& job);
+  // `tiers` (ReadTiers) with the peer tier's reader before the remote store, for a checkpoint
+  // with a remote tier on a daemon with peers (the blobs only: manifests are not on peers).
+  std::vector<Storage*> WithPeers(const v1::CheckpointRecord& rec,
+                                  std::vector<Storage*> tiers) const;
+  // A Delete: the copies this node placed on its peers of (job, step) are dropped (best effort).
+  void DropPeerCopies(const std::string& job, uint64_t step) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status PutRecordSync(const v1::CheckpointRecord& rec);
   // The index row of (job, step) in any state; DATA_LOSS when it does not parse. GetRecord is
   // the same except that a CORRUPT checkpoint is DATA_LOSS naming why, so every caller that would
@@ -473,6 +483,9 @@ class CheckpointService {
   // ClusterStep's parts. This node's part to the shared tier; false when it is not durable yet
   // (or the checkpoint is gone): the step ends.
   bool PublishOwnPart(ClusterWork& w) ABSL_LOCKS_EXCLUDED(mu_);
+  // This node's part to its peers (PeerTier::Replicate), once per checkpoint and start; the
+  // nodes that took it go into the part.
+  void ReplicateOwnPart(ClusterWork& w) ABSL_LOCKS_EXCLUDED(mu_);
   // Follows the decision on the shared tier, if any (commit, or abort here); true when the step
   // ends here (a decision followed, or one that cannot be read yet).
   bool FollowDecision(const ClusterWork& w) ABSL_LOCKS_EXCLUDED(mu_);

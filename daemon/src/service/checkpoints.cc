@@ -54,6 +54,7 @@ absl::Status ForEachCheckpointDir(
     CKPTD_ASSIGN_OR_RETURN(jobs, Annotate(storage.List(""), absl::StrCat("listing ", root)));
   }
   for (const std::string& job : jobs) {
+    if (job == kPeerRegistryDir) continue;  // the peer registry
     if (absl::Status valid = ValidateJobName(job); !valid.ok()) {
       problem(
           absl::StrCat(root, "/", job, " is not a job directory (", valid.message(), "); skipped"));

@@ -60,6 +60,7 @@ struct CheckpointService::ClusterWork {
   v1::NodePart part;                                    // this node's (kAwaitingCluster)
   std::vector<std::pair<std::string, uint64_t>> blobs;  // its blobs and their sizes
   std::vector<uint32_t> own_ranks;
+  bool replicated = false;  // this node's part is on its peers (ClusterState::replicated)
 };
 
 void CheckpointService::ClusterLoop() {
@@ -95,6 +96,7 @@ std::vector<CheckpointService::ClusterWork> CheckpointService::ClusterWorkLocked
     w.created_unix_ms = p->created_unix_ms;
     w.owner_uid = p->owner_uid;
     w.abort_requested = p->cluster.abort_requested;
+    w.replicated = p->cluster.replicated;
     for (const auto& [r, pr] : p->ranks) w.own_ranks.push_back(r);
     if (w.phase != CheckpointPhase::kAwaitingCluster || w.part_durable) continue;
     v1::NodePart& part = w.part;
@@ -105,6 +107,7 @@ std::vector<CheckpointService::ClusterWork> CheckpointService::ClusterWorkLocked
     part.set_node(deps_.options->node_id);
     part.set_checksum_block_bytes(p->checksum_block_bytes);
     part.set_created_unix_ms(p->created_unix_ms);
+    for (const std::string& n : p->cluster.replica_nodes) part.add_replica_nodes(n);
     for (const auto& [r, pr] : p->ranks) {
       *part.add_ranks() = pr.rec;
       uint64_t size = 0;
@@ -140,6 +143,7 @@ void CheckpointService::ClusterStep(ClusterWork& w) {
 
 bool CheckpointService::PublishOwnPart(ClusterWork& w) {
   *w.part.mutable_owner() = OwnerRecordOf(w.owner_uid);  // named outside mu_
+  if (!w.replicated) ReplicateOwnPart(w);
   absl::Status st = PublishPart(w);
   if (absl::IsPermissionDenied(st)) {  // the job on the store is another owner's: never retried
     absl::MutexLock lock(&mu_);
@@ -161,6 +165,32 @@ bool CheckpointService::PublishOwnPart(ClusterWork& w) {
   it->second->cluster.part_durable = true;
   w.part_durable = true;
   return true;
+}
+
+void CheckpointService::ReplicateOwnPart(ClusterWork& w) {
+  const uint32_t replicas = static_cast<uint32_t>(deps_.options->peer_replicas);
+  std::vector<std::string> took;
+  // Under TIER_REMOTE the blobs went straight to the store: there is no local copy to send.
+  if (deps_.peers != nullptr && replicas > 0 && w.policy != v1::TIER_REMOTE) {
+    absl::StatusOr<std::vector<std::string>> r =
+        deps_.peers->Replicate(w.key.first, w.key.second, w.dir, w.blobs, replicas);
+    if (!r.ok()) {
+      // The part still goes to the store (the commit does not wait for peers); its loads read
+      // the store.
+      spdlog::warn("{}: copying this node's part to its peers failed: {}",
+                   CkptName(w.key.first, w.key.second), r.status().ToString());
+    } else {
+      took = *std::move(r);
+    }
+  }
+  w.part.clear_replica_nodes();
+  for (const std::string& n : took) w.part.add_replica_nodes(n);
+  w.replicated = true;
+  absl::MutexLock lock(&mu_);
+  auto it = pending_.find(w.key);
+  if (it == pending_.end()) return;
+  it->second->cluster.replicated = true;
+  it->second->cluster.replica_nodes = std::move(took);
 }
 
 bool CheckpointService::FollowDecision(const ClusterWork& w) {
@@ -319,6 +349,17 @@ absl::StatusOr<Manifest> CheckpointService::BuildClusterManifest(
                          MergeNodeParts(w.key.first, w.key.second, w.world_size, w.partial, parts));
   CKPTD_ASSIGN_OR_RETURN(Manifest m, BuildManifest(*merged, NowMs()));
   *m.header.mutable_owner() = OwnerRecordOf(w.owner_uid);
+  // Each blob's node and the peers holding its copies (a blob is one rank's: blob id = rank).
+  std::map<uint32_t, const v1::NodePart*> part_of_rank;
+  for (const auto& [node, part] : parts) {
+    for (const v1::RankRecord& r : part.ranks()) part_of_rank[r.rank()] = &part;
+  }
+  for (v1::BlobInfo& b : *m.header.mutable_blobs()) {
+    auto it = part_of_rank.find(b.id());
+    if (it == part_of_rank.end()) continue;
+    b.set_node(it->second->node());
+    *b.mutable_peers() = it->second->replica_nodes();
+  }
   CKPTD_RETURN_IF_ERROR(EncodeManifest(m).status());  // validates
   return m;
 }

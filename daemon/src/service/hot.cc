@@ -131,6 +131,7 @@ absl::Status CheckpointService::Prefetch(const Caller& caller, const v1::Prefetc
   }
   CKPTD_ASSIGN_OR_RETURN(std::vector<Storage*> tiers, ReadTiers(*rec));
   CKPTD_ASSIGN_OR_RETURN(std::shared_ptr<const Manifest> m, GetManifest(req.job(), step, tiers));
+  tiers = WithPeers(*rec, std::move(tiers));  // the blobs: from peers too, before the store
   uint64_t read = 0;
   CKPTD_RETURN_IF_ERROR(
       prefetches_.Do(key, [&] { return PrefetchInto(key, caller.uid, tiers, *m, &read); }).status);

@@ -80,6 +80,7 @@ absl::Status CheckpointService::Load(const Caller& caller, const v1::LoadRequest
   // The row and its tiers are read once here; GetManifest reads neither again.
   CKPTD_ASSIGN_OR_RETURN(std::vector<Storage*> tiers, ReadTiers(*rec));
   CKPTD_ASSIGN_OR_RETURN(std::shared_ptr<const Manifest> m, GetManifest(req.job(), step, tiers));
+  tiers = WithPeers(*rec, std::move(tiers));  // the blobs: from peers too, before the store
   resp->set_step(step);
   const Key key{req.job(), step};
   // Pinned for the whole load: an eviction meanwhile frees its bytes only after this load.
@@ -90,8 +91,9 @@ absl::Status CheckpointService::Load(const Caller& caller, const v1::LoadRequest
     resp->set_bytes_prefetched(prefetched);
   }
   bool hot_failed = false;
-  absl::Status st =
-      loader_.Load(session, *m, req, tiers, remote_.remote(), hot.get(), &hot_failed, resp);
+  absl::Status st = loader_.Load(session, *m, req, tiers, remote_.remote(),
+                                 deps_.peers != nullptr ? deps_.peers->reader() : nullptr,
+                                 hot.get(), &hot_failed, resp);
   if (hot_failed) ram_tier_.Drop(key);  // a hot block that did not verify: never used again
   if (deps_.metrics != nullptr) {
     if (hot_failed) deps_.metrics->ChecksumFailure("ram");

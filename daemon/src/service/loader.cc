@@ -468,7 +468,8 @@ absl::Status Loader::CopyFromRam(const HotCopy& hot, const Manifest& m, const Lo
 
 absl::Status Loader::Load(const std::string& session, const Manifest& m, const v1::LoadRequest& req,
                           std::span<Storage* const> tiers, const Storage* remote,
-                          const HotCopy* hot, bool* hot_failed, v1::LoadResponse* resp) {
+                          const Storage* peers, const HotCopy* hot, bool* hot_failed,
+                          v1::LoadResponse* resp) {
   Storage* const own[] = {storage_};
   if (tiers.empty()) tiers = own;
   std::vector<MemoryLease> leases;  // held until the copies are done
@@ -514,6 +515,9 @@ absl::Status Loader::Load(const std::string& session, const Manifest& m, const v
   for (size_t t = 0; t < bytes_read.size(); ++t) {
     total += bytes_read[t];
     if (t < tiers.size() && tiers[t] == remote) resp->set_bytes_read_remote(bytes_read[t]);
+    if (t < tiers.size() && peers != nullptr && tiers[t] == peers) {
+      resp->set_bytes_read_peer(bytes_read[t]);
+    }
   }
   resp->set_bytes_read(total);
   resp->set_bytes_needed(plan->needed_bytes);

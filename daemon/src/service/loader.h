@@ -54,11 +54,13 @@ class Loader {
   // memory: the runs `hot` holds (the RAM tier's pinned copy; may be null) are verified where
   // they are and copied from there (CopyFromRam), the others read from `tiers` (fastest first;
   // see ReadPlan). Fills resp's items and byte counts (not its step); bytes read from `remote` go
-  // to bytes_read_remote too, those copied from `hot` to bytes_from_ram. When a hot block does
+  // to bytes_read_remote too, from `peers` (may be null) to bytes_read_peer, those copied from
+  // `hot` to bytes_from_ram. When a hot block does
   // not verify, *hot_failed is set, the error logged and the whole load read from `tiers`.
   absl::Status Load(const std::string& session, const Manifest& m, const v1::LoadRequest& req,
-                    std::span<Storage* const> tiers, const Storage* remote, const HotCopy* hot,
-                    bool* hot_failed, v1::LoadResponse* resp) ABSL_LOCKS_EXCLUDED(load_buffers_mu_);
+                    std::span<Storage* const> tiers, const Storage* remote, const Storage* peers,
+                    const HotCopy* hot, bool* hot_failed, v1::LoadResponse* resp)
+      ABSL_LOCKS_EXCLUDED(load_buffers_mu_);
   // The runs of `plan` whose every checked block and copy lies in `hot`: their blocks verified
   // in place, then copied into `dst`; served[k] set for each (sized like plan.runs), *bytes
   // counts their bytes. DATA_LOSS when a block does not verify (destinations may then hold

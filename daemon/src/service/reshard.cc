@@ -50,6 +50,7 @@ absl::Status CheckpointService::Reshard(const Caller& caller, const v1::ReshardR
   job->spec = std::move(spec);
   job->src = m;
   CKPTD_ASSIGN_OR_RETURN(job->src_tiers, ReadTiers(*src));
+  job->src_tiers = WithPeers(*src, std::move(job->src_tiers));
   job->world_size = ReshardWorldSize(job->spec, *m);
   v1::CheckpointSummary* s = job->rec.mutable_summary();
   s->set_job(target_job);

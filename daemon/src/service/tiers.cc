@@ -64,6 +64,15 @@ absl::StatusOr<std::vector<Storage*>> CheckpointService::ReadTiers(
   return tiers;
 }
 
+std::vector<Storage*> CheckpointService::WithPeers(const v1::CheckpointRecord& rec,
+                                                   std::vector<Storage*> tiers) const {
+  if (deps_.peers == nullptr || !HasRemoteTier(rec.summary().tier_policy())) return tiers;
+  // Before the remote store (the last tier when it is there), after this node's own.
+  auto at = std::find(tiers.begin(), tiers.end(), remote_.remote());
+  tiers.insert(at, deps_.peers->reader());
+  return tiers;
+}
+
 void CheckpointService::FillRemoteTier(v1::CheckpointSummary* summary) {
   if (!remote_.enabled() || !HasRemoteTier(summary->tier_policy())) return;
   absl::StatusOr<std::optional<v1::UploadRecord>> row =

@@ -354,6 +354,7 @@ struct LoadResult {
   uint64_t step = 0;               // the step loaded (resolves "latest")
   uint64_t bytes_read = 0;         // bytes the daemon read from storage
   uint64_t bytes_read_remote = 0;  // of bytes_read, those read from the remote tier
+  uint64_t bytes_read_peer = 0;    // of bytes_read, those read from other nodes' peer stores
   uint64_t bytes_from_ram = 0;     // copied from the daemon's RAM tier (not in bytes_read)
   // Read from storage into the RAM tier by this load's prefetch (LoadOptions::prefetch) before it
   // copied them from there; 0 when another load's prefetch read them.

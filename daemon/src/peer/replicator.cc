@@ -1,0 +1,346 @@
+#include "peer/replicator.h"
+
+#include <algorithm>
+#include <cctype>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "ckptd/status.h"
+#include "ckptd/v1/peer.pb.h"
+#include "common/align.h"
+#include "format/manifest.h"
+#include "format/names.h"
+#include "peer/placement.h"
+#include "spdlog/spdlog.h"
+
+namespace ckptd::peer {
+namespace {
+
+// The block size of the checksums a copy is checked with on arrival (the manifest's own are
+// checked again by every load).
+constexpr uint32_t kTransferBlockBytes = 1 << 20;
+
+// A node id as option node_id allows it: letters, digits, '.', '-', '_', at most 64.
+bool IsNodeId(const std::string& s) {
+  return !s.empty() && s.size() <= 64 && s[0] != '.' && std::all_of(s.begin(), s.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_';
+  });
+}
+
+std::string RegistrationPath(const std::string& node) {
+  return absl::StrCat(kPeerRegistryDir, "/", node);
+}
+
+// (job, step, blob) of a blob path "<job>/step-<20 digits>/<blob>".
+struct BlobPath {
+  std::string job;
+  uint64_t step = 0;
+  std::string blob;
+};
+
+absl::StatusOr<BlobPath> ParseBlobPath(const std::string& path) {
+  std::vector<std::string> parts = absl::StrSplit(path, '/');
+  if (parts.size() != 3) {
+    return absl::NotFoundError(absl::StrCat("peers hold blobs of checkpoints only, not ", path));
+  }
+  absl::StatusOr<uint64_t> step = ParseStepDirName(parts[1]);
+  if (!step.ok()) {
+    return absl::NotFoundError(absl::StrCat("peers hold blobs of checkpoints only, not ", path));
+  }
+  return BlobPath{parts[0], *step, parts[2]};
+}
+
+}  // namespace
+
+// Where the copies of one blob are: its origin node (the key of the copies) and the nodes
+// holding them, in the order the manifest lists them.
+struct Holders {
+  std::string origin;
+  std::vector<std::string> peers;
+  uint64_t size_bytes = 0;
+};
+
+// Reads a blob from the first of its holders that serves each range; the loader verifies every
+// block it gets.
+class BlobFromPeers : public BlobReader {
+ public:
+  BlobFromPeers(Replicator* r, BlobPath path, Holders holders)
+      : r_(r), path_(std::move(path)), holders_(std::move(holders)) {}
+
+  absl::Status Read(std::span<const IoSlice> slices) override {
+    for (const IoSlice& s : slices) {
+      if (s.offset + s.len > holders_.size_bytes) {
+        return absl::DataLossError(absl::StrCat("blob ", path_.blob, " of ", path_.job, "/",
+                                                path_.step, " is ", holders_.size_bytes,
+                                                " bytes; read of ", s.len, " at ", s.offset));
+      }
+      absl::Status last = absl::NotFoundError("no peer holds it");
+      bool done = false;
+      for (; next_ < holders_.peers.size() && !done;) {
+        absl::StatusOr<Client*> c = r_->ClientFor(holders_.peers[next_]);
+        if (c.ok()) {
+          last = (*c)->GetBlob(holders_.origin, path_.job, path_.step, path_.blob, s.offset,
+                               std::span<char>(static_cast<char*>(s.buf), s.len));
+        } else {
+          last = c.status();
+        }
+        if (last.ok()) {
+          done = true;
+        } else {
+          spdlog::warn("peer tier: reading {} of {}/{} from {}: {}; trying the next holder",
+                       path_.blob, path_.job, path_.step, holders_.peers[next_], last.ToString());
+          ++next_;
+        }
+      }
+      if (!done) {
+        // NOT_FOUND whatever the peers said: the loader then reads the blob from the next tier.
+        return absl::NotFoundError(absl::StrCat("no peer served blob ", path_.blob, " of ",
+                                                path_.job, "/", path_.step, ": ", last.message()));
+      }
+    }
+    return absl::OkStatus();
+  }
+  uint64_t size_bytes() const override { return holders_.size_bytes; }
+
+ private:
+  Replicator* const r_;
+  const BlobPath path_;
+  const Holders holders_;
+  size_t next_ = 0;  // the holder in use
+};
+
+// The copies peers hold as a read-only Storage: a blob's holders come from the manifest of its
+// checkpoint on the shared tier (cached per checkpoint, at most kCachedMax).
+class Replicator::Reader : public Storage {
+ public:
+  Reader(Replicator* r, Storage* shared) : r_(r), shared_(shared) {}
+
+  std::string Describe() const override { return "peers"; }
+  absl::StatusOr<std::unique_ptr<BlobWriter>> CreateBlob(const std::string& path) override {
+    return ReadOnly(path);
+  }
+  absl::StatusOr<std::unique_ptr<BlobReader>> OpenBlob(const std::string& path) override {
+    CKPTD_ASSIGN_OR_RETURN(BlobPath p, ParseBlobPath(path));
+    absl::StatusOr<Holders> h = HoldersOf(p);
+    if (!h.ok()) {  // NOT_FOUND whatever it was: the loader reads the blob from the next tier
+      return absl::NotFoundError(
+          absl::StrCat("the holders of ", path, " are unknown: ", h.status().message()));
+    }
+    if (h->peers.empty()) {
+      return absl::NotFoundError(absl::StrCat("no peer holds a copy of ", path));
+    }
+    return std::unique_ptr<BlobReader>(new BlobFromPeers(r_, std::move(p), *std::move(h)));
+  }
+  absl::Status PutAtomic(const std::string& path, std::string_view) override {
+    return ReadOnly(path).status();
+  }
+  absl::Status PutIfAbsent(const std::string& path, std::string_view) override {
+    return ReadOnly(path).status();
+  }
+  // Peers hold blobs only: manifests and control files are read from the other tiers.
+  absl::StatusOr<std::string> Get(const std::string& path) override {
+    return absl::NotFoundError(absl::StrCat("peers hold blobs only, not ", path));
+  }
+  absl::StatusOr<bool> Exists(const std::string&) override { return false; }
+  absl::StatusOr<std::vector<std::string>> List(const std::string&) override {
+    return std::vector<std::string>{};
+  }
+  absl::Status RemoveAll(const std::string& path) override { return ReadOnly(path).status(); }
+
+ private:
+  static constexpr size_t kCachedMax = 256;
+  static absl::StatusOr<std::unique_ptr<BlobWriter>> ReadOnly(const std::string& path) {
+    return absl::FailedPreconditionError(absl::StrCat("the peer tier is read-only here: ", path));
+  }
+  absl::StatusOr<Holders> HoldersOf(const BlobPath& p) {
+    const std::pair<std::string, uint64_t> key{p.job, p.step};
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = cache_.find(key);
+      if (it != cache_.end()) return Find(it->second, p);
+    }
+    const std::string path = absl::StrCat(CheckpointDir(p.job, p.step), "/", kManifestFileName);
+    CKPTD_ASSIGN_OR_RETURN(std::string bytes, shared_->Get(path));
+    CKPTD_ASSIGN_OR_RETURN(Manifest m, DecodeManifest(bytes, path));
+    std::map<std::string, Holders> blobs;
+    for (const v1::BlobInfo& b : m.header.blobs()) {
+      blobs[b.name()] = Holders{b.node(), {b.peers().begin(), b.peers().end()}, b.size_bytes()};
+    }
+    absl::MutexLock lock(&mu_);
+    if (cache_.size() >= kCachedMax) cache_.clear();
+    return Find(cache_[key] = std::move(blobs), p);
+  }
+  static absl::StatusOr<Holders> Find(const std::map<std::string, Holders>& blobs,
+                                      const BlobPath& p) {
+    auto it = blobs.find(p.blob);
+    if (it == blobs.end()) {
+      return absl::NotFoundError(
+          absl::StrCat("the manifest of ", p.job, "/", p.step, " has no blob ", p.blob));
+    }
+    return it->second;
+  }
+
+  Replicator* const r_;
+  Storage* const shared_;
+  absl::Mutex mu_;
+  std::map<std::pair<std::string, uint64_t>, std::map<std::string, Holders>> cache_
+      ABSL_GUARDED_BY(mu_);
+};
+
+Replicator::Replicator(ReplicatorOptions options, Storage* local, Storage* shared)
+    : options_(std::move(options)),
+      local_(local),
+      shared_(shared),
+      reader_(std::make_unique<Reader>(this, shared)) {}
+
+Replicator::~Replicator() = default;
+
+Storage* Replicator::reader() { return reader_.get(); }
+
+absl::StatusOr<std::unique_ptr<Replicator>> Replicator::Start(ReplicatorOptions options,
+                                                              Storage* local, Storage* shared) {
+  v1::PeerRegistration reg;
+  reg.set_node_id(options.node_id);
+  reg.set_address(options.advertise_addr);
+  reg.set_registered_unix_ms(static_cast<uint64_t>(absl::ToUnixMillis(absl::Now())));
+  CKPTD_RETURN_IF_ERROR(
+      Annotate(shared->PutAtomic(RegistrationPath(options.node_id), reg.SerializeAsString()),
+               absl::StrCat("registering this daemon's peer listener on ", shared->Describe())));
+  spdlog::info("peer tier: registered node {} at {} on {}", options.node_id, options.advertise_addr,
+               shared->Describe());
+  return std::unique_ptr<Replicator>(new Replicator(std::move(options), local, shared));
+}
+
+absl::StatusOr<std::map<std::string, std::string>> Replicator::Registry(bool fresh) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!fresh && absl::Now() - registry_read_ < kRegistryRefresh) return registry_;
+  }
+  CKPTD_ASSIGN_OR_RETURN(std::vector<std::string> nodes,
+                         Annotate(shared_->List(kPeerRegistryDir),
+                                  absl::StrCat("listing the peers on ", shared_->Describe())));
+  std::map<std::string, std::string> found;
+  for (const std::string& node : nodes) {
+    if (found.size() >= limits::kPeerRegistryNodesMax) break;
+    if (!IsNodeId(node)) continue;  // a temporary file of PutAtomic, or not a node
+    absl::StatusOr<std::string> bytes = shared_->Get(RegistrationPath(node));
+    v1::PeerRegistration reg;
+    if (!bytes.ok() || bytes->size() > limits::kPeerRegistrationBytesMax ||
+        !reg.ParseFromString(*bytes) || reg.node_id() != node || reg.address().empty()) {
+      spdlog::warn("peer tier: {}/{} is not a peer registration; skipped", shared_->Describe(),
+                   RegistrationPath(node));
+      continue;
+    }
+    found[node] = reg.address();
+  }
+  absl::MutexLock lock(&mu_);
+  registry_ = found;
+  registry_read_ = absl::Now();
+  return found;
+}
+
+absl::StatusOr<Client*> Replicator::ClientFor(const std::string& node) {
+  CKPTD_ASSIGN_OR_RETURN(auto registry, Registry());
+  auto it = registry.find(node);
+  if (it == registry.end()) {
+    CKPTD_ASSIGN_OR_RETURN(registry, Registry(/*fresh=*/true));
+    it = registry.find(node);
+    if (it == registry.end()) {
+      return absl::UnavailableError(
+          absl::StrCat("peer ", node, " is not registered on ", shared_->Describe()));
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  auto& [address, client] = clients_[node];
+  if (client == nullptr || address != it->second) {
+    ClientOptions o;
+    o.address = it->second;
+    o.self_node_id = options_.node_id;
+    o.peer_node_id = node;
+    o.tls = options_.tls;
+    o.chunk_bytes = options_.chunk_bytes;
+    o.call_timeout = absl::Milliseconds(limits::kPeerCallTimeoutMs);
+    CKPTD_ASSIGN_OR_RETURN(client, Client::Connect(o));
+    address = it->second;
+  }
+  return client.get();
+}
+
+absl::Status Replicator::CopyPart(const std::string& node, const std::string& job, uint64_t step,
+                                  const std::string& dir,
+                                  const std::vector<std::pair<std::string, uint64_t>>& blobs,
+                                  bool* local_failure) {
+  *local_failure = false;
+  CKPTD_ASSIGN_OR_RETURN(Client * c, ClientFor(node));
+  *local_failure = true;  // until the blob is read
+  for (const auto& [name, size] : blobs) {
+    const std::string path = absl::StrCat(dir, "/", name);
+    absl::StatusOr<std::unique_ptr<BlobReader>> r = local_->OpenBlob(path);
+    // A rank whose shards were all replicas (or empty) wrote no blob.
+    if (!r.ok() && absl::IsNotFound(r.status()) && size == 0) continue;
+    CKPTD_RETURN_IF_ERROR(Annotate(r.status(), absl::StrCat("reading ", path)));
+    const uint64_t bytes = (*r)->size_bytes();
+    AlignedBuffer buf = AllocateAligned(bytes);
+    if (buf == nullptr) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("replicating ", path, ": no memory for its ", bytes, " bytes"));
+    }
+    IoSlice slice{buf.get(), bytes, 0};
+    if (bytes > 0) {
+      CKPTD_RETURN_IF_ERROR(Annotate((*r)->Read(std::span<const IoSlice>(&slice, 1)),
+                                     absl::StrCat("reading ", path)));
+    }
+    *local_failure = false;
+    CKPTD_RETURN_IF_ERROR(
+        c->PutBlob(job, step, name,
+                   std::span<const char>(reinterpret_cast<const char*>(buf.get()), bytes),
+                   kTransferBlockBytes)
+            .status());
+    *local_failure = true;
+  }
+  *local_failure = false;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::string>> Replicator::Replicate(
+    const std::string& job, uint64_t step, const std::string& dir,
+    const std::vector<std::pair<std::string, uint64_t>>& blobs, uint32_t replicas) {
+  std::vector<std::string> took;
+  if (replicas == 0) return took;
+  CKPTD_ASSIGN_OR_RETURN(auto registry, Registry());
+  std::vector<std::string> ids;
+  for (const auto& [node, address] : registry) ids.push_back(node);
+  for (const std::string& node : PlacementOrder(ids, options_.node_id)) {
+    if (took.size() >= replicas) break;
+    bool local_failure = false;
+    absl::Status st = CopyPart(node, job, step, dir, blobs, &local_failure);
+    if (st.ok()) {
+      took.push_back(node);
+      continue;
+    }
+    if (local_failure) return st;  // a local blob that cannot be read fails every node alike
+    spdlog::warn(
+        "peer tier: copying this node's part of {}/{} to {} failed, trying the next "
+        "node: {}",
+        job, step, node, st.ToString());
+  }
+  if (took.size() < replicas) {
+    spdlog::warn("peer tier: this node's part of {}/{} has {} of {} peer copies (degraded)", job,
+                 step, took.size(), replicas);
+  }
+  return took;
+}
+
+void Replicator::Drop(const std::string& job, uint64_t step,
+                      const std::vector<std::string>& nodes) {
+  for (const std::string& node : nodes) {
+    absl::StatusOr<Client*> c = ClientFor(node);
+    absl::Status st = c.ok() ? (*c)->DropBlobs(job, step).status() : c.status();
+    if (!st.ok()) {
+      spdlog::info("peer tier: dropping the copies of {}/{} on {}: {} (its budget evicts them)",
+                   job, step, node, st.ToString());
+    }
+  }
+}
+
+}  // namespace ckptd::peer

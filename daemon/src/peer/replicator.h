@@ -1,0 +1,102 @@
+// The replicator: the peer tier's implementation of service/peer_tier.h over the peer channel
+// (docs/PEERS.md "Replication").
+//
+// The registry: at Start, this daemon writes <store>/.ckptd-peers/<node_id> (a
+// v1::PeerRegistration naming its peer listener's address) on the shared tier; the other daemons
+// find it there. The registry is read at most every kRegistryRefresh (cached between).
+// Placement: peer/placement.h over the registered node ids.
+//
+// Who owns what, and what ends its life:
+//  - Clients (peer/peer_client.h), one per peer node, created on first use and kept (a gRPC
+//    channel reconnects by itself); an address that changed in the registry replaces the client.
+//    Owned here; they end with the Replicator.
+//  - A copy placed on a peer: owned by that peer's store (peer/peer_store.h), keyed by this node
+//    as origin. Its life ends by Drop (this node's Delete of the checkpoint), the peer's budget
+//    eviction, or the peer's stop (the tier is memory only). A peer that dies takes its copies
+//    with it: the load goes to the next holder, then the store.
+//  - A Replicate in flight holds one blob's bytes in memory at a time (read from local storage,
+//    size of the blob), sent in chunks; a peer that fails mid-blob gets nothing of it (its put is
+//    dropped, peer/peer_store.h) and the next candidate is tried from that blob's first byte on.
+//  - Readers (reader()'s BlobReaders) hold their peer's client; a peer that dies mid-read fails
+//    that read (UNAVAILABLE) and the reader moves to the next holder of the blob.
+//
+// When the other side lies: every block a peer sends back is verified by the loader against the
+// manifest's checksums (the peer store also verified it on arrival); a peer answering bad bytes
+// costs a fallback to the next tier for that blob, never a wrong byte. A peer whose certificate
+// does not name the node the registry says is refused by TLS (peer/peer_client.h).
+//
+// Threads: every method from any thread; mu_ guards the clients, the registry cache and the
+// holders cache, never held across I/O.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "ckptd/storage.h"
+#include "peer/peer_client.h"
+#include "peer/peer_tls.h"
+#include "service/peer_tier.h"
+
+namespace ckptd::peer {
+
+struct ReplicatorOptions {
+  std::string node_id;         // this daemon's (a name of its certificate)
+  std::string advertise_addr;  // host:port registered for the other daemons
+  TlsFiles tls;
+  uint64_t chunk_bytes = limits::kPeerChunkBytes;
+};
+
+class Replicator : public PeerTier {
+ public:
+  // Registers this daemon on `shared` (UNAVAILABLE naming the store when it cannot be written).
+  // `local` is read for the blobs to copy, `shared` for the registry and the manifests that name
+  // each blob's holders. Both outlive the Replicator.
+  static absl::StatusOr<std::unique_ptr<Replicator>> Start(ReplicatorOptions options,
+                                                           Storage* local, Storage* shared);
+  ~Replicator() override;
+
+  absl::StatusOr<std::vector<std::string>> Replicate(
+      const std::string& job, uint64_t step, const std::string& dir,
+      const std::vector<std::pair<std::string, uint64_t>>& blobs, uint32_t replicas) override;
+  Storage* reader() override;
+  void Drop(const std::string& job, uint64_t step, const std::vector<std::string>& nodes) override;
+
+  // The registered nodes (node id -> address), read again when older than kRegistryRefresh or
+  // `fresh`.
+  absl::StatusOr<std::map<std::string, std::string>> Registry(bool fresh = false)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The client of `node` (UNAVAILABLE when the registry does not name it).
+  absl::StatusOr<Client*> ClientFor(const std::string& node) ABSL_LOCKS_EXCLUDED(mu_);
+
+  static constexpr absl::Duration kRegistryRefresh = absl::Seconds(5);
+
+ private:
+  class Reader;
+  Replicator(ReplicatorOptions options, Storage* local, Storage* shared);
+  // Copies every blob to `node`; the first error (*local_failure: reading a local blob failed,
+  // which another node would not change).
+  absl::Status CopyPart(const std::string& node, const std::string& job, uint64_t step,
+                        const std::string& dir,
+                        const std::vector<std::pair<std::string, uint64_t>>& blobs,
+                        bool* local_failure);
+
+  const ReplicatorOptions options_;
+  Storage* const local_;
+  Storage* const shared_;
+  std::unique_ptr<Reader> reader_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, std::string> registry_ ABSL_GUARDED_BY(mu_);
+  absl::Time registry_read_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // node -> (address, client)
+  std::map<std::string, std::pair<std::string, std::unique_ptr<Client>>> clients_
+      ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace ckptd::peer

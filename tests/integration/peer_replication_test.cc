@@ -1,0 +1,144 @@
+// The peer tier (docs/PEERS.md "Replication") against real daemons on loopback: three daemons
+// stand for three nodes sharing a directory as the store, each with a peer listener (mutual TLS,
+// certificates made by integration/peer_certs.sh), registered on the store. A checkpoint spanning
+// nodes a and b commits; each node's part is copied to its next node on the ring (a -> b,
+// b -> c), and the manifest names each blob's node and peers. Node b is then lost (killed, its
+// state dir gone) and the store's copies of its blobs are lost too: a replacement daemon with the
+// same node id and an empty state dir loads the checkpoint bit-exact, node b's blobs from node
+// c's peer store, counted in bytes_read_peer.
+#include <signal.h>
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <regex>
+
+#include "ckptd/v1/manifest.pb.h"
+#include "harness.h"
+#include "multi_node.h"
+#include "testclient/rank_io.h"
+
+using namespace ckptd_it;
+
+namespace {
+
+constexpr char kJob[] = "peer-job";
+
+// CA and node certificates, made once per test process.
+const std::string& Certs() {
+  static TempDir* dir = [] {
+    auto* d = new TempDir();
+    std::vector<std::vector<std::string>> steps = {{"ca", d->path(), "ca"}};
+    for (const char* n : {"node-a", "node-b", "node-c"})
+      steps.push_back({"node", d->path(), "ca", n});
+    for (const std::vector<std::string>& args : steps) {
+      std::vector<std::string> argv{"/bin/sh", CKPTD_PEER_CERTS_SH};
+      argv.insert(argv.end(), args.begin(), args.end());
+      CommandResult r = RunCommand(argv);
+      INFO(r.output);
+      REQUIRE(r.exit_code == 0);
+    }
+    return d;
+  }();
+  return dir->path();
+}
+
+std::vector<std::string> Flags(const std::string& shared, const std::string& node) {
+  const std::string& c = Certs();
+  return {"--remote_dir=" + shared,
+          "--tier_policy=local+remote",
+          "--node_id=" + node,
+          "--cluster_poll_ms=50",
+          "--upload_retry_max_ms=1000",
+          "--peer_listen_addr=127.0.0.1:0",
+          "--peer_tls_ca_path=" + c + "/ca.pem",
+          "--peer_tls_cert_path=" + c + "/" + node + ".pem",
+          "--peer_tls_key_path=" + c + "/" + node + ".key",
+          "--peer_bytes_max=67108864",
+          "--peer_replicas=1"};
+}
+
+// The header record of a manifest (docs/BLOB_FORMAT.md: 8 bytes of magic, then a record: its
+// length and masked crc32c, 4 bytes each, little-endian, and the ManifestHeader).
+ckptd::v1::ManifestHeader ManifestHeaderOf(const std::string& shared, uint64_t step) {
+  const std::string bytes = ReadFile(shared + "/" + kJob + "/" + StepDir(step) + "/manifest.ckm");
+  REQUIRE(bytes.size() >= 16);
+  uint32_t len = 0;
+  for (int i = 3; i >= 0; --i) len = len << 8 | static_cast<uint8_t>(bytes[8 + i]);
+  REQUIRE(bytes.size() >= 16 + len);
+  ckptd::v1::ManifestHeader h;
+  REQUIRE(h.ParseFromArray(bytes.data() + 16, static_cast<int>(len)));
+  return h;
+}
+
+}  // namespace
+
+TEST_CASE("peers: a lost node's part is restored from its peer, with the store's copy gone",
+          "[integration][peer][multinode]") {
+  TempDir dir;
+  std::filesystem::create_directories(dir.path() + "/shared");
+  const std::string shared = dir.path() + "/shared";
+  auto a = std::make_unique<Daemon>(DaemonConfig{.extra_flags = Flags(shared, "node-a")});
+  auto b = std::make_unique<Daemon>(DaemonConfig{.extra_flags = Flags(shared, "node-b")});
+  auto c = std::make_unique<Daemon>(DaemonConfig{.extra_flags = Flags(shared, "node-c")});
+  for (const char* n : {"node-a", "node-b", "node-c"}) {
+    CHECK(std::filesystem::exists(shared + "/.ckptd-peers/" + n));
+  }
+  auto ca = ConnectNode(*a, 2);
+  auto cb = ConnectNode(*b, 2);
+  REQUIRE(ca != nullptr);
+  REQUIRE(cb != nullptr);
+  for (uint32_t r : {0u, 1u}) REQUIRE(SaveRank(*ca, kJob, 1, r, 4, 83).ok());
+  for (uint32_t r : {2u, 3u}) REQUIRE(SaveRank(*cb, kJob, 1, r, 4, 83).ok());
+  for (auto* cl : {ca.get(), cb.get()}) {
+    absl::Status committed = cl->WaitCommitted(kJob, 1, 30000);
+    INFO(committed.ToString() << "\nnode a:\n" << a->Log() << "\nnode b:\n" << b->Log());
+    REQUIRE(committed.ok());
+  }
+  // Placement: the ring of registered ids, each node's part on the next node.
+  const ckptd::v1::ManifestHeader m = ManifestHeaderOf(shared, 1);
+  REQUIRE(m.blobs_size() == 4);
+  for (const auto& blob : m.blobs()) {
+    INFO("blob " << blob.name());
+    const bool on_a = blob.id() < 2;
+    CHECK(blob.node() == (on_a ? "node-a" : "node-b"));
+    REQUIRE(blob.peers_size() == 1);
+    CHECK(blob.peers(0) == (on_a ? "node-b" : "node-c"));
+  }
+  // The jobs the store lists are unaffected by the registry beside them.
+  CommandResult ls = RunCtl(*a, {"ls"});
+  INFO(ls.output);
+  CHECK(ls.output.find(".ckptd-peers") == std::string::npos);
+
+  // Node b is lost: killed, its state dir gone; and the store's copies of its blobs are lost.
+  const std::string b_state = b->state_dir();
+  REQUIRE(kill(b->pid(), SIGKILL) == 0);
+  b->WaitExit(10000);
+  b.reset();
+  std::filesystem::remove_all(b_state);
+  for (const char* blob : {"r00002.blob", "r00003.blob"}) {
+    REQUIRE(std::filesystem::remove(shared + "/" + kJob + "/" + StepDir(1) + "/" + blob));
+  }
+  // Its replacement: the same node id, an empty state dir.
+  Daemon b2(DaemonConfig{.extra_flags = Flags(shared, "node-b")});
+  CHECK(VerifyInProcess(b2, kJob, 1, 83) == "");
+  // The whole first tensor: node a's rows from the store, node b's from node c's peer store.
+  const TensorItem& t = StateDict().front();
+  std::vector<uint8_t> got(ElementCount(t.shape) * ckptd::DTypeSize(t.dtype));
+  std::vector<ckptd::LoadTarget> targets = {
+      {t.name, ckptd::Region::Box(std::vector<uint64_t>(t.shape.size(), 0), t.shape), got.data(),
+       got.size()}};
+  auto r = b2.Connect()->Load(kJob, 1, 0, targets);
+  INFO(b2.Log());
+  REQUIRE(r.ok());
+  CHECK(r->bytes_read_peer > 0);
+  CHECK(r->bytes_read_peer + r->bytes_read_remote == r->bytes_read);
+  CHECK(got == GlobalBytes(t, 83));
+  // With node c gone too, node b's blobs are nowhere: the load fails, naming what is missing,
+  // and gives no wrong byte.
+  REQUIRE(kill(c->pid(), SIGKILL) == 0);
+  c->WaitExit(10000);
+  Daemon b3(DaemonConfig{.extra_flags = Flags(shared, "node-b")});
+  auto lost = b3.Connect()->Load(kJob, 1, 0, targets);
+  INFO(lost.status().ToString());
+  CHECK_FALSE(lost.ok());
+}
