@@ -42,7 +42,8 @@ const std::string& Certs() {
   return dir->path();
 }
 
-std::vector<std::string> Flags(const std::string& shared, const std::string& node) {
+std::vector<std::string> Flags(const std::string& shared, const std::string& node,
+                               int replicas = 1) {
   const std::string& c = Certs();
   return {"--remote_dir=" + shared,
           "--tier_policy=local+remote",
@@ -54,7 +55,7 @@ std::vector<std::string> Flags(const std::string& shared, const std::string& nod
           "--peer_tls_cert_path=" + c + "/" + node + ".pem",
           "--peer_tls_key_path=" + c + "/" + node + ".key",
           "--peer_bytes_max=67108864",
-          "--peer_replicas=1"};
+          "--peer_replicas=" + std::to_string(replicas)};
 }
 
 // The header record of a manifest (docs/BLOB_FORMAT.md: 8 bytes of magic, then a record: its
@@ -141,4 +142,53 @@ TEST_CASE("peers: a lost node's part is restored from its peer, with the store's
   auto lost = b3.Connect()->Load(kJob, 1, 0, targets);
   INFO(lost.status().ToString());
   CHECK_FALSE(lost.ok());
+}
+
+// Issue 35 §5: a peer that is down when a part is copied is skipped for the next node on the ring,
+// and a part with fewer copies than asked is published all the same, logged as degraded. Node c
+// is registered, then dies before the save: with peer_replicas = 2, node a's part goes to b only
+// (c refused), node b's part to a only (c refused, then a); a lost node b is restored from a.
+TEST_CASE("peers: a peer that is down is skipped for the next node; too few copies is degraded",
+          "[integration][peer][multinode]") {
+  TempDir dir;
+  std::filesystem::create_directories(dir.path() + "/shared");
+  const std::string shared = dir.path() + "/shared";
+  auto a = std::make_unique<Daemon>(DaemonConfig{.extra_flags = Flags(shared, "node-a", 2)});
+  auto b = std::make_unique<Daemon>(DaemonConfig{.extra_flags = Flags(shared, "node-b", 2)});
+  {
+    Daemon c(DaemonConfig{.extra_flags = Flags(shared, "node-c", 2)});
+    REQUIRE(kill(c.pid(), SIGKILL) == 0);
+    c.WaitExit(10000);
+  }
+  REQUIRE(std::filesystem::exists(shared + "/.ckptd-peers/node-c"));  // registered, and down
+  auto ca = ConnectNode(*a, 2);
+  auto cb = ConnectNode(*b, 2);
+  for (uint32_t r : {0u, 1u}) REQUIRE(SaveRank(*ca, kJob, 1, r, 4, 87).ok());
+  for (uint32_t r : {2u, 3u}) REQUIRE(SaveRank(*cb, kJob, 1, r, 4, 87).ok());
+  for (auto* cl : {ca.get(), cb.get()}) {
+    absl::Status committed = cl->WaitCommitted(kJob, 1, 30000);
+    INFO(committed.ToString() << "\nnode a:\n" << a->Log() << "\nnode b:\n" << b->Log());
+    REQUIRE(committed.ok());
+  }
+  const ckptd::v1::ManifestHeader m = ManifestHeaderOf(shared, 1);
+  for (const auto& blob : m.blobs()) {
+    INFO("blob " << blob.name());
+    REQUIRE(blob.peers_size() == 1);
+    CHECK(blob.peers(0) == (blob.id() < 2 ? "node-b" : "node-a"));
+  }
+  for (Daemon* d : {a.get(), b.get()}) {
+    INFO(d->Log());
+    CHECK(d->Log().find("to node-c failed, trying the next node") != std::string::npos);
+    CHECK(d->Log().find("has 1 of 2 peer copies (degraded)") != std::string::npos);
+  }
+  const std::string b_state = b->state_dir();
+  REQUIRE(kill(b->pid(), SIGKILL) == 0);
+  b->WaitExit(10000);
+  b.reset();
+  std::filesystem::remove_all(b_state);
+  for (const char* blob : {"r00002.blob", "r00003.blob"}) {
+    REQUIRE(std::filesystem::remove(shared + "/" + kJob + "/" + StepDir(1) + "/" + blob));
+  }
+  Daemon b2(DaemonConfig{.extra_flags = Flags(shared, "node-b", 2)});
+  CHECK(VerifyInProcess(b2, kJob, 1, 87) == "");
 }

@@ -77,7 +77,7 @@ class BlobFromPeers : public BlobReader {
       absl::Status last = absl::NotFoundError("no peer holds it");
       bool done = false;
       for (; next_ < holders_.peers.size() && !done;) {
-        absl::StatusOr<Client*> c = r_->ClientFor(holders_.peers[next_]);
+        absl::StatusOr<std::shared_ptr<Client>> c = r_->ClientFor(holders_.peers[next_]);
         if (c.ok()) {
           last = (*c)->GetBlob(holders_.origin, path_.job, path_.step, path_.blob, s.offset,
                                std::span<char>(static_cast<char*>(s.buf), s.len));
@@ -239,7 +239,7 @@ absl::StatusOr<std::map<std::string, std::string>> Replicator::Registry(bool fre
   return found;
 }
 
-absl::StatusOr<Client*> Replicator::ClientFor(const std::string& node) {
+absl::StatusOr<std::shared_ptr<Client>> Replicator::ClientFor(const std::string& node) {
   CKPTD_ASSIGN_OR_RETURN(auto registry, Registry());
   auto it = registry.find(node);
   if (it == registry.end()) {
@@ -263,7 +263,7 @@ absl::StatusOr<Client*> Replicator::ClientFor(const std::string& node) {
     CKPTD_ASSIGN_OR_RETURN(client, Client::Connect(o));
     address = it->second;
   }
-  return client.get();
+  return client;
 }
 
 absl::Status Replicator::CopyPart(const std::string& node, const std::string& job, uint64_t step,
@@ -271,7 +271,7 @@ absl::Status Replicator::CopyPart(const std::string& node, const std::string& jo
                                   const std::vector<std::pair<std::string, uint64_t>>& blobs,
                                   bool* local_failure) {
   *local_failure = false;
-  CKPTD_ASSIGN_OR_RETURN(Client * c, ClientFor(node));
+  CKPTD_ASSIGN_OR_RETURN(std::shared_ptr<Client> c, ClientFor(node));
   *local_failure = true;  // until the blob is read
   for (const auto& [name, size] : blobs) {
     const std::string path = absl::StrCat(dir, "/", name);
@@ -334,7 +334,7 @@ absl::StatusOr<std::vector<std::string>> Replicator::Replicate(
 void Replicator::Drop(const std::string& job, uint64_t step,
                       const std::vector<std::string>& nodes) {
   for (const std::string& node : nodes) {
-    absl::StatusOr<Client*> c = ClientFor(node);
+    absl::StatusOr<std::shared_ptr<Client>> c = ClientFor(node);
     absl::Status st = c.ok() ? (*c)->DropBlobs(job, step).status() : c.status();
     if (!st.ok()) {
       spdlog::info("peer tier: dropping the copies of {}/{} on {}: {} (its budget evicts them)",

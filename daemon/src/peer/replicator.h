@@ -72,8 +72,10 @@ class Replicator : public PeerTier {
   // `fresh`.
   absl::StatusOr<std::map<std::string, std::string>> Registry(bool fresh = false)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // The client of `node` (UNAVAILABLE when the registry does not name it).
-  absl::StatusOr<Client*> ClientFor(const std::string& node) ABSL_LOCKS_EXCLUDED(mu_);
+  // The client of `node` (UNAVAILABLE when the registry does not name it); shared, so that one
+  // replaced meanwhile (its address changed) lives until its last caller lets go.
+  absl::StatusOr<std::shared_ptr<Client>> ClientFor(const std::string& node)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   static constexpr absl::Duration kRegistryRefresh = absl::Seconds(5);
 
@@ -95,7 +97,7 @@ class Replicator : public PeerTier {
   std::map<std::string, std::string> registry_ ABSL_GUARDED_BY(mu_);
   absl::Time registry_read_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // node -> (address, client)
-  std::map<std::string, std::pair<std::string, std::unique_ptr<Client>>> clients_
+  std::map<std::string, std::pair<std::string, std::shared_ptr<Client>>> clients_
       ABSL_GUARDED_BY(mu_);
 };
 
