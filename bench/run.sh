@@ -18,6 +18,11 @@
 #                            default config over http, SHA-256 of every part)
 #   BENCH_CLUSTER_ROUNDS=9   checkpoints spanning nodes (bench/cluster_merge_bench.cc,
 #                            bench/cluster_commit_bench.py: 1, 2 and 3 daemons on a shared dir)
+#   BENCH_PEER_RESTORE_MIB=256 BENCH_PEER_RESTORE_ROUNDS=5   time to resume after a node's loss:
+#                            a replacement node's 2 ranks (MiB each) loaded from the peer holding
+#                            its part, against the store (a directory, cold; SeaweedFS on
+#                            loopback) and the lost node's own RAM tier (3 daemons on a shared
+#                            dir; bench/peer_restore_bench.py; rounds rotate the order)
 #   BENCH_COMMIT_MIB=512 BENCH_COMMIT_ROUNDS=9   time to committed against fio in the daemon's
 #                            write shape and dd (bench/commit_floor.py; rounds rotate the order)
 #   BENCH_RESTORE_MIB=1024 BENCH_RESTORE_ROUNDS=3 BENCH_RESTORE_WORLDS=1,4   restores from the
@@ -45,7 +50,7 @@
 #   BENCH_SAVE_ITEMS=1000,100000   a Save's staging time against its item count
 #                            (bench/save_validate_bench.cc: per-item time, 1.0 = linear)
 #   BENCH_ONLY=all|planner|save_validate|reshard|ckpt|commit|restore|cold|warm|resume|replicated|train|remote|cluster|peer
-#              |deepspeed|import
+#              |peer_restore|deepspeed|import
 #                            run one part only
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -92,6 +97,13 @@ echo "bench: checkpoints spanning nodes (the coordinator's merge at 1k/10k ranks
 "$BUILD/ckptd_bench_cluster_merge" --ranks 1000,10000 --reps 3 | tee "$OUT/cluster_merge.jsonl"
 python3 "$ROOT/bench/cluster_commit_bench.py" --daemon "$BUILD/ckptd" --out "$OUT" \
   --rounds "${BENCH_CLUSTER_ROUNDS:-9}"
+fi
+
+if [ "$ONLY" = all ] || [ "$ONLY" = peer_restore ]; then
+echo "bench: time to resume after a node's loss: ranks loaded from a peer, the store, the RAM tier"
+python3 "$ROOT/bench/peer_restore_bench.py" --daemon "$BUILD/ckptd" \
+  --out "$OUT/peer_restore.jsonl" --mib "${BENCH_PEER_RESTORE_MIB:-256}" \
+  --rounds "${BENCH_PEER_RESTORE_ROUNDS:-5}"
 fi
 
 if [ "$ONLY" = all ] || [ "$ONLY" = reshard ]; then

@@ -28,12 +28,20 @@ absl::Status PrintJson(const google::protobuf::Message& msg) {
 }
 
 // "local,remote", or with an upload under way "local,remote (uploading 61%)", "local,remote
-// (pending)", "local,remote (retrying, 3 failed: <error>)".
+// (pending)", "local,remote (retrying, 3 failed: <error>)"; a checkpoint spanning nodes whose
+// blobs peers hold "peer (node-b, node-c)" ("; degraded: N blobs on no peer").
 std::string TiersString(const v1::Tiers& t) {
   std::vector<std::string> parts;
   if (t.staged()) parts.push_back("staged");
   if (t.ram()) parts.push_back("ram");
   if (t.local()) parts.push_back("local");
+  if (t.peer_nodes_size() > 0) {
+    std::string peers = absl::StrCat("peer (", absl::StrJoin(t.peer_nodes(), ", "));
+    if (t.blobs_without_peer_copy() > 0) {
+      absl::StrAppend(&peers, "; degraded: ", t.blobs_without_peer_copy(), " blobs on no peer");
+    }
+    parts.push_back(peers + ")");
+  }
   const v1::Upload& u = t.upload();
   if (t.remote()) {
     parts.push_back("remote");

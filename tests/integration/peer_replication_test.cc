@@ -105,10 +105,14 @@ TEST_CASE("peers: a lost node's part is restored from its peer, with the store's
     REQUIRE(blob.peers_size() == 1);
     CHECK(blob.peers(0) == (on_a ? "node-b" : "node-c"));
   }
-  // The jobs the store lists are unaffected by the registry beside them.
+  // The jobs the store lists are unaffected by the registry beside them; the status names the
+  // peers holding copies.
   CommandResult ls = RunCtl(*a, {"ls"});
   INFO(ls.output);
   CHECK(ls.output.find(".ckptd-peers") == std::string::npos);
+  CommandResult st = RunCtl(*a, {"status", kJob, "1"});
+  INFO(st.output);
+  CHECK(st.output.find("peer (node-b, node-c)") != std::string::npos);
 
   // Node b is lost: killed, its state dir gone; and the store's copies of its blobs are lost.
   const std::string b_state = b->state_dir();

@@ -83,6 +83,8 @@ CheckpointInfo FromProto(const v1::CheckpointSummary& s) {
   info.tiers.remote = s.tiers().remote();
   info.tiers.ram = s.tiers().ram();
   info.tiers.ram_bytes = s.tiers().ram_bytes();
+  info.tiers.peer_nodes.assign(s.tiers().peer_nodes().begin(), s.tiers().peer_nodes().end());
+  info.tiers.blobs_without_peer_copy = s.tiers().blobs_without_peer_copy();
   if (s.tiers().has_upload()) {
     const v1::Upload& u = s.tiers().upload();
     UploadProgress& p = info.tiers.upload;
@@ -98,6 +100,9 @@ CheckpointInfo FromProto(const v1::CheckpointSummary& s) {
         break;
       case v1::UPLOAD_DURABLE:
         p.state = UploadProgress::kDurable;
+        break;
+      case v1::UPLOAD_REFUSED:
+        p.state = UploadProgress::kRefused;
         break;
       default:
         p.state = UploadProgress::kNone;

@@ -67,11 +67,13 @@ py::dict InfoDict(const CheckpointInfo& c) {
   d["state"] = CheckpointStateName(c.state);
   d["world_size"] = c.world_size;
   d["bytes"] = c.bytes;
-  d["tiers"] = py::dict(py::arg("staged") = c.tiers.staged, py::arg("ram") = c.tiers.ram,
-                        py::arg("ram_bytes") = c.tiers.ram_bytes, py::arg("local") = c.tiers.local,
-                        py::arg("remote") = c.tiers.remote);
+  d["tiers"] =
+      py::dict(py::arg("staged") = c.tiers.staged, py::arg("ram") = c.tiers.ram,
+               py::arg("ram_bytes") = c.tiers.ram_bytes, py::arg("local") = c.tiers.local,
+               py::arg("remote") = c.tiers.remote, py::arg("peer_nodes") = c.tiers.peer_nodes,
+               py::arg("blobs_without_peer_copy") = c.tiers.blobs_without_peer_copy);
   if (c.tiers.upload.state != UploadProgress::kNone) {
-    static const char* kStates[] = {"none", "pending", "running", "retrying", "durable"};
+    static const char* kStates[] = {"none", "pending", "running", "retrying", "durable", "refused"};
     const UploadProgress& u = c.tiers.upload;
     d["upload"] =
         py::dict(py::arg("state") = kStates[u.state], py::arg("bytes_done") = u.bytes_done,

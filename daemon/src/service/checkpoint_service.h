@@ -423,6 +423,8 @@ class CheckpointService {
   // with a remote tier on a daemon with peers (the blobs only: manifests are not on peers).
   std::vector<Storage*> WithPeers(const v1::CheckpointRecord& rec,
                                   std::vector<Storage*> tiers) const;
+  // The peer tier of a checkpoint spanning nodes, from its manifest (Tiers.peer_nodes).
+  static void FillPeerTier(const v1::ManifestHeader& h, v1::Tiers* out);
   // A Delete: the copies this node placed on its peers of (job, step) are dropped (best effort).
   void DropPeerCopies(const std::string& job, uint64_t step) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status PutRecordSync(const v1::CheckpointRecord& rec);

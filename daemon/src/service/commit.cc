@@ -129,6 +129,7 @@ absl::Status CheckpointService::IndexCommitted(const Manifest& m, const std::str
   s->set_bytes(h.total_bytes());
   s->mutable_tiers()->set_local(tiers.local);
   s->mutable_tiers()->set_remote(tiers.remote_durable);
+  FillPeerTier(h, s->mutable_tiers());
   s->set_tier_policy(tiers.policy);
   s->set_created_unix_ms(h.created_unix_ms());
   s->set_committed_unix_ms(h.committed_unix_ms());

@@ -1,6 +1,8 @@
 // Tiers of CheckpointService: the lifecycle's and the catalog's side of the tiers — the policy a
 // Save asks for, which tiers a COMMITTED checkpoint is read from, its remote tier in a status,
 // and Wait(WAIT_FOR_REMOTE). The uploads themselves are tier/remote_tier.h's.
+#include <set>
+
 #include "absl/strings/str_cat.h"
 #include "ckptd/status.h"
 #include "service/checkpoint_service.h"
@@ -71,6 +73,21 @@ std::vector<Storage*> CheckpointService::WithPeers(const v1::CheckpointRecord& r
   auto at = std::find(tiers.begin(), tiers.end(), remote_.remote());
   tiers.insert(at, deps_.peers->reader());
   return tiers;
+}
+
+void CheckpointService::FillPeerTier(const v1::ManifestHeader& h, v1::Tiers* out) {
+  std::set<std::string> nodes;
+  uint32_t without = 0;
+  bool spans_nodes = false;
+  for (const v1::BlobInfo& b : h.blobs()) {
+    if (b.node().empty()) continue;
+    spans_nodes = true;
+    nodes.insert(b.peers().begin(), b.peers().end());
+    without += b.peers().empty() && b.size_bytes() > 0 ? 1 : 0;
+  }
+  if (!spans_nodes || nodes.empty()) return;  // the peer tier was off for it
+  out->mutable_peer_nodes()->Assign(nodes.begin(), nodes.end());
+  out->set_blobs_without_peer_copy(without);
 }
 
 void CheckpointService::FillRemoteTier(v1::CheckpointSummary* summary) {

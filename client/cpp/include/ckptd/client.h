@@ -228,11 +228,13 @@ enum class TierPolicy { kDefault, kLocal, kLocalAndRemote, kRemote };
 
 // The upload of a checkpoint to the remote tier.
 struct UploadProgress {
-  enum State { kNone, kPending, kRunning, kRetrying, kDurable };
+  // kRefused: the store refused it for good (the job there belongs to another owner; `error`
+  // names it); not retried until the daemon restarts.
+  enum State { kNone, kPending, kRunning, kRetrying, kDurable, kRefused };
   State state = kNone;
   uint64_t bytes_done = 0;
   uint64_t bytes_total = 0;
-  std::string error;  // the last attempt's failure (kRetrying)
+  std::string error;  // the last attempt's failure (kRetrying, kRefused)
   uint32_t attempts = 0;
   std::string store;  // e.g. "posix:/mnt/shared/ckpt"
 };
@@ -249,6 +251,10 @@ struct Tiers {
   bool ram = false;     // hot in the daemon's RAM tier: loads copy from memory
   uint64_t ram_bytes = 0;
   UploadProgress upload;  // kNone unless the checkpoint's policy has a remote tier
+  // A checkpoint spanning nodes (docs/PEERS.md "Replication"): the nodes whose peer stores hold
+  // copies of its blobs, and how many of its blobs no peer holds.
+  std::vector<std::string> peer_nodes;
+  uint32_t blobs_without_peer_copy = 0;
 };
 
 struct RankProgress {
