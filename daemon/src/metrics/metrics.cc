@@ -230,6 +230,7 @@ void Metrics::Load(std::string_view job, absl::StatusCode code, const LoadBytes&
   load_seconds_.Add({}, SecondsBuckets()).Observe(seconds);
   const std::pair<const char*, uint64_t> tiers[] = {{"local", bytes.local},
                                                     {"remote", bytes.remote},
+                                                    {"peer", bytes.peer},
                                                     {"ram", bytes.ram},
                                                     {"prefetched", bytes.prefetched}};
   for (const auto& [tier, n] : tiers) {

@@ -79,6 +79,7 @@ class Metrics {
   struct LoadBytes {
     uint64_t local = 0;   // read from local storage
     uint64_t remote = 0;  // read from the remote tier
+    uint64_t peer = 0;    // read from other nodes' peer stores
     uint64_t ram = 0;     // copied from the RAM tier
     uint64_t prefetched = 0;
   };

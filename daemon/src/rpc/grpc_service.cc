@@ -171,12 +171,15 @@ void RecordCall(Metrics* m, const v1::LoadRequest& req, const v1::LoadResponse& 
                 const absl::Status& st, absl::Duration took) {
   if (m == nullptr) return;
   const uint64_t remote = resp.bytes_read_remote();
-  m->Load(req.job(), st.code(),
-          Metrics::LoadBytes{.local = resp.bytes_read() - std::min(remote, resp.bytes_read()),
-                             .remote = remote,
-                             .ram = resp.bytes_from_ram(),
-                             .prefetched = resp.bytes_prefetched()},
-          absl::ToDoubleSeconds(took));
+  const uint64_t peer = resp.bytes_read_peer();
+  m->Load(
+      req.job(), st.code(),
+      Metrics::LoadBytes{.local = resp.bytes_read() - std::min(remote + peer, resp.bytes_read()),
+                         .remote = remote,
+                         .peer = peer,
+                         .ram = resp.bytes_from_ram(),
+                         .prefetched = resp.bytes_prefetched()},
+      absl::ToDoubleSeconds(took));
 }
 
 }  // namespace
