@@ -314,9 +314,9 @@ static absl::Status ValidatePeer(const DaemonOptions& o) {
                      ": expected 1 to kPeerStreamsPerNodeMax = ", limits::kPeerStreamsPerNodeMax));
   }
   if (o.peer_replicas > limits::kPeerReplicasMax) {
-    return absl::InvalidArgumentError(absl::StrCat("option peer_replicas = ", o.peer_replicas,
-                                                   ": expected 0 to kPeerReplicasMax = ",
-                                                   limits::kPeerReplicasMax));
+    return absl::InvalidArgumentError(
+        absl::StrCat("option peer_replicas = ", o.peer_replicas,
+                     ": expected 0 to kPeerReplicasMax = ", limits::kPeerReplicasMax));
   }
   if (o.peer_inflight_bytes_per_node_max == 0 ||
       o.peer_inflight_bytes_per_node_max > limits::kPeerInflightBytesPerNodeMax) {
