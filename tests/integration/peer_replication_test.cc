@@ -15,6 +15,7 @@
 #include "ckptd/v1/manifest.pb.h"
 #include "harness.h"
 #include "multi_node.h"
+#include "peer_certs.h"
 #include "testclient/rank_io.h"
 
 using namespace ckptd_it;
@@ -23,24 +24,7 @@ namespace {
 
 constexpr char kJob[] = "peer-job";
 
-// CA and node certificates, made once per test process.
-const std::string& Certs() {
-  static TempDir* dir = [] {
-    auto* d = new TempDir();
-    std::vector<std::vector<std::string>> steps = {{"ca", d->path(), "ca"}};
-    for (const char* n : {"node-a", "node-b", "node-c"})
-      steps.push_back({"node", d->path(), "ca", n});
-    for (const std::vector<std::string>& args : steps) {
-      std::vector<std::string> argv{"/bin/sh", CKPTD_PEER_CERTS_SH};
-      argv.insert(argv.end(), args.begin(), args.end());
-      CommandResult r = RunCommand(argv);
-      INFO(r.output);
-      REQUIRE(r.exit_code == 0);
-    }
-    return d;
-  }();
-  return dir->path();
-}
+const std::string& Certs() { return PeerCerts(); }
 
 std::vector<std::string> Flags(const std::string& shared, const std::string& node,
                                int replicas = 1) {
@@ -69,6 +53,19 @@ ckptd::v1::ManifestHeader ManifestHeaderOf(const std::string& shared, uint64_t s
   ckptd::v1::ManifestHeader h;
   REQUIRE(h.ParseFromArray(bytes.data() + 16, static_cast<int>(len)));
   return h;
+}
+
+// Node b is lost: killed, its state dir gone; and the store's copies of its blobs (ranks 2 and 3)
+// are lost too, so that they can come from its peers alone.
+void LoseNodeB(std::unique_ptr<Daemon>& b, const std::string& shared) {
+  const std::string state = b->state_dir();
+  REQUIRE(kill(b->pid(), SIGKILL) == 0);
+  b->WaitExit(10000);
+  b.reset();
+  std::filesystem::remove_all(state);
+  for (const char* blob : {"r00002.blob", "r00003.blob"}) {
+    REQUIRE(std::filesystem::remove(shared + "/" + kJob + "/" + StepDir(1) + "/" + blob));
+  }
 }
 
 }  // namespace
@@ -114,15 +111,7 @@ TEST_CASE("peers: a lost node's part is restored from its peer, with the store's
   INFO(st.output);
   CHECK(st.output.find("peer (node-b, node-c)") != std::string::npos);
 
-  // Node b is lost: killed, its state dir gone; and the store's copies of its blobs are lost.
-  const std::string b_state = b->state_dir();
-  REQUIRE(kill(b->pid(), SIGKILL) == 0);
-  b->WaitExit(10000);
-  b.reset();
-  std::filesystem::remove_all(b_state);
-  for (const char* blob : {"r00002.blob", "r00003.blob"}) {
-    REQUIRE(std::filesystem::remove(shared + "/" + kJob + "/" + StepDir(1) + "/" + blob));
-  }
+  LoseNodeB(b, shared);
   // Its replacement: the same node id, an empty state dir.
   Daemon b2(DaemonConfig{.extra_flags = Flags(shared, "node-b")});
   CHECK(VerifyInProcess(b2, kJob, 1, 83) == "");
@@ -185,14 +174,7 @@ TEST_CASE("peers: a peer that is down is skipped for the next node; too few copi
     CHECK(d->Log().find("to node-c failed, trying the next node") != std::string::npos);
     CHECK(d->Log().find("has 1 of 2 peer copies (degraded)") != std::string::npos);
   }
-  const std::string b_state = b->state_dir();
-  REQUIRE(kill(b->pid(), SIGKILL) == 0);
-  b->WaitExit(10000);
-  b.reset();
-  std::filesystem::remove_all(b_state);
-  for (const char* blob : {"r00002.blob", "r00003.blob"}) {
-    REQUIRE(std::filesystem::remove(shared + "/" + kJob + "/" + StepDir(1) + "/" + blob));
-  }
+  LoseNodeB(b, shared);
   Daemon b2(DaemonConfig{.extra_flags = Flags(shared, "node-b", 2)});
   CHECK(VerifyInProcess(b2, kJob, 1, 87) == "");
 }

@@ -12,34 +12,15 @@
 #include <thread>
 
 #include "harness.h"
+#include "peer_certs.h"
 
 using namespace ckptd_it;
 using Catch::Matchers::Contains;
 
 namespace {
 
-// The certificates, made once per test process.
-const std::string& Certs() {
-  static TempDir* dir = [] {
-    auto* d = new TempDir();
-    const std::string sh = CKPTD_PEER_CERTS_SH;
-    for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
-             {"ca", d->path(), "ca"},
-             {"node", d->path(), "ca", "node-a"},
-             {"node", d->path(), "ca", "node-b"},
-             {"node", d->path(), "ca", "node-old", "0"},  // expired as soon as made
-             {"ca", d->path() + "/other", "ca"},
-             {"node", d->path() + "/other", "ca", "node-a"}}) {
-      std::vector<std::string> argv{"/bin/sh", sh};
-      argv.insert(argv.end(), args.begin(), args.end());
-      CommandResult r = RunCommand(argv);
-      INFO(r.output);
-      REQUIRE(r.exit_code == 0);
-    }
-    return d;
-  }();
-  return dir->path();
-}
+// The certificates (peer_certs.h).
+const std::string& Certs() { return PeerCerts(); }
 
 std::vector<std::string> PeerFlags(const std::string& node, std::vector<std::string> more = {}) {
   const std::string& c = Certs();
