@@ -141,7 +141,7 @@ TEST_CASE("peers: a lost node's part is restored from its peer, with the store's
 // and a part with fewer copies than asked is published all the same, logged as degraded. Node c
 // is registered, then dies before the save: with peer_replicas = 2, node a's part goes to b only
 // (c refused), node b's part to a only (c refused, then a); a lost node b is restored from a.
-TEST_CASE("peers: a peer that is down is skipped for the next node; too few copies is degraded",
+TEST_CASE("peers: a peer that is down is skipped for the next node, too few copies is degraded",
           "[integration][peer][multinode]") {
   TempDir dir;
   std::filesystem::create_directories(dir.path() + "/shared");

@@ -38,7 +38,7 @@ struct TierRig {
 
 }  // namespace
 
-TEST_CASE("store owner: the first write claims the job; the same owner passes, another is refused",
+TEST_CASE("store owner: the first write claims the job, the same owner passes, another is refused",
           "[unit]") {
   MemoryStorage store;
   TierRig a(&store);
