@@ -1,9 +1,13 @@
 // Checkpoints that span nodes (docs/OPERATIONS.md "Checkpoints that span nodes"). The ranks of one
 // checkpoint save through several daemons, one per node (SaveRequest.local_world_size <
 // world_size), and the shared tier — the remote store, or a shared file system — is their only
-// channel: no daemon talks to another. Each daemon stages, flushes and journals its own ranks as
-// for any checkpoint; once its local_world_size ranks are persisted (kAwaitingCluster) the cluster
-// thread, every cluster_poll_ms:
+// channel of control: the commit is decided there. (Blobs may also travel between daemons: with
+// the peer tier, a node's part is copied to its peers first, step 0 below; docs/PEERS.md.) Each
+// daemon stages, flushes and journals its own ranks as for any checkpoint; once its
+// local_world_size ranks are persisted (kAwaitingCluster) the cluster thread, every
+// cluster_poll_ms:
+//   0. with the peer tier (PeerTier, service/peer_tier.h): copies this node's part to its peers
+//      (ReplicateOwnPart), once per checkpoint and start; the part records who took it;
 //   1. publishes this node's part: its blobs copied to the store and synced, then
 //      <dir>/cluster/<node_id>.part (PutIfAbsent; a part already there with the same ranks is
 //      this node's from before a restart, another one is a second daemon with this node_id);
