@@ -392,3 +392,6 @@ def test_a_restore_right_after_the_save_copies_from_the_ram_tier(client: ckptd.C
     np.testing.assert_array_equal(in_daemon, w[64:128])
     np.testing.assert_array_equal(cols, w[:, 16:32])
     assert counts["bytes_read"] == 0 and counts["bytes_from_ram"] == in_daemon.nbytes + cols.nbytes
+    # Nothing from a remote store or another node's peer store (docs/PEERS.md "Replication").
+    assert counts["bytes_read_remote"] == 0 and counts["bytes_read_peer"] == 0
+    assert got.bytes_read_peer == 0 and status["tiers"]["peer_nodes"] == []
