@@ -10,6 +10,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 
 GB = 1e9
 
@@ -65,16 +66,24 @@ def drop_caches(path: str) -> None:
         with open("/proc/sys/vm/drop_caches", "w") as f:
             f.write("1\n")
         return
-    for dirpath, _, files in os.walk(path):
-        for fn in files:
-            try:
-                fd = os.open(os.path.join(dirpath, fn), os.O_RDONLY)
-            except OSError:
-                continue
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
+    drop_file_caches(
+        os.path.join(dirpath, fn) for dirpath, _, files in os.walk(path) for fn in files
+    )
+
+
+def drop_file_caches(files: Iterable[str | os.PathLike[str]]) -> None:
+    """Drops these files' pages from the page cache (only theirs: other work on this machine keeps
+    its cache); a file that cannot be opened is skipped."""
+    os.sync()
+    for f in files:
+        try:
+            fd = os.open(f, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
 
 
 def proc_io(pid: int) -> dict[str, int]:

@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from bench_common import remove_shm_at_exit
+from bench_common import drop_file_caches, remove_shm_at_exit
 from remote_bench import ACCESS_KEY, BUCKET, SECRET_KEY, WEED_PID, proc_cpu_s, weed_server
 
 import ckptd
@@ -241,17 +241,6 @@ def check(source: str, got: list[dict[str, Any]], step: int) -> None:
             sys.exit(f"bench: {source}: rank {r}'s load counted {k} for {a.nbytes} bytes")
 
 
-def drop_cache(files: list[Path]) -> None:
-    """Drops these files' pages from the page cache (only theirs: others work on this machine)."""
-    os.sync()
-    for f in files:
-        fd = os.open(f, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
 def client_cpu_s() -> float:
     """This process's CPU seconds so far: the ranks' clients (their copies out of the arena)."""
     ru = resource.getrusage(resource.RUSAGE_SELF)
@@ -301,10 +290,10 @@ def replacement(
         for b in blobs:
             b.rename(aside / b.name)
     elif source == "store_dir":
-        drop_cache(blobs)
+        drop_file_caches(blobs)
     else:
         files = [Path(d, f) for d, _, fs in os.walk(setup.work / "weed") for f in fs]
-        drop_cache([f for f in files if f.is_file()])  # not its socket
+        drop_file_caches([f for f in files if f.is_file()])  # not its socket
     store = "s3" if source == "store_s3" else "dir"
     node = Node(setup, "node-b", store, peers=source == "peers")
     try:

@@ -46,6 +46,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from bench_common import drop_file_caches
+
 ROOT = Path(__file__).resolve().parents[1]
 MiB = 1 << 20
 GiB = 1 << 30
@@ -314,17 +316,8 @@ def needed_aligned(tensors: dict[str, Any], box: tuple[int, int, int, int]) -> t
 
 
 # --- the measurements -------------------------------------------------------------------------
-def drop_cache(files: list[Path]) -> None:
-    for f in files:
-        fd = os.open(f, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
 def disk_read(files: list[Path], block: int) -> float:
-    drop_cache(files)
+    drop_file_caches(files)
     t0 = time.perf_counter()
     for f in files:
         subprocess.run(
@@ -349,7 +342,7 @@ def transfer_config(args: Any) -> Any:
 def s3t_upload(client: Any, args: Any, files: list[Path], prefix: str) -> float:
     from s3transfer.manager import TransferManager
 
-    drop_cache(files)
+    drop_file_caches(files)
     t0 = time.perf_counter()
     with TransferManager(client, transfer_config(args)) as tm:
         futures = [tm.upload(str(f), BUCKET, f"{prefix}/{f.name}") for f in files]
