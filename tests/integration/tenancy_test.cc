@@ -375,15 +375,22 @@ std::string RunTenantCommand(Tenant& t, int gate_fd, const std::string& line) {
   return "unknown command \"" + line + "\"";
 }
 
+// Two daemons of the test uids, nodes a and b, sharing a directory as the store.
+struct TwoTenantNodes {
+  TempDir dir;
+  std::string shared = SharedDir(dir);
+  std::pair<std::unique_ptr<Daemon>, std::unique_ptr<Daemon>> daemons{
+      TenantDaemon(SharedStoreFlags(shared, "node-a")),
+      TenantDaemon(SharedStoreFlags(shared, "node-b"))};
+};
+
 }  // namespace
 
 TEST_CASE("tenancy: another uid's job adopted from the shared store gives nothing away",
           "[integration][tenancy]") {
   if (NeedsRoot()) return;
-  TempDir dir;
-  const std::string shared = SharedDir(dir);
-  auto a = TenantDaemon(SharedStoreFlags(shared, "node-a"));
-  auto b = TenantDaemon(SharedStoreFlags(shared, "node-b"));
+  TwoTenantNodes nodes;
+  auto& [a, b] = nodes.daemons;
   // uid A saves one job per call on node a, durable on the store.
   REQUIRE(RunAs(kUidA, *a, {"save-ops"}) == "");
   // uid B asks node b, which has no row of these jobs: each call adopts the job from the store
@@ -404,10 +411,9 @@ TEST_CASE(
     "owner's data on the store",
     "[integration][tenancy]") {
   if (NeedsRoot()) return;
-  TempDir dir;
-  const std::string shared = SharedDir(dir);
-  auto a = TenantDaemon(SharedStoreFlags(shared, "node-a"));
-  auto b = TenantDaemon(SharedStoreFlags(shared, "node-b"));
+  TwoTenantNodes nodes;
+  const std::string& shared = nodes.shared;
+  auto& [a, b] = nodes.daemons;
   REQUIRE(RunAs(kUidA, *a, {"save shared 1 0x61 remote"}) == "");
   REQUIRE(std::filesystem::exists(shared + "/shared/owner.ckj"));
   // Node b has not seen the job: uid B claims the name there and commits its step 1 locally,

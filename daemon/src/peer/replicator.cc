@@ -272,34 +272,41 @@ absl::Status Replicator::CopyPart(const std::string& node, const std::string& jo
                                   bool* local_failure) {
   *local_failure = false;
   CKPTD_ASSIGN_OR_RETURN(std::shared_ptr<Client> c, ClientFor(node));
-  *local_failure = true;  // until the blob is read
   for (const auto& [name, size] : blobs) {
     const std::string path = absl::StrCat(dir, "/", name);
-    absl::StatusOr<std::unique_ptr<BlobReader>> r = local_->OpenBlob(path);
-    // A rank whose shards were all replicas (or empty) wrote no blob.
-    if (!r.ok() && absl::IsNotFound(r.status()) && size == 0) continue;
-    CKPTD_RETURN_IF_ERROR(Annotate(r.status(), absl::StrCat("reading ", path)));
-    const uint64_t bytes = (*r)->size_bytes();
-    AlignedBuffer buf = AllocateAligned(bytes);
-    if (buf == nullptr) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("replicating ", path, ": no memory for its ", bytes, " bytes"));
+    uint64_t bytes = 0;
+    absl::StatusOr<AlignedBuffer> buf = ReadLocalBlob(path, size, &bytes);
+    if (!buf.ok()) {
+      *local_failure = true;
+      return buf.status();
     }
-    IoSlice slice{buf.get(), bytes, 0};
-    if (bytes > 0) {
-      CKPTD_RETURN_IF_ERROR(Annotate((*r)->Read(std::span<const IoSlice>(&slice, 1)),
-                                     absl::StrCat("reading ", path)));
-    }
-    *local_failure = false;
+    if (*buf == nullptr) continue;  // a rank whose shards were all replicas wrote no blob
     CKPTD_RETURN_IF_ERROR(
         c->PutBlob(job, step, name,
-                   std::span<const char>(reinterpret_cast<const char*>(buf.get()), bytes),
+                   std::span<const char>(reinterpret_cast<const char*>(buf->get()), bytes),
                    kTransferBlockBytes)
             .status());
-    *local_failure = true;
   }
-  *local_failure = false;
   return absl::OkStatus();
+}
+
+absl::StatusOr<AlignedBuffer> Replicator::ReadLocalBlob(const std::string& path, uint64_t size,
+                                                        uint64_t* bytes) {
+  absl::StatusOr<std::unique_ptr<BlobReader>> r = local_->OpenBlob(path);
+  if (!r.ok() && absl::IsNotFound(r.status()) && size == 0) return AlignedBuffer();
+  CKPTD_RETURN_IF_ERROR(Annotate(r.status(), absl::StrCat("reading ", path)));
+  *bytes = (*r)->size_bytes();
+  AlignedBuffer buf = AllocateAligned(*bytes);
+  if (buf == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("replicating ", path, ": no memory for its ", *bytes, " bytes"));
+  }
+  IoSlice slice{buf.get(), *bytes, 0};
+  if (*bytes > 0) {
+    CKPTD_RETURN_IF_ERROR(
+        Annotate((*r)->Read(std::span<const IoSlice>(&slice, 1)), absl::StrCat("reading ", path)));
+  }
+  return buf;
 }
 
 absl::StatusOr<std::vector<std::string>> Replicator::Replicate(

@@ -40,6 +40,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "ckptd/storage.h"
+#include "common/align.h"
 #include "peer/peer_client.h"
 #include "peer/peer_tls.h"
 #include "service/peer_tier.h"
@@ -88,6 +89,10 @@ class Replicator : public PeerTier {
                         const std::string& dir,
                         const std::vector<std::pair<std::string, uint64_t>>& blobs,
                         bool* local_failure);
+  // A blob of this node's part, read whole from local storage into memory (*bytes of it); a
+  // null buffer for a blob of `size` 0 that was never written (its rank stored only replicas).
+  absl::StatusOr<AlignedBuffer> ReadLocalBlob(const std::string& path, uint64_t size,
+                                              uint64_t* bytes);
 
   const ReplicatorOptions options_;
   Storage* const local_;

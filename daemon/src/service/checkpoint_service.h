@@ -411,6 +411,11 @@ class CheckpointService {
   // this daemon's uid. PERMISSION_DENIED (not adopted) when the owner maps to no uid here or the
   // job here belongs to another uid.
   absl::Status AdoptOwner(const Manifest& m) ABSL_LOCKS_EXCLUDED(mu_);
+  // A Save under TIER_REMOTE (its blobs flushed straight to the store) that may open its
+  // checkpoint: the job's owner on the store is claimed first (RemoteTier::ClaimStoreOwner), for
+  // the job's owner here (the caller's uid when it has none yet).
+  absl::Status ClaimStoreOwnerToOpen(const Caller& caller, const v1::SaveRequest& req)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // What a manifest or node part of a job owned by `uid` records (OwnerMap::Record).
   v1::Owner OwnerRecordOf(uint32_t uid) const;
   absl::StatusOr<std::optional<v1::CheckpointRecord>> GetRecord(const std::string& job,

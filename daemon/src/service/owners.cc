@@ -63,6 +63,17 @@ absl::StatusOr<uint32_t> CheckpointService::ClaimJobOwner(const std::string& job
   return ClaimJobOwnerLocked(job, uid);
 }
 
+absl::Status CheckpointService::ClaimStoreOwnerToOpen(const Caller& caller,
+                                                      const v1::SaveRequest& req) {
+  {
+    absl::MutexLock lock(&mu_);
+    // Its first rank claimed it already (the later ranks read nothing here).
+    if (pending_.contains(Key{req.job(), req.step()})) return absl::OkStatus();
+  }
+  CKPTD_ASSIGN_OR_RETURN(std::optional<uint32_t> owner, JobOwner(req.job()));
+  return remote_.ClaimStoreOwner(req.job(), OwnerRecordOf(owner.value_or(caller.uid)));
+}
+
 absl::Status CheckpointService::AdoptOwner(const Manifest& m) {
   const std::string& job = m.header.job();
   const std::string what = CkptName(job, m.header.step());

@@ -443,11 +443,7 @@ absl::Status CheckpointService::Save(const Caller& caller, const v1::SaveRequest
   timings->set_copy_us(req.client_copy_us());
   CKPTD_ASSIGN_OR_RETURN(const v1::TierPolicy policy, ResolveTierPolicy(req));
   CKPTD_RETURN_IF_ERROR(ResolveSaveData(session, req, &rank));
-  if (policy == v1::TIER_REMOTE) {  // flushed to the store: the job's owner there first
-    CKPTD_ASSIGN_OR_RETURN(std::optional<uint32_t> owner, JobOwner(req.job()));
-    CKPTD_RETURN_IF_ERROR(
-        remote_.ClaimStoreOwner(req.job(), OwnerRecordOf(owner.value_or(caller.uid))));
-  }
+  if (policy == v1::TIER_REMOTE) CKPTD_RETURN_IF_ERROR(ClaimStoreOwnerToOpen(caller, req));
 
   absl::MutexLock lock(&mu_);
   CKPTD_ASSIGN_OR_RETURN(PendingCheckpoint * found, FindOrOpenLocked(caller, req, policy));

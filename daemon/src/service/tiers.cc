@@ -78,14 +78,11 @@ std::vector<Storage*> CheckpointService::WithPeers(const v1::CheckpointRecord& r
 void CheckpointService::FillPeerTier(const v1::ManifestHeader& h, v1::Tiers* out) {
   std::set<std::string> nodes;
   uint32_t without = 0;
-  bool spans_nodes = false;
   for (const v1::BlobInfo& b : h.blobs()) {
-    if (b.node().empty()) continue;
-    spans_nodes = true;
     nodes.insert(b.peers().begin(), b.peers().end());
     without += b.peers().empty() && b.size_bytes() > 0 ? 1 : 0;
   }
-  if (!spans_nodes || nodes.empty()) return;  // the peer tier was off for it
+  if (nodes.empty()) return;  // one node's checkpoint, or the peer tier was off for it
   out->mutable_peer_nodes()->Assign(nodes.begin(), nodes.end());
   out->set_blobs_without_peer_copy(without);
 }

@@ -238,6 +238,20 @@ absl::Status RemoteTier::ClaimStoreOwner(const std::string& job, const v1::Owner
   return absl::OkStatus();
 }
 
+absl::StatusOr<bool> RemoteTier::StoreOwnedByOther(const std::string& job, uint32_t uid) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (auto it = store_owners_.find(job); it != store_owners_.end() && it->second == uid) {
+      return false;  // verified (or claimed) by this daemon: no read
+    }
+  }
+  absl::StatusOr<std::optional<uint32_t>> there = StoreOwnerUid(job);
+  // A record that maps to no uid here, or does not parse, is nobody's of this node.
+  if (absl::IsPermissionDenied(there.status()) || absl::IsDataLoss(there.status())) return true;
+  CKPTD_RETURN_IF_ERROR(there.status());
+  return there->has_value() && **there != uid;
+}
+
 absl::StatusOr<std::optional<uint32_t>> RemoteTier::StoreOwnerUid(const std::string& job) {
   const std::string path = absl::StrCat(job, "/", kJobOwnerFileName);
   absl::StatusOr<std::string> there = remote_->Get(path);
@@ -274,14 +288,9 @@ absl::Status RemoteTier::Remove(const std::string& job, uint64_t step, const std
   // A copy on the store of a job the store records for another owner is theirs: left there.
   bool theirs = false;
   if (owner_uid.has_value()) {
-    absl::StatusOr<std::optional<uint32_t>> there = StoreOwnerUid(job);
-    theirs = !there.ok()
-                 ? absl::IsPermissionDenied(there.status()) || absl::IsDataLoss(there.status())
-                 : there->has_value() && **there != *owner_uid;
-    if (!there.ok() && !theirs) {
-      return Annotate(there.status(),
-                      absl::StrCat("checking the owner of ", Name(job, step), " on the store"));
-    }
+    CKPTD_ASSIGN_OR_RETURN(
+        theirs, Annotate(StoreOwnedByOther(job, *owner_uid),
+                         absl::StrCat("checking the owner of ", Name(job, step), " on the store")));
   }
   if (theirs) {
     spdlog::warn(

@@ -163,6 +163,10 @@ class RemoteTier {
   // The uid here of the owner the store records for `job`; nullopt when it records none.
   // PERMISSION_DENIED when the record maps to no uid here, DATA_LOSS when it does not parse.
   absl::StatusOr<std::optional<uint32_t>> StoreOwnerUid(const std::string& job);
+  // Whether the store records `job` for another owner than `uid` (the cache of verified owners
+  // first; a record that maps to no uid here or does not parse counts as another's).
+  absl::StatusOr<bool> StoreOwnedByOther(const std::string& job, uint32_t uid)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Copies blobs of `dir` (as CopyBlobs) to the store: in batches of kUploadBatchBlobsMax,
   // each one Storage::CopyBlobsFrom (the store reads and streams them), or for a store without it
   // CopyBlob of each.
