@@ -363,7 +363,8 @@ int Run(const DaemonOptions& o) {
             .store = {.bytes_max = o.peer_bytes_max,
                       .streams_per_node_max = o.peer_streams_per_node_max,
                       .inflight_bytes_per_node_max = o.peer_inflight_bytes_per_node_max,
-                      .connections_per_node_max = limits::kPeerConnectionsPerNodeMax}},
+                      .connections_per_node_max = limits::kPeerConnectionsPerNodeMax},
+            .local = stores->storage.get()},
         &metrics);
     if (!started.ok()) {
       spdlog::critical("peer channel: {}", started.status().ToString());

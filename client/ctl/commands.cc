@@ -29,12 +29,14 @@ absl::Status PrintJson(const google::protobuf::Message& msg) {
 
 // "local,remote", or with an upload under way "local,remote (uploading 61%)", "local,remote
 // (pending)", "local,remote (retrying, 3 failed: <error>)"; a checkpoint spanning nodes whose
-// blobs peers hold "peer (node-b, node-c)" ("; degraded: N blobs on no peer").
+// blobs peers hold "peer (node-b, node-c)" ("; degraded: N blobs on no peer"), committed at the
+// peer tier "local (this node's part),peer (node-b, node-c)".
 std::string TiersString(const v1::Tiers& t) {
   std::vector<std::string> parts;
   if (t.staged()) parts.push_back("staged");
   if (t.ram()) parts.push_back("ram");
   if (t.local()) parts.push_back("local");
+  if (t.local_part()) parts.push_back("local (this node's part)");
   if (t.peer_nodes_size() > 0) {
     std::string peers = absl::StrCat("peer (", absl::StrJoin(t.peer_nodes(), ", "));
     if (t.blobs_without_peer_copy() > 0) {

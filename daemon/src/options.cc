@@ -338,9 +338,17 @@ absl::Status DaemonOptions::Validate() {
 }
 
 absl::Status DaemonOptions::ValidateTiers() const {
-  if (tier_policy != "local" && tier_policy != "local+remote" && tier_policy != "remote") {
-    return absl::InvalidArgumentError(absl::StrCat("option tier_policy = \"", tier_policy,
-                                                   "\": expected local, local+remote or remote"));
+  if (tier_policy != "local" && tier_policy != "local+remote" && tier_policy != "remote" &&
+      tier_policy != "local+peer") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("option tier_policy = \"", tier_policy,
+                     "\": expected local, local+remote, remote or local+peer"));
+  }
+  if (tier_policy == "local+peer" && (peer_listen_addr.empty() || peer_replicas == 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("option tier_policy = \"local+peer\" needs the peer tier (peer_listen_addr "
+                     "and peer_replicas of at least 1; peer_replicas is ",
+                     peer_replicas, ")"));
   }
   if (!remote_dir.empty() && !remote_s3_bucket.empty()) {
     return absl::InvalidArgumentError(
@@ -349,7 +357,8 @@ absl::Status DaemonOptions::ValidateTiers() const {
   if (tier_policy != "local" && remote_dir.empty() && remote_s3_bucket.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("option tier_policy = \"", tier_policy,
                                                    "\" needs a remote tier (remote_dir or "
-                                                   "remote_s3_bucket)"));
+                                                   "remote_s3_bucket; under local+peer it holds "
+                                                   "the control files only)"));
   }
   if (remote_dir_link_fallback && remote_dir.empty()) {
     return absl::InvalidArgumentError("option remote_dir_link_fallback needs remote_dir");

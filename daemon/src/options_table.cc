@@ -217,10 +217,13 @@ const std::vector<OptionDef>& OptionDefs() {
        "SIGTERM gives flushes and commits, node parts and uploads in flight this long, answering "
        "status meanwhile; the rest resumes at the next start",
        IntField(&O::shutdown_grace_s, "shutdown_grace_s")},
-      {"tier_policy", "tiers of a checkpoint whose Save names none: local | local+remote | remote",
-       "tiers of a checkpoint whose Save names none: `local`, `local+remote` or `remote` (the "
-       "last two need a remote tier: `remote_dir` or `remote_s3_bucket`); see "
-       "[Tiers](OPERATIONS.md#tiers-local-and-remote)",
+      {"tier_policy",
+       "tiers of a checkpoint whose Save names none: local | local+remote | remote | local+peer",
+       "tiers of a checkpoint whose Save names none: `local`, `local+remote`, `remote` or "
+       "`local+peer` (all but `local` need a remote tier: `remote_dir` or `remote_s3_bucket`; "
+       "`local+peer` commits checkpoints spanning nodes at the peer tier and needs "
+       "`peer_listen_addr`); see [Tiers](OPERATIONS.md#tiers-local-and-remote) and "
+       "[Committing at the peer tier](PEERS.md#committing-at-the-peer-tier)",
        StringField(&O::tier_policy)},
       {"remote_dir", "remote tier: a directory on a shared file system",
        "the remote tier: a directory on a shared file system; must exist at start",

@@ -27,10 +27,10 @@ constexpr char kJob[] = "peer-job";
 const std::string& Certs() { return PeerCerts(); }
 
 std::vector<std::string> Flags(const std::string& shared, const std::string& node,
-                               int replicas = 1) {
+                               int replicas = 1, const std::string& policy = "local+remote") {
   const std::string& c = Certs();
   return {"--remote_dir=" + shared,
-          "--tier_policy=local+remote",
+          "--tier_policy=" + policy,
           "--node_id=" + node,
           "--cluster_poll_ms=50",
           "--upload_retry_max_ms=1000",
@@ -177,4 +177,134 @@ TEST_CASE("peers: a peer that is down is skipped for the next node, too few copi
   LoseNodeB(b, shared);
   Daemon b2(DaemonConfig{.extra_flags = Flags(shared, "node-b", 2)});
   CHECK(VerifyInProcess(b2, kJob, 1, 87) == "");
+}
+
+// Issue 35 §1: committed at the peer tier (tier_policy local+peer). Each node's ranks stay on its
+// local storage, its part goes to its peer on the ring, and the store receives the control files
+// alone (parts, decision, manifest): no blob. A node loads the other node's ranks from peers and
+// nothing from the store; node b is lost (its state dir gone), and its replacement loads every
+// rank from the others: node b's blobs from node c's peer store, node a's from node a itself
+// (their peer copy was on the lost node b).
+TEST_CASE("peers: committed at the peer tier, no blob goes to the store, and a lost node resumes",
+          "[integration][peer][multinode]") {
+  TempDir dir;
+  std::filesystem::create_directories(dir.path() + "/shared");
+  const std::string shared = dir.path() + "/shared";
+  auto flags = [&](const std::string& node) { return Flags(shared, node, 1, "local+peer"); };
+  auto a = std::make_unique<Daemon>(DaemonConfig{.extra_flags = flags("node-a")});
+  auto b = std::make_unique<Daemon>(DaemonConfig{.extra_flags = flags("node-b")});
+  auto c = std::make_unique<Daemon>(DaemonConfig{.extra_flags = flags("node-c")});
+  auto ca = ConnectNode(*a, 2, ckptd::TierPolicy::kDefault);
+  auto cb = ConnectNode(*b, 2, ckptd::TierPolicy::kLocalAndPeer);
+  REQUIRE(ca != nullptr);
+  REQUIRE(cb != nullptr);
+  for (uint32_t r : {0u, 1u}) REQUIRE(SaveRank(*ca, kJob, 1, r, 4, 91).ok());
+  for (uint32_t r : {2u, 3u}) REQUIRE(SaveRank(*cb, kJob, 1, r, 4, 91).ok());
+  for (auto* cl : {ca.get(), cb.get()}) {
+    absl::Status committed = cl->WaitCommitted(kJob, 1, 30000);
+    INFO(committed.ToString() << "\nnode a:\n" << a->Log() << "\nnode b:\n" << b->Log());
+    REQUIRE(committed.ok());
+  }
+  // The store: the manifest, the parts and the decision; no blob.
+  const std::string step_dir = shared + "/" + kJob + "/" + StepDir(1);
+  for (const auto& e : std::filesystem::recursive_directory_iterator(step_dir)) {
+    INFO(e.path());
+    CHECK(e.path().extension() != ".blob");
+  }
+  const ckptd::v1::ManifestHeader m = ManifestHeaderOf(shared, 1);
+  CHECK(m.blobs_on_nodes());
+  for (const auto& blob : m.blobs()) {
+    INFO("blob " << blob.name());
+    REQUIRE(blob.peers_size() == 1);
+    CHECK(blob.peers(0) == (blob.id() < 2 ? "node-b" : "node-c"));
+  }
+  auto st = ca->GetStatus(kJob, 1);
+  REQUIRE(st.ok());
+  CHECK(st->tiers.local_part);
+  CHECK_FALSE(st->tiers.local);
+  CHECK_FALSE(st->tiers.remote);
+  CommandResult ctl = RunCtl(*a, {"status", kJob, "1"});
+  INFO(ctl.output);
+  CHECK(ctl.output.find("local (this node's part)") != std::string::npos);
+  CHECK(ctl.output.find("peer (node-b, node-c)") != std::string::npos);
+
+  // Every rank on node a: its own from local storage, node b's from peers; none from the store.
+  const TensorItem& t = StateDict().front();
+  std::vector<uint8_t> got(ElementCount(t.shape) * ckptd::DTypeSize(t.dtype));
+  std::vector<ckptd::LoadTarget> targets = {
+      {t.name, ckptd::Region::Box(std::vector<uint64_t>(t.shape.size(), 0), t.shape), got.data(),
+       got.size()}};
+  auto here = a->Connect()->Load(kJob, 1, 0, targets);
+  INFO(a->Log());
+  REQUIRE(here.ok());
+  CHECK(here->bytes_read_remote == 0);
+  CHECK(here->bytes_read_peer > 0);
+  CHECK(got == GlobalBytes(t, 91));
+
+  // Node b lost; its replacement (same id, empty state dir) learns the checkpoint from the
+  // store's control files and reads every blob from the surviving nodes.
+  const std::string b_state = b->state_dir();
+  REQUIRE(kill(b->pid(), SIGKILL) == 0);
+  b->WaitExit(10000);
+  b.reset();
+  std::filesystem::remove_all(b_state);
+  Daemon b2(DaemonConfig{.extra_flags = flags("node-b")});
+  std::fill(got.begin(), got.end(), 0);
+  auto there = b2.Connect()->Load(kJob, 1, 0, targets);
+  INFO(b2.Log());
+  REQUIRE(there.ok());
+  CHECK(there->bytes_read_remote == 0);
+  CHECK(there->bytes_read_peer == there->bytes_read);
+  CHECK(got == GlobalBytes(t, 91));
+  CHECK(VerifyInProcess(b2, kJob, 1, 91) == "");
+  // Verify reads whole local or remote copies: this node has neither.
+  CommandResult verify = RunCtl(b2, {"verify", kJob, "1"});
+  INFO(verify.output);
+  CHECK(verify.output.find("committed at the peer tier") != std::string::npos);
+
+  // A Save under local+peer through one daemon is refused, naming the policy.
+  auto single = ConnectNode(*a, 0, ckptd::TierPolicy::kLocalAndPeer);
+  REQUIRE(single != nullptr);
+  absl::Status refused = SaveRank(*single, "one-node", 1, 0, 1, 91).status();
+  INFO(refused.ToString());
+  CHECK(refused.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(refused.message().find("span nodes") != std::string_view::npos);
+}
+
+// Issue 35 §5: a node part that cannot get its peer copies does not commit at the peer tier. With
+// peer_replicas = 2 and one other node, node a's part has one copy of two: it is copied again at
+// every step, the status says so, and the coordinator's stage timeout aborts the checkpoint on
+// every node, naming the peers missing.
+TEST_CASE("peers: a part short of its peer copies is not committed at the peer tier",
+          "[integration][peer][multinode]") {
+  TempDir dir;
+  std::filesystem::create_directories(dir.path() + "/shared");
+  const std::string shared = dir.path() + "/shared";
+  auto flags = [&](const std::string& node) {
+    std::vector<std::string> f = Flags(shared, node, 2, "local+peer");
+    f.push_back("--stage_timeout_ms=3000");
+    return f;
+  };
+  Daemon a(DaemonConfig{.extra_flags = flags("node-a")});
+  Daemon b(DaemonConfig{.extra_flags = flags("node-b")});
+  auto ca = ConnectNode(a, 2, ckptd::TierPolicy::kDefault);
+  auto cb = ConnectNode(b, 2, ckptd::TierPolicy::kDefault);
+  for (uint32_t r : {0u, 1u}) REQUIRE(SaveRank(*ca, kJob, 1, r, 4, 93).ok());
+  for (uint32_t r : {2u, 3u}) REQUIRE(SaveRank(*cb, kJob, 1, r, 4, 93).ok());
+  auto waiting = WaitForWaiting(*ca, kJob, 1, "to 2 peers (retried)", 10000);
+  INFO(a.Log());
+  CHECK(waiting.ok());
+  for (auto* cl : {ca.get(), cb.get()}) {
+    absl::Status gone = cl->WaitCommitted(kJob, 1, 30000);
+    REQUIRE_FALSE(gone.ok());
+    auto st = cl->GetStatus(kJob, 1);
+    REQUIRE(st.ok());
+    CHECK(st->state == ckptd::CheckpointState::kAborted);
+    INFO(st->error);
+    CHECK(st->error.find("stage timeout") != std::string::npos);
+  }
+  auto st = ca->GetStatus(kJob, 1);
+  REQUIRE(st.ok());
+  CHECK(st->error.find("copying this node's part to 2 peers") != std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(shared + "/" + kJob + "/" + StepDir(1) + "/manifest.ckm"));
 }

@@ -41,6 +41,8 @@ v1::TierPolicy ToProto(TierPolicy p) {
       return v1::TIER_LOCAL_AND_REMOTE;
     case TierPolicy::kRemote:
       return v1::TIER_REMOTE;
+    case TierPolicy::kLocalAndPeer:
+      return v1::TIER_LOCAL_AND_PEER;
     case TierPolicy::kDefault:
       break;
   }

@@ -169,11 +169,15 @@ class Client:
         # tier_policy: the tiers every checkpoint this client saves is made durable on —
         # "default" (the daemon's tier_policy), "local", "local+remote" (committed locally,
         # then uploaded to the daemon's remote tier; wait(..., until="remote") waits for that),
-        # or "remote" (flushed straight to the remote tier and committed there, no local copy).
+        # "remote" (flushed straight to the remote tier and committed there, no local copy), or
+        # "local+peer" (a checkpoint spanning nodes, committed once each node's ranks are on its
+        # local storage and its part on its peers; the store holds control files only:
+        # docs/PEERS.md "Committing at the peer tier").
         # local_world_size: the ranks of a checkpoint saving through this client's daemon
         # (torchrun's LOCAL_WORLD_SIZE), the same on every rank of the node; fewer than the
         # world size makes the checkpoint span nodes, one daemon each, committed through their
-        # shared tier (needs "local+remote" or "remote"). 0: all ranks save through this daemon.
+        # shared tier (needs "local+remote", "remote" or "local+peer"). 0: all ranks save through
+        # this daemon.
         if local_world_size < 0:
             raise ValueError(f"local_world_size {local_world_size} is negative")
         path = os.fspath(socket) if socket is not None else os.environ.get("CKPTD_SOCKET", "")

@@ -71,7 +71,8 @@ py::dict InfoDict(const CheckpointInfo& c) {
       py::dict(py::arg("staged") = c.tiers.staged, py::arg("ram") = c.tiers.ram,
                py::arg("ram_bytes") = c.tiers.ram_bytes, py::arg("local") = c.tiers.local,
                py::arg("remote") = c.tiers.remote, py::arg("peer_nodes") = c.tiers.peer_nodes,
-               py::arg("blobs_without_peer_copy") = c.tiers.blobs_without_peer_copy);
+               py::arg("blobs_without_peer_copy") = c.tiers.blobs_without_peer_copy,
+               py::arg("local_part") = c.tiers.local_part);
   if (c.tiers.upload.state != UploadProgress::kNone) {
     static const char* kStates[] = {"none", "pending", "running", "retrying", "durable", "refused"};
     const UploadProgress& u = c.tiers.upload;

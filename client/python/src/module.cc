@@ -46,9 +46,12 @@ class PyClient {
       o.tier_policy = TierPolicy::kLocalAndRemote;
     } else if (tier_policy == "remote") {
       o.tier_policy = TierPolicy::kRemote;
+    } else if (tier_policy == "local+peer") {
+      o.tier_policy = TierPolicy::kLocalAndPeer;
     } else if (!tier_policy.empty() && tier_policy != "default") {
       throw py::value_error("tier_policy \"" + tier_policy +
-                            "\": expected \"default\", \"local\", \"local+remote\" or \"remote\"");
+                            "\": expected \"default\", \"local\", \"local+remote\", \"remote\" "
+                            "or \"local+peer\"");
     }
     o.socket_path = socket_path;
     o.rpc_timeout_ms = rpc_timeout_ms;

@@ -1,8 +1,12 @@
 #include "format/names.h"
 
+#include <algorithm>
+
+
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "common/limits.h"
 #include "format/text.h"
 
@@ -85,5 +89,12 @@ absl::StatusOr<uint64_t> ParseStepDirName(std::string_view name) {
 }
 
 std::string BlobName(uint32_t rank) { return absl::StrFormat("r%05d.blob", rank); }
+
+bool IsBlobFileName(std::string_view name) {
+  absl::string_view digits(name.data(), name.size());
+  if (!absl::ConsumePrefix(&digits, "r") || !absl::ConsumeSuffix(&digits, ".blob")) return false;
+  return digits.size() >= 5 && digits.size() <= 10 &&
+         std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
 
 }  // namespace ckptd

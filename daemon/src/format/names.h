@@ -44,5 +44,7 @@ absl::StatusOr<uint64_t> ParseStepDirName(std::string_view name);
 
 // "r%05d.blob": the blob written for one saving rank.
 std::string BlobName(uint32_t rank);
+// `name` is exactly "r" + 5 or more digits + ".blob" (a name BlobName gives).
+bool IsBlobFileName(std::string_view name);
 
 }  // namespace ckptd

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "ckptd/v1/peer.grpc.pb.h"
 #include "common/limits.h"
+#include "format/names.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/security/server_credentials.h"
 #include "metrics/metrics.h"
@@ -41,8 +42,8 @@ BlobHeader FromProto(const v1::PeerPutHeader& p) {
 
 class Service final : public v1::Peer::Service {
  public:
-  Service(std::string node_id, Store* store, Metrics* metrics)
-      : node_id_(std::move(node_id)), store_(store), metrics_(metrics) {}
+  Service(std::string node_id, Store* store, ckptd::Storage* local, Metrics* metrics)
+      : node_id_(std::move(node_id)), store_(store), local_(local), metrics_(metrics) {}
 
   grpc::Status Hello(grpc::ServerContext* ctx, const v1::PeerHelloRequest* req,
                      v1::PeerHelloResponse* resp) override {
@@ -112,18 +113,16 @@ class Service final : public v1::Peer::Service {
     if (!stream.ok()) return ToGrpc(stream.status());
     const BlobKey key{req->origin_node(), req->job(), req->step(), req->blob()};
     absl::StatusOr<std::shared_ptr<const StoredBlob>> blob = store_->Find(key);
+    if (absl::IsNotFound(blob.status()) && local_ != nullptr && key.origin_node == node_id_) {
+      return ServeOwn(*req, key, writer);
+    }
     if (!blob.ok()) return ToGrpc(blob.status());
     const uint64_t size = (*blob)->header.total_bytes;
-    const uint64_t offset = req->offset();
-    if (offset > size || req->length() > size - offset) {
-      return grpc::Status(grpc::StatusCode::OUT_OF_RANGE,
-                          absl::StrCat(key.ToString(), ": bytes [", offset, ", +", req->length(),
-                                       ") are not inside its ", size, " bytes"));
-    }
-    const uint64_t end = req->length() == 0 ? size : offset + req->length();
+    absl::StatusOr<std::pair<uint64_t, uint64_t>> range = RangeOf(*req, key, size);
+    if (!range.ok()) return ToGrpc(range.status());
     v1::PeerGetChunk chunk;
-    for (uint64_t at = offset; at < end;) {
-      const uint64_t n = std::min<uint64_t>(limits::kPeerChunkBytes, end - at);
+    for (uint64_t at = range->first; at < range->second;) {
+      const uint64_t n = std::min<uint64_t>(limits::kPeerChunkBytes, range->second - at);
       chunk.set_offset(at);
       chunk.set_data((*blob)->data.get() + at, n);
       if (!writer->Write(chunk)) {
@@ -145,6 +144,57 @@ class Service final : public v1::Peer::Service {
   }
 
  private:
+  // [offset, end) of a GetBlob of a blob of `size` bytes (length 0: to its end).
+  static absl::StatusOr<std::pair<uint64_t, uint64_t>> RangeOf(const v1::PeerGetRequest& req,
+                                                               const BlobKey& key, uint64_t size) {
+    const uint64_t offset = req.offset();
+    if (offset > size || req.length() > size - offset) {
+      return absl::OutOfRangeError(absl::StrCat(key.ToString(), ": bytes [", offset, ", +",
+                                                req.length(), ") are not inside its ", size,
+                                                " bytes"));
+    }
+    return std::make_pair(offset, req.length() == 0 ? size : offset + req.length());
+  }
+
+  // A blob of this node's own, from its checkpoint directory on local storage (the names are
+  // checked first: no path outside that directory is ever opened). NOT_FOUND when it is not
+  // there (a checkpoint this node no longer holds).
+  grpc::Status ServeOwn(const v1::PeerGetRequest& req, const BlobKey& key,
+                        grpc::ServerWriter<v1::PeerGetChunk>* writer) {
+    if (absl::Status st = ValidateJobName(key.job); !st.ok()) return ToGrpc(st);
+    if (!IsBlobFileName(key.blob)) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat(key.ToString(), ": not a blob's file name"));
+    }
+    absl::StatusOr<std::unique_ptr<BlobReader>> reader =
+        local_->OpenBlob(absl::StrCat(CheckpointDir(key.job, key.step), "/", key.blob));
+    if (!reader.ok()) {
+      return ToGrpc(absl::IsNotFound(reader.status())
+                        ? absl::NotFoundError(absl::StrCat(key.ToString(), ": not held here"))
+                        : reader.status());
+    }
+    absl::StatusOr<std::pair<uint64_t, uint64_t>> range =
+        RangeOf(req, key, (*reader)->size_bytes());
+    if (!range.ok()) return ToGrpc(range.status());
+    std::string buf;
+    v1::PeerGetChunk chunk;
+    for (uint64_t at = range->first; at < range->second;) {
+      const uint64_t n = std::min<uint64_t>(limits::kPeerChunkBytes, range->second - at);
+      buf.resize(n);
+      const IoSlice slice{.buf = buf.data(), .len = n, .offset = at};
+      if (absl::Status st = (*reader)->Read({&slice, 1}); !st.ok()) return ToGrpc(st);
+      chunk.set_offset(at);
+      chunk.set_data(std::move(buf));
+      if (!writer->Write(chunk)) {
+        return grpc::Status(grpc::StatusCode::CANCELLED, "the reader hung up");
+      }
+      buf = std::move(*chunk.mutable_data());
+      if (metrics_ != nullptr) metrics_->PeerBytes(req.node_id(), "served", n);
+      at += n;
+    }
+    return grpc::Status::OK;
+  }
+
   absl::Status Authenticate(grpc::ServerContext* ctx, const std::string& claimed) {
     if (absl::Status st = ValidateNodeId(claimed); !st.ok()) return st;
     std::shared_ptr<const grpc::AuthContext> auth = ctx->auth_context();
@@ -158,6 +208,7 @@ class Service final : public v1::Peer::Service {
 
   const std::string node_id_;
   Store* const store_;
+  ckptd::Storage* const local_;
   Metrics* const metrics_;
 };
 
@@ -166,7 +217,7 @@ class Service final : public v1::Peer::Service {
 class Server::Impl {
  public:
   Impl(const ServerOptions& o, Metrics* metrics)
-      : store(o.store, metrics), service(o.node_id, &store, metrics) {}
+      : store(o.store, metrics), service(o.node_id, &store, o.local, metrics) {}
   Store store;
   Service service;
   std::unique_ptr<grpc::Server> server;

@@ -18,6 +18,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "ckptd/storage.h"
 #include "peer/peer_store.h"
 #include "peer/peer_tls.h"
 
@@ -32,6 +33,12 @@ struct ServerOptions {
   std::string node_id;      // this daemon's; a name of its certificate
   TlsFiles tls;
   Store::Limits store;
+  // This node's local storage (null: none): a blob this node wrote itself (origin_node is this
+  // node) and holds no peer copy of is served from its checkpoint directory there — a checkpoint
+  // committed at the peer tier keeps each node's own blobs on that node (docs/PEERS.md). Any
+  // authenticated peer may read it, as it may read the copies the store holds; the reader
+  // verifies every block against the manifest. Outlives the Server.
+  ckptd::Storage* local = nullptr;
 };
 
 class Server {

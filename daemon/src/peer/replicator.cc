@@ -53,7 +53,7 @@ absl::StatusOr<BlobPath> ParseBlobPath(const std::string& path) {
 }  // namespace
 
 // Where the copies of one blob are: its origin node (the key of the copies) and the nodes
-// holding them, in the order the manifest lists them.
+// holding them, in the order the manifest lists them, then the origin node itself.
 struct Holders {
   std::string origin;
   std::vector<std::string> peers;
@@ -164,7 +164,11 @@ class Replicator::Reader : public Storage {
     CKPTD_ASSIGN_OR_RETURN(Manifest m, DecodeManifest(bytes, path));
     std::map<std::string, Holders> blobs;
     for (const v1::BlobInfo& b : m.header.blobs()) {
-      blobs[b.name()] = Holders{b.node(), {b.peers().begin(), b.peers().end()}, b.size_bytes()};
+      Holders& h = blobs[b.name()] =
+          Holders{b.node(), {b.peers().begin(), b.peers().end()}, b.size_bytes()};
+      // Then the blob's own node, which serves it from its local storage (committed at the peer
+      // tier, it keeps its own blobs: peer/peer_server.h) — never this node itself.
+      if (!b.node().empty() && b.node() != r_->node_id()) h.peers.push_back(b.node());
     }
     absl::MutexLock lock(&mu_);
     if (cache_.size() >= kCachedMax) cache_.clear();

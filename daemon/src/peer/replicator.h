@@ -77,6 +77,7 @@ class Replicator : public PeerTier {
   // replaced meanwhile (its address changed) lives until its last caller lets go.
   absl::StatusOr<std::shared_ptr<Client>> ClientFor(const std::string& node)
       ABSL_LOCKS_EXCLUDED(mu_);
+  const std::string& node_id() const { return options_.node_id; }
 
   static constexpr absl::Duration kRegistryRefresh = absl::Seconds(5);
 

@@ -491,8 +491,12 @@ class CheckpointService {
   // (or the checkpoint is gone): the step ends.
   bool PublishOwnPart(ClusterWork& w) ABSL_LOCKS_EXCLUDED(mu_);
   // This node's part to its peers (PeerTier::Replicate), once per checkpoint and start; the
-  // nodes that took it go into the part.
-  void ReplicateOwnPart(ClusterWork& w) ABSL_LOCKS_EXCLUDED(mu_);
+  // nodes that took it go into the part. False (w.unpublished says why) while a part committed
+  // at the peer tier (TIER_LOCAL_AND_PEER) has fewer than peer_replicas copies: tried again.
+  bool ReplicateOwnPart(ClusterWork& w) ABSL_LOCKS_EXCLUDED(mu_);
+  // This node's part could not be published (w.unpublished): past the stage timeout the
+  // coordinator decides abort, another node (after twice it) aborts here.
+  void AbortUnpublished(const ClusterWork& w) ABSL_LOCKS_EXCLUDED(mu_);
   // Follows the decision on the shared tier, if any (commit, or abort here); true when the step
   // ends here (a decision followed, or one that cannot be read yet).
   bool FollowDecision(const ClusterWork& w) ABSL_LOCKS_EXCLUDED(mu_);

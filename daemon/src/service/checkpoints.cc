@@ -13,6 +13,17 @@ bool HasRemoteTier(v1::TierPolicy policy) {
   return policy == v1::TIER_LOCAL_AND_REMOTE || policy == v1::TIER_REMOTE;
 }
 
+CommittedTiers StoreTiersOf(const Manifest& m) {
+  if (m.header.blobs_on_nodes()) {
+    return {.policy = v1::TIER_LOCAL_AND_PEER, .local = false, .remote_durable = false};
+  }
+  return {.policy = v1::TIER_LOCAL_AND_REMOTE, .local = false, .remote_durable = true};
+}
+
+bool UsesStore(v1::TierPolicy policy) {
+  return HasRemoteTier(policy) || policy == v1::TIER_LOCAL_AND_PEER;
+}
+
 std::string CkptName(const std::string& job, uint64_t step) {
   return absl::StrCat("checkpoint ", job, "/", step);
 }

@@ -23,10 +23,20 @@ struct CommittedTiers {
   v1::TierPolicy policy = v1::TIER_LOCAL;
   bool local = true;
   bool remote_durable = false;
+  // TIER_LOCAL_AND_PEER: this node's own blobs of a checkpoint spanning nodes stay on local
+  // storage (local is false: the others' blobs are on their nodes and peers).
+  bool local_part = false;
 };
 
-// The policy puts the checkpoint on the remote tier (local+remote, or remote only).
+// The tiers of a checkpoint indexed from its manifest on the store (adopted, or restored by
+// recovery): on the remote tier alone, DURABLE — or, committed at the peer tier
+// (blobs_on_nodes), on its nodes and peers, with no local copy here and no upload.
+CommittedTiers StoreTiersOf(const Manifest& m);
+// The policy puts the checkpoint's blobs on the remote tier (local+remote, or remote only).
 bool HasRemoteTier(v1::TierPolicy policy);
+// The policy needs the shared store: for the blobs (HasRemoteTier), or as the channel of control
+// of a checkpoint committed at the peer tier (TIER_LOCAL_AND_PEER: parts, decision, manifest).
+bool UsesStore(v1::TierPolicy policy);
 // "checkpoint job/7", for messages.
 std::string CkptName(const std::string& job, uint64_t step);
 // "[0, 3, 5]" (the first 32, then the count), for messages.

@@ -65,6 +65,7 @@ struct CheckpointService::ClusterWork {
   std::vector<std::pair<std::string, uint64_t>> blobs;  // its blobs and their sizes
   std::vector<uint32_t> own_ranks;
   bool replicated = false;  // this node's part is on its peers (ClusterState::replicated)
+  std::string unpublished;  // why this node's part could not go to its peers this step
 };
 
 void CheckpointService::ClusterLoop() {
@@ -112,6 +113,7 @@ std::vector<CheckpointService::ClusterWork> CheckpointService::ClusterWorkLocked
     part.set_checksum_block_bytes(p->checksum_block_bytes);
     part.set_created_unix_ms(p->created_unix_ms);
     for (const std::string& n : p->cluster.replica_nodes) part.add_replica_nodes(n);
+    part.set_blobs_on_nodes(p->tier_policy == v1::TIER_LOCAL_AND_PEER);
     for (const auto& [r, pr] : p->ranks) {
       *part.add_ranks() = pr.rec;
       uint64_t size = 0;
@@ -134,6 +136,11 @@ bool CheckpointService::SetWaitingFor(const Key& key, const std::string& what) {
 
 void CheckpointService::ClusterStep(ClusterWork& w) {
   if (w.phase == CheckpointPhase::kAwaitingCluster && !w.part_durable && !PublishOwnPart(w)) {
+    // Its copies to peers missing (w.unpublished; the store answers): a decision taken meanwhile
+    // (an abort, or a partial commit without this part) still ends it; so does the stage
+    // timeout, on the coordinator too. (A store that fails is retried until it answers.)
+    if (w.unpublished.empty() || FollowDecision(w)) return;
+    AbortUnpublished(w);
     return;
   }
   if (FollowDecision(w)) return;  // the decision, if there is one, is final
@@ -145,9 +152,28 @@ void CheckpointService::ClusterStep(ClusterWork& w) {
   }
 }
 
+void CheckpointService::AbortUnpublished(const ClusterWork& w) {
+  const uint64_t timeout = deps_.options->stage_timeout_ms;
+  // The coordinator decides (its ranks' part is missing: the others wait for that decision);
+  // the others give up locally as AwaitCoordinator does.
+  const uint64_t after = w.coordinator ? timeout : 2 * timeout;
+  if (NowMs() - w.created_unix_ms <= after) return;
+  const std::string reason = absl::StrCat("stage timeout: this node's part (node ",
+                                          deps_.options->node_id, ") is not published after ",
+                                          after, " ms: ", w.unpublished);
+  if (w.coordinator) {
+    DecideAbort(w, reason);
+    return;
+  }
+  absl::MutexLock lock(&mu_);
+  auto it = pending_.find(w.key);
+  if (it == pending_.end() || it->second->aborting() || it->second->committing()) return;
+  AbortLocked(*it->second, reason);
+}
+
 bool CheckpointService::PublishOwnPart(ClusterWork& w) {
   *w.part.mutable_owner() = OwnerRecordOf(w.owner_uid);  // named outside mu_
-  if (!w.replicated) ReplicateOwnPart(w);
+  if (!w.replicated && !ReplicateOwnPart(w)) return false;
   absl::Status st = PublishPart(w);
   if (absl::IsPermissionDenied(st)) {  // the job on the store is another owner's: never retried
     absl::MutexLock lock(&mu_);
@@ -171,30 +197,47 @@ bool CheckpointService::PublishOwnPart(ClusterWork& w) {
   return true;
 }
 
-void CheckpointService::ReplicateOwnPart(ClusterWork& w) {
+bool CheckpointService::ReplicateOwnPart(ClusterWork& w) {
   const uint32_t replicas = static_cast<uint32_t>(deps_.options->peer_replicas);
+  const bool at_peer = w.policy == v1::TIER_LOCAL_AND_PEER;  // the commit waits for the copies
   std::vector<std::string> took;
+  absl::Status failed;
   // Under TIER_REMOTE the blobs went straight to the store: there is no local copy to send.
   if (deps_.peers != nullptr && replicas > 0 && w.policy != v1::TIER_REMOTE) {
     absl::StatusOr<std::vector<std::string>> r =
         deps_.peers->Replicate(w.key.first, w.key.second, w.dir, w.blobs, replicas);
-    if (!r.ok()) {
-      // The part still goes to the store (the commit does not wait for peers); its loads read
-      // the store.
-      spdlog::warn("{}: copying this node's part to its peers failed: {}",
-                   CkptName(w.key.first, w.key.second), r.status().ToString());
-    } else {
+    if (r.ok()) {
       took = *std::move(r);
+    } else {
+      failed = r.status();
     }
+  }
+  if (at_peer && (took.size() < replicas || !failed.ok())) {
+    // Committed at the peer tier only with every copy acknowledged: copied again at the next
+    // step (a peer already holding a blob deduplicates it), until the stage timeout.
+    w.unpublished = absl::StrCat(
+        "copying this node's part to ", replicas, " peers (retried): ",
+        failed.ok() ? absl::StrCat(took.size(), " took it",
+                                   took.empty() ? "" : absl::StrCat(" (", absl::StrJoin(took, ", "), ")"))
+                    : std::string(failed.message()));
+    SetWaitingFor(w.key, w.unpublished);
+    return false;
+  }
+  if (!failed.ok()) {
+    // The part still goes to the store (the commit does not wait for peers); its loads read
+    // the store.
+    spdlog::warn("{}: copying this node's part to its peers failed: {}",
+                 CkptName(w.key.first, w.key.second), failed.ToString());
   }
   w.part.clear_replica_nodes();
   for (const std::string& n : took) w.part.add_replica_nodes(n);
   w.replicated = true;
   absl::MutexLock lock(&mu_);
   auto it = pending_.find(w.key);
-  if (it == pending_.end()) return;
+  if (it == pending_.end()) return false;
   it->second->cluster.replicated = true;
   it->second->cluster.replica_nodes = std::move(took);
+  return true;
 }
 
 bool CheckpointService::FollowDecision(const ClusterWork& w) {
@@ -278,8 +321,11 @@ absl::Status CheckpointService::PublishPart(const ClusterWork& w) {
   // The job's owner on the store before anything of this part is written there (the flush under
   // TIER_REMOTE claimed it already, in Save).
   CKPTD_RETURN_IF_ERROR(remote_.ClaimStoreOwner(w.key.first, w.part.owner()));
-  // Under TIER_REMOTE the flush wrote them there already.
-  if (w.policy != v1::TIER_REMOTE) CKPTD_RETURN_IF_ERROR(remote_.CopyBlobs(w.dir, w.blobs));
+  // Under TIER_REMOTE the flush wrote them there already; under TIER_LOCAL_AND_PEER they stay
+  // on this node and its peers.
+  if (w.policy != v1::TIER_REMOTE && w.policy != v1::TIER_LOCAL_AND_PEER) {
+    CKPTD_RETURN_IF_ERROR(remote_.CopyBlobs(w.dir, w.blobs));
+  }
   const std::string path = NodePartPath(w.dir, w.part.node());
   absl::Status put = store->PutIfAbsent(path, w.part.SerializeAsString());
   if (put.ok()) CKPTD_SYNC_POINT("cluster.part_published");
@@ -349,10 +395,28 @@ absl::StatusOr<Manifest> CheckpointService::BuildClusterManifest(
           ", but job ", w.key.first, " belongs to uid ", w.owner_uid, " on the coordinator"));
     }
   }
+  // Committed at the peer tier, or through the store: every node saved under the same policy, and
+  // at the peer tier each part names the peers holding it (its only copies off its node).
+  const bool on_nodes = w.policy == v1::TIER_LOCAL_AND_PEER;
+  for (const auto& [node, part] : parts) {
+    if (part.blobs_on_nodes() != on_nodes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the part of node ", node, " was saved ",
+          part.blobs_on_nodes() ? "under local+peer (its blobs on its node and peers)"
+                                : "with its blobs on the store",
+          ", and the coordinator's ranks under ", v1::TierPolicy_Name(w.policy),
+          ": give every rank the same tier policy"));
+    }
+    if (on_nodes && part.replica_nodes().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the part of node ", node, " is on no peer, and its blobs are on no other tier"));
+    }
+  }
   CKPTD_ASSIGN_OR_RETURN(std::unique_ptr<PendingCheckpoint> merged,
                          MergeNodeParts(w.key.first, w.key.second, w.world_size, w.partial, parts));
   CKPTD_ASSIGN_OR_RETURN(Manifest m, BuildManifest(*merged, NowMs()));
   *m.header.mutable_owner() = OwnerRecordOf(w.owner_uid);
+  m.header.set_blobs_on_nodes(on_nodes);
   // Each blob's node and the peers holding its copies (a blob is one rank's: blob id = rank).
   std::map<uint32_t, const v1::NodePart*> part_of_rank;
   for (const auto& [node, part] : parts) {
@@ -510,9 +574,13 @@ void CheckpointService::CommitFromStore(const ClusterWork& w, Manifest m) {
     timings = TimingsLocked(*it->second);
   }
   timings.set_committed_ms(MsAfter(w.created_unix_ms));
-  absl::Status st = IndexCommitted(
-      m, w.dir, CommittedTiers{.policy = w.policy, .local = false, .remote_durable = true},
-      left_out, timings);
+  const bool on_nodes = m.header.blobs_on_nodes();
+  absl::Status st = IndexCommitted(m, w.dir,
+                                   CommittedTiers{.policy = w.policy,
+                                                  .local = false,
+                                                  .remote_durable = !on_nodes,
+                                                  .local_part = on_nodes},
+                                   left_out, timings);
   {
     absl::MutexLock lock(&mu_);
     auto it = pending_.find(w.key);
@@ -529,7 +597,7 @@ void CheckpointService::CommitFromStore(const ClusterWork& w, Manifest m) {
                  m.items.size(), m.header.total_bytes(), m.header.ranks_present_size(),
                  p.ranks.size());
     CKPTD_CHECK(p.journals_in_flight == 0 && p.flushes_in_flight == 0);
-    manifest_cache_.Put(w.key, std::make_shared<const Manifest>(std::move(m)));
+    manifest_cache_.Put(w.key, std::make_shared<const Manifest>(m));
     p.Transition(CheckpointPhase::kCommitting, CheckpointPhase::kCommitted);
     pending_.erase(w.key);
     KeyChangedLocked(w.key);
@@ -537,6 +605,17 @@ void CheckpointService::CommitFromStore(const ClusterWork& w, Manifest m) {
   }
   ram_tier_.Commit(w.key);
   CKPTD_SYNC_POINT("cluster.committed");
+  if (on_nodes) {
+    // Committed at the peer tier: this node's own blobs stay, and beside them a copy of the
+    // manifest (after the row: recovery never adopts it as a local checkpoint, and a restart
+    // reads it without the store). A crash before it: the manifest is read from the store.
+    absl::StatusOr<std::string> bytes = EncodeManifest(m);
+    absl::Status kept = bytes.ok() ? deps_.storage->PutAtomic(
+                                         absl::StrCat(w.dir, "/", kManifestFileName), *bytes)
+                                   : bytes.status();
+    if (!kept.ok()) spdlog::warn("{}: its local copy of the manifest: {}", what, kept.ToString());
+    return;
+  }
   // Read from the store from now on: this node's blobs alone are no local copy (a crash before
   // they go leaves them to recovery: a COMMITTED row without a local copy has no local files).
   absl::Status removed = deps_.storage->RemoveAll(w.dir);

@@ -128,6 +128,7 @@ absl::Status CheckpointService::IndexCommitted(const Manifest& m, const std::str
   s->set_world_size(h.world_size());
   s->set_bytes(h.total_bytes());
   s->mutable_tiers()->set_local(tiers.local);
+  s->mutable_tiers()->set_local_part(tiers.local_part);
   s->mutable_tiers()->set_remote(tiers.remote_durable);
   FillPeerTier(h, s->mutable_tiers());
   s->set_tier_policy(tiers.policy);

@@ -250,6 +250,12 @@ absl::Status Recovery::AdoptManifests() {
           }
           return absl::OkStatus();
         }
+        if (m->header.blobs_on_nodes()) {
+          // This node's copy of a manifest committed at the peer tier, beside its own blobs
+          // alone: never a local checkpoint (its row comes from the cluster protocol, or from the
+          // store's catalog).
+          return absl::OkStatus();
+        }
         CommittedTiers tiers;
         if (*rec && (*rec)->summary().tier_policy() == v1::TIER_LOCAL_AND_REMOTE) {
           // Its journal row says it was saved local+remote (the manifest does not): its upload
@@ -350,11 +356,16 @@ absl::Status Recovery::ResumeOne(const v1::CheckpointRecord& rec,
   p->world_size = s.world_size();
   p->created_unix_ms = s.created_unix_ms();
   p->partial = s.partial();
-  p->tier_policy = HasRemoteTier(s.tier_policy()) ? s.tier_policy() : v1::TIER_LOCAL;
+  p->tier_policy = UsesStore(s.tier_policy()) ? s.tier_policy() : v1::TIER_LOCAL;
   if (p->tier_policy == v1::TIER_REMOTE && stores_.remote == nullptr) {
     return absl::FailedPreconditionError(
         "it is saved straight to the remote tier (policy remote), but this daemon has no remote "
         "tier now");
+  }
+  if (p->tier_policy == v1::TIER_LOCAL_AND_PEER && stores_.remote == nullptr) {
+    return absl::FailedPreconditionError(
+        "it is committed at the peer tier (policy local+peer) through the shared store, but this "
+        "daemon has no remote tier now");
   }
   p->local_world_size = s.local_world_size() != 0 ? s.local_world_size() : s.world_size();
   if (p->multi_node() && stores_.remote == nullptr) {
@@ -426,6 +437,20 @@ absl::Status Recovery::CheckCommittedRows() {
         return true;
       }));
   for (v1::CheckpointRecord& rec : committed) {
+    if (rec.summary().tiers().local_part()) {
+      // Committed at the peer tier: this node's own blobs are local, the rest on their nodes and
+      // peers. Gone locally: its blobs are read from its peers (the row says so from now on).
+      const std::string dir = CheckpointDir(rec.summary().job(), rec.summary().step());
+      absl::StatusOr<bool> there = stores_.storage->Exists(dir);
+      if (there.ok() && !*there) {
+        rec.mutable_summary()->mutable_tiers()->set_local_part(false);
+        CKPTD_RETURN_IF_ERROR(host_.PutRecordSync(rec));
+        Problem(absl::StrCat(stores_.storage->Describe(), "/", dir, " is missing; ",
+                             CkptName(rec.summary().job(), rec.summary().step()),
+                             " (committed at the peer tier) is read from its peers"));
+      }
+      continue;
+    }
     if (!rec.summary().tiers().local()) {
       // On the remote tier only. Local files there are leftovers: a node's own blobs of a
       // checkpoint that spans nodes, when it stopped between its COMMITTED row and their removal
@@ -466,11 +491,8 @@ absl::Status Recovery::CheckCommittedRows() {
       const uint64_t step = rec.summary().step();
       absl::StatusOr<Manifest> far = ReadManifest(*stores_.remote, job, step);
       absl::Status restored =
-          far.ok()
-              ? host_.IndexCommitted(
-                    *far, CheckpointDir(job, step),
-                    {.policy = v1::TIER_LOCAL_AND_REMOTE, .local = false, .remote_durable = true})
-              : far.status();
+          far.ok() ? host_.IndexCommitted(*far, CheckpointDir(job, step), StoreTiersOf(*far))
+                   : far.status();
       if (restored.ok()) {
         Problem(absl::StrCat(stores_.storage->Describe(), "/", path, " is missing; ",
                              CkptName(job, step), " is restored from its copy on ",

@@ -12,7 +12,9 @@
 // the store") only while this node has no row of it and no save, reshard or rewrite holds it, so
 // neither a Save nor a Delete of the key races the adoption; the manifest is read from the store
 // and verified (framing, checksums, and that it names the checkpoint); it is indexed COMMITTED on
-// the remote tier alone (IndexCommitted: synced, with its item rows and a DURABLE upload row);
+// the remote tier alone (IndexCommitted: synced, with its item rows and a DURABLE upload row) —
+// or, committed at the peer tier (the manifest's blobs_on_nodes), on its nodes and peers, the
+// store holding its manifest and no blob (StoreTiersOf);
 // the claim is released. The job's owner is the one the manifest records (mapped to a uid here,
 // common/owner_map.h), claimed if the job has none here; a manifest whose owner maps to no uid
 // here, or to another than the job's here, is not adopted (PERMISSION_DENIED, a problem naming
@@ -49,9 +51,7 @@ absl::StatusOr<bool> CheckpointService::AdoptFromStore(const std::string& job, u
     // when the job here belongs to another uid.
     absl::Status indexed = AdoptOwner(*m);
     if (indexed.ok()) {
-      indexed = IndexCommitted(
-          *m, CheckpointDir(job, step),
-          {.policy = v1::TIER_LOCAL_AND_REMOTE, .local = false, .remote_durable = true});
+      indexed = IndexCommitted(*m, CheckpointDir(job, step), StoreTiersOf(*m));
     }
     if (indexed.ok()) {
       adopted = true;

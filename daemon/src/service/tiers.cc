@@ -20,6 +20,7 @@ absl::StatusOr<v1::TierPolicy> CheckpointService::ResolveTierPolicy(
     const std::string& dflt = deps_.options->tier_policy;
     policy = dflt == "local+remote" ? v1::TIER_LOCAL_AND_REMOTE
              : dflt == "remote"     ? v1::TIER_REMOTE
+             : dflt == "local+peer" ? v1::TIER_LOCAL_AND_PEER
                                     : v1::TIER_LOCAL;
   }
   const std::string what = CkptName(req.job(), req.step());
@@ -28,15 +29,31 @@ absl::StatusOr<v1::TierPolicy> CheckpointService::ResolveTierPolicy(
                                                    " is not one this daemon knows"));
   }
   const bool spans_nodes = req.local_world_size() != 0 && req.local_world_size() < req.world_size();
-  if (spans_nodes && !HasRemoteTier(policy)) {
+  if (spans_nodes && !UsesStore(policy)) {
     return absl::FailedPreconditionError(
         absl::StrCat(what, " spans nodes (local_world_size ", req.local_world_size(),
                      " of world_size ", req.world_size(),
                      "): its nodes commit it through the shared tier, so it needs the tier "
-                     "policy local+remote or remote (it has ",
+                     "policy local+remote, remote or local+peer (it has ",
                      v1::TierPolicy_Name(policy), ")"));
   }
-  if (HasRemoteTier(policy) && !remote_.enabled()) {
+  if (policy == v1::TIER_LOCAL_AND_PEER) {
+    // The peer tier holds copies of node parts; a checkpoint one daemon saves whole has none.
+    if (!spans_nodes) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          what, ": tier policy TIER_LOCAL_AND_PEER commits checkpoints that span nodes "
+          "(local_world_size < world_size), and this one is saved through one daemon "
+          "(local_world_size ", req.local_world_size(), " of world_size ", req.world_size(),
+          "); use local or local+remote"));
+    }
+    if (deps_.peers == nullptr || deps_.options->peer_replicas == 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(what, ": tier policy TIER_LOCAL_AND_PEER, but this daemon has no peer "
+                             "tier (start it with --peer_listen_addr, its TLS files, a remote "
+                             "tier and --peer_replicas of at least 1)"));
+    }
+  }
+  if (UsesStore(policy) && !remote_.enabled()) {
     return absl::FailedPreconditionError(
         absl::StrCat(what, ": tier policy ", v1::TierPolicy_Name(policy),
                      ", but this daemon has no remote tier (start it with --remote_dir or "
@@ -49,12 +66,17 @@ absl::StatusOr<std::vector<Storage*>> CheckpointService::ReadTiers(
     const v1::CheckpointRecord& rec) {
   std::vector<Storage*> tiers;
   const v1::CheckpointSummary& s = rec.summary();
-  if (s.tiers().local()) {
+  if (s.tiers().local() || s.tiers().local_part()) {
     tiers.push_back(deps_.load_storage != nullptr ? deps_.load_storage : deps_.storage);
   }
   if (remote_.enabled() && HasRemoteTier(s.tier_policy())) {
     CKPTD_ASSIGN_OR_RETURN(std::optional<v1::UploadRecord> row, remote_.ReadRow(s.job(), s.step()));
     if (row && row->upload().state() == v1::UPLOAD_DURABLE) tiers.push_back(remote_.remote());
+  }
+  if (remote_.enabled() && s.tier_policy() == v1::TIER_LOCAL_AND_PEER) {
+    // The manifest is there (its control files); the blobs are on their nodes and peers
+    // (WithPeers), and this node's own on local storage (local_part).
+    tiers.push_back(remote_.remote());
   }
   if (tiers.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -68,7 +90,7 @@ absl::StatusOr<std::vector<Storage*>> CheckpointService::ReadTiers(
 
 std::vector<Storage*> CheckpointService::WithPeers(const v1::CheckpointRecord& rec,
                                                    std::vector<Storage*> tiers) const {
-  if (deps_.peers == nullptr || !HasRemoteTier(rec.summary().tier_policy())) return tiers;
+  if (deps_.peers == nullptr || !UsesStore(rec.summary().tier_policy())) return tiers;
   // Before the remote store (the last tier when it is there), after this node's own.
   auto at = std::find(tiers.begin(), tiers.end(), remote_.remote());
   tiers.insert(at, deps_.peers->reader());

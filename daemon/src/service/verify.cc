@@ -354,8 +354,10 @@ std::vector<StorageTier> StorageTiers(const v1::CheckpointRecord& rec,
   if (rec.summary().tiers().local() && (all || asked == v1::VERIFY_TIER_LOCAL)) {
     tiers.push_back(StorageTier{kLocal, local, absl::OkStatus()});
   }
+  // (A checkpoint committed at the peer tier reads its manifest there, and no blob.)
   const bool remote_durable =
-      remote != nullptr && std::find(readable->begin(), readable->end(), remote) != readable->end();
+      remote != nullptr && HasRemoteTier(rec.summary().tier_policy()) &&
+      std::find(readable->begin(), readable->end(), remote) != readable->end();
   if (remote_durable && (all || asked == v1::VERIFY_TIER_REMOTE)) {
     tiers.push_back(StorageTier{kRemote, remote, absl::OkStatus()});
   }
@@ -530,6 +532,13 @@ absl::Status CheckpointService::Verify(const Caller& caller, const v1::VerifyReq
         absl::StrCat(what, " has no ", asked == v1::VERIFY_TIER_LOCAL ? "local" : "durable remote",
                      " copy this daemon can read",
                      readable.ok() ? "" : absl::StrCat(" (", readable.status().message(), ")")));
+  }
+  if (storage.empty() && hot == nullptr && rec.summary().tier_policy() == v1::TIER_LOCAL_AND_PEER &&
+      readable.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, " is committed at the peer tier (its blobs are on their nodes and peers, none on ",
+        "the store): verify reads local, remote and RAM copies whole, and this one has none here; "
+        "a load verifies every block it reads, from whichever node serves it"));
   }
   if (storage.empty() && hot == nullptr) return readable.status();
 

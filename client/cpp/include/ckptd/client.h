@@ -224,7 +224,9 @@ enum class WaitFor { kAllStaged, kCommitted, kRemote };
 // background (FAILED_PRECONDITION from Save when the daemon has none). kRemote: flushed from the
 // staging arena straight to the remote tier and COMMITTED there, no local copy (nodes without
 // local disks).
-enum class TierPolicy { kDefault, kLocal, kLocalAndRemote, kRemote };
+// kLocalAndPeer: a checkpoint spanning nodes, committed once every node's ranks are on its local
+// storage and its part on its peers; the store holds its control files only (docs/PEERS.md).
+enum class TierPolicy { kDefault, kLocal, kLocalAndRemote, kRemote, kLocalAndPeer };
 
 // The upload of a checkpoint to the remote tier.
 struct UploadProgress {
@@ -255,6 +257,8 @@ struct Tiers {
   // copies of its blobs, and how many of its blobs no peer holds.
   std::vector<std::string> peer_nodes;
   uint32_t blobs_without_peer_copy = 0;
+  // Committed at the peer tier (kLocalAndPeer): this node's own blobs are on its local storage.
+  bool local_part = false;
 };
 
 struct RankProgress {

@@ -174,7 +174,8 @@ class StorageWriter(LazyClient, _DcpWriter, AsyncStager):
         refuse_extensions(_extensions, "StorageWriter")
         self.socket = socket
         # The tiers the checkpoints this writer saves are made durable on: "default" (the
-        # daemon's tier_policy), "local", "local+remote" or "remote" (docs/OPERATIONS.md "Tiers").
+        # daemon's tier_policy), "local", "local+remote", "remote" (docs/OPERATIONS.md "Tiers")
+        # or "local+peer" (docs/PEERS.md "Committing at the peer tier").
         self.tier_policy = tier_policy
         # The ranks saving through this node's daemon (None: torchrun's LOCAL_WORLD_SIZE). Below
         # the world size, each node's daemon takes its ranks and they commit together through
