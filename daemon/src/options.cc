@@ -107,7 +107,8 @@ absl::StatusOr<std::vector<DaemonOptions::RetentionRule>> ParseRetentionRules(
         .pattern = std::string(absl::StripAsciiWhitespace(text.substr(0, colon))),
         .keep_local = o.keep_local,
         .keep_remote = o.keep_remote,
-        .keep_every = o.keep_every};
+        .keep_every = o.keep_every,
+        .remote_every = o.remote_every};
     if (r.pattern.empty()) return fail("the job pattern is empty");
     for (absl::string_view kv :
          absl::StrSplit(text.substr(colon + 1), ',', absl::SkipWhitespace())) {
@@ -124,9 +125,11 @@ absl::StatusOr<std::vector<DaemonOptions::RetentionRule>> ParseRetentionRules(
         (key == "keep_local" ? r.keep_local : r.keep_remote) = static_cast<uint32_t>(v);
       } else if (key == "keep_every") {
         r.keep_every = v;
+      } else if (key == "remote_every") {
+        r.remote_every = v;
       } else {
-        return fail(
-            absl::StrCat("unknown key \"", key, "\" (keep_local, keep_remote, keep_every)"));
+        return fail(absl::StrCat("unknown key \"", key,
+                                 "\" (keep_local, keep_remote, keep_every, remote_every)"));
       }
     }
     rules.push_back(std::move(r));
@@ -279,7 +282,8 @@ DaemonOptions::RetentionRule DaemonOptions::RetentionOf(const std::string& job) 
   return RetentionRule{.pattern = "",
                        .keep_local = keep_local,
                        .keep_remote = keep_remote,
-                       .keep_every = keep_every};
+                       .keep_every = keep_every,
+                       .remote_every = remote_every};
 }
 
 bool DaemonOptions::RetentionOn() const {

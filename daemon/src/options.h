@@ -189,8 +189,15 @@ struct DaemonOptions {
   // (they count among the newest keep_local / keep_remote, and are never dropped). 0: none.
   // Default: 0
   uint64_t keep_every = 0;
+  // The store's cadence for checkpoints committed at the peer tier (policy local+peer): those
+  // whose step is a multiple of remote_every are also copied to the remote tier after their
+  // commit, in the background, each node its own blobs (the step, not a count, so that every node
+  // picks the same checkpoints without asking). 0: none goes to the store.
+  // Default: 0
+  uint64_t remote_every = 0;
   // Per-job retention: "PATTERN: key=N, key=N; PATTERN2: ..." — a job matching PATTERN (a shell
-  // glob over the job name, fnmatch(3)) takes these keep_local, keep_remote and keep_every; a key
+  // glob over the job name, fnmatch(3)) takes these keep_local, keep_remote, keep_every and
+  // remote_every; a key
   // a rule does not name, and a job no rule matches, takes the option's value. The first
   // matching rule wins. Default: ""
   std::string retention_rules;
@@ -200,6 +207,7 @@ struct DaemonOptions {
     uint32_t keep_local = 0;
     uint32_t keep_remote = 0;
     uint64_t keep_every = 0;
+    uint64_t remote_every = 0;
   };
   std::vector<RetentionRule> retention;
   // The retention of `job`: the first rule matching it, else keep_local, keep_remote, keep_every.

@@ -281,9 +281,16 @@ const std::vector<OptionDef>& OptionDefs() {
        "this keep "
        "every copy (they count among the newest `keep_local` / `keep_remote`); 0: none",
        IntField(&O::keep_every, "keep_every")},
+      {"remote_every",
+       "local+peer: steps that are multiples of this are also copied to the store (0: none)",
+       "[committing at the peer tier](PEERS.md#committing-at-the-peer-tier): a checkpoint "
+       "committed under `local+peer` whose step is a multiple of this is also copied to the "
+       "remote tier after its commit, in the background, each node its own blobs; 0: none goes "
+       "to the store",
+       IntField(&O::remote_every, "remote_every")},
       {"retention_rules", "per-job retention: PATTERN: key=N, ...; ...",
        "[retention](OPERATIONS.md#retention) per job: `PATTERN: keep_local=N, keep_remote=N, "
-       "keep_every=N; "
+       "keep_every=N, remote_every=N; "
        "PATTERN2: ...` — the first rule whose shell glob matches the job name sets what it names; "
        "the rest, and jobs no rule matches, take the options above",
        StringField(&O::retention_rules), "(none)"},

@@ -308,3 +308,66 @@ TEST_CASE("peers: a part short of its peer copies is not committed at the peer t
   CHECK(st->error.find("copying this node's part to 2 peers") != std::string::npos);
   CHECK_FALSE(std::filesystem::exists(shared + "/" + kJob + "/" + StepDir(1) + "/manifest.ckm"));
 }
+
+// Issue 35 §1: the store's cadence at the peer tier (remote_every). Nodes a and b commit steps 1
+// and 2 under local+peer with remote_every = 2: step 1 stays off the store, step 2 is copied
+// there after its commit, each node its own blobs (Wait(remote) on each node waits for its own),
+// and the store's copy alone then serves a node that lost its peers.
+TEST_CASE("peers: remote_every copies every N-th step committed at the peer tier to the store",
+          "[integration][peer][multinode]") {
+  TempDir dir;
+  std::filesystem::create_directories(dir.path() + "/shared");
+  const std::string shared = dir.path() + "/shared";
+  auto flags = [&](const std::string& node) {
+    std::vector<std::string> f = Flags(shared, node, 1, "local+peer");
+    f.push_back("--remote_every=2");
+    return f;
+  };
+  auto a = std::make_unique<Daemon>(DaemonConfig{.extra_flags = flags("node-a")});
+  auto b = std::make_unique<Daemon>(DaemonConfig{.extra_flags = flags("node-b")});
+  auto ca = ConnectNode(*a, 2, ckptd::TierPolicy::kDefault);
+  auto cb = ConnectNode(*b, 2, ckptd::TierPolicy::kDefault);
+  for (uint64_t step : {1u, 2u}) {
+    for (uint32_t r : {0u, 1u}) REQUIRE(SaveRank(*ca, kJob, step, r, 4, 95 + step).ok());
+    for (uint32_t r : {2u, 3u}) REQUIRE(SaveRank(*cb, kJob, step, r, 4, 95 + step).ok());
+    for (auto* cl : {ca.get(), cb.get()}) REQUIRE(cl->WaitCommitted(kJob, step, 30000).ok());
+  }
+  // Step 1: no upload (Wait(remote) says why); step 2: each node's own blobs, then durable.
+  auto none = ca->Wait(kJob, 1, ckptd::WaitFor::kRemote, 5000);
+  CHECK(none.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(none.status().message().find("remote_every") != std::string_view::npos);
+  for (auto* cl : {ca.get(), cb.get()}) {
+    auto up = cl->Wait(kJob, 2, ckptd::WaitFor::kRemote, 30000);
+    INFO(up.status().ToString() << "\n" << a->Log() << "\n" << b->Log());
+    REQUIRE(up.ok());
+    CHECK(up->tiers.remote);
+    CHECK(up->tiers.local_part);
+  }
+  auto blobs_on_store = [&](uint64_t step) {
+    int n = 0;
+    for (const auto& e :
+         std::filesystem::directory_iterator(shared + "/" + kJob + "/" + StepDir(step))) {
+      n += e.path().extension() == ".blob" ? 1 : 0;
+    }
+    return n;
+  };
+  CHECK(blobs_on_store(1) == 0);
+  CHECK(blobs_on_store(2) == 4);
+  // Both nodes lost: a fresh node reads step 2 from the store alone, bit-exact.
+  for (auto* d : {a.get(), b.get()}) {
+    REQUIRE(kill(d->pid(), SIGKILL) == 0);
+    d->WaitExit(10000);
+  }
+  Daemon c(DaemonConfig{.extra_flags = flags("node-c")});
+  CHECK(VerifyInProcess(c, kJob, 2, 97) == "");
+  const TensorItem& t = StateDict().front();
+  std::vector<uint8_t> got(ElementCount(t.shape) * ckptd::DTypeSize(t.dtype));
+  std::vector<ckptd::LoadTarget> targets = {
+      {t.name, ckptd::Region::Box(std::vector<uint64_t>(t.shape.size(), 0), t.shape), got.data(),
+       got.size()}};
+  auto r = c.Connect()->Load(kJob, 2, 0, targets);
+  INFO(c.Log());
+  REQUIRE(r.ok());
+  CHECK(r->bytes_read_remote == r->bytes_read);
+  CHECK(got == GlobalBytes(t, 97));
+}

@@ -26,6 +26,9 @@ struct CommittedTiers {
   // TIER_LOCAL_AND_PEER: this node's own blobs of a checkpoint spanning nodes stay on local
   // storage (local is false: the others' blobs are on their nodes and peers).
   bool local_part = false;
+  // With local_part: this node's own blobs are to be copied to the store too (remote_every), an
+  // upload row PENDING with the COMMITTED row.
+  bool upload_part = false;
 };
 
 // The tiers of a checkpoint indexed from its manifest on the store (adopted, or restored by

@@ -575,11 +575,16 @@ void CheckpointService::CommitFromStore(const ClusterWork& w, Manifest m) {
   }
   timings.set_committed_ms(MsAfter(w.created_unix_ms));
   const bool on_nodes = m.header.blobs_on_nodes();
+  // Committed at the peer tier, on the store's cadence too (remote_every): this node's own blobs
+  // are uploaded in the background (an upload row PENDING with COMMITTED).
+  const uint64_t every = deps_.options->RetentionOf(w.key.first).remote_every;
+  const bool upload = on_nodes && every > 0 && w.key.second % every == 0;
   absl::Status st = IndexCommitted(m, w.dir,
                                    CommittedTiers{.policy = w.policy,
                                                   .local = false,
                                                   .remote_durable = !on_nodes,
-                                                  .local_part = on_nodes},
+                                                  .local_part = on_nodes,
+                                                  .upload_part = upload},
                                    left_out, timings);
   {
     absl::MutexLock lock(&mu_);
@@ -614,6 +619,7 @@ void CheckpointService::CommitFromStore(const ClusterWork& w, Manifest m) {
                                          absl::StrCat(w.dir, "/", kManifestFileName), *bytes)
                                    : bytes.status();
     if (!kept.ok()) spdlog::warn("{}: its local copy of the manifest: {}", what, kept.ToString());
+    if (upload) remote_.Track(w.key.first, w.key.second, w.dir);
     return;
   }
   // Read from the store from now on: this node's blobs alone are no local copy (a crash before

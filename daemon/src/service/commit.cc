@@ -161,9 +161,11 @@ absl::Status CheckpointService::IndexCommitted(const Manifest& m, const std::str
   for (const v1::BlobInfo& b : h.blobs()) {
     writes.push_back({keys::Blob(h.job(), h.step(), b.name()), std::nullopt});
   }
-  if (HasRemoteTier(tiers.policy)) {
+  if (HasRemoteTier(tiers.policy) || tiers.upload_part) {
     uint64_t bytes_total = 0;
-    for (const v1::BlobInfo& b : h.blobs()) bytes_total += b.size_bytes();
+    for (const v1::BlobInfo& b : h.blobs()) {
+      if (!tiers.upload_part || b.node() == deps_.options->node_id) bytes_total += b.size_bytes();
+    }
     writes.push_back(
         remote_.NewRow(h.job(), h.step(), dir, bytes_total,
                        tiers.remote_durable ? v1::UPLOAD_DURABLE : v1::UPLOAD_PENDING));

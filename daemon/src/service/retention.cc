@@ -19,7 +19,8 @@ absl::StatusOr<std::vector<RetentionStep>> CheckpointService::PlanJobRetention(
         if (rec.ParseFromArray(value.data(), static_cast<int>(value.size())) &&
             rec.summary().state() == v1::COMMITTED && rec.summary().job() == job) {
           newest_first.push_back(RetainedCheckpoint{.step = rec.summary().step(),
-                                                    .local = rec.summary().tiers().local()});
+                                                    .local = rec.summary().tiers().local() ||
+                                                             rec.summary().tiers().local_part()});
         }
         return true;
       }));
@@ -129,6 +130,7 @@ absl::Status CheckpointService::DropLocalCopy(const std::string& job, uint64_t s
   CKPTD_ASSIGN_OR_RETURN(std::optional<v1::CheckpointRecord> rec, ReadRecord(job, step));
   if (!rec) return absl::OkStatus();
   rec->mutable_summary()->mutable_tiers()->set_local(false);
+  rec->mutable_summary()->mutable_tiers()->set_local_part(false);
   return PutRecordSync(*rec);
 }
 

@@ -110,7 +110,7 @@ void CheckpointService::FillPeerTier(const v1::ManifestHeader& h, v1::Tiers* out
 }
 
 void CheckpointService::FillRemoteTier(v1::CheckpointSummary* summary) {
-  if (!remote_.enabled() || !HasRemoteTier(summary->tier_policy())) return;
+  if (!remote_.enabled() || !UsesStore(summary->tier_policy())) return;
   absl::StatusOr<std::optional<v1::UploadRecord>> row =
       remote_.ReadRow(summary->job(), summary->step());
   if (!row.ok()) {

@@ -180,7 +180,9 @@ absl::Status RemoteTier::WaitDurable(const std::string& job, uint64_t step, absl
     CKPTD_ASSIGN_OR_RETURN(std::optional<v1::UploadRecord> row, ReadRow(job, step));
     if (!row) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "checkpoint ", name, " has no remote copy or upload (its tier policy is local)"));
+          "checkpoint ", name,
+          " has no remote copy or upload (its tier policy is local, or local+peer with a step "
+          "that is not a multiple of remote_every)"));
     }
     if (row->upload().state() == v1::UPLOAD_DURABLE) return absl::OkStatus();
     absl::MutexLock lock(&mu_);
@@ -451,28 +453,41 @@ absl::Status RemoteTier::Attempt(Upload& u) {
     // Deleted meanwhile (its row taken up from the index just before the delete removed it)?
     CKPTD_ASSIGN_OR_RETURN(std::optional<v1::UploadRecord> row, ReadRow(u.job, u.step));
     if (!row) return absl::CancelledError(absl::StrCat(name, " was deleted"));
+    // Committed at the peer tier, and stopped before its local copy of the manifest: the store
+    // has the manifest (only such a checkpoint has one there before its upload).
+    absl::StatusOr<std::string> far = remote_->Get(manifest_path);
+    absl::StatusOr<Manifest> decoded = far.ok() ? DecodeManifest(*far, manifest_path) : far.status();
+    if (decoded.ok() && decoded->header.blobs_on_nodes()) read = std::move(far);
   }
   CKPTD_ASSIGN_OR_RETURN(
       std::string manifest,
       Annotate(std::move(read), absl::StrCat("reading the local manifest of ", name)));
   CKPTD_ASSIGN_OR_RETURN(Manifest m, DecodeManifest(manifest, manifest_path));
-  uint64_t total = manifest.size();
-  for (const v1::BlobInfo& b : m.header.blobs()) total += b.size_bytes();
+  // Committed at the peer tier (blobs_on_nodes): the manifest is on the store already, and this
+  // node uploads its own blobs alone (each node its own: remote_every).
+  const bool own_part = m.header.blobs_on_nodes();
+  uint64_t total = own_part ? 0 : manifest.size();
+  std::vector<std::pair<std::string, uint64_t>> blobs;
+  for (const v1::BlobInfo& b : m.header.blobs()) {
+    if (own_part && b.node() != options_->node_id) continue;
+    total += b.size_bytes();
+    blobs.emplace_back(b.name(), b.size_bytes());
+  }
   {
     absl::MutexLock lock(&mu_);
     u.state.set_bytes_total(total);
   }
   // The job's owner on the store first: nothing of another owner's job is overwritten.
   if (m.header.has_owner()) CKPTD_RETURN_IF_ERROR(ClaimStoreOwner(u.job, m.header.owner()));
-  std::vector<std::pair<std::string, uint64_t>> blobs;
-  for (const v1::BlobInfo& b : m.header.blobs()) blobs.emplace_back(b.name(), b.size_bytes());
   CKPTD_RETURN_IF_ERROR(CopyAll(u, u.dir, blobs));
   CKPTD_SYNC_POINT("upload.blobs_copied");
   if (u.cancel || stop_) return absl::CancelledError(absl::StrCat("upload of ", name, " stopped"));
-  CKPTD_RETURN_IF_ERROR(
-      Annotate(remote_->PutAtomic(manifest_path, manifest),
-               absl::StrCat("writing the manifest of ", name, " to ", remote_->Describe())));
-  u.bytes_done += manifest.size();
+  if (!own_part) {
+    CKPTD_RETURN_IF_ERROR(
+        Annotate(remote_->PutAtomic(manifest_path, manifest),
+                 absl::StrCat("writing the manifest of ", name, " to ", remote_->Describe())));
+    u.bytes_done += manifest.size();
+  }
   CKPTD_SYNC_POINT("upload.manifest_put");
   v1::Upload durable;
   {
