@@ -12,10 +12,22 @@ every millisecond). Configurations, side by side in one run, rounds interleaved:
            tier, which a commit across nodes needs before it commits (the second baseline)
   2 nodes  two daemons, the ranks split between them (cluster_poll_ms as given)
   3 nodes  three daemons
+  2 nodes, local+peer   two daemons under tier policy local+peer: each node's part is copied to
+           peer_replicas=1 other daemon over the peer channel (gRPC, mutual TLS on loopback;
+           certificates from tests/integration/peer_certs.sh), and the store receives only the
+           control files (node parts, decision, manifest), no blob
+  3 nodes, local+peer   three daemons, the same
 
-Reports the median and max latency per configuration and the ratio to the 1-node median, for
-each --poll-ms value (the interval at which a daemon reads the shared tier bounds the latency:
-the coordinator's read of the last part, then the others' read of the decision).
+The local+peer configurations each have a shared directory of their own: the peer registry
+(<store>/.ckptd-peers) is per store, and placement is a ring over every node registered there, so
+a store of its own keeps each configuration's parts among its own nodes, as on a real cluster.
+Their peer_bytes_max holds four parts (the peer store never evicts the two newest steps of a job:
+those, the one arriving, and one spare).
+
+Reports the median and max latency per configuration, the ratio to the 1-node median and, for
+local+peer, to the same node count under local+remote, for each --poll-ms value (the interval at
+which a daemon reads the shared tier bounds the latency: the coordinator's read of the last part,
+then the others' read of the decision).
 
 Writes one JSON object per configuration to --out/cluster_commit.jsonl.
 """
@@ -31,29 +43,65 @@ import statistics
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 import ckptd
+from ckptd._shm import remove_segments
 
+ROOT = Path(__file__).resolve().parents[1]
 COLS = 1024
+MiB = 1 << 20
+# A replicator reads the peer registry again when its copy is older than this
+# (daemon/src/peer/replicator.h, kRegistryRefresh): the rounds start once every peer daemon has
+# registered and this long after the last one started, so that every node places its part on
+# the ring of all of them.
+REGISTRY_REFRESH_S = 5.0
+# A round not committed by then fails the bench (the daemons' logs are kept in --out).
+ROUND_TIMEOUT_S = 120.0
+
+
+@dataclass
+class Peers:
+    """The peer tier's options of a daemon under local+peer."""
+
+    certs: str  # ca.pem and NODE.pem / NODE.key for every node id (peer_certs.sh)
+    bytes_max: int
 
 
 class Node:
-    def __init__(self, daemon: str, shared: str, name: str, poll_ms: int) -> None:
+    def __init__(
+        self,
+        daemon: str,
+        shared: str,
+        name: str,
+        poll_ms: int,
+        policy: str = "local+remote",
+        peers: Peers | None = None,
+    ) -> None:
         self.state = tempfile.mkdtemp(prefix=f"ckb-{name}-", dir="/tmp")
         self.socket = os.path.join(self.state, "ckptd.sock")
         flags = [
             f"--state_dir={self.state}",
             f"--remote_dir={shared}",
-            "--tier_policy=local+remote",
+            f"--tier_policy={policy}",
             f"--node_id={name}",
             f"--cluster_poll_ms={poll_ms}",
             "--staging_bytes_max=1073741824",
             "--log_level=warn",
         ]
+        if peers is not None:
+            flags += [
+                "--peer_listen_addr=127.0.0.1:0",
+                f"--peer_tls_ca_path={peers.certs}/ca.pem",
+                f"--peer_tls_cert_path={peers.certs}/{name}.pem",
+                f"--peer_tls_key_path={peers.certs}/{name}.key",
+                f"--peer_bytes_max={peers.bytes_max}",
+                "--peer_replicas=1",
+            ]
         self.log = open(os.path.join(self.state, "ckptd.log"), "w")
         self.proc = subprocess.Popen([daemon, *flags], stdout=self.log, stderr=subprocess.STDOUT)
         for _ in range(200):
@@ -67,7 +115,44 @@ class Node:
         self.proc.send_signal(signal.SIGTERM)
         self.proc.wait(timeout=60)
         self.log.close()
+        remove_segments(self.state)
         shutil.rmtree(self.state, ignore_errors=True)
+
+
+@dataclass
+class Config:
+    """One configuration: its daemons, one client per daemon, and its latencies."""
+
+    name: str
+    nodes: int
+    policy: str
+    shared: str
+    daemons: list[Node] = field(default_factory=list)
+    clients: list[Any] = field(default_factory=list)
+    lat: list[float] = field(default_factory=list)
+
+    @property
+    def job(self) -> str:
+        return f"commit-{self.nodes}" + ("p" if self.policy == "local+peer" else "")
+
+
+def make_certs(certs: str, names: list[str]) -> None:
+    script = str(ROOT / "tests/integration/peer_certs.sh")
+    subprocess.run(["sh", script, "ca", certs, "ca"], check=True)
+    for n in names:
+        subprocess.run(["sh", script, "node", certs, "ca", n], check=True)
+
+
+def wait_registered(shared: str, names: list[str], started: float) -> None:
+    """Waits until every node in `names` is in the store's peer registry and the replicators'
+    cached registry is stale (REGISTRY_REFRESH_S after `started`)."""
+    registry = Path(shared) / ".ckptd-peers"
+    deadline = time.monotonic() + 30
+    while not all((registry / n).exists() for n in names):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"peers {names} did not register in {registry}")
+        time.sleep(0.05)
+    time.sleep(max(0.0, started + REGISTRY_REFRESH_S + 0.5 - time.monotonic()))
 
 
 def one_round(
@@ -88,9 +173,60 @@ def one_round(
             info = clients[i].status(job, step)
             if info["state"] == "COMMITTED" and (not remote or info["tiers"]["remote"]):
                 pending.discard(i)
+            elif info["state"] not in ("STAGING", "PERSISTING", "COMMITTED"):
+                raise RuntimeError(f"{job} step {step} on daemon {i}: {info}")
+        if pending and time.perf_counter() - t0 > ROUND_TIMEOUT_S:
+            raise RuntimeError(
+                f"{job} step {step}: not committed on daemons {sorted(pending)} "
+                f"after {ROUND_TIMEOUT_S} s: {clients[min(pending)].status(job, step)}"
+            )
         if pending:
             time.sleep(0.001)
     return time.perf_counter() - t0
+
+
+def start_configs(args: argparse.Namespace, work: str, poll: int, configs: list[Config]) -> None:
+    """Appends to `configs` (filled first, so that the caller stops what a failure leaves
+    started) 1, 2 and 3 nodes under local+remote on one store, and 2 and 3 under local+peer, each
+    on a store of its own; the first is the 1-node baseline."""
+    shared = tempfile.mkdtemp(prefix="shared-", dir=work)
+    configs += [
+        Config(f"{n} node{'s' if n > 1 else ''}", n, "local+remote", shared) for n in (1, 2, 3)
+    ]
+    for n in (2, 3):
+        own = tempfile.mkdtemp(prefix=f"shared-p{n}-", dir=work)
+        configs.append(Config(f"{n} nodes, local+peer", n, "local+peer", own))
+    certs = os.path.join(work, "certs")
+    part = args.ranks_per_node * args.mib * MiB
+    peers = Peers(certs=certs, bytes_max=4 * part)
+    started = time.monotonic()
+    for c in configs:
+        p = peers if c.policy == "local+peer" else None
+        prefix = "p" if p else "n"
+        for i in range(c.nodes):
+            c.daemons.append(
+                Node(args.daemon, c.shared, f"{prefix}{c.nodes}-{i}", poll, c.policy, p)
+            )
+        lws = args.ranks_per_node if c.nodes > 1 else 0
+        c.clients = [
+            ckptd.connect(x.socket, tier_policy=c.policy, local_world_size=lws) for x in c.daemons
+        ]
+        if p:
+            started = time.monotonic()
+    for c in configs:
+        if c.policy == "local+peer":
+            names = [f"p{c.nodes}-{i}" for i in range(c.nodes)]
+            wait_registered(c.shared, names, started)
+
+
+def keep_logs(configs: list[Config], to: Path) -> None:
+    """Copies every daemon's log to `to` (a failed round: the state dirs go when they stop)."""
+    to.mkdir(parents=True, exist_ok=True)
+    for c in configs:
+        for x in c.daemons:
+            x.log.flush()
+            shutil.copy(os.path.join(x.state, "ckptd.log"), to / f"{Path(x.state).name}.log")
+    print(f"cluster_commit: daemon logs in {to}", flush=True)
 
 
 def main() -> None:
@@ -102,60 +238,70 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--poll-ms", default="200,50")
     args = ap.parse_args()
-    rows = args.mib * (1 << 20) // (COLS * 4)
+    rows = args.mib * MiB // (COLS * 4)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results: list[dict[str, Any]] = []
     for poll in [int(p) for p in args.poll_ms.split(",")]:
-        shared = tempfile.mkdtemp(prefix="ckb-shared-", dir="/tmp")
-        configs: dict[int, tuple[list[Node], list[Any]]] = {}
+        work = tempfile.mkdtemp(prefix="ckb-cluster-", dir="/tmp")
+        configs: list[Config] = []
         try:
-            for n in (1, 2, 3):
-                nodes = [Node(args.daemon, shared, f"n{n}-{i}", poll) for i in range(n)]
-                lws = args.ranks_per_node if n > 1 else 0
-                clients = [
-                    ckptd.connect(x.socket, tier_policy="local+remote", local_world_size=lws)
-                    for x in nodes
-                ]
-                configs[n] = (nodes, clients)
-            lat: dict[int, list[float]] = {n: [] for n in configs}
-            lat[0] = []  # 1 node, until remote durable
+            make_certs(os.path.join(work, "certs"), [f"p{n}-{i}" for n in (2, 3) for i in range(n)])
+            start_configs(args, work, poll, configs)
+            durable = Config("1 node, remote durable", 1, "local+remote", configs[0].shared)
             for rnd in range(args.rounds):
-                order = list(configs)
-                order = order[rnd % len(order) :] + order[: rnd % len(order)]
-                for n in order:
+                k = rnd % len(configs)
+                for c in configs[k:] + configs[:k]:
                     # Single node: the same total ranks on its one daemon.
-                    rpn = args.ranks_per_node * (1 if n > 1 else 2)
-                    lat[n].append(one_round(configs[n][1], rpn, rows, f"commit-{n}", rnd + 1))
-                    if n == 1:
-                        lat[0].append(
-                            one_round(configs[1][1], rpn, rows, "commit-1r", rnd + 1, remote=True)
+                    rpn = args.ranks_per_node * (1 if c.nodes > 1 else 2)
+                    c.lat.append(one_round(c.clients, rpn, rows, c.job, rnd + 1))
+                    if c is configs[0]:
+                        durable.lat.append(
+                            one_round(c.clients, rpn, rows, "commit-1r", rnd + 1, remote=True)
                         )
+        except BaseException:
+            keep_logs(configs, out / f"cluster_commit-logs-poll{poll}")
+            raise
         finally:
-            for nodes, _ in configs.values():
-                for x in nodes:
+            for c in configs:
+                for x in c.daemons:
                     x.stop()
-            shutil.rmtree(shared, ignore_errors=True)
-        base = statistics.median(lat[1])
-        for n, xs in lat.items():
-            rec = {
-                "bench": "cluster_commit",
-                "nodes": n if n else "1 (remote durable)",
-                "ranks": args.ranks_per_node * (n if n > 1 else 2),
-                "ratio_to_1_node_remote_durable": round(
-                    statistics.median(xs) / statistics.median(lat[0]), 2
-                ),
-                "mib_per_rank": args.mib,
-                "cluster_poll_ms": poll,
-                "median_ms": round(statistics.median(xs) * 1000, 1),
-                "max_ms": round(max(xs) * 1000, 1),
-                "ratio_to_1_node": round(statistics.median(xs) / base, 2),
-            }
-            results.append(rec)
-            print(json.dumps(rec), flush=True)
+            shutil.rmtree(work, ignore_errors=True)
+        results += summarize([*configs[:1], durable, *configs[1:]], args, poll)
     with open(out / "cluster_commit.jsonl", "w") as f:
         for rec in results:
             f.write(json.dumps(rec) + "\n")
+
+
+def summarize(configs: list[Config], args: argparse.Namespace, poll: int) -> list[dict[str, Any]]:
+    """One record per configuration; configs[0] is the 1-node commit, configs[1] the 1 node
+    until remote durable."""
+    base = statistics.median(configs[0].lat)
+    durable = statistics.median(configs[1].lat)
+    remote = {c.nodes: statistics.median(c.lat) for c in configs[2:] if c.policy == "local+remote"}
+    recs = []
+    for c in configs:
+        med = statistics.median(c.lat)
+        rec: dict[str, Any] = {
+            "bench": "cluster_commit",
+            "configuration": c.name,
+            "nodes": c.nodes if c is not configs[1] else "1 (remote durable)",
+            "tier_policy": c.policy,
+            "ranks": args.ranks_per_node * (c.nodes if c.nodes > 1 else 2),
+            "ratio_to_1_node_remote_durable": round(med / durable, 2),
+            "mib_per_rank": args.mib,
+            "cluster_poll_ms": poll,
+            "median_ms": round(med * 1000, 1),
+            "max_ms": round(max(c.lat) * 1000, 1),
+            "ratio_to_1_node": round(med / base, 2),
+            "rounds_ms": [round(x * 1000, 1) for x in c.lat],
+        }
+        if c.policy == "local+peer":
+            rec["ratio_to_local_remote_same_nodes"] = round(med / remote[c.nodes], 2)
+            rec["peer_replicas"] = 1
+        recs.append(rec)
+        print(json.dumps(rec), flush=True)
+    return recs
 
 
 if __name__ == "__main__":

@@ -42,7 +42,9 @@ commands:
                            until interrupted, or with --until_idle until nothing is in flight
   inspect JOB STEP         items: name, kind, dtype (or object scope), shape, shards, bytes
   rm JOB STEP              delete a checkpoint
-  latest JOB               the newest committed step
+  latest JOB [--durable committed|peer|store]
+                           the newest committed step (that survives the loss of a node: peer, of
+                           every node: store; docs/PEERS.md "What survives what")
   wait JOB STEP [--timeout_ms N] [--until committed|staged|remote]
                            block until the checkpoint is committed (or all ranks staged, or also
                            durable on the remote tier); exit 1
@@ -91,6 +93,8 @@ struct Args {
   bool timeout_given = false;
   std::string until = "committed";
   bool until_given = false;
+  std::string durable = "committed";  // latest
+  bool durable_given = false;
   std::vector<std::string> positional;
   // export
   std::string format = "safetensors";
@@ -146,6 +150,13 @@ std::string Parse(int argc, char** argv, Args* args) {
         return "--timeout_ms needs a number of milliseconds";
       }
       args->timeout_given = true;
+    } else if (a == "--durable") {
+      if (!take("--durable") ||
+          (value != "committed" && value != "peer" && value != "store")) {
+        return "--durable needs committed, peer or store";
+      }
+      args->durable = value;
+      args->durable_given = true;
     } else if (a == "--until") {
       if (!take("--until") || (value != "committed" && value != "staged" && value != "remote")) {
         return "--until needs committed, staged or remote";
@@ -252,6 +263,7 @@ int Run(const Args& args) {
     return true;
   };
   if (args.until_given && cmd != "wait") return Usage("--until applies to wait only");
+  if (args.durable_given && cmd != "latest") return Usage("--durable applies to latest only");
   if (args.timeout_given && cmd != "wait" && cmd != "verify") {
     return Usage("--timeout_ms applies to wait and verify only");
   }
@@ -294,7 +306,7 @@ int Run(const Args& args) {
     s = ckptctl::Remove(ctx, p[1], step);
   } else if (cmd == "latest") {
     if (!need(1, "JOB")) return 2;
-    s = ckptctl::Latest(ctx, p[1]);
+    s = ckptctl::Latest(ctx, p[1], args.durable);
   } else if (cmd == "wait") {
     if (!need(2, "JOB STEP")) return 2;
     s = ckptctl::Wait(ctx, p[1], step, args.timeout_ms, args.until);

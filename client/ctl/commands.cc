@@ -385,9 +385,12 @@ absl::Status Prefetch(Context& ctx, const std::string& job, std::optional<uint64
   return absl::OkStatus();
 }
 
-absl::Status Latest(Context& ctx, const std::string& job) {
+absl::Status Latest(Context& ctx, const std::string& job, const std::string& durable) {
   v1::LatestRequest req;
   req.set_job(job);
+  req.set_durable(durable == "store"  ? v1::DURABLE_STORE
+                  : durable == "peer" ? v1::DURABLE_PEER
+                                      : v1::DURABLE_COMMITTED);
   v1::LatestResponse resp;
   absl::Status s = Call(ctx, ctx.rpc_timeout_ms,
                         [&](grpc::ClientContext* c) { return ctx.stub->Latest(c, req, &resp); });

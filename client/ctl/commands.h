@@ -45,7 +45,8 @@ absl::Status DiskUsage(Context& ctx, const std::string& job);
 absl::Status Status(Context& ctx, const std::string& job, uint64_t step);
 absl::Status Inspect(Context& ctx, const std::string& job, uint64_t step);
 absl::Status Remove(Context& ctx, const std::string& job, uint64_t step);
-absl::Status Latest(Context& ctx, const std::string& job);
+// `durable`: "committed", "peer" or "store" (LatestRequest.durable).
+absl::Status Latest(Context& ctx, const std::string& job, const std::string& durable);
 // FAILED until the checkpoint reached `until`: ABORTED, or DEADLINE_EXCEEDED naming the ranks
 // still missing.
 // until: "committed", "staged" (every rank staged) or "remote" (committed and durable on the

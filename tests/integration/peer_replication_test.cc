@@ -312,7 +312,8 @@ TEST_CASE("peers: a part short of its peer copies is not committed at the peer t
 // Issue 35 §1: the store's cadence at the peer tier (remote_every). Nodes a and b commit steps 1
 // and 2 under local+peer with remote_every = 2: step 1 stays off the store, step 2 is copied
 // there after its commit, each node its own blobs (Wait(remote) on each node waits for its own),
-// and the store's copy alone then serves a node that lost its peers.
+// and the store's copy alone then serves a node that lost its peers; latest --durable store
+// answers step 2 while step 3 (committed at the peer tier only) is newer.
 TEST_CASE("peers: remote_every copies every N-th step committed at the peer tier to the store",
           "[integration][peer][multinode]") {
   TempDir dir;
@@ -327,7 +328,7 @@ TEST_CASE("peers: remote_every copies every N-th step committed at the peer tier
   auto b = std::make_unique<Daemon>(DaemonConfig{.extra_flags = flags("node-b")});
   auto ca = ConnectNode(*a, 2, ckptd::TierPolicy::kDefault);
   auto cb = ConnectNode(*b, 2, ckptd::TierPolicy::kDefault);
-  for (uint64_t step : {1u, 2u}) {
+  for (uint64_t step : {1u, 2u, 3u}) {
     for (uint32_t r : {0u, 1u}) REQUIRE(SaveRank(*ca, kJob, step, r, 4, 95 + step).ok());
     for (uint32_t r : {2u, 3u}) REQUIRE(SaveRank(*cb, kJob, step, r, 4, 95 + step).ok());
     for (auto* cl : {ca.get(), cb.get()}) REQUIRE(cl->WaitCommitted(kJob, step, 30000).ok());
@@ -353,12 +354,21 @@ TEST_CASE("peers: remote_every copies every N-th step committed at the peer tier
   };
   CHECK(blobs_on_store(1) == 0);
   CHECK(blobs_on_store(2) == 4);
+  // latest never answers a checkpoint that survives less than asked: step 3 is on peers, step 2
+  // on the store too.
+  CHECK(ca->Latest(kJob).value_or(0) == 3);
+  CHECK(ca->Latest(kJob, ckptd::Durability::kPeer).value_or(0) == 3);
+  CHECK(ca->Latest(kJob, ckptd::Durability::kStore).value_or(0) == 2);
+  CommandResult latest = RunCtl(*b, {"latest", kJob, "--durable", "store"});
+  INFO(latest.output);
+  CHECK(latest.output == "2\n");
   // Both nodes lost: a fresh node reads step 2 from the store alone, bit-exact.
   for (auto* d : {a.get(), b.get()}) {
     REQUIRE(kill(d->pid(), SIGKILL) == 0);
     d->WaitExit(10000);
   }
   Daemon c(DaemonConfig{.extra_flags = flags("node-c")});
+  CHECK(c.Connect()->Latest(kJob, ckptd::Durability::kStore).value_or(0) == 2);
   CHECK(VerifyInProcess(c, kJob, 2, 97) == "");
   const TensorItem& t = StateDict().front();
   std::vector<uint8_t> got(ElementCount(t.shape) * ckptd::DTypeSize(t.dtype));

@@ -195,10 +195,13 @@ absl::StatusOr<std::vector<ItemInfo>> Client::Inspect(const std::string& job, ui
   return items;
 }
 
-absl::StatusOr<uint64_t> Client::Latest(const std::string& job) {
+absl::StatusOr<uint64_t> Client::Latest(const std::string& job, Durability durable) {
   CKPTD_CLIENT_RETURN_IF_ERROR(core_->EnsureSession().status());
   v1::LatestRequest req;
   req.set_job(job);
+  req.set_durable(durable == Durability::kStore  ? v1::DURABLE_STORE
+                  : durable == Durability::kPeer ? v1::DURABLE_PEER
+                                                 : v1::DURABLE_COMMITTED);
   v1::LatestResponse resp;
   CKPTD_CLIENT_RETURN_IF_ERROR(
       core_->Call("Latest", core_->rpc_timeout_ms(),

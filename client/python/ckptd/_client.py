@@ -555,9 +555,14 @@ class Client:
         """State, tiers reached, bytes and per-rank progress of a checkpoint."""
         return dict(self._native.status(job, step))
 
-    def latest(self, job: str) -> int | None:
-        """The newest COMMITTED step of a job, or None."""
-        latest = self._native.latest(job)
+    def latest(self, job: str, durable: str = "committed") -> int | None:
+        """The newest COMMITTED step of a job, or None.
+
+        durable: "committed" (any), "peer" (one that survives the loss of any node: every blob
+        on a peer or on the store) or "store" (one whole on the remote store, which survives the
+        loss of every node); docs/PEERS.md "What survives what".
+        """
+        latest = self._native.latest(job, durable)
         return None if latest is None else int(latest)
 
     def inspect(self, job: str, step: int | str = "latest") -> Rows:

@@ -259,11 +259,20 @@ class PyClient {
     return InfoDict(Check(std::move(r)));
   }
 
-  py::object Latest(const std::string& job) {
+  py::object Latest(const std::string& job, const std::string& durable) {
+    Durability d = Durability::kCommitted;
+    if (durable == "peer") {
+      d = Durability::kPeer;
+    } else if (durable == "store") {
+      d = Durability::kStore;
+    } else if (durable != "committed") {
+      throw py::value_error("durable \"" + durable +
+                            "\": expected \"committed\", \"peer\" or \"store\"");
+    }
     absl::StatusOr<uint64_t> r;
     {
       ReleasedGil released;
-      r = client_->Latest(job);
+      r = client_->Latest(job, d);
     }
     if (!r.ok() && r.status().code() == absl::StatusCode::kNotFound) return py::none();
     return py::int_(Check(std::move(r)));
@@ -384,7 +393,7 @@ PYBIND11_MODULE(_ckptd, m) {
            [](PyClient& c, const std::string& job, uint64_t step, const std::string& reason) {
              return c.InfoCall([&] { return c.client()->Abort(job, step, reason); });
            })
-      .def("latest", &PyClient::Latest)
+      .def("latest", &PyClient::Latest, py::arg("job"), py::arg("durable") = "committed")
       .def("resolve_step", &PyClient::ResolveStep)
       .def("delete", &PyClient::Delete)
       .def("arena_bytes", &PyClient::ArenaBytes)

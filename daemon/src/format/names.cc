@@ -90,6 +90,10 @@ absl::StatusOr<uint64_t> ParseStepDirName(std::string_view name) {
 
 std::string BlobName(uint32_t rank) { return absl::StrFormat("r%05d.blob", rank); }
 
+std::string NodeUploadedPath(const std::string& dir, const std::string& node) {
+  return absl::StrCat(dir, "/cluster/", node, ".uploaded");
+}
+
 bool IsBlobFileName(std::string_view name) {
   absl::string_view digits(name.data(), name.size());
   if (!absl::ConsumePrefix(&digits, "r") || !absl::ConsumeSuffix(&digits, ".blob")) return false;

@@ -44,6 +44,9 @@ absl::StatusOr<uint64_t> ParseStepDirName(std::string_view name);
 
 // "r%05d.blob": the blob written for one saving rank.
 std::string BlobName(uint32_t rank);
+// "<dir>/cluster/<node>.uploaded": on the store, beside the node parts of a checkpoint committed
+// at the peer tier, written once `node` has copied its own blobs there (remote_every).
+std::string NodeUploadedPath(const std::string& dir, const std::string& node);
 // `name` is exactly "r" + 5 or more digits + ".blob" (a name BlobName gives).
 bool IsBlobFileName(std::string_view name);
 

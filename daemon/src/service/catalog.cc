@@ -147,12 +147,20 @@ absl::StatusOr<std::vector<uint64_t>> CheckpointService::CommittedSteps(const st
   return steps;
 }
 
-absl::StatusOr<uint64_t> CheckpointService::LatestCommitted(const std::string& job) {
+absl::StatusOr<uint64_t> CheckpointService::LatestCommitted(const std::string& job,
+                                                            v1::Durability durable) {
   CKPTD_ASSIGN_OR_RETURN(std::vector<uint64_t> steps, CommittedSteps(job));
+  bool less_durable = false;  // some step verified, but survives less than asked
   for (uint64_t step : steps) {
     // From the manifest cache when it is there (every commit and verified load puts it there).
     absl::StatusOr<std::shared_ptr<const Manifest>> m = GetManifest(job, step);
-    if (m.ok()) return step;
+    if (m.ok()) {
+      if (durable == v1::DURABLE_COMMITTED) return step;
+      CKPTD_ASSIGN_OR_RETURN(bool survives, Survives(job, step, **m, durable));
+      if (survives) return step;
+      less_durable = true;
+      continue;
+    }
     if (absl::IsDataLoss(m.status())) continue;  // GetManifest marked it CORRUPT
     // Deleted meanwhile: the next older one. Otherwise the manifest could not be read at all.
     CKPTD_ASSIGN_OR_RETURN(std::optional<v1::CheckpointRecord> rec, ReadRecord(job, step));
@@ -160,8 +168,41 @@ absl::StatusOr<uint64_t> CheckpointService::LatestCommitted(const std::string& j
       return Annotate(m.status(), absl::StrCat("reading the manifest of ", CkptName(job, step)));
     }
   }
+  if (less_durable) {
+    return absl::NotFoundError(absl::StrCat("job ", job, " has no committed checkpoint that is ",
+                                            v1::Durability_Name(durable),
+                                            " (newer ones survive less)"));
+  }
   return absl::NotFoundError(absl::StrCat("job ", job, " has no committed checkpoint",
                                           steps.empty() ? "" : " whose manifest verifies"));
+}
+
+absl::StatusOr<bool> CheckpointService::Survives(const std::string& job, uint64_t step,
+                                                 const Manifest& m, v1::Durability durable) {
+  CKPTD_ASSIGN_OR_RETURN(std::optional<v1::CheckpointRecord> rec, ReadRecord(job, step));
+  if (!rec || rec->summary().state() != v1::COMMITTED) return false;
+  const v1::CheckpointSummary& s = rec->summary();
+  if (durable == v1::DURABLE_PEER && m.header.blobs_on_nodes() &&
+      s.tiers().blobs_without_peer_copy() == 0) {
+    return true;  // committed at the peer tier: every blob on its node and a peer
+  }
+  if (!remote_.enabled()) return s.tiers().remote();
+  if (m.header.blobs_on_nodes()) {
+    // On the store whole once every node that wrote a blob uploaded its own (remote_every).
+    std::set<std::string> nodes;
+    for (const v1::BlobInfo& b : m.header.blobs()) {
+      if (b.size_bytes() > 0) nodes.insert(b.node());
+    }
+    for (const std::string& node : nodes) {
+      CKPTD_ASSIGN_OR_RETURN(bool there, remote_.remote()->Exists(NodeUploadedPath(rec->dir(), node)));
+      if (!there) return false;
+    }
+    return true;
+  }
+  if (s.tiers().remote()) return true;
+  if (!HasRemoteTier(s.tier_policy())) return false;
+  CKPTD_ASSIGN_OR_RETURN(std::optional<v1::UploadRecord> row, remote_.ReadRow(job, step));
+  return row && row->upload().state() == v1::UPLOAD_DURABLE;
 }
 
 absl::Status CheckpointService::MarkCorrupt(const std::string& job, uint64_t step,
@@ -203,15 +244,21 @@ absl::Status CheckpointService::Latest(const Caller& caller, const v1::LatestReq
                                        v1::LatestResponse* resp) {
   CKPTD_RETURN_IF_ERROR(ValidateJobName(req.job()));
   CKPTD_RETURN_IF_ERROR(CheckAccess(caller, req.job(), Access::kRead));
-  CKPTD_ASSIGN_OR_RETURN(uint64_t step, LatestReadable(caller, req.job()));
+  if (!v1::Durability_IsValid(req.durable())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("latest of job ", req.job(), ": durability ", static_cast<int>(req.durable()),
+                     " is not one this daemon knows"));
+  }
+  CKPTD_ASSIGN_OR_RETURN(uint64_t step, LatestReadable(caller, req.job(), req.durable()));
   resp->set_step(step);
   return absl::OkStatus();
 }
 
 absl::StatusOr<uint64_t> CheckpointService::LatestReadable(const Caller& caller,
-                                                           const std::string& job) {
+                                                           const std::string& job,
+                                                           v1::Durability durable) {
   RefreshFromStore(job);  // another daemon may have committed a newer one
-  absl::StatusOr<uint64_t> step = LatestCommitted(job);
+  absl::StatusOr<uint64_t> step = LatestCommitted(job, durable);
   // Again once adopted, before any answer, an error too (it may name the job's steps and paths):
   // the caller's check before the refresh passes for a job with no owner yet (owners.cc).
   CKPTD_RETURN_IF_ERROR(CheckAccess(caller, job, Access::kRead));

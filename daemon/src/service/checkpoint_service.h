@@ -420,10 +420,19 @@ class CheckpointService {
   v1::Owner OwnerRecordOf(uint32_t uid) const;
   absl::StatusOr<std::optional<v1::CheckpointRecord>> GetRecord(const std::string& job,
                                                                 uint64_t step);
-  absl::StatusOr<uint64_t> LatestCommitted(const std::string& job);
+  // The newest COMMITTED step of `job` whose manifest verifies and that survives at least
+  // `durable` (Survives).
+  absl::StatusOr<uint64_t> LatestCommitted(const std::string& job,
+                                           v1::Durability durable = v1::DURABLE_COMMITTED);
   // The "latest" form of a call: LatestCommitted after the store's catalog of `job` was refreshed,
   // answered (an error too) only once `caller` may read the job, adopted or not.
-  absl::StatusOr<uint64_t> LatestReadable(const Caller& caller, const std::string& job);
+  absl::StatusOr<uint64_t> LatestReadable(const Caller& caller, const std::string& job,
+                                          v1::Durability durable = v1::DURABLE_COMMITTED);
+  // (job, step), committed with manifest `m`, survives `durable` (common.proto Durability): on
+  // the store whole (its upload DURABLE, or committed there; at the peer tier, every node's
+  // part uploaded: NodeUploadedPath), or for DURABLE_PEER also every blob on a peer.
+  absl::StatusOr<bool> Survives(const std::string& job, uint64_t step, const Manifest& m,
+                                v1::Durability durable);
   // `tiers` (ReadTiers) with the peer tier's reader before the remote store, for a checkpoint
   // with a remote tier on a daemon with peers (the blobs only: manifests are not on peers).
   std::vector<Storage*> WithPeers(const v1::CheckpointRecord& rec,

@@ -487,6 +487,12 @@ absl::Status RemoteTier::Attempt(Upload& u) {
         Annotate(remote_->PutAtomic(manifest_path, manifest),
                  absl::StrCat("writing the manifest of ", name, " to ", remote_->Describe())));
     u.bytes_done += manifest.size();
+  } else {
+    // This node's part is on the store: the checkpoint is there whole once every node of it
+    // wrote this (CheckpointService::Survives reads them).
+    const std::string marker = NodeUploadedPath(u.dir, options_->node_id);
+    CKPTD_RETURN_IF_ERROR(Annotate(remote_->PutAtomic(marker, ""),
+                                   absl::StrCat("writing ", marker, " to ", remote_->Describe())));
   }
   CKPTD_SYNC_POINT("upload.manifest_put");
   v1::Upload durable;

@@ -219,6 +219,11 @@ const char* CheckpointStateName(CheckpointState state);  // "STAGING", ...
 // without one).
 enum class WaitFor { kAllStaged, kCommitted, kRemote };
 
+// What a committed checkpoint survives (Latest): kCommitted, as its tier policy says; kPeer, the
+// loss of any one node (every blob on a peer or on the store); kStore, the loss of every node
+// (whole on the remote store). docs/PEERS.md "What survives what".
+enum class Durability { kCommitted, kPeer, kStore };
+
 // Which tiers a checkpoint is made durable on (the daemon's tier_policy when kDefault).
 // kLocalAndRemote: COMMITTED on local storage, then uploaded to the daemon's remote tier in the
 // background (FAILED_PRECONDITION from Save when the daemon has none). kRemote: flushed from the
@@ -543,8 +548,9 @@ class Client {
   absl::StatusOr<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& job);
   absl::StatusOr<CheckpointInfo> GetStatus(const std::string& job, uint64_t step);
   absl::StatusOr<std::vector<ItemInfo>> Inspect(const std::string& job, uint64_t step);
-  // The newest COMMITTED step; NOT_FOUND when there is none.
-  absl::StatusOr<uint64_t> Latest(const std::string& job);
+  // The newest COMMITTED step (that survives at least `durable`); NOT_FOUND when there is none.
+  absl::StatusOr<uint64_t> Latest(const std::string& job,
+                                  Durability durable = Durability::kCommitted);
   // The step a read of `step` means: `step` itself, or (nullopt: "latest") the newest COMMITTED
   // step of the job; NOT_FOUND when it has none. The client side's one resolution of "latest":
   // LoadObject(s), LoadAll, ckptctl export and the Python client use it (Load and LoadInPlace
