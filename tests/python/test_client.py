@@ -218,6 +218,12 @@ def test_nonblocking_save_and_catalog(client: ckptd.Client) -> None:
     items = client.inspect("py-catalog", 20)
     assert [(i["name"], i["dtype"], i["shape"]) for i in items] == [("x", "float32", [128, 128])]
     assert client.latest("py-nonexistent-job") is None
+    # On local storage alone: it survives no node's loss, so no latest is that durable.
+    assert client.latest("py-catalog", durable="committed") == 20
+    assert client.latest("py-catalog", durable="peer") is None
+    assert client.latest("py-catalog", durable="store") is None
+    with pytest.raises(ValueError, match="durable"):
+        client.latest("py-catalog", durable="disk")
 
 
 def test_concurrent_saves_from_threads(client: ckptd.Client) -> None:

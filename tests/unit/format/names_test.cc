@@ -67,5 +67,18 @@ TEST_CASE("Step directory and blob names", "[unit]") {
         absl::StatusCode::kInvalidArgument);
 }
 
+TEST_CASE("IsBlobFileName: exactly the names BlobName gives, never a path", "[unit]") {
+  CHECK(IsBlobFileName(BlobName(0)));
+  CHECK(IsBlobFileName(BlobName(123456)));
+  CHECK(IsBlobFileName("r4294967295.blob"));
+  for (const char* bad : {"", "r.blob", "r0001.blob", "r00001.blob/..", "../r00001.blob",
+                          "r00001.blobx", "x00001.blob", "r0000a.blob", "r00001", "r/0001.blob",
+                          "r00000000001.blob", "manifest.ckm"}) {
+    INFO(bad);
+    CHECK_FALSE(IsBlobFileName(bad));
+  }
+  CHECK(NodeUploadedPath("j/step-1", "node-a") == "j/step-1/cluster/node-a.uploaded");
+}
+
 }  // namespace
 }  // namespace ckptd
