@@ -241,6 +241,23 @@ TEST_CASE("peers: committed at the peer tier, no blob goes to the store, and a l
   CHECK(here->bytes_read_peer > 0);
   CHECK(got == GlobalBytes(t, 91));
 
+  // Node a killed and restarted on its state dir: its part stays (recovery neither removes it
+  // nor takes its copy of the manifest for a local checkpoint), and loads read it from there.
+  a->Kill9();
+  a->Restart(flags("node-a"));
+  REQUIRE(std::filesystem::exists(a->data_dir() + "/" + kJob + "/" + StepDir(1) + "/r00000.blob"));
+  auto restarted = a->Connect()->GetStatus(kJob, 1);
+  REQUIRE(restarted.ok());
+  CHECK(restarted->state == ckptd::CheckpointState::kCommitted);
+  CHECK(restarted->tiers.local_part);
+  CHECK_FALSE(restarted->tiers.local);
+  std::fill(got.begin(), got.end(), 0);
+  auto again = a->Connect()->Load(kJob, 1, 0, targets);
+  INFO(a->Log());
+  REQUIRE(again.ok());
+  CHECK(again->bytes_read_remote == 0);
+  CHECK(got == GlobalBytes(t, 91));
+
   // Node b lost; its replacement (same id, empty state dir) learns the checkpoint from the
   // store's control files and reads every blob from the surviving nodes.
   const std::string b_state = b->state_dir();
@@ -380,4 +397,28 @@ TEST_CASE("peers: remote_every copies every N-th step committed at the peer tier
   REQUIRE(r.ok());
   CHECK(r->bytes_read_remote == r->bytes_read);
   CHECK(got == GlobalBytes(t, 97));
+}
+
+// Every node of a checkpoint must save it under the same policy: node a's part (local+remote, its
+// blobs on the store) and node b's (local+peer, its blobs on its node and peers) make no
+// checkpoint, and the coordinator aborts it naming both.
+TEST_CASE("peers: parts saved under local+remote and local+peer are aborted by the coordinator",
+          "[integration][peer][multinode]") {
+  TempDir dir;
+  std::filesystem::create_directories(dir.path() + "/shared");
+  const std::string shared = dir.path() + "/shared";
+  Daemon a(DaemonConfig{.extra_flags = Flags(shared, "node-a", 1, "local+remote")});
+  Daemon b(DaemonConfig{.extra_flags = Flags(shared, "node-b", 1, "local+peer")});
+  auto ca = ConnectNode(a, 2, ckptd::TierPolicy::kDefault);
+  auto cb = ConnectNode(b, 2, ckptd::TierPolicy::kDefault);
+  for (uint32_t r : {0u, 1u}) REQUIRE(SaveRank(*ca, kJob, 1, r, 4, 99).ok());
+  for (uint32_t r : {2u, 3u}) REQUIRE(SaveRank(*cb, kJob, 1, r, 4, 99).ok());
+  for (auto* cl : {ca.get(), cb.get()}) {
+    REQUIRE_FALSE(cl->WaitCommitted(kJob, 1, 30000).ok());
+    auto st = cl->GetStatus(kJob, 1);
+    REQUIRE(st.ok());
+    INFO(st->error);
+    CHECK(st->state == ckptd::CheckpointState::kAborted);
+    CHECK(st->error.find("give every rank the same tier policy") != std::string::npos);
+  }
 }
