@@ -151,8 +151,7 @@ std::string Parse(int argc, char** argv, Args* args) {
       }
       args->timeout_given = true;
     } else if (a == "--durable") {
-      if (!take("--durable") ||
-          (value != "committed" && value != "peer" && value != "store")) {
+      if (!take("--durable") || (value != "committed" && value != "peer" && value != "store")) {
         return "--durable needs committed, peer or store";
       }
       args->durable = value;

@@ -26,8 +26,8 @@ constexpr char kJob[] = "peer-job";
 
 const std::string& Certs() { return PeerCerts(); }
 
-std::vector<std::string> Flags(const std::string& shared, const std::string& node,
-                               int replicas = 1, const std::string& policy = "local+remote") {
+std::vector<std::string> Flags(const std::string& shared, const std::string& node, int replicas = 1,
+                               const std::string& policy = "local+remote") {
   const std::string& c = Certs();
   return {"--remote_dir=" + shared,
           "--tier_policy=" + policy,

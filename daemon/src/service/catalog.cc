@@ -194,7 +194,8 @@ absl::StatusOr<bool> CheckpointService::Survives(const std::string& job, uint64_
       if (b.size_bytes() > 0) nodes.insert(b.node());
     }
     for (const std::string& node : nodes) {
-      CKPTD_ASSIGN_OR_RETURN(bool there, remote_.remote()->Exists(NodeUploadedPath(rec->dir(), node)));
+      CKPTD_ASSIGN_OR_RETURN(bool there,
+                             remote_.remote()->Exists(NodeUploadedPath(rec->dir(), node)));
       if (!there) return false;
     }
     return true;
@@ -245,9 +246,9 @@ absl::Status CheckpointService::Latest(const Caller& caller, const v1::LatestReq
   CKPTD_RETURN_IF_ERROR(ValidateJobName(req.job()));
   CKPTD_RETURN_IF_ERROR(CheckAccess(caller, req.job(), Access::kRead));
   if (!v1::Durability_IsValid(req.durable())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("latest of job ", req.job(), ": durability ", static_cast<int>(req.durable()),
-                     " is not one this daemon knows"));
+    return absl::InvalidArgumentError(absl::StrCat("latest of job ", req.job(), ": durability ",
+                                                   static_cast<int>(req.durable()),
+                                                   " is not one this daemon knows"));
   }
   CKPTD_ASSIGN_OR_RETURN(uint64_t step, LatestReadable(caller, req.job(), req.durable()));
   resp->set_step(step);

@@ -158,9 +158,9 @@ void CheckpointService::AbortUnpublished(const ClusterWork& w) {
   // the others give up locally as AwaitCoordinator does.
   const uint64_t after = w.coordinator ? timeout : 2 * timeout;
   if (NowMs() - w.created_unix_ms <= after) return;
-  const std::string reason = absl::StrCat("stage timeout: this node's part (node ",
-                                          deps_.options->node_id, ") is not published after ",
-                                          after, " ms: ", w.unpublished);
+  const std::string reason =
+      absl::StrCat("stage timeout: this node's part (node ", deps_.options->node_id,
+                   ") is not published after ", after, " ms: ", w.unpublished);
   if (w.coordinator) {
     DecideAbort(w, reason);
     return;
@@ -217,9 +217,10 @@ bool CheckpointService::ReplicateOwnPart(ClusterWork& w) {
     // step (a peer already holding a blob deduplicates it), until the stage timeout.
     w.unpublished = absl::StrCat(
         "copying this node's part to ", replicas, " peers (retried): ",
-        failed.ok() ? absl::StrCat(took.size(), " took it",
-                                   took.empty() ? "" : absl::StrCat(" (", absl::StrJoin(took, ", "), ")"))
-                    : std::string(failed.message()));
+        failed.ok()
+            ? absl::StrCat(took.size(), " took it",
+                           took.empty() ? "" : absl::StrCat(" (", absl::StrJoin(took, ", "), ")"))
+            : std::string(failed.message()));
     SetWaitingFor(w.key, w.unpublished);
     return false;
   }
@@ -400,12 +401,12 @@ absl::StatusOr<Manifest> CheckpointService::BuildClusterManifest(
   const bool on_nodes = w.policy == v1::TIER_LOCAL_AND_PEER;
   for (const auto& [node, part] : parts) {
     if (part.blobs_on_nodes() != on_nodes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the part of node ", node, " was saved ",
-          part.blobs_on_nodes() ? "under local+peer (its blobs on its node and peers)"
-                                : "with its blobs on the store",
-          ", and the coordinator's ranks under ", v1::TierPolicy_Name(w.policy),
-          ": give every rank the same tier policy"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("the part of node ", node, " was saved ",
+                       part.blobs_on_nodes() ? "under local+peer (its blobs on its node and peers)"
+                                             : "with its blobs on the store",
+                       ", and the coordinator's ranks under ", v1::TierPolicy_Name(w.policy),
+                       ": give every rank the same tier policy"));
     }
     if (on_nodes && part.replica_nodes().empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -615,9 +616,9 @@ void CheckpointService::CommitFromStore(const ClusterWork& w, Manifest m) {
     // manifest (after the row: recovery never adopts it as a local checkpoint, and a restart
     // reads it without the store). A crash before it: the manifest is read from the store.
     absl::StatusOr<std::string> bytes = EncodeManifest(m);
-    absl::Status kept = bytes.ok() ? deps_.storage->PutAtomic(
-                                         absl::StrCat(w.dir, "/", kManifestFileName), *bytes)
-                                   : bytes.status();
+    absl::Status kept =
+        bytes.ok() ? deps_.storage->PutAtomic(absl::StrCat(w.dir, "/", kManifestFileName), *bytes)
+                   : bytes.status();
     if (!kept.ok()) spdlog::warn("{}: its local copy of the manifest: {}", what, kept.ToString());
     if (upload) remote_.Track(w.key.first, w.key.second, w.dir);
     return;

@@ -18,9 +18,9 @@ absl::StatusOr<std::vector<RetentionStep>> CheckpointService::PlanJobRetention(
         v1::CheckpointRecord rec;
         if (rec.ParseFromArray(value.data(), static_cast<int>(value.size())) &&
             rec.summary().state() == v1::COMMITTED && rec.summary().job() == job) {
-          newest_first.push_back(RetainedCheckpoint{.step = rec.summary().step(),
-                                                    .local = rec.summary().tiers().local() ||
-                                                             rec.summary().tiers().local_part()});
+          newest_first.push_back(RetainedCheckpoint{
+              .step = rec.summary().step(),
+              .local = rec.summary().tiers().local() || rec.summary().tiers().local_part()});
         }
         return true;
       }));

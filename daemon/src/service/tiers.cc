@@ -40,17 +40,20 @@ absl::StatusOr<v1::TierPolicy> CheckpointService::ResolveTierPolicy(
   if (policy == v1::TIER_LOCAL_AND_PEER) {
     // The peer tier holds copies of node parts; a checkpoint one daemon saves whole has none.
     if (!spans_nodes) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          what, ": tier policy TIER_LOCAL_AND_PEER commits checkpoints that span nodes "
-          "(local_world_size < world_size), and this one is saved through one daemon "
-          "(local_world_size ", req.local_world_size(), " of world_size ", req.world_size(),
-          "); use local or local+remote"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(what,
+                       ": tier policy TIER_LOCAL_AND_PEER commits checkpoints that span nodes "
+                       "(local_world_size < world_size), and this one is saved through one daemon "
+                       "(local_world_size ",
+                       req.local_world_size(), " of world_size ", req.world_size(),
+                       "); use local or local+remote"));
     }
     if (deps_.peers == nullptr || deps_.options->peer_replicas == 0) {
       return absl::FailedPreconditionError(
-          absl::StrCat(what, ": tier policy TIER_LOCAL_AND_PEER, but this daemon has no peer "
-                             "tier (start it with --peer_listen_addr, its TLS files, a remote "
-                             "tier and --peer_replicas of at least 1)"));
+          absl::StrCat(what,
+                       ": tier policy TIER_LOCAL_AND_PEER, but this daemon has no peer "
+                       "tier (start it with --peer_listen_addr, its TLS files, a remote "
+                       "tier and --peer_replicas of at least 1)"));
     }
   }
   if (UsesStore(policy) && !remote_.enabled()) {

@@ -456,7 +456,8 @@ absl::Status RemoteTier::Attempt(Upload& u) {
     // Committed at the peer tier, and stopped before its local copy of the manifest: the store
     // has the manifest (only such a checkpoint has one there before its upload).
     absl::StatusOr<std::string> far = remote_->Get(manifest_path);
-    absl::StatusOr<Manifest> decoded = far.ok() ? DecodeManifest(*far, manifest_path) : far.status();
+    absl::StatusOr<Manifest> decoded =
+        far.ok() ? DecodeManifest(*far, manifest_path) : far.status();
     if (decoded.ok() && decoded->header.blobs_on_nodes()) read = std::move(far);
   }
   CKPTD_ASSIGN_OR_RETURN(
