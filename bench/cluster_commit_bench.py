@@ -24,12 +24,24 @@ a store of its own keeps each configuration's parts among its own nodes, as on a
 Their peer_bytes_max holds four parts (the peer store never evicts the two newest steps of a job:
 those, the one arriving, and one spare).
 
+The rounds start once every daemon's staging arena (--staging-mib each, eleven daemons at the
+default --nodes) is resident: a daemon faults it in, in the background, after its first client's
+Hello, and a round overlapping that measures page faults (seconds on two cores). Any round not
+committed within ROUND_TIMEOUT_S, or aborted, fails the bench with the daemons' logs kept
+under --out.
+
 Reports the median and max latency per configuration, the ratio to the 1-node median and, for
 local+peer, to the same node count under local+remote, for each --poll-ms value (the interval at
 which a daemon reads the shared tier bounds the latency: the coordinator's read of the last part,
 then the others' read of the decision).
 
-Writes one JSON object per configuration to --out/cluster_commit.jsonl.
+--store s3 puts the shared tier on an S3 store instead: SeaweedFS (`weed`, the `weed server`
+command line of bench/remote_bench.py and tests/s3/s3_harness.cc) on loopback, one bucket, each
+store above a key prefix of its own in it (--remote_s3_prefix). --nodes picks the node counts
+(each under local+remote and local+peer; the 1-node baselines always run).
+
+Writes one JSON object per configuration (each round's latency in rounds_ms) to
+--out/cluster_commit.jsonl.
 """
 
 from __future__ import annotations
@@ -43,14 +55,16 @@ import statistics
 import subprocess
 import tempfile
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from remote_bench import ACCESS_KEY, BUCKET, SECRET_KEY, s3_client, weed_server
 
 import ckptd
-from ckptd._shm import remove_segments
+from ckptd._shm import prefix_of, remove_segments
 
 ROOT = Path(__file__).resolve().parents[1]
 COLS = 1024
@@ -72,13 +86,50 @@ class Peers:
     bytes_max: int
 
 
+@dataclass
+class Store:
+    """A shared tier: a directory (`where` its path) or a key prefix (`where`) in the bucket of
+    the S3 store at `endpoint`."""
+
+    where: str
+    endpoint: str = ""
+
+    def flags(self) -> list[str]:
+        if not self.endpoint:
+            return [f"--remote_dir={self.where}"]
+        return [
+            f"--remote_s3_endpoint={self.endpoint}",
+            f"--remote_s3_bucket={BUCKET}",
+            f"--remote_s3_prefix={self.where}",
+        ]
+
+    def env(self) -> dict[str, str] | None:
+        if not self.endpoint:
+            return None
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+        return env | {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY}
+
+    def keys(self, under: str) -> list[str]:
+        """Every file (object key relative to the store) under `under` on the store."""
+        if not self.endpoint:
+            root = Path(self.where)
+            return [str(f.relative_to(root)) for f in (root / under).rglob("*") if f.is_file()]
+        client = s3_client(self.endpoint, 1)
+        pages = client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=self.where)
+        keys = [
+            o["Key"][len(self.where) :].lstrip("/") for p in pages for o in p.get("Contents", [])
+        ]
+        return [k for k in keys if k.startswith(under.rstrip("/") + "/")]
+
+
 class Node:
     def __init__(
         self,
         daemon: str,
-        shared: str,
+        shared: Store,
         name: str,
         poll_ms: int,
+        staging_bytes: int,
         policy: str = "local+remote",
         peers: Peers | None = None,
     ) -> None:
@@ -86,11 +137,11 @@ class Node:
         self.socket = os.path.join(self.state, "ckptd.sock")
         flags = [
             f"--state_dir={self.state}",
-            f"--remote_dir={shared}",
+            *shared.flags(),
             f"--tier_policy={policy}",
             f"--node_id={name}",
             f"--cluster_poll_ms={poll_ms}",
-            "--staging_bytes_max=1073741824",
+            f"--staging_bytes_max={staging_bytes}",
             "--log_level=warn",
         ]
         if peers is not None:
@@ -103,7 +154,9 @@ class Node:
                 "--peer_replicas=1",
             ]
         self.log = open(os.path.join(self.state, "ckptd.log"), "w")
-        self.proc = subprocess.Popen([daemon, *flags], stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            [daemon, *flags], stdout=self.log, stderr=subprocess.STDOUT, env=shared.env()
+        )
         for _ in range(200):
             if os.path.exists(self.socket):
                 break
@@ -113,7 +166,11 @@ class Node:
 
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(timeout=60)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
         self.log.close()
         remove_segments(self.state)
         shutil.rmtree(self.state, ignore_errors=True)
@@ -126,7 +183,7 @@ class Config:
     name: str
     nodes: int
     policy: str
-    shared: str
+    shared: Store
     daemons: list[Node] = field(default_factory=list)
     clients: list[Any] = field(default_factory=list)
     lat: list[float] = field(default_factory=list)
@@ -143,16 +200,33 @@ def make_certs(certs: str, names: list[str]) -> None:
         subprocess.run(["sh", script, "node", certs, "ca", n], check=True)
 
 
-def wait_registered(shared: str, names: list[str], started: float) -> None:
+def wait_registered(shared: Store, names: list[str], started: float) -> None:
     """Waits until every node in `names` is in the store's peer registry and the replicators'
     cached registry is stale (REGISTRY_REFRESH_S after `started`)."""
-    registry = Path(shared) / ".ckptd-peers"
+    registry = ".ckptd-peers"
     deadline = time.monotonic() + 30
-    while not all((registry / n).exists() for n in names):
+    while not all(f"{registry}/{n}" in shared.keys(registry) for n in names):
         if time.monotonic() > deadline:
             raise RuntimeError(f"peers {names} did not register in {registry}")
         time.sleep(0.05)
     time.sleep(max(0.0, started + REGISTRY_REFRESH_S + 0.5 - time.monotonic()))
+
+
+def wait_prefaulted(configs: list[Config], timeout_s: float = 300.0) -> None:
+    """Waits until every daemon's staging arena is resident. A daemon faults its arena in
+    (--staging-mib) in the background after its first client's Hello; eleven of them (the default
+    --nodes) at once on two cores take seconds, and a round that overlaps it measures the page
+    faults, not the commit."""
+    segments = [(x, Path("/dev/shm"), prefix_of(x.state)) for c in configs for x in c.daemons]
+    deadline = time.monotonic() + timeout_s
+    for x, shm, prefix in segments:
+        while True:
+            arenas = [os.stat(f) for f in shm.glob(prefix + "*arena*")]
+            if arenas and all(st.st_blocks * 512 >= st.st_size for st in arenas):
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the staging arena of {x.state} is not resident")
+            time.sleep(0.1)
 
 
 def one_round(
@@ -185,28 +259,50 @@ def one_round(
     return time.perf_counter() - t0
 
 
-def start_configs(args: argparse.Namespace, work: str, poll: int, configs: list[Config]) -> None:
+def check_peer_tier(c: Config, steps: int) -> None:
+    """Every step of a local+peer configuration is committed at the peer tier: each node keeps
+    its own blobs (local_part), every blob has a peer copy, and the store holds no blob."""
+    blobs = sorted(k for k in c.shared.keys(c.job) if k.endswith(".blob"))
+    if blobs:
+        raise RuntimeError(f"{c.name}: blobs on the store: {blobs[:3]}")
+    for step in range(1, steps + 1):
+        for i, client in enumerate(c.clients):
+            t = client.status(c.job, step)["tiers"]
+            if not t["local_part"] or not t["peer_nodes"] or t["blobs_without_peer_copy"]:
+                raise RuntimeError(f"{c.name} step {step} on daemon {i}: not at the peer tier: {t}")
+
+
+def start_configs(
+    args: argparse.Namespace, work: str, poll: int, configs: list[Config], endpoint: str
+) -> None:
     """Appends to `configs` (filled first, so that the caller stops what a failure leaves
-    started) 1, 2 and 3 nodes under local+remote on one store, and 2 and 3 under local+peer, each
-    on a store of its own; the first is the 1-node baseline."""
-    shared = tempfile.mkdtemp(prefix="shared-", dir=work)
+    started) 1 node and each of --nodes under local+remote on one store, and each of --nodes under
+    local+peer, each on a store of its own (a directory, or an S3 prefix when `endpoint`); the
+    first is the 1-node baseline."""
+
+    def store(name: str) -> Store:
+        if endpoint:
+            return Store(f"{os.path.basename(work)}/{name}", endpoint)
+        return Store(tempfile.mkdtemp(prefix=f"{name}-", dir=work))
+
+    shared = store("shared-r")
     configs += [
-        Config(f"{n} node{'s' if n > 1 else ''}", n, "local+remote", shared) for n in (1, 2, 3)
+        Config(f"{n} node{'s' if n > 1 else ''}", n, "local+remote", shared)
+        for n in (1, *args.nodes)
     ]
-    for n in (2, 3):
-        own = tempfile.mkdtemp(prefix=f"shared-p{n}-", dir=work)
-        configs.append(Config(f"{n} nodes, local+peer", n, "local+peer", own))
+    for n in args.nodes:
+        configs.append(Config(f"{n} nodes, local+peer", n, "local+peer", store(f"shared-p{n}")))
     certs = os.path.join(work, "certs")
     part = args.ranks_per_node * args.mib * MiB
     peers = Peers(certs=certs, bytes_max=4 * part)
+    staging = args.staging_mib * MiB
     started = time.monotonic()
     for c in configs:
         p = peers if c.policy == "local+peer" else None
         prefix = "p" if p else "n"
         for i in range(c.nodes):
-            c.daemons.append(
-                Node(args.daemon, c.shared, f"{prefix}{c.nodes}-{i}", poll, c.policy, p)
-            )
+            name = f"{prefix}{c.nodes}-{i}"
+            c.daemons.append(Node(args.daemon, c.shared, name, poll, staging, c.policy, p))
         lws = args.ranks_per_node if c.nodes > 1 else 0
         c.clients = [
             ckptd.connect(x.socket, tier_policy=c.policy, local_world_size=lws) for x in c.daemons
@@ -217,6 +313,7 @@ def start_configs(args: argparse.Namespace, work: str, poll: int, configs: list[
         if c.policy == "local+peer":
             names = [f"p{c.nodes}-{i}" for i in range(c.nodes)]
             wait_registered(c.shared, names, started)
+    wait_prefaulted(configs)
 
 
 def keep_logs(configs: list[Config], to: Path) -> None:
@@ -237,7 +334,13 @@ def main() -> None:
     ap.add_argument("--mib", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--poll-ms", default="200,50")
+    # Each of the 11 daemons (default --nodes) faults its arena in whole: 11 GiB at the default.
+    ap.add_argument("--staging-mib", type=int, default=1024, help="each daemon's staging arena")
+    ap.add_argument("--nodes", default="2,3", help="node counts, each local+remote and local+peer")
+    ap.add_argument("--store", choices=("dir", "s3"), default="dir", help="the shared tier")
+    ap.add_argument("--weed", default=shutil.which("weed") or "weed")
     args = ap.parse_args()
+    args.nodes = [int(n) for n in args.nodes.split(",")]
     rows = args.mib * MiB // (COLS * 4)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -245,9 +348,14 @@ def main() -> None:
     for poll in [int(p) for p in args.poll_ms.split(",")]:
         work = tempfile.mkdtemp(prefix="ckb-cluster-", dir="/tmp")
         configs: list[Config] = []
+        stack = ExitStack()
         try:
-            make_certs(os.path.join(work, "certs"), [f"p{n}-{i}" for n in (2, 3) for i in range(n)])
-            start_configs(args, work, poll, configs)
+            names = [f"p{n}-{i}" for n in args.nodes for i in range(n)]
+            make_certs(os.path.join(work, "certs"), names)
+            endpoint = ""
+            if args.store == "s3":
+                endpoint = stack.enter_context(weed_server(args.weed, Path(work, "weed")))
+            start_configs(args, work, poll, configs, endpoint)
             durable = Config("1 node, remote durable", 1, "local+remote", configs[0].shared)
             for rnd in range(args.rounds):
                 k = rnd % len(configs)
@@ -259,6 +367,9 @@ def main() -> None:
                         durable.lat.append(
                             one_round(c.clients, rpn, rows, "commit-1r", rnd + 1, remote=True)
                         )
+            for c in configs:
+                if c.policy == "local+peer":
+                    check_peer_tier(c, args.rounds)
         except BaseException:
             keep_logs(configs, out / f"cluster_commit-logs-poll{poll}")
             raise
@@ -266,6 +377,7 @@ def main() -> None:
             for c in configs:
                 for x in c.daemons:
                     x.stop()
+            stack.close()
             shutil.rmtree(work, ignore_errors=True)
         results += summarize([*configs[:1], durable, *configs[1:]], args, poll)
     with open(out / "cluster_commit.jsonl", "w") as f:
@@ -291,6 +403,7 @@ def summarize(configs: list[Config], args: argparse.Namespace, poll: int) -> lis
             "ratio_to_1_node_remote_durable": round(med / durable, 2),
             "mib_per_rank": args.mib,
             "cluster_poll_ms": poll,
+            "store": args.store,
             "median_ms": round(med * 1000, 1),
             "max_ms": round(max(c.lat) * 1000, 1),
             "ratio_to_1_node": round(med / base, 2),

@@ -27,20 +27,36 @@ constexpr char kJob[] = "peer-job";
 const std::string& Certs() { return PeerCerts(); }
 
 std::vector<std::string> Flags(const std::string& shared, const std::string& node, int replicas = 1,
-                               const std::string& policy = "local+remote") {
+                               const std::string& policy = "local+remote",
+                               const std::vector<std::string>& extra = {}) {
   const std::string& c = Certs();
-  return {"--remote_dir=" + shared,
-          "--tier_policy=" + policy,
-          "--node_id=" + node,
-          "--cluster_poll_ms=50",
-          "--upload_retry_max_ms=1000",
-          "--peer_listen_addr=127.0.0.1:0",
-          "--peer_tls_ca_path=" + c + "/ca.pem",
-          "--peer_tls_cert_path=" + c + "/" + node + ".pem",
-          "--peer_tls_key_path=" + c + "/" + node + ".key",
-          "--peer_bytes_max=67108864",
-          "--peer_replicas=" + std::to_string(replicas)};
+  std::vector<std::string> f = {"--remote_dir=" + shared,
+                                "--tier_policy=" + policy,
+                                "--node_id=" + node,
+                                "--cluster_poll_ms=50",
+                                "--upload_retry_max_ms=1000",
+                                "--peer_listen_addr=127.0.0.1:0",
+                                "--peer_tls_ca_path=" + c + "/ca.pem",
+                                "--peer_tls_cert_path=" + c + "/" + node + ".pem",
+                                "--peer_tls_key_path=" + c + "/" + node + ".key",
+                                "--peer_bytes_max=67108864",
+                                "--peer_replicas=" + std::to_string(replicas)};
+  f.insert(f.end(), extra.begin(), extra.end());
+  return f;
 }
+
+// The whole first tensor of the state dict, as one load target, and the bytes it loads into.
+struct WholeTensor {
+  const TensorItem& t = StateDict().front();
+  std::vector<uint8_t> got =
+      std::vector<uint8_t>(ElementCount(t.shape) * ckptd::DTypeSize(t.dtype));
+  std::vector<ckptd::LoadTarget> targets = {
+      {t.name, ckptd::Region::Box(std::vector<uint64_t>(t.shape.size(), 0), t.shape), got.data(),
+       got.size()}};
+  WholeTensor() = default;
+  WholeTensor(const WholeTensor&) = delete;
+  WholeTensor& operator=(const WholeTensor&) = delete;
+};
 
 // The header record of a manifest (docs/BLOB_FORMAT.md: 8 bytes of magic, then a record: its
 // length and masked crc32c, 4 bytes each, little-endian, and the ManifestHeader).
@@ -116,11 +132,10 @@ TEST_CASE("peers: a lost node's part is restored from its peer, with the store's
   Daemon b2(DaemonConfig{.extra_flags = Flags(shared, "node-b")});
   CHECK(VerifyInProcess(b2, kJob, 1, 83) == "");
   // The whole first tensor: node a's rows from the store, node b's from node c's peer store.
-  const TensorItem& t = StateDict().front();
-  std::vector<uint8_t> got(ElementCount(t.shape) * ckptd::DTypeSize(t.dtype));
-  std::vector<ckptd::LoadTarget> targets = {
-      {t.name, ckptd::Region::Box(std::vector<uint64_t>(t.shape.size(), 0), t.shape), got.data(),
-       got.size()}};
+  WholeTensor w;
+  const TensorItem& t = w.t;
+  std::vector<uint8_t>& got = w.got;
+  const std::vector<ckptd::LoadTarget>& targets = w.targets;
   auto r = b2.Connect()->Load(kJob, 1, 0, targets);
   INFO(b2.Log());
   REQUIRE(r.ok());
@@ -229,11 +244,10 @@ TEST_CASE("peers: committed at the peer tier, no blob goes to the store, and a l
   CHECK(ctl.output.find("peer (node-b, node-c)") != std::string::npos);
 
   // Every rank on node a: its own from local storage, node b's from peers; none from the store.
-  const TensorItem& t = StateDict().front();
-  std::vector<uint8_t> got(ElementCount(t.shape) * ckptd::DTypeSize(t.dtype));
-  std::vector<ckptd::LoadTarget> targets = {
-      {t.name, ckptd::Region::Box(std::vector<uint64_t>(t.shape.size(), 0), t.shape), got.data(),
-       got.size()}};
+  WholeTensor w;
+  const TensorItem& t = w.t;
+  std::vector<uint8_t>& got = w.got;
+  const std::vector<ckptd::LoadTarget>& targets = w.targets;
   auto here = a->Connect()->Load(kJob, 1, 0, targets);
   INFO(a->Log());
   REQUIRE(here.ok());
@@ -298,9 +312,7 @@ TEST_CASE("peers: a part short of its peer copies is not committed at the peer t
   std::filesystem::create_directories(dir.path() + "/shared");
   const std::string shared = dir.path() + "/shared";
   auto flags = [&](const std::string& node) {
-    std::vector<std::string> f = Flags(shared, node, 2, "local+peer");
-    f.push_back("--stage_timeout_ms=3000");
-    return f;
+    return Flags(shared, node, 2, "local+peer", {"--stage_timeout_ms=3000"});
   };
   Daemon a(DaemonConfig{.extra_flags = flags("node-a")});
   Daemon b(DaemonConfig{.extra_flags = flags("node-b")});
@@ -337,9 +349,7 @@ TEST_CASE("peers: remote_every copies every N-th step committed at the peer tier
   std::filesystem::create_directories(dir.path() + "/shared");
   const std::string shared = dir.path() + "/shared";
   auto flags = [&](const std::string& node) {
-    std::vector<std::string> f = Flags(shared, node, 1, "local+peer");
-    f.push_back("--remote_every=2");
-    return f;
+    return Flags(shared, node, 1, "local+peer", {"--remote_every=2"});
   };
   auto a = std::make_unique<Daemon>(DaemonConfig{.extra_flags = flags("node-a")});
   auto b = std::make_unique<Daemon>(DaemonConfig{.extra_flags = flags("node-b")});
@@ -387,11 +397,10 @@ TEST_CASE("peers: remote_every copies every N-th step committed at the peer tier
   Daemon c(DaemonConfig{.extra_flags = flags("node-c")});
   CHECK(c.Connect()->Latest(kJob, ckptd::Durability::kStore).value_or(0) == 2);
   CHECK(VerifyInProcess(c, kJob, 2, 97) == "");
-  const TensorItem& t = StateDict().front();
-  std::vector<uint8_t> got(ElementCount(t.shape) * ckptd::DTypeSize(t.dtype));
-  std::vector<ckptd::LoadTarget> targets = {
-      {t.name, ckptd::Region::Box(std::vector<uint64_t>(t.shape.size(), 0), t.shape), got.data(),
-       got.size()}};
+  WholeTensor w;
+  const TensorItem& t = w.t;
+  std::vector<uint8_t>& got = w.got;
+  const std::vector<ckptd::LoadTarget>& targets = w.targets;
   auto r = c.Connect()->Load(kJob, 2, 0, targets);
   INFO(c.Log());
   REQUIRE(r.ok());

@@ -567,7 +567,8 @@ void CheckpointService::CommitFromStore(const ClusterWork& w, Manifest m) {
   for (uint32_t r : w.own_ranks) {
     if (!present.contains(r)) left_out.push_back(r);
   }
-  v1::CheckpointTimings timings;  // this node's ranks', read once, at the commit
+  std::shared_ptr<const Manifest> committed;  // in the manifest cache once COMMITTED
+  v1::CheckpointTimings timings;              // this node's ranks', read once, at the commit
   {
     absl::MutexLock lock(&mu_);
     auto it = pending_.find(w.key);
@@ -603,7 +604,8 @@ void CheckpointService::CommitFromStore(const ClusterWork& w, Manifest m) {
                  m.items.size(), m.header.total_bytes(), m.header.ranks_present_size(),
                  p.ranks.size());
     CKPTD_CHECK(p.journals_in_flight == 0 && p.flushes_in_flight == 0);
-    manifest_cache_.Put(w.key, std::make_shared<const Manifest>(m));
+    committed = std::make_shared<const Manifest>(std::move(m));
+    manifest_cache_.Put(w.key, committed);
     p.Transition(CheckpointPhase::kCommitting, CheckpointPhase::kCommitted);
     pending_.erase(w.key);
     KeyChangedLocked(w.key);
@@ -615,7 +617,7 @@ void CheckpointService::CommitFromStore(const ClusterWork& w, Manifest m) {
     // Committed at the peer tier: this node's own blobs stay, and beside them a copy of the
     // manifest (after the row: recovery never adopts it as a local checkpoint, and a restart
     // reads it without the store). A crash before it: the manifest is read from the store.
-    absl::StatusOr<std::string> bytes = EncodeManifest(m);
+    absl::StatusOr<std::string> bytes = EncodeManifest(*committed);
     absl::Status kept =
         bytes.ok() ? deps_.storage->PutAtomic(absl::StrCat(w.dir, "/", kManifestFileName), *bytes)
                    : bytes.status();
