@@ -191,7 +191,8 @@ TEST_CASE("options: tier policy and remote tier are validated", "[unit]") {
   const Bad bad[] = {
       {{"--tier_policy=local+remote"}, "needs a remote tier (remote_dir or"},
       {{"--tier_policy=remote"}, "needs a remote tier (remote_dir or"},
-      {{"--tier_policy=cloud"}, "expected local, local+remote or remote"},
+      {{"--tier_policy=cloud"}, "expected local, local+remote, remote or local+peer"},
+      {{"--tier_policy=local+peer", "--remote_dir=/tmp"}, "needs the peer tier (peer_listen_addr"},
       {{"--remote_dir=/tmp/x/data"}, "is the local data or state dir"},
       {{"--remote_dir=/mnt/s", "--upload_threads=0"}, "upload_threads"},
       {{"--remote_dir=/mnt/s", "--upload_chunk_bytes=5000"}, "not a multiple of 4096"},
