@@ -431,3 +431,48 @@ TEST_CASE("peers: parts saved under local+remote and local+peer are aborted by t
     CHECK(st->error.find("give every rank the same tier policy") != std::string::npos);
   }
 }
+
+// Crash points on the commit at the peer tier: node a (the coordinator) is killed right after its
+// COMMITTED row, before its copy of the manifest beside its part and before its upload
+// (remote_every = 1) is tracked. After its restart the checkpoint is COMMITTED with its part,
+// loads bit-exact with nothing from the store, and its upload resumes from the store's manifest.
+TEST_CASE("peers: a node killed right after its commit at the peer tier keeps it and uploads it",
+          "[integration][peer][multinode][crash]") {
+  TempDir dir;
+  std::filesystem::create_directories(dir.path() + "/shared");
+  const std::string shared = dir.path() + "/shared";
+  auto flags = [&](const std::string& node, std::vector<std::string> extra) {
+    extra.push_back("--remote_every=1");
+    return Flags(shared, node, 1, "local+peer", extra);
+  };
+  Daemon a(DaemonConfig{.extra_flags = flags("node-a", {"--debug_crash_at=cluster.committed:1"})});
+  Daemon b(DaemonConfig{.extra_flags = flags("node-b", {})});
+  auto ca = ConnectNode(a, 2, ckptd::TierPolicy::kDefault);
+  auto cb = ConnectNode(b, 2, ckptd::TierPolicy::kDefault);
+  for (uint32_t r : {0u, 1u}) REQUIRE(SaveRank(*ca, kJob, 1, r, 4, 101).ok());
+  for (uint32_t r : {2u, 3u}) REQUIRE(SaveRank(*cb, kJob, 1, r, 4, 101).ok());
+  const int rc = a.WaitExit(30000);
+  INFO(a.Log());
+  REQUIRE(rc >= 0);
+  REQUIRE(a.Log().find("crash point cluster.committed reached") != std::string::npos);
+  ca.reset();
+  REQUIRE(cb->WaitCommitted(kJob, 1, 30000).ok());
+  a.Restart(flags("node-a", {}));
+  auto client = a.Connect();
+  auto st = client->GetStatus(kJob, 1);
+  REQUIRE(st.ok());
+  CHECK(st->state == ckptd::CheckpointState::kCommitted);
+  CHECK(st->tiers.local_part);
+  WholeTensor w;
+  auto loaded = client->Load(kJob, 1, 0, w.targets);
+  INFO(a.Log());
+  REQUIRE(loaded.ok());
+  CHECK(loaded->bytes_read_remote == 0);
+  CHECK(w.got == GlobalBytes(w.t, 101));
+  for (auto* cl : {client.get(), cb.get()}) {
+    auto up = cl->Wait(kJob, 1, ckptd::WaitFor::kRemote, 30000);
+    INFO(up.status().ToString() << "\n" << a.Log());
+    CHECK(up.ok());
+  }
+  CHECK(client->Latest(kJob, ckptd::Durability::kStore).value_or(0) == 1);
+}
