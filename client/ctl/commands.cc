@@ -30,7 +30,8 @@ absl::Status PrintJson(const google::protobuf::Message& msg) {
 // "local,remote", or with an upload under way "local,remote (uploading 61%)", "local,remote
 // (pending)", "local,remote (retrying, 3 failed: <error>)"; a checkpoint spanning nodes whose
 // blobs peers hold "peer (node-b, node-c)" ("; degraded: N blobs on no peer"), committed at the
-// peer tier "local (this node's part),peer (node-b, node-c)".
+// peer tier "local (this node's part),peer (node-b, node-c)" (and, its own blobs uploaded
+// under remote_every, "remote (this node's part)").
 std::string TiersString(const v1::Tiers& t) {
   std::vector<std::string> parts;
   if (t.staged()) parts.push_back("staged");
@@ -45,7 +46,9 @@ std::string TiersString(const v1::Tiers& t) {
     parts.push_back(peers + ")");
   }
   const v1::Upload& u = t.upload();
-  if (t.remote()) {
+  if (t.remote() && u.node_part()) {
+    parts.push_back("remote (this node's part)");
+  } else if (t.remote()) {
     parts.push_back("remote");
   } else if (t.has_upload()) {
     const uint64_t pct = u.bytes_total() == 0 ? 0 : u.bytes_done() * 100 / u.bytes_total();

@@ -381,6 +381,9 @@ TEST_CASE("peers: remote_every copies every N-th step committed at the peer tier
   };
   CHECK(blobs_on_store(1) == 0);
   CHECK(blobs_on_store(2) == 4);
+  CommandResult uploaded = RunCtl(*a, {"status", kJob, "2"});
+  INFO(uploaded.output);
+  CHECK(uploaded.output.find("remote (this node's part)") != std::string::npos);
   // latest never answers a checkpoint that survives less than asked: step 3 is on peers, step 2
   // on the store too.
   CHECK(ca->Latest(kJob).value_or(0) == 3);

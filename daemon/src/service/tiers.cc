@@ -121,6 +121,9 @@ void CheckpointService::FillRemoteTier(v1::CheckpointSummary* summary) {
     return;
   }
   remote_.Fill(summary->job(), summary->step(), *row, summary->mutable_tiers());
+  if (summary->tier_policy() == v1::TIER_LOCAL_AND_PEER && summary->tiers().has_upload()) {
+    summary->mutable_tiers()->mutable_upload()->set_node_part(true);
+  }
 }
 
 void CheckpointService::FillRamTier(v1::CheckpointSummary* summary) const {
