@@ -10,6 +10,7 @@
 
 #include <catch2/catch.hpp>
 #include <filesystem>
+#include <fstream>
 #include <regex>
 
 #include "ckptd/v1/manifest.pb.h"
@@ -288,6 +289,24 @@ TEST_CASE("peers: committed at the peer tier, no blob goes to the store, and a l
   CHECK(there->bytes_read_peer == there->bytes_read);
   CHECK(got == GlobalBytes(t, 91));
   CHECK(VerifyInProcess(b2, kJob, 1, 91) == "");
+  {
+    // Node a now lies: a byte of its own blob flipped on its disk. Its peer copy was on the lost
+    // node b, so node a alone serves it: the reader's checksums reject it and the load fails,
+    // naming the blob, with no wrong byte handed out.
+    const std::string blob = a->data_dir() + "/" + kJob + "/" + StepDir(1) + "/r00000.blob";
+    std::fstream f(blob, std::ios::in | std::ios::out | std::ios::binary);
+    REQUIRE(f.good());
+    f.seekg(64);
+    const char c = static_cast<char>(f.get());
+    f.seekp(64);
+    f.put(static_cast<char>(c ^ 0x5a));
+    f.close();
+    Daemon b3(DaemonConfig{.extra_flags = flags("node-b")});
+    auto lied = b3.Connect()->Load(kJob, 1, 0, targets);
+    INFO(lied.status().ToString() << "\n" << b3.Log());
+    CHECK_FALSE(lied.ok());
+    CHECK(lied.status().message().find("r00000.blob") != std::string_view::npos);
+  }
   // Verify reads whole local or remote copies: this node has neither.
   CommandResult verify = RunCtl(b2, {"verify", kJob, "1"});
   INFO(verify.output);
