@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 
 #include "absl/strings/str_cat.h"
 #include "ckptd/v1/peer.grpc.pb.h"
@@ -120,18 +121,11 @@ class Service final : public v1::Peer::Service {
     const uint64_t size = (*blob)->header.total_bytes;
     absl::StatusOr<std::pair<uint64_t, uint64_t>> range = RangeOf(*req, key, size);
     if (!range.ok()) return ToGrpc(range.status());
-    v1::PeerGetChunk chunk;
-    for (uint64_t at = range->first; at < range->second;) {
-      const uint64_t n = std::min<uint64_t>(limits::kPeerChunkBytes, range->second - at);
-      chunk.set_offset(at);
-      chunk.set_data((*blob)->data.get() + at, n);
-      if (!writer->Write(chunk)) {
-        return grpc::Status(grpc::StatusCode::CANCELLED, "the reader hung up");
-      }
-      if (metrics_ != nullptr) metrics_->PeerBytes(req->node_id(), "served", n);
-      at += n;
-    }
-    return grpc::Status::OK;
+    const char* const data = (*blob)->data.get();
+    return Stream(*req, *range, writer, [&](uint64_t at, uint64_t n, std::string* out) {
+      out->assign(data + at, n);
+      return absl::OkStatus();
+    });
   }
 
   grpc::Status DropBlobs(grpc::ServerContext* ctx, const v1::PeerDropRequest* req,
@@ -176,19 +170,26 @@ class Service final : public v1::Peer::Service {
     absl::StatusOr<std::pair<uint64_t, uint64_t>> range =
         RangeOf(req, key, (*reader)->size_bytes());
     if (!range.ok()) return ToGrpc(range.status());
-    std::string buf;
+    return Stream(req, *range, writer, [&](uint64_t at, uint64_t n, std::string* out) {
+      out->resize(n);
+      const IoSlice slice{.buf = out->data(), .len = n, .offset = at};
+      return (*reader)->Read({&slice, 1});
+    });
+  }
+
+  // Streams bytes [range.first, range.second) in chunks of kPeerChunkBytes, each filled by
+  // `fill(offset, length, out)` (into the chunk's own buffer, reused from chunk to chunk).
+  grpc::Status Stream(const v1::PeerGetRequest& req, std::pair<uint64_t, uint64_t> range,
+                      grpc::ServerWriter<v1::PeerGetChunk>* writer,
+                      const std::function<absl::Status(uint64_t, uint64_t, std::string*)>& fill) {
     v1::PeerGetChunk chunk;
-    for (uint64_t at = range->first; at < range->second;) {
-      const uint64_t n = std::min<uint64_t>(limits::kPeerChunkBytes, range->second - at);
-      buf.resize(n);
-      const IoSlice slice{.buf = buf.data(), .len = n, .offset = at};
-      if (absl::Status st = (*reader)->Read({&slice, 1}); !st.ok()) return ToGrpc(st);
+    for (uint64_t at = range.first; at < range.second;) {
+      const uint64_t n = std::min<uint64_t>(limits::kPeerChunkBytes, range.second - at);
+      if (absl::Status st = fill(at, n, chunk.mutable_data()); !st.ok()) return ToGrpc(st);
       chunk.set_offset(at);
-      chunk.set_data(std::move(buf));
       if (!writer->Write(chunk)) {
         return grpc::Status(grpc::StatusCode::CANCELLED, "the reader hung up");
       }
-      buf = std::move(*chunk.mutable_data());
       if (metrics_ != nullptr) metrics_->PeerBytes(req.node_id(), "served", n);
       at += n;
     }
