@@ -1,0 +1,239 @@
+"""One rank of a torch_checkpointing run on CPU (gloo) for test_torch_checkpointing.py. The state
+is one item "model" of DTensors on a 1-D mesh of every rank (a DefaultResharder declared, so the
+library records sharding metadata and reshards on load), whose full values are a function of
+(name, version) whatever the world size.
+
+    save:   (2 ranks) step-1 through CheckpointManager (sync saver); step-2 through the library's
+            AsyncCheckpointSaver built with ckptd's Stager and Writer, the live tensors changed as
+            soon as staging is done; step-3 where rank 1 SIGKILLs itself after writing its files
+            (pre_finalize_callback), before its barrier
+    load:   latest_checkpoint, then step-1 and step-2 loaded into other placements, compared
+            bit-exact with the full tensors
+    faults: (one rank, after load) a missing checkpoint, a corrupt one (its blobs flipped under
+            CKPTD_STATE_DIR), and save / load / latest with the daemon (CKPTD_PID) killed
+
+Rank 0 writes OUT/<tag>.json. Started with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and
+CKPTD_SOCKET set."""
+
+# ruff: noqa: E402 - ckptd is imported first, alone, to check that it imports no torch_checkpointing
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import ckptd
+import ckptd.torch
+
+IMPORTED_ALONE = "torch_checkpointing" not in sys.modules
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+from torch_checkpointing import CheckpointManager, ItemSpec
+from torch_checkpointing.checkpoint_base import CheckpointBase, CheckpointItem
+from torch_checkpointing.default_resharder import DefaultResharder
+from torch_checkpointing.metadata_manager import DefaultMetadataManager
+from torch_checkpointing.types import RankInfo
+
+import ckptd.torch_checkpointing as ckt
+
+SHAPES = {"w": (6, 4), "b": (5, 3), "r": (4,)}  # b: 5 rows split unevenly at 2 and 3 ranks
+SAVE_PLACEMENT = {"w": Shard(0), "b": Shard(0), "r": Replicate()}
+LOAD_PLACEMENT = {"w": Shard(0), "b": Shard(1), "r": Replicate()}  # b: columns now
+
+
+def _gather_on_cpu(self: Any, data: Any, process_group: Any = None) -> dict[int, Any]:
+    """torch_checkpointing 0.1.1 gathers the sharding metadata of a save from several ranks in
+    CUDA tensors (DefaultMetadataManager._all_gather_pickled_data: device="cuda"), whatever the
+    storage, so no CPU-only run of more than one rank can save with a resharder. This rig, on a
+    machine without a GPU, gathers the same objects over gloo instead; ckptd's module changes
+    nothing of the library."""
+    out: list[Any] = [None] * dist.get_world_size(process_group)
+    dist.all_gather_object(out, data, group=process_group)
+    return dict(enumerate(out))
+
+
+if not torch.cuda.is_available():
+    DefaultMetadataManager._all_gather_pickled_data = _gather_on_cpu  # type: ignore[method-assign]
+
+
+def full(name: str, version: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(100 * version + sorted(SHAPES).index(name))
+    return torch.randn(SHAPES[name], generator=g)
+
+
+def state(mesh: Any, version: int, placements: dict[str, Any], zeros: bool = False) -> dict:
+    return {
+        n: distribute_tensor(
+            torch.zeros(SHAPES[n]) if zeros else full(n, version), mesh, [placements[n]]
+        )
+        for n in SHAPES
+    }
+
+
+def manager(root: str, **fields: Any) -> CheckpointManager:
+    items = {"model": ItemSpec(resharder=DefaultResharder())}
+    return CheckpointManager(ckt.manager_config(root, async_save=False, items=items, **fields))
+
+
+class Checkpoint(CheckpointBase):
+    def __init__(self, model: dict[str, Any]) -> None:
+        self.model = model
+
+    def get_items(self) -> dict[str, CheckpointItem]:
+        return {"model": CheckpointItem(value=self.model, resharder=DefaultResharder())}
+
+    def load_state_dict(self, state_dict: Any) -> None:
+        pass
+
+
+def attempt(out: dict[str, Any], name: str, fn: Any) -> None:
+    t0 = time.monotonic()
+    try:
+        out[name] = f"returned {fn()!r}"
+    except BaseException as e:  # the rig reports every failure's type
+        out[name] = f"{type(e).__name__}: {e}"[:400]
+    out.setdefault("seconds", {})[name] = round(time.monotonic() - t0, 2)
+
+
+def suicide_on_rank1(_: Any) -> None:
+    if dist.get_rank() == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def save(root: str, mesh: Any, rank: int, world: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    mgr = manager(root)
+    mgr.save(f"{root}/step-1", {"model": state(mesh, 1, SAVE_PLACEMENT)})
+    out["after_sync"] = ckt.latest_checkpoint(root)
+
+    info = RankInfo(
+        global_world_size=world, global_rank=rank, role_rank=rank, role_world_size=world
+    )
+    saver = ckt.make_async_checkpoint_saver(root, metadata_manager=DefaultMetadataManager(info))
+    live = state(mesh, 2, SAVE_PLACEMENT)
+    tensor_bytes = sum(t.to_local().nbytes for t in live.values())
+    ckptd.reset_copy_stats()
+    staged, written = saver.save(f"{root}/step-2", Checkpoint(live))
+    staged.result()
+    for t in live.values():  # the trainer goes on: the checkpoint keeps the staged values
+        t.to_local().add_(1000.0)
+    written.result()
+    copied = ckptd.copy_stats()["save_bytes"]
+    out["async_copied_over_tensor_bytes"] = copied - tensor_bytes
+    saver.close()
+    out["after_async"] = ckt.latest_checkpoint(root)
+
+    killer = manager(root, pre_finalize_callback=suicide_on_rank1)
+    attempt(out, "killed", lambda: killer.save(f"{root}/step-3", {"model": live}))
+    out["after_kill"] = ckt.latest_checkpoint(root)
+    out["ls"] = ckt.StorageConfig(root=root).create_storage().ls(Path(root))
+    return out
+
+
+def load(root: str, mesh: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"latest": ckt.latest_checkpoint(root)}
+    mgr = manager(root)
+    for version in (1, 2):
+        into = state(mesh, version, LOAD_PLACEMENT, zeros=True)
+        mgr.load(f"{root}/step-{version}", into={"model": into})
+        out[f"exact{version}"] = all(
+            isinstance(t, DTensor) and torch.equal(t.full_tensor(), full(n, version))
+            for n, t in into.items()
+        )
+    return out
+
+
+def faults(root: str, mesh: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    mgr = manager(root)
+    into = {"model": state(mesh, 1, LOAD_PLACEMENT, zeros=True)}
+    attempt(out, "missing", lambda: mgr.load(f"{root}/step-99", into=into))
+    out["empty_latest"] = ckt.latest_checkpoint("tc/empty")
+    bad = manager("tc/corrupt")
+    bad.save("tc/corrupt/step-1", {"model": state(mesh, 1, SAVE_PLACEMENT)})
+    state_dir = Path(os.environ["CKPTD_STATE_DIR"])
+    blobs = [b for b in (state_dir / "data").rglob("*.blob") if "corrupt" in str(b)]
+    for blob in blobs:
+        with open(blob, "r+b") as f:
+            f.seek(8)
+            byte = f.read(1)
+            f.seek(8)
+            f.write(bytes([byte[0] ^ 0xFF]))
+    out["blobs"] = len(blobs)
+    attempt(out, "corrupt", lambda: manager("tc/corrupt").load("tc/corrupt/step-1", into=into))
+    os.kill(int(os.environ["CKPTD_PID"]), signal.SIGKILL)
+    attempt(out, "down_save", lambda: mgr.save(f"{root}/step-7", into))
+    # Each waits for the client's connect timeout (5 s): run them side by side.
+    cases = {
+        "down_load": lambda: manager(root).load(f"{root}/step-1", into=into),
+        "down_latest": lambda: ckt.latest_checkpoint(root),
+    }
+    threads = [threading.Thread(target=attempt, args=(out, n, f)) for n, f in cases.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+def rank_main(args: argparse.Namespace) -> None:
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mesh = init_device_mesh("cpu", (world,))
+    result = save(args.root, mesh, rank, world) if args.mode == "save" else load(args.root, mesh)
+    if args.faults:
+        result.update(faults(args.root, mesh))
+    result["imported_alone"] = IMPORTED_ALONE
+    if rank == 0:
+        (args.out / f"{args.tag}.json").write_text(json.dumps(result))
+
+
+def main() -> None:
+    """Imports once, then forks the ranks (each of them importing torch and DTensor again would
+    cost seconds per rank on a 2-core machine); writes OUT/<tag>.codes.json: each rank's exit
+    code (negative: the signal that ended it)."""
+    p = argparse.ArgumentParser()
+    p.add_argument("mode", choices=("save", "load"))
+    p.add_argument("--world", type=int, required=True)
+    p.add_argument("--root", required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--tag", required=True)
+    p.add_argument("--faults", action="store_true")
+    args = p.parse_args()
+    pids = []
+    for rank in range(args.world):
+        pid = os.fork()
+        if pid == 0:
+            ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the launcher
+            log = os.open(args.out / f"{args.tag}.rank{rank}.log", os.O_WRONLY | os.O_CREAT)
+            os.dup2(log, 1)
+            os.dup2(log, 2)
+            os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(args.world))
+            os.environ["LOCAL_WORLD_SIZE"] = str(args.world)
+            code = 0
+            try:
+                rank_main(args)
+            except BaseException:
+                traceback.print_exc()
+                code = 1
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)  # see conftest.run_rank
+        pids.append(pid)
+    codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in pids]
+    (args.out / f"{args.tag}.codes.json").write_text(json.dumps(codes))
+
+
+if __name__ == "__main__":
+    main()
