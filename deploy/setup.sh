@@ -87,6 +87,22 @@ if ! "$PYTHON" -c "import importlib.metadata as m, sys; sys.exit(m.version('ligh
   "$PYTHON" -m pip install -q "lightning==$LIGHTNING_VERSION" "torchdata==$TORCHDATA_VERSION"
 fi
 
+# TorchTitan (ckptd.torchtitan, tests/python/test_torchtitan.py), pinned, installed without its
+# dependencies so nothing can replace torch: the ones the checkpoint manager and its tests import
+# are pinned here (tyro, spmd-types, and triton, which torchtitan's model package imports even on
+# CPU; torchdata comes with Lightning above). The Trainer's own (datasets, tensorboard, wandb)
+# are not needed by the tests.
+TORCHTITAN_VERSION=0.3.0
+TYRO_VERSION=1.0.16
+SPMD_TYPES_VERSION=0.2.3
+TRITON_VERSION=3.8.0
+if ! "$PYTHON" -c "import importlib.metadata as m, sys; sys.exit(m.version('torchtitan') != '$TORCHTITAN_VERSION' or m.version('tyro') != '$TYRO_VERSION' or m.version('spmd-types') != '$SPMD_TYPES_VERSION' or m.version('triton') != '$TRITON_VERSION')" 2>/dev/null; then
+  echo "setup: installing torchtitan==$TORCHTITAN_VERSION (tyro, spmd-types, triton)"
+  "$PYTHON" -m pip install -q --no-deps "torchtitan==$TORCHTITAN_VERSION"
+  "$PYTHON" -m pip install -q "tyro==$TYRO_VERSION" "spmd-types==$SPMD_TYPES_VERSION" \
+    "triton==$TRITON_VERSION"
+fi
+
 # Meta's torch_checkpointing (ckptd.torch_checkpointing, tests/python/test_torch_checkpointing.py),
 # pinned; it accepts torch 2.13 as installed (pip leaves torch alone).
 TORCH_CHECKPOINTING_VERSION=0.1.1
