@@ -85,6 +85,34 @@ def test_reshard_to_three_ranks(tc_daemon: Daemon, saved: tuple[Path, Any]) -> N
     assert out["latest"] == f"{ROOT}/step-2" and out["exact1"] and out["exact2"], out
 
 
+def test_a_rank_whose_write_failed_never_commits_that_checkpoint(tc_daemon: Daemon) -> None:
+    """In this process, one rank of 2: the other rank saved its part of step-5; this one wrote a
+    file of it and failed before its barrier. Its next checkpoint aborts step-5 (which could
+    otherwise commit without that rank's other files) and commits alone."""
+    import numpy as np
+    import torch
+    from torch_checkpointing import CheckpointManager
+
+    import ckptd
+    import ckptd.torch_checkpointing as ckt
+    from ckptd.torch import encode_job
+
+    root, job = "tc/failed", encode_job("tc/failed")
+    client = ckptd.connect(tc_daemon.socket)
+    client.save(job, 5, {"other_1.pt": np.zeros(8, np.uint8)}, rank=1, world_size=2)
+    storage = ckt.StorageConfig(root=root, socket=tc_daemon.socket).create_storage()
+    storage.write(Path(f"{root}/tmp_step-5/model_0.pt"), b"the first file")  # then it failed
+    manager = CheckpointManager(ckt.manager_config(root, socket=tc_daemon.socket, async_save=False))
+    manager.save(f"{root}/step-6", {"model": {"w": torch.arange(4.0)}})
+    assert client.status(job, 5)["state"] == "ABORTED"
+    assert ckt.latest_checkpoint(root, socket=tc_daemon.socket) == f"{root}/step-6"
+    assert not storage.exists(Path(f"{root}/step-5"))
+    into = {"w": torch.zeros(4)}
+    manager.load(f"{root}/step-6", into={"model": into})
+    assert torch.equal(into["w"], torch.arange(4.0))
+    client.close()
+
+
 def test_one_rank_then_failures(tc_daemon: Daemon, saved: tuple[Path, Any]) -> None:
     """Last: it kills the daemon."""
     tmp, _ = saved

@@ -305,10 +305,17 @@ class Storage(_tc_storage.Storage):
         if w.step is None or not w.file:
             raise IsADirectoryError(f"ckptd: {path} names a directory, not a file")
         key = (self.client.socket, w.job, w.step)
+        stale: list[_Pending] = []
         with _pending_lock:
             pending = _pending.get(key)
             if pending is None:
+                # Another checkpoint of this folder still pending here never reached its barrier
+                # (its write failed) and this process's writer has moved on: it must never commit.
+                stale = [_pending.pop(k) for k in list(_pending) if k[:2] == key[:2]]
                 pending = _pending[key] = _Pending(self.client, w.job, w.step, w.name)
+        for old in stale:
+            with contextlib.suppress(ckptd.CkptdError):
+                self.client.abort(old.job, old.step, "a rank's write failed before its barrier")
         return pending, w.file
 
     def get_write_stream(self, path: Path, data: object) -> io.IOBase:
@@ -600,16 +607,18 @@ class Stager(_tc_staging.CheckpointStager):
         client = connect(self._socket)
         self._release(client)  # the last payload's buffers the writer did not hand over
         skip = set(keys_not_requiring_copy)
-        copy = {k: v for k, v in state_dict.items() if k not in skip}
+        mapping = isinstance(state_dict, dict)
+        copy = {k: v for k, v in state_dict.items() if k not in skip} if mapping else state_dict
         tensors: list[torch.Tensor] = []
         _collect_tensors(copy, tensors)
         views = client.stage(tensors) if tensors else []
         with self._lock:
             self._held = [_arrays.address(v) for v in views if v.numel()]
         staged = _rebuild(copy, iter(views))
-        out = {k: (state_dict[k] if k in skip else staged[k]) for k in state_dict}
-        self._staged = out
-        return out
+        if mapping:
+            staged = {k: (state_dict[k] if k in skip else staged[k]) for k in state_dict}
+        self._staged = staged
+        return staged
 
     def _release(self, client: ckptd.Client) -> None:
         with self._lock:
@@ -727,11 +736,14 @@ def make_async_checkpoint_saver(
     )
 
 
-def latest_checkpoint(root: str, *, socket: str | None = None) -> str | None:
+def latest_checkpoint(
+    root: str, *, socket: str | None = None, durable: str = "committed"
+) -> str | None:
     """`<root>/<name>` of the newest COMMITTED checkpoint under root, None when there is none
-    (a first run). A daemon that does not answer raises ckptd.UnavailableError."""
+    (a first run). durable: as Client.latest ("peer", "store": one that survives more). A daemon
+    that does not answer raises ckptd.UnavailableError."""
     storage = StorageConfig(root=root, socket=socket).create_storage()
-    latest = storage.client.latest(storage._job)
+    latest = storage.client.latest(storage._job, durable)
     if latest is None:
         return None
     return f"{root.rstrip('/')}/{storage._name(latest)}"
