@@ -14,8 +14,9 @@ feeds the same global batch, whatever the world size.
     resume: a fresh model (another seed), load() ("latest"), steps 5-6
     faults: (one rank) the Config through TorchTitan's tyro CLI; a job with no checkpoint, one
             whose only checkpoint never committed, load_step missing, initial_load_path; a
-            model-only bf16 export; a corrupt checkpoint (its blobs flipped under
-            CKPTD_STATE_DIR); the daemon (CKPTD_PID) killed
+            model-only bf16 export; a Hugging Face export and a job initialised from it; a
+            corrupt checkpoint (its blobs flipped under CKPTD_STATE_DIR); the daemon
+            (CKPTD_PID) killed
 
 Rank 0 writes OUT/<tag>.json. Started with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and
 CKPTD_SOCKET set."""
@@ -80,17 +81,21 @@ def debug_model(seed: int) -> torch.nn.Module:
 def checkpoint_config(job: str, **kw: Any) -> Any:
     from ckptd.torchtitan import CkptdCheckpointManager
 
+    if "folder" in kw:  # a local folder (Hugging Face files), the job named apart
+        kw["job"] = job
+    else:
+        kw["folder"] = f"ckptd://{job}"
     kw.setdefault("enable", True)
     kw.setdefault("interval", 1)
     kw.setdefault("keep_latest_k", 2)
     kw.setdefault("last_save_model_only", False)
-    return CkptdCheckpointManager.Config(folder=f"ckptd://{job}", **kw)
+    return CkptdCheckpointManager.Config(**kw)
 
 
 class Run:
     """What Trainer.__init__ builds, and Trainer.train_step's calls."""
 
-    def __init__(self, checkpoint: Any, seed: int) -> None:
+    def __init__(self, checkpoint: Any, seed: int, sd_adapter: Any = None, base: str = "") -> None:
         from torchtitan.components.optimizer import LRSchedulersContainer, default_adamw
 
         self.model = debug_model(seed)
@@ -105,8 +110,8 @@ class Run:
             optimizers=self.optimizers,
             lr_schedulers=self.lr_schedulers,
             states={"train_state": self.train_state},
-            sd_adapter=None,
-            base_folder="",
+            sd_adapter=sd_adapter,
+            base_folder=base,
         )
 
     def step(self) -> float:
@@ -145,7 +150,7 @@ def main() -> None:
     rank = dist.get_rank()
     result: dict[str, Any] = {"world": dist.get_world_size()}
     if args.mode == "faults":
-        result = faults(args.job)
+        result = faults(args.job, args.out / "faults")
     elif args.mode == "train":
         run = Run(checkpoint_config(args.job, async_mode=args.async_mode), seed=0)
         result["fresh"] = run.checkpointer.load()  # the job is empty: a fresh start
@@ -186,7 +191,7 @@ def kill_rank1_mid_save(run: Run) -> str:
         return f"{type(e).__name__}: {e}"[:300]
 
 
-def faults(job: str) -> dict[str, Any]:
+def faults(job: str, out_dir: Path) -> dict[str, Any]:
     """Each failure's exception (type and message), or what the call returned."""
     import ckptd
     from ckptd.torch import encode_job
@@ -233,6 +238,30 @@ def faults(job: str) -> dict[str, Any]:
     want = export.model.state_dict()["norm.weight"].full_tensor().bfloat16().float()
     got = seeded.model.state_dict()["norm.weight"].full_tensor()
     out["initial_equal"] = bool(torch.equal(want, got)) and seeded.train_state.step == 0
+
+    # The last save as Hugging Face safetensors (a local folder), and a job initialised from it.
+    from torchtitan.models.llama3 import model_registry
+
+    spec = model_registry("debugmodel")
+    adapter = spec.state_dict_adapter(spec.model, None)
+    hf_config = checkpoint_config(
+        f"{job}/hf", folder="hf", last_save_model_only=True, last_save_in_hf=True
+    )
+    hf = Run(hf_config, 0, sd_adapter=adapter, base=str(out_dir))
+    hf.step()
+    hf.checkpointer.save(1, last_step=True)
+    out["hf_files"] = sorted(p.name for p in (out_dir / "hf" / "step-1").glob("*.json"))
+    from_hf = checkpoint_config(
+        f"{job}/from-hf",
+        initial_load_path=str((out_dir / "hf" / "step-1").resolve()),
+        initial_load_in_hf=True,
+        initial_load_model_only=True,
+    )
+    loaded = Run(from_hf, seed=5, sd_adapter=adapter)
+    out["hf_loaded"] = loaded.checkpointer.load()
+    want = hf.model.state_dict()["norm.weight"].full_tensor()
+    got = loaded.model.state_dict()["norm.weight"].full_tensor()
+    out["hf_equal"] = bool(torch.equal(want, got))
 
     # A corrupt checkpoint.
     corrupt = Run(checkpoint_config(f"{job}/corrupt"), 0)

@@ -39,7 +39,8 @@ enable_first_step_checkpoint, load_only) keeps TorchTitan's meaning:
 - The last save with last_save_model_only is a model-only export of that step in export_dtype;
   it is marked as one, and resuming a run from it raises (load it with initial_load_path and
   initial_load_model_only instead). last_save_in_hf writes Hugging Face safetensors to the local
-  folder `dump_folder/<job path>/step-N`, as TorchTitan does.
+  folder dump_folder/folder/step-N, as TorchTitan does (name the job with job= then: TorchTitan
+  refuses last_save_in_hf with a "://" folder).
 
 torchtitan is imported by this module only (`import ckptd` never imports it). Loading unpickles
 the non-tensor state (dataloader, LR schedulers, train state), as DCP does: load only
@@ -149,7 +150,8 @@ class CkptdCheckpointManager(_DcpCheckpointManager):
         else:
             self.job_path = _job_path(filesystem.join(base, config.folder), "checkpoint.folder")
         self.job = _ids.encode_job(self.job_path)
-        self.folder = filesystem.join(base, self.job_path)  # local: Hugging Face exports only
+        if config.folder.startswith(SCHEME):  # self.folder: local, for Hugging Face files only
+            self.folder = filesystem.join(base, self.job_path)
         self.socket = config.socket
         self.tier_policy = config.tier_policy
         self.commit_timeout_ms = config.commit_timeout_ms
