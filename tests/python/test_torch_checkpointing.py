@@ -1,10 +1,11 @@
 """ckptd.torch_checkpointing: Meta's torch_checkpointing (0.1.1) saving through ckptd, with the real
-library (DTensors on CPU over gloo; ranks run torch_checkpointing_rig.py). 2 ranks save step-1
-(CheckpointManager, sync), step-2 (AsyncCheckpointSaver with ckptd's Stager and Writer: one copy)
-and step-3, where a rank dies before its barrier: "latest" stays on step-2. 3 ranks and 1 rank
-load both steps into other placements bit-exact (the library's DefaultResharder over ckptd's
-ranged, checksummed reads). One rank then checks a missing checkpoint, a corrupt one and a killed
-daemon: clear errors, never a fresh start or a hang."""
+library (DTensors on CPU over gloo; one torch_checkpointing_rig.py launcher forks the ranks of
+each phase). 2 ranks save step-1 (CheckpointManager, sync), step-2 (AsyncCheckpointSaver with
+ckptd's Stager and Writer: one copy) and step-3, where a rank dies before its barrier: "latest"
+stays on step-2. 3 ranks and 1 rank load both steps into other placements bit-exact (the
+library's DefaultResharder over ckptd's ranged, checksummed reads). On a second daemon: a missing
+checkpoint, a corrupt one and the daemon killed give clear errors, never a fresh start or a hang.
+In this process: a rank whose write failed never lets that checkpoint commit."""
 
 from __future__ import annotations
 
@@ -21,33 +22,11 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("torch_checkpointing")
 
-from conftest import Daemon, free_port, own_daemon
+from conftest import Daemon, own_daemon
 
 RIG = Path(__file__).with_name("torch_checkpointing_rig.py")
 ROOT = "tc/run"
 FLAGS = ["--ram_tier_keep_per_job=0", "--stage_timeout_ms=2000"]  # loads read the blobs
-
-
-def run(daemon: Daemon, mode: str, world: int, tmp: Path, tag: str, *extra: str) -> Any:
-    """world ranks of the rig (forked by one launcher); rank 0's result. Fails with their logs
-    unless every rank exits 0 (mode save: rank 1 dies of SIGKILL in its last save)."""
-    cmd = [sys.executable, str(RIG), mode, "--world", str(world), "--root", ROOT]
-    cmd += ["--out", str(tmp), "--tag", tag, *extra]
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    env.update(GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", CKPTD_SOCKET=daemon.socket)
-    env.update(CKPTD_STATE_DIR=daemon.state_dir, CKPTD_PID=str(daemon.proc.pid))
-    launcher = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
-    codes_file = tmp / f"{tag}.codes.json"
-    codes = json.loads(codes_file.read_text()) if codes_file.exists() else launcher.stderr
-    expected = [0, -9] if mode == "save" else [0] * world
-    if codes != expected:
-        logs = "\n".join(
-            f"--- rank {r}:\n{(tmp / f'{tag}.rank{r}.log').read_text()[-4000:]}"
-            for r in range(world)
-            if (tmp / f"{tag}.rank{r}.log").exists()
-        )
-        pytest.fail(f"{mode}: exit codes {codes}, expected {expected}\n{logs}")
-    return json.loads((tmp / f"{tag}.json").read_text())
 
 
 @pytest.fixture(scope="module")
@@ -57,13 +36,31 @@ def tc_daemon() -> Iterator[Daemon]:
 
 
 @pytest.fixture(scope="module")
-def saved(tc_daemon: Daemon, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+def runs(tc_daemon: Daemon, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The rig's three phases (save at 2 ranks, load at 3, load at 1 and the failures on a
+    second daemon, which they kill); each phase's rank-0 result. Fails with the ranks' logs
+    unless every rank exits 0 (rank 1 of save: SIGKILL, in its last save)."""
     tmp = tmp_path_factory.mktemp("tc")
-    return tmp, run(tc_daemon, "save", 2, tmp, "save")
+    with own_daemon(flags=FLAGS) as faulty:
+        env = dict(os.environ, MASTER_ADDR="127.0.0.1", GLOO_SOCKET_IFNAME="lo")
+        env.update(OMP_NUM_THREADS="1", CKPTD_SOCKET=tc_daemon.socket)
+        env.update(FAULTS_SOCKET=faulty.socket, FAULTS_STATE_DIR=faulty.state_dir)
+        env.update(FAULTS_PID=str(faulty.proc.pid))
+        cmd = [sys.executable, str(RIG), "--root", ROOT, "--out", str(tmp)]
+        launcher = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=170)
+    expected = {"save": [0, -9], "load3": [0, 0, 0], "load1": [0]}
+    codes_file = tmp / "codes.json"
+    codes = json.loads(codes_file.read_text()) if codes_file.exists() else launcher.stderr
+    if codes != expected:
+        logs = "\n".join(f"--- {log.name}:\n{log.read_text()[-3000:]}" for log in tmp.glob("*.log"))
+        pytest.fail(f"exit codes {codes}, expected {expected}\n{logs}")
+    out = {tag: json.loads((tmp / f"{tag}.json").read_text()) for tag in expected}
+    out["load1"]["faults_socket"] = faulty.socket
+    return out
 
 
-def test_sync_and_async_saves_commit(saved: tuple[Path, Any]) -> None:
-    _, out = saved
+def test_sync_and_async_saves_commit(runs: dict[str, Any]) -> None:
+    out = runs["save"]
     assert out["imported_alone"], "import ckptd (and ckptd.torch) imported torch_checkpointing"
     assert out["after_sync"] == f"{ROOT}/step-1", out
     assert out["after_async"] == f"{ROOT}/step-2", out
@@ -72,16 +69,16 @@ def test_sync_and_async_saves_commit(saved: tuple[Path, Any]) -> None:
     assert 0 <= out["async_copied_over_tensor_bytes"] < 64 << 10, out
 
 
-def test_a_rank_killed_mid_save_never_reaches_latest(saved: tuple[Path, Any]) -> None:
-    _, out = saved
+def test_a_rank_killed_mid_save_never_reaches_latest(runs: dict[str, Any]) -> None:
+    out = runs["save"]
     assert out["killed"].startswith("AbortedError"), out  # rank 0's save fails, it does not hang
     assert out["after_kill"] == f"{ROOT}/step-2", out
     assert out["ls"] == ["step-1", "step-2"], out
 
 
-def test_reshard_to_three_ranks(tc_daemon: Daemon, saved: tuple[Path, Any]) -> None:
-    tmp, _ = saved
-    out = run(tc_daemon, "load", 3, tmp, "load3")
+@pytest.mark.parametrize("phase", ["load3", "load1"])
+def test_reshard_to_other_world_sizes(runs: dict[str, Any], phase: str) -> None:
+    out = runs[phase]
     assert out["latest"] == f"{ROOT}/step-2" and out["exact1"] and out["exact2"], out
 
 
@@ -113,14 +110,47 @@ def test_a_rank_whose_write_failed_never_commits_that_checkpoint(tc_daemon: Daem
     client.close()
 
 
-def test_one_rank_then_failures(tc_daemon: Daemon, saved: tuple[Path, Any]) -> None:
-    """Last: it kills the daemon."""
-    tmp, _ = saved
-    out = run(tc_daemon, "load", 1, tmp, "load1", "--faults")
-    assert out["latest"] == f"{ROOT}/step-2" and out["exact1"] and out["exact2"], out
+def test_a_failed_write_through_ckptds_writer_aborts_at_once(tc_daemon: Daemon) -> None:
+    """Rank 0 of 2 (the other saved its part) writes its first file, then torch.save fails on an
+    unpicklable value: ckptd's Writer aborts the checkpoint right away, and the write future
+    raises the library's error."""
+    import numpy as np
+    import torch
+    from torch_checkpointing.checkpoint_base import CheckpointBase, CheckpointItem
+    from torch_checkpointing.types import RankInfo
+
+    import ckptd
+    import ckptd.torch_checkpointing as ckt
+    from ckptd.torch import encode_job
+
+    class Bad(CheckpointBase):
+        def get_items(self) -> dict[str, CheckpointItem]:
+            return {
+                "model": CheckpointItem(value={"w": torch.arange(4.0)}),
+                "bad": CheckpointItem(value=lambda: 0),  # torch.save cannot pickle it
+            }
+
+        def load_state_dict(self, state_dict: Any) -> None:
+            pass
+
+    root, job = "tc/badwrite", encode_job("tc/badwrite")
+    client = ckptd.connect(tc_daemon.socket)
+    client.save(job, 9, {"other_1.pt": np.zeros(8, np.uint8)}, rank=1, world_size=2)
+    info = RankInfo(global_world_size=2, global_rank=0, role_rank=0, role_world_size=2)
+    saver = ckt.make_async_checkpoint_saver(root, socket=tc_daemon.socket, rank_info=info)
+    _, written = saver.save(f"{root}/step-9", Bad())
+    with pytest.raises(Exception, match=r"pickle|lambda"):
+        written.result(timeout=60)
+    assert client.status(job, 9)["state"] == "ABORTED"
+    saver.close()
+    client.close()
+
+
+def test_failures_are_clear_errors(runs: dict[str, Any]) -> None:
+    out = runs["load1"]
     assert out["missing"].startswith("FileNotFoundError") and "step-99" in out["missing"], out
     assert out["empty_latest"] is None, out
     assert out["blobs"] >= 1 and out["corrupt"].startswith("DataLossError"), out
     for case in ("down_save", "down_load", "down_latest"):
         assert out[case].startswith("UnavailableError"), (case, out)
-        assert tc_daemon.socket in out[case], (case, out)
+        assert out["faults_socket"] in out[case], (case, out)

@@ -7,13 +7,14 @@ library records sharding metadata and reshards on load), whose full values are a
             AsyncCheckpointSaver built with ckptd's Stager and Writer, the live tensors changed as
             soon as staging is done; step-3 where rank 1 SIGKILLs itself after writing its files
             (pre_finalize_callback), before its barrier
-    load:   latest_checkpoint, then step-1 and step-2 loaded into other placements, compared
-            bit-exact with the full tensors
-    faults: (one rank, after load) a missing checkpoint, a corrupt one (its blobs flipped under
-            CKPTD_STATE_DIR), and save / load / latest with the daemon (CKPTD_PID) killed
+    load3:  (3 ranks) latest_checkpoint, then step-1 and step-2 loaded into other placements,
+            compared bit-exact with the full tensors
+    load1:  (1 rank) the same, then on a second daemon (FAULTS_SOCKET, FAULTS_STATE_DIR,
+            FAULTS_PID): a missing checkpoint, a corrupt one (its blobs flipped), and save / load /
+            latest with that daemon killed
 
-Rank 0 writes OUT/<tag>.json. Started with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and
-CKPTD_SOCKET set."""
+One launcher imports everything once and forks the ranks of each phase in turn. Rank 0 of each
+phase writes OUT/<phase>.json. Started with MASTER_ADDR and CKPTD_SOCKET set."""
 
 # ruff: noqa: E402 - ckptd is imported first, alone, to check that it imports no torch_checkpointing
 from __future__ import annotations
@@ -23,8 +24,8 @@ import ctypes
 import json
 import os
 import signal
+import socket
 import sys
-import threading
 import time
 import traceback
 from pathlib import Path
@@ -84,6 +85,10 @@ def state(mesh: Any, version: int, placements: dict[str, Any], zeros: bool = Fal
 def manager(root: str, **fields: Any) -> CheckpointManager:
     items = {"model": ItemSpec(resharder=DefaultResharder())}
     return CheckpointManager(ckt.manager_config(root, async_save=False, items=items, **fields))
+
+
+def faults_manager(root: str) -> CheckpointManager:
+    return manager(root, socket=os.environ["FAULTS_SOCKET"])
 
 
 class Checkpoint(CheckpointBase):
@@ -155,15 +160,16 @@ def load(root: str, mesh: Any) -> dict[str, Any]:
 
 
 def faults(root: str, mesh: Any) -> dict[str, Any]:
+    """On the daemon of FAULTS_SOCKET (FAULTS_STATE_DIR, FAULTS_PID), which it kills."""
+    sock = os.environ["FAULTS_SOCKET"]
     out: dict[str, Any] = {}
-    mgr = manager(root)
+    mgr = faults_manager(root)
     into = {"model": state(mesh, 1, LOAD_PLACEMENT, zeros=True)}
     attempt(out, "missing", lambda: mgr.load(f"{root}/step-99", into=into))
-    out["empty_latest"] = ckt.latest_checkpoint("tc/empty")
-    bad = manager("tc/corrupt")
-    bad.save("tc/corrupt/step-1", {"model": state(mesh, 1, SAVE_PLACEMENT)})
-    state_dir = Path(os.environ["CKPTD_STATE_DIR"])
-    blobs = [b for b in (state_dir / "data").rglob("*.blob") if "corrupt" in str(b)]
+    out["empty_latest"] = ckt.latest_checkpoint(root, socket=sock)
+    mgr.save(f"{root}/step-1", {"model": state(mesh, 1, SAVE_PLACEMENT)})
+    state_dir = Path(os.environ["FAULTS_STATE_DIR"])
+    blobs = list((state_dir / "data").rglob("*.blob"))
     for blob in blobs:
         with open(blob, "r+b") as f:
             f.seek(8)
@@ -171,68 +177,67 @@ def faults(root: str, mesh: Any) -> dict[str, Any]:
             f.seek(8)
             f.write(bytes([byte[0] ^ 0xFF]))
     out["blobs"] = len(blobs)
-    attempt(out, "corrupt", lambda: manager("tc/corrupt").load("tc/corrupt/step-1", into=into))
-    os.kill(int(os.environ["CKPTD_PID"]), signal.SIGKILL)
-    attempt(out, "down_save", lambda: mgr.save(f"{root}/step-7", into))
-    # Each waits for the client's connect timeout (5 s): run them side by side.
-    cases = {
-        "down_load": lambda: manager(root).load(f"{root}/step-1", into=into),
-        "down_latest": lambda: ckt.latest_checkpoint(root),
-    }
-    threads = [threading.Thread(target=attempt, args=(out, n, f)) for n, f in cases.items()]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    attempt(out, "corrupt", lambda: faults_manager(root).load(f"{root}/step-1", into=into))
+    os.kill(int(os.environ["FAULTS_PID"]), signal.SIGKILL)
+    attempt(out, "down_save", lambda: faults_manager(root).save(f"{root}/step-7", into))
+    # Each waits for the client's connect timeout (5 s) before it raises.
+    attempt(out, "down_load", lambda: faults_manager(root).load(f"{root}/step-1", into=into))
+    attempt(out, "down_latest", lambda: ckt.latest_checkpoint(root, socket=sock))
     return out
 
 
-def rank_main(args: argparse.Namespace) -> None:
+PHASES = (("save", "save", 2), ("load3", "load", 3), ("load1", "load", 1))  # (tag, mode, world)
+
+
+def rank_main(mode: str, tag: str, root: str, out: Path) -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     mesh = init_device_mesh("cpu", (world,))
-    result = save(args.root, mesh, rank, world) if args.mode == "save" else load(args.root, mesh)
-    if args.faults:
-        result.update(faults(args.root, mesh))
+    result = save(root, mesh, rank, world) if mode == "save" else load(root, mesh)
+    if world == 1:
+        result.update(faults(root, mesh))
     result["imported_alone"] = IMPORTED_ALONE
     if rank == 0:
-        (args.out / f"{args.tag}.json").write_text(json.dumps(result))
+        (out / f"{tag}.json").write_text(json.dumps(result))
+
+
+def fork_rank(rank: int, world: int, mode: str, tag: str, root: str, out: Path) -> int:
+    pid = os.fork()
+    if pid:
+        return pid
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the launcher
+    log = os.open(out / f"{tag}.rank{rank}.log", os.O_WRONLY | os.O_CREAT)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
+    os.environ["LOCAL_WORLD_SIZE"] = str(world)
+    code = 0
+    try:
+        rank_main(mode, tag, root, out)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # see conftest.run_rank
 
 
 def main() -> None:
-    """Imports once, then forks the ranks (each of them importing torch and DTensor again would
-    cost seconds per rank on a 2-core machine); writes OUT/<tag>.codes.json: each rank's exit
-    code (negative: the signal that ended it)."""
+    """Imports once, then forks the ranks of each phase in turn (each rank importing torch and
+    DTensor itself would cost seconds on a 2-core machine); writes OUT/codes.json: each phase's
+    ranks' exit codes (negative: the signal that ended the rank)."""
     p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=("save", "load"))
-    p.add_argument("--world", type=int, required=True)
     p.add_argument("--root", required=True)
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--tag", required=True)
-    p.add_argument("--faults", action="store_true")
     args = p.parse_args()
-    pids = []
-    for rank in range(args.world):
-        pid = os.fork()
-        if pid == 0:
-            ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the launcher
-            log = os.open(args.out / f"{args.tag}.rank{rank}.log", os.O_WRONLY | os.O_CREAT)
-            os.dup2(log, 1)
-            os.dup2(log, 2)
-            os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(args.world))
-            os.environ["LOCAL_WORLD_SIZE"] = str(args.world)
-            code = 0
-            try:
-                rank_main(args)
-            except BaseException:
-                traceback.print_exc()
-                code = 1
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)  # see conftest.run_rank
-        pids.append(pid)
-    codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in pids]
-    (args.out / f"{args.tag}.codes.json").write_text(json.dumps(codes))
+    codes: dict[str, list[int]] = {}
+    for tag, mode, world in PHASES:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+        pids = [fork_rank(r, world, mode, tag, args.root, args.out) for r in range(world)]
+        codes[tag] = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in pids]
+    (args.out / "codes.json").write_text(json.dumps(codes))
 
 
 if __name__ == "__main__":

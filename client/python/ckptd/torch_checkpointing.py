@@ -353,6 +353,17 @@ class Storage(_tc_storage.Storage):
         except ckptd.NotFoundError:
             pass
 
+    def abandon(self, path: Path, reason: str) -> None:
+        """Drops what this process wrote of checkpoint `path` and aborts it in the daemon (best
+        effort): a rank whose write failed, so that the checkpoint never commits without it."""
+        w = self._where(path)
+        if w.step is None:
+            return
+        with _pending_lock:
+            _pending.pop((self.client.socket, w.job, w.step), None)
+        with contextlib.suppress(ckptd.CkptdError):
+            self.client.abort(w.job, w.step, reason)
+
     def rename(
         self,
         src_path: Path,
@@ -645,6 +656,8 @@ class Writer:
 
     def __init__(self, writer_args: CheckpointWriterArgs) -> None:
         self._writer = CheckpointWriter(writer_args)
+        config = writer_args.storage_config
+        self._storage = config.create_storage() if isinstance(config, StorageConfig) else None
         self._pool = ThreadPoolExecutor(1, "ckptd-write")
         # The saver sends the sharding metadata once; the writer needs it with every checkpoint.
         self._metadata: bytes | None = None
@@ -656,7 +669,12 @@ class Writer:
                 info = info.result()
             if self._metadata is None:
                 self._metadata = info.serialized_distributed_metadata
-            self._writer.write(path, info.for_writes(self._metadata))
+            try:
+                self._writer.write(path, info.for_writes(self._metadata))
+            except BaseException as e:
+                if self._storage is not None:  # never commits later, without this rank's files
+                    self._storage.abandon(Path(path), f"rank's write failed: {e}"[:200])
+                raise
 
         return self._pool.submit(run)
 
