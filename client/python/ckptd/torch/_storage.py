@@ -393,7 +393,7 @@ class StorageWriter(LazyClient, _DcpWriter, AsyncStager):
         assert self._id is not None and self.job is not None and self.step is not None
         rank, world = as_rank  # (rank, world size) in the daemon's checkpoint
         rank_local = _ids.DCP_CHUNKS_ITEM in extra
-        tensors: dict[str, ckptd.Shard] = {}
+        tensors: dict[str, list[ckptd.Shard]] = {}  # a rank may hold several chunks of an item
         objects: dict[str, Any] = {}
         sizes: dict[Any, int] = {}
         for item in items:
@@ -406,9 +406,11 @@ class StorageWriter(LazyClient, _DcpWriter, AsyncStager):
             fqn, shard = _tensor_item(item, data)
             if rank_local:  # the chunk is a whole item of the part
                 shard = ckptd.Shard(shard.data, list(shard.data.shape), None)
-            if fqn in tensors:  # two chunks of one item on this rank: distinct names per shard
+            if rank_local and fqn in tensors:  # a part stores each chunk as the whole item
                 raise RuntimeError(f"ckptd: item {fqn} has two chunks on rank {rank}")
-            tensors[fqn] = shard
+            # Several chunks of one item on this rank (e.g. Megatron's layers stacked on a
+            # prepended axis, several per pipeline stage): disjoint regions of one item.
+            tensors.setdefault(fqn, []).append(shard)
             sizes[_index_key(item.index)] = shard.data.numel() * shard.data.element_size()
         if rank == 0:
             objects.update(extra)
