@@ -76,7 +76,13 @@ def unavailable() -> str | None:
     made = _run("ip", "netns", "add", probe, check=False)
     if made.returncode != 0:
         return f"`ip netns add` failed: {made.stderr.strip()}"
-    _run("ip", "netns", "del", probe, check=False)
+    try:
+        for what in (["br0", "type", "bridge"], ["v0", "type", "veth", "peer", "name", "v1"]):
+            r = _run("ip", "-n", probe, "link", "add", *what, check=False)
+            if r.returncode != 0:
+                return f"`ip link add {' '.join(what)}` failed: {r.stderr.strip()}"
+    finally:
+        _run("ip", "netns", "del", probe, check=False)
     return None
 
 

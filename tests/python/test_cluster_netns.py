@@ -10,8 +10,10 @@ read from it (the replacement reads only the store's control files: parts, decis
 
 from __future__ import annotations
 
+import datetime
 import multiprocessing
 import os
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -37,6 +39,7 @@ STEPS = 3
 LOST = 2  # the node lost after the last step (its ranks were 4 and 5)
 ID = "cluster/model"  # checkpoint ids ID/step-N: the daemon's job "cluster.model"
 JOB = "cluster.model"
+JOB_TIMEOUT_S = 180  # one job of ranks (a save of 3 steps, a resume), ASan daemons included
 
 
 # --- the state every process computes alike ----------------------------------------------------
@@ -90,7 +93,11 @@ def init(rank: int, world: int, port: int) -> None:
     os.environ.update(GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
     torch.set_num_threads(1)
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=JOB_TIMEOUT_S),
     )
 
 
@@ -146,14 +153,21 @@ def resume(
 def spawn(fn: Any, world: int, *args: Any) -> None:
     """`world` ranks running fn(rank, port, *args), forked by a forkserver that imported torch
     and this module once: 8 fresh interpreters importing torch take ~30 s of this 2-core
-    machine's time per job; forking them from one takes a second."""
-    mp.start_processes(
+    machine's time per job; forking them from one takes a second. A job still running after
+    JOB_TIMEOUT_S is killed and fails the test (a hang in a daemon must not hang CI)."""
+    ctx = mp.start_processes(
         run_rank,
         args=(fn, free_port(), *args),
         nprocs=world,
-        join=True,
+        join=False,
         start_method="forkserver",
     )
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while not ctx.join(timeout=1):  # raises when a rank failed (and ends the others)
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                p.kill()
+            raise TimeoutError(f"{fn.__name__}: {world} ranks still running at {JOB_TIMEOUT_S} s")
 
 
 # --- the test ------------------------------------------------------------------------------------
@@ -169,16 +183,34 @@ def cluster() -> Iterator[netns_cluster.Cluster]:
         yield c
 
 
-def peer_and_remote(c: netns_cluster.Cluster) -> dict[str, tuple[float, float, float]]:
-    """Per node: (local, peer, remote) bytes its daemon's loads of the job read (metrics)."""
+def load_bytes(c: netns_cluster.Cluster) -> dict[str, dict[str, float]]:
+    """Per node: the bytes its daemon's loads of the job took per tier (local, peer, remote,
+    ram), from its metrics."""
     out = {}
     for n in c.nodes:
         text = n.metrics()
-        out[n.node_id] = tuple(
-            netns_cluster.metric_sum(text, "ckptd_load_bytes_total", ckpt_job=JOB, tier=t)
-            for t in ("local", "peer", "remote")
+        out[n.node_id] = {
+            t: netns_cluster.metric_sum(text, "ckptd_load_bytes_total", ckpt_job=JOB, tier=t)
+            for t in ("local", "peer", "remote", "ram")
+        }
+    return out
+
+
+def peer_bytes(c: netns_cluster.Cluster, what: str, peer: str) -> dict[str, float]:
+    """Per node: ckptd_peer_bytes_total{peer=<peer>, what=<what>} of its daemon."""
+    return {
+        n.node_id: netns_cluster.metric_sum(
+            n.metrics(), "ckptd_peer_bytes_total", peer=peer, what=what
         )
-    return out  # type: ignore[return-value]
+        for n in c.nodes
+    }
+
+
+def assert_none_from_the_store(c: netns_cluster.Cluster, read: dict[str, dict[str, float]]) -> None:
+    """Not one byte any daemon loaded came from the store, which holds no blob to read."""
+    assert all(r["remote"] == 0 for r in read.values()), read
+    blobs = [k for k in c.store_keys() if k.endswith(".blob")]
+    assert not blobs, blobs
 
 
 def test_four_nodes_lose_one_and_resume_from_peers_at_two_world_sizes(
@@ -217,18 +249,23 @@ def test_four_nodes_lose_one_and_resume_from_peers_at_two_world_sizes(
         spawn(resume, WORLD, WORLD, sockets, True, LOST * RANKS_PER_NODE)
     except Exception as e:
         raise AssertionError(f"the resume at world size 8 failed: {e}\n{c.logs()}") from e
-    read = peer_and_remote(c)
+    read = load_bytes(c)
     lost = c.nodes[LOST].node_id
-    assert read[lost][0] == 0 and read[lost][1] > 0, read  # nothing of its own: all from peers
-    assert all(remote == 0 for _, _, remote in read.values()), read
+    # The replacement read everything from other daemons (it has nothing of its own), each byte
+    # served by a surviving node: the lost node's blobs by the node holding their copy, the
+    # blobs whose copies the lost node held by their own nodes.
+    assert read[lost]["local"] == read[lost]["ram"] == 0 and read[lost]["peer"] > 0, read
+    served = peer_bytes(c, "served", lost)
+    assert sum(served.values()) == read[lost]["peer"], (served, read)
+    holders = [k for k, v in peer_bytes(c, "stored", lost).items() if v > 0]
+    assert len(holders) == 1 and served[holders[0]] > 0, (holders, served)
+    assert_none_from_the_store(c, read)
 
     # Resume at world size 4 on another mesh, one rank per node (rank 2 on the replacement).
     try:
         spawn(resume, NODES, NODES, sockets, False, -1)
     except Exception as e:
         raise AssertionError(f"the resume at world size 4 failed: {e}\n{c.logs()}") from e
-    again = peer_and_remote(c)
-    assert again[lost][1] > read[lost][1], (read, again)
-    assert all(remote == 0 for _, _, remote in again.values()), again
-    # Still no blob on the store: whatever was read came from the nodes.
-    assert not [k for k in c.store_keys() if k.endswith(".blob")]
+    again = load_bytes(c)
+    assert again[lost]["peer"] > read[lost]["peer"] and again[lost]["local"] == 0, (read, again)
+    assert_none_from_the_store(c, again)
