@@ -15,8 +15,8 @@ feeds the same global batch, whatever the world size.
     faults: (one rank) the Config through TorchTitan's tyro CLI; a job with no checkpoint, one
             whose only checkpoint never committed, load_step missing, initial_load_path; a
             model-only bf16 export; a Hugging Face export and a job initialised from it; a
-            corrupt checkpoint (its blobs flipped under CKPTD_STATE_DIR); the daemon
-            (CKPTD_PID) killed
+            corrupt checkpoint (saved with async_mode "async", its blobs flipped under
+            CKPTD_STATE_DIR); the daemon (CKPTD_PID) killed
 
 Rank 0 writes OUT/<tag>.json. Started with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and
 CKPTD_SOCKET set."""
@@ -263,10 +263,11 @@ def faults(job: str, out_dir: Path) -> dict[str, Any]:
     got = loaded.model.state_dict()["norm.weight"].full_tensor()
     out["hf_equal"] = bool(torch.equal(want, got))
 
-    # A corrupt checkpoint.
-    corrupt = Run(checkpoint_config(f"{job}/corrupt"), 0)
+    # A corrupt checkpoint (saved with async_mode="async").
+    corrupt = Run(checkpoint_config(f"{job}/corrupt", async_mode="async"), 0)
     corrupt.step()
     corrupt.checkpointer.save(1)
+    corrupt.checkpointer.maybe_wait_for_saving()
     state_dir = Path(os.environ["CKPTD_STATE_DIR"])
     blobs = [b for b in (state_dir / "data").rglob("*.blob") if "corrupt" in str(b)]
     for blob in blobs:  # a byte in the middle: tensor data (the start may be padding)
@@ -280,9 +281,14 @@ def faults(job: str, out_dir: Path) -> dict[str, Any]:
 
     # The daemon down: a save, and building the manager (a run starting), name the socket.
     os.kill(int(os.environ["CKPTD_PID"]), signal.SIGKILL)
-    attempt("down_save", lambda: corrupt.checkpointer.save(2))
+    attempt("down_save", lambda: save_and_wait(corrupt, 2))
     attempt("down_build", lambda: Run(checkpoint_config(job), 0))
     return out
+
+
+def save_and_wait(run: Run, step: int) -> None:
+    run.checkpointer.save(step)
+    run.checkpointer.maybe_wait_for_saving()
 
 
 def cli_config(job: str) -> dict[str, Any]:
