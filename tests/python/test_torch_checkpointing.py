@@ -82,6 +82,11 @@ def test_reshard_to_other_world_sizes(runs: dict[str, Any], phase: str) -> None:
     assert out["latest"] == f"{ROOT}/step-2" and out["exact1"] and out["exact2"], out
 
 
+def test_checkpoint_managers_async_saver(runs: dict[str, Any]) -> None:
+    out = runs["load1"]
+    assert out["async_manager_latest"] == f"{ROOT}/step-4" and out["async_manager_exact"], out
+
+
 def test_a_rank_whose_write_failed_never_commits_that_checkpoint(tc_daemon: Daemon) -> None:
     """In this process, one rank of 2: the other rank saved its part of step-5; this one wrote a
     file of it and failed before its barrier. Its next checkpoint aborts step-5 (which could

@@ -9,9 +9,10 @@ library records sharding metadata and reshards on load), whose full values are a
             (pre_finalize_callback), before its barrier
     load3:  (3 ranks) latest_checkpoint, then step-1 and step-2 loaded into other placements,
             compared bit-exact with the full tensors
-    load1:  (1 rank) the same, then on a second daemon (FAULTS_SOCKET, FAULTS_STATE_DIR,
-            FAULTS_PID): a missing checkpoint, a corrupt one (its blobs flipped), and save / load /
-            latest with that daemon killed
+    load1:  (1 rank) the same; step-4 through CheckpointManager's async saver (the library's
+            writer subprocess) and loaded back; then on a second daemon (FAULTS_SOCKET,
+            FAULTS_STATE_DIR, FAULTS_PID): a missing checkpoint, a corrupt one (its blobs
+            flipped), and save / load / latest with that daemon killed
 
 One launcher imports everything once and forks the ranks of each phase in turn. Rank 0 of each
 phase writes OUT/<phase>.json. Started with MASTER_ADDR and CKPTD_SOCKET set."""
@@ -159,6 +160,19 @@ def load(root: str, mesh: Any) -> dict[str, Any]:
     return out
 
 
+def async_manager(root: str, mesh: Any) -> dict[str, Any]:
+    """CheckpointManager's default async saver (the library's DefaultStager and writer
+    subprocess) through ckptd: step-4, then loaded back."""
+    items = {"model": ItemSpec(resharder=DefaultResharder())}
+    mgr = CheckpointManager(ckt.manager_config(root, items=items))
+    mgr.save(f"{root}/step-4", {"model": state(mesh, 4, SAVE_PLACEMENT)}).result()  # type: ignore[union-attr]
+    mgr.close()
+    into = state(mesh, 4, LOAD_PLACEMENT, zeros=True)
+    manager(root).load(f"{root}/step-4", into={"model": into})
+    exact = all(torch.equal(t.full_tensor(), full(n, 4)) for n, t in into.items())
+    return {"async_manager_latest": ckt.latest_checkpoint(root), "async_manager_exact": exact}
+
+
 def faults(root: str, mesh: Any) -> dict[str, Any]:
     """On the daemon of FAULTS_SOCKET (FAULTS_STATE_DIR, FAULTS_PID), which it kills."""
     sock = os.environ["FAULTS_SOCKET"]
@@ -195,6 +209,7 @@ def rank_main(mode: str, tag: str, root: str, out: Path) -> None:
     mesh = init_device_mesh("cpu", (world,))
     result = save(root, mesh, rank, world) if mode == "save" else load(root, mesh)
     if world == 1:
+        result.update(async_manager(root, mesh))
         result.update(faults(root, mesh))
     result["imported_alone"] = IMPORTED_ALONE
     if rank == 0:

@@ -106,7 +106,6 @@ class _Where:
     name: str = ""  # the directory's name without the temporary prefix; "" for the root
     step: int | None = None
     file: str = ""
-    temporary: bool = False
 
 
 class _Pending:
@@ -178,10 +177,10 @@ class Storage(_tc_storage.Storage):
             )
         if len(parts) == n:
             return _Where(self._job)
-        name, temporary = parts[n], False
+        name = parts[n]  # the temporary directory names the same checkpoint
         prefix = self._config.temp_dir_prefix
         if prefix and name.startswith(prefix) and len(name) > len(prefix):
-            name, temporary = name[len(prefix) :], True
+            name = name[len(prefix) :]
         digits = len(name) - len(name.rstrip("0123456789"))
         if digits == 0:
             raise ValueError(
@@ -189,7 +188,7 @@ class Storage(_tc_storage.Storage):
                 "(e.g. 'step-100')"
             )
         step = int(name[-digits:])
-        return _Where(self._job, name, step, "/".join(parts[n + 1 :]), temporary)
+        return _Where(self._job, name, step, "/".join(parts[n + 1 :]))
 
     def _committed(self, step: int) -> dict[str, int] | None:
         """{file: bytes} of the committed checkpoint `step`, or None when it is not COMMITTED."""
