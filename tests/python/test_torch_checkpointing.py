@@ -5,10 +5,11 @@ ckptd's Stager and Writer: one copy) and step-3, where a rank dies before its ba
 stays on step-2. 3 ranks and 1 rank load both steps into other placements bit-exact (the
 library's DefaultResharder over ckptd's ranged, checksummed reads). On a second daemon: a missing
 checkpoint, a corrupt one and the daemon killed give clear errors, never a fresh start or a hang.
-In this process: a rank whose write failed never lets that checkpoint commit."""
+A rank whose write failed never lets that checkpoint commit."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -19,10 +20,12 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("torch")
-pytest.importorskip("torch_checkpointing")
-
 from conftest import Daemon, own_daemon
+
+# Found, not imported: this process stays without torch (the rig imports it once for all ranks).
+for _module in ("torch", "torch_checkpointing"):
+    if importlib.util.find_spec(_module) is None:
+        pytest.skip(f"{_module} is not installed", allow_module_level=True)
 
 RIG = Path(__file__).with_name("torch_checkpointing_rig.py")
 ROOT = "tc/run"
@@ -64,9 +67,9 @@ def test_sync_and_async_saves_commit(runs: dict[str, Any]) -> None:
     assert out["imported_alone"], "import ckptd (and ckptd.torch) imported torch_checkpointing"
     assert out["after_sync"] == f"{ROOT}/step-1", out
     assert out["after_async"] == f"{ROOT}/step-2", out
-    # One copy: staging copied the tensors into the arena; the save referenced them, copying only
-    # the archives' headers and pickles (a few KiB).
-    assert 0 <= out["async_copied_over_tensor_bytes"] < 64 << 10, out
+    # One copy: staging copied the tensors (about 50 KiB a rank) into the arena; the save referenced
+    # them, copying only the archives' headers and pickles (a few KiB).
+    assert 0 <= out["async_copied_over_tensor_bytes"] < 8 << 10, out
 
 
 def test_a_rank_killed_mid_save_never_reaches_latest(runs: dict[str, Any]) -> None:
@@ -87,68 +90,15 @@ def test_checkpoint_managers_async_saver(runs: dict[str, Any]) -> None:
     assert out["async_manager_latest"] == f"{ROOT}/step-4" and out["async_manager_exact"], out
 
 
-def test_a_rank_whose_write_failed_never_commits_that_checkpoint(tc_daemon: Daemon) -> None:
-    """In this process, one rank of 2: the other rank saved its part of step-5; this one wrote a
-    file of it and failed before its barrier. Its next checkpoint aborts step-5 (which could
-    otherwise commit without that rank's other files) and commits alone."""
-    import numpy as np
-    import torch
-    from torch_checkpointing import CheckpointManager
-
-    import ckptd
-    import ckptd.torch_checkpointing as ckt
-    from ckptd.torch import encode_job
-
-    root, job = "tc/failed", encode_job("tc/failed")
-    client = ckptd.connect(tc_daemon.socket)
-    client.save(job, 5, {"other_1.pt": np.zeros(8, np.uint8)}, rank=1, world_size=2)
-    storage = ckt.StorageConfig(root=root, socket=tc_daemon.socket).create_storage()
-    storage.write(Path(f"{root}/tmp_step-5/model_0.pt"), b"the first file")  # then it failed
-    manager = CheckpointManager(ckt.manager_config(root, socket=tc_daemon.socket, async_save=False))
-    manager.save(f"{root}/step-6", {"model": {"w": torch.arange(4.0)}})
-    assert client.status(job, 5)["state"] == "ABORTED"
-    assert ckt.latest_checkpoint(root, socket=tc_daemon.socket) == f"{root}/step-6"
-    assert not storage.exists(Path(f"{root}/step-5"))
-    into = {"w": torch.zeros(4)}
-    manager.load(f"{root}/step-6", into={"model": into})
-    assert torch.equal(into["w"], torch.arange(4.0))
-    client.close()
-
-
-def test_a_failed_write_through_ckptds_writer_aborts_at_once(tc_daemon: Daemon) -> None:
-    """Rank 0 of 2 (the other saved its part) writes its first file, then torch.save fails on an
-    unpicklable value: ckptd's Writer aborts the checkpoint right away, and the write future
-    raises the library's error."""
-    import numpy as np
-    import torch
-    from torch_checkpointing.checkpoint_base import CheckpointBase, CheckpointItem
-    from torch_checkpointing.types import RankInfo
-
-    import ckptd
-    import ckptd.torch_checkpointing as ckt
-    from ckptd.torch import encode_job
-
-    class Bad(CheckpointBase):
-        def get_items(self) -> dict[str, CheckpointItem]:
-            return {
-                "model": CheckpointItem(value={"w": torch.arange(4.0)}),
-                "bad": CheckpointItem(value=lambda: 0),  # torch.save cannot pickle it
-            }
-
-        def load_state_dict(self, state_dict: Any) -> None:
-            pass
-
-    root, job = "tc/badwrite", encode_job("tc/badwrite")
-    client = ckptd.connect(tc_daemon.socket)
-    client.save(job, 9, {"other_1.pt": np.zeros(8, np.uint8)}, rank=1, world_size=2)
-    info = RankInfo(global_world_size=2, global_rank=0, role_rank=0, role_world_size=2)
-    saver = ckt.make_async_checkpoint_saver(root, socket=tc_daemon.socket, rank_info=info)
-    _, written = saver.save(f"{root}/step-9", Bad())
-    with pytest.raises(Exception, match=r"pickle|lambda"):
-        written.result(timeout=60)
-    assert client.status(job, 9)["state"] == "ABORTED"
-    saver.close()
-    client.close()
+def test_a_rank_whose_failed_write_never_commits(runs: dict[str, Any]) -> None:
+    """One rank of 2, the other's part saved. A write that failed before the barrier: the rank's
+    next checkpoint aborts that one, which would otherwise commit without the rank's other
+    files. A write failing in ckptd's Writer: aborted at once, its future raising the error."""
+    out = runs["load1"]
+    assert out["stale_state"] == "ABORTED" and out["stale_next"] == "tc/failed/step-6", out
+    assert not out["stale_exists"] and out["stale_next_exact"], out
+    assert "pickle" in out["writer_error"] or "lambda" in out["writer_error"], out
+    assert out["writer_state"] == "ABORTED", out
 
 
 def test_failures_are_clear_errors(runs: dict[str, Any]) -> None:

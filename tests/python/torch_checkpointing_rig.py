@@ -12,7 +12,8 @@ library records sharding metadata and reshards on load), whose full values are a
     load1:  (1 rank) the same; step-4 through CheckpointManager's async saver (the library's
             writer subprocess) and loaded back; then on a second daemon (FAULTS_SOCKET,
             FAULTS_STATE_DIR, FAULTS_PID): a missing checkpoint, a corrupt one (its blobs
-            flipped), and save / load / latest with that daemon killed
+            flipped), and save / load / latest with that daemon killed; as rank 0 of 2, writes
+            that fail (before the barrier; in ckptd's Writer)
 
 One launcher imports everything once and forks the ranks of each phase in turn. Rank 0 of each
 phase writes OUT/<phase>.json. Started with MASTER_ADDR and CKPTD_SOCKET set."""
@@ -34,9 +35,11 @@ from typing import Any
 
 import ckptd
 import ckptd.torch
+from ckptd.torch import encode_job
 
 IMPORTED_ALONE = "torch_checkpointing" not in sys.modules
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
@@ -49,7 +52,9 @@ from torch_checkpointing.types import RankInfo
 
 import ckptd.torch_checkpointing as ckt
 
-SHAPES = {"w": (6, 4), "b": (5, 3), "r": (4,)}  # b: 5 rows split unevenly at 2 and 3 ranks
+# b: 151 rows, split unevenly at 2 ranks; every shard of w and b over 4 KiB (referenced by the
+# write stream, not copied), r under it (copied).
+SHAPES = {"w": (256, 64), "b": (151, 64), "r": (4,)}
 SAVE_PLACEMENT = {"w": Shard(0), "b": Shard(0), "r": Replicate()}
 LOAD_PLACEMENT = {"w": Shard(0), "b": Shard(1), "r": Replicate()}  # b: columns now
 
@@ -173,6 +178,47 @@ def async_manager(root: str, mesh: Any) -> dict[str, Any]:
     return {"async_manager_latest": ckt.latest_checkpoint(root), "async_manager_exact": exact}
 
 
+class Unpicklable(CheckpointBase):
+    def get_items(self) -> dict[str, CheckpointItem]:
+        return {
+            "model": CheckpointItem(value={"w": torch.arange(4.0)}),
+            "bad": CheckpointItem(value=lambda: 0),  # torch.save cannot pickle it
+        }
+
+    def load_state_dict(self, state_dict: Any) -> None:
+        pass
+
+
+def failed_writes() -> dict[str, Any]:
+    """As rank 0 of 2, the other rank's part of each checkpoint saved directly. stale: a file of
+    step-5 written, then the write failed before the barrier; then step-6 (one rank). writer:
+    ckptd's Writer whose torch.save fails on the second file."""
+    out: dict[str, Any] = {}
+    client = ckptd.connect(os.environ["CKPTD_SOCKET"])
+    job = encode_job("tc/failed")
+    client.save(job, 5, {"other_1.pt": np.zeros(8, np.uint8)}, rank=1, world_size=2)
+    storage = ckt.StorageConfig(root="tc/failed").create_storage()
+    storage.write(Path("tc/failed/tmp_step-5/model_0.pt"), b"the first file")  # then it failed
+    mgr = CheckpointManager(ckt.manager_config("tc/failed", async_save=False))
+    mgr.save("tc/failed/step-6", {"model": {"w": torch.arange(4.0)}})
+    out["stale_state"] = client.status(job, 5)["state"]
+    out["stale_next"] = ckt.latest_checkpoint("tc/failed")
+    out["stale_exists"] = storage.exists(Path("tc/failed/step-5"))
+    into = {"w": torch.zeros(4)}
+    mgr.load("tc/failed/step-6", into={"model": into})
+    out["stale_next_exact"] = torch.equal(into["w"], torch.arange(4.0))
+
+    job = encode_job("tc/badwrite")
+    client.save(job, 9, {"other_1.pt": np.zeros(8, np.uint8)}, rank=1, world_size=2)
+    info = RankInfo(global_world_size=2, global_rank=0, role_rank=0, role_world_size=2)
+    saver = ckt.make_async_checkpoint_saver("tc/badwrite", rank_info=info)
+    _, written = saver.save("tc/badwrite/step-9", Unpicklable())
+    attempt(out, "writer_error", lambda: written.result(timeout=60))
+    out["writer_state"] = client.status(job, 9)["state"]
+    saver.close()
+    return out
+
+
 def faults(root: str, mesh: Any) -> dict[str, Any]:
     """On the daemon of FAULTS_SOCKET (FAULTS_STATE_DIR, FAULTS_PID), which it kills."""
     sock = os.environ["FAULTS_SOCKET"]
@@ -210,6 +256,7 @@ def rank_main(mode: str, tag: str, root: str, out: Path) -> None:
     result = save(root, mesh, rank, world) if mode == "save" else load(root, mesh)
     if world == 1:
         result.update(async_manager(root, mesh))
+        result.update(failed_writes())
         result.update(faults(root, mesh))
     result["imported_alone"] = IMPORTED_ALONE
     if rank == 0:
