@@ -33,6 +33,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import dataclasses
+import fnmatch
 import io
 import os
 import threading
@@ -242,11 +243,8 @@ class Storage(_tc_storage.Storage):
 
     def exists(self, path: Path) -> bool:
         w = self._where(path)
-        if w.step is None:
-            try:
-                return bool(self.client.list(w.job))
-            except ckptd.NotFoundError:
-                return False
+        if w.step is None:  # the folder exists while it holds a committed checkpoint
+            return self.client.latest(w.job) is not None
         pending = self._pending_of(w)
         if pending is not None and (not w.file or w.file in pending.files):
             return True
@@ -279,8 +277,6 @@ class Storage(_tc_storage.Storage):
     def glob(self, pattern: str) -> list[str]:
         """The library's glob without its `except Exception: return []`: a daemon that does not
         answer raises instead of looking like an empty folder."""
-        import fnmatch
-
         directory, file_pattern = os.path.split(pattern)
         if not self.exists(Path(directory)):
             return []
