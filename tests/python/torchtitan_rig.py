@@ -11,12 +11,13 @@ feeds the same global batch, whatever the world size.
     train:  steps 1-4, each saved (async_with_pinned_mem, keep_latest_k=2: 3 and 4 remain), steps
             5-6 (the reference losses), then a save of step 6 that rank 1 dies in (SIGKILL
             while staging)
-    resume: a fresh model (another seed), load() ("latest"), steps 5-6
-    faults: (one rank) the Config through TorchTitan's tyro CLI; a job with no checkpoint, one
-            whose only checkpoint never committed, load_step missing, initial_load_path; a
-            model-only bf16 export; a Hugging Face export and a job initialised from it; a
-            corrupt checkpoint (saved with async_mode "async", its blobs flipped under
-            CKPTD_STATE_DIR); the daemon (CKPTD_PID) killed
+    resume: a fresh model (another seed), load() ("latest"), steps 5-6; then, with
+            CKPTD_FAULTS_SOCKET set (one rank), the failure cases against that daemon, named
+            in each Config: the Config through TorchTitan's tyro CLI; a job with no
+            checkpoint, one whose only checkpoint never committed, load_step missing,
+            initial_load_path; a model-only bf16 export; a Hugging Face export and a job
+            initialised from it; a corrupt checkpoint (saved with async_mode "async", its blobs
+            flipped under CKPTD_STATE_DIR); that daemon (CKPTD_PID) killed
 
 Rank 0 writes OUT/<tag>.json. Started with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and
 CKPTD_SOCKET set."""
@@ -139,7 +140,7 @@ class Run:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=("train", "resume", "faults"))
+    p.add_argument("mode", choices=("train", "resume"))
     p.add_argument("--job", required=True)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--tag", required=True)
@@ -149,9 +150,7 @@ def main() -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     result: dict[str, Any] = {"world": dist.get_world_size()}
-    if args.mode == "faults":
-        result = faults(args.job, args.out / "faults")
-    elif args.mode == "train":
+    if args.mode == "train":
         run = Run(checkpoint_config(args.job, async_mode=args.async_mode), seed=0)
         result["fresh"] = run.checkpointer.load()  # the job is empty: a fresh start
         for _ in range(4):
@@ -161,12 +160,23 @@ def main() -> None:
         result["losses"] = [run.step(), run.step()]
         result["lr"] = run.lr_schedulers.schedulers[0].get_last_lr()[0]
         result["killed_save"] = kill_rank1_mid_save(run)
+        import ckptd
+        from ckptd.torch import encode_job
+
+        rows = ckptd.connect(os.environ["CKPTD_SOCKET"]).list(encode_job(args.job))
+        result["committed"] = [
+            [r["step"], r["world_size"]] for r in rows if r["state"] == "COMMITTED"
+        ]
     else:
         run = Run(checkpoint_config(args.job, async_mode=args.async_mode), seed=99)
         result["loaded"] = run.checkpointer.load()
         result["step"] = run.train_state.step
         result["losses"] = [run.step(), run.step()]
         result["lr"] = run.lr_schedulers.schedulers[0].get_last_lr()[0]
+        if "CKPTD_FAULTS_SOCKET" in os.environ:  # one rank: the failure cases, on that daemon
+            result["faults"] = faults(
+                args.job, args.out / "faults", os.environ["CKPTD_FAULTS_SOCKET"]
+            )
     if rank == 0:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / f"{args.tag}.json").write_text(json.dumps(result))
@@ -191,12 +201,16 @@ def kill_rank1_mid_save(run: Run) -> str:
         return f"{type(e).__name__}: {e}"[:300]
 
 
-def faults(job: str, out_dir: Path) -> dict[str, Any]:
-    """Each failure's exception (type and message), or what the call returned."""
+def faults(job: str, out_dir: Path, socket: str) -> dict[str, Any]:
+    """Each failure's exception (type and message), or what the call returned. Every manager
+    here names the daemon at `socket` in its Config (checkpoint.socket)."""
     import ckptd
     from ckptd.torch import encode_job
 
     out: dict[str, Any] = {}
+
+    def config(job: str, **kw: Any) -> Any:
+        return checkpoint_config(job, socket=socket, **kw)
 
     def attempt(name: str, fn: Any) -> None:
         try:
@@ -206,28 +220,28 @@ def faults(job: str, out_dir: Path) -> dict[str, Any]:
 
     out["cli"] = cli_config(job)
     # A job with nothing in it: TorchTitan's "no checkpoint" path (a fresh start) ...
-    attempt("empty", lambda: Run(checkpoint_config(f"{job}/empty"), 0).checkpointer.load())
+    attempt("empty", lambda: Run(config(f"{job}/empty"), 0).checkpointer.load())
     # ... but an initial_load_path or a load_step that is not there is an error.
-    missing = checkpoint_config(f"{job}/empty", initial_load_path=f"ckptd://{job}/nothing")
+    missing = config(f"{job}/empty", initial_load_path=f"ckptd://{job}/nothing")
     attempt("initial_missing", lambda: Run(missing, 0).checkpointer.load())
-    attempt("step_missing", lambda: Run(checkpoint_config(job), 0).checkpointer.load(step=5))
+    attempt("step_missing", lambda: Run(config(job), 0).checkpointer.load(step=5))
     # A job whose only checkpoint never committed (rank 1 of 2 never staged it).
-    client = ckptd.connect(os.environ["CKPTD_SOCKET"])
+    client = ckptd.connect(socket)
     half = encode_job(f"{job}/half")
     client.save(half, 1, {"w": torch.ones(4)}, rank=0, world_size=2)
-    attempt("uncommitted", lambda: Run(checkpoint_config(f"{job}/half"), 0).checkpointer.load())
+    attempt("uncommitted", lambda: Run(config(f"{job}/half"), 0).checkpointer.load())
 
     # The last save, model-only in bfloat16; a run resumed from it; another job starting from it.
-    export = Run(checkpoint_config(f"{job}/export", export_dtype="bfloat16"), 0)
+    export = Run(config(f"{job}/export", export_dtype="bfloat16"), 0)
     export.checkpointer.last_save_model_only = True
     export.step()
     export.checkpointer.save(1, last_step=True)
     items = client.inspect(encode_job(f"{job}/export"), 1)
     out["export_dtypes"] = sorted({str(i.get("dtype")) for i in items if i["kind"] != "object"})
     out["export_optimizer_items"] = sum(i["name"].startswith("optimizer") for i in items)
-    attempt("resume_export", lambda: Run(checkpoint_config(f"{job}/export"), 0).checkpointer.load())
+    attempt("resume_export", lambda: Run(config(f"{job}/export"), 0).checkpointer.load())
     seeded = Run(
-        checkpoint_config(
+        config(
             f"{job}/from-export",
             initial_load_path=f"ckptd://{job}/export",
             initial_load_model_only=True,
@@ -244,14 +258,12 @@ def faults(job: str, out_dir: Path) -> dict[str, Any]:
 
     spec = model_registry("debugmodel")
     adapter = spec.state_dict_adapter(spec.model, None)
-    hf_config = checkpoint_config(
-        f"{job}/hf", folder="hf", last_save_model_only=True, last_save_in_hf=True
-    )
+    hf_config = config(f"{job}/hf", folder="hf", last_save_model_only=True, last_save_in_hf=True)
     hf = Run(hf_config, 0, sd_adapter=adapter, base=str(out_dir))
     hf.step()
     hf.checkpointer.save(1, last_step=True)
     out["hf_files"] = sorted(p.name for p in (out_dir / "hf" / "step-1").glob("*.json"))
-    from_hf = checkpoint_config(
+    from_hf = config(
         f"{job}/from-hf",
         initial_load_path=str((out_dir / "hf" / "step-1").resolve()),
         initial_load_in_hf=True,
@@ -264,7 +276,7 @@ def faults(job: str, out_dir: Path) -> dict[str, Any]:
     out["hf_equal"] = bool(torch.equal(want, got))
 
     # A corrupt checkpoint (saved with async_mode="async").
-    corrupt = Run(checkpoint_config(f"{job}/corrupt", async_mode="async"), 0)
+    corrupt = Run(config(f"{job}/corrupt", async_mode="async"), 0)
     corrupt.step()
     corrupt.checkpointer.save(1)
     corrupt.checkpointer.maybe_wait_for_saving()
@@ -277,12 +289,12 @@ def faults(job: str, out_dir: Path) -> dict[str, Any]:
             f.seek(-1, os.SEEK_CUR)
             f.write(bytes([byte[0] ^ 0xFF]))
     out["blobs"] = len(blobs)
-    attempt("corrupt", lambda: Run(checkpoint_config(f"{job}/corrupt"), 0).checkpointer.load())
+    attempt("corrupt", lambda: Run(config(f"{job}/corrupt"), 0).checkpointer.load())
 
     # The daemon down: a save, and building the manager (a run starting), name the socket.
     os.kill(int(os.environ["CKPTD_PID"]), signal.SIGKILL)
     attempt("down_save", lambda: save_and_wait(corrupt, 2))
-    attempt("down_build", lambda: Run(checkpoint_config(job), 0))
+    attempt("down_build", lambda: Run(config(job), 0))
     return out
 
 
