@@ -118,6 +118,13 @@ class _Pending:
         self.files: dict[str, list[tuple[int, Any]]] = {}  # file -> [(offset, uint8 piece)]
         self.sizes: dict[str, int] = {}
         self.keep: list[Any] = []  # the tensors whose memory the pieces reference
+        self.staged: list[Any] = []  # arena buffers holding copied pieces (the Save takes them)
+
+    def drop(self) -> None:
+        """Gives back the arena buffers of a checkpoint that will not be saved."""
+        staged, self.staged = self.staged, []
+        with contextlib.suppress(ckptd.CkptdError):
+            self.client.release(staged)
 
 
 _pending: dict[tuple[str, str, int], _Pending] = {}  # (socket, job, step), this process only
@@ -309,6 +316,7 @@ class Storage(_tc_storage.Storage):
                 stale = [_pending.pop(k) for k in list(_pending) if k[:2] == key[:2]]
                 pending = _pending[key] = _Pending(self.client, w.job, w.step, w.name)
         for old in stale:
+            old.drop()
             with contextlib.suppress(ckptd.CkptdError):
                 self.client.abort(old.job, old.step, "a rank's write failed before its barrier")
         return pending, w.file
@@ -341,7 +349,9 @@ class Storage(_tc_storage.Storage):
         if w.step is None or w.file:
             raise OSError(f"ckptd: {path}: only a checkpoint directory can be removed")
         with _pending_lock:
-            _pending.pop((self.client.socket, w.job, w.step), None)
+            pending = _pending.pop((self.client.socket, w.job, w.step), None)
+        if pending is not None:
+            pending.drop()
         self._items.pop(w.step, None)
         try:
             self.client.delete(w.job, w.step)
@@ -355,7 +365,9 @@ class Storage(_tc_storage.Storage):
         if w.step is None:
             return
         with _pending_lock:
-            _pending.pop((self.client.socket, w.job, w.step), None)
+            pending = _pending.pop((self.client.socket, w.job, w.step), None)
+        if pending is not None:
+            pending.drop()
         with contextlib.suppress(ckptd.CkptdError):
             self.client.abort(w.job, w.step, reason)
 
@@ -429,10 +441,10 @@ class _FileWriter(io.RawIOBase):
             self._flush_run()
             self._pieces.append((self._pos, np.frombuffer(m, dtype=np.uint8)))
             self._pending.keep.append(owner)
-        elif n >= _REF_MIN_BYTES:  # a temporary (a GPU tensor's host copy): once into ckptd memory
+        elif n >= _REF_MIN_BYTES:  # a temporary (a GPU tensor's host copy): once, into the arena
             self._flush_run()
-            piece = self._pending.client.empty(n, np.uint8)
-            piece[:] = np.frombuffer(m, dtype=np.uint8)
+            piece = self._pending.client.stage([np.frombuffer(m, dtype=np.uint8)])[0]
+            self._pending.staged.append(piece)
             self._pieces.append((self._pos, piece))
         else:
             if not self._run:
@@ -584,8 +596,12 @@ def _save_rank(p: _Pending, rank: int, world: int) -> None:
     objects = {NAME_ITEM: ckptd.Raw(p.name.encode())} if rank == 0 else {}
     try:
         p.client.save(p.job, p.step, tensors, objects, rank=rank, world_size=world)
+    except BaseException:
+        p.drop()
+        raise
     finally:
         p.keep.clear()
+    p.staged = []  # the daemon owns them now
 
 
 # --- stager and in-process writer -------------------------------------------------------------
