@@ -1,7 +1,7 @@
-"""One rank of a torch_checkpointing run on CPU (gloo) for test_torch_checkpointing.py. The state
-is one item "model" of DTensors on a 1-D mesh of every rank (a DefaultResharder declared, so the
-library records sharding metadata and reshards on load), whose full values are a function of
-(name, version) whatever the world size.
+"""torch_checkpointing runs on CPU (gloo) for test_torch_checkpointing.py, in three phases. The
+state is one item "model" of DTensors on a 1-D mesh of every rank (a DefaultResharder declared,
+so the library records sharding metadata and reshards on load), whose full values are a function
+of (name, version) whatever the world size.
 
     save:   (2 ranks) step-1 through CheckpointManager (sync saver); step-2 through the library's
             AsyncCheckpointSaver built with ckptd's Stager and Writer, the live tensors changed as
