@@ -125,7 +125,8 @@ def resume(
     rank: int, port: int, world: int, sockets: list[str], same_layout: bool, lost_rank: int
 ) -> None:
     """Rank `rank` of `world` resuming through sockets[rank * len(sockets) // world]: the newest
-    step that survives a node's loss, loaded into `layout`, must be the last step's values."""
+    step that survives a node's loss, loaded into the save layout (same_layout) or another, must
+    be the last step's values, bit for bit."""
     init(rank, world, port)
     try:
         sock = sockets[rank * len(sockets) // world]
@@ -135,8 +136,8 @@ def resume(
         want = values(step)
         layout = save_layout if same_layout else other_layout
         if rank == lost_rank:
-            # The load answer itself, on the replacement, before anything else read this
-            # checkpoint there: the first rows of w, all from another daemon.
+            # The load answer itself, on the replacement (which holds nothing of the
+            # checkpoint): the first rows of w, saved by rank 0 on node 0, all from peers.
             buf = torch.zeros(2, 20)
             counts = client.load_into_counted(JOB, step, [("w", ckptd.Box((0, 0), (2, 20)), buf)])
             assert torch.equal(buf, want["w"][:2]), rank
@@ -226,12 +227,14 @@ def test_four_nodes_lose_one_and_resume_from_peers_at_two_world_sizes(
 
     # Committed at the peer tier on every node, and no blob on the store.
     for n in c.nodes:
-        for step in range(1, STEPS + 1):
-            info = ckptd.connect(n.socket).status(JOB, step)
-            tiers = info["tiers"]
-            assert info["state"] == "COMMITTED" and info["world_size"] == WORLD, (n.node_id, info)
-            assert tiers["local_part"] and tiers["peer_nodes"], (n.node_id, info)
-            assert not tiers["remote"] and tiers["blobs_without_peer_copy"] == 0, info
+        # Each client closed when done: a daemon's stop waits (up to 5 s) for open sessions.
+        with ckptd.connect(n.socket) as client:
+            for step in range(1, STEPS + 1):
+                info = client.status(JOB, step)
+                tiers = info["tiers"]
+                assert info["state"] == "COMMITTED" and info["world_size"] == WORLD, info
+                assert tiers["local_part"] and tiers["peer_nodes"], (n.node_id, info)
+                assert not tiers["remote"] and tiers["blobs_without_peer_copy"] == 0, info
     keys = c.store_keys()
     assert not [k for k in keys if k.endswith(".blob")], keys
     assert any(k.startswith(f"ckpt/{JOB}/") for k in keys), keys
@@ -239,9 +242,9 @@ def test_four_nodes_lose_one_and_resume_from_peers_at_two_world_sizes(
     # Node 2 is lost for good; its replacement starts empty in its namespace, at its address.
     c.lose_node(LOST)
     c.start_daemon(LOST)
-    replacement = ckptd.connect(c.nodes[LOST].socket)
-    assert replacement.latest(JOB, durable="peer") == STEPS
-    info = replacement.status(JOB, STEPS)
+    with ckptd.connect(c.nodes[LOST].socket) as replacement:
+        assert replacement.latest(JOB, durable="peer") == STEPS
+        info = replacement.status(JOB, STEPS)
     assert info["state"] == "COMMITTED" and not info["tiers"]["local_part"], info
 
     # Resume at world size 8, the same layout: ranks 4 and 5 on the replacement.
