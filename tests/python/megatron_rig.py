@@ -10,9 +10,10 @@ dp) + dp_rank) * tp + tp_rank).
     save:   (all ranks) iter_0000001 blocking with ckptd's strategy object; iter_0000002 with
             async_sharded_save=True scheduled on Megatron's AsyncCallsQueue (the tensors zeroed
             as soon as save() returns); iter_0000001 loaded again in --reload's layout by the
-            same ranks; iter_0000003 through the registry ("ckptd", 1) with rank 1 killed
-            before its shards are staged
-    load:   (one rank) iterations 1 and 2 at --layout with no strategy named (the registry,
+            same ranks; iter_0000004 at DP=2 through Megatron's FullyParallelSaveStrategyWrapper
+            around ckptd's strategy; iter_0000005 through the registry ("ckptd", 1) with rank 1
+            killed before its shards are staged
+    load:   (one rank) iterations 1, 2 and 4 at --layout with no strategy named (the registry,
             from metadata.json), load_plain_tensors and load_sharded_metadata; then, on the
             faults daemon (CKPTD_FAULTS_SOCKET, CKPTD_STATE_DIR, CKPTD_PID) with strategies
             given its socket: a missing directory, a directory without metadata.json, a
@@ -35,6 +36,7 @@ from typing import Any
 import torch
 
 VOCAB, HIDDEN, FFN, LAYERS = 8, 6, 8, 2
+DP2 = (1, 1, 2)  # the layout of iteration 4
 
 
 def global_tensors(fill: int) -> dict[str, torch.Tensor]:
@@ -159,11 +161,16 @@ def main() -> None:
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    import ckptd
+    import ckptd.torch  # noqa: F401 (imported for the check below)
+
+    # `import ckptd` (and ckptd.torch) never imports Megatron: only ckptd.megatron does.
+    before = sorted(m for m in sys.modules if "megatron" in m)
     from megatron.core import dist_checkpointing as mdc
 
     import ckptd.megatron as ckm
 
-    result: dict[str, Any] = {"world": world}
+    result: dict[str, Any] = {"world": world, "megatron_before": before}
     if args.mode == "save":
         save(mdc, ckm, args.dir, args.layout, args.reload or args.layout, result)
     else:
@@ -184,11 +191,12 @@ def save(
     reload: tuple[int, int, int],
     result: dict[str, Any],
 ) -> None:
-    """Iteration 1 blocking, iteration 2 async, iteration 1 reloaded in `reload`'s layout, then
-    iteration 3 with rank 1 killed before its shards are staged."""
+    """Iteration 1 blocking, iteration 2 async, iteration 1 reloaded in `reload`'s layout,
+    iteration 4 at DP=2 through the fully parallel wrapper, then iteration 5 with rank 1 killed
+    before its shards are staged."""
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
-    d1, d2, d3 = (root / f"iter_000000{i}" for i in (1, 2, 3))
-    for d in (d1, d2, d3):
+    d1, d2, d5 = (root / f"iter_000000{i}" for i in (1, 2, 5))
+    for d in (d1, d2, d5):
         d.mkdir(parents=True, exist_ok=True)
     mdc.save(sharded_state_dict(layout, rank, 1), str(d1), sharded_strategy=ckm.save_strategy())
     result["async"] = async_save(mdc, sharded_state_dict(layout, rank, 2), str(d2))
@@ -197,6 +205,25 @@ def save(
     gathered: list[Any] = [None] * world
     torch.distributed.all_gather_object(gathered, compare(reload, rank, loaded, 1, layout))
     result["reload_bad"] = gathered
+    # DP=2 (each rank a full replica), Megatron's fully parallel wrapper around ckptd's strategy:
+    # the replicas' saving is split between the ranks.
+    from megatron.core.dist_checkpointing.strategies.fully_parallel import (
+        FullyParallelSaveStrategyWrapper,
+    )
+
+    d4 = root / "iter_0000004"
+    d4.mkdir(parents=True, exist_ok=True)
+    wrapper = FullyParallelSaveStrategyWrapper(ckm.save_strategy())
+    sd4 = sharded_state_dict(DP2, rank, 4)
+    mdc.save(sd4, str(d4), sharded_strategy=wrapper)
+    from megatron.core.dist_checkpointing.mapping import is_main_replica
+
+    mine = sorted(
+        k for k, sh in sd4.items() if hasattr(sh, "replica_id") and is_main_replica(sh.replica_id)
+    )  # what the wrapper gave this rank to send
+    main: list[Any] = [None] * world
+    torch.distributed.all_gather_object(main, mine)
+    result["dp2_main"] = main
     if rank == 1:
         import ckptd.torch._storage as storage
 
@@ -205,11 +232,11 @@ def save(
 
         storage.StorageWriter.write_data = die  # type: ignore[method-assign]
     try:  # through the registry this time
-        mdc.save(sharded_state_dict(layout, rank, 3), str(d3), sharded_strategy=("ckptd", 1))
+        mdc.save(sharded_state_dict(layout, rank, 5), str(d5), sharded_strategy=("ckptd", 1))
         result["killed_save"] = "returned"
     except BaseException as e:  # the ckptd error, DCP's CheckpointException or gloo's
         result["killed_save"] = f"{type(e).__name__}: {e}"[:300]
-    result["killed_files"] = sorted(f.name for f in d3.iterdir())
+    result["killed_files"] = sorted(f.name for f in d5.iterdir())
 
 
 def load(
@@ -219,7 +246,7 @@ def load(
     saved: tuple[int, int, int] | None,
     result: dict[str, Any],
 ) -> None:
-    """Iterations 1 and 2 in `layout` with no strategy named (the registry, from metadata.json),
+    """Iterations 1, 2 and 4 in `layout` with no strategy named (the registry, from metadata.json),
     load_plain_tensors and load_sharded_metadata of iteration 1."""
     d1, d2 = str(root / "iter_0000001"), str(root / "iter_0000002")
     loaded = mdc.load(sharded_state_dict(layout, 0, None, saved), d1)
@@ -229,6 +256,8 @@ def load(
     plain = mdc.load_plain_tensors(d1)
     full = global_tensors(1)
     result["plain_bad"] = sorted(k for k, v in full.items() if not torch.equal(plain[k], v))
+    loaded4 = mdc.load(sharded_state_dict(layout, 0, None, DP2), str(root / "iter_0000004"))
+    result["bad4"] = compare(layout, 0, loaded4, 4, DP2)
     result["metadata"] = sorted(mdc.serialization.load_sharded_metadata(d1))
 
 

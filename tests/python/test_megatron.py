@@ -1,13 +1,15 @@
 """ckptd.megatron: Megatron-core's dist_checkpointing save and load strategies through ckptd,
 with real megatron-core on CPU over gloo (ranks run megatron_rig.py). Two ranks at TP=2 save
 iteration 1 (blocking, the strategy object) and iteration 2 (async_sharded_save through
-Megatron's AsyncCallsQueue) and reload iteration 1 at PP=2; one rank loads both at TP=1 through
-the registry; a rank killed mid-save leaves "latest" on iteration 2 and no metadata.json; a
-missing directory, a directory without metadata.json, a checkpoint gone from ckptd, a corrupt one
-and a killed daemon each give a clear error, never a fresh start or a hang."""
+Megatron's AsyncCallsQueue), reload iteration 1 at PP=2, save iteration 4 at DP=2 through
+Megatron's fully parallel wrapper, and save iteration 5 with rank 1 killed (latest stays on 4,
+no metadata.json). One rank loads 1, 2 and 4 at TP=1 through the registry; then a missing
+directory, one without metadata.json, a checkpoint gone from ckptd, a corrupt one and a killed
+daemon each give a clear error, never a fresh start or a hang."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -19,12 +21,13 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("megatron.core")
-pytest.importorskip("torch")
-
 import ckptd
-from ckptd.torch import encode_job
 from conftest import Daemon, free_port, own_daemon, start_daemon
+
+# Found, not imported: Megatron and torch take seconds to import and only the ranks need them.
+for _module in ("megatron.core", "torch"):
+    if importlib.util.find_spec(_module) is None:
+        pytest.skip(f"{_module} is not installed", allow_module_level=True)
 
 RIG = Path(__file__).with_name("megatron_rig.py")
 FLAGS = ["--ram_tier_keep_per_job=0", "--stage_timeout_ms=3000"]  # loads read the blobs
@@ -64,8 +67,11 @@ def run(daemon: Daemon, mode: str, world: int, root: Path, *args: str, **env: st
 
 
 def ckptd_job(root: Path) -> str:
-    """The ckptd job the rig's checkpoint directories map to: their parent's path, encoded."""
-    return encode_job(str((root / "ckpts").resolve()).strip("/"))
+    """The ckptd job the rig's checkpoint directories map to (their parent's path, encoded), as
+    iteration 1's link file names it."""
+    return str(
+        json.loads((root / "ckpts" / "iter_0000001" / "ckptd.json").read_text())["ckptd_job"]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +82,7 @@ def mg_daemon() -> Iterator[Daemon]:
 
 @pytest.fixture(scope="module")
 def saved(mg_daemon: Daemon, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
-    """2 ranks at TP=2 (save mode); then rank 1 is killed in the save of iteration 3."""
+    """2 ranks (save mode); rank 1 is killed in its last save (iteration 5)."""
     root = tmp_path_factory.mktemp("mg")
     return root, run(mg_daemon, "save", 2, root, "--layout", TP2, "--reload", PP2)
 
@@ -104,7 +110,7 @@ def test_tp2_save_reloads_at_pp2_bit_exact(mg_daemon: Daemon, saved: tuple[Path,
     meta = json.loads((root / "ckpts" / "iter_0000001" / "metadata.json").read_text())
     assert meta["sharded_backend"] == "ckptd", meta
     link = json.loads((root / "ckpts" / "iter_0000001" / "ckptd.json").read_text())
-    assert (link["ckptd_job"], link["step"]) == (ckptd_job(root), 1), link
+    assert (link["job"], link["step"]) == (str((root / "ckpts").resolve()), 1), link
     assert out["reload_bad"] == [[], []], out  # every tensor and object, on both ranks
 
 
@@ -128,17 +134,31 @@ def test_a_rank_killed_mid_save_is_never_latest(mg_daemon: Daemon, saved: tuple[
     rows = client.list(ckptd_job(root))
     latest = client.latest(ckptd_job(root))
     client.close()
-    assert latest == 2, rows
+    assert latest == 4, rows  # iteration 5 never committed
     assert [(r["step"], r["world_size"]) for r in rows if r["state"] == "COMMITTED"] == [
         (1, 2),
         (2, 2),
+        (4, 2),
     ], rows
+
+
+def test_fully_parallel_wrapper_splits_the_replicas(saved: tuple[Path, Any]) -> None:
+    """Iteration 4, at DP=2 (both ranks hold every tensor), saved through Megatron's
+    FullyParallelSaveStrategyWrapper around ckptd's strategy: each rank sends a part, together
+    all (loaded back bit-exact by test_load_at_tp1_through_the_registry)."""
+    _, out = saved
+    rank0, rank1 = out["dp2_main"]
+    assert rank0 and rank1 and not set(rank0) & set(rank1), out["dp2_main"]
+    # the embedding, 2 layers x (fc1, fc2), the layer norm and the object: each sent once
+    assert len(rank0) + len(rank1) == 7, out["dp2_main"]
 
 
 def test_load_at_tp1_through_the_registry(loaded: Any) -> None:
     out, _ = loaded
     assert out["bad"] == [] and out["bad2"] == [], out  # iteration 2: the async save's values
+    assert out["bad4"] == [], out  # the fully parallel save
     assert out["plain_bad"] == [], out  # load_plain_tensors: the whole global tensors
+    assert out["megatron_before"] == [], out  # `import ckptd, ckptd.torch` imported no Megatron
     assert "rng_state/shard_0.1_1.2" in out["metadata"], out  # load_sharded_metadata
 
 

@@ -178,8 +178,7 @@ def _wait_committed(socket: str | None, job: str, step: int, timeout_ms: int) ->
     in a spawned one (PersistentAsyncCaller) or inline (a blocking save). A forked child must not
     call gRPC (its threads stayed in the parent: a call would hang, a new channel aborts), so it
     waits on the pipe the parent's wait thread writes; a spawned process connects itself."""
-    with _commits_lock:
-        commit = _commits.get((job, step))
+    commit = _commits.get((job, step))  # no lock: a forked child may inherit it held
     if commit is None:  # another interpreter (spawned): its own connection
         connect(socket).wait(job, step, committed=True, timeout_ms=timeout_ms)
     elif commit.pid == os.getpid():  # inline
