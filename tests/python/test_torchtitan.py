@@ -133,6 +133,7 @@ def test_failures_are_clear_errors(runs: dict[str, Any]) -> None:
     assert out["initial_loaded"] is True and out["initial_equal"] is True, out
     assert out["hf_files"] == ["model.safetensors.index.json"], out  # last_save_in_hf: local
     assert out["hf_loaded"] is True and out["hf_equal"] is True, out  # initial_load_in_hf
+    assert out["dcp_loaded"] is True and out["dcp_equal"] is True, out  # a local DCP folder
     assert out["blobs"] >= 1 and out["corrupt"].startswith("DataLossError"), out
     for case in ("down_save", "down_build"):
         assert out[case].startswith("UnavailableError"), (case, out)

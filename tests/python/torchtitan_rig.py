@@ -16,8 +16,9 @@ feeds the same global batch, whatever the world size.
             in each Config: the Config through TorchTitan's tyro CLI; a job with no
             checkpoint, one whose only checkpoint never committed, load_step missing,
             initial_load_path; a model-only bf16 export; a Hugging Face export and a job
-            initialised from it; a corrupt checkpoint (saved with async_mode "async", its blobs
-            flipped under CKPTD_STATE_DIR); that daemon (CKPTD_PID) killed
+            initialised from it; a job initialised from a local DCP folder; a corrupt
+            checkpoint (saved with async_mode "async", its blobs flipped under
+            CKPTD_STATE_DIR); that daemon (CKPTD_PID) killed
 
 Rank 0 writes OUT/<tag>.json. Started with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and
 CKPTD_SOCKET set."""
@@ -274,6 +275,19 @@ def faults(job: str, out_dir: Path, socket: str) -> dict[str, Any]:
     want = hf.model.state_dict()["norm.weight"].full_tensor()
     got = loaded.model.state_dict()["norm.weight"].full_tensor()
     out["hf_equal"] = bool(torch.equal(want, got))
+
+    # A job initialised from a local DCP folder (TorchTitan's own path, FileSystemReader).
+    import torch.distributed.checkpoint as dcp
+
+    local = out_dir / "dcp"
+    dcp.save(dict(hf.model.state_dict()), checkpoint_id=str(local))
+    from_dcp = config(
+        f"{job}/from-dcp", initial_load_path=str(local.resolve()), initial_load_model_only=True
+    )
+    loaded = Run(from_dcp, seed=6)
+    out["dcp_loaded"] = loaded.checkpointer.load()
+    got = loaded.model.state_dict()["norm.weight"].full_tensor()
+    out["dcp_equal"] = bool(torch.equal(want, got))
 
     # A corrupt checkpoint (saved with async_mode="async").
     corrupt = Run(config(f"{job}/corrupt", async_mode="async"), 0)
