@@ -14,9 +14,10 @@ dp) + dp_rank) * tp + tp_rank).
             around ckptd's strategy; iter_0000005 through the registry ("ckptd", 1) with rank 1
             killed before its shards are staged
     load:   (one rank) iterations 1, 2 and 4 at --layout with no strategy named (the registry,
-            from metadata.json), load_plain_tensors and load_sharded_metadata; then, on the
-            faults daemon (CKPTD_FAULTS_SOCKET, CKPTD_STATE_DIR, CKPTD_PID) with strategies
-            given its socket: a missing directory, a directory without metadata.json, a
+            from metadata.json), load_plain_tensors and load_sharded_metadata; iteration 5
+            saved again (the resume after the killed save) and loaded; then, on the faults
+            daemon (CKPTD_FAULTS_SOCKET, CKPTD_STATE_DIR, CKPTD_PID) with strategies given its
+            socket: a directory saved twice, a missing directory, one without metadata.json, a
             checkpoint deleted from ckptd, a corrupt one (its blobs flipped), and save / load
             with that daemon killed
 
@@ -259,6 +260,13 @@ def load(
     loaded4 = mdc.load(sharded_state_dict(layout, 0, None, DP2), str(root / "iter_0000004"))
     result["bad4"] = compare(layout, 0, loaded4, 4, DP2)
     result["metadata"] = sorted(mdc.serialization.load_sharded_metadata(d1))
+    # The resume after the killed save: iteration 5 saved again into its directory (the daemon
+    # still holds the killed attempt), then loaded.
+    import ckptd.megatron as ckm
+
+    d5 = str(root / "iter_0000005")
+    mdc.save(sharded_state_dict(layout, 0, 5), d5, sharded_strategy=ckm.save_strategy())
+    result["bad5"] = compare(layout, 0, mdc.load(sharded_state_dict(layout, 0, None), d5), 5)
 
 
 def async_save(mdc: Any, sd: dict[str, Any], path: str) -> dict[str, Any]:
@@ -317,6 +325,12 @@ def faults(mdc: Any, ckm: Any, root: Path, layout: tuple[int, int, int]) -> dict
         strategy = ckm.load_strategy(socket=sock)
         return mdc.load(sharded_state_dict(layout, 0, None), str(d), sharded_strategy=strategy)
 
+    # A directory saved twice: the second save replaces the first (as torch_dist overwrites).
+    again = root / "iter_0000009"
+    save(again, 9)
+    strategy = ckm.save_strategy(socket=sock)
+    mdc.save(sharded_state_dict(layout, 0, 10), str(again), sharded_strategy=strategy)
+    out["overwrite_bad"] = compare(layout, 0, load(again), 10)
     attempt("no_dir", lambda: load(root / "iter_0000404"))
     (root / "iter_0000005").mkdir(parents=True)
     attempt("no_metadata", lambda: load(root / "iter_0000005"))

@@ -84,7 +84,12 @@ def mg_daemon() -> Iterator[Daemon]:
 def saved(mg_daemon: Daemon, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
     """2 ranks (save mode); rank 1 is killed in its last save (iteration 5)."""
     root = tmp_path_factory.mktemp("mg")
-    return root, run(mg_daemon, "save", 2, root, "--layout", TP2, "--reload", PP2)
+    out = run(mg_daemon, "save", 2, root, "--layout", TP2, "--reload", PP2)
+    client = ckptd.connect(mg_daemon.socket)  # before the load run saves iteration 5 again
+    out["latest"] = client.latest(ckptd_job(root))
+    out["rows"] = [(r["step"], r["state"], r["world_size"]) for r in client.list(ckptd_job(root))]
+    client.close()
+    return root, out
 
 
 @pytest.fixture(scope="module")
@@ -125,21 +130,14 @@ def test_async_save_through_megatrons_queue(saved: tuple[Path, Any]) -> None:
     }, out
 
 
-def test_a_rank_killed_mid_save_is_never_latest(mg_daemon: Daemon, saved: tuple[Path, Any]) -> None:
-    root, out = saved
+def test_a_rank_killed_mid_save_is_never_latest(saved: tuple[Path, Any]) -> None:
+    _, out = saved
     assert out["killed_save"] != "returned", out  # rank 0's save fails, it does not hang
     assert "metadata.json" not in out["killed_files"], out  # Megatron refuses the directory
     assert "ckptd.json" not in out["killed_files"], out
-    client = ckptd.connect(mg_daemon.socket)
-    rows = client.list(ckptd_job(root))
-    latest = client.latest(ckptd_job(root))
-    client.close()
-    assert latest == 4, rows  # iteration 5 never committed
-    assert [(r["step"], r["world_size"]) for r in rows if r["state"] == "COMMITTED"] == [
-        (1, 2),
-        (2, 2),
-        (4, 2),
-    ], rows
+    assert out["latest"] == 4, out  # iteration 5 never committed
+    committed = [(step, world) for step, state, world in out["rows"] if state == "COMMITTED"]
+    assert committed == [(1, 2), (2, 2), (4, 2)], out["rows"]
 
 
 def test_fully_parallel_wrapper_splits_the_replicas(saved: tuple[Path, Any]) -> None:
@@ -157,6 +155,7 @@ def test_load_at_tp1_through_the_registry(loaded: Any) -> None:
     out, _ = loaded
     assert out["bad"] == [] and out["bad2"] == [], out  # iteration 2: the async save's values
     assert out["bad4"] == [], out  # the fully parallel save
+    assert out["bad5"] == [], out  # the killed iteration, saved again by the resumed run
     assert out["plain_bad"] == [], out  # load_plain_tensors: the whole global tensors
     assert out["megatron_before"] == [], out  # `import ckptd, ckptd.torch` imported no Megatron
     assert "rng_state/shard_0.1_1.2" in out["metadata"], out  # load_sharded_metadata
@@ -164,6 +163,7 @@ def test_load_at_tp1_through_the_registry(loaded: Any) -> None:
 
 def test_failures_are_clear_errors(loaded: Any) -> None:
     out, socket = loaded
+    assert out["overwrite_bad"] == [], out  # a directory saved twice holds the second save
     assert out["no_dir"].startswith("CheckpointingException") and "does not exist" in out["no_dir"]
     assert "is not a distributed checkpoint" in out["no_metadata"], out
     assert out["gone"].startswith("NotFoundError") and "step 6" in out["gone"], out

@@ -47,6 +47,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import logging
 import os
 import threading
 from collections.abc import Iterator
@@ -95,6 +96,7 @@ BACKEND = "ckptd"  # metadata.json's sharded_backend
 VERSION = 1
 LINK_FILE = "ckptd.json"  # in the checkpoint directory: {"job": path, "step": n}
 COMMIT_TIMEOUT_MS = 3600 * 1000
+_log = logging.getLogger("ckptd.megatron")
 
 
 def checkpoint_id(checkpoint_dir: str | os.PathLike[str], job: str | None = None) -> str:
@@ -211,6 +213,28 @@ def _finalize(
     os.replace(tmp, link)
 
 
+def _replace_existing(client: ckptd.Client, ckpt: str) -> None:
+    """Rank 0, before a save: a checkpoint already at the id's (job, step) is removed (aborted
+    first while in progress), as torch_dist overwrites the files of the directory it saves into.
+    That is the resume after a killed save: Megatron restarts from the previous iteration and
+    saves this one again, while the daemon holds the killed attempt (ABORTED, or STAGING until
+    its stage timeout). DCP's planning exchange makes every other rank write only after this."""
+    cid = _ids.parse(ckpt)
+    if cid.step is None:
+        return  # a named checkpoint takes the next free step
+    try:
+        state = client.status(cid.job, cid.step)["state"]
+    except ckptd.NotFoundError:
+        return
+    _log.warning(
+        "ckptd.megatron: %s: replacing checkpoint %s step %d (%s)", ckpt, cid.job, cid.step, state
+    )
+    if state not in ("COMMITTED", "ABORTED"):
+        with contextlib.suppress(ckptd.FailedPreconditionError, ckptd.NotFoundError):
+            client.abort(cid.job, cid.step, "replaced by a new save into the same directory")
+    client.delete(cid.job, cid.step)
+
+
 class CkptdSaveShardedStrategy(mcore_torch.TorchDistSaveShardedStrategy):
     """Megatron's torch_dist save strategy writing through ckptd (see the module docstring).
 
@@ -260,6 +284,8 @@ class CkptdSaveShardedStrategy(mcore_torch.TorchDistSaveShardedStrategy):
         planner = mcore_torch.MCoreSavePlanner(
             dedup_replicated_tensors=not self.keep_only_main_replica, flatten_state_dict=False
         )
+        if _rank() == 0:
+            _replace_existing(writer.client, ckpt)
         with _ckptd_errors():
             dcp.save(pyt_state_dict, storage_writer=writer, planner=planner)
         assert writer.job is not None and writer.step is not None
