@@ -24,14 +24,16 @@ parent path encoded as ckptd.torch encodes ids, step = the trailing integer of t
 COMMITTED, rank 0 writes LINK_FILE (ckptd.json: {"job", "step"}) into the directory, before
 Megatron writes metadata.json, and the load strategy reads ckptd's checkpoint from it (so the
 directory may be moved or copied). A directory whose save did not complete has no metadata.json,
-which Megatron refuses to load ("is not a distributed checkpoint").
+which Megatron refuses to load ("is not a distributed checkpoint"). Saving into a directory
+replaces whatever checkpoint its id already names (_replace_existing), as torch_dist overwrites
+the directory's files: a run resumed after a killed save saves that iteration again.
 
 Async. async_save() (dist_checkpointing.save(..., async_sharded_save=True)) plans with every rank
 and hands each rank's shards to the daemon (one copy into its staging arena): when it returns the
 tensors are free to change and the checkpoint completes even if the trainer dies. The
-AsyncRequest's async_fn only waits for COMMITTED (Megatron runs it in a forked process); its
-finalize step, on every rank, checks COMMITTED (raising the ckptd error if the checkpoint failed)
-and writes the link. Megatron's AsyncCallsQueue itself needs CUDA (torch.cuda.synchronize and
+AsyncRequest's async_fn only waits for COMMITTED (Megatron runs it in a forked process, where
+it waits on a pipe: see _wait_committed); its finalize step, on every rank, checks COMMITTED
+(raising the ckptd error if the checkpoint failed) and writes the link. Megatron's AsyncCallsQueue itself needs CUDA (torch.cuda.synchronize and
 CUDA tensors for its all_reduce); the strategy does not.
 
 Failures: the daemon down raises ckptd.UnavailableError naming its socket; a checkpoint missing
