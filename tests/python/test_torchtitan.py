@@ -6,7 +6,7 @@ equal the 2-rank run's. The 1-rank run goes on against a daemon of its own: Torc
 parses the Config; an empty job is a fresh start, Hugging Face exports and initial loads work,
 while a job holding only an uncommitted checkpoint, a missing load_step or
 initial_load_path, a model-only export, a corrupt checkpoint and a killed daemon each give a
-clear error, never a fresh start or a hang."""
+clear error, never a fresh start or a hang; once the daemon is restarted, saving goes on."""
 
 from __future__ import annotations
 
@@ -80,6 +80,7 @@ def runs(tt_daemon: Daemon, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     out = {"train": finish(train, tmp, "train", [0, -9])}
     with own_daemon(flags=FLAGS, staging_bytes=STAGING) as d:
         env = {"CKPTD_STATE_DIR": d.state_dir, "CKPTD_PID": str(d.proc.pid)}
+        env.update(CKPTD_FLAGS=" ".join(FLAGS), CKPTD_STAGING_BYTES=str(STAGING))
         one = start(
             tt_daemon,
             "resume",
@@ -138,3 +139,5 @@ def test_failures_are_clear_errors(runs: dict[str, Any]) -> None:
     for case in ("down_save", "down_build"):
         assert out[case].startswith("UnavailableError"), (case, out)
         assert runs["faults_socket"] in out[case], (case, out)
+    # Restarted: the same manager saves again, and "latest" is that save.
+    assert out["restarted_save"] == "returned None" and out["restarted_latest"] == 3, out

@@ -18,7 +18,7 @@ feeds the same global batch, whatever the world size.
             initial_load_path; a model-only bf16 export; a Hugging Face export and a job
             initialised from it; a job initialised from a local DCP folder; a corrupt
             checkpoint (saved with async_mode "async", its blobs flipped under
-            CKPTD_STATE_DIR); that daemon (CKPTD_PID) killed
+            CKPTD_STATE_DIR); that daemon (CKPTD_PID) killed, then restarted
 
 Rank 0 writes OUT/<tag>.json. Started with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and
 CKPTD_SOCKET set."""
@@ -309,6 +309,17 @@ def faults(job: str, out_dir: Path, socket: str) -> dict[str, Any]:
     os.kill(int(os.environ["CKPTD_PID"]), signal.SIGKILL)
     attempt("down_save", lambda: save_and_wait(corrupt, 2))
     attempt("down_build", lambda: Run(config(job), 0))
+
+    # The daemon restarted on its state dir: the same manager saves again (its client
+    # reconnects) and that save is "latest". The test's fixture removes this daemon's files.
+    from conftest import start_daemon
+
+    flags = os.environ["CKPTD_FLAGS"].split()
+    staging = int(os.environ["CKPTD_STAGING_BYTES"])
+    again = start_daemon(staging, flags, state_dir=os.environ["CKPTD_STATE_DIR"])
+    attempt("restarted_save", lambda: save_and_wait(corrupt, 3))
+    out["restarted_latest"] = client.latest(encode_job(f"{job}/corrupt"))
+    again.proc.kill()
     return out
 
 
