@@ -21,11 +21,12 @@ enable_first_step_checkpoint, load_only) keeps TorchTitan's meaning:
   StorageWriter (every rank stages its own shards, the daemon commits; no rank-0 gather), and
   read back at any world size through its StorageReader. The job path is `job=`, else the
   `folder` (a "ckptd://" folder as it is, a plain one joined to the dump folder).
-- async_mode "disabled": save() returns at COMMITTED. "async": returns once this rank is staged
-  in the daemon's arena (one copy; the checkpoint completes even if the trainer dies next); the
-  next save waits for the commit. "async_with_pinned_mem": the copy into the arena (pinned,
-  shared memory: the daemon's own staging) runs in a background thread while the next step
-  computes; TorchTitan's maybe_wait_for_staging() waits for it before optimizer.step().
+- async_mode "disabled": save() returns at COMMITTED. "async": returns once this rank's shards
+  are copied into the daemon's staging arena and handed to it (once every rank has, the
+  checkpoint completes even if the trainers die); the next save waits for the commit and raises
+  its error. "async_with_pinned_mem": that copy runs in a background thread while the next step
+  computes (the arena is the staging memory: TorchTitan's DefaultStager and checkpoint process
+  are not built); TorchTitan's maybe_wait_for_staging() waits for it before optimizer.step().
 - "latest" (load_step=-1) is the job's newest COMMITTED step: a checkpoint some rank never
   staged, or one a killed run left half-written, is never COMMITTED, so never loaded.
   keep_latest_k keeps that many COMMITTED steps (rank 0 deletes older ones after each save; an
