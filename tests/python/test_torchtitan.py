@@ -27,7 +27,7 @@ from conftest import Daemon, free_port, own_daemon
 
 RIG = Path(__file__).with_name("torchtitan_rig.py")
 JOB = "tt/run"
-FLAGS = ["--ram_tier_keep_per_job=0", "--stage_timeout_ms=3000"]  # loads read the blobs
+FLAGS = ["--ram_tier_keep_per_job=0", "--stage_timeout_ms=10000"]  # loads read the blobs
 STAGING = 512 << 20  # the debug model and its AdamW state: 74 MB a checkpoint
 
 
