@@ -9,12 +9,14 @@ dp) + dp_rank) * tp + tp_rank).
 
     save:   (all ranks) iter_0000001 blocking with ckptd's strategy object; iter_0000002 with
             async_sharded_save=True scheduled on Megatron's AsyncCallsQueue (the tensors zeroed
-            as soon as save() returns); iter_0000001 loaded again in --reload's layout by the
-            same ranks; iter_0000004 at DP=2 through Megatron's FullyParallelSaveStrategyWrapper
-            around ckptd's strategy; iter_0000005 through the registry ("ckptd", 1) with rank 1
-            killed before its shards are staged
+            as soon as save() returns); iter_0000003: a real GPTModel at TP=2; iter_0000001
+            loaded again in --reload's layout by the same ranks; iter_0000004 at DP=2 through
+            Megatron's FullyParallelSaveStrategyWrapper around ckptd's strategy;
+            iter_0000005 through the registry ("ckptd", 1) with rank 1 killed before its
+            shards are staged
     load:   (one rank) iterations 1, 2 and 4 at --layout with no strategy named (the registry,
-            from metadata.json), load_plain_tensors and load_sharded_metadata; iteration 5
+            from metadata.json), load_plain_tensors and load_sharded_metadata; the GPTModel at
+            TP=1, against a TP=1 model of the saving seed; iteration 5
             saved again (the resume after the killed save) and loaded; then, on the faults
             daemon (CKPTD_FAULTS_SOCKET, CKPTD_STATE_DIR, CKPTD_PID) with strategies given its
             socket: a directory saved twice, a missing directory, one without metadata.json, a
@@ -144,6 +146,33 @@ def compare(
     return bad
 
 
+def build_gpt(tp: int, seed: int) -> Any:
+    """A real Megatron-core GPTModel (2 layers, the local layer spec: no Transformer Engine) at
+    tensor-parallel size `tp`, initialized on the CPU: Megatron then draws each weight whole and
+    splits it, so a seed gives the same global weights at every TP size. Every weight + 0.5."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.gpt.gpt_model import GPTModel
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    ps.destroy_model_parallel()
+    ps.initialize_model_parallel(tensor_model_parallel_size=tp)
+    config = TransformerConfig(
+        num_layers=2, hidden_size=16, num_attention_heads=4, use_cpu_initialization=True
+    )
+    torch.manual_seed(seed)
+    model = GPTModel(
+        config=config,
+        transformer_layer_spec=get_gpt_layer_local_spec(),
+        vocab_size=64,
+        max_sequence_length=8,
+    )
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(0.5)
+    return model
+
+
 def parse_layout(s: str) -> tuple[int, int, int]:
     tp, pp, dp = (int(x) for x in s.split(","))
     return tp, pp, dp
@@ -202,6 +231,11 @@ def save(
     mdc.save(sharded_state_dict(layout, rank, 1), str(d1), sharded_strategy=ckm.save_strategy())
     result["async"] = async_save(mdc, sharded_state_dict(layout, rank, 2), str(d2))
     result["files"] = sorted(f.name for f in d1.iterdir())
+    # A real GPTModel's sharded state dict at TP=2 (test_load_at_tp1_... loads it at TP=1).
+    d3 = root / "iter_0000003"
+    d3.mkdir(parents=True, exist_ok=True)
+    gpt_sd = build_gpt(2, 1234).sharded_state_dict()
+    mdc.save(gpt_sd, str(d3), sharded_strategy=ckm.save_strategy())
     loaded = mdc.load(sharded_state_dict(reload, rank, None, layout), str(d1))
     gathered: list[Any] = [None] * world
     torch.distributed.all_gather_object(gathered, compare(reload, rank, loaded, 1, layout))
@@ -260,6 +294,18 @@ def load(
     loaded4 = mdc.load(sharded_state_dict(layout, 0, None, DP2), str(root / "iter_0000004"))
     result["bad4"] = compare(layout, 0, loaded4, 4, DP2)
     result["metadata"] = sorted(mdc.serialization.load_sharded_metadata(d1))
+    # The GPTModel saved at TP=2, loaded into a TP=1 model of another seed, against a TP=1 model
+    # of the saving seed.
+    gpt = build_gpt(1, 99)
+    fresh = {k: v.clone() for k, v in gpt.state_dict().items() if isinstance(v, torch.Tensor)}
+    gpt.load_state_dict(mdc.load(gpt.sharded_state_dict(), str(root / "iter_0000003")))
+    got = gpt.state_dict()
+    reference = {
+        k: v for k, v in build_gpt(1, 1234).state_dict().items() if isinstance(v, torch.Tensor)
+    }
+    result["gpt_tensors"] = len(reference)
+    result["gpt_bad"] = sorted(k for k, v in reference.items() if not torch.equal(got[k], v))
+    result["gpt_differed"] = sum(not torch.equal(fresh[k], v) for k, v in reference.items())
     # The resume after the killed save: iteration 5 saved again into its directory (the daemon
     # still holds the killed attempt), then loaded.
     import ckptd.megatron as ckm

@@ -137,7 +137,7 @@ def test_a_rank_killed_mid_save_is_never_latest(saved: tuple[Path, Any]) -> None
     assert "ckptd.json" not in out["killed_files"], out
     assert out["latest"] == 4, out  # iteration 5 never committed
     committed = [(step, world) for step, state, world in out["rows"] if state == "COMMITTED"]
-    assert committed == [(1, 2), (2, 2), (4, 2)], out["rows"]
+    assert committed == [(1, 2), (2, 2), (3, 2), (4, 2)], out["rows"]
 
 
 def test_fully_parallel_wrapper_splits_the_replicas(saved: tuple[Path, Any]) -> None:
@@ -156,6 +156,16 @@ def test_load_at_tp1_through_the_registry(loaded: Any) -> None:
     assert out["bad"] == [] and out["bad2"] == [], out  # iteration 2: the async save's values
     assert out["bad4"] == [], out  # the fully parallel save
     assert out["bad5"] == [], out  # the killed iteration, saved again by the resumed run
+
+
+def test_gpt_model_saved_at_tp2_loads_at_tp1(loaded: Any) -> None:
+    """A real Megatron-core GPTModel (local layer spec, CPU) saved at TP=2 by the 2-rank run and
+    loaded by a TP=1 model built from another seed: every tensor of its state dict equals a TP=1
+    model of the saving seed (Megatron's CPU initialization draws whole weights, so a seed means
+    the same global weights at any TP size)."""
+    out, _ = loaded
+    assert out["gpt_tensors"] > 20 and out["gpt_bad"] == [], out
+    assert out["gpt_differed"] >= 10, out  # its random weights (embeddings, linears) differed
     assert out["plain_bad"] == [], out  # load_plain_tensors: the whole global tensors
     assert out["megatron_before"] == [], out  # `import ckptd, ckptd.torch` imported no Megatron
     assert "rng_state/shard_0.1_1.2" in out["metadata"], out  # load_sharded_metadata
