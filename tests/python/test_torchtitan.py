@@ -77,7 +77,7 @@ def runs(tt_daemon: Daemon, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     own (which they kill)."""
     tmp = tmp_path_factory.mktemp("tt")
     train = start(tt_daemon, "train", 2, tmp, "train", ASYNC_MODE="async_with_pinned_mem")
-    out = {"train": finish(train, tmp, "train", [0, -9])}
+    out: dict[str, Any] = {"train": finish(train, tmp, "train", [0, -9]), "tmp": tmp}
     with own_daemon(flags=FLAGS, staging_bytes=STAGING) as d:
         env = {"CKPTD_STATE_DIR": d.state_dir, "CKPTD_PID": str(d.proc.pid)}
         env.update(CKPTD_FLAGS=" ".join(FLAGS), CKPTD_STAGING_BYTES=str(STAGING))
@@ -118,6 +118,8 @@ def test_resume_at_another_world_size(runs: dict[str, Any], world: int) -> None:
     assert resumed["loaded"] is True and resumed["step"] == 4, resumed
     assert resumed["lr"] == pytest.approx(saved["lr"]), (resumed, saved)  # the LR schedule
     assert resumed["losses"] == pytest.approx(saved["losses"], rel=1e-5), (resumed, saved)
+    log = (runs["tmp"] / f"resume{world}.rank0.log").read_text()
+    assert "resuming from step 4, the newest COMMITTED one; newer: 6 (" in log  # the killed save
 
 
 def test_failures_are_clear_errors(runs: dict[str, Any]) -> None:

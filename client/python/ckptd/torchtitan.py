@@ -286,6 +286,12 @@ class CkptdCheckpointManager(_DcpCheckpointManager):
                 )
             return self._resume(step)
         if steps:
+            newer = [f"{r['step']} ({r['state']})" for r in rows if int(r["step"]) > steps[-1]]
+            if newer:  # killed mid-save (ABORTED), or damaged (CORRUPT, MISSING): never loaded
+                logger.warning(
+                    f"ckptd job {self.job_path}: resuming from step {steps[-1]}, the newest "
+                    f"COMMITTED one; newer: {', '.join(newer)}"
+                )
             return self._resume(steps[-1])
         if rows:
             states = sorted({str(r["state"]) for r in rows})
