@@ -386,7 +386,8 @@ int Run(const DaemonOptions& o) {
         peer::ReplicatorOptions{
             .node_id = o.node_id,
             .advertise_addr = advertise,
-            .tls = {o.peer_tls_ca_path, o.peer_tls_cert_path, o.peer_tls_key_path}},
+            .tls = {o.peer_tls_ca_path, o.peer_tls_cert_path, o.peer_tls_key_path},
+            .repair_interval = absl::Milliseconds(o.peer_repair_interval_ms)},
         stores->storage.get(), stores->remote.get());
     if (!started.ok()) {
       spdlog::critical("peer tier: {}", started.status().ToString());

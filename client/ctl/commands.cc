@@ -31,7 +31,8 @@ absl::Status PrintJson(const google::protobuf::Message& msg) {
 // (pending)", "local,remote (retrying, 3 failed: <error>)"; a checkpoint spanning nodes whose
 // blobs peers hold "peer (node-b, node-c)" ("; degraded: N blobs on no peer"), committed at the
 // peer tier "local (this node's part),peer (node-b, node-c)" (and, its own blobs uploaded
-// under remote_every, "remote (this node's part)").
+// under remote_every, "remote (this node's part)"; this node's part copied again by repair
+// "peer (node-b, node-c; this node's part on node-d)", short of copies "...; degraded: <why>").
 std::string TiersString(const v1::Tiers& t) {
   std::vector<std::string> parts;
   if (t.staged()) parts.push_back("staged");
@@ -43,6 +44,11 @@ std::string TiersString(const v1::Tiers& t) {
     if (t.blobs_without_peer_copy() > 0) {
       absl::StrAppend(&peers, "; degraded: ", t.blobs_without_peer_copy(), " blobs on no peer");
     }
+    if (t.part_peers_size() > 0 || !t.peer_degraded().empty()) {
+      absl::StrAppend(&peers, "; this node's part on ",
+                      t.part_peers_size() > 0 ? absl::StrJoin(t.part_peers(), ", ") : "no peer");
+    }
+    if (!t.peer_degraded().empty()) absl::StrAppend(&peers, "; degraded: ", t.peer_degraded());
     parts.push_back(peers + ")");
   }
   const v1::Upload& u = t.upload();

@@ -397,6 +397,9 @@ absl::Status DaemonOptions::ValidateTiers() const {
   }
   CKPTD_RETURN_IF_ERROR(Range("gc_interval_ms", gc_interval_ms, 1000, 86'400'000));
   CKPTD_RETURN_IF_ERROR(Range("cluster_poll_ms", cluster_poll_ms, 10, 60'000));
+  if (peer_repair_interval_ms != 0) {
+    CKPTD_RETURN_IF_ERROR(Range("peer_repair_interval_ms", peer_repair_interval_ms, 50, 3'600'000));
+  }
   CKPTD_RETURN_IF_ERROR(Range("store_discovery_wait_ms", store_discovery_wait_ms, 0, 600'000));
 
   return Range("upload_retry_max_ms", upload_retry_max_ms, 1000, 3'600'000);

@@ -244,6 +244,10 @@ struct DaemonOptions {
   // of this node's part of each checkpoint spanning nodes (0: none). Needs peer_listen_addr and
   // a remote tier (the peers register there). Default: 1
   uint64_t peer_replicas = 1;
+  // Repair (docs/PEERS.md "Repair"): how often this node checks that the peers holding its part
+  // of each job's newest checkpoint committed at the peer tier still hold it, and copies it to
+  // the next nodes when one lost it (0: never). Default: 5000
+  uint64_t peer_repair_interval_ms = 5000;
   // host:port other daemons reach this one's peer listener at (registered on the shared tier);
   // empty: peer_listen_addr. Default: "" (peer_listen_addr)
   std::string peer_advertise_addr;

@@ -331,6 +331,11 @@ const std::vector<OptionDef>& OptionDefs() {
        "[peers](PEERS.md#replication): how many other nodes' peer stores receive a copy of this "
        "node's part of each checkpoint spanning nodes; 0: none",
        IntField(&O::peer_replicas, "peer_replicas")},
+      {"peer_repair_interval_ms", "how often this node checks its peers still hold its part",
+       "[peers](PEERS.md#repair): how often this node checks that the peers holding its part "
+       "of each job's newest checkpoint committed at the peer tier still hold it, and copies "
+       "it to the next nodes when one lost it; 0: never",
+       IntField(&O::peer_repair_interval_ms, "peer_repair_interval_ms")},
       {"peer_advertise_addr", "host:port other daemons reach this peer listener at",
        "[peers](PEERS.md#replication): host:port other daemons reach this daemon's peer "
        "listener at, registered on the shared tier; empty: `peer_listen_addr`",

@@ -9,9 +9,11 @@
 #include <signal.h>
 
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <thread>
 
 #include "ckptd/v1/manifest.pb.h"
 #include "harness.h"
@@ -497,4 +499,129 @@ TEST_CASE("peers: a node killed right after its commit at the peer tier keeps it
     CHECK(up.ok());
   }
   CHECK(client->Latest(kJob, ckptd::Durability::kStore).value_or(0) == 1);
+}
+
+namespace {
+
+// `ckptctl status JOB 1` on `d` until its output has `want` (repair runs every 100 ms here);
+// the last output, whether it appeared or not.
+std::string StatusUntil(Daemon& d, const std::string& want, int timeout_ms = 20000) {
+  std::string out;
+  for (int waited = 0; waited < timeout_ms; waited += 100) {
+    out = RunCtl(d, {"status", kJob, "1"}).output;
+    if (out.find(want) != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return out;
+}
+
+void SaveAcrossAB(Daemon& a, Daemon& b, int seed) {
+  auto ca = ConnectNode(a, 2, ckptd::TierPolicy::kLocalAndPeer);
+  auto cb = ConnectNode(b, 2, ckptd::TierPolicy::kLocalAndPeer);
+  REQUIRE(ca != nullptr);
+  REQUIRE(cb != nullptr);
+  for (uint32_t r : {0u, 1u}) REQUIRE(SaveRank(*ca, kJob, 1, r, 4, seed).ok());
+  for (uint32_t r : {2u, 3u}) REQUIRE(SaveRank(*cb, kJob, 1, r, 4, seed).ok());
+  for (auto* cl : {ca.get(), cb.get()}) {
+    absl::Status committed = cl->WaitCommitted(kJob, 1, 30000);
+    INFO(committed.ToString() << "\nnode a:\n" << a.Log() << "\nnode b:\n" << b.Log());
+    REQUIRE(committed.ok());
+  }
+}
+
+void Lose(std::unique_ptr<Daemon>& d) {
+  const std::string state = d->state_dir();
+  REQUIRE(kill(d->pid(), SIGKILL) == 0);
+  d->WaitExit(10000);
+  d.reset();
+  std::filesystem::remove_all(state);
+}
+
+}  // namespace
+
+// Issue 35 §2 (docs/PEERS.md "Repair"): a peer that leaves is replaced. Node a's part of a
+// checkpoint committed at the peer tier is on node b; b is lost, and a copies its part to the
+// next node, c, within a few repair intervals, recording the new holder on the store. Then a is
+// lost too: c alone still serves every rank (a's part through the record, b's through the
+// manifest), so a replacement of a loads the whole checkpoint bit-exact, from peers only.
+TEST_CASE("peers: repair copies a node's part to the next node once its peer is lost",
+          "[integration][peer][multinode]") {
+  TempDir dir;
+  std::filesystem::create_directories(dir.path() + "/shared");
+  const std::string shared = dir.path() + "/shared";
+  auto flags = [&](const std::string& node) {
+    return Flags(shared, node, 1, "local+peer", {"--peer_repair_interval_ms=100"});
+  };
+  auto a = std::make_unique<Daemon>(DaemonConfig{.extra_flags = flags("node-a")});
+  auto b = std::make_unique<Daemon>(DaemonConfig{.extra_flags = flags("node-b")});
+  auto c = std::make_unique<Daemon>(DaemonConfig{.extra_flags = flags("node-c")});
+  SaveAcrossAB(*a, *b, 97);
+  const std::string record = shared + "/" + kJob + "/" + StepDir(1) + "/cluster/node-a.copies";
+  // Healthy: the part is where the manifest says, and nothing was recorded.
+  std::string healthy = StatusUntil(*a, "this node's part on node-b");
+  INFO(healthy);
+  CHECK(healthy.find("this node's part on node-b") != std::string::npos);
+  CHECK(healthy.find("degraded") == std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(record));
+
+  Lose(b);
+  std::string repaired = StatusUntil(*a, "this node's part on node-c");
+  INFO(repaired << "\n" << a->Log());
+  REQUIRE(repaired.find("this node's part on node-c") != std::string::npos);
+  CHECK(repaired.find("degraded") == std::string::npos);
+  CHECK(a->Log().find("copied again: on node-c") != std::string::npos);
+  REQUIRE(std::filesystem::exists(record));
+
+  // Node a lost as well: node c holds both parts.
+  Lose(a);
+  Daemon a2(DaemonConfig{.extra_flags = flags("node-a")});
+  WholeTensor w;
+  auto r = a2.Connect()->Load(kJob, 1, 0, w.targets);
+  INFO(a2.Log());
+  REQUIRE(r.ok());
+  CHECK(r->bytes_read_remote == 0);
+  CHECK(r->bytes_read_peer == r->bytes_read);
+  CHECK(w.got == GlobalBytes(w.t, 97));
+  CHECK(VerifyInProcess(a2, kJob, 1, 97) == "");
+}
+
+// The part is degraded while no node can take it: node a's only peer, b, is lost and there is no
+// other node; the status says so, naming the lost holder. b comes back (restarted on its state
+// dir: a peer store is memory only, so it holds nothing): a copies its part to b again, and it is
+// no longer degraded. The new copy is dropped by the checkpoint's Delete.
+TEST_CASE("peers: a part with no node to take its copy is degraded until one comes back",
+          "[integration][peer][multinode]") {
+  TempDir dir;
+  std::filesystem::create_directories(dir.path() + "/shared");
+  const std::string shared = dir.path() + "/shared";
+  auto flags = [&](const std::string& node) {
+    return Flags(shared, node, 1, "local+peer", {"--peer_repair_interval_ms=100"});
+  };
+  auto a = std::make_unique<Daemon>(DaemonConfig{.extra_flags = flags("node-a")});
+  auto b = std::make_unique<Daemon>(DaemonConfig{.extra_flags = flags("node-b")});
+  SaveAcrossAB(*a, *b, 98);
+  b->Kill9();
+  std::string degraded = StatusUntil(*a, "degraded: 0 of 1 peer copies");
+  INFO(degraded << "\n" << a->Log());
+  REQUIRE(degraded.find("this node's part on no peer; degraded: 0 of 1 peer copies; lost: "
+                        "node-b") != std::string::npos);
+  b->Restart(flags("node-b"));
+  std::string back = StatusUntil(*a, "this node's part on node-b)");
+  INFO(back << "\n" << a->Log());
+  REQUIRE(back.find("this node's part on node-b)") != std::string::npos);
+  CHECK(back.find("degraded") == std::string::npos);
+  CHECK(a->Log().find("copied again: on node-b") != std::string::npos);
+
+  // A restart of node a reads where its copies are from the store's record, and keeps checking.
+  a->Kill9();
+  a->Restart(flags("node-a"));
+  std::string restarted = StatusUntil(*a, "this node's part on node-b)");
+  INFO(restarted << "\n" << a->Log());
+  CHECK(restarted.find("this node's part on node-b)") != std::string::npos);
+
+  // The Delete drops the copy repair placed (b's peer store holds none of a's afterwards).
+  CommandResult del = RunCtl(*a, {"rm", kJob, "1"});
+  INFO(del.output);
+  REQUIRE(del.exit_code == 0);
+  CHECK(RunCtl(*a, {"status", kJob, "1"}).output.find("this node's part") == std::string::npos);
 }

@@ -85,6 +85,8 @@ CheckpointInfo FromProto(const v1::CheckpointSummary& s) {
   info.tiers.ram_bytes = s.tiers().ram_bytes();
   info.tiers.peer_nodes.assign(s.tiers().peer_nodes().begin(), s.tiers().peer_nodes().end());
   info.tiers.blobs_without_peer_copy = s.tiers().blobs_without_peer_copy();
+  info.tiers.part_peers.assign(s.tiers().part_peers().begin(), s.tiers().part_peers().end());
+  info.tiers.peer_degraded = s.tiers().peer_degraded();
   info.tiers.local_part = s.tiers().local_part();
   if (s.tiers().has_upload()) {
     const v1::Upload& u = s.tiers().upload();

@@ -67,12 +67,13 @@ py::dict InfoDict(const CheckpointInfo& c) {
   d["state"] = CheckpointStateName(c.state);
   d["world_size"] = c.world_size;
   d["bytes"] = c.bytes;
-  d["tiers"] =
-      py::dict(py::arg("staged") = c.tiers.staged, py::arg("ram") = c.tiers.ram,
-               py::arg("ram_bytes") = c.tiers.ram_bytes, py::arg("local") = c.tiers.local,
-               py::arg("remote") = c.tiers.remote, py::arg("peer_nodes") = c.tiers.peer_nodes,
-               py::arg("blobs_without_peer_copy") = c.tiers.blobs_without_peer_copy,
-               py::arg("local_part") = c.tiers.local_part);
+  d["tiers"] = py::dict(
+      py::arg("staged") = c.tiers.staged, py::arg("ram") = c.tiers.ram,
+      py::arg("ram_bytes") = c.tiers.ram_bytes, py::arg("local") = c.tiers.local,
+      py::arg("remote") = c.tiers.remote, py::arg("peer_nodes") = c.tiers.peer_nodes,
+      py::arg("blobs_without_peer_copy") = c.tiers.blobs_without_peer_copy,
+      py::arg("local_part") = c.tiers.local_part, py::arg("part_peers") = c.tiers.part_peers,
+      py::arg("peer_degraded") = c.tiers.peer_degraded);
   if (c.tiers.upload.state != UploadProgress::kNone) {
     static const char* kStates[] = {"none", "pending", "running", "retrying", "durable", "refused"};
     const UploadProgress& u = c.tiers.upload;

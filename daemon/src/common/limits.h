@@ -254,6 +254,10 @@ inline constexpr uint64_t kPeerReplicasMax = 8;
 inline constexpr uint64_t kPeerRegistryNodesMax = 16384;
 inline constexpr uint64_t kPeerRegistrationBytesMax = 4096;
 inline constexpr uint64_t kPeerCallTimeoutMs = uint64_t{10} * 60 * 1000;
+// Repair (peer/replicator.h): one check of what a holder holds (HeldBlobs), and the bytes of a
+// node's record of its part's holders on the shared tier.
+inline constexpr uint64_t kPeerCheckTimeoutMs = 5000;
+inline constexpr uint64_t kNodeCopiesBytesMax = 4096;
 static_assert(kPeerChunkBytes <= kPeerChunkBytesMax);
 static_assert(kPeerChunkBytesMax + 64 * kKiB <= kPeerMessageBytesMax);
 static_assert(kPeerBlockCrcsPerBlobMax * 4 + 4 * kMiB <= kPeerMessageBytesMax);

@@ -93,6 +93,10 @@ std::string NodeUploadedPath(const std::string& dir, const std::string& node) {
   return absl::StrCat(dir, "/cluster/", node, ".uploaded");
 }
 
+std::string NodeCopiesPath(const std::string& dir, const std::string& node) {
+  return absl::StrCat(dir, "/cluster/", node, kNodeCopiesSuffix);
+}
+
 bool IsBlobFileName(std::string_view name) {
   absl::string_view digits(name.data(), name.size());
   if (!absl::ConsumePrefix(&digits, "r") || !absl::ConsumeSuffix(&digits, ".blob")) return false;

@@ -47,6 +47,10 @@ std::string BlobName(uint32_t rank);
 // "<dir>/cluster/<node>.uploaded": on the store, beside the node parts of a checkpoint committed
 // at the peer tier, written once `node` has copied its own blobs there (remote_every).
 std::string NodeUploadedPath(const std::string& dir, const std::string& node);
+// "<dir>/cluster/<node>.copies": on the store, the peers holding `node`'s part now
+// (v1::NodeCopies), once that node copied its part again after a peer lost it.
+std::string NodeCopiesPath(const std::string& dir, const std::string& node);
+inline constexpr char kNodeCopiesSuffix[] = ".copies";
 // `name` is exactly "r" + 5 or more digits + ".blob" (a name BlobName gives).
 bool IsBlobFileName(std::string_view name);
 

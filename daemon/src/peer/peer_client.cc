@@ -1,5 +1,6 @@
 #include "peer/peer_client.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -170,6 +171,25 @@ absl::StatusOr<v1::PeerDropResponse> Client::DropBlobs(const std::string& job, u
     return st;
   }
   return resp;
+}
+
+absl::StatusOr<std::map<std::string, uint64_t>> Client::HeldBlobs(const std::string& job,
+                                                                  uint64_t step) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx,
+              std::min(options_.call_timeout, absl::Milliseconds(limits::kPeerCheckTimeoutMs)));
+  v1::PeerHeldRequest req;
+  req.set_node_id(options_.self_node_id);
+  req.set_job(job);
+  req.set_step(step);
+  v1::PeerHeldResponse resp;
+  auto stub = v1::Peer::NewStub(channel_);
+  if (absl::Status st = FromGrpc(stub->HeldBlobs(&ctx, req, &resp), options_); !st.ok()) {
+    return st;
+  }
+  std::map<std::string, uint64_t> held;
+  for (const v1::PeerHeldBlob& b : resp.blobs()) held[b.blob()] = b.total_bytes();
+  return held;
 }
 
 }  // namespace ckptd::peer

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -67,6 +68,9 @@ class Client {
   absl::Status GetBlob(const std::string& origin_node, const std::string& job, uint64_t step,
                        const std::string& blob, uint64_t offset, std::span<char> out);
   absl::StatusOr<v1::PeerDropResponse> DropBlobs(const std::string& job, uint64_t step);
+  // The copies of (job, step) this daemon placed on the peer that it holds whole: blob -> bytes
+  // (within kPeerCheckTimeoutMs: a holder that does not answer in time lost them, for repair).
+  absl::StatusOr<std::map<std::string, uint64_t>> HeldBlobs(const std::string& job, uint64_t step);
 
   const ClientOptions& options() const { return options_; }
 

@@ -137,6 +137,17 @@ class Service final : public v1::Peer::Service {
     return grpc::Status::OK;
   }
 
+  grpc::Status HeldBlobs(grpc::ServerContext* ctx, const v1::PeerHeldRequest* req,
+                         v1::PeerHeldResponse* resp) override {
+    if (absl::Status st = Authenticate(ctx, req->node_id()); !st.ok()) return ToGrpc(st);
+    for (const auto& [blob, bytes] : store_->Held(req->node_id(), req->job(), req->step())) {
+      v1::PeerHeldBlob* b = resp->add_blobs();
+      b->set_blob(blob);
+      b->set_total_bytes(bytes);
+    }
+    return grpc::Status::OK;
+  }
+
  private:
   // [offset, end) of a GetBlob of a blob of `size` bytes (length 0: to its end).
   static absl::StatusOr<std::pair<uint64_t, uint64_t>> RangeOf(const v1::PeerGetRequest& req,

@@ -269,6 +269,22 @@ absl::StatusOr<std::shared_ptr<const StoredBlob>> Store::Find(const BlobKey& key
   return it->second;
 }
 
+std::vector<std::pair<std::string, uint64_t>> Store::Held(const std::string& origin_node,
+                                                          const std::string& job,
+                                                          uint64_t step) const {
+  std::vector<std::pair<std::string, uint64_t>> held;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [k, blob] : blobs_) {
+      if (k.origin_node == origin_node && k.job == job && k.step == step) {
+        held.emplace_back(k.blob, blob->header.total_bytes);
+      }
+    }
+  }
+  std::sort(held.begin(), held.end());
+  return held;
+}
+
 Store::DropResult Store::Drop(const std::string& origin_node, const std::string& job,
                               uint64_t step) {
   DropResult result;

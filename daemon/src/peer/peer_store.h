@@ -151,6 +151,10 @@ class Store {
 
   // The stored copy, or NOT_FOUND naming the key.
   absl::StatusOr<std::shared_ptr<const StoredBlob>> Find(const BlobKey& key) const;
+  // The stored copies of (origin_node, job, step): (blob, total bytes), sorted by blob (copies
+  // still arriving are not listed).
+  std::vector<std::pair<std::string, uint64_t>> Held(const std::string& origin_node,
+                                                     const std::string& job, uint64_t step) const;
   // Drops every copy of (origin_node, job, step); puts of it in flight store nothing.
   DropResult Drop(const std::string& origin_node, const std::string& job, uint64_t step);
   Usage usage() const;

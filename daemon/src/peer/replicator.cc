@@ -2,10 +2,14 @@
 
 #include <algorithm>
 #include <cctype>
+#include <set>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "ckptd/status.h"
+#include "ckptd/v1/cluster.pb.h"
 #include "ckptd/v1/peer.pb.h"
 #include "common/align.h"
 #include "format/manifest.h"
@@ -48,6 +52,25 @@ absl::StatusOr<BlobPath> ParseBlobPath(const std::string& path) {
     return absl::NotFoundError(absl::StrCat("peers hold blobs of checkpoints only, not ", path));
   }
   return BlobPath{parts[0], *step, parts[2]};
+}
+
+// `node`'s record of where its part of the checkpoint in `dir` is copied now (v1::NodeCopies),
+// or none. DATA_LOSS for a record that is not one of (job, step, node).
+absl::StatusOr<std::optional<v1::NodeCopies>> ReadNodeCopies(Storage* shared,
+                                                             const std::string& job, uint64_t step,
+                                                             const std::string& node) {
+  const std::string path = NodeCopiesPath(CheckpointDir(job, step), node);
+  absl::StatusOr<std::string> bytes = shared->Get(path);
+  if (absl::IsNotFound(bytes.status())) return std::nullopt;
+  CKPTD_RETURN_IF_ERROR(bytes.status());
+  v1::NodeCopies rec;
+  if (bytes->size() > limits::kNodeCopiesBytesMax || !rec.ParseFromString(*bytes) ||
+      rec.node() != node || rec.job() != job || rec.step() != step) {
+    return absl::DataLossError(absl::StrCat(shared->Describe(), "/", path,
+                                            " is not a record of node ", node, "'s copies of ", job,
+                                            "/", step));
+  }
+  return rec;
 }
 
 }  // namespace
@@ -157,22 +180,54 @@ class Replicator::Reader : public Storage {
     {
       absl::MutexLock lock(&mu_);
       auto it = cache_.find(key);
-      if (it != cache_.end()) return Find(it->second, p);
+      // Read again after a while: repair may have moved a node's copies since.
+      if (it != cache_.end() && absl::Now() - it->second.read < kRegistryRefresh) {
+        return Find(it->second.blobs, p);
+      }
     }
-    const std::string path = absl::StrCat(CheckpointDir(p.job, p.step), "/", kManifestFileName);
+    const std::string dir = CheckpointDir(p.job, p.step);
+    const std::string path = absl::StrCat(dir, "/", kManifestFileName);
     CKPTD_ASSIGN_OR_RETURN(std::string bytes, shared_->Get(path));
     CKPTD_ASSIGN_OR_RETURN(Manifest m, DecodeManifest(bytes, path));
+    const std::map<std::string, std::vector<std::string>> moved = MovedCopies(p, dir);
     std::map<std::string, Holders> blobs;
     for (const v1::BlobInfo& b : m.header.blobs()) {
+      auto r = moved.find(b.node());
       Holders& h = blobs[b.name()] =
-          Holders{b.node(), {b.peers().begin(), b.peers().end()}, b.size_bytes()};
+          r != moved.end()
+              ? Holders{b.node(), r->second, b.size_bytes()}
+              : Holders{b.node(), {b.peers().begin(), b.peers().end()}, b.size_bytes()};
       // Then the blob's own node, which serves it from its local storage (committed at the peer
       // tier, it keeps its own blobs: peer/peer_server.h) — never this node itself.
       if (!b.node().empty() && b.node() != r_->node_id()) h.peers.push_back(b.node());
     }
     absl::MutexLock lock(&mu_);
     if (cache_.size() >= kCachedMax) cache_.clear();
-    return Find(cache_[key] = std::move(blobs), p);
+    Cached& c = cache_[key] = Cached{absl::Now(), std::move(blobs)};
+    return Find(c.blobs, p);
+  }
+  // The nodes whose part repair copied again since the manifest (their <node>.copies records on
+  // the shared tier): node -> its holders now. A record that does not verify is skipped (the
+  // manifest's holders are tried for that node's blobs).
+  std::map<std::string, std::vector<std::string>> MovedCopies(const BlobPath& p,
+                                                              const std::string& dir) {
+    std::map<std::string, std::vector<std::string>> moved;
+    absl::StatusOr<std::vector<std::string>> names = shared_->List(absl::StrCat(dir, "/cluster"));
+    if (!names.ok()) return moved;
+    for (const std::string& name : *names) {
+      absl::string_view node = name;
+      if (!absl::ConsumeSuffix(&node, kNodeCopiesSuffix) || !IsNodeId(std::string(node))) {
+        continue;
+      }
+      absl::StatusOr<std::optional<v1::NodeCopies>> rec =
+          ReadNodeCopies(shared_, p.job, p.step, std::string(node));
+      if (!rec.ok()) {
+        spdlog::warn("peer tier: {}", rec.status().ToString());
+      } else if (rec->has_value()) {
+        moved[std::string(node)] = {(*rec)->replica_nodes().begin(), (*rec)->replica_nodes().end()};
+      }
+    }
+    return moved;
   }
   static absl::StatusOr<Holders> Find(const std::map<std::string, Holders>& blobs,
                                       const BlobPath& p) {
@@ -184,20 +239,34 @@ class Replicator::Reader : public Storage {
     return it->second;
   }
 
+  struct Cached {
+    absl::Time read;
+    std::map<std::string, Holders> blobs;
+  };
   Replicator* const r_;
   Storage* const shared_;
   absl::Mutex mu_;
-  std::map<std::pair<std::string, uint64_t>, std::map<std::string, Holders>> cache_
-      ABSL_GUARDED_BY(mu_);
+  std::map<std::pair<std::string, uint64_t>, Cached> cache_ ABSL_GUARDED_BY(mu_);
 };
 
 Replicator::Replicator(ReplicatorOptions options, Storage* local, Storage* shared)
     : options_(std::move(options)),
       local_(local),
       shared_(shared),
-      reader_(std::make_unique<Reader>(this, shared)) {}
+      reader_(std::make_unique<Reader>(this, shared)) {
+  if (options_.repair_interval > absl::ZeroDuration()) {
+    repairer_ = std::thread([this] { RepairLoop(); });
+  }
+}
 
-Replicator::~Replicator() = default;
+Replicator::~Replicator() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    wake_.SignalAll();
+  }
+  if (repairer_.joinable()) repairer_.join();
+}
 
 Storage* Replicator::reader() { return reader_.get(); }
 
@@ -344,7 +413,18 @@ absl::StatusOr<std::vector<std::string>> Replicator::Replicate(
 
 void Replicator::Drop(const std::string& job, uint64_t step,
                       const std::vector<std::string>& nodes) {
-  for (const std::string& node : nodes) {
+  std::set<std::string> all(nodes.begin(), nodes.end());
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = watched_.find(job);
+    if (it != watched_.end() && it->second.part.step == step) {
+      all.insert(it->second.copies.holders.begin(), it->second.copies.holders.end());
+      all.insert(it->second.part.holders.begin(), it->second.part.holders.end());
+      watched_.erase(it);
+    }
+  }
+  all.erase(options_.node_id);
+  for (const std::string& node : all) {
     absl::StatusOr<std::shared_ptr<Client>> c = ClientFor(node);
     absl::Status st = c.ok() ? (*c)->DropBlobs(job, step).status() : c.status();
     if (!st.ok()) {
@@ -352,6 +432,159 @@ void Replicator::Drop(const std::string& job, uint64_t step,
                    job, step, node, st.ToString());
     }
   }
+}
+
+void Replicator::Watch(Part part) {
+  absl::MutexLock lock(&mu_);
+  auto it = watched_.find(part.job);
+  if (it != watched_.end() && it->second.part.step > part.step) return;
+  Watched& w = watched_[part.job];
+  w.copies = Copies{part.holders, ""};
+  w.record_read = false;
+  w.part = std::move(part);
+}
+
+std::optional<PeerTier::Copies> Replicator::CopiesOf(const std::string& job, uint64_t step) {
+  absl::MutexLock lock(&mu_);
+  auto it = watched_.find(job);
+  if (it == watched_.end() || it->second.part.step != step) return std::nullopt;
+  return it->second.copies;
+}
+
+void Replicator::RepairLoop() {
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (!stopping_) wake_.WaitWithTimeout(&mu_, options_.repair_interval);
+      if (stopping_) return;
+    }
+    RepairPass();
+  }
+}
+
+void Replicator::RepairPass() {
+  std::vector<Watched> parts;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [job, w] : watched_) parts.push_back(w);
+  }
+  for (Watched& w : parts) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) return;
+    }
+    const std::string job = w.part.job;
+    const uint64_t step = w.part.step;
+    Copies now = Repair(std::move(w));
+    absl::MutexLock lock(&mu_);
+    auto it = watched_.find(job);
+    if (it == watched_.end() || it->second.part.step != step) continue;  // replaced, or dropped
+    it->second.copies = std::move(now);
+    it->second.record_read = true;
+  }
+}
+
+std::vector<std::string> Replicator::LiveHolders(const Part& part,
+                                                 const std::vector<std::string>& holders,
+                                                 std::vector<std::string>* lost) {
+  std::vector<std::string> live;
+  for (const std::string& node : holders) {
+    absl::StatusOr<std::shared_ptr<Client>> c = ClientFor(node);
+    absl::StatusOr<std::map<std::string, uint64_t>> held =
+        c.ok() ? (*c)->HeldBlobs(part.job, part.step) : c.status();
+    if (!held.ok()) {
+      lost->push_back(absl::StrCat(node, " (", held.status().message(), ")"));
+      continue;
+    }
+    size_t missing = 0;
+    for (const auto& [blob, size] : part.blobs) {
+      auto h = held->find(blob);
+      // A blob of 0 bytes was never written (its rank stored only replicas): nothing to hold.
+      if (size > 0 && (h == held->end() || h->second != size)) ++missing;
+    }
+    if (missing == 0) {
+      live.push_back(node);
+    } else {
+      lost->push_back(absl::StrCat(node, " (holds ", part.blobs.size() - missing, " of ",
+                                   part.blobs.size(), " blobs)"));
+    }
+  }
+  return live;
+}
+
+PeerTier::Copies Replicator::Repair(Watched w) {
+  const Part& part = w.part;
+  const std::string what = absl::StrCat(part.job, "/", part.step);
+  std::vector<std::string> holders = w.copies.holders;
+  if (!w.record_read) {  // after a restart: where an earlier repair moved the copies
+    absl::StatusOr<std::optional<v1::NodeCopies>> rec =
+        ReadNodeCopies(shared_, part.job, part.step, options_.node_id);
+    if (rec.ok() && rec->has_value()) {
+      holders.assign((*rec)->replica_nodes().begin(), (*rec)->replica_nodes().end());
+    }
+  }
+  std::vector<std::string> lost;
+  std::vector<std::string> live = LiveHolders(part, holders, &lost);
+  if (live.size() >= part.replicas) return Copies{live, ""};
+  if (!lost.empty()) {
+    spdlog::warn(
+        "peer tier: this node's part of {} lost its copy on {}; copying it to the next "
+        "nodes",
+        what, absl::StrJoin(lost, ", "));
+  }
+  std::vector<std::string> failed;
+  absl::StatusOr<std::map<std::string, std::string>> registry = Registry();
+  std::vector<std::string> ids;
+  if (registry.ok()) {
+    for (const auto& [node, address] : *registry) ids.push_back(node);
+  } else {
+    failed.push_back(std::string(registry.status().message()));
+  }
+  bool moved = false;
+  for (const std::string& node : PlacementOrder(ids, options_.node_id)) {
+    if (live.size() >= part.replicas) break;
+    if (std::find(live.begin(), live.end(), node) != live.end()) continue;
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) break;
+    }
+    bool local_failure = false;
+    absl::Status st = CopyPart(node, part.job, part.step, part.dir, part.blobs, &local_failure);
+    if (st.ok()) {
+      live.push_back(node);
+      moved = true;
+      continue;
+    }
+    failed.push_back(absl::StrCat(node, ": ", st.message()));
+    if (local_failure) break;  // this node's own copy cannot be read: no other node changes it
+  }
+  std::string degraded;
+  if (moved || live != holders) {
+    v1::NodeCopies rec;
+    rec.set_format_version(1);
+    rec.set_job(part.job);
+    rec.set_step(part.step);
+    rec.set_node(options_.node_id);
+    for (const std::string& n : live) rec.add_replica_nodes(n);
+    rec.set_written_unix_ms(static_cast<uint64_t>(absl::ToUnixMillis(absl::Now())));
+    absl::Status st =
+        shared_->PutAtomic(NodeCopiesPath(part.dir, options_.node_id), rec.SerializeAsString());
+    if (!st.ok()) {
+      degraded = absl::StrCat("recording its holders on ", shared_->Describe(),
+                              " failed (retried): ", st.message());
+    }
+  }
+  if (live.size() < part.replicas) {
+    degraded = absl::StrCat(
+        live.size(), " of ", part.replicas, " peer copies",
+        lost.empty() ? "" : absl::StrCat("; lost: ", absl::StrJoin(lost, ", ")),
+        failed.empty() ? "" : absl::StrCat("; copying (retried): ", absl::StrJoin(failed, "; ")));
+    spdlog::warn("peer tier: this node's part of {} is degraded: {}", what, degraded);
+  } else if (moved) {
+    spdlog::info("peer tier: this node's part of {} is copied again: on {}", what,
+                 absl::StrJoin(live, ", "));
+  }
+  return Copies{live, degraded};
 }
 
 }  // namespace ckptd::peer

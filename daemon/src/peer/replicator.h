@@ -19,6 +19,18 @@
 //    dropped, peer/peer_store.h) and the next candidate is tried from that blob's first byte on.
 //  - Readers (reader()'s BlobReaders) hold their peer's client; a peer that dies mid-read fails
 //    that read (UNAVAILABLE) and the reader moves to the next holder of the blob.
+//  - Watched parts (Watch): one per job, its newest step's; owned here. A part's life ends when a
+//    newer step of its job is watched, by Drop (the checkpoint's Delete) or with the Replicator.
+//  - The repair thread (docs/PEERS.md "Repair"), started when repair_interval is not zero and
+//    joined by the destructor (a pass in flight ends its current call first: each check is
+//    bounded by kPeerCheckTimeoutMs, each copy by kPeerCallTimeoutMs). Every interval it asks
+//    each watched part's holders what they hold (HeldBlobs); a holder that does not answer, or
+//    holds less than the whole part, lost it, and the part is copied to the next nodes in
+//    placement order (skipping those still holding it) until `replicas` hold it. The new holders
+//    are written to <dir>/cluster/<node>.copies on the shared tier (PutAtomic; the part's own
+//    node is its only writer; it goes with the checkpoint's directory at Delete), which every
+//    reader takes over the manifest's peers for this node's blobs. A holder that comes back
+//    holding the part again is counted again: nothing is ever copied twice to one node.
 //
 // When the other side lies: every block a peer sends back is verified by the loader against the
 // manifest's checksums (the peer store also verified it on arrival); a peer answering bad bytes
@@ -31,7 +43,9 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -52,6 +66,7 @@ struct ReplicatorOptions {
   std::string advertise_addr;  // host:port registered for the other daemons
   TlsFiles tls;
   uint64_t chunk_bytes = limits::kPeerChunkBytes;
+  absl::Duration repair_interval = absl::ZeroDuration();  // 0: no repair thread
 };
 
 class Replicator : public PeerTier {
@@ -68,6 +83,11 @@ class Replicator : public PeerTier {
       const std::vector<std::pair<std::string, uint64_t>>& blobs, uint32_t replicas) override;
   Storage* reader() override;
   void Drop(const std::string& job, uint64_t step, const std::vector<std::string>& nodes) override;
+  void Watch(Part part) override ABSL_LOCKS_EXCLUDED(mu_);
+  std::optional<Copies> CopiesOf(const std::string& job, uint64_t step) override
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // One repair pass over every watched part, now (the repair thread's body; tests call it).
+  void RepairPass() ABSL_LOCKS_EXCLUDED(mu_);
 
   // The registered nodes (node id -> address), read again when older than kRegistryRefresh or
   // `fresh`.
@@ -83,6 +103,11 @@ class Replicator : public PeerTier {
 
  private:
   class Reader;
+  struct Watched {
+    Part part;
+    Copies copies;
+    bool record_read = false;  // the store's record of the holders was read (after a restart)
+  };
   Replicator(ReplicatorOptions options, Storage* local, Storage* shared);
   // Copies every blob to `node`; the first error (*local_failure: reading a local blob failed,
   // which another node would not change).
@@ -94,6 +119,13 @@ class Replicator : public PeerTier {
   // null buffer for a blob of `size` 0 that was never written (its rank stored only replicas).
   absl::StatusOr<AlignedBuffer> ReadLocalBlob(const std::string& path, uint64_t size,
                                               uint64_t* bytes);
+  // Repair of one part (a snapshot of its entry): its copies as they are after the pass.
+  Copies Repair(Watched w);
+  // The holders of `part` among `holders` that hold every blob of it whole; why the others do not
+  // (appended to *lost).
+  std::vector<std::string> LiveHolders(const Part& part, const std::vector<std::string>& holders,
+                                       std::vector<std::string>* lost);
+  void RepairLoop() ABSL_LOCKS_EXCLUDED(mu_);
 
   const ReplicatorOptions options_;
   Storage* const local_;
@@ -105,6 +137,10 @@ class Replicator : public PeerTier {
   // node -> (address, client)
   std::map<std::string, std::pair<std::string, std::shared_ptr<Client>>> clients_
       ABSL_GUARDED_BY(mu_);
+  std::map<std::string, Watched> watched_ ABSL_GUARDED_BY(mu_);  // job -> its newest part
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  absl::CondVar wake_;
+  std::thread repairer_;  // last: started after every member it reads is built
 };
 
 }  // namespace ckptd::peer

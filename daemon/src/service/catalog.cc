@@ -360,7 +360,10 @@ absl::Status CheckpointService::ListCheckpoints(const Caller& caller,
     }
   }
   for (v1::CheckpointRecord& rec : recs) {
-    if (rec.summary().state() == v1::COMMITTED) FillRamTier(rec.mutable_summary());
+    if (rec.summary().state() == v1::COMMITTED) {
+      FillRamTier(rec.mutable_summary());
+      FillPeerCopies(rec.mutable_summary());
+    }
   }
   absl::MutexLock lock(&mu_);
   for (const v1::CheckpointRecord& rec : recs) {
@@ -403,6 +406,7 @@ absl::Status CheckpointService::GetStatus(const Caller& caller, const v1::GetSta
     resp->set_bytes_persisted(rec->summary().bytes());
     FillRemoteTier(resp->mutable_summary());
     FillRamTier(resp->mutable_summary());
+    FillPeerCopies(resp->mutable_summary());
   }
   return absl::OkStatus();
 }
@@ -556,15 +560,16 @@ absl::Status CheckpointService::Delete(const Caller& caller, const v1::DeleteReq
 
 void CheckpointService::DropPeerCopies(const std::string& job, uint64_t step) {
   if (deps_.peers == nullptr || !remote_.enabled()) return;
-  // The copies this node placed, as the store's manifest names them (best effort: a peer's
-  // budget evicts what is not dropped).
+  // The copies this node placed, as the store's manifest names them, and wherever repair placed
+  // them since (best effort: a peer's budget evicts what is not dropped).
   absl::StatusOr<Manifest> m = ReadManifest(*remote_.remote(), job, step);
-  if (!m.ok()) return;
   std::set<std::string> nodes;
-  for (const v1::BlobInfo& b : m->header.blobs()) {
-    if (b.node() == deps_.options->node_id) nodes.insert(b.peers().begin(), b.peers().end());
+  if (m.ok()) {
+    for (const v1::BlobInfo& b : m->header.blobs()) {
+      if (b.node() == deps_.options->node_id) nodes.insert(b.peers().begin(), b.peers().end());
+    }
   }
-  if (!nodes.empty()) deps_.peers->Drop(job, step, {nodes.begin(), nodes.end()});
+  deps_.peers->Drop(job, step, {nodes.begin(), nodes.end()});
 }
 
 absl::Status CheckpointService::RemoveCheckpoint(const std::string& job, uint64_t step,

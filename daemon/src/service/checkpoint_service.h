@@ -354,6 +354,9 @@ class CheckpointService {
   void FillRemoteTier(v1::CheckpointSummary* summary);
   // Fills summary->tiers' RAM side (ram, ram_bytes) from the RAM tier.
   void FillRamTier(v1::CheckpointSummary* summary) const;
+  // Fills summary->tiers' part_peers and peer_degraded from the peer tier's repair (this node's
+  // part of a checkpoint committed at the peer tier, while it is the job's newest).
+  void FillPeerCopies(v1::CheckpointSummary* summary) const;
   // The hot bytes of a persisted rank saved from `rec`: its stored shards staged in the arena
   // (not replicas, not region-backed ones) and the extents holding them.
   HotParts HotBytesOfRank(const v1::RankRecord& rec) const;
@@ -439,6 +442,11 @@ class CheckpointService {
                                   std::vector<Storage*> tiers) const;
   // The peer tier of a checkpoint spanning nodes, from its manifest (Tiers.peer_nodes).
   static void FillPeerTier(const v1::ManifestHeader& h, v1::Tiers* out);
+  // Repair (docs/PEERS.md "Repair"): this node's part of the checkpoint `h` (committed at the
+  // peer tier, in `dir`) handed to the peer tier to keep copied; at Start, the part of each
+  // job's newest such checkpoint. No lock held (WatchOwnParts reads the index and manifests).
+  void WatchOwnPart(const v1::ManifestHeader& h, const std::string& dir);
+  void WatchOwnParts() ABSL_LOCKS_EXCLUDED(mu_);
   // A Delete: the copies this node placed on its peers of (job, step) are dropped (best effort).
   void DropPeerCopies(const std::string& job, uint64_t step) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status PutRecordSync(const v1::CheckpointRecord& rec);

@@ -623,6 +623,7 @@ void CheckpointService::CommitFromStore(const ClusterWork& w, Manifest m) {
                    : bytes.status();
     if (!kept.ok()) spdlog::warn("{}: its local copy of the manifest: {}", what, kept.ToString());
     if (upload) remote_.Track(w.key.first, w.key.second, w.dir);
+    WatchOwnPart(committed->header, w.dir);
     return;
   }
   // Read from the store from now on: this node's blobs alone are no local copy (a crash before

@@ -19,6 +19,7 @@ void CheckpointService::Start() {
   if (!resumed.ok()) {
     spdlog::error("remote tier: the uploads to resume could not be read: {}", resumed.ToString());
   }
+  WatchOwnParts();  // repair keeps each job's newest part at the peer tier copied
   housekeeper_ = std::thread([this] { Housekeeping(); });
   if (remote_.enabled()) cluster_thread_ = std::thread([this] { ClusterLoop(); });
 }

@@ -1,11 +1,14 @@
 // Tiers of CheckpointService: the lifecycle's and the catalog's side of the tiers — the policy a
 // Save asks for, which tiers a COMMITTED checkpoint is read from, its remote tier in a status,
 // and Wait(WAIT_FOR_REMOTE). The uploads themselves are tier/remote_tier.h's.
+#include <map>
 #include <set>
 
 #include "absl/strings/str_cat.h"
 #include "ckptd/status.h"
+#include "index/keys.h"
 #include "service/checkpoint_service.h"
+#include "spdlog/spdlog.h"
 
 namespace ckptd {
 
@@ -110,6 +113,54 @@ void CheckpointService::FillPeerTier(const v1::ManifestHeader& h, v1::Tiers* out
   if (nodes.empty()) return;  // one node's checkpoint, or the peer tier was off for it
   out->mutable_peer_nodes()->Assign(nodes.begin(), nodes.end());
   out->set_blobs_without_peer_copy(without);
+}
+
+void CheckpointService::WatchOwnPart(const v1::ManifestHeader& h, const std::string& dir) {
+  if (deps_.peers == nullptr || deps_.options->peer_replicas == 0) return;
+  PeerTier::Part part{.job = h.job(),
+                      .step = h.step(),
+                      .dir = dir,
+                      .replicas = static_cast<uint32_t>(deps_.options->peer_replicas)};
+  for (const v1::BlobInfo& b : h.blobs()) {
+    if (b.node() != deps_.options->node_id) continue;
+    part.blobs.emplace_back(b.name(), b.size_bytes());
+    if (part.holders.empty()) part.holders.assign(b.peers().begin(), b.peers().end());
+  }
+  if (!part.blobs.empty()) deps_.peers->Watch(std::move(part));
+}
+
+void CheckpointService::WatchOwnParts() {
+  if (deps_.peers == nullptr) return;
+  std::map<std::string, std::pair<uint64_t, std::string>> newest;  // job -> (step, dir)
+  absl::Status st = deps_.meta->Scan(
+      keys::AllCheckpointsPrefix(), "", 0, [&](std::string_view, std::string_view value) {
+        v1::CheckpointRecord rec;
+        if (rec.ParseFromArray(value.data(), static_cast<int>(value.size())) &&
+            rec.summary().state() == v1::COMMITTED && rec.summary().tiers().local_part()) {
+          newest[rec.summary().job()] = {rec.summary().step(), rec.dir()};  // in step order
+        }
+        return true;
+      });
+  if (!st.ok())
+    spdlog::warn("peer tier: the parts to keep copied could not be read: {}", st.ToString());
+  for (const auto& [job, at] : newest) {
+    absl::StatusOr<std::shared_ptr<const Manifest>> m = GetManifest(job, at.first);
+    if (!m.ok()) {
+      spdlog::warn("peer tier: {} is not kept copied: {}", CkptName(job, at.first),
+                   m.status().ToString());
+      continue;
+    }
+    WatchOwnPart((*m)->header, at.second);
+  }
+}
+
+void CheckpointService::FillPeerCopies(v1::CheckpointSummary* summary) const {
+  if (deps_.peers == nullptr || !summary->tiers().local_part()) return;
+  std::optional<PeerTier::Copies> c = deps_.peers->CopiesOf(summary->job(), summary->step());
+  if (!c.has_value()) return;
+  v1::Tiers* t = summary->mutable_tiers();
+  t->mutable_part_peers()->Assign(c->holders.begin(), c->holders.end());
+  t->set_peer_degraded(c->degraded);
 }
 
 void CheckpointService::FillRemoteTier(v1::CheckpointSummary* summary) {

@@ -180,6 +180,28 @@ TEST_CASE("peer store: a drop during a put stores nothing of the step", "[unit][
   REQUIRE(store.usage().blobs == 1);
 }
 
+TEST_CASE("peer store: Held lists a node's whole copies of a step, not one still arriving",
+          "[unit][peer]") {
+  Store store(Lim(1 << 20), nullptr);
+  const std::vector<char> data = Bytes(2 * kBlock, 9);
+  REQUIRE(PutAll(store, Header(data, "node-a", "job", 1, "b1"), data).ok());
+  REQUIRE(PutAll(store, Header(data, "node-a", "job", 1, "b0"), data).ok());
+  REQUIRE(PutAll(store, Header(data, "node-a", "job", 2, "b0"), data).ok());
+  REQUIRE(PutAll(store, Header(data, "node-b", "job", 1, "b0"), data).ok());
+  auto stream = store.OpenStream("node-a", "conn-1");
+  REQUIRE(stream.ok());
+  auto put = store.BeginPut(**stream, Header(data, "node-a", "job", 1, "b2"));
+  REQUIRE(put.ok());
+  REQUIRE((*put)->Append({data.data(), kBlock}).ok());  // half of it: not held yet
+  using Held = std::vector<std::pair<std::string, uint64_t>>;
+  CHECK(store.Held("node-a", "job", 1) == Held{{"b0", data.size()}, {"b1", data.size()}});
+  CHECK(store.Held("node-b", "job", 1) == Held{{"b0", data.size()}});
+  CHECK(store.Held("node-c", "job", 1).empty());
+  store.Drop("node-a", "job", 1);
+  CHECK(store.Held("node-a", "job", 1).empty());
+  CHECK(store.Held("node-a", "job", 2).size() == 1);
+}
+
 TEST_CASE("peer store: the budget evicts old steps, never a job's two newest", "[unit][peer]") {
   const std::vector<char> data = Bytes(kBlock, 8);  // each copy: one block
   Store store(Lim(3 * kBlock), nullptr);

@@ -264,6 +264,10 @@ struct Tiers {
   uint32_t blobs_without_peer_copy = 0;
   // Committed at the peer tier (kLocalAndPeer): this node's own blobs are on its local storage.
   bool local_part = false;
+  // Repair (docs/PEERS.md "Repair"), for this node's part of its job's newest checkpoint at the
+  // peer tier: the peers holding it at the last check, and why it is short of copies ("": not).
+  std::vector<std::string> part_peers;
+  std::string peer_degraded;
 };
 
 struct RankProgress {
