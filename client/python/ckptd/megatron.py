@@ -33,8 +33,9 @@ and hands each rank's shards to the daemon (one copy into its staging arena): wh
 tensors are free to change and the checkpoint completes even if the trainer dies. The
 AsyncRequest's async_fn only waits for COMMITTED (Megatron runs it in a forked process, where
 it waits on a pipe: see _wait_committed); its finalize step, on every rank, checks COMMITTED
-(raising the ckptd error if the checkpoint failed) and writes the link. Megatron's AsyncCallsQueue itself needs CUDA (torch.cuda.synchronize and
-CUDA tensors for its all_reduce); the strategy does not.
+(raising the ckptd error if the checkpoint failed) and writes the link. Megatron's
+AsyncCallsQueue itself needs CUDA (torch.cuda.synchronize and CUDA tensors for its all_reduce);
+the strategy does not.
 
 Failures: the daemon down raises ckptd.UnavailableError naming its socket; a checkpoint missing
 from ckptd raises ckptd.NotFoundError naming the job and step; corrupt bytes raise
