@@ -109,6 +109,10 @@ test-cpp: build
 # to $(BUILD_ASAN)/sanitizer/: any file there fails the tier, even from a process whose test
 # passed (a daemon's report at its clean exit).
 SAN_LOG = $(BUILD_ASAN)/sanitizer/report
+# Leaks inside third-party libraries (tests/lsan.supp says each and why) are matched, quietly,
+# against stacks symbolized by LLVM 15's symbolizer (deploy/setup.sh installs it).
+LSAN_OPTS = suppressions=$(ROOT)/tests/lsan.supp:print_suppressions=0
+SYMBOLIZER = /usr/bin/llvm-symbolizer-15
 # Fails on any sanitizer report. One line is not a finding: LeakSanitizer saying it could not
 # suspend a thread that was exiting while it stopped the world ("False leaks are possible"); a
 # leak it then found would still be reported below that line, and fail.
@@ -121,7 +125,7 @@ test-asan: build-asan
 	@rm -rf $(BUILD_ASAN)/sanitizer && mkdir -p $(BUILD_ASAN)/sanitizer
 	@cd $(BUILD_ASAN) && ASAN_OPTIONS=detect_leaks=1:log_path=$(SAN_LOG) \
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:log_path=$(SAN_LOG) \
-	  LSAN_OPTIONS=suppressions=$(ROOT)/tests/lsan.supp \
+	  LSAN_OPTIONS=$(LSAN_OPTS) ASAN_SYMBOLIZER_PATH=$(SYMBOLIZER) \
 	  ctest --output-on-failure -j 2 --timeout 900
 	@$(CHECK_SAN_REPORTS)
 
@@ -149,7 +153,7 @@ test-python-asan: build-asan python
 	@cd tests/python && CKPTD_BIN=$(BUILD_ASAN)/ckptd \
 	  ASAN_OPTIONS=detect_leaks=1:log_path=$(SAN_LOG) \
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:log_path=$(SAN_LOG) \
-	  LSAN_OPTIONS=suppressions=$(ROOT)/tests/lsan.supp \
+	  LSAN_OPTIONS=$(LSAN_OPTS) ASAN_SYMBOLIZER_PATH=$(SYMBOLIZER) \
 	  $(PYTHON) -m pytest -p no:cacheprovider -q .
 	@$(CHECK_SAN_REPORTS)
 

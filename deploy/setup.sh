@@ -11,6 +11,7 @@ DEB_PKGS=(
   librocksdb-dev liburing-dev libspdlog-dev libfmt-dev catch2 libabsl-dev
   libcurl4-openssl-dev libssl-dev libpugixml-dev prometheus-cpp-dev
   clang-15 libfuzzer-15-dev clang-format-15 clang-tidy-15
+  llvm-15  # llvm-symbolizer-15: the sanitizer tiers symbolize (and match tests/lsan.supp) with it
   dpkg-dev
   systemd  # systemd-analyze and systemd-sysusers: tests/deploy/systemd_unit_test.sh
 )

@@ -4,7 +4,10 @@
 #include <chrono>
 #include <functional>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "ckptd/v1/peer.grpc.pb.h"
 #include "common/limits.h"
 #include "format/names.h"
@@ -43,11 +46,36 @@ BlobHeader FromProto(const v1::PeerPutHeader& p) {
 
 class Service final : public v1::Peer::Service {
  public:
+  // Counts a call in flight for the life of a handler (Server::Stop waits for none).
+  class InFlight {
+   public:
+    explicit InFlight(Service* s) : s_(s) {
+      absl::MutexLock lock(&s_->mu_);
+      ++s_->inflight_;
+    }
+    ~InFlight() {
+      absl::MutexLock lock(&s_->mu_);
+      --s_->inflight_;
+    }
+    InFlight(const InFlight&) = delete;
+    InFlight& operator=(const InFlight&) = delete;
+
+   private:
+    Service* const s_;
+  };
+  // True once no call is in flight, within `timeout`.
+  bool WaitIdle(absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return inflight_ == 0; };
+    return mu_.AwaitWithTimeout(absl::Condition(&idle), timeout);
+  }
+
   Service(std::string node_id, Store* store, ckptd::Storage* local, Metrics* metrics)
       : node_id_(std::move(node_id)), store_(store), local_(local), metrics_(metrics) {}
 
   grpc::Status Hello(grpc::ServerContext* ctx, const v1::PeerHelloRequest* req,
                      v1::PeerHelloResponse* resp) override {
+    const InFlight counted(this);
     if (absl::Status st = Authenticate(ctx, req->node_id()); !st.ok()) return ToGrpc(st);
     const Store::Usage u = store_->usage();
     const Store::Limits& l = store_->limits();
@@ -66,6 +94,7 @@ class Service final : public v1::Peer::Service {
 
   grpc::Status PutBlob(grpc::ServerContext* ctx, grpc::ServerReader<v1::PeerPutRequest>* reader,
                        v1::PeerPutResponse* resp) override {
+    const InFlight counted(this);
     v1::PeerPutRequest req;
     if (!reader->Read(&req) || !req.has_header()) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
@@ -108,6 +137,7 @@ class Service final : public v1::Peer::Service {
 
   grpc::Status GetBlob(grpc::ServerContext* ctx, const v1::PeerGetRequest* req,
                        grpc::ServerWriter<v1::PeerGetChunk>* writer) override {
+    const InFlight counted(this);
     if (absl::Status st = Authenticate(ctx, req->node_id()); !st.ok()) return ToGrpc(st);
     absl::StatusOr<std::unique_ptr<Store::Stream>> stream =
         store_->OpenStream(req->node_id(), ctx->peer());
@@ -130,6 +160,7 @@ class Service final : public v1::Peer::Service {
 
   grpc::Status DropBlobs(grpc::ServerContext* ctx, const v1::PeerDropRequest* req,
                          v1::PeerDropResponse* resp) override {
+    const InFlight counted(this);
     if (absl::Status st = Authenticate(ctx, req->node_id()); !st.ok()) return ToGrpc(st);
     const Store::DropResult r = store_->Drop(req->node_id(), req->job(), req->step());
     resp->set_blobs_dropped(r.blobs);
@@ -139,6 +170,7 @@ class Service final : public v1::Peer::Service {
 
   grpc::Status HeldBlobs(grpc::ServerContext* ctx, const v1::PeerHeldRequest* req,
                          v1::PeerHeldResponse* resp) override {
+    const InFlight counted(this);
     if (absl::Status st = Authenticate(ctx, req->node_id()); !st.ok()) return ToGrpc(st);
     for (const auto& [blob, bytes] : store_->Held(req->node_id(), req->job(), req->step())) {
       v1::PeerHeldBlob* b = resp->add_blobs();
@@ -222,6 +254,8 @@ class Service final : public v1::Peer::Service {
   Store* const store_;
   ckptd::Storage* const local_;
   Metrics* const metrics_;
+  absl::Mutex mu_;
+  uint64_t inflight_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace
@@ -286,7 +320,12 @@ Server::~Server() { Stop(); }
 void Server::Stop(uint64_t grace_ms) {
   if (impl_->stopped) return;
   impl_->stopped = true;
-  impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(grace_ms));
+  // Calls in flight get the grace; the other daemons' idle connections are then closed at once
+  // (gRPC's Shutdown would otherwise wait for them until its deadline).
+  if (!impl_->service.WaitIdle(absl::Milliseconds(grace_ms))) {
+    spdlog::warn("peer channel: stopping with calls still in flight");
+  }
+  impl_->server->Shutdown(std::chrono::system_clock::now());
   impl_->server->Wait();
 }
 

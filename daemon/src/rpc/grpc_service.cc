@@ -80,6 +80,12 @@ void GrpcCheckpointService::CloseSessions() {
   }
 }
 
+bool GrpcCheckpointService::WaitIdle(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return inflight_ == 0; };
+  return mu_.AwaitWithTimeout(absl::Condition(&idle), timeout);
+}
+
 void GrpcCheckpointService::Forget(AttachReactor* r) {
   absl::MutexLock lock(&mu_);
   attached_.erase(r);
@@ -117,11 +123,17 @@ grpc::ServerUnaryReactor* GrpcCheckpointService::Dispatch(grpc::CallbackServerCo
   // Every log line of the call carries its id: "d" and this daemon's call number, in hex.
   std::string request_id =
       absl::StrCat("d", absl::Hex(calls_.fetch_add(1, std::memory_order_relaxed) + 1));
+  {
+    absl::MutexLock lock(&mu_);
+    ++inflight_;
+  }
   auto finish = [this, reactor, method, received](const absl::Status& st) {
     if (metrics_ != nullptr) {
       metrics_->Rpc(method, st.code(), absl::ToDoubleSeconds(absl::Now() - received));
     }
     reactor->Finish(ToGrpcStatus(st));
+    absl::MutexLock lock(&mu_);
+    --inflight_;
   };
   absl::StatusOr<Caller> caller = peers_->Lookup(ctx->peer());
   if (!caller.ok()) {

@@ -51,6 +51,11 @@ class GrpcCheckpointService final : public v1::Checkpoint::CallbackService {
   // Ends every open Attach stream (UNAVAILABLE: the daemon is stopping) so server shutdown does
   // not wait for them.
   void CloseSessions();
+  // Waits until no unary call is in flight (every one posted has finished), at most `timeout`;
+  // true if none is. Shutdown then need not wait for idle connections: a client that keeps its
+  // channel open (a live trainer, a closed Python client) holds a connection, and gRPC's Shutdown
+  // waits for every connection to close until its deadline.
+  bool WaitIdle(absl::Duration timeout);
 
   grpc::ServerUnaryReactor* Hello(grpc::CallbackServerContext* ctx, const v1::HelloRequest* req,
                                   v1::HelloResponse* resp) override;
@@ -119,6 +124,7 @@ class GrpcCheckpointService final : public v1::Checkpoint::CallbackService {
   Metrics* metrics_;
   std::atomic<uint64_t> calls_{0};  // calls received: their request ids (common/log.h)
   absl::Mutex mu_;
+  uint64_t inflight_ ABSL_GUARDED_BY(mu_) = 0;  // unary calls received and not finished
   std::set<AttachReactor*> attached_ ABSL_GUARDED_BY(mu_);
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
 };
