@@ -244,7 +244,7 @@ TEST_CASE("peers: committed at the peer tier, no blob goes to the store, and a l
   CommandResult ctl = RunCtl(*a, {"status", kJob, "1"});
   INFO(ctl.output);
   CHECK(ctl.output.find("local (this node's part)") != std::string::npos);
-  CHECK(ctl.output.find("peer (node-b, node-c)") != std::string::npos);
+  CHECK(ctl.output.find("peer (node-b, node-c; this node's part on node-b)") != std::string::npos);
 
   // Every rank on node a: its own from local storage, node b's from peers; none from the store.
   WholeTensor w;

@@ -416,6 +416,10 @@ void Replicator::Drop(const std::string& job, uint64_t step,
   std::set<std::string> all(nodes.begin(), nodes.end());
   {
     absl::MutexLock lock(&mu_);
+    // A repair of this part in flight ends first: it may still place a copy or write its record.
+    const std::pair<std::string, uint64_t> key{job, step};
+    auto done = [this, &key]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return repairing_ != key; };
+    mu_.Await(absl::Condition(&done));
     auto it = watched_.find(job);
     if (it != watched_.end() && it->second.part.step == step) {
       all.insert(it->second.copies.holders.begin(), it->second.copies.holders.end());
@@ -469,14 +473,18 @@ void Replicator::RepairPass() {
     for (const auto& [job, w] : watched_) parts.push_back(w);
   }
   for (Watched& w : parts) {
+    const std::string job = w.part.job;
+    const uint64_t step = w.part.step;
     {
       absl::MutexLock lock(&mu_);
       if (stopping_) return;
+      auto it = watched_.find(job);
+      if (it == watched_.end() || it->second.part.step != step) continue;  // replaced, dropped
+      repairing_.emplace(job, step);
     }
-    const std::string job = w.part.job;
-    const uint64_t step = w.part.step;
     Copies now = Repair(std::move(w));
     absl::MutexLock lock(&mu_);
+    repairing_.reset();
     auto it = watched_.find(job);
     if (it == watched_.end() || it->second.part.step != step) continue;  // replaced, or dropped
     it->second.copies = std::move(now);
@@ -526,7 +534,15 @@ PeerTier::Copies Replicator::Repair(Watched w) {
   std::vector<std::string> lost;
   std::vector<std::string> live = LiveHolders(part, holders, &lost);
   if (live.size() >= part.replicas) return Copies{live, ""};
-  if (!lost.empty()) {
+  // Short of copies: the holders the part had at its commit count again if they hold it (a node
+  // back from a partition), and are named as lost otherwise.
+  std::vector<std::string> earlier;
+  for (const std::string& n : part.holders) {
+    if (std::find(holders.begin(), holders.end(), n) == holders.end()) earlier.push_back(n);
+  }
+  for (std::string& n : LiveHolders(part, earlier, &lost)) live.push_back(std::move(n));
+  const bool was_degraded = !w.copies.degraded.empty();
+  if (!lost.empty() && !was_degraded) {
     spdlog::warn(
         "peer tier: this node's part of {} lost its copy on {}; copying it to the next "
         "nodes",
@@ -570,8 +586,11 @@ PeerTier::Copies Replicator::Repair(Watched w) {
     absl::Status st =
         shared_->PutAtomic(NodeCopiesPath(part.dir, options_.node_id), rec.SerializeAsString());
     if (!st.ok()) {
-      degraded = absl::StrCat("recording its holders on ", shared_->Describe(),
-                              " failed (retried): ", st.message());
+      // Written again at the next pass (its holders then still differ from these).
+      const std::string why = absl::StrCat("recording its holders on ", shared_->Describe(),
+                                           " failed (retried): ", st.message());
+      spdlog::warn("peer tier: this node's part of {}: {}", what, why);
+      return Copies{holders, why};
     }
   }
   if (live.size() < part.replicas) {
@@ -579,8 +598,10 @@ PeerTier::Copies Replicator::Repair(Watched w) {
         live.size(), " of ", part.replicas, " peer copies",
         lost.empty() ? "" : absl::StrCat("; lost: ", absl::StrJoin(lost, ", ")),
         failed.empty() ? "" : absl::StrCat("; copying (retried): ", absl::StrJoin(failed, "; ")));
-    spdlog::warn("peer tier: this node's part of {} is degraded: {}", what, degraded);
-  } else if (moved) {
+    if (!was_degraded) {
+      spdlog::warn("peer tier: this node's part of {} is degraded: {}", what, degraded);
+    }
+  } else if (moved || was_degraded) {
     spdlog::info("peer tier: this node's part of {} is copied again: on {}", what,
                  absl::StrJoin(live, ", "));
   }

@@ -138,6 +138,8 @@ class Replicator : public PeerTier {
   std::map<std::string, std::pair<std::string, std::shared_ptr<Client>>> clients_
       ABSL_GUARDED_BY(mu_);
   std::map<std::string, Watched> watched_ ABSL_GUARDED_BY(mu_);  // job -> its newest part
+  // The part a repair pass works on now (Drop waits for it: no record is written after it).
+  std::optional<std::pair<std::string, uint64_t>> repairing_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   absl::CondVar wake_;
   std::thread repairer_;  // last: started after every member it reads is built
