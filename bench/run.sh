@@ -49,8 +49,11 @@
 #                            best sequential read (bench/import_bench.py)
 #   BENCH_SAVE_ITEMS=1000,100000   a Save's staging time against its item count
 #                            (bench/save_validate_bench.cc: per-item time, 1.0 = linear)
+#   BENCH_FRAMEWORK_REPS=5   training-loop overhead per checkpoint through TorchTitan's checkpoint
+#                            manager (ckptd against its DCP async) and Lightning's CheckpointIO
+#                            (ckptd's two against TorchCheckpointIO) (bench/framework_bench.py)
 #   BENCH_ONLY=all|planner|save_validate|reshard|ckpt|commit|restore|cold|warm|resume|replicated|train|remote|cluster|peer
-#              |peer_restore|deepspeed|import
+#              |peer_restore|deepspeed|import|framework
 #                            run one part only
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -177,6 +180,12 @@ python3 "$ROOT/bench/train_bench.py" --daemon "$BUILD/ckptd" --out "$OUT" \
   --state-dir "$STATE-train" --rounds "${BENCH_TRAIN_ROUNDS:-8}" --every "${BENCH_TRAIN_EVERY:-5}" \
   ${BENCH_TRAIN_SYSTEMS:+--systems "$BENCH_TRAIN_SYSTEMS"}
 rm -rf "$STATE-train"
+fi
+
+if [ "$ONLY" = all ] || [ "$ONLY" = framework ]; then
+echo "bench: training-loop overhead per checkpoint through TorchTitan and Lightning"
+python3 "$ROOT/bench/framework_bench.py" --daemon "$BUILD/ckptd" --out "$OUT" \
+  --work "$STATE-framework" --reps "${BENCH_FRAMEWORK_REPS:-5}"
 fi
 
 if [ "$ONLY" = all ] || [ "$ONLY" = remote ]; then
