@@ -28,7 +28,7 @@ _ckptctl() {
     --socket) COMPREPLY=($(compgen -f -- "$cur")); return ;;
     --until) COMPREPLY=($(compgen -W "committed staged remote" -- "$cur")); return ;;
     --format) COMPREPLY=($(compgen -W "safetensors" -- "$cur")); return ;;
-    --tier) COMPREPLY=($(compgen -W "local remote ram" -- "$cur")); return ;;
+    --tier) COMPREPLY=($(compgen -W "local remote ram peer" -- "$cur")); return ;;
     --timeout_ms|--max_file_bytes|--interval_ms|--sample|--seed) COMPREPLY=(); return ;;
     --target_job) COMPREPLY=($(compgen -W "$(_ckptctl_ask "$ctl")" -- "$cur")); return ;;
   esac

@@ -66,7 +66,8 @@ commands:
                            one) of at most SIZE each (default 5GiB; units B KB MB GB KiB MiB GiB)
                            plus model.safetensors.index.json; object items are skipped. DIR is
                            created if missing; one holding an export is refused without --force
-  verify JOB STEP|latest [--sample FRACTION] [--seed N] [--tier local|remote|ram] [--timeout_ms N]
+  verify JOB STEP|latest [--sample FRACTION] [--seed N] [--tier local|remote|ram|peer]
+                         [--timeout_ms N]
                            re-read the checkpoint on every tier it is on (or only TIER) and check
                            each tier's manifest and every block's crc32c, or FRACTION (0 < F <= 1)
                            of the blocks (each shard's first and last always; --seed N repeats a
@@ -205,8 +206,9 @@ std::string Parse(int argc, char** argv, Args* args) {
       }
       args->verify_flag_given = true;
     } else if (a == "--tier") {
-      if (!take("--tier") || (value != "local" && value != "remote" && value != "ram")) {
-        return "--tier needs local, remote or ram";
+      if (!take("--tier") ||
+          (value != "local" && value != "remote" && value != "ram" && value != "peer")) {
+        return "--tier needs local, remote, ram or peer";
       }
       args->tier = value;
       args->verify_flag_given = true;

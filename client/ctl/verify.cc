@@ -18,8 +18,9 @@ absl::StatusOr<v1::VerifyTier> ParseTier(const std::string& tier) {
   if (tier == "local") return v1::VERIFY_TIER_LOCAL;
   if (tier == "remote") return v1::VERIFY_TIER_REMOTE;
   if (tier == "ram") return v1::VERIFY_TIER_RAM;
+  if (tier == "peer") return v1::VERIFY_TIER_PEER;
   return absl::InvalidArgumentError(
-      absl::StrCat("--tier needs local, remote or ram, got \"", tier, "\""));
+      absl::StrCat("--tier needs local, remote, ram or peer, got \"", tier, "\""));
 }
 
 // "BAD tier=local item=w rank=1 blob=r00001.blob block=3 offset=12288: crc32c expected 0x..

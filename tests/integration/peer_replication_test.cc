@@ -309,10 +309,17 @@ TEST_CASE("peers: committed at the peer tier, no blob goes to the store, and a l
     CHECK_FALSE(lied.ok());
     CHECK(lied.status().message().find("r00000.blob") != std::string_view::npos);
   }
-  // Verify reads whole local or remote copies: this node has neither.
+  // Verify reads the checkpoint across the nodes (tier "peer"): node a's own blob is damaged,
+  // and it is the only one serving it, so that block is reported, naming the tier and the blob;
+  // every other blob verifies from node a and node c.
   CommandResult verify = RunCtl(b2, {"verify", kJob, "1"});
-  INFO(verify.output);
-  CHECK(verify.output.find("committed at the peer tier") != std::string::npos);
+  INFO(verify.output << "\n" << b2.Log());
+  CHECK(verify.exit_code != 0);
+  CHECK(verify.output.find("BAD tier=peer") != std::string::npos);
+  CHECK(verify.output.find("blob=r00000.blob") != std::string::npos);
+  CHECK(verify.output.find("blob=r00001.blob") == std::string::npos);
+  CommandResult wrong = RunCtl(*a, {"verify", "one-node-missing", "1", "--tier", "peer"});
+  CHECK(wrong.exit_code != 0);
 
   // A Save under local+peer through one daemon is refused, naming the policy.
   auto single = ConnectNode(*a, 0, ckptd::TierPolicy::kLocalAndPeer);

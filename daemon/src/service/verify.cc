@@ -5,6 +5,9 @@
 // What it reads: local blobs through deps_.storage (O_DIRECT where the file system allows it, so
 // the device's bytes are checked, not a page-cache copy), the remote tier's through its Storage,
 // and the RAM tier's hot copy in place (pinned, so an eviction meanwhile frees nothing under it).
+// A checkpoint committed at the peer tier has no whole copy on one node: its tier "peer" reads
+// each blob from the first node serving it (ReadThrough: this node's own from local storage, the
+// others' over the peer channel), against the store's manifest.
 // A blob is read in runs of sampled blocks, gathered into batches of at most
 // limits::kVerifyBatchBytes in one buffer per verify: memory stays bounded whatever the
 // checkpoint's size. The reference is the first storage tier's manifest that verifies; each
@@ -47,6 +50,59 @@ namespace {
 constexpr char kLocal[] = "local";
 constexpr char kRemote[] = "remote";
 constexpr char kRam[] = "ram";
+constexpr char kPeer[] = "peer";
+
+// The copy of a checkpoint committed at the peer tier, spread over the nodes, as one read-only
+// Storage: each path is read from the first of `tiers` that has it (ReadTiers + WithPeers: this
+// node's own blobs from local storage, the others' from the peers and their nodes, the manifest
+// from the store). A tier answering NOT_FOUND passes to the next; any other error is the answer.
+class ReadThrough : public Storage {
+ public:
+  explicit ReadThrough(std::vector<Storage*> tiers) : tiers_(std::move(tiers)) {}
+  std::string Describe() const override { return "nodes"; }
+  absl::StatusOr<std::unique_ptr<BlobWriter>> CreateBlob(const std::string& path) override {
+    return ReadOnly(path);
+  }
+  absl::StatusOr<std::unique_ptr<BlobReader>> OpenBlob(const std::string& path) override {
+    return First<std::unique_ptr<BlobReader>>([&](Storage* t) { return t->OpenBlob(path); });
+  }
+  absl::Status PutAtomic(const std::string& path, std::string_view) override {
+    return ReadOnly(path).status();
+  }
+  absl::Status PutIfAbsent(const std::string& path, std::string_view) override {
+    return ReadOnly(path).status();
+  }
+  absl::StatusOr<std::string> Get(const std::string& path) override {
+    return First<std::string>([&](Storage* t) { return t->Get(path); });
+  }
+  absl::StatusOr<bool> Exists(const std::string& path) override {
+    for (Storage* t : tiers_) {
+      absl::StatusOr<bool> e = t->Exists(path);
+      if (!e.ok() || *e) return e;
+    }
+    return false;
+  }
+  absl::StatusOr<std::vector<std::string>> List(const std::string& dir) override {
+    if (tiers_.empty()) return std::vector<std::string>{};
+    return tiers_.back()->List(dir);
+  }
+  absl::Status RemoveAll(const std::string& path) override { return ReadOnly(path).status(); }
+
+ private:
+  static absl::StatusOr<std::unique_ptr<BlobWriter>> ReadOnly(const std::string& path) {
+    return absl::FailedPreconditionError(absl::StrCat("verify reads only: ", path));
+  }
+  template <typename T>
+  absl::StatusOr<T> First(const std::function<absl::StatusOr<T>(Storage*)>& read) {
+    absl::StatusOr<T> last = absl::NotFoundError("on no tier");
+    for (Storage* t : tiers_) {
+      last = read(t);
+      if (!absl::IsNotFound(last.status())) return last;
+    }
+    return last;
+  }
+  const std::vector<Storage*> tiers_;
+};
 
 struct ShardRef {
   const v1::ItemEntry* item;
@@ -345,9 +401,11 @@ struct StorageTier {
 };
 
 // The storage tiers of `rec` to verify (`readable`: ReadTiers' answer) that `asked` names.
+// `nodes`: the checkpoint across the nodes (ReadThrough), for one committed at the peer tier.
 std::vector<StorageTier> StorageTiers(const v1::CheckpointRecord& rec,
                                       const absl::StatusOr<std::vector<Storage*>>& readable,
-                                      Storage* local, Storage* remote, v1::VerifyTier asked) {
+                                      Storage* local, Storage* remote, Storage* nodes,
+                                      v1::VerifyTier asked) {
   std::vector<StorageTier> tiers;
   if (!readable.ok()) return tiers;
   const bool all = asked == v1::VERIFY_TIER_ALL;
@@ -360,6 +418,10 @@ std::vector<StorageTier> StorageTiers(const v1::CheckpointRecord& rec,
       std::find(readable->begin(), readable->end(), remote) != readable->end();
   if (remote_durable && (all || asked == v1::VERIFY_TIER_REMOTE)) {
     tiers.push_back(StorageTier{kRemote, remote, absl::OkStatus()});
+  }
+  // Across the nodes when asked, or when no whole copy is here (ALL).
+  if (nodes != nullptr && (asked == v1::VERIFY_TIER_PEER || (all && tiers.empty()))) {
+    tiers.push_back(StorageTier{kPeer, nodes, absl::OkStatus()});
   }
   return tiers;
 }
@@ -519,26 +581,30 @@ absl::Status CheckpointService::Verify(const Caller& caller, const v1::VerifyReq
   // The tiers it is on, filtered by the one asked for.
   const v1::VerifyTier asked = req.tier();
   absl::StatusOr<std::vector<Storage*>> readable = ReadTiers(rec);
+  std::unique_ptr<ReadThrough> nodes;
+  if (readable.ok() && rec.summary().tier_policy() == v1::TIER_LOCAL_AND_PEER &&
+      deps_.peers != nullptr) {
+    nodes = std::make_unique<ReadThrough>(WithPeers(rec, *readable));
+  }
   std::vector<StorageTier> storage =
-      StorageTiers(rec, readable, deps_.storage, remote_.remote(), asked);
+      StorageTiers(rec, readable, deps_.storage, remote_.remote(), nodes.get(), asked);
   std::shared_ptr<const HotCopy> hot;
   if (asked == v1::VERIFY_TIER_ALL || asked == v1::VERIFY_TIER_RAM) hot = ram_tier_.Pin(key);
   if (asked == v1::VERIFY_TIER_RAM && hot == nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat(what, " is not in the RAM tier (ckptctl prefetch brings it there)"));
   }
+  if (asked == v1::VERIFY_TIER_PEER && storage.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what,
+                     " is not committed at the peer tier on a daemon with peers (--tier peer reads "
+                     "checkpoints of the policy local+peer across the nodes)"));
+  }
   if ((asked == v1::VERIFY_TIER_LOCAL || asked == v1::VERIFY_TIER_REMOTE) && storage.empty()) {
     return absl::FailedPreconditionError(
         absl::StrCat(what, " has no ", asked == v1::VERIFY_TIER_LOCAL ? "local" : "durable remote",
                      " copy this daemon can read",
                      readable.ok() ? "" : absl::StrCat(" (", readable.status().message(), ")")));
-  }
-  if (storage.empty() && hot == nullptr && rec.summary().tier_policy() == v1::TIER_LOCAL_AND_PEER &&
-      readable.ok()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        what, " is committed at the peer tier (its blobs are on their nodes and peers, none on ",
-        "the store): verify reads local, remote and RAM copies whole, and this one has none here; "
-        "a load verifies every block it reads, from whichever node serves it"));
   }
   if (storage.empty() && hot == nullptr) return readable.status();
 
