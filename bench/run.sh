@@ -52,8 +52,11 @@
 #   BENCH_FRAMEWORK_REPS=5   training-loop overhead per checkpoint through TorchTitan's checkpoint
 #                            manager (ckptd against its DCP async) and Lightning's CheckpointIO
 #                            (ckptd's two against TorchCheckpointIO) (bench/framework_bench.py)
+#   BENCH_PLANNING_WORLDS=16,128,1000,10000 BENCH_PLANNING_TENSORS=16   DCP's coordination cost
+#                            per rank and on the coordinator (rank 0) at simulated world sizes, DCP's
+#                            own writer/reader against ckptd.torch's (bench/planning_scale_bench.py)
 #   BENCH_ONLY=all|planner|save_validate|reshard|ckpt|commit|restore|cold|warm|resume|replicated|train|remote|cluster|peer
-#              |peer_restore|deepspeed|import|framework
+#              |peer_restore|deepspeed|import|framework|planning
 #                            run one part only
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -76,6 +79,12 @@ if [ "$ONLY" = all ] || [ "$ONLY" = planner ]; then
 echo "bench: planner (100k tensors / 1M shards; decode reported separately)"
 "$BUILD/ckptd_bench_planner" --reps 3 | tee "$OUT/planner.jsonl"
 
+fi
+
+if [ "$ONLY" = all ] || [ "$ONLY" = planning ]; then
+echo "bench: DCP's planning at simulated world sizes: per rank and on the coordinator (no daemon)"
+python3 "$ROOT/bench/planning_scale_bench.py" --worlds "${BENCH_PLANNING_WORLDS:-16,128,1000,10000}" \
+  --tensors "${BENCH_PLANNING_TENSORS:-16}" --out "$OUT/planning_scale.jsonl"
 fi
 
 if [ "$ONLY" = all ] || [ "$ONLY" = save_validate ]; then
