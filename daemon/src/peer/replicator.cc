@@ -482,7 +482,7 @@ void Replicator::RepairPass() {
       if (it == watched_.end() || it->second.part.step != step) continue;  // replaced, dropped
       repairing_.emplace(job, step);
     }
-    Copies now = Repair(std::move(w));
+    Copies now = Repair(w);
     absl::MutexLock lock(&mu_);
     repairing_.reset();
     auto it = watched_.find(job);
@@ -520,7 +520,7 @@ std::vector<std::string> Replicator::LiveHolders(const Part& part,
   return live;
 }
 
-PeerTier::Copies Replicator::Repair(Watched w) {
+PeerTier::Copies Replicator::Repair(const Watched& w) {
   const Part& part = w.part;
   const std::string what = absl::StrCat(part.job, "/", part.step);
   std::vector<std::string> holders = w.copies.holders;

@@ -120,7 +120,7 @@ class Replicator : public PeerTier {
   absl::StatusOr<AlignedBuffer> ReadLocalBlob(const std::string& path, uint64_t size,
                                               uint64_t* bytes);
   // Repair of one part (a snapshot of its entry): its copies as they are after the pass.
-  Copies Repair(Watched w);
+  Copies Repair(const Watched& w);
   // The holders of `part` among `holders` that hold every blob of it whole; why the others do not
   // (appended to *lost).
   std::vector<std::string> LiveHolders(const Part& part, const std::vector<std::string>& holders,
