@@ -34,10 +34,8 @@ RNG), as accelerator.load_state does: load only checkpoints you trust.
 
 from __future__ import annotations
 
-import contextlib
 import pickle
 import random
-from collections.abc import Iterator
 from concurrent.futures import Future
 from typing import Any
 
@@ -45,13 +43,13 @@ import numpy as np
 import torch
 import torch.distributed as tdist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 import ckptd
 
 from .torch import _ids
 from .torch._connection import connect
+from .torch._errors import ckptd_errors as _ckptd_errors
 from .torch._reader import StorageReader
 from .torch._storage import StorageWriter
 
@@ -113,21 +111,6 @@ def _extra(accelerator: Any) -> dict[str, Any]:
         "schedulers": [s.state_dict() for s in accelerator._schedulers],
         "custom": [o.state_dict() for o in accelerator._custom_objects],
     }
-
-
-@contextlib.contextmanager
-def _ckptd_errors() -> Iterator[None]:
-    """DCP reports a rank's failure as CheckpointException (a BaseException, which
-    `except Exception` does not catch): the ckptd error inside it (UnavailableError naming the
-    socket, DataLossError naming the item, ...) is raised instead, chained to it."""
-    try:
-        yield
-    except CheckpointException as e:
-        for failure in e.failures.values():
-            error = failure[0] if isinstance(failure, tuple) else failure
-            if isinstance(error, ckptd.CkptdError):
-                raise error from e
-        raise
 
 
 def _retain(client: Any, job: str, limit: int | None, rank: int) -> None:

@@ -53,7 +53,6 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -74,13 +73,13 @@ from megatron.core.dist_checkpointing.strategies.base import (
     StrategyAction,
     register_default_strategy,
 )
-from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata
 
 import ckptd
 
 from .torch import _ids
 from .torch._connection import connect
+from .torch._errors import ckptd_errors as _ckptd_errors
 from .torch._reader import StorageReader
 from .torch._storage import StorageWriter
 
@@ -114,21 +113,6 @@ def checkpoint_id(checkpoint_dir: str | os.PathLike[str], job: str | None = None
     ckpt = f"{parent}/{path.name}"
     _ids.parse(ckpt)  # ValueError naming the rule
     return ckpt
-
-
-@contextlib.contextmanager
-def _ckptd_errors() -> Iterator[None]:
-    """DCP reports a rank's failure as CheckpointException (a BaseException, which `except
-    Exception` does not catch): the ckptd error inside it (UnavailableError naming the socket,
-    DataLossError naming the item, ...) is raised instead, chained to it."""
-    try:
-        yield
-    except CheckpointException as e:
-        for failure in e.failures.values():
-            error = failure[0] if isinstance(failure, tuple) else failure
-            if isinstance(error, ckptd.CkptdError):
-                raise error from e
-        raise
 
 
 def _rank() -> int:

@@ -50,19 +50,16 @@ checkpoints you trust.
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import os
 import posixpath
-from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.api import CheckpointException
 from torchtitan.components.checkpointer import MODEL, AsyncMode
 from torchtitan.components.checkpointer import CheckpointManager as _DcpCheckpointManager
 from torchtitan.tools import filesystem
@@ -73,6 +70,7 @@ import ckptd
 
 from .torch import _ids
 from .torch._connection import connect, rank_world
+from .torch._errors import ckptd_errors as _ckptd_errors
 from .torch._reader import StorageReader
 from .torch._storage import StorageWriter
 
@@ -98,21 +96,6 @@ def _split_step(path: str) -> tuple[str, int | None]:
     if head and last.startswith("step-") and last[5:].isdigit():
         return head, int(last[5:])
     return path, None
-
-
-@contextlib.contextmanager
-def _ckptd_errors() -> Iterator[None]:
-    """DCP reports a rank's failure as CheckpointException (a BaseException, which `except
-    Exception` does not catch): the ckptd error inside it (UnavailableError naming the socket,
-    DataLossError naming the item, ...) is raised instead, chained to it."""
-    try:
-        yield
-    except CheckpointException as e:
-        for failure in e.failures.values():
-            error = failure[0] if isinstance(failure, tuple) else failure
-            if isinstance(error, ckptd.CkptdError):
-                raise error from e
-        raise
 
 
 class _ArenaStager:
