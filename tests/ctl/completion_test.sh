@@ -47,7 +47,7 @@ check "ckptctl export llama 100 --format " "safetensors"
 check "ckptctl verify " "llama mistral"
 check "ckptctl verify llama " "100 200 300 latest"
 check "ckptctl verify llama latest --" "--sample --seed --tier --timeout_ms"
-check "ckptctl verify llama latest --tier " "local ram remote"
+check "ckptctl verify llama latest --tier " "local peer ram remote"
 check "ckptctl verify --tier ram llama " "100 200 300 latest"
 check "ckptctl --json --socket /s/ck.sock inspect m" "mistral"
 [ "$(cat "$TMP/socket-seen")" = /s/ck.sock ] || { echo "FAIL: --socket not passed to ls"; fail=1; }
