@@ -54,6 +54,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "ckptd/storage.h"
+#include "ckptd/v1/cluster.pb.h"
 #include "common/align.h"
 #include "peer/peer_client.h"
 #include "peer/peer_tls.h"
@@ -68,6 +69,13 @@ struct ReplicatorOptions {
   uint64_t chunk_bytes = limits::kPeerChunkBytes;
   absl::Duration repair_interval = absl::ZeroDuration();  // 0: no repair thread
 };
+
+// `node`'s record of where its part of the checkpoint (job, step) is copied now, on `shared`
+// (<dir>/cluster/<node>.copies), or none; DATA_LOSS for a record that is not one of (job, step,
+// node). Read by the reader (every node's) and by repair (this node's, after a restart).
+absl::StatusOr<std::optional<v1::NodeCopies>> ReadNodeCopies(Storage* shared,
+                                                             const std::string& job, uint64_t step,
+                                                             const std::string& node);
 
 class Replicator : public PeerTier {
  public:
