@@ -4,11 +4,10 @@
 #include <chrono>
 #include <functional>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "ckptd/v1/peer.grpc.pb.h"
+#include "common/inflight.h"
 #include "common/limits.h"
 #include "format/names.h"
 #include "grpcpp/grpcpp.h"
@@ -46,36 +45,15 @@ BlobHeader FromProto(const v1::PeerPutHeader& p) {
 
 class Service final : public v1::Peer::Service {
  public:
-  // Counts a call in flight for the life of a handler (Server::Stop waits for none).
-  class InFlight {
-   public:
-    explicit InFlight(Service* s) : s_(s) {
-      absl::MutexLock lock(&s_->mu_);
-      ++s_->inflight_;
-    }
-    ~InFlight() {
-      absl::MutexLock lock(&s_->mu_);
-      --s_->inflight_;
-    }
-    InFlight(const InFlight&) = delete;
-    InFlight& operator=(const InFlight&) = delete;
-
-   private:
-    Service* const s_;
-  };
-  // True once no call is in flight, within `timeout`.
-  bool WaitIdle(absl::Duration timeout) {
-    absl::MutexLock lock(&mu_);
-    auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return inflight_ == 0; };
-    return mu_.AwaitWithTimeout(absl::Condition(&idle), timeout);
-  }
+  // The calls in flight (Server::Stop waits for them, not for idle connections).
+  bool WaitIdle(absl::Duration timeout) { return inflight_.WaitIdle(timeout); }
 
   Service(std::string node_id, Store* store, ckptd::Storage* local, Metrics* metrics)
       : node_id_(std::move(node_id)), store_(store), local_(local), metrics_(metrics) {}
 
   grpc::Status Hello(grpc::ServerContext* ctx, const v1::PeerHelloRequest* req,
                      v1::PeerHelloResponse* resp) override {
-    const InFlight counted(this);
+    const InFlight::Scope counted(&inflight_);
     if (absl::Status st = Authenticate(ctx, req->node_id()); !st.ok()) return ToGrpc(st);
     const Store::Usage u = store_->usage();
     const Store::Limits& l = store_->limits();
@@ -94,7 +72,7 @@ class Service final : public v1::Peer::Service {
 
   grpc::Status PutBlob(grpc::ServerContext* ctx, grpc::ServerReader<v1::PeerPutRequest>* reader,
                        v1::PeerPutResponse* resp) override {
-    const InFlight counted(this);
+    const InFlight::Scope counted(&inflight_);
     v1::PeerPutRequest req;
     if (!reader->Read(&req) || !req.has_header()) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
@@ -137,7 +115,7 @@ class Service final : public v1::Peer::Service {
 
   grpc::Status GetBlob(grpc::ServerContext* ctx, const v1::PeerGetRequest* req,
                        grpc::ServerWriter<v1::PeerGetChunk>* writer) override {
-    const InFlight counted(this);
+    const InFlight::Scope counted(&inflight_);
     if (absl::Status st = Authenticate(ctx, req->node_id()); !st.ok()) return ToGrpc(st);
     absl::StatusOr<std::unique_ptr<Store::Stream>> stream =
         store_->OpenStream(req->node_id(), ctx->peer());
@@ -160,7 +138,7 @@ class Service final : public v1::Peer::Service {
 
   grpc::Status DropBlobs(grpc::ServerContext* ctx, const v1::PeerDropRequest* req,
                          v1::PeerDropResponse* resp) override {
-    const InFlight counted(this);
+    const InFlight::Scope counted(&inflight_);
     if (absl::Status st = Authenticate(ctx, req->node_id()); !st.ok()) return ToGrpc(st);
     const Store::DropResult r = store_->Drop(req->node_id(), req->job(), req->step());
     resp->set_blobs_dropped(r.blobs);
@@ -170,7 +148,7 @@ class Service final : public v1::Peer::Service {
 
   grpc::Status HeldBlobs(grpc::ServerContext* ctx, const v1::PeerHeldRequest* req,
                          v1::PeerHeldResponse* resp) override {
-    const InFlight counted(this);
+    const InFlight::Scope counted(&inflight_);
     if (absl::Status st = Authenticate(ctx, req->node_id()); !st.ok()) return ToGrpc(st);
     for (const auto& [blob, bytes] : store_->Held(req->node_id(), req->job(), req->step())) {
       v1::PeerHeldBlob* b = resp->add_blobs();
@@ -254,8 +232,7 @@ class Service final : public v1::Peer::Service {
   Store* const store_;
   ckptd::Storage* const local_;
   Metrics* const metrics_;
-  absl::Mutex mu_;
-  uint64_t inflight_ ABSL_GUARDED_BY(mu_) = 0;
+  InFlight inflight_;
 };
 
 }  // namespace

@@ -80,11 +80,7 @@ void GrpcCheckpointService::CloseSessions() {
   }
 }
 
-bool GrpcCheckpointService::WaitIdle(absl::Duration timeout) {
-  absl::MutexLock lock(&mu_);
-  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return inflight_ == 0; };
-  return mu_.AwaitWithTimeout(absl::Condition(&idle), timeout);
-}
+bool GrpcCheckpointService::WaitIdle(absl::Duration timeout) { return inflight_.WaitIdle(timeout); }
 
 void GrpcCheckpointService::Forget(AttachReactor* r) {
   absl::MutexLock lock(&mu_);
@@ -123,17 +119,13 @@ grpc::ServerUnaryReactor* GrpcCheckpointService::Dispatch(grpc::CallbackServerCo
   // Every log line of the call carries its id: "d" and this daemon's call number, in hex.
   std::string request_id =
       absl::StrCat("d", absl::Hex(calls_.fetch_add(1, std::memory_order_relaxed) + 1));
-  {
-    absl::MutexLock lock(&mu_);
-    ++inflight_;
-  }
+  inflight_.Begin();
   auto finish = [this, reactor, method, received](const absl::Status& st) {
     if (metrics_ != nullptr) {
       metrics_->Rpc(method, st.code(), absl::ToDoubleSeconds(absl::Now() - received));
     }
     reactor->Finish(ToGrpcStatus(st));
-    absl::MutexLock lock(&mu_);
-    --inflight_;
+    inflight_.End();
   };
   absl::StatusOr<Caller> caller = peers_->Lookup(ctx->peer());
   if (!caller.ok()) {

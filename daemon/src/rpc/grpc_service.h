@@ -15,6 +15,7 @@
 #include <string>
 
 #include "ckptd/v1/ckptd.grpc.pb.h"
+#include "common/inflight.h"
 #include "grpcpp/grpcpp.h"
 #include "rpc/peer_listener.h"
 #include "service/checkpoint_service.h"
@@ -124,7 +125,7 @@ class GrpcCheckpointService final : public v1::Checkpoint::CallbackService {
   Metrics* metrics_;
   std::atomic<uint64_t> calls_{0};  // calls received: their request ids (common/log.h)
   absl::Mutex mu_;
-  uint64_t inflight_ ABSL_GUARDED_BY(mu_) = 0;  // unary calls received and not finished
+  InFlight inflight_;  // unary calls received and not finished
   std::set<AttachReactor*> attached_ ABSL_GUARDED_BY(mu_);
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
 };
