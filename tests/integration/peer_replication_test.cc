@@ -74,6 +74,23 @@ ckptd::v1::ManifestHeader ManifestHeaderOf(const std::string& shared, uint64_t s
   return h;
 }
 
+// Ranks 0-1 saved through node a and 2-3 through node b as step 1 of kJob (`seed`'s bytes), under
+// `policy`, and committed on both.
+void SaveAcrossAB(Daemon& a, Daemon& b, int seed,
+                  ckptd::TierPolicy policy = ckptd::TierPolicy::kLocalAndPeer) {
+  auto ca = ConnectNode(a, 2, policy);
+  auto cb = ConnectNode(b, 2, policy);
+  REQUIRE(ca != nullptr);
+  REQUIRE(cb != nullptr);
+  for (uint32_t r : {0u, 1u}) REQUIRE(SaveRank(*ca, kJob, 1, r, 4, seed).ok());
+  for (uint32_t r : {2u, 3u}) REQUIRE(SaveRank(*cb, kJob, 1, r, 4, seed).ok());
+  for (auto* cl : {ca.get(), cb.get()}) {
+    absl::Status committed = cl->WaitCommitted(kJob, 1, 30000);
+    INFO(committed.ToString() << "\nnode a:\n" << a.Log() << "\nnode b:\n" << b.Log());
+    REQUIRE(committed.ok());
+  }
+}
+
 // Node b is lost: killed, its state dir gone; and the store's copies of its blobs (ranks 2 and 3)
 // are lost too, so that they can come from its peers alone.
 void LoseNodeB(std::unique_ptr<Daemon>& b, const std::string& shared) {
@@ -100,17 +117,7 @@ TEST_CASE("peers: a lost node's part is restored from its peer, with the store's
   for (const char* n : {"node-a", "node-b", "node-c"}) {
     CHECK(std::filesystem::exists(shared + "/.ckptd-peers/" + n));
   }
-  auto ca = ConnectNode(*a, 2);
-  auto cb = ConnectNode(*b, 2);
-  REQUIRE(ca != nullptr);
-  REQUIRE(cb != nullptr);
-  for (uint32_t r : {0u, 1u}) REQUIRE(SaveRank(*ca, kJob, 1, r, 4, 83).ok());
-  for (uint32_t r : {2u, 3u}) REQUIRE(SaveRank(*cb, kJob, 1, r, 4, 83).ok());
-  for (auto* cl : {ca.get(), cb.get()}) {
-    absl::Status committed = cl->WaitCommitted(kJob, 1, 30000);
-    INFO(committed.ToString() << "\nnode a:\n" << a->Log() << "\nnode b:\n" << b->Log());
-    REQUIRE(committed.ok());
-  }
+  SaveAcrossAB(*a, *b, 83, ckptd::TierPolicy::kLocalAndRemote);
   // Placement: the ring of registered ids, each node's part on the next node.
   const ckptd::v1::ManifestHeader m = ManifestHeaderOf(shared, 1);
   REQUIRE(m.blobs_size() == 4);
@@ -522,20 +529,6 @@ std::string StatusUntil(Daemon& d, const std::string& want, int timeout_ms = 200
   return out;
 }
 
-void SaveAcrossAB(Daemon& a, Daemon& b, int seed) {
-  auto ca = ConnectNode(a, 2, ckptd::TierPolicy::kLocalAndPeer);
-  auto cb = ConnectNode(b, 2, ckptd::TierPolicy::kLocalAndPeer);
-  REQUIRE(ca != nullptr);
-  REQUIRE(cb != nullptr);
-  for (uint32_t r : {0u, 1u}) REQUIRE(SaveRank(*ca, kJob, 1, r, 4, seed).ok());
-  for (uint32_t r : {2u, 3u}) REQUIRE(SaveRank(*cb, kJob, 1, r, 4, seed).ok());
-  for (auto* cl : {ca.get(), cb.get()}) {
-    absl::Status committed = cl->WaitCommitted(kJob, 1, 30000);
-    INFO(committed.ToString() << "\nnode a:\n" << a.Log() << "\nnode b:\n" << b.Log());
-    REQUIRE(committed.ok());
-  }
-}
-
 void Lose(std::unique_ptr<Daemon>& d) {
   const std::string state = d->state_dir();
   REQUIRE(kill(d->pid(), SIGKILL) == 0);
@@ -607,6 +600,18 @@ TEST_CASE("peers: a part with no node to take its copy is degraded until one com
   auto a = std::make_unique<Daemon>(DaemonConfig{.extra_flags = flags("node-a")});
   auto b = std::make_unique<Daemon>(DaemonConfig{.extra_flags = flags("node-b")});
   SaveAcrossAB(*a, *b, 98);
+  {
+    // A record of node a's holders that lies (not a NodeCopies of node a): readers skip it and
+    // take the manifest's holders, so node b still loads node a's blobs, bit-exact.
+    std::ofstream(shared + "/" + kJob + "/" + StepDir(1) + "/cluster/node-a.copies")
+        << "not a record";
+    WholeTensor w;
+    auto r = b->Connect()->Load(kJob, 1, 0, w.targets);
+    INFO(b->Log());
+    REQUIRE(r.ok());
+    CHECK(w.got == GlobalBytes(w.t, 98));
+    CHECK(b->Log().find("is not a record of node node-a") != std::string::npos);
+  }
   b->Kill9();
   std::string degraded = StatusUntil(*a, "degraded: 0 of 1 peer copies");
   INFO(degraded << "\n" << a->Log());
