@@ -14,6 +14,7 @@ DEB_PKGS=(
   llvm-15  # llvm-symbolizer-15: the sanitizer tiers symbolize (and match tests/lsan.supp) with it
   dpkg-dev
   systemd  # systemd-analyze and systemd-sysusers: tests/deploy/systemd_unit_test.sh
+  iproute2 openssl curl  # the network-namespace cluster test (tests/python/netns_cluster.py)
 )
 
 missing=()
