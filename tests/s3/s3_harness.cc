@@ -10,10 +10,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <thread>
 
@@ -31,23 +33,42 @@
 namespace ckptd::testing {
 namespace {
 
-// A free loopback port (bound, read, released: another process could take it before weed does,
-// which Start reports as a failure to become ready).
-absl::StatusOr<uint16_t> FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return ErrnoStatus(errno, "socket");
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
+// `n` distinct free loopback ports: each is bound until all are chosen (released one by one, the
+// kernel may hand the same port out twice), then released; another process could still take one
+// before weed does, which Start answers by starting again on new ports.
+absl::StatusOr<std::vector<uint16_t>> FreePorts(size_t n) {
+  std::vector<int> fds;
+  std::vector<uint16_t> ports;
   absl::Status s;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    s = ErrnoStatus(errno, "bind 127.0.0.1:0");
+  while (ports.size() < n && s.ok()) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+      s = ErrnoStatus(errno, "socket");
+      break;
+    }
+    fds.push_back(fd);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(addr);
+    if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+        getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      s = ErrnoStatus(errno, "bind 127.0.0.1:0");
+      break;
+    }
+    ports.push_back(ntohs(addr.sin_port));
   }
-  close(fd);
+  for (int fd : fds) close(fd);
   if (!s.ok()) return s;
-  return ntohs(addr.sin_port);
+  return ports;
+}
+
+// The last `max_bytes` of a log, for an error message that CI prints (the file is gone by then).
+std::string LogTail(const std::string& path, size_t max_bytes = 1500) {
+  std::ifstream in(path, std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (text.size() > max_bytes) text = "..." + text.substr(text.size() - max_bytes);
+  return text;
 }
 
 // Starts argv in a new process group, stdout+stderr to `log`.
@@ -179,16 +200,7 @@ absl::StatusOr<std::unique_ptr<WeedServer>> WeedServer::Start(const std::string&
   if (w->weed_.empty()) return absl::NotFoundError("no `weed` binary (CKPTD_WEED or PATH)");
   w->dir_ = dir;
   w->owned_ = true;
-  std::error_code ec;
-  // New ports each start: data a failed earlier start left (its raft state names other ports)
-  // would keep this one from becoming ready.
-  std::filesystem::remove_all(dir + "/data", ec);
-  std::filesystem::create_directories(dir + "/data", ec);
-  if (ec) return absl::InternalError(absl::StrCat("mkdir ", dir, ": ", ec.message()));
-  for (uint16_t& port : w->ports_) {
-    CKPTD_ASSIGN_OR_RETURN(port, FreePort());
-  }
-  w->endpoint_ = absl::StrCat("http://127.0.0.1:", w->ports_[kS3]);
+  CKPTD_RETURN_IF_ERROR(w->PickPorts());
   // The identities file: only these credentials are accepted, so every request is really
   // signed and checked.
   std::ofstream cfg(dir + "/s3.json");
@@ -197,8 +209,29 @@ absl::StatusOr<std::unique_ptr<WeedServer>> WeedServer::Start(const std::string&
       << R"("}],"actions":["Admin","Read","Write","List","Tagging"]}]})";
   cfg.close();
   if (!cfg) return absl::InternalError(absl::StrCat("writing ", dir, "/s3.json"));
-  CKPTD_RETURN_IF_ERROR(w->Launch(ready_timeout_ms));
+  // A port taken by another process between FreePorts and weed's bind makes weed exit at start
+  // (tests run in parallel): start again on new ports, a few times.
+  absl::Status launched;
+  for (int attempt = 0; attempt < kStartAttempts; ++attempt) {
+    if (attempt > 0) CKPTD_RETURN_IF_ERROR(w->PickPorts());
+    launched = w->Launch(ready_timeout_ms);
+    if (launched.ok() || !w->exited_at_start_) break;
+  }
+  CKPTD_RETURN_IF_ERROR(launched);
   return w;
+}
+
+// New ports and an empty data dir: data a failed earlier start left (its raft state names other
+// ports) would keep this one from becoming ready.
+absl::Status WeedServer::PickPorts() {
+  std::error_code ec;
+  std::filesystem::remove_all(dir_ + "/data", ec);
+  std::filesystem::create_directories(dir_ + "/data", ec);
+  if (ec) return absl::InternalError(absl::StrCat("mkdir ", dir_, ": ", ec.message()));
+  CKPTD_ASSIGN_OR_RETURN(std::vector<uint16_t> ports, FreePorts(kN));
+  std::copy(ports.begin(), ports.end(), ports_);
+  endpoint_ = absl::StrCat("http://127.0.0.1:", ports_[kS3]);
+  return absl::OkStatus();
 }
 
 absl::Status WeedServer::Launch(uint32_t ready_timeout_ms) {
@@ -214,6 +247,7 @@ absl::Status WeedServer::Launch(uint32_t ready_timeout_ms) {
       // virtual-host addressing: <bucket>.localhost (curl resolves
       // every *.localhost to loopback itself)
       "-s3.domainName=localhost", "-master.volumeSizeLimitMB=64", "-volume.max=0"};
+  exited_at_start_ = false;
   CKPTD_ASSIGN_OR_RETURN(pid_, Spawn(argv, dir_ + "/weed.log"));
   // Ready when the gateway accepts a signed bucket creation (the filer behind it is up too).
   absl::Time deadline = absl::Now() + absl::Milliseconds(ready_timeout_ms);
@@ -222,7 +256,9 @@ absl::Status WeedServer::Launch(uint32_t ready_timeout_ms) {
     if (waitpid(pid_, nullptr, WNOHANG) == pid_) {
       pid_ = -1;
       RemoveSockets();
-      return absl::UnavailableError(absl::StrCat("weed exited at start; see ", dir_, "/weed.log"));
+      exited_at_start_ = true;
+      return absl::UnavailableError(absl::StrCat("weed exited at start; ", dir_,
+                                                 "/weed.log ends:\n", LogTail(dir_ + "/weed.log")));
     }
     last = CreateBucket(kWeedBucket);
     if (last.ok()) return absl::OkStatus();

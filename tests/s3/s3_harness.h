@@ -74,6 +74,8 @@ class WeedServer {
  private:
   enum Port { kMaster, kMasterGrpc, kVolume, kVolumeGrpc, kFiler, kFilerGrpc, kS3, kS3Grpc, kN };
   WeedServer() = default;
+  static constexpr int kStartAttempts = 3;
+  absl::Status PickPorts();
   absl::Status Launch(uint32_t ready_timeout_ms);
   std::string FilerSocket() const;
   void RemoveSockets() const;
@@ -84,6 +86,7 @@ class WeedServer {
   uint16_t ports_[kN] = {};
   pid_t pid_ = -1;  // also the process group
   bool owned_ = false;
+  bool exited_at_start_ = false;  // the last Launch saw weed exit before it was ready
 };
 
 // One signed request (curl, SigV4 with the harness credentials) to `url`: HTTP status and body.
