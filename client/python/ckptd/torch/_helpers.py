@@ -3,12 +3,20 @@
 The state dicts come from torch.distributed.checkpoint.state_dict (get_state_dict /
 set_state_dict), so plain modules, DDP, FSDP2 (fully_shard) and DTensor-parallel models all work
 and each rank saves and loads only its own shards. Checkpoint ids are f"{job}/step-{step}".
+
+save() is planless by default: dcp.save(..., planner=LocalPlanner(), no_dist=True), so no rank
+gathers plans or results and none receives a Metadata of every chunk; each rank hands its own
+part to the daemon as rank r of N and waits for the commit (_planner.py says who writes what).
+planless=False runs DCP's collective planning instead (its rank-0 gather), for state dicts whose
+non-DTensor values differ between ranks (e.g. a pipeline stage's plain parameters).
 """
 
 from __future__ import annotations
 
 import os
 import pickle
+import warnings
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +28,7 @@ import ckptd
 
 from . import _ids
 from ._connection import connect
+from ._planner import LocalPlanner
 from ._reader import StorageReader
 from ._storage import StorageWriter
 
@@ -40,29 +49,60 @@ def _job(job: str | None) -> str:
 
 
 def save(
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer | None,
-    step: int,
+    model: torch.nn.Module | Mapping[str, Any],
+    optimizer: torch.optim.Optimizer | None = None,
+    step: int | None = None,
     *,
     job: str | None = None,
     extra: Any = None,
     socket: str | None = None,
     async_save: bool = False,
     process_group: Any = None,
+    planless: bool = True,
+    owns: Callable[[str], bool] | None = None,
+    tier_policy: str = "default",
+    commit_timeout_ms: int = 3600 * 1000,
 ) -> Any:
-    """Saves model (and optimizer, and a picklable `extra`) as checkpoint step `step` of `job`.
-    Blocking: returns the DCP Metadata once COMMITTED. async_save=True: returns dcp.async_save's
-    future once the state is staged (copied into the daemon's arena); it completes at COMMITTED."""
-    model_sd, optim_sd = get_state_dict(model, optimizer if optimizer is not None else [])
-    state: dict[str, Any] = {"model": model_sd}
-    if optimizer is not None:
-        state["optim"] = optim_sd
+    """Saves a model (and optimizer, and a picklable `extra`) or a DCP state dict as checkpoint
+    step `step` of `job`: save(model, optimizer, step, job=...) or save(state_dict, step=...,
+    job=...). Every rank of `process_group` (default: the default group) calls it.
+
+    planless (the default): no collective at all (module docstring); DTensor replicas are
+    written by the rank at coordinate 0 of their Replicate mesh dims, other values by rank 0 of
+    the group, or by the ranks `owns(fqn)` names (ckptd.torch.LocalPlanner). planless=False: DCP's
+    collective planning. Blocking: returns once COMMITTED, with DCP's Metadata (planless: of
+    this rank's own items). async_save=True: returns dcp.async_save's future once the state is
+    staged (copied into the daemon's arena); it completes at COMMITTED."""
+    if step is None:
+        raise TypeError("ckptd.torch.save: step is required")
+    if isinstance(model, Mapping):
+        if optimizer is not None:
+            raise TypeError("ckptd.torch.save: a state dict is saved without an optimizer")
+        state: dict[str, Any] = dict(model)
+    else:
+        model_sd, optim_sd = get_state_dict(model, optimizer if optimizer is not None else [])
+        state = {"model": model_sd}
+        if optimizer is not None:
+            state["optim"] = optim_sd
     if extra is not None:
         state[EXTRA_ITEM] = pickle.dumps(extra, protocol=pickle.HIGHEST_PROTOCOL)
-    writer = StorageWriter(f"{_job(job)}/step-{int(step)}", socket=socket)
-    if async_save:
-        return dcp.async_save(state, storage_writer=writer, process_group=process_group)
-    return dcp.save(state, storage_writer=writer, process_group=process_group)
+    planner = LocalPlanner(process_group=process_group, owns=owns) if planless else None
+    writer = StorageWriter(
+        f"{_job(job)}/step-{int(step)}",
+        socket=socket,
+        planner=planner,
+        tier_policy=tier_policy,
+        commit_timeout_ms=commit_timeout_ms,
+    )
+    kwargs: dict[str, Any] = {"storage_writer": writer, "process_group": process_group}
+    if planless:
+        kwargs.update(planner=planner, no_dist=True)
+    with warnings.catch_warnings():
+        # no_dist=True warns that it assumes one process: here it is every rank's own part
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        if async_save:
+            return dcp.async_save(state, **kwargs)
+        return dcp.save(state, **kwargs)
 
 
 def load(

@@ -16,10 +16,14 @@ together and the flattening mappings.
 
 Commit. With collectives (the default), every rank of the save stages its shards as rank r of
 world_size ranks and the daemon commits once all have; finish() (the coordinator) waits for
-COMMITTED, and DCP's closing all_reduce makes every rank wait for it. With use_collectives=False
-each rank plans alone and saves its part as a checkpoint of its own (job part_job(job, rank), rank
-0 of 1) which commits on its own; each rank's finish() waits for its part. The reader serves a part
-with read_metadata(rank=r) and all parts together with read_metadata().
+COMMITTED, and DCP's closing all_reduce makes every rank wait for it. Planless (write_data is
+handed a ckptd.torch.LocalPlanner and DCP planned this rank alone: no_dist=True): the rank and
+world size come from the planner, every rank stages its part of the one checkpoint as rank r of
+N with no gather, scatter or broadcast, and every rank's finish() waits for COMMITTED.
+With use_collectives=False (and DCP's planner) each rank plans alone and saves its part as a
+checkpoint of its own (job part_job(job, rank), rank 0 of 1) which commits on its own; each
+rank's finish() waits for its part. The reader serves a part with read_metadata(rank=r) and all
+parts together with read_metadata().
 
 async_save. The writer is DCP's AsyncStager: stage() copies each local tensor once, straight into
 the staging arena, and - when the checkpoint_id names a step - hands the shards to the daemon right
@@ -58,6 +62,7 @@ import ckptd
 
 from . import _ids
 from ._connection import LazyClient, rank_world
+from ._planner import LocalPlanner
 
 __all__ = ["DCP_VERSION", "StorageWriter", "refuse_extensions"]
 
@@ -155,7 +160,10 @@ class StorageWriter(LazyClient, _DcpWriter, AsyncStager):
     id rules. socket: the daemon's socket (default $CKPTD_SOCKET). async_staging: stage() runs in
     a background thread and returns a Future (DCP's StagingOptions.use_async_staging), so
     dcp.async_save returns AsyncSaveResponse. _extensions (DCP's stream transforms) are refused
-    with ValueError. Picklable: the connection is made again on first use in another process."""
+    with ValueError. planner: the LocalPlanner stage() plans with when async_save hands over the
+    shards at once (a step in the id); pass the same one to dcp.async_save (planless saves, see
+    ckptd.torch.save). Picklable: the connection is made again on first use in another
+    process."""
 
     _synchronize_after_execute: bool = False  # stage() returns with the copy done
 
@@ -168,9 +176,11 @@ class StorageWriter(LazyClient, _DcpWriter, AsyncStager):
         async_staging: bool = False,
         tier_policy: str = "default",
         local_world_size: int | None = None,
+        planner: LocalPlanner | None = None,
         _extensions: Sequence[Any] | None = None,
     ) -> None:
         super().__init__()
+        self.planner = planner
         refuse_extensions(_extensions, "StorageWriter")
         self.socket = socket
         # The tiers the checkpoints this writer saves are made durable on: "default" (the
@@ -348,7 +358,13 @@ class StorageWriter(LazyClient, _DcpWriter, AsyncStager):
         if staged is not None and (staged.job, staged.step) == (self.job, self.step):
             problem = None
             missing = [i.index.fqn for i in plan.items if _index_key(i.index) not in staged.sizes]
-            if self.use_collectives and pdata.world_size != staged.world_size:
+            planless = isinstance(planner, LocalPlanner) and pdata.world_size == 1
+            if planless and (planner.rank, planner.world_size) != (staged.rank, staged.world_size):
+                problem = (
+                    f"stage() saved as rank {staged.rank} of {staged.world_size} but the "
+                    f"planner saves as rank {planner.rank} of {planner.world_size}"
+                )
+            elif self.use_collectives and not planless and pdata.world_size != staged.world_size:
                 problem = (
                     f"stage() saved as rank {staged.rank} of {staged.world_size} (the default "
                     f"process group) but DCP planned with {pdata.world_size} rank(s); with a "
@@ -366,6 +382,8 @@ class StorageWriter(LazyClient, _DcpWriter, AsyncStager):
                     pass
                 raise RuntimeError(f"ckptd: job {staged.job} step {staged.step}: {problem}")
             return _write_results(plan.items, staged.sizes)
+        if isinstance(planner, LocalPlanner) and pdata.world_size == 1:
+            return self._write_planless(plan, planner, pdata)
         rank, world = (self.rank, pdata.world_size) if self.use_collectives else (0, 1)
         self.world_size = world
         if rank >= world:
@@ -377,6 +395,23 @@ class StorageWriter(LazyClient, _DcpWriter, AsyncStager):
         if not self.use_collectives:
             extra[_ids.DCP_CHUNKS_ITEM] = _chunks(plan.items)
         sizes = self._save(plan.items, planner.resolve_data, pdata, (rank, world), extra)
+        return _write_results(plan.items, sizes)
+
+    def _write_planless(
+        self, plan: SavePlan, planner: LocalPlanner, pdata: _PlanData
+    ) -> list[WriteResult]:
+        """This rank's part of the one checkpoint (job, step), as the planner's rank r of N."""
+        assert self._id is not None
+        if self._id.step is None:
+            raise ValueError(
+                f"ckptd StorageWriter: checkpoint_id {self._id.raw!r} has no step; a planless "
+                "save (LocalPlanner, no_dist) cannot agree on the next free step without "
+                "communication, so put the step in the id (e.g. 'runs/llama/step-100')"
+            )
+        self.job, self.step = self._id.job, self._id.step
+        self.world_size = planner.world_size
+        as_rank = (planner.rank, planner.world_size)
+        sizes = self._save(plan.items, planner.resolve_data, pdata, as_rank, {})
         return _write_results(plan.items, sizes)
 
     def _save(
@@ -469,9 +504,16 @@ class StorageWriter(LazyClient, _DcpWriter, AsyncStager):
         from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
         assert self._id is not None and self._id.step is not None
-        rank, world = rank_world()
-        planner = DefaultSavePlanner()
-        planner.set_up_planner(staged, storage_meta=None, is_coordinator=rank == 0)
+        planner: DefaultSavePlanner
+        if self.planner is not None:  # planless: this rank's items only, as rank r of N
+            planner = copy.copy(self.planner)
+            planner._enable_plan_caching = False  # every item now, not an unchanged-plan marker
+            planner.set_up_planner(staged, storage_meta=None, is_coordinator=True)
+            rank, world = planner.rank, planner.world_size
+        else:
+            rank, world = rank_world()
+            planner = DefaultSavePlanner()
+            planner.set_up_planner(staged, storage_meta=None, is_coordinator=rank == 0)
         plan = planner.create_local_plan()
         self.job, self.step = self._id.job, self._id.step
         try:
