@@ -351,3 +351,20 @@ def test_local_planner_rules_without_a_process_group() -> None:
         ct.LocalPlanner(rank=2, world_size=2).set_up_planner(sd)
     with pytest.raises(ValueError, match="both rank and world_size"):
         ct.LocalPlanner(rank=1)
+
+
+def test_plan_caching_saves_each_step(daemon: Daemon) -> None:
+    """LocalPlanner(enable_plan_caching=True): the unchanged plan is swapped for the cached one
+    and each save still writes its own values."""
+    planner = ct.LocalPlanner(rank=0, world_size=1, enable_plan_caching=True)
+    for step in (1, 2, 3):
+        sd = {"w": torch.full((4, 3), float(step)), "meta": {"step": step}}
+        writer = ct.StorageWriter(f"planless/cached/step-{step}", socket=daemon.socket)
+        dcp.save(sd, storage_writer=writer, planner=planner, no_dist=True)
+    for step in (1, 2, 3):
+        got = {"w": torch.zeros(4, 3), "meta": {"step": 0}}
+        reader = ct.StorageReader(f"planless/cached/step-{step}", socket=daemon.socket)
+        dcp.load(got, storage_reader=reader, no_dist=True)
+        assert (
+            torch.equal(got["w"], torch.full((4, 3), float(step))) and got["meta"]["step"] == step
+        )
