@@ -23,6 +23,11 @@ chunk per tensor from the daemon's manifest, so the resharding match runs in the
 "ckptd_local" is ckptd.torch with dcp.save(..., use_collectives=False): every rank plans alone
 (create_global_plan over its own plan), no gather, each rank's shards a checkpoint of its own;
 its load (StorageReader.read_metadata() over the N parts) is measured with the same stub.
+"ckptd_planless" is what ckptd.torch.save runs: the real dcp.save(..., storage_writer=ckptd's,
+planner=ckptd.torch.LocalPlanner(), no_dist=True) on rank 1 and on rank 0, each planning its own
+items (the replicated non-tensor value on rank 0 only) and saving them as rank r of N of the one
+checkpoint through the stub; no collective runs, so there is no coordinator step (rank 0's
+column is its own save). Its checkpoint loads like "ckptd" (one manifest), so it has no load row.
 
 Nothing is distributed here: one process plays each role. The world is torch's "fake" process
 group (torch.testing's FakeStore) at world size N, so the DTensors (FSDP-style Shard(0)) and
@@ -54,11 +59,13 @@ import statistics
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
 from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter, _StorageInfo
 from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, Metadata
@@ -195,6 +202,10 @@ class StubClient:
         self._count("status")
         return {"state": "COMMITTED"}
 
+    def save(self, job: str, step: int, tensors: Any, objects: Any, **kwargs: Any) -> None:
+        self._count("save")
+        self.saved_items = len(tensors) + len(objects)
+
 
 def ckptd_writer(stub: StubClient) -> ckt.StorageWriter:
     w = ckt.StorageWriter(JOB_ID)
@@ -208,6 +219,7 @@ def save_side(n: int, args: argparse.Namespace, tmp: str) -> list[dict[str, Any]
     _, plan_last = save_local(sd_last, FileSystemWriter(os.path.join(tmp, "x")), n - 1)
     out = [save_one(n, args, tmp, path, plan_last) for path in ("dcp", "ckptd")]
     out.append(save_rank_local(n, args))
+    out.append(save_planless(n, args))
     return out
 
 
@@ -335,6 +347,49 @@ def save_rank_local(n: int, args: argparse.Namespace) -> dict[str, Any]:
         "rank_metadata_bytes": len(pickle.dumps(md)),
         "coord_total_ms": 0.0,
         "coord_gather_bytes": 0,
+    }
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def save_planless(n: int, args: argparse.Namespace) -> dict[str, Any]:
+    """ckptd.torch.save's path: the real dcp.save with LocalPlanner and no_dist=True, on rank 1
+    and on rank 0 of n (rank 0 also writes the replicated non-tensor value)."""
+    out: dict[int, tuple[Any, float, StubClient]] = {}
+    for rank in (1, 0):
+        sd = world(n, rank, args.tensors, args.rows, args.cols)
+        stub = StubClient({}, None)
+
+        def alone(sd: dict[str, Any] = sd, stub: StubClient = stub) -> Any:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # no_dist's "assuming a single process"
+                return dcp.save(
+                    sd, storage_writer=ckptd_writer(stub), planner=ckt.LocalPlanner(), no_dist=True
+                )
+
+        md, ms = per_rank(alone, args.reps)
+        out[rank] = (md, ms, stub)
+    md1, ms1, stub1 = out[1]
+    md0, ms0, stub0 = out[0]
+    row = {
+        "bench": "planning_scale",
+        "direction": "save",
+        "path": "ckptd_planless",
+        "world": n,
+        "tensors": args.tensors,
+        "rows": args.rows,
+        "cols": args.cols,
+        "rank_total_ms": ms1,
+        "rank_local_plan_ms": ms1,
+        "rank_metadata_bytes": 0,  # nothing received: no collective
+        "rank_returned_metadata_bytes": len(pickle.dumps(md1)),
+        "rank_saved_items": stub1.saved_items,
+        "rank0_total_ms": ms0,
+        "rank0_saved_items": stub0.saved_items,
+        "rank0_returned_metadata_bytes": len(pickle.dumps(md0)),
+        "coord_total_ms": ms0,  # no coordinator: rank 0's own save, the busiest rank's
+        "coord_gather_bytes": 0,
+        "client_calls": {k: v // args.reps for k, v in stub1.calls.items()},
     }
     print(json.dumps(row), flush=True)
     return row
