@@ -368,3 +368,28 @@ def test_plan_caching_saves_each_step(daemon: Daemon) -> None:
         assert (
             torch.equal(got["w"], torch.full((4, 3), float(step))) and got["meta"]["step"] == step
         )
+
+
+def test_keys_only_other_ranks_hold_load_without_a_template(daemon: Daemon) -> None:
+    """Two ranks (threads, rank/world_size given) each write a key the other lacks (as
+    TorchTitan's dataloader.dp_rank_<r>); a template-less load nests both, though only rank 0's
+    flattening mappings are saved."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
+    def save(rank: int) -> None:
+        sd = {"dl": {f"dp_rank_{rank}": f"pos{rank}"}, "w": torch.full((2,), float(rank))}
+        planner = ct.LocalPlanner(
+            rank=rank, world_size=2, owns=lambda fqn: fqn.startswith("dl.") or rank == 0
+        )
+        if rank == 1:
+            sd.pop("w")
+        writer = ct.StorageWriter("planless/keys/step-1", socket=daemon.socket)
+        dcp.save(sd, storage_writer=writer, planner=planner, no_dist=True)
+
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(save, [0, 1]))
+    reader = ct.StorageReader("planless/keys/step-1", socket=daemon.socket)
+    got = _load_state_dict_from_keys(keys={"dl"}, storage_reader=reader)
+    assert got == {"dl": {"dp_rank_0": "pos0", "dp_rank_1": "pos1"}}, got

@@ -218,6 +218,8 @@ class StorageReader(LazyClient, _DcpReader):
     def _metadata(self, sd_meta: dict[str, Any], planner_data: Any, storage: Any) -> Metadata:
         if planner_data is None:
             planner_data = {name: (name,) for name in sd_meta}
+        elif isinstance(planner_data, dict):
+            planner_data = _complete_mappings(planner_data, sd_meta)
         return Metadata(
             state_dict_metadata=sd_meta,
             planner_data=planner_data,
@@ -315,3 +317,25 @@ class StorageReader(LazyClient, _DcpReader):
             )
         job, sizes = route
         return job, 0, [0] * len(sizes), sizes
+
+
+def _complete_mappings(mappings: dict[str, Any], names: Any) -> dict[str, Any]:
+    """DCP's flattening mappings for every item: the saved ones (rank 0's, which a planless save
+    records) completed for items only other ranks held (e.g. "dataloader.dp_rank_1" beside
+    rank 0's "dataloader.dp_rank_0"): the longest saved prefix's path plus the rest of the name,
+    else the name itself. Template-less loads (DCP's _EmptyStateDictLoadPlanner) need one each."""
+    missing = [n for n in names if n not in mappings]
+    if not missing:
+        return mappings
+    prefixes: dict[str, tuple[Any, ...]] = {}
+    for name, path in mappings.items():
+        for i in range(1, len(path)):
+            head = ".".join(str(p) for p in path[:i])
+            if name.startswith(head + "."):
+                prefixes.setdefault(head, tuple(path[:i]))
+    out = dict(mappings)
+    for name in missing:
+        heads = [h for h in prefixes if name.startswith(h + ".")]
+        head = max(heads, key=len, default=None)
+        out[name] = (name,) if head is None else (*prefixes[head], name[len(head) + 1 :])
+    return out
