@@ -107,6 +107,7 @@ def test_import_ckptd_does_not_import_torchtitan() -> None:
 def test_async_saves_keep_latest_k_and_a_killed_rank(runs: dict[str, Any]) -> None:
     train = runs["train"]
     assert train["fresh"] is False, train  # an empty job: TorchTitan's fresh start
+    assert train["planless"] == "LocalPlanner", train  # FSDP2 on 2 ranks: no rank-0 gather
     assert train["killed_save"] != "returned", train  # rank 0's save fails, it does not hang
     # keep_latest_k=2 (of the 2-rank checkpoints); step 6 never committed: "latest" is 4.
     assert train["committed"] == [[3, 2], [4, 2]], train

@@ -154,6 +154,8 @@ def main() -> None:
     if args.mode == "train":
         run = Run(checkpoint_config(args.job, async_mode=args.async_mode), seed=0)
         result["fresh"] = run.checkpointer.load()  # the job is empty: a fresh start
+        # FSDP2 over every rank: the saves below plan with no collective (LocalPlanner)
+        result["planless"] = type(run.checkpointer._local_planner()).__name__
         for _ in range(4):
             run.step()
             run.checkpointer.save(run.train_state.step)

@@ -18,8 +18,17 @@ load_step, initial_load_*, last_save_model_only / export_dtype, exclude_from_loa
 enable_first_step_checkpoint, load_only) keeps TorchTitan's meaning:
 
 - Each checkpoint is the DCP checkpoint f"{job}/step-{step}" written through ckptd.torch's
-  StorageWriter (every rank stages its own shards, the daemon commits; no rank-0 gather), and
-  read back at any world size through its StorageReader. The job path is `job=`, else the
+  StorageWriter (every rank stages its own shards, the daemon commits), and read back at any
+  world size through its StorageReader. Planless (no collective at all: ckptd.torch.LocalPlanner
+  with no_dist) when every rank is its own data-parallel rank (the dataloader's dp_world_size is
+  the world size: FSDP, DDP or HSDP without tensor, context or pipeline parallelism; without a
+  dataloader: every parameter a DTensor on a mesh of all ranks, so no pipeline stages): DTensor
+  replicas are written by the rank at coordinate 0 of their Replicate mesh dims, each rank's
+  dataloader entry (dataloader.dp_rank_<r>, which it alone holds) by that rank, every other
+  value (plain tensors such as optimizer steps, LR schedulers, the train state) by rank 0, as
+  they are the same on every data-parallel rank. With tensor, context or pipeline parallelism
+  a non-DTensor value may be held by some ranks only (a pipeline stage's), so DCP's collective
+  planning (a rank-0 gather) is kept there. The job path is `job=`, else the
   `folder` (a "ckptd://" folder as it is, a plain one joined to the dump folder).
 - async_mode "disabled": save() returns at COMMITTED. "async": returns once this rank's shards
   are copied into the daemon's staging arena and handed to it (once every rank has, the
@@ -54,13 +63,15 @@ import io
 import json
 import os
 import posixpath
+import warnings
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torchtitan.components.checkpointer import MODEL, AsyncMode
+from torch.distributed.tensor import DTensor
+from torchtitan.components.checkpointer import DATALOADER, MODEL, AsyncMode
 from torchtitan.components.checkpointer import CheckpointManager as _DcpCheckpointManager
 from torchtitan.tools import filesystem
 from torchtitan.tools.logging import logger
@@ -71,6 +82,7 @@ import ckptd
 from .torch import _ids
 from .torch._connection import connect, rank_world
 from .torch._errors import ckptd_errors as _ckptd_errors
+from .torch._planner import LocalPlanner
 from .torch._reader import StorageReader
 from .torch._storage import StorageWriter
 
@@ -201,24 +213,57 @@ class CkptdCheckpointManager(_DcpCheckpointManager):
         mark = {"format": FORMAT, "step": step, "model_only": self._model_only_save}
         state_dict = {**state_dict, MARK: json.dumps(mark).encode()}
         self._close_writer()
+        planner = self._local_planner()
         writer = StorageWriter(
             checkpoint_id,
             socket=self.socket,
             tier_policy=self.tier_policy,
             commit_timeout_ms=self.commit_timeout_ms,
             async_staging=async_mode == AsyncMode.ASYNC_WITH_PINNED_MEM,
+            planner=planner,
         )
+        planless: dict[str, Any] = {} if planner is None else {"planner": planner, "no_dist": True}
         ret: Any = None
-        with _ckptd_errors():
+        with _ckptd_errors(), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
             if async_mode == AsyncMode.DISABLED:
-                dcp.save(state_dict, storage_writer=writer)
+                dcp.save(state_dict, storage_writer=writer, **planless)
                 writer.close()
             else:  # the writer is its own stager: no DefaultStager, no checkpoint process
-                ret = dcp.async_save(state_dict, storage_writer=writer, process_group=self.pg)
+                ret = dcp.async_save(
+                    state_dict, storage_writer=writer, process_group=self.pg, **planless
+                )
                 self._writer = writer
         if enable_garbage_collection:
             GarbageCollection.collect("GC collection invoked by checkpointer.")
         return ret
+
+    def _local_planner(self) -> LocalPlanner | None:
+        """A LocalPlanner when every rank is its own data-parallel rank (module docstring),
+        else None (DCP's collective planning)."""
+        rank, world = rank_world()
+        dataloader = self.states.get(DATALOADER)
+        if dataloader is not None:
+            if getattr(dataloader, "dp_world_size", None) != world:
+                return None
+        elif world > 1 and not self._model_spans_world(world):
+            return None
+        mine = f"{DATALOADER}.dp_rank_"
+
+        def owns(fqn: str) -> bool:
+            return fqn.startswith(mine) or rank == 0
+
+        return LocalPlanner(process_group=self.pg, owns=owns)
+
+    def _model_spans_world(self, world: int) -> bool:
+        """Every parameter is a DTensor on a mesh of all `world` ranks: no pipeline stages
+        (their meshes are smaller, or their parameters plain), so the non-DTensor values are
+        the same on every rank."""
+        parts = getattr(self.states.get(MODEL), "model", None) or []
+        params = [p for part in parts for p in part.parameters()]
+        return bool(params) and all(
+            isinstance(p, DTensor) and p.device_mesh.size() == world for p in params
+        )
 
     def _wait_for_saving(self) -> None:
         future: Future[Any] | None = self.save_future
