@@ -89,6 +89,17 @@ _default: Client | None = None
 _default_lock = threading.Lock()
 
 
+def _reset_default_in_child() -> None:
+    # A forked child: the lock may have been held by another thread of the parent, and the
+    # parent's client is not usable here (ckptd._client: fork).
+    global _default, _default_lock
+    _default = None
+    _default_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_reset_default_in_child)
+
+
 def connect(socket: str | os.PathLike[str] | None = None, **options: Any) -> Client:
     """A new session with the local daemon. socket: a path, else $CKPTD_SOCKET, else the
     default. UnavailableError (a ConnectionError) naming the socket when nobody answers."""
@@ -96,7 +107,8 @@ def connect(socket: str | os.PathLike[str] | None = None, **options: Any) -> Cli
 
 
 def default_client() -> Client:
-    """A process-wide client on $CKPTD_SOCKET, connected on first use."""
+    """A process-wide client on $CKPTD_SOCKET, connected on first use (in a forked child: its
+    own, or FailedPreconditionError when the parent had connected before the fork)."""
     global _default
     with _default_lock:
         if _default is None:

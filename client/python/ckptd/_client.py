@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import pickle
 import threading
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -13,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from . import _arrays, _ckptd
+from ._errors import FailedPreconditionError
 
 DEFAULT_SOCKET = "/var/lib/ckptd/ckptd.sock"
 _ALIGN = 4096  # slab arrays start on a page
@@ -150,6 +153,39 @@ def _sync_devices(tensors: Iterable[Any]) -> None:
             torch.cuda.synchronize(device)
 
 
+# --- fork ----------------------------------------------------------------------------------------
+# gRPC's C++ core is not fork-safe: a process forked after its parent used a client inherits that
+# client's channel and threads half-alive, and any gRPC call in it — the inherited client's, a new
+# client's, even the inherited client's destructor at the child's exit — hangs or crashes. So in
+# such a child every client raises FailedPreconditionError saying so (a worker started with
+# "spawn" or "forkserver", or one that connects before its parent did, works), and the inherited
+# native clients are never destroyed there (their state is the parent's; the child's copy is
+# freed by its exit).
+_grpc_pid: int | None = None  # the process whose clients own gRPC's state, once one was made
+_live: weakref.WeakSet[Client] = weakref.WeakSet()
+
+
+def _fork_error() -> FailedPreconditionError:
+    return FailedPreconditionError(
+        f"ckptd: process {os.getpid()} was forked from process {_grpc_pid}, which had already "
+        "connected to ckptd, and gRPC cannot run in such a child; start workers with "
+        "multiprocessing's 'spawn' or 'forkserver' method (torch.multiprocessing."
+        "set_start_method('spawn')), or connect in the parent only after forking them"
+    )
+
+
+def _after_fork_in_child() -> None:
+    if _grpc_pid is None:
+        return  # no client was made before the fork: the child may make its own
+    for client in list(_live):
+        client._forked = True
+        # One reference the child never drops: the destructor (gRPC calls) never runs here.
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(client._native_client))
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class Client:
     """One session with the local ckptd. Thread-safe. Create with ckptd.connect()."""
 
@@ -183,7 +219,11 @@ class Client:
         path = os.fspath(socket) if socket is not None else os.environ.get("CKPTD_SOCKET", "")
         self.socket = path or DEFAULT_SOCKET
         self.wait_timeout_ms = wait_timeout_ms
-        self._native = _ckptd.Client(
+        global _grpc_pid
+        if _grpc_pid is not None and _grpc_pid != os.getpid():
+            raise _fork_error()
+        self._forked = False
+        self._native_client = _ckptd.Client(
             self.socket,
             rpc_timeout_ms,
             connect_timeout_ms,
@@ -192,8 +232,17 @@ class Client:
             tier_policy,
             local_world_size,
         )
+        _grpc_pid = os.getpid()
+        _live.add(self)
         self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ckptd")
         self._slabs = _Slabs(self, slab_bytes)
+
+    @property
+    def _native(self) -> Any:
+        """The native client; FailedPreconditionError in a process forked after it was made."""
+        if self._forked:
+            raise _fork_error()
+        return self._native_client
 
     # --- memory ---------------------------------------------------------------------------------
     def empty(self, shape: Sequence[int] | int, dtype: Any = np.float32) -> Any:
@@ -580,7 +629,10 @@ class Client:
         """Ends the session now, after the saves and loads in flight: the daemon releases what the
         session held (as when the process exits). Views of stage()/empty() buffers stay mapped
         (touching them never faults), but stage()'s arena buffers are the daemon's again. Every
-        later call raises FailedPreconditionError. Closing again does nothing."""
+        later call raises FailedPreconditionError. Closing again does nothing. In a process
+        forked after the client was made it does nothing (the session is the parent's)."""
+        if self._forked:
+            return
         self._executor.shutdown(wait=True)
         self._native.close()
 

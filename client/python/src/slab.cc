@@ -10,8 +10,8 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <map>
 #include <random>
-#include <set>
 
 #include "absl/base/call_once.h"
 #include "absl/strings/str_cat.h"
@@ -26,9 +26,10 @@ namespace {
 constexpr const char* kSlabPrefix = "ckptd-py-";  // in /dev/shm, without the leading '/'
 
 absl::Mutex g_slabs_mu;
-// Names of the slabs alive in this process (unlinked at interpreter exit).
-std::set<std::string>* LiveSlabs() ABSL_EXCLUSIVE_LOCKS_REQUIRED(g_slabs_mu) {
-  static auto* live = new std::set<std::string>();  // never destroyed: used at exit
+// Names of the slabs alive in this process and the process that made each (unlinked at its
+// interpreter exit; a forked child inherits the map but not the slabs).
+std::map<std::string, pid_t>* LiveSlabs() ABSL_EXCLUSIVE_LOCKS_REQUIRED(g_slabs_mu) {
+  static auto* live = new std::map<std::string, pid_t>();  // never destroyed: used at exit
   return live;
 }
 
@@ -64,7 +65,10 @@ void SweepOrphanSlabs() {
 
 void UnlinkSlabsAtExit() {
   absl::MutexLock l(&g_slabs_mu);
-  for (const std::string& name : *LiveSlabs()) shm_unlink(name.c_str());
+  const pid_t self = getpid();
+  for (const auto& [name, maker] : *LiveSlabs()) {
+    if (maker == self) shm_unlink(name.c_str());  // a parent's slab is not a forked child's
+  }
   LiveSlabs()->clear();
 }
 
@@ -101,10 +105,17 @@ ShmSlab::ShmSlab(std::shared_ptr<Client> client, uint64_t bytes)
   if (!handle.ok()) fail(handle.status());
   handle_ = *handle;
   absl::MutexLock l(&g_slabs_mu);
-  LiveSlabs()->insert(name_);
+  LiveSlabs()->emplace(name_, pid_);
 }
 
 ShmSlab::~ShmSlab() {
+  if (getpid() != pid_) {
+    // A forked child's copy: the registration and the name are the parent's (and gRPC cannot
+    // run here: ckptd._client, fork); only this process's mapping and descriptor go.
+    munmap(data_, bytes_);
+    close(fd_);
+    return;
+  }
   {
     ReleasedGil released;
     (void)client_->Unregister(handle_);

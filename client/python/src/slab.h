@@ -4,7 +4,8 @@
 // Resource: one shm object per slab, named "/ckptd-py-<pid>-<n>-<random>" (random: names never
 // collide, whatever pids other processes or pid namespaces sharing /dev/shm had), mode 0600.
 // Owner: the ShmSlab (the Python views over it keep it alive). Ends: the last view goes (the
-// destructor unregisters, unmaps and unlinks), or the interpreter exits (UnlinkSlabsAtExit
+// destructor unregisters, unmaps and unlinks; in a forked child it only unmaps its copy), or
+// the interpreter exits (UnlinkSlabsAtExit
 // unlinks every live slab's name: the objects themselves may never be destroyed then), or the
 // process dies: while it lives it holds an exclusive flock on each slab, so the next process of
 // the same uid that creates a slab (SweepOrphanSlabs, once per process) finds the slabs nobody
@@ -12,6 +13,9 @@
 // The daemon: its region registration ends with the session; a daemon restart re-registers the
 // slab by name (the client library does it).
 #pragma once
+
+#include <sys/types.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <memory>
@@ -41,6 +45,7 @@ class ShmSlab {
   void* data_ = nullptr;
   uint64_t bytes_ = 0;
   uint64_t handle_ = 0;
+  pid_t pid_ = getpid();  // the process that made it: only it unregisters and unlinks
 };
 
 // Unlinks the names of every slab still alive (registered with atexit by the module).

@@ -1,0 +1,98 @@
+"""A process forked after its parent connected to ckptd (a fork-started worker, a DataLoader
+worker on Linux's default start method): gRPC cannot run in it, so every client call there —
+the inherited client's, a new one's, default_client() — raises FailedPreconditionError saying
+how to start workers instead of hanging or crashing; the child exits normally (the inherited
+client's destructor would hang it), and the parent's session and shared-memory slabs are left
+whole (a child's copy of a slab neither unregisters nor unlinks it). A child forked before the
+parent connected may connect itself.
+
+Each case runs in its own interpreter (a script run with a timeout): the fork must not happen in
+the test process, whose own clients would be inherited.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+from conftest import Daemon
+
+FORK_AFTER_CONNECT = """
+import os, sys
+import numpy as np
+import ckptd
+
+sock = sys.argv[1]
+os.environ["CKPTD_SOCKET"] = sock
+c = ckptd.default_client()
+a = c.empty(4096)  # a slab alive across the fork
+a[:] = np.arange(4096, dtype=np.float32)
+pid = os.fork()
+if pid == 0:
+    errors = []
+    for what, call in (
+        ("inherited", lambda: c.list()),
+        ("default", lambda: ckptd.default_client()),
+        ("new", lambda: ckptd.connect(sock)),
+        ("save", lambda: c.save("forked", 1, {"a": a})),
+    ):
+        try:
+            call()
+            errors.append(f"{what}: no error")
+        except ckptd.FailedPreconditionError as e:
+            if "spawn" not in str(e) or str(os.getppid()) not in str(e):
+                errors.append(f"{what}: {e}")
+    c.close()  # nothing to do here
+    del a
+    print("child:", "; ".join(errors) or "ok", flush=True)
+    sys.exit(1 if errors else 0)  # a normal exit: atexit hooks and finalizers run
+_, status = os.waitpid(pid, 0)
+assert os.waitstatus_to_exitcode(status) == 0, status
+# The parent's session and slab are whole: the slab saves in place and loads back.
+c.save("parent", 1, {"a": a}).committed().result()
+got = c.load("parent", 1).tensors["a"]
+assert np.array_equal(got, np.arange(4096, dtype=np.float32))
+assert c.list("forked") == []  # the child's save was refused, not half-done
+print("parent: ok", flush=True)
+"""
+
+FORK_BEFORE_CONNECT = """
+import os, sys
+import numpy as np
+import ckptd
+
+sock = sys.argv[1]
+pid = os.fork()
+if pid == 0:
+    c = ckptd.connect(sock)
+    c.save("child-own", 1, {"x": np.ones(8, np.float32)}).committed().result()
+    c.close()
+    sys.exit(0)
+_, status = os.waitpid(pid, 0)
+assert os.waitstatus_to_exitcode(status) == 0, status
+c = ckptd.connect(sock)
+assert np.array_equal(c.load("child-own", 1).tensors["x"], np.ones(8, np.float32))
+print("parent: ok", flush=True)
+"""
+
+
+def run(script: str, daemon: Daemon) -> str:
+    r = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script), daemon.socket],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout
+
+
+def test_a_child_forked_after_connect_gets_a_clear_error_and_leaves_the_parent_whole(
+    daemon: Daemon,
+) -> None:
+    out = run(FORK_AFTER_CONNECT, daemon)
+    assert "child: ok" in out and "parent: ok" in out, out
+
+
+def test_a_child_forked_before_any_connect_connects_itself(daemon: Daemon) -> None:
+    out = run(FORK_BEFORE_CONNECT, daemon)
+    assert "parent: ok" in out, out
