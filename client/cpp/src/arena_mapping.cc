@@ -115,9 +115,17 @@ absl::StatusOr<std::shared_ptr<ArenaMapping>> ArenaMapping::Map(const std::strin
   if (bytes == 0) return absl::InternalError("daemon announced an empty staging arena");
   absl::StatusOr<ArenaGrant> got = FetchArenaFd(arena_socket, session_id);
   if (!got.ok()) return got.status();
-  const int fd = got->fd;
-  const std::string& shm_name = got->name;
-  const bool populate = got->resident;
+  return MapFd(got->fd, got->name, bytes, got->resident, pin_for_cuda);
+}
+
+absl::StatusOr<std::shared_ptr<ArenaMapping>> ArenaMapping::MapFd(int fd,
+                                                                  const std::string& shm_name,
+                                                                  uint64_t bytes, bool populate,
+                                                                  bool pin_for_cuda) {
+  if (bytes == 0) {
+    (void)close(fd);  // already failing
+    return absl::InternalError("daemon announced an empty staging arena");
+  }
   struct stat st;
   if (fstat(fd, &st) != 0) {
     int err = errno;

@@ -27,6 +27,12 @@ class ArenaMapping {
   static absl::StatusOr<std::shared_ptr<ArenaMapping>> Map(const std::string& arena_socket,
                                                            const std::string& session_id,
                                                            uint64_t bytes, bool pin_for_cuda);
+  // Map()'s second half: maps `bytes` of the shared-memory object `fd` (taken: closed here,
+  // mapped or not), named `shm_name` in errors; populate: MAP_POPULATE. Tests map a memfd of
+  // their own as a scripted daemon's arena (tests/unit/client/fake_daemon.h).
+  static absl::StatusOr<std::shared_ptr<ArenaMapping>> MapFd(int fd, const std::string& shm_name,
+                                                             uint64_t bytes, bool populate,
+                                                             bool pin_for_cuda);
   ~ArenaMapping();
   ArenaMapping(const ArenaMapping&) = delete;
   ArenaMapping& operator=(const ArenaMapping&) = delete;

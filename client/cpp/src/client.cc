@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client_core.h"
+#include "client_factory.h"
 #include "convert.h"
 
 namespace ckptd {
@@ -22,7 +23,14 @@ constexpr int64_t kWaitMarginMs = 10000;
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
-  absl::StatusOr<std::unique_ptr<ClientCore>> core = ClientCore::Create(std::move(options));
+  std::unique_ptr<internal::Connection> connection = internal::MakeUnixConnection(options);
+  return internal::ClientFactory::Create(std::move(options), std::move(connection));
+}
+
+absl::StatusOr<std::unique_ptr<Client>> internal::ClientFactory::Create(
+    ClientOptions options, std::unique_ptr<Connection> connection) {
+  absl::StatusOr<std::unique_ptr<ClientCore>> core =
+      ClientCore::Create(std::move(options), std::move(connection));
   if (!core.ok()) return core.status();
   return std::unique_ptr<Client>(new Client(*std::move(core)));
 }
@@ -78,9 +86,8 @@ absl::StatusOr<CheckpointInfo> Client::Wait(const std::string& job, uint64_t ste
   v1::CheckpointStatus resp;
   int64_t deadline_ms =
       int64_t{req.timeout_ms()} + std::min<int64_t>(core_->rpc_timeout_ms(), kWaitMarginMs);
-  CKPTD_CLIENT_RETURN_IF_ERROR(core_->Call("Wait", deadline_ms, [&](grpc::ClientContext* c) {
-    return core_->stub().Wait(c, req, &resp);
-  }));
+  CKPTD_CLIENT_RETURN_IF_ERROR(
+      core_->Call("Wait", deadline_ms, &internal::Connection::Wait, req, &resp));
   return internal::FromProto(resp);
 }
 
@@ -112,8 +119,7 @@ absl::StatusOr<CheckpointInfo> Client::Commit(const std::string& job, uint64_t s
   req.set_partial(partial);
   v1::CheckpointStatus resp;
   CKPTD_CLIENT_RETURN_IF_ERROR(
-      core_->Call("Commit", core_->rpc_timeout_ms(),
-                  [&](grpc::ClientContext* c) { return core_->stub().Commit(c, req, &resp); }));
+      core_->Call("Commit", core_->rpc_timeout_ms(), &internal::Connection::Commit, req, &resp));
   return internal::FromProto(resp);
 }
 
@@ -126,8 +132,7 @@ absl::StatusOr<CheckpointInfo> Client::Abort(const std::string& job, uint64_t st
   req.set_reason(reason);
   v1::CheckpointStatus resp;
   CKPTD_CLIENT_RETURN_IF_ERROR(
-      core_->Call("Abort", core_->rpc_timeout_ms(),
-                  [&](grpc::ClientContext* c) { return core_->stub().Abort(c, req, &resp); }));
+      core_->Call("Abort", core_->rpc_timeout_ms(), &internal::Connection::Abort, req, &resp));
   return internal::FromProto(resp);
 }
 
@@ -139,9 +144,8 @@ absl::StatusOr<std::vector<JobInfo>> Client::ListJobs() {
   v1::ListJobsRequest req;
   do {
     v1::ListJobsResponse resp;
-    CKPTD_CLIENT_RETURN_IF_ERROR(
-        core_->Call("ListJobs", core_->rpc_timeout_ms(),
-                    [&](grpc::ClientContext* c) { return core_->stub().ListJobs(c, req, &resp); }));
+    CKPTD_CLIENT_RETURN_IF_ERROR(core_->Call("ListJobs", core_->rpc_timeout_ms(),
+                                             &internal::Connection::ListJobs, req, &resp));
     for (const v1::JobSummary& j : resp.jobs()) jobs.push_back(internal::FromProto(j));
     req.set_page_token(resp.next_page_token());
   } while (!req.page_token().empty());
@@ -155,9 +159,8 @@ absl::StatusOr<std::vector<CheckpointInfo>> Client::ListCheckpoints(const std::s
   req.set_job(job);
   do {
     v1::ListCheckpointsResponse resp;
-    CKPTD_CLIENT_RETURN_IF_ERROR(core_->Call(
-        "ListCheckpoints", core_->rpc_timeout_ms(),
-        [&](grpc::ClientContext* c) { return core_->stub().ListCheckpoints(c, req, &resp); }));
+    CKPTD_CLIENT_RETURN_IF_ERROR(core_->Call("ListCheckpoints", core_->rpc_timeout_ms(),
+                                             &internal::Connection::ListCheckpoints, req, &resp));
     for (const v1::CheckpointSummary& s : resp.checkpoints()) {
       out.push_back(internal::FromProto(s));
     }
@@ -172,9 +175,8 @@ absl::StatusOr<CheckpointInfo> Client::GetStatus(const std::string& job, uint64_
   req.set_job(job);
   req.set_step(step);
   v1::CheckpointStatus resp;
-  CKPTD_CLIENT_RETURN_IF_ERROR(
-      core_->Call("GetStatus", core_->rpc_timeout_ms(),
-                  [&](grpc::ClientContext* c) { return core_->stub().GetStatus(c, req, &resp); }));
+  CKPTD_CLIENT_RETURN_IF_ERROR(core_->Call("GetStatus", core_->rpc_timeout_ms(),
+                                           &internal::Connection::GetStatus, req, &resp));
   return internal::FromProto(resp);
 }
 
@@ -186,9 +188,8 @@ absl::StatusOr<std::vector<ItemInfo>> Client::Inspect(const std::string& job, ui
   req.set_step(step);
   do {
     v1::InspectResponse resp;
-    CKPTD_CLIENT_RETURN_IF_ERROR(
-        core_->Call("Inspect", core_->rpc_timeout_ms(),
-                    [&](grpc::ClientContext* c) { return core_->stub().Inspect(c, req, &resp); }));
+    CKPTD_CLIENT_RETURN_IF_ERROR(core_->Call("Inspect", core_->rpc_timeout_ms(),
+                                             &internal::Connection::Inspect, req, &resp));
     for (const v1::ItemInfo& i : resp.items()) items.push_back(internal::FromProto(i));
     req.set_page_token(resp.next_page_token());
   } while (!req.page_token().empty());
@@ -204,8 +205,7 @@ absl::StatusOr<uint64_t> Client::Latest(const std::string& job, Durability durab
                                                  : v1::DURABLE_COMMITTED);
   v1::LatestResponse resp;
   CKPTD_CLIENT_RETURN_IF_ERROR(
-      core_->Call("Latest", core_->rpc_timeout_ms(),
-                  [&](grpc::ClientContext* c) { return core_->stub().Latest(c, req, &resp); }));
+      core_->Call("Latest", core_->rpc_timeout_ms(), &internal::Connection::Latest, req, &resp));
   return resp.step();
 }
 
@@ -215,8 +215,7 @@ absl::Status Client::Delete(const std::string& job, uint64_t step) {
   req.set_job(job);
   req.set_step(step);
   v1::DeleteResponse resp;
-  return core_->Call("Delete", core_->rpc_timeout_ms(),
-                     [&](grpc::ClientContext* c) { return core_->stub().Delete(c, req, &resp); });
+  return core_->Call("Delete", core_->rpc_timeout_ms(), &internal::Connection::Delete, req, &resp);
 }
 
 }  // namespace ckptd

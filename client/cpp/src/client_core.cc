@@ -2,8 +2,9 @@
 // arena_mapping.cc).
 #include "client_core.h"
 
+#include <unistd.h>
+
 #include <algorithm>
-#include <cstdlib>
 
 #include "absl/strings/str_cat.h"
 
@@ -11,23 +12,15 @@ namespace ckptd::internal {
 
 namespace {
 
-constexpr const char* kDefaultSocket = "/var/lib/ckptd/ckptd.sock";
-constexpr int kRpcMessageBytesMax = 64 * 1024 * 1024;  // daemon's limits::kRpcMessageBytesMax
 constexpr uint64_t kExtentsPerReserveDefault = 65536;  // used if Hello's limits leave it 0
 constexpr int kGoodbyeTimeoutMs = 1000;
-
-std::string ResolveSocket(const ClientOptions& options) {
-  if (!options.socket_path.empty()) return options.socket_path;
-  const char* env = std::getenv("CKPTD_SOCKET");
-  if (env != nullptr && env[0] != '\0') return env;
-  return kDefaultSocket;
-}
 
 }  // namespace
 
 // --- ClientCore: creation, channel watch ----------------------------------------------------
 
-absl::StatusOr<std::unique_ptr<ClientCore>> ClientCore::Create(ClientOptions options) {
+absl::StatusOr<std::unique_ptr<ClientCore>> ClientCore::Create(
+    ClientOptions options, std::unique_ptr<Connection> connection) {
   if (options.rpc_timeout_ms <= 0 || options.connect_timeout_ms <= 0 ||
       options.reserve_timeout_ms < 0) {
     return absl::InvalidArgumentError(
@@ -35,36 +28,14 @@ absl::StatusOr<std::unique_ptr<ClientCore>> ClientCore::Create(ClientOptions opt
                      ") and connect_timeout_ms (", options.connect_timeout_ms,
                      ") must be > 0, reserve_timeout_ms (", options.reserve_timeout_ms, ") >= 0"));
   }
-  std::string path = ResolveSocket(options);
-  std::string target = path.rfind("unix:", 0) == 0 ? path : absl::StrCat("unix:", path);
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(kRpcMessageBytesMax);
-  args.SetMaxSendMessageSize(kRpcMessageBytesMax);
-  // A restarted daemon must be found again quickly, not after gRPC's default 1..120 s backoff.
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  // One Client, one connection: gRPC would otherwise share one connection among every channel
-  // of the process to the same socket, and the daemon binds sessions to connections (its peer
-  // credentials are read per connection), so a Client's lifetime is its connection's.
-  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  auto channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
-  std::unique_ptr<ClientCore> core(
-      new ClientCore(std::move(options), std::move(target), std::move(channel)));
+  std::unique_ptr<ClientCore> core(new ClientCore(std::move(options), std::move(connection)));
   absl::StatusOr<Session> session = core->EnsureSession();
   if (!session.ok()) return session.status();
   return core;
 }
 
-ClientCore::ClientCore(ClientOptions options, std::string target,
-                       std::shared_ptr<grpc::Channel> channel)
-    : options_(std::move(options)),
-      target_(std::move(target)),
-      // The arena socket lies beside the daemon's socket (proto: above HelloResponse); named
-      // from this client's view of the path, which may differ from the daemon's (a sidecar).
-      arena_socket_(target_.substr(5) + ".arena"),
-      channel_(std::move(channel)),
-      stub_(v1::Checkpoint::NewStub(channel_)) {}
+ClientCore::ClientCore(ClientOptions options, std::unique_ptr<Connection> connection)
+    : options_(std::move(options)), connection_(std::move(connection)) {}
 
 ClientCore::~ClientCore() { Close(); }
 
@@ -81,17 +52,25 @@ void ClientCore::Close() {
 absl::Status ClientCore::AttachLocked(const std::string& session_id) {
   v1::AttachRequest req;
   req.set_session_id(session_id);
-  attach_ctx_ = std::make_unique<grpc::ClientContext>();
-  attach_reader_ = stub_->Attach(attach_ctx_.get(), req);
+  attach_ = connection_->Attach(req);
   v1::SessionEvent first;
-  if (!attach_reader_->Read(&first) || !first.attached()) {
-    grpc::Status gs = attach_reader_->Finish();
-    attach_reader_.reset();
-    attach_ctx_.reset();
+  if (!attach_->Read(&first)) {
+    grpc::Status gs = attach_->Finish();
+    attach_.reset();
     return Convert("Attach", options_.connect_timeout_ms,
                    gs.ok() ? grpc::Status(grpc::StatusCode::INTERNAL, "Attach ended at once") : gs);
   }
-  grpc::ClientReader<v1::SessionEvent>* reader = attach_reader_.get();
+  if (!first.attached()) {
+    // Still open: cancelled first, so that Finish does not wait for an end that may never come.
+    attach_->Cancel();
+    while (attach_->Read(&first)) {
+    }
+    (void)attach_->Finish();
+    attach_.reset();
+    return absl::InternalError(
+        absl::StrCat("ckptd at ", target(), " answered Attach with an event other than attached"));
+  }
+  SessionStream* reader = attach_.get();
   const uint64_t epoch = attach_epoch_.load();
   attach_thread_ = std::thread([this, reader, epoch] {
     v1::SessionEvent e;
@@ -105,11 +84,10 @@ absl::Status ClientCore::AttachLocked(const std::string& session_id) {
 
 void ClientCore::DetachLocked() {
   attach_epoch_.fetch_add(1);
-  if (attach_ctx_ != nullptr) attach_ctx_->TryCancel();
+  if (attach_ != nullptr) attach_->Cancel();
   if (attach_thread_.joinable()) attach_thread_.join();
-  if (attach_reader_ != nullptr) (void)attach_reader_->Finish();
-  attach_reader_.reset();
-  attach_ctx_.reset();
+  if (attach_ != nullptr) (void)attach_->Finish();
+  attach_.reset();
 }
 
 absl::Status ClientCore::Convert(const char* name, int64_t timeout_ms, const grpc::Status& status) {
@@ -119,15 +97,15 @@ absl::Status ClientCore::Convert(const char* name, int64_t timeout_ms, const grp
   std::string msg = status.error_message();
   if (code == absl::StatusCode::kUnavailable) {
     need_hello_ = true;
-    msg = absl::StrCat("ckptd at ", target_, " is unavailable: ", msg);
+    msg = absl::StrCat("ckptd at ", target(), " is unavailable: ", msg);
   } else if (code == absl::StatusCode::kFailedPrecondition &&
              ReasonOf(status) == v1::UNKNOWN_SESSION) {
     // The daemon restarted between two of our calls without the drop being noticed: this call
     // fails, the next one says Hello again.
     need_hello_ = true;
   } else if (code == absl::StatusCode::kDeadlineExceeded && msg == "Deadline Exceeded") {
-    msg =
-        absl::StrCat("ckptd at ", target_, " did not answer ", name, " within ", timeout_ms, " ms");
+    msg = absl::StrCat("ckptd at ", target(), " did not answer ", name, " within ", timeout_ms,
+                       " ms");
   }
   return absl::Status(code, msg);
 }
@@ -144,8 +122,7 @@ void ClientCore::GoodbyeQuietly(const std::string& session_id) {
   v1::GoodbyeRequest req;
   req.set_session_id(session_id);
   v1::GoodbyeResponse resp;
-  (void)Call("Goodbye", kGoodbyeTimeoutMs,
-             [&](grpc::ClientContext* ctx) { return stub_->Goodbye(ctx, req, &resp); });
+  (void)Call("Goodbye", kGoodbyeTimeoutMs, &Connection::Goodbye, req, &resp);
 }
 
 // --- session -----------------------------------------------------------------------------------
@@ -158,7 +135,7 @@ absl::StatusOr<Session> ClientCore::EnsureSession() {
 absl::StatusOr<Session> ClientCore::EnsureSessionLocked() {
   if (closed_) {
     return absl::FailedPreconditionError(
-        absl::StrCat("this client of ckptd at ", target_, " is closed"));
+        absl::StrCat("this client of ckptd at ", target(), " is closed"));
   }
   if (need_hello_.load() || session_.session_id.empty()) {
     CKPTD_CLIENT_RETURN_IF_ERROR(HelloLocked());
@@ -173,15 +150,14 @@ absl::Status ClientCore::HelloLocked() {
                                                    : options_.client_name);
   v1::HelloResponse resp;
   need_hello_ = false;  // a drop noticed from here on marks it again
-  grpc::ClientContext ctx;
-  ctx.set_wait_for_ready(true);  // ride out a daemon restart, within connect_timeout_ms
-  ctx.set_deadline(std::chrono::system_clock::now() +
-                   std::chrono::milliseconds(options_.connect_timeout_ms));
-  grpc::Status gs = stub_->Hello(&ctx, req, &resp);
+  CallOptions o;
+  o.timeout_ms = options_.connect_timeout_ms;
+  o.wait_for_ready = true;  // ride out a daemon restart, within connect_timeout_ms
+  grpc::Status gs = connection_->Hello(o, req, &resp);
   if (!gs.ok()) {
     need_hello_ = true;
     if (gs.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
-      return absl::UnavailableError(absl::StrCat("ckptd at ", target_,
+      return absl::UnavailableError(absl::StrCat("ckptd at ", target(),
                                                  " is unavailable: no answer to Hello within ",
                                                  options_.connect_timeout_ms, " ms"));
     }
@@ -196,14 +172,14 @@ absl::Status ClientCore::HelloLocked() {
   // Within one daemon instance a uid's segment never changes; a new instance means new segments.
   std::shared_ptr<ArenaMapping> mapping = session_.arena;
   if (mapping == nullptr || resp.daemon_instance() != daemon_instance_) {
-    absl::StatusOr<std::shared_ptr<ArenaMapping>> arena = ArenaMapping::Map(
-        arena_socket_, resp.session_id(), resp.arena_bytes(), options_.pin_arena_for_cuda);
+    absl::StatusOr<std::shared_ptr<ArenaMapping>> arena =
+        connection_->MapArena(resp.session_id(), resp.arena_bytes(), options_.pin_arena_for_cuda);
     if (!arena.ok()) {
       GoodbyeQuietly(resp.session_id());
       DetachLocked();
       need_hello_ = true;
       return absl::Status(arena.status().code(),
-                          absl::StrCat("mapping the staging arena of ckptd at ", target_, ": ",
+                          absl::StrCat("mapping the staging arena of ckptd at ", target(), ": ",
                                        arena.status().message()));
     }
     mapping = *std::move(arena);
@@ -229,9 +205,8 @@ void ClientCore::ReregisterLocked() {
     req.set_shm_name(region.shm_name);
     req.set_size_bytes(region.size_bytes);
     v1::RegisterRegionResponse resp;
-    absl::Status s = Call("RegisterRegion", options_.rpc_timeout_ms, [&](grpc::ClientContext* c) {
-      return stub_->RegisterRegion(c, req, &resp);
-    });
+    absl::Status s =
+        Call("RegisterRegion", options_.rpc_timeout_ms, &Connection::RegisterRegion, req, &resp);
     region.server_id = s.ok() ? resp.region_id() : 0;
     region.error = s.ok() ? "" : s.ToString();
   }
@@ -259,9 +234,8 @@ absl::StatusOr<std::vector<MappedExtent>> ClientCore::Reserve(const Session& ses
     req.mutable_sizes_bytes()->Add(sizes.begin() + begin, sizes.begin() + end);
     req.set_timeout_ms(static_cast<uint32_t>(options_.reserve_timeout_ms));
     v1::ReserveExtentsResponse resp;
-    absl::Status s =
-        Call("ReserveExtents", options_.rpc_timeout_ms + options_.reserve_timeout_ms,
-             [&](grpc::ClientContext* c) { return stub_->ReserveExtents(c, req, &resp); });
+    absl::Status s = Call("ReserveExtents", options_.rpc_timeout_ms + options_.reserve_timeout_ms,
+                          &Connection::ReserveExtents, req, &resp);
     if (!s.ok()) return fail(s);
     for (const v1::Extent& e : resp.extents()) {
       out.push_back(MappedExtent{e.id(), nullptr, e.length()});
@@ -291,8 +265,7 @@ void ClientCore::ReleaseQuietly(const Session& session, const std::vector<uint64
   req.mutable_extent_ids()->Add(ids.begin(), ids.end());
   v1::ReleaseExtentsResponse resp;
   // Failing here leaks nothing for long: the daemon frees a session's extents at Goodbye or exit.
-  (void)Call("ReleaseExtents", options_.rpc_timeout_ms,
-             [&](grpc::ClientContext* c) { return stub_->ReleaseExtents(c, req, &resp); });
+  (void)Call("ReleaseExtents", options_.rpc_timeout_ms, &Connection::ReleaseExtents, req, &resp);
 }
 
 void ClientCore::AddOutstanding(uint64_t generation, const MappedExtent& extent) {
@@ -384,8 +357,7 @@ absl::StatusOr<uint64_t> ClientCore::RegisterShm(const std::string& shm_name, ui
   req.set_size_bytes(size_bytes);
   v1::RegisterRegionResponse resp;
   CKPTD_CLIENT_RETURN_IF_ERROR(
-      Call("RegisterRegion", options_.rpc_timeout_ms,
-           [&](grpc::ClientContext* c) { return stub_->RegisterRegion(c, req, &resp); }));
+      Call("RegisterRegion", options_.rpc_timeout_ms, &Connection::RegisterRegion, req, &resp));
   uint64_t handle = next_handle_++;
   regions_[handle] =
       ShmRegion{shm_name, size_bytes, resp.region_id(), "", reinterpret_cast<uintptr_t>(mapped_at)};
@@ -406,8 +378,8 @@ absl::Status ClientCore::Unregister(uint64_t handle) {
   req.set_session_id(session_.session_id);
   req.set_region_id(region.server_id);
   v1::UnregisterRegionResponse resp;
-  return Call("UnregisterRegion", options_.rpc_timeout_ms,
-              [&](grpc::ClientContext* c) { return stub_->UnregisterRegion(c, req, &resp); });
+  return Call("UnregisterRegion", options_.rpc_timeout_ms, &Connection::UnregisterRegion, req,
+              &resp);
 }
 
 absl::StatusOr<uint64_t> ClientCore::RegionId(uint64_t handle, uint64_t offset, uint64_t length) {
@@ -438,7 +410,7 @@ absl::Status ClientCore::ToMemRef(const Session& session, const BufferRef& ref, 
     absl::MutexLock l(&mu_);
     if (session.generation != session_.generation) {
       return absl::UnavailableError(
-          absl::StrCat("ckptd at ", target_, " restarted during the call"));
+          absl::StrCat("ckptd at ", target(), " restarted during the call"));
     }
   }
   if (ref.kind == BufferRef::kRegion) {

@@ -1,7 +1,8 @@
 // Internal to libckptd-client: the session with one daemon (Hello + Attach, arena mapping,
 // re-connection after a daemon restart or a dropped connection, registered regions, outstanding
 // arena buffers) and the RPC helper that puts a deadline on every call and maps gRPC statuses
-// onto absl ones.
+// onto absl ones. Every call goes through a Connection (connection.h): the gRPC stub in
+// production, a scripted daemon in tests/unit/client.
 //
 // Session lifetime: the daemon binds a session to the connection and to our Attach stream (see
 // the proto). A thread reads that stream; when it ends (connection dropped, daemon stopped) the
@@ -13,10 +14,7 @@
 // re-connection sequence (Hello, Attach, map, re-register), never across the data-path RPCs.
 #pragma once
 
-#include <grpcpp/grpcpp.h>
-
 #include <atomic>
-#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -32,8 +30,8 @@
 #include "absl/synchronization/mutex.h"
 #include "arena_mapping.h"
 #include "ckptd/client.h"
-#include "ckptd/v1/ckptd.grpc.pb.h"
 #include "ckptd/v1/ckptd.pb.h"
+#include "connection.h"
 #include "gpu_regions.h"
 
 #define CKPTD_CLIENT_RETURN_IF_ERROR(expr)         \
@@ -69,12 +67,14 @@ struct MappedExtent {
 
 class ClientCore {
  public:
-  static absl::StatusOr<std::unique_ptr<ClientCore>> Create(ClientOptions options);
+  // Checks `options`, then says Hello over `connection` (MakeUnixConnection in production).
+  static absl::StatusOr<std::unique_ptr<ClientCore>> Create(ClientOptions options,
+                                                            std::unique_ptr<Connection> connection);
   ~ClientCore();
 
-  const std::string& target() const { return target_; }
+  const std::string& target() const { return connection_->target(); }
   const ClientOptions& options() const { return options_; }
-  v1::Checkpoint::Stub& stub() { return *stub_; }
+  Connection& connection() { return *connection_; }
   uint64_t reconnect_count() const { return reconnects_.load(); }
 
   // The current session, saying Hello first when the daemon may have changed.
@@ -83,14 +83,21 @@ class ClientCore {
   // Client::Close.
   void Close() ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Runs one RPC `name` with a deadline of timeout_ms: fn(ClientContext*) -> grpc::Status.
-  // UNAVAILABLE marks the session for a re-check and names the socket.
-  template <typename Fn>
-  absl::Status Call(const char* name, int64_t timeout_ms, Fn&& fn) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms));
-    return Convert(name, timeout_ms, fn(&ctx));
+  // Runs one RPC `name` (the Connection method `rpc`) with a deadline of timeout_ms and maps its
+  // answer (Convert). Sent once: a failed call is never repeated here (a Save or Reserve may have
+  // taken effect); after UNAVAILABLE or UNKNOWN_SESSION the *next* call says Hello again.
+  template <typename Req, typename Resp>
+  absl::Status Call(const char* name, int64_t timeout_ms,
+                    grpc::Status (Connection::*rpc)(const CallOptions&, const Req&, Resp*),
+                    const Req& req, Resp* resp) {
+    CallOptions o;
+    o.timeout_ms = timeout_ms;
+    return Convert(name, timeout_ms, (connection_.get()->*rpc)(o, req, resp));
   }
+  // The one mapping of an answer onto the client's errors: the code 1:1 with the daemon's
+  // message; UNAVAILABLE names the socket ("ckptd at unix:<path> is unavailable: ...") and marks
+  // the session for a Hello; FAILED_PRECONDITION with reason UNKNOWN_SESSION marks it too; gRPC's
+  // own deadline ("Deadline Exceeded") names the call and its deadline.
   absl::Status Convert(const char* name, int64_t timeout_ms, const grpc::Status& status);
 
   // Reserves extents of `sizes` (all non-zero) in as few ReserveExtents calls as the daemon's
@@ -148,7 +155,7 @@ class ClientCore {
     uint64_t bytes = 0;
   };
 
-  ClientCore(ClientOptions options, std::string target, std::shared_ptr<grpc::Channel> channel);
+  ClientCore(ClientOptions options, std::unique_ptr<Connection> connection);
   absl::Status HelloLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Opens the Attach stream of `session_id` and waits for its first event; the reader thread
   // then watches it end.
@@ -162,10 +169,7 @@ class ClientCore {
                            v1::MemRef* out);
 
   const ClientOptions options_;
-  const std::string target_;
-  const std::string arena_socket_;  // the daemon's socket path + ".arena"
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<v1::Checkpoint::Stub> stub_;
+  const std::unique_ptr<Connection> connection_;
   std::atomic<uint64_t> reconnects_{0};
   GpuRegions gpu_;
 
@@ -182,8 +186,7 @@ class ClientCore {
   std::map<uintptr_t, uint64_t> outstanding_at_ ABSL_GUARDED_BY(mu_);  // data -> extent id
 
   // The Attach stream of the current session and its reader thread.
-  std::unique_ptr<grpc::ClientContext> attach_ctx_ ABSL_GUARDED_BY(mu_);
-  std::unique_ptr<grpc::ClientReader<v1::SessionEvent>> attach_reader_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<SessionStream> attach_ ABSL_GUARDED_BY(mu_);
   std::thread attach_thread_ ABSL_GUARDED_BY(mu_);
   // Bumped whenever a stream is replaced, so an old reader ending does not flag the new session.
   std::atomic<uint64_t> attach_epoch_{0};

@@ -3,7 +3,6 @@
 // or scattered once into the caller's memory) or straight into daemon-visible destinations.
 // LoadObject(s)/LoadAll() are built on Load.
 #include <algorithm>
-#include <chrono>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
@@ -79,8 +78,7 @@ absl::StatusOr<std::vector<ItemInfo>> InspectItems(internal::ClientCore& core,
   do {
     v1::InspectResponse resp;
     CKPTD_CLIENT_RETURN_IF_ERROR(
-        core.Call("Inspect", core.rpc_timeout_ms(),
-                  [&](grpc::ClientContext* c) { return core.stub().Inspect(c, req, &resp); }));
+        core.Call("Inspect", core.rpc_timeout_ms(), &internal::Connection::Inspect, req, &resp));
     for (const v1::ItemInfo& i : resp.items()) items.push_back(internal::FromProto(i));
     req.set_page_token(resp.next_page_token());
   } while (!req.page_token().empty());
@@ -130,7 +128,7 @@ struct Batch {
   std::vector<MappedExtent> scratch;  // one per piece with via_arena(), in order
   v1::LoadRequest req;
   v1::LoadResponse resp;
-  grpc::ClientContext ctx;
+  std::unique_ptr<internal::PendingCall> call;  // the Load in flight, kept until `done`
   grpc::Status status;
   absl::Notification done;
   bool started = false;
@@ -214,8 +212,7 @@ class BatchedLoad {
     req.set_job(job_);
     v1::LatestResponse resp;
     CKPTD_CLIENT_RETURN_IF_ERROR(
-        core_.Call("Latest", core_.rpc_timeout_ms(),
-                   [&](grpc::ClientContext* c) { return core_.stub().Latest(c, req, &resp); }));
+        core_.Call("Latest", core_.rpc_timeout_ms(), &internal::Connection::Latest, req, &resp));
     step_ = resp.step();
     return absl::OkStatus();
   }
@@ -271,10 +268,10 @@ class BatchedLoad {
         }
       }
     }
-    b.ctx.set_deadline(std::chrono::system_clock::now() +
-                       std::chrono::milliseconds(core_.rpc_timeout_ms()));
+    internal::CallOptions o;
+    o.timeout_ms = core_.rpc_timeout_ms();
     b.started = true;
-    core_.stub().async()->Load(&b.ctx, &b.req, &b.resp, [&b](grpc::Status s) {
+    b.call = core_.connection().LoadAsync(o, &b.req, &b.resp, [&b](grpc::Status s) {
       b.status = std::move(s);
       b.done.Notify();
     });

@@ -157,9 +157,8 @@ absl::StatusOr<SaveResult> SaveSources(internal::ClientCore& core, const Session
   req.set_client_copy_us(micros_since(copy_start));
 
   v1::SaveResponse resp;
-  absl::Status s = core.Call("Save", core.rpc_timeout_ms(), [&](grpc::ClientContext* c) {
-    return core.stub().Save(c, req, &resp);
-  });
+  absl::Status s =
+      core.Call("Save", core.rpc_timeout_ms(), &internal::Connection::Save, req, &resp);
   if (std::any_of(sources.begin(), sources.end(), [](const Source& x) { return x.device >= 0; })) {
     core.gpu().EndOperation(core, session);
   }
@@ -300,9 +299,8 @@ absl::Status Client::Release(const ArenaBuffer& buffer) {
   req.set_session_id(session->session_id);
   req.add_extent_ids(buffer.extent_id);
   v1::ReleaseExtentsResponse resp;
-  return core_->Call("ReleaseExtents", core_->rpc_timeout_ms(), [&](grpc::ClientContext* c) {
-    return core_->stub().ReleaseExtents(c, req, &resp);
-  });
+  return core_->Call("ReleaseExtents", core_->rpc_timeout_ms(),
+                     &internal::Connection::ReleaseExtents, req, &resp);
 }
 
 absl::StatusOr<SaveResult> Client::SaveInPlace(const std::string& job, uint64_t step, uint32_t rank,

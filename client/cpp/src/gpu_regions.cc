@@ -98,8 +98,8 @@ absl::StatusOr<v1::MemRef> GpuRegions::Locate(ClientCore& core, const Session& s
   req.set_cuda_device_uuid(*uuid);
   req.set_size_bytes(size);
   v1::RegisterRegionResponse resp;
-  st = core.Call("RegisterRegion", core.rpc_timeout_ms(),
-                 [&](grpc::ClientContext* c) { return core.stub().RegisterRegion(c, req, &resp); });
+  st = core.Call("RegisterRegion", core.rpc_timeout_ms(), &internal::Connection::RegisterRegion,
+                 req, &resp);
   if (!st.ok()) {
     if (absl::IsFailedPrecondition(st) || absl::IsUnimplemented(st)) {
       daemon_refused_ = st;
@@ -154,9 +154,8 @@ void GpuRegions::UnregisterLocked(ClientCore& core, const Session& session, uint
   v1::UnregisterRegionResponse resp;
   // Best effort: a region the daemon still holds (a copy in flight past the timeout) or that
   // the session's end already dropped is gone from the client either way.
-  (void)core.Call("UnregisterRegion", core.rpc_timeout_ms(), [&](grpc::ClientContext* c) {
-    return core.stub().UnregisterRegion(c, req, &resp);
-  });
+  (void)core.Call("UnregisterRegion", core.rpc_timeout_ms(),
+                  &internal::Connection::UnregisterRegion, req, &resp);
 }
 
 void GpuRegions::EndOperation(ClientCore& core, const Session& session) {

@@ -68,6 +68,7 @@ namespace ckptd {
 
 namespace internal {
 class ClientCore;
+class ClientFactory;  // builds a Client over a given connection (tests; not part of the API)
 }  // namespace internal
 
 // Element type of a tensor (ckptd.v1.DType): kFloat32, kFloat64, kFloat16, kBFloat16,
@@ -585,6 +586,7 @@ class Client {
   uint64_t load_batch_bytes() const;
 
  private:
+  friend class internal::ClientFactory;
   explicit Client(std::unique_ptr<internal::ClientCore> core);
   std::unique_ptr<internal::ClientCore> core_;
 };

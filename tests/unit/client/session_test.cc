@@ -1,0 +1,227 @@
+// The client's session with the daemon, over the scripted daemon: Connect (Hello, Attach, the
+// arena mapped), a daemon that is down, a dropped connection, a daemon restart (new instance: the
+// arena mapped again, regions registered again, old buffers refused), a restart nobody noticed
+// (UNKNOWN_SESSION), a call that fails UNAVAILABLE (not repeated; the next call says Hello), Close.
+#include "client_rig.h"
+
+using namespace ckptd;
+using namespace ckptd::testing;
+
+namespace {
+
+bool HelloAgain(FakeDaemon& daemon, Client& client, int hellos) {
+  return Eventually([&] { return daemon.count("Hello") >= hellos; },
+                    [&] { (void)client.arena_bytes(); });
+}
+
+}  // namespace
+
+TEST_CASE("client: Connect says Hello, attaches and maps the arena, in that order", "[unit]") {
+  auto daemon = std::make_shared<FakeDaemon>(1 << 20);
+  ClientOptions options;
+  options.connect_timeout_ms = 750;
+  auto client = ConnectTo(daemon, options);
+  CHECK(daemon->methods() == std::vector<std::string>{"Hello", "Attach", "MapArena"});
+  const Received hello = daemon->calls()[0];
+  CHECK(hello.timeout_ms == 750);  // Hello's deadline is connect_timeout_ms...
+  CHECK(hello.wait_for_ready);     // ...within which it rides out a daemon restart
+  CHECK(daemon->calls()[1].session_id == daemon->session_id());
+  CHECK(client->arena_bytes() == (1u << 20));
+  CHECK(client->extent_alignment_bytes() == 4096);
+  CHECK(client->load_batch_bytes() == (1u << 20) / 4);  // a quarter of the arena
+  CHECK(client->target() == FakeDaemon::kTarget);
+  CHECK(client->reconnect_count() == 0);
+  CHECK(daemon->open_streams() == 1);
+}
+
+TEST_CASE("client: Connect to a daemon that is down is UNAVAILABLE after one Hello", "[unit]") {
+  auto daemon = std::make_shared<FakeDaemon>();
+  daemon->SetDown(true);
+  ClientOptions options;
+  options.connect_timeout_ms = 250;
+  absl::StatusOr<std::unique_ptr<Client>> client =
+      internal::ClientFactory::Create(options, daemon->Connect());
+  REQUIRE(client.status().code() == absl::StatusCode::kUnavailable);
+  CHECK(client.status().message() ==
+        "ckptd at unix:/fake/ckptd.sock is unavailable: no answer to Hello within 250 ms");
+  CHECK(daemon->count("Hello") == 1);
+  CHECK(daemon->calls()[0].timeout_ms == 250);
+}
+
+TEST_CASE("client: options are checked before anything is sent", "[unit]") {
+  auto daemon = std::make_shared<FakeDaemon>();
+  ClientOptions options;
+  options.rpc_timeout_ms = 0;
+  absl::StatusOr<std::unique_ptr<Client>> client =
+      internal::ClientFactory::Create(options, daemon->Connect());
+  CHECK(client.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(absl::StrContains(client.status().message(), "rpc_timeout_ms (0)"));
+  CHECK(daemon->calls().empty());
+}
+
+TEST_CASE("client: an arena the daemon refuses fails Connect and ends the session", "[unit]") {
+  auto daemon = std::make_shared<FakeDaemon>();
+  daemon->FailNext("MapArena",
+                   grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                                "the daemon refused the arena: uid 1000 over its share"));
+  absl::StatusOr<std::unique_ptr<Client>> client =
+      internal::ClientFactory::Create({}, daemon->Connect());
+  REQUIRE(client.status().code() == absl::StatusCode::kPermissionDenied);
+  CHECK(client.status().message() ==
+        "mapping the staging arena of ckptd at unix:/fake/ckptd.sock: the daemon refused the "
+        "arena: uid 1000 over its share");
+  // The session it opened is given back and its stream closed: nothing of it is left.
+  CHECK(daemon->methods() == std::vector<std::string>{"Hello", "Attach", "MapArena", "Goodbye"});
+  CHECK(daemon->open_streams() == 0);
+}
+
+TEST_CASE("client: a dropped connection opens a new session and registers regions again",
+          "[unit]") {
+  auto daemon = std::make_shared<FakeDaemon>();
+  auto client = ConnectTo(daemon);
+  absl::StatusOr<uint64_t> handle = client->RegisterShm("/trainer-shm", 8192);
+  REQUIRE(handle.ok());
+  const std::string first = daemon->session_id();
+
+  daemon->DropSessions();  // the Attach stream ends: the client notices on its reader thread
+  REQUIRE(HelloAgain(*daemon, *client, 2));
+  CHECK(daemon->session_id() != first);
+  CHECK(client->reconnect_count() == 1);
+  CHECK(daemon->arena_maps() == 1);  // the same instance: its arena mapping is kept
+  std::vector<v1::RegisterRegionRequest> regs = daemon->registrations();
+  REQUIRE(regs.size() == 2);
+  CHECK(regs[1].session_id() == daemon->session_id());
+  CHECK(regs[1].shm_name() == "/trainer-shm");
+  CHECK(regs[1].size_bytes() == 8192);
+  CHECK(daemon->open_streams() == 1);
+}
+
+TEST_CASE("client: after a daemon restart the arena is mapped again and old buffers are refused",
+          "[unit]") {
+  auto daemon = std::make_shared<FakeDaemon>();
+  auto client = ConnectTo(daemon);
+  absl::StatusOr<ArenaBuffer> old = client->Allocate(4096);
+  REQUIRE(old.ok());
+  absl::StatusOr<uint64_t> handle = client->RegisterShm("/trainer-shm", 8192);
+  REQUIRE(handle.ok());
+
+  daemon->Restart();
+  REQUIRE(HelloAgain(*daemon, *client, 2));
+  CHECK(client->reconnect_count() == 1);
+  CHECK(daemon->arena_maps() == 2);  // a new instance: a new segment
+  REQUIRE(daemon->registrations().size() == 2);
+  CHECK(daemon->registrations()[1].session_id() == daemon->session_id());
+
+  // The old instance's buffer: refused here, never sent.
+  InPlaceTensorShard from_old{"w", DType::kUInt8, {4096}, Region::Whole(), BufferRef::InArena(*old),
+                              4096};
+  absl::StatusOr<SaveResult> saved =
+      client->SaveInPlace("job", 1, 0, 1, std::span<const InPlaceTensorShard>(&from_old, 1));
+  CHECK(saved.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(absl::StrContains(saved.status().message(),
+                          "arena buffer 1 belongs to a previous daemon instance"));
+  CHECK(daemon->count("Save") == 0);
+
+  // The region handle stays valid: it names the region as registered with the new instance (id 2).
+  InPlaceTensorShard from_region{
+      "w", DType::kUInt8, {4096}, Region::Whole(), BufferRef::InRegion({*handle, 4096}), 4096};
+  saved = client->SaveInPlace("job", 1, 0, 1, std::span<const InPlaceTensorShard>(&from_region, 1));
+  REQUIRE(saved.ok());
+  const v1::SaveRequest save = daemon->saves().back();
+  CHECK(save.session_id() == daemon->session_id());
+  CHECK(save.shards(0).data().region_id() == 2);
+  CHECK(save.shards(0).data().offset() == 4096);
+}
+
+TEST_CASE("client: UNKNOWN_SESSION fails that call once; the next call says Hello", "[unit]") {
+  auto daemon = std::make_shared<FakeDaemon>();
+  auto client = ConnectTo(daemon);
+  const std::string bytes = Pattern(5000, 1);
+  std::vector<TensorShard> shards = {Tensor("w", bytes)};
+  const std::string old_session = daemon->session_id();
+
+  daemon->ForgetSessions();  // restarted between two calls; the stream drop not seen yet
+  absl::StatusOr<SaveResult> saved = client->Save("job", 1, 0, 1, shards);
+  CHECK(saved.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(saved.status().message() == "unknown session " + old_session);
+  CHECK(daemon->count("ReserveExtents") == 1);  // not repeated
+  CHECK(daemon->count("Save") == 0);
+  CHECK(daemon->count("Hello") == 1);
+
+  saved = client->Save("job", 1, 0, 1, shards);
+  REQUIRE(saved.ok());
+  CHECK(daemon->count("Hello") == 2);
+  CHECK(daemon->saves().back().session_id() == daemon->session_id());
+  CHECK(daemon->session_id() != old_session);
+  CHECK(daemon->Stored("job", 1, "w") == bytes);
+}
+
+TEST_CASE("client: a call that fails UNAVAILABLE is not repeated; the next one says Hello first",
+          "[unit]") {
+  auto daemon = std::make_shared<FakeDaemon>();
+  auto client = ConnectTo(daemon);
+  const std::string bytes = Pattern(10000, 2);
+  std::vector<TensorShard> shards = {Tensor("w", bytes)};
+
+  daemon->FailNext("Save", grpc::Status(grpc::StatusCode::UNAVAILABLE, "Socket closed"));
+  absl::StatusOr<SaveResult> saved = client->Save("job", 7, 0, 1, shards);
+  REQUIRE(saved.status().code() == absl::StatusCode::kUnavailable);
+  CHECK(saved.status().message() == "ckptd at unix:/fake/ckptd.sock is unavailable: Socket closed");
+  CHECK(daemon->count("Save") == 1);
+  CHECK(daemon->extents_held() == 0);  // the extent reserved for it was given back
+  const size_t before = daemon->calls().size();
+
+  saved = client->Save("job", 7, 0, 1, shards);
+  REQUIRE(saved.ok());
+  CHECK(MethodsAmong(*daemon, {"Hello", "Attach", "MapArena", "ReserveExtents", "Save"}, before) ==
+        std::vector<std::string>{"Hello", "Attach", "ReserveExtents", "Save"});
+  CHECK(client->reconnect_count() == 1);
+  CHECK(daemon->Stored("job", 7, "w") == bytes);
+}
+
+TEST_CASE("client: a daemon down at the next call is UNAVAILABLE, and back up it is found again",
+          "[unit]") {
+  auto daemon = std::make_shared<FakeDaemon>();
+  ClientOptions options;
+  options.connect_timeout_ms = 300;
+  auto client = ConnectTo(daemon, options);
+  daemon->Restart();
+  daemon->SetDown(true);
+  REQUIRE(HelloAgain(*daemon, *client, 2));  // tried, and failed
+  absl::StatusOr<CheckpointInfo> status = client->GetStatus("job", 1);
+  CHECK(status.status().code() == absl::StatusCode::kUnavailable);
+  CHECK(status.status().message() ==
+        "ckptd at unix:/fake/ckptd.sock is unavailable: no answer to Hello within 300 ms");
+  CHECK(daemon->count("GetStatus") == 0);  // no session: the call itself was never sent
+
+  daemon->SetDown(false);
+  v1::CheckpointStatus committed;
+  committed.mutable_summary()->set_job("job");
+  committed.mutable_summary()->set_step(1);
+  committed.mutable_summary()->set_state(v1::COMMITTED);
+  daemon->SetStatus("job", 1, committed);
+  status = client->GetStatus("job", 1);
+  REQUIRE(status.ok());
+  CHECK(status->state == CheckpointState::kCommitted);
+  CHECK(client->reconnect_count() == 1);
+  CHECK(daemon->arena_maps() == 2);
+}
+
+TEST_CASE("client: Close says Goodbye, ends the stream and refuses later calls locally", "[unit]") {
+  auto daemon = std::make_shared<FakeDaemon>();
+  auto client = ConnectTo(daemon);
+  const std::string session = daemon->session_id();
+  client->Close();
+  std::vector<Received> calls = daemon->calls();
+  REQUIRE(calls.back().method == "Goodbye");
+  CHECK(calls.back().session_id == session);
+  CHECK(calls.back().timeout_ms == 1000);  // best effort, short deadline
+  CHECK(daemon->open_streams() == 0);
+
+  const size_t sent = calls.size();
+  absl::StatusOr<uint64_t> latest = client->Latest("job");
+  CHECK(latest.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(latest.status().message() == "this client of ckptd at unix:/fake/ckptd.sock is closed");
+  client->Close();  // again: nothing
+  CHECK(daemon->calls().size() == sent);
+}
