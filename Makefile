@@ -2,9 +2,10 @@
 #   make run    install what is missing, build, start ckptd on ./state (unix socket state/ckptd.sock)
 #   make test   install what is missing, then, cheapest first, the static tiers (make lint): the
 #               format check (make format-check: clang-format-15), ruff on the Python (make
-#               lint-python), clang-tidy (make tidy: clang-tidy-15 over build-tsa/'s compile
-#               commands, which carry clang-15's -Wthread-safety) and the thread-safety analysis
-#               of the sources tidy does not lint (make check-threads); then build with ASan +
+#               lint-python), the modules' layers (make check-layers), clang-tidy (make tidy:
+#               clang-tidy-15 over build-tsa/'s compile commands, which carry clang-15's
+#               -Wthread-safety) and the thread-safety analysis of the sources tidy does not lint (make
+#               check-threads); then build with ASan +
 #               UBSan (build-asan/) and run every C++ test there (with the plugin seam test, seam.plugins), the Python tier
 #               against that sanitized daemon (the ckptd package, pytest), the ThreadSanitizer
 #               tier (make test-tsan: service and dataplane tests, build-tsan/) and the fuzzing
@@ -31,7 +32,7 @@ PYTHON ?= python3
 
 .PHONY: setup build build-asan build-fuzz run test test-cpp test-asan test-fuzz test-python \
 	test-python-asan test-gpu build-tsan test-tsan python bench soak clean lint format format-check \
-	lint-python check-threads tidy configure-tsa docs
+	lint-python check-threads tidy configure-tsa docs check-layers
 
 setup:
 	@bash deploy/setup.sh
@@ -52,14 +53,16 @@ build-asan: setup
 	  -DCMAKE_C_COMPILER=$(ASAN_CC) -DCMAKE_CXX_COMPILER=$(ASAN_CXX) >/dev/null
 	@$(CMAKE) --build $(BUILD_ASAN) -j $(JOBS)
 
-# The ThreadSanitizer tier: the service, dataplane and common unit tests and the io module's reader
-# pool tests (the daemon's concurrent core, in-process, with its real flush pool, worker pools,
-# reader pool, arena and locks; the other io tests drive io_uring, whose rings liburing maps with
+# The ThreadSanitizer tier: the service, tier, dataplane and common unit tests, the index module's
+# committer tests and the io module's reader pool tests (the daemon's concurrent core, in-process,
+# with its real flush pool, worker pools, reader pool, committer, arena and locks; the other index
+# tests drive RocksDB, which is not instrumented; the other io tests drive io_uring, whose rings liburing maps with
 # raw syscalls TSan cannot see, so they would report its memory as races) built with TSan against
 # an abseil built from Debian's source with TSan (tests/tsan/build_absl.sh; once per build dir).
 # Any report fails the tier.
 BUILD_TSAN ?= $(ROOT)/build-tsan
-TSAN_TARGETS ?= ckptd_unit_service ckptd_unit_dataplane ckptd_unit_common ckptd_unit_io
+TSAN_TARGETS ?= ckptd_unit_service ckptd_unit_tier ckptd_unit_dataplane ckptd_unit_common \
+  ckptd_unit_io ckptd_unit_index
 build-tsan: setup
 	@bash tests/tsan/build_absl.sh $(BUILD_TSAN)/absl
 	@$(CMAKE) -S . -B $(BUILD_TSAN) $(SAN_CMAKE_FLAGS) -DCKPTD_TSAN=ON \
@@ -71,7 +74,7 @@ test-tsan: build-tsan
 	@rm -rf $(BUILD_TSAN)/sanitizer && mkdir -p $(BUILD_TSAN)/sanitizer
 	@cd $(BUILD_TSAN) && \
 	  TSAN_OPTIONS=second_deadlock_stack=1:log_path=$(TSAN_LOG):suppressions=$(ROOT)/tests/tsan/tsan.supp \
-	  ctest --output-on-failure -j 2 --timeout 1200 -R 'unit\.(service|dataplane|common):|unit\.io: ?reader pool'
+	  ctest --output-on-failure -j 2 --timeout 1200 -R 'unit\.(service|tier|dataplane|common):|unit\.io: ?reader pool|unit\.index: ?committer'
 	@if compgen -G "$(TSAN_LOG).*" >/dev/null; then \
 	  echo "ThreadSanitizer reports:"; cat $(TSAN_LOG).*; exit 1; fi
 
@@ -218,7 +221,13 @@ tidy: configure-tsa
 	    echo "tidy: findings above (full log: $(BUILD_TSA)/tidy.log)"; exit 1; }
 	@echo "tidy: no findings"
 
-lint: format-check lint-python tidy check-threads
+# The modules' layers run one way: a module of daemon/src includes only modules of lower layers
+# (tests/lint/check_layers.py defines the order); a finding names the file, the line and the
+# include.
+check-layers:
+	@$(PYTHON) tests/lint/check_layers.py
+
+lint: format-check lint-python check-layers tidy check-threads
 
 # Every C++ test runs in the sanitized build only (the plain build is `make build` / `make run`
 # / `make bench`; `make test-cpp` runs the C++ tests there too): one full build instead of two

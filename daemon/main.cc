@@ -20,6 +20,8 @@
 #include "ckptd/status.h"
 #include "ckptd/storage.h"
 #include "ckptd/sync_point.h"
+#include "common/executor.h"
+#include "common/fair_executor.h"
 #include "common/limits.h"
 #include "common/log.h"
 #include "dataplane/arena.h"
@@ -40,8 +42,6 @@
 #include "rpc/metrics_server.h"
 #include "rpc/peer_listener.h"
 #include "service/checkpoint_service.h"
-#include "service/executor.h"
-#include "service/fair_executor.h"
 #include "spdlog/spdlog.h"
 #include "storage/s3/s3_storage.h"
 
@@ -295,6 +295,138 @@ absl::Status ServeUntilSignal(const DaemonOptions& o, CheckpointService& svc, co
   return absl::OkStatus();
 }
 
+// The RPC pools, fair among uids (common/fair_executor.h). Pools of short or data-moving calls
+// have one thread more than a uid may use, kept for the other uids; the blocking ones (Waits, and
+// reservations, on their own pools so Waits that may last an hour never starve the reservations a
+// save needs) give each uid uid_share_percent of their waiters_max threads.
+struct FairPools {
+  explicit FairPools(const DaemonOptions& o)
+      : quick("rpc", Short(o.rpc_threads, o)),
+        large_save("save-large", Short(limits::kLargeSaveThreads, o)),
+        wait("wait", Blocking(o)),
+        reserve("reserve", Blocking(o)),
+        load("load", Short(o.load_threads, o)) {}
+
+  // A pool of `threads` + 1 threads, queued calls bounded by rpc_queue_max.
+  static FairExecutor::Shares Short(uint64_t threads, const DaemonOptions& o) {
+    const uint64_t queued_share = limits::UidShare(o.rpc_queue_max, o.uid_share_percent);
+    return {.threads = threads + 1u,
+            .queue_max = o.rpc_queue_max,
+            .uid_running_max = threads,
+            .uid_inflight_max = std::max<uint64_t>(queued_share, threads),
+            .inflight_name = "uid_share_percent of rpc_queue_max"};
+  }
+  static FairExecutor::Shares Blocking(const DaemonOptions& o) {
+    const uint64_t waiter_share = limits::UidShare(o.waiters_max, o.uid_share_percent);
+    return {.threads = o.waiters_max,
+            .queue_max = o.waiters_max,
+            .uid_running_max = waiter_share,
+            .uid_inflight_max = waiter_share,
+            .inflight_name = "uid_share_percent of waiters_max"};
+  }
+  RpcPools pools() { return RpcPools{&quick, &wait, &reserve, &load, &large_save}; }
+  void AddLevels(Metrics::Levels* l) const {
+    l->queued.emplace_back("rpc", quick.queued());
+    l->queued.emplace_back("wait", wait.queued());
+    l->queued.emplace_back("reserve", reserve.queued());
+    l->queued.emplace_back("load", load.queued());
+    l->queued.emplace_back("save-large", large_save.queued());
+  }
+  void Stop() {
+    quick.Stop();
+    large_save.Stop();
+    wait.Stop();
+    reserve.Stop();
+    load.Stop();
+  }
+
+  FairExecutor quick;
+  FairExecutor large_save;
+  FairExecutor wait;
+  FairExecutor reserve;
+  FairExecutor load;
+};
+
+// The peer channel (docs/PEERS.md): other daemons' copies; its certificates are checked here, at
+// start, and a bad one stops the daemon naming the file. Null without peer_listen_addr.
+absl::StatusOr<std::unique_ptr<peer::Server>> StartPeerServer(const DaemonOptions& o,
+                                                              Storage* local, Metrics* metrics) {
+  if (o.peer_listen_addr.empty()) return nullptr;
+  return peer::Server::Start(
+      peer::ServerOptions{
+          .listen_addr = o.peer_listen_addr,
+          .node_id = o.node_id,
+          .tls = {o.peer_tls_ca_path, o.peer_tls_cert_path, o.peer_tls_key_path},
+          .store = {.bytes_max = o.peer_bytes_max,
+                    .streams_per_node_max = o.peer_streams_per_node_max,
+                    .inflight_bytes_per_node_max = o.peer_inflight_bytes_per_node_max,
+                    .connections_per_node_max = limits::kPeerConnectionsPerNodeMax},
+          .local = local},
+      metrics);
+}
+
+// The peer tier (docs/PEERS.md "Replication"): registered on the shared tier, it copies this
+// node's parts of checkpoints spanning nodes to its peers and reads their copies for loads. Null
+// without a peer channel or a shared (remote) tier.
+absl::StatusOr<std::unique_ptr<peer::Replicator>> StartReplicator(const DaemonOptions& o,
+                                                                  const peer::Server* peer_server,
+                                                                  const Stores& stores) {
+  if (peer_server == nullptr || stores.remote == nullptr) return nullptr;
+  std::string advertise = o.peer_advertise_addr;
+  if (advertise.empty()) {
+    advertise = absl::StrCat(o.peer_listen_addr.substr(0, o.peer_listen_addr.rfind(':')), ":",
+                             peer_server->port());
+  }
+  return peer::Replicator::Start(
+      peer::ReplicatorOptions{
+          .node_id = o.node_id,
+          .advertise_addr = advertise,
+          .tls = {o.peer_tls_ca_path, o.peer_tls_cert_path, o.peer_tls_key_path},
+          .repair_interval = absl::Milliseconds(o.peer_repair_interval_ms)},
+      stores.storage.get(), stores.remote.get());
+}
+
+// The metrics endpoint (null without metrics_address).
+absl::StatusOr<std::unique_ptr<MetricsServer>> StartMetricsServer(const DaemonOptions& o,
+                                                                  Metrics* metrics) {
+  if (o.metrics_address.empty()) return nullptr;
+  CKPTD_ASSIGN_OR_RETURN(std::unique_ptr<MetricsServer> server,
+                         MetricsServer::Start(o.metrics_address, metrics));
+  spdlog::info("metrics on http://{}:{}/metrics",
+               server->bind_address().substr(0, server->bind_address().rfind(':')), server->port());
+  return server;
+}
+
+// After serving: the service shut down within what is left of the grace period, the pools
+// stopped, the arena's segments unlinked when nothing stays staged in them. Exits at once when
+// flushes are still in flight past the grace period.
+int StopAfterServing(const DaemonOptions& o, CheckpointService& svc, FairPools& pools,
+                     StagingArena* arena, absl::Duration grace_left) {
+  bool drained = true;
+  bool nothing_staged = svc.Shutdown(grace_left, &drained);
+  if (!drained) {
+    // Flush threads are still inside a write: leave them (their work is journaled and resumes
+    // from the arena at the next start) rather than overrun the grace period.
+    std::filesystem::remove(o.socket_path);
+    spdlog::warn(
+        "exiting with flushes in flight; they resume from the staging arena at the "
+        "next start");
+    spdlog::shutdown();
+    std::_Exit(0);
+  }
+  pools.Stop();
+  if (nothing_staged) {
+    arena->Unlink();
+  } else {
+    spdlog::info(
+        "staged checkpoints stay journaled in the staging arena's segments; the next "
+        "start resumes them");
+  }
+  std::filesystem::remove(o.socket_path);
+  spdlog::info("stopped");
+  return 0;
+}
+
 int Run(const DaemonOptions& o) {
   SetUpLogging(o);
   if (absl::Status st = ArmCrashPoint(o); !st.ok()) {
@@ -318,88 +450,24 @@ int Run(const DaemonOptions& o) {
                        [arena](uint64_t dev, uint64_t ino) { return arena->IsSegment(dev, ino); }},
       gpu.get());
   Executor flush_pool("flush", o.flush_threads, 1 << 20);
-  // The RPC pools, fair among uids (service/fair_executor.h). Pools of short or data-moving
-  // calls have one thread more than a uid may use, kept for the other uids; the blocking ones
-  // (Waits, and reservations, on their own pools so Waits that may last an hour never starve the
-  // reservations a save needs) give each uid uid_share_percent of their waiters_max threads.
-  const uint64_t share = o.uid_share_percent;
-  const uint64_t queued_share = limits::UidShare(o.rpc_queue_max, share);
-  FairExecutor quick_pool("rpc",
-                          {.threads = o.rpc_threads + 1u,
-                           .queue_max = o.rpc_queue_max,
-                           .uid_running_max = o.rpc_threads,
-                           .uid_inflight_max = std::max<uint64_t>(queued_share, o.rpc_threads),
-                           .inflight_name = "uid_share_percent of rpc_queue_max"});
-  FairExecutor large_save_pool(
-      "save-large", {.threads = limits::kLargeSaveThreads + 1,
-                     .queue_max = o.rpc_queue_max,
-                     .uid_running_max = limits::kLargeSaveThreads,
-                     .uid_inflight_max = std::max(queued_share, limits::kLargeSaveThreads),
-                     .inflight_name = "uid_share_percent of rpc_queue_max"});
-  const uint64_t waiter_share = limits::UidShare(o.waiters_max, share);
-  FairExecutor wait_pool("wait", {.threads = o.waiters_max,
-                                  .queue_max = o.waiters_max,
-                                  .uid_running_max = waiter_share,
-                                  .uid_inflight_max = waiter_share,
-                                  .inflight_name = "uid_share_percent of waiters_max"});
-  FairExecutor reserve_pool("reserve", {.threads = o.waiters_max,
-                                        .queue_max = o.waiters_max,
-                                        .uid_running_max = waiter_share,
-                                        .uid_inflight_max = waiter_share,
-                                        .inflight_name = "uid_share_percent of waiters_max"});
-  FairExecutor load_pool("load",
-                         {.threads = o.load_threads + 1u,
-                          .queue_max = o.rpc_queue_max,
-                          .uid_running_max = o.load_threads,
-                          .uid_inflight_max = std::max<uint64_t>(queued_share, o.load_threads),
-                          .inflight_name = "uid_share_percent of rpc_queue_max"});
+  FairPools pools(o);
   Metrics metrics;
-  // The peer channel (docs/PEERS.md): other daemons' copies; its certificates are checked here,
-  // at start, and a bad one stops the daemon naming the file. Stopped when serving ends.
-  std::unique_ptr<peer::Server> peer_server;
-  if (!o.peer_listen_addr.empty()) {
-    absl::StatusOr<std::unique_ptr<peer::Server>> started = peer::Server::Start(
-        peer::ServerOptions{
-            .listen_addr = o.peer_listen_addr,
-            .node_id = o.node_id,
-            .tls = {o.peer_tls_ca_path, o.peer_tls_cert_path, o.peer_tls_key_path},
-            .store = {.bytes_max = o.peer_bytes_max,
-                      .streams_per_node_max = o.peer_streams_per_node_max,
-                      .inflight_bytes_per_node_max = o.peer_inflight_bytes_per_node_max,
-                      .connections_per_node_max = limits::kPeerConnectionsPerNodeMax},
-            .local = stores->storage.get()},
-        &metrics);
-    if (!started.ok()) {
-      spdlog::critical("peer channel: {}", started.status().ToString());
-      return 1;
-    }
-    peer_server = *std::move(started);
+  // Stopped when serving ends.
+  absl::StatusOr<std::unique_ptr<peer::Server>> peer_server =
+      StartPeerServer(o, stores->storage.get(), &metrics);
+  if (!peer_server.ok()) {
+    spdlog::critical("peer channel: {}", peer_server.status().ToString());
+    return 1;
   }
-  // The peer tier (docs/PEERS.md "Replication"): registered on the shared tier, it copies this
-  // node's parts of checkpoints spanning nodes to its peers and reads their copies for loads.
   // Declared before the service, which uses it: destroyed after it.
-  std::unique_ptr<peer::Replicator> replicator;
-  if (peer_server != nullptr && stores->remote != nullptr) {
-    std::string advertise = o.peer_advertise_addr;
-    if (advertise.empty()) {
-      advertise = absl::StrCat(o.peer_listen_addr.substr(0, o.peer_listen_addr.rfind(':')), ":",
-                               peer_server->port());
-    }
-    absl::StatusOr<std::unique_ptr<peer::Replicator>> started = peer::Replicator::Start(
-        peer::ReplicatorOptions{
-            .node_id = o.node_id,
-            .advertise_addr = advertise,
-            .tls = {o.peer_tls_ca_path, o.peer_tls_cert_path, o.peer_tls_key_path},
-            .repair_interval = absl::Milliseconds(o.peer_repair_interval_ms)},
-        stores->storage.get(), stores->remote.get());
-    if (!started.ok()) {
-      spdlog::critical("peer tier: {}", started.status().ToString());
-      return 1;
-    }
-    replicator = *std::move(started);
+  absl::StatusOr<std::unique_ptr<peer::Replicator>> replicator =
+      StartReplicator(o, peer_server->get(), *stores);
+  if (!replicator.ok()) {
+    spdlog::critical("peer tier: {}", replicator.status().ToString());
+    return 1;
   }
   ServiceDeps deps{&o, stores->meta.get(), stores->storage.get(), arena, &regions, &flush_pool};
-  deps.peers = replicator.get();
+  deps.peers = replicator->get();
   deps.remote = stores->remote.get();
   deps.gpu = &gpu_staging;
   deps.load_storage = stores->load_storage.get();
@@ -412,64 +480,24 @@ int Run(const DaemonOptions& o) {
   svc.Start();
   metrics.SetLevels([&] {
     Metrics::Levels l = svc.MetricLevels();
-    l.queued.emplace_back("rpc", quick_pool.queued());
-    l.queued.emplace_back("wait", wait_pool.queued());
-    l.queued.emplace_back("reserve", reserve_pool.queued());
-    l.queued.emplace_back("load", load_pool.queued());
-    l.queued.emplace_back("save-large", large_save_pool.queued());
+    pools.AddLevels(&l);
     return l;
   });
   // Declared after what its scrapes read (the service, the pools): destroyed, so stopped, first.
-  std::unique_ptr<MetricsServer> metrics_server;
-  if (!o.metrics_address.empty()) {
-    absl::StatusOr<std::unique_ptr<MetricsServer>> started =
-        MetricsServer::Start(o.metrics_address, &metrics);
-    if (!started.ok()) {
-      spdlog::critical("{}", started.status().ToString());
-      return 1;
-    }
-    metrics_server = *std::move(started);
-    spdlog::info(
-        "metrics on http://{}:{}/metrics",
-        metrics_server->bind_address().substr(0, metrics_server->bind_address().rfind(':')),
-        metrics_server->port());
+  absl::StatusOr<std::unique_ptr<MetricsServer>> metrics_server = StartMetricsServer(o, &metrics);
+  if (!metrics_server.ok()) {
+    spdlog::critical("{}", metrics_server.status().ToString());
+    return 1;
   }
   absl::Duration grace_left = absl::Seconds(o.shutdown_grace_s);
-  if (absl::Status st = ServeUntilSignal(
-          o, svc, RpcPools{&quick_pool, &wait_pool, &reserve_pool, &load_pool, &large_save_pool},
-          arena->segments().size(), &metrics, &grace_left);
+  if (absl::Status st =
+          ServeUntilSignal(o, svc, pools.pools(), arena->segments().size(), &metrics, &grace_left);
       !st.ok()) {
     spdlog::critical("{}", st.ToString());
     return 1;
   }
-  if (peer_server != nullptr) peer_server->Stop();
-  bool drained = true;
-  bool nothing_staged = svc.Shutdown(grace_left, &drained);
-  if (!drained) {
-    // Flush threads are still inside a write: leave them (their work is journaled and resumes
-    // from the arena at the next start) rather than overrun the grace period.
-    std::filesystem::remove(o.socket_path);
-    spdlog::warn(
-        "exiting with flushes in flight; they resume from the staging arena at the "
-        "next start");
-    spdlog::shutdown();
-    std::_Exit(0);
-  }
-  quick_pool.Stop();
-  large_save_pool.Stop();
-  wait_pool.Stop();
-  reserve_pool.Stop();
-  load_pool.Stop();
-  if (nothing_staged) {
-    arena->Unlink();
-  } else {
-    spdlog::info(
-        "staged checkpoints stay journaled in the staging arena's segments; the next "
-        "start resumes them");
-  }
-  std::filesystem::remove(o.socket_path);
-  spdlog::info("stopped");
-  return 0;
+  if (*peer_server != nullptr) (*peer_server)->Stop();
+  return StopAfterServing(o, svc, pools, arena, grace_left);
 }
 
 }  // namespace

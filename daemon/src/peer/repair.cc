@@ -94,17 +94,63 @@ std::vector<std::string> Replicator::LiveHolders(const Part& part,
   return live;
 }
 
-PeerTier::Copies Replicator::Repair(const Watched& w) {
-  const Part& part = w.part;
-  const std::string what = absl::StrCat(part.job, "/", part.step);
+std::vector<std::string> Replicator::RecordedHolders(const Watched& w) {
   std::vector<std::string> holders = w.copies.holders;
   if (!w.record_read) {  // after a restart: where an earlier repair moved the copies
     absl::StatusOr<std::optional<v1::NodeCopies>> rec =
-        ReadNodeCopies(shared_, part.job, part.step, options_.node_id);
+        ReadNodeCopies(shared_, w.part.job, w.part.step, options_.node_id);
     if (rec.ok() && rec->has_value()) {
       holders.assign((*rec)->replica_nodes().begin(), (*rec)->replica_nodes().end());
     }
   }
+  return holders;
+}
+
+bool Replicator::CopyToNextNodes(const Part& part, std::vector<std::string>* live,
+                                 std::vector<std::string>* failed) {
+  absl::StatusOr<std::map<std::string, std::string>> registry = Registry();
+  std::vector<std::string> ids;
+  if (registry.ok()) {
+    for (const auto& [node, address] : *registry) ids.push_back(node);
+  } else {
+    failed->push_back(std::string(registry.status().message()));
+  }
+  bool moved = false;
+  for (const std::string& node : PlacementOrder(ids, options_.node_id)) {
+    if (live->size() >= part.replicas) break;
+    if (std::find(live->begin(), live->end(), node) != live->end()) continue;
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) break;
+    }
+    bool local_failure = false;
+    absl::Status st = CopyPart(node, part.job, part.step, part.dir, part.blobs, &local_failure);
+    if (st.ok()) {
+      live->push_back(node);
+      moved = true;
+      continue;
+    }
+    failed->push_back(absl::StrCat(node, ": ", st.message()));
+    if (local_failure) break;  // this node's own copy cannot be read: no other node changes it
+  }
+  return moved;
+}
+
+absl::Status Replicator::RecordHolders(const Part& part, const std::vector<std::string>& live) {
+  v1::NodeCopies rec;
+  rec.set_format_version(1);
+  rec.set_job(part.job);
+  rec.set_step(part.step);
+  rec.set_node(options_.node_id);
+  for (const std::string& n : live) rec.add_replica_nodes(n);
+  rec.set_written_unix_ms(static_cast<uint64_t>(absl::ToUnixMillis(absl::Now())));
+  return shared_->PutAtomic(NodeCopiesPath(part.dir, options_.node_id), rec.SerializeAsString());
+}
+
+PeerTier::Copies Replicator::Repair(const Watched& w) {
+  const Part& part = w.part;
+  const std::string what = absl::StrCat(part.job, "/", part.step);
+  std::vector<std::string> holders = RecordedHolders(w);
   std::vector<std::string> lost;
   std::vector<std::string> live = LiveHolders(part, holders, &lost);
   if (live.size() >= part.replicas) return Copies{live, ""};
@@ -123,42 +169,9 @@ PeerTier::Copies Replicator::Repair(const Watched& w) {
         what, absl::StrJoin(lost, ", "));
   }
   std::vector<std::string> failed;
-  absl::StatusOr<std::map<std::string, std::string>> registry = Registry();
-  std::vector<std::string> ids;
-  if (registry.ok()) {
-    for (const auto& [node, address] : *registry) ids.push_back(node);
-  } else {
-    failed.push_back(std::string(registry.status().message()));
-  }
-  bool moved = false;
-  for (const std::string& node : PlacementOrder(ids, options_.node_id)) {
-    if (live.size() >= part.replicas) break;
-    if (std::find(live.begin(), live.end(), node) != live.end()) continue;
-    {
-      absl::MutexLock lock(&mu_);
-      if (stopping_) break;
-    }
-    bool local_failure = false;
-    absl::Status st = CopyPart(node, part.job, part.step, part.dir, part.blobs, &local_failure);
-    if (st.ok()) {
-      live.push_back(node);
-      moved = true;
-      continue;
-    }
-    failed.push_back(absl::StrCat(node, ": ", st.message()));
-    if (local_failure) break;  // this node's own copy cannot be read: no other node changes it
-  }
-  std::string degraded;
+  const bool moved = CopyToNextNodes(part, &live, &failed);
   if (moved || live != holders) {
-    v1::NodeCopies rec;
-    rec.set_format_version(1);
-    rec.set_job(part.job);
-    rec.set_step(part.step);
-    rec.set_node(options_.node_id);
-    for (const std::string& n : live) rec.add_replica_nodes(n);
-    rec.set_written_unix_ms(static_cast<uint64_t>(absl::ToUnixMillis(absl::Now())));
-    absl::Status st =
-        shared_->PutAtomic(NodeCopiesPath(part.dir, options_.node_id), rec.SerializeAsString());
+    absl::Status st = RecordHolders(part, live);
     if (!st.ok()) {
       // Written again at the next pass (its holders then still differ from these).
       const std::string why = absl::StrCat("recording its holders on ", shared_->Describe(),
@@ -167,6 +180,7 @@ PeerTier::Copies Replicator::Repair(const Watched& w) {
       return Copies{holders, why};
     }
   }
+  std::string degraded;
   if (live.size() < part.replicas) {
     degraded = absl::StrCat(
         live.size(), " of ", part.replicas, " peer copies",

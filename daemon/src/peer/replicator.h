@@ -1,4 +1,4 @@
-// The replicator: the peer tier's implementation of service/peer_tier.h over the peer channel
+// The replicator: the peer tier's implementation of tier/peer_tier.h over the peer channel
 // (docs/PEERS.md "Replication").
 //
 // The registry: at Start, this daemon writes <store>/.ckptd-peers/<node_id> (a
@@ -58,7 +58,7 @@
 #include "common/align.h"
 #include "peer/peer_client.h"
 #include "peer/peer_tls.h"
-#include "service/peer_tier.h"
+#include "tier/peer_tier.h"
 
 namespace ckptd::peer {
 
@@ -133,6 +133,16 @@ class Replicator : public PeerTier {
   // (appended to *lost).
   std::vector<std::string> LiveHolders(const Part& part, const std::vector<std::string>& holders,
                                        std::vector<std::string>* lost);
+  // Repair's phases. The holders to check: the entry's, or after a restart those the store's
+  // record names.
+  std::vector<std::string> RecordedHolders(const Watched& w);
+  // Copies `part` to the registered nodes in placement order that do not hold it, until *live
+  // has part.replicas nodes (each copied to is appended); why the others failed, in *failed.
+  // Returns whether it copied to any.
+  bool CopyToNextNodes(const Part& part, std::vector<std::string>* live,
+                       std::vector<std::string>* failed) ABSL_LOCKS_EXCLUDED(mu_);
+  // Writes the store's record of the nodes holding `part` (<dir>/cluster/<node>.copies).
+  absl::Status RecordHolders(const Part& part, const std::vector<std::string>& live);
   void RepairLoop() ABSL_LOCKS_EXCLUDED(mu_);
 
   const ReplicatorOptions options_;

@@ -15,17 +15,17 @@
 #include <string>
 
 #include "ckptd/v1/ckptd.grpc.pb.h"
+#include "common/fair_executor.h"
 #include "common/inflight.h"
 #include "grpcpp/grpcpp.h"
 #include "rpc/peer_listener.h"
 #include "service/checkpoint_service.h"
-#include "service/fair_executor.h"
 
 namespace ckptd {
 
 grpc::Status ToGrpcStatus(const absl::Status& s);
 
-// Every pool is fair among uids (service/fair_executor.h): per-uid queues served in turn, and
+// Every pool is fair among uids (common/fair_executor.h): per-uid queues served in turn, and
 // per-uid shares of its threads and of its calls in flight.
 struct RpcPools {
   FairExecutor* quick = nullptr;

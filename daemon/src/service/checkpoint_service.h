@@ -63,6 +63,7 @@
 #include "ckptd/v1/index.pb.h"
 #include "common/align.h"
 #include "common/clock.h"
+#include "common/executor.h"
 #include "common/limits.h"
 #include "common/log.h"
 #include "common/single_flight.h"
@@ -72,20 +73,19 @@
 #include "dataplane/region_registry.h"
 #include "format/load_plan.h"
 #include "format/manifest.h"
+#include "index/committer.h"
 #include "index/meta_store.h"
 #include "metrics/metrics.h"
 #include "options.h"
 #include "service/checkpoints.h"
-#include "service/committer.h"
-#include "service/executor.h"
 #include "service/loader.h"
 #include "service/manifest_cache.h"
-#include "service/peer_tier.h"
 #include "service/pending_checkpoint.h"
 #include "service/resharder.h"
 #include "service/sessions.h"
 #include "service/store_discovery.h"
-#include "tier/flush_scheduler.h"
+#include "tier/local_tier.h"
+#include "tier/peer_tier.h"
 #include "tier/ram_tier.h"
 #include "tier/remote_tier.h"
 #include "tier/retention.h"
@@ -112,7 +112,7 @@ struct ServiceDeps {
   Storage* load_storage = nullptr;
   // Where events are counted for the metrics endpoint (metrics/metrics.h); null: not counted.
   Metrics* metrics = nullptr;
-  // The peer tier (service/peer_tier.h: replication of checkpoints spanning nodes, loads from
+  // The peer tier (tier/peer_tier.h: replication of checkpoints spanning nodes, loads from
   // peers); null: none.
   PeerTier* peers = nullptr;
 };
@@ -270,6 +270,21 @@ class CheckpointService {
   absl::Status CheckIndexReserve(const std::string& what) const;
   absl::Status CheckItemsLocked(const PendingCheckpoint& p, const v1::SaveRequest& req) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Save's phases. Before the lock: the rank's record as far as the request and the session say
+  // (arena generation, blob name, the client's timings).
+  PendingRank NewRank(const Caller& caller, const std::string& session,
+                      const v1::SaveRequest& req) const;
+  // Under the lock: whether the rank may join `p` (its owner, still staging, the same world
+  // size, tier policy and local world size as earlier ranks, not staged yet).
+  absl::Status CheckRankJoinsLocked(const Caller& caller, const v1::SaveRequest& req,
+                                    v1::TierPolicy policy, const PendingCheckpoint& p,
+                                    const std::string& what) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Under the lock, once rank `r` is journaled: it is staged (its timings), flushes are posted if
+  // the gate is open, the answer filled in.
+  void RankStagedLocked(PendingCheckpoint& p, uint32_t r, absl::Time started, uint64_t bytes,
+                        const v1::SaveRequest& req, const std::string& what, v1::SaveResponse* resp)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Resolves each shard's data to an extent (recorded in `rank`) or a leased region, and copies
   // the shards with a gpu_source from GPU memory into their extents (StageFromGpu).
   absl::Status ResolveSaveData(const std::string& session, const v1::SaveRequest& req,
@@ -325,8 +340,26 @@ class CheckpointService {
   // ranks are staged, it is committed partial, or flush_gate_ms passed since its first staged.
   void PostGatedFlushesLocked(PendingCheckpoint& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // flush.cc: one rank's flush on a pool thread (the blob itself: flush_.WriteRankBlob).
+  // flush.cc: one rank's flush on a pool thread (the blob itself: flush_.WriteRankBlob), in
+  // four phases: take what to write (under the lock), write and journal it, hand its staged
+  // bytes to the RAM tier (no lock held), record the result (under the lock).
   void FlushRank(const Key& key, uint32_t rank) ABSL_LOCKS_EXCLUDED(mu_);
+  // The rank's record and leases, and the tier its blob goes to; false when the checkpoint is
+  // aborting (nothing to write).
+  bool TakeRankForFlush(const Key& key, uint32_t rank, v1::RankRecord* rec,
+                        std::vector<RegionLease>* leases, Storage** to) ABSL_LOCKS_EXCLUDED(mu_);
+  // Writes the rank's blob to `to` and journals "persisted" (synced).
+  absl::Status WriteAndJournalRank(const Key& key, uint32_t rank,
+                                   const std::vector<RegionLease>& leases, Storage* to,
+                                   v1::RankRecord* rec) ABSL_LOCKS_EXCLUDED(mu_);
+  // Hands a persisted rank's staged bytes to the RAM tier; returns the extents it took.
+  std::vector<uint64_t> HandRankToRamTier(const Key& key, const v1::RankRecord& rec)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Records the flush's result `st`: the rank persisted (its extents not in `hot_ids` freed), or
+  // the checkpoint aborted; then commits, or finishes the abort, when that was the last flush.
+  void FinishFlushLocked(const Key& key, uint32_t rank, const absl::Status& st, bool persisted,
+                         v1::RankRecord rec, const std::vector<uint64_t>& hot_ids)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // commit.cc
   void CommitCheckpoint(Key key);
@@ -587,7 +620,7 @@ class CheckpointService {
   // Uploads of committed checkpoints to the remote tier (its own lock and threads).
   RemoteTier remote_;
   // The flush gate, flush posting and the blob writes of the local tier (no lock of its own).
-  FlushScheduler flush_;
+  LocalTier flush_;
 
   // The lifecycle lock (see the top): guards pending_ and every PendingCheckpoint in it,
   // rewriting_, reshards_, the abort retries, key_epochs_ and stopping_.
@@ -622,6 +655,10 @@ class CheckpointService {
   // or CORRUPT marking owns it: its row (COMMITTED or CORRUPT), the key counted in verifying_.
   // NOT_FOUND, FAILED_PRECONDITION (another state), ABORTED (rewriting_). ReleaseVerify undoes it.
   absl::StatusOr<v1::CheckpointRecord> ClaimForVerify(const Key& key) ABSL_LOCKS_EXCLUDED(mu_);
+  // Verify's first phase: the request checked, the step it names ("latest" resolved), the
+  // checkpoint adopted from the store if another daemon committed it, and read access checked.
+  absl::StatusOr<uint64_t> VerifyStep(const Caller& caller, const v1::VerifyRequest& req)
+      ABSL_LOCKS_EXCLUDED(mu_);
   void ReleaseVerify(const Key& key) ABSL_LOCKS_EXCLUDED(mu_);
   // Verifies whose key is claimed, by key (a count: several may verify one checkpoint).
   // CheckDeletableLocked refuses these keys, so no Delete or retention step removes the files

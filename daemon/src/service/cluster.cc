@@ -6,7 +6,7 @@
 // daemon stages, flushes and journals its own ranks as for any checkpoint; once its
 // local_world_size ranks are persisted (kAwaitingCluster) the cluster thread, every
 // cluster_poll_ms:
-//   0. with the peer tier (PeerTier, service/peer_tier.h): copies this node's part to its peers
+//   0. with the peer tier (PeerTier, tier/peer_tier.h): copies this node's part to its peers
 //      (ReplicateOwnPart), once per checkpoint and start; the part records who took it;
 //   1. publishes this node's part: its blobs copied to the store and synced, then
 //      <dir>/cluster/<node_id>.part (PutIfAbsent; a part already there with the same ranks is

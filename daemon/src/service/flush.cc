@@ -1,5 +1,5 @@
 // Flush of one rank, the lifecycle's side: take what to write under the lifecycle lock, have the
-// tier write the blob (tier/flush_scheduler.h) and journal "persisted" (committer) with no lock
+// tier write the blob (tier/local_tier.h) and journal "persisted" (committer) with no lock
 // held, hand its staged bytes to the RAM tier (tier/ram_tier.h), then record the result: the
 // rank persisted and the staging the RAM tier did not take freed, or the checkpoint aborted.
 #include "absl/container/flat_hash_set.h"
@@ -40,60 +40,76 @@ HotParts CheckpointService::HotBytesOfRank(const v1::RankRecord& rec) const {
 void CheckpointService::FlushRank(const Key& key, uint32_t rank) {
   v1::RankRecord rec;
   std::vector<RegionLease> leases;
-  bool write = false;
   Storage* to = nullptr;
-  {
-    absl::MutexLock lock(&mu_);
-    PendingCheckpoint& p = *pending_.at(key);
-    PendingRank& pr = p.ranks.at(rank);
-    if (!p.aborting()) {
-      rec = pr.rec;
-      leases = pr.leases;
-      write = true;
-      to = BlobTier(p.tier_policy);
-      if (pr.staged_at != absl::InfinitePast()) {
-        rec.mutable_timings()->set_queued_us(MicrosBetween(pr.staged_at, absl::Now()));
-      }
-    }
-  }
-  absl::Status st = absl::OkStatus();
-  if (write) {
-    const absl::Time started = absl::Now();
-    st = flush_.WriteRankBlob(CheckpointDir(key.first, key.second), leases, &rec, to);
-    if (st.ok() && deps_.metrics != nullptr) {
-      deps_.metrics->Flushed(to == deps_.storage ? "local" : "remote", rec.bytes(),
-                             absl::ToDoubleSeconds(absl::Now() - started));
-    }
-    if (st.ok()) {
-      CKPTD_SYNC_POINT("flush.blob_synced");
-      // "Persisted" is journaled synced, outside the service lock, before the extents are freed:
-      // once they are reused, a restart must never flush this rank again from the arena (the
-      // bytes there would be another checkpoint's).
-      rec.set_persisted(true);
-      std::vector<MetaStore::Write> w{
-          {keys::Rank(key.first, key.second, rank), rec.SerializeAsString()}};
-      st = Annotate(committer_.Commit(keys::Checkpoint(key.first, key.second), std::move(w)),
-                    "journaling a persisted rank");
-      if (st.ok()) CKPTD_SYNC_POINT("flush.rank_persisted");
-    }
-  }
+  const bool write = TakeRankForFlush(key, rank, &rec, &leases, &to);
+  absl::Status st = write ? WriteAndJournalRank(key, rank, leases, to, &rec) : absl::OkStatus();
   const bool persisted = write && st.ok();
   leases.clear();
   // The RAM tier takes the staged bytes of the persisted rank (before the lock: the commit this
   // flush may start finds them there); an abort meanwhile drops them with the checkpoint.
   std::vector<uint64_t> hot_ids;
-  if (persisted && ram_tier_.enabled()) {
-    HotParts hot = HotBytesOfRank(rec);
-    for (const HotExtent& e : hot.extents) hot_ids.push_back(e.id);
-    if (!ram_tier_.AddRank(key, std::move(hot))) hot_ids.clear();
-    // Not freed but now reclaimable: a reservation waiting for space may evict them, and they
-    // leave the saving uid's share of the arena.
-    if (!hot_ids.empty()) {
-      deps_.arena->Uncharge(hot_ids);
-      deps_.arena->WakeReservations();
-    }
-  }
+  if (persisted && ram_tier_.enabled()) hot_ids = HandRankToRamTier(key, rec);
   absl::MutexLock lock(&mu_);
+  FinishFlushLocked(key, rank, st, persisted, std::move(rec), hot_ids);
+}
+
+bool CheckpointService::TakeRankForFlush(const Key& key, uint32_t rank, v1::RankRecord* rec,
+                                         std::vector<RegionLease>* leases, Storage** to) {
+  absl::MutexLock lock(&mu_);
+  PendingCheckpoint& p = *pending_.at(key);
+  PendingRank& pr = p.ranks.at(rank);
+  if (p.aborting()) return false;
+  *rec = pr.rec;
+  *leases = pr.leases;
+  *to = BlobTier(p.tier_policy);
+  if (pr.staged_at != absl::InfinitePast()) {
+    rec->mutable_timings()->set_queued_us(MicrosBetween(pr.staged_at, absl::Now()));
+  }
+  return true;
+}
+
+absl::Status CheckpointService::WriteAndJournalRank(const Key& key, uint32_t rank,
+                                                    const std::vector<RegionLease>& leases,
+                                                    Storage* to, v1::RankRecord* rec) {
+  const absl::Time started = absl::Now();
+  CKPTD_RETURN_IF_ERROR(
+      flush_.WriteRankBlob(CheckpointDir(key.first, key.second), leases, rec, to));
+  if (deps_.metrics != nullptr) {
+    deps_.metrics->Flushed(to == deps_.storage ? "local" : "remote", rec->bytes(),
+                           absl::ToDoubleSeconds(absl::Now() - started));
+  }
+  CKPTD_SYNC_POINT("flush.blob_synced");
+  // "Persisted" is journaled synced, outside the service lock, before the extents are freed:
+  // once they are reused, a restart must never flush this rank again from the arena (the bytes
+  // there would be another checkpoint's).
+  rec->set_persisted(true);
+  std::vector<MetaStore::Write> w{
+      {keys::Rank(key.first, key.second, rank), rec->SerializeAsString()}};
+  CKPTD_RETURN_IF_ERROR(
+      Annotate(committer_.Commit(keys::Checkpoint(key.first, key.second), std::move(w)),
+               "journaling a persisted rank"));
+  CKPTD_SYNC_POINT("flush.rank_persisted");
+  return absl::OkStatus();
+}
+
+std::vector<uint64_t> CheckpointService::HandRankToRamTier(const Key& key,
+                                                           const v1::RankRecord& rec) {
+  std::vector<uint64_t> hot_ids;
+  HotParts hot = HotBytesOfRank(rec);
+  for (const HotExtent& e : hot.extents) hot_ids.push_back(e.id);
+  if (!ram_tier_.AddRank(key, std::move(hot))) hot_ids.clear();
+  // Not freed but now reclaimable: a reservation waiting for space may evict them, and they
+  // leave the saving uid's share of the arena.
+  if (!hot_ids.empty()) {
+    deps_.arena->Uncharge(hot_ids);
+    deps_.arena->WakeReservations();
+  }
+  return hot_ids;
+}
+
+void CheckpointService::FinishFlushLocked(const Key& key, uint32_t rank, const absl::Status& st,
+                                          bool persisted, v1::RankRecord rec,
+                                          const std::vector<uint64_t>& hot_ids) {
   PendingCheckpoint& p = *pending_.at(key);
   PendingRank& pr = p.ranks.at(rank);
   --p.flushes_in_flight;

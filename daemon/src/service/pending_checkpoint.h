@@ -106,7 +106,7 @@ struct ClusterState {
   std::string waiting_for;      // for status, in words
   std::string abort_requested;  // coordinator: an Abort's reason, for the cluster thread to decide
   bool abort_decided = false;   // the abort decision is on the shared tier
-  // The peer tier (service/peer_tier.h): this node's part was copied to these nodes (before its
+  // The peer tier (tier/peer_tier.h): this node's part was copied to these nodes (before its
   // part was published; recorded there). Not journaled: a restart replicates again (the peers
   // deduplicate copies they still hold).
   bool replicated = false;

@@ -17,7 +17,7 @@
 #include "format/region.h"
 #include "index/keys.h"
 #include "spdlog/spdlog.h"
-#include "tier/flush_scheduler.h"
+#include "tier/local_tier.h"
 
 namespace ckptd {
 namespace {
@@ -351,7 +351,22 @@ absl::Status Recovery::ResumePending() {
 
 absl::Status Recovery::ResumeOne(const v1::CheckpointRecord& rec,
                                  const std::vector<v1::RankRecord>& ranks) {
-  const v1::CheckpointSummary& s = rec.summary();
+  CKPTD_ASSIGN_OR_RETURN(std::unique_ptr<PendingCheckpoint> p, ResumedCheckpoint(rec.summary()));
+  if (!ranks.empty()) p->checksum_block_bytes = RankBlockBytes(ranks.front());
+  for (const v1::RankRecord& rr : ranks) CKPTD_RETURN_IF_ERROR(ResumeRank(rr, p.get()));
+  if (p->partial || p->ranks.size() == p->expected_ranks()) {
+    p->Transition(CheckpointPhase::kStaging, CheckpointPhase::kPersisting);
+  }
+  spdlog::info(
+      "recovery: resuming checkpoint {}/{} ({} of {} ranks staged{})", p->job, p->step,
+      p->ranks.size(), p->expected_ranks(),
+      p->multi_node() ? absl::StrCat(" here; it spans nodes, world_size ", p->world_size) : "");
+  host_.Resume(std::move(p));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<PendingCheckpoint>> Recovery::ResumedCheckpoint(
+    const v1::CheckpointSummary& s) {
   auto p = std::make_unique<PendingCheckpoint>(s.job(), s.step());
   p->world_size = s.world_size();
   p->created_unix_ms = s.created_unix_ms();
@@ -379,50 +394,43 @@ absl::Status Recovery::ResumeOne(const v1::CheckpointRecord& rec,
   p->owner_uid = owner.value_or(0);
   p->job_recorded = owner.has_value();
   p->checksum_block_bytes = stores_.checksum_block_bytes;
-  if (!ranks.empty()) p->checksum_block_bytes = RankBlockBytes(ranks.front());
-  for (const v1::RankRecord& rr : ranks) {
-    PendingRank pr;
-    pr.rec = rr;
-    pr.Restore(rr.persisted());
-    absl::flat_hash_set<uint64_t> restored;  // pr.extent_ids, for a linear dedup
-    for (int i = 0; i < rr.shards_size(); ++i) {
-      const v1::StagedShard& sh = rr.shards(i);
-      const v1::ShardSpec& spec = sh.spec();
-      if (!pr.persisted() && spec.data().length() > 0) {
-        if (spec.data().target_case() != v1::MemRef::kExtentId) {
-          return absl::DataLossError(absl::StrCat("recovery: rank ", rr.rank(),
-                                                  " staged from a client region, which did not "
-                                                  "survive the restart"));
-        }
-        std::optional<ArenaSegmentInfo> seg =
-            stores_.arena->SegmentOfGeneration(rr.arena_generation());
-        if (!seg || !seg->adopted) {
-          return absl::DataLossError(
-              absl::StrCat("recovery: the staging arena segment was lost (rank ", rr.rank(),
-                           " was staged into generation ", rr.arena_generation(),
-                           ", which this daemon did not adopt)"));
-        }
-        if (restored.insert(sh.extent_id()).second) {
-          CKPTD_RETURN_IF_ERROR(stores_.arena->Restore(sh.extent_id(), seg->uid, sh.arena_offset(),
-                                                       sh.extent_length()));
-          pr.extent_ids.push_back(sh.extent_id());
-        }
+  return p;
+}
+
+absl::Status Recovery::ResumeRank(const v1::RankRecord& rr, PendingCheckpoint* p) {
+  PendingRank pr;
+  pr.rec = rr;
+  pr.Restore(rr.persisted());
+  absl::flat_hash_set<uint64_t> restored;  // pr.extent_ids, for a linear dedup
+  for (int i = 0; i < rr.shards_size(); ++i) {
+    const v1::StagedShard& sh = rr.shards(i);
+    const v1::ShardSpec& spec = sh.spec();
+    if (!pr.persisted() && spec.data().length() > 0) {
+      if (spec.data().target_case() != v1::MemRef::kExtentId) {
+        return absl::DataLossError(absl::StrCat("recovery: rank ", rr.rank(),
+                                                " staged from a client region, which did not "
+                                                "survive the restart"));
       }
-      if (!sh.replica()) {
-        p->stored_copy[StoredCopyKey(spec, rr.rank())] = {rr.rank(), static_cast<size_t>(i)};
+      std::optional<ArenaSegmentInfo> seg =
+          stores_.arena->SegmentOfGeneration(rr.arena_generation());
+      if (!seg || !seg->adopted) {
+        return absl::DataLossError(
+            absl::StrCat("recovery: the staging arena segment was lost (rank ", rr.rank(),
+                         " was staged into generation ", rr.arena_generation(),
+                         ", which this daemon did not adopt)"));
+      }
+      if (restored.insert(sh.extent_id()).second) {
+        CKPTD_RETURN_IF_ERROR(stores_.arena->Restore(sh.extent_id(), seg->uid, sh.arena_offset(),
+                                                     sh.extent_length()));
+        pr.extent_ids.push_back(sh.extent_id());
       }
     }
-    p->NoteItems(rr.rank(), rr);
-    p->ranks.emplace(rr.rank(), std::move(pr));
+    if (!sh.replica()) {
+      p->stored_copy[StoredCopyKey(spec, rr.rank())] = {rr.rank(), static_cast<size_t>(i)};
+    }
   }
-  if (p->partial || p->ranks.size() == p->expected_ranks()) {
-    p->Transition(CheckpointPhase::kStaging, CheckpointPhase::kPersisting);
-  }
-  spdlog::info(
-      "recovery: resuming checkpoint {}/{} ({} of {} ranks staged{})", p->job, p->step,
-      p->ranks.size(), p->expected_ranks(),
-      p->multi_node() ? absl::StrCat(" here; it spans nodes, world_size ", p->world_size) : "");
-  host_.Resume(std::move(p));
+  p->NoteItems(rr.rank(), rr);
+  p->ranks.emplace(rr.rank(), std::move(pr));
   return absl::OkStatus();
 }
 
@@ -436,89 +444,106 @@ absl::Status Recovery::CheckCommittedRows() {
         }
         return true;
       }));
-  for (v1::CheckpointRecord& rec : committed) {
-    if (rec.summary().tiers().local_part()) {
-      // Committed at the peer tier: this node's own blobs are local, the rest on their nodes and
-      // peers. Gone locally: its blobs are read from its peers (the row says so from now on).
-      const std::string dir = CheckpointDir(rec.summary().job(), rec.summary().step());
-      absl::StatusOr<bool> there = stores_.storage->Exists(dir);
-      if (there.ok() && !*there) {
-        rec.mutable_summary()->mutable_tiers()->set_local_part(false);
-        CKPTD_RETURN_IF_ERROR(host_.PutRecordSync(rec));
-        Problem(absl::StrCat(stores_.storage->Describe(), "/", dir, " is missing; ",
-                             CkptName(rec.summary().job(), rec.summary().step()),
-                             " (committed at the peer tier) is read from its peers"));
-      }
-      continue;
-    }
-    if (!rec.summary().tiers().local()) {
-      // On the remote tier only. Local files there are leftovers: a node's own blobs of a
-      // checkpoint that spans nodes, when it stopped between its COMMITTED row and their removal
-      // (a dropped local copy loses its files before its row says so).
-      const std::string dir = CheckpointDir(rec.summary().job(), rec.summary().step());
-      absl::StatusOr<bool> there = stores_.storage->Exists(dir);
-      if (there.ok() && *there) {
-        absl::Status removed = stores_.storage->RemoveAll(dir);
-        spdlog::info("recovery: {} is read from the remote tier; its local leftovers {}",
-                     CkptName(rec.summary().job(), rec.summary().step()),
-                     removed.ok() ? "are removed" : "stay: " + removed.ToString());
-      }
-      continue;
-    }
-    std::string path = absl::StrCat(CheckpointDir(rec.summary().job(), rec.summary().step()), "/",
-                                    kManifestFileName);
-    absl::StatusOr<bool> exists = stores_.storage->Exists(path);
-    if (!exists.ok()) {
-      Problem(absl::StrCat(stores_.storage->Describe(), "/", path, " cannot be checked (",
-                           exists.status().ToString(), "); left COMMITTED"));
-      continue;
-    }
-    if (*exists) continue;
-    // Gone locally: still COMMITTED where the remote tier holds a durable copy.
-    absl::StatusOr<std::vector<Storage*>> tiers = host_.ReadTiers(rec);
-    if (tiers.ok() && tiers->size() == 2) {
-      rec.mutable_summary()->mutable_tiers()->set_local(false);
-      CKPTD_RETURN_IF_ERROR(host_.PutRecordSync(rec));
-      Problem(absl::StrCat(stores_.storage->Describe(), "/", path,
-                           " is missing; the checkpoint stays COMMITTED on the remote tier"));
-      continue;
-    }
-    // The store may hold a complete copy its upload row does not record as durable (a crash
-    // between the manifest's put and the row, or another node's upload): the checkpoint is
-    // restored from there, COMMITTED on the remote tier alone, as a scan adopts one.
-    if (stores_.remote != nullptr) {
-      const std::string& job = rec.summary().job();
-      const uint64_t step = rec.summary().step();
-      absl::StatusOr<Manifest> far = ReadManifest(*stores_.remote, job, step);
-      absl::Status restored =
-          far.ok() ? host_.IndexCommitted(*far, CheckpointDir(job, step), StoreTiersOf(*far))
-                   : far.status();
-      if (restored.ok()) {
-        Problem(absl::StrCat(stores_.storage->Describe(), "/", path, " is missing; ",
-                             CkptName(job, step), " is restored from its copy on ",
-                             stores_.remote->Describe(), " (COMMITTED there)"));
-        continue;
-      }
-      if (!absl::IsNotFound(restored)) {
-        spdlog::warn("recovery: {} has no usable copy on {}: {}", CkptName(job, step),
-                     stores_.remote->Describe(), restored.ToString());
-      }
-    }
-    // No tier holds it. Removing what is left is the operator's decision: it is marked MISSING
-    // (never visible to load or latest) with its files and rows kept.
-    const std::string where = absl::StrCat(stores_.storage->Describe(), "/", path);
-    rec.mutable_summary()->set_state(v1::MISSING);
-    rec.mutable_summary()->mutable_tiers()->set_ram(false);
-    rec.mutable_summary()->mutable_tiers()->set_ram_bytes(0);
-    rec.mutable_summary()->set_error(absl::StrCat(
-        "its manifest ", where,
-        " is missing and no other tier holds a copy; its other files are kept: put the manifest "
-        "back and restart the daemon, or delete the checkpoint"));
-    CKPTD_RETURN_IF_ERROR(host_.PutRecordSync(rec));
-    Problem(absl::StrCat(where, " is missing and no other tier holds a copy: ",
-                         CkptName(rec.summary().job(), rec.summary().step()),
-                         " is MISSING (its files are kept; never loaded or latest)"));
+  for (v1::CheckpointRecord& rec : committed) CKPTD_RETURN_IF_ERROR(CheckCommittedRow(rec));
+  return absl::OkStatus();
+}
+
+absl::Status Recovery::CheckCommittedRow(v1::CheckpointRecord& rec) {
+  if (rec.summary().tiers().local_part()) return CheckPeerTierPart(rec);
+  if (!rec.summary().tiers().local()) {
+    RemoveLocalLeftovers(rec);
+    return absl::OkStatus();
   }
+  std::string path = absl::StrCat(CheckpointDir(rec.summary().job(), rec.summary().step()), "/",
+                                  kManifestFileName);
+  absl::StatusOr<bool> exists = stores_.storage->Exists(path);
+  if (!exists.ok()) {
+    Problem(absl::StrCat(stores_.storage->Describe(), "/", path, " cannot be checked (",
+                         exists.status().ToString(), "); left COMMITTED"));
+    return absl::OkStatus();
+  }
+  if (*exists) return absl::OkStatus();
+  // Gone locally: still COMMITTED where the remote tier holds a durable copy.
+  absl::StatusOr<std::vector<Storage*>> tiers = host_.ReadTiers(rec);
+  if (tiers.ok() && tiers->size() == 2) {
+    rec.mutable_summary()->mutable_tiers()->set_local(false);
+    CKPTD_RETURN_IF_ERROR(host_.PutRecordSync(rec));
+    Problem(absl::StrCat(stores_.storage->Describe(), "/", path,
+                         " is missing; the checkpoint stays COMMITTED on the remote tier"));
+    return absl::OkStatus();
+  }
+  if (RestoreFromStore(rec, path)) return absl::OkStatus();
+  return MarkMissing(rec, path);
+}
+
+absl::Status Recovery::CheckPeerTierPart(v1::CheckpointRecord& rec) {
+  // Committed at the peer tier: this node's own blobs are local, the rest on their nodes and
+  // peers. Gone locally: its blobs are read from its peers (the row says so from now on).
+  const std::string dir = CheckpointDir(rec.summary().job(), rec.summary().step());
+  absl::StatusOr<bool> there = stores_.storage->Exists(dir);
+  if (there.ok() && !*there) {
+    rec.mutable_summary()->mutable_tiers()->set_local_part(false);
+    CKPTD_RETURN_IF_ERROR(host_.PutRecordSync(rec));
+    Problem(absl::StrCat(stores_.storage->Describe(), "/", dir, " is missing; ",
+                         CkptName(rec.summary().job(), rec.summary().step()),
+                         " (committed at the peer tier) is read from its peers"));
+  }
+  return absl::OkStatus();
+}
+
+void Recovery::RemoveLocalLeftovers(const v1::CheckpointRecord& rec) {
+  // On the remote tier only. Local files there are leftovers: a node's own blobs of a checkpoint
+  // that spans nodes, when it stopped between its COMMITTED row and their removal (a dropped
+  // local copy loses its files before its row says so).
+  const std::string dir = CheckpointDir(rec.summary().job(), rec.summary().step());
+  absl::StatusOr<bool> there = stores_.storage->Exists(dir);
+  if (there.ok() && *there) {
+    absl::Status removed = stores_.storage->RemoveAll(dir);
+    spdlog::info("recovery: {} is read from the remote tier; its local leftovers {}",
+                 CkptName(rec.summary().job(), rec.summary().step()),
+                 removed.ok() ? "are removed" : "stay: " + removed.ToString());
+  }
+}
+
+bool Recovery::RestoreFromStore(const v1::CheckpointRecord& rec, const std::string& path) {
+  // The store may hold a complete copy its upload row does not record as durable (a crash
+  // between the manifest's put and the row, or another node's upload): the checkpoint is
+  // restored from there, COMMITTED on the remote tier alone, as a scan adopts one.
+  if (stores_.remote == nullptr) return false;
+  const std::string& job = rec.summary().job();
+  const uint64_t step = rec.summary().step();
+  absl::StatusOr<Manifest> far = ReadManifest(*stores_.remote, job, step);
+  absl::Status restored =
+      far.ok() ? host_.IndexCommitted(*far, CheckpointDir(job, step), StoreTiersOf(*far))
+               : far.status();
+  if (restored.ok()) {
+    Problem(absl::StrCat(stores_.storage->Describe(), "/", path, " is missing; ",
+                         CkptName(job, step), " is restored from its copy on ",
+                         stores_.remote->Describe(), " (COMMITTED there)"));
+    return true;
+  }
+  if (!absl::IsNotFound(restored)) {
+    spdlog::warn("recovery: {} has no usable copy on {}: {}", CkptName(job, step),
+                 stores_.remote->Describe(), restored.ToString());
+  }
+  return false;
+}
+
+absl::Status Recovery::MarkMissing(v1::CheckpointRecord& rec, const std::string& path) {
+  // No tier holds it. Removing what is left is the operator's decision: it is marked MISSING
+  // (never visible to load or latest) with its files and rows kept.
+  const std::string where = absl::StrCat(stores_.storage->Describe(), "/", path);
+  rec.mutable_summary()->set_state(v1::MISSING);
+  rec.mutable_summary()->mutable_tiers()->set_ram(false);
+  rec.mutable_summary()->mutable_tiers()->set_ram_bytes(0);
+  rec.mutable_summary()->set_error(absl::StrCat(
+      "its manifest ", where,
+      " is missing and no other tier holds a copy; its other files are kept: put the manifest "
+      "back and restart the daemon, or delete the checkpoint"));
+  CKPTD_RETURN_IF_ERROR(host_.PutRecordSync(rec));
+  Problem(absl::StrCat(where, " is missing and no other tier holds a copy: ",
+                       CkptName(rec.summary().job(), rec.summary().step()),
+                       " is MISSING (its files are kept; never loaded or latest)"));
   return absl::OkStatus();
 }
 

@@ -122,9 +122,25 @@ class Recovery {
   absl::Status ResumePending();
   // Rebuilds one journaled checkpoint from its rows and enters it into the lifecycle.
   absl::Status ResumeOne(const v1::CheckpointRecord& rec, const std::vector<v1::RankRecord>& ranks);
+  // ResumeOne's first phase: the checkpoint its summary describes, with no rank yet;
+  // FAILED_PRECONDITION when it needs a tier this daemon no longer has.
+  absl::StatusOr<std::unique_ptr<PendingCheckpoint>> ResumedCheckpoint(
+      const v1::CheckpointSummary& s);
+  // ResumeOne's second phase, per rank: its extents restored from the adopted arena segment
+  // (unless persisted) and the rank entered into `p`; DATA_LOSS when its staged bytes are gone.
+  absl::Status ResumeRank(const v1::RankRecord& rr, PendingCheckpoint* p);
   // Records `rec` ABORTED with `reason` (files removed first, then the row, then its journal).
   void AbortRecovered(const v1::CheckpointRecord& rec, const std::string& reason);
   absl::Status CheckCommittedRows();
+  // CheckCommittedRows for one row, by where the checkpoint is committed: at the peer tier
+  // (CheckPeerTierPart), on the remote tier alone (RemoveLocalLeftovers), or with a local copy
+  // whose manifest, when gone, is restored from the store (RestoreFromStore) or marked MISSING.
+  absl::Status CheckCommittedRow(v1::CheckpointRecord& rec);
+  absl::Status CheckPeerTierPart(v1::CheckpointRecord& rec);
+  void RemoveLocalLeftovers(const v1::CheckpointRecord& rec);
+  // Whether the store's complete copy of `rec` is now indexed COMMITTED in its place.
+  bool RestoreFromStore(const v1::CheckpointRecord& rec, const std::string& path);
+  absl::Status MarkMissing(v1::CheckpointRecord& rec, const std::string& path);
   absl::Status VerifyNewestCommitted();
   absl::Status AdoptHotCopies();
   // Logs one entry recovery could not use (naming its path or index key) and keeps it for the

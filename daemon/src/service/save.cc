@@ -429,18 +429,7 @@ absl::Status CheckpointService::Save(const Caller& caller, const v1::SaveRequest
   CKPTD_RETURN_IF_ERROR(ValidateSave(req));
   const std::string what = CkptName(req.job(), req.step());
   CKPTD_RETURN_IF_ERROR(CheckIndexReserve(what));
-  PendingRank rank;
-  rank.rec.set_rank(req.rank());
-  // The segment the session mapped, where its extents are (the uid's current one may be newer:
-  // a damaged segment retired meanwhile is read, guarded, and its flush fails).
-  std::string generation = sessions_.ArenaGeneration(session);
-  rank.rec.set_arena_generation(generation.empty() ? deps_.arena->Generation(caller.uid)
-                                                   : generation);
-  rank.rec.set_blob_name(BlobName(req.rank()));
-  v1::RankTimings* timings = rank.rec.mutable_timings();
-  timings->set_rank(req.rank());
-  timings->set_reserve_us(req.client_reserve_us());
-  timings->set_copy_us(req.client_copy_us());
+  PendingRank rank = NewRank(caller, session, req);
   CKPTD_ASSIGN_OR_RETURN(const v1::TierPolicy policy, ResolveTierPolicy(req));
   CKPTD_RETURN_IF_ERROR(ResolveSaveData(session, req, &rank));
   if (policy == v1::TIER_REMOTE) CKPTD_RETURN_IF_ERROR(ClaimStoreOwnerToOpen(caller, req));
@@ -448,35 +437,8 @@ absl::Status CheckpointService::Save(const Caller& caller, const v1::SaveRequest
   absl::MutexLock lock(&mu_);
   CKPTD_ASSIGN_OR_RETURN(PendingCheckpoint * found, FindOrOpenLocked(caller, req, policy));
   PendingCheckpoint& p = *found;
-  if (p.owner_uid != caller.uid) {
-    return absl::PermissionDeniedError(absl::StrCat(what, " is being saved by uid ", p.owner_uid,
-                                                    "; ", DescribeCaller(caller),
-                                                    " may not add ranks to it"));
-  }
+  CKPTD_RETURN_IF_ERROR(CheckRankJoinsLocked(caller, req, policy, p, what));
   rank.rec.set_checksum_block_bytes(p.checksum_block_bytes);
-  if (!p.staging()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        what, " is ", v1::CheckpointState_Name(p.api_state()), "; it takes no more ranks"));
-  }
-  if (p.world_size != req.world_size()) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": rank ", req.rank(), " says world_size ",
-                                                   req.world_size(), " but earlier ranks said ",
-                                                   p.world_size));
-  }
-  if (p.tier_policy != policy) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ": rank ", req.rank(), " asks for tier policy ", v1::TierPolicy_Name(policy),
-        " but earlier ranks asked for ", v1::TierPolicy_Name(p.tier_policy)));
-  }
-  if (p.local_world_size != LocalWorldSize(req)) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": rank ", req.rank(),
-                                                   " says local_world_size ", LocalWorldSize(req),
-                                                   " but earlier ranks said ", p.local_world_size));
-  }
-  if (p.ranks.contains(req.rank())) {
-    return absl::AlreadyExistsError(
-        absl::StrCat(what, ": rank ", req.rank(), " is already staged"));
-  }
   CKPTD_RETURN_IF_ERROR(CheckItemsLocked(p, req));
   CKPTD_RETURN_IF_ERROR(deps_.arena->Take(session, rank.extent_ids));
 
@@ -501,6 +463,66 @@ absl::Status CheckpointService::Save(const Caller& caller, const v1::SaveRequest
     return absl::AbortedError(why);
   }
   CKPTD_SYNC_POINT("save.journaled");
+  RankStagedLocked(p, r, started, bytes, req, what, resp);
+  return absl::OkStatus();
+}
+
+PendingRank CheckpointService::NewRank(const Caller& caller, const std::string& session,
+                                       const v1::SaveRequest& req) const {
+  PendingRank rank;
+  rank.rec.set_rank(req.rank());
+  // The segment the session mapped, where its extents are (the uid's current one may be newer:
+  // a damaged segment retired meanwhile is read, guarded, and its flush fails).
+  std::string generation = sessions_.ArenaGeneration(session);
+  rank.rec.set_arena_generation(generation.empty() ? deps_.arena->Generation(caller.uid)
+                                                   : generation);
+  rank.rec.set_blob_name(BlobName(req.rank()));
+  v1::RankTimings* timings = rank.rec.mutable_timings();
+  timings->set_rank(req.rank());
+  timings->set_reserve_us(req.client_reserve_us());
+  timings->set_copy_us(req.client_copy_us());
+  return rank;
+}
+
+absl::Status CheckpointService::CheckRankJoinsLocked(const Caller& caller,
+                                                     const v1::SaveRequest& req,
+                                                     v1::TierPolicy policy,
+                                                     const PendingCheckpoint& p,
+                                                     const std::string& what) const {
+  if (p.owner_uid != caller.uid) {
+    return absl::PermissionDeniedError(absl::StrCat(what, " is being saved by uid ", p.owner_uid,
+                                                    "; ", DescribeCaller(caller),
+                                                    " may not add ranks to it"));
+  }
+  if (!p.staging()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, " is ", v1::CheckpointState_Name(p.api_state()), "; it takes no more ranks"));
+  }
+  if (p.world_size != req.world_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": rank ", req.rank(), " says world_size ",
+                                                   req.world_size(), " but earlier ranks said ",
+                                                   p.world_size));
+  }
+  if (p.tier_policy != policy) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": rank ", req.rank(), " asks for tier policy ", v1::TierPolicy_Name(policy),
+        " but earlier ranks asked for ", v1::TierPolicy_Name(p.tier_policy)));
+  }
+  if (p.local_world_size != LocalWorldSize(req)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": rank ", req.rank(),
+                                                   " says local_world_size ", LocalWorldSize(req),
+                                                   " but earlier ranks said ", p.local_world_size));
+  }
+  if (p.ranks.contains(req.rank())) {
+    return absl::AlreadyExistsError(
+        absl::StrCat(what, ": rank ", req.rank(), " is already staged"));
+  }
+  return absl::OkStatus();
+}
+
+void CheckpointService::RankStagedLocked(PendingCheckpoint& p, uint32_t r, absl::Time started,
+                                         uint64_t bytes, const v1::SaveRequest& req,
+                                         const std::string& what, v1::SaveResponse* resp) {
   PendingRank& staged = p.ranks.at(r);
   staged.Transition(RankPhase::kJournaling, RankPhase::kJournaled);
   // Its timings so far are in memory (the next journal row of the rank, "persisted", has them).
@@ -508,10 +530,9 @@ absl::Status CheckpointService::Save(const Caller& caller, const v1::SaveRequest
   staged.rec.mutable_timings()->set_staged_us(MicrosBetween(started, staged.staged_at));
   staged.rec.mutable_timings()->set_staged_at_ms(MsAfter(p.created_unix_ms));
   if (p.first_staged_unix_ms == 0) p.first_staged_unix_ms = NowMs();
-  // The flush gate: flushing beside ranks still copying into the arena slows their copies (CPU
-  // for checksums, and the disk queue every rank's synced journal write waits behind), so flushes
-  // start once every rank is staged, or at the latest flush_gate_ms after the first one.
-  if (p.ranks.size() == p.expected_ranks() || flush_.GateElapsed(p.first_staged_unix_ms, NowMs())) {
+  // The flush gate (tier/local_tier.h): flushes start once every rank is staged, or at the
+  // latest flush_gate_ms after the first one.
+  if (flush_.GateOpen(p.ranks.size(), p.expected_ranks(), p.first_staged_unix_ms, NowMs())) {
     PostGatedFlushesLocked(p);
   }
   changed_.SignalAll();
@@ -530,7 +551,6 @@ absl::Status CheckpointService::Save(const Caller& caller, const v1::SaveRequest
     fields.Num("all_staged_ms", MsAfter(p.created_unix_ms));
     spdlog::info("{}: every rank staged ({} ranks)", what, p.ranks.size());
   }
-  return absl::OkStatus();
 }
 
 void CheckpointService::PostFlush(const Key& key, uint32_t rank) {

@@ -55,9 +55,9 @@
 #include "ckptd/storage.h"
 #include "ckptd/v1/index.pb.h"
 #include "common/worker_pool.h"
+#include "index/committer.h"
 #include "index/meta_store.h"
 #include "options.h"
-#include "service/committer.h"
 
 namespace ckptd {
 

@@ -6,8 +6,8 @@
 #include <catch2/catch.hpp>
 
 #include "format/names.h"
+#include "index/committer.h"
 #include "index/meta_store.h"
-#include "service/committer.h"
 #include "storage/memory/memory_storage.h"
 #include "tier/remote_tier.h"
 

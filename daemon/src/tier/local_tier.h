@@ -1,26 +1,28 @@
-// FlushScheduler: the tier below the staging arena — when staged ranks move to the local tier
-// and how one rank's bytes get there (docs/DESIGN.md "Flush", "Durable"):
-//   - the flush gate: flushing beside ranks still copying into the arena slows their copies (CPU
-//     for checksums, and the disk queue every rank's synced journal write waits behind), so a
-//     checkpoint's flushes start once every rank is staged (or it is committed partial), or at
-//     the latest flush_gate_ms after its first rank staged (GateElapsed, checked every GateTick);
-//   - posting a rank's flush on the flush pool (Post; the debug flush delay is applied there);
+// LocalTier: the tier below the staging arena — a staged rank's blob on local storage, and when
+// a checkpoint's ranks go there (docs/DESIGN.md "Flush", "Durable"):
+//   - the flush gate (GateOpen): flushing beside ranks still copying into the arena slows their
+//     copies (CPU for checksums, and the disk queue every rank's synced journal write waits
+//     behind), so a checkpoint's flushes start once every rank is staged, or at the latest
+//     flush_gate_ms after its first rank staged (GateElapsed, which housekeeping checks every
+//     GateTick);
+//   - the flush pool: Post runs one rank's flush there (the debug flush delay is applied there);
 //   - writing one rank's blob (WriteRankBlob: lay out the shards, checksum every block — on the
 //     checksum pool ("crc-<i>") while the blob is written, for large blobs — write with O_DIRECT
 //     from where the bytes are staged, fdatasync).
-// The lifecycle (service/flush.cc FlushRank) decides which ranks to flush and records the result
-// ("persisted", extents freed). The remote and RAM tiers extend this part: a tier is where a
-// persisted rank's blob goes next, scheduled here.
+// The lifecycle (service/flush.cc FlushRank) holds each checkpoint's state, so it asks the gate,
+// posts the ranks the gate lets through and records each result ("persisted", extents freed).
+// The remote and RAM tiers (remote_tier.h, ram_tier.h) take a persisted rank's blob further.
 //
 // Ownership: borrows the options, storage, arena and flush pool (they outlive it); owns the
-// checksum pool (bounded, named threads; joined when the scheduler is destroyed). It holds no
-// other state, so it has no lock.
-// Threads: GateElapsed/GateTick/Post from any thread (the lifecycle calls them under its lock:
-// none blocks); WriteRankBlob on a flush pool thread, with no lock held (it does the I/O).
+// checksum pool (bounded, named threads; joined when the tier is destroyed). It holds no other
+// state, so it has no lock.
+// Threads: GateOpen/GateElapsed/GateTick/Post from any thread (the lifecycle calls them under its
+// lock: none blocks); WriteRankBlob on a flush pool thread, with no lock held (it does the I/O).
 // Errors (WriteRankBlob): the storage's errors naming the blob path; RESOURCE_EXHAUSTED when
 // bounce pages cannot be allocated; the memory guard's error when staged client memory faults.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -31,12 +33,12 @@
 #include "absl/time/time.h"
 #include "ckptd/storage.h"
 #include "ckptd/v1/index.pb.h"
+#include "common/executor.h"
 #include "common/limits.h"
 #include "common/worker_pool.h"
 #include "dataplane/arena.h"
 #include "dataplane/region_registry.h"
 #include "options.h"
-#include "service/executor.h"
 
 namespace ckptd {
 
@@ -46,11 +48,14 @@ inline uint32_t RankBlockBytes(const v1::RankRecord& rec) {
                                          : limits::kLegacyChecksumBlockBytes;
 }
 
-class FlushScheduler {
+class LocalTier {
  public:
-  FlushScheduler(const DaemonOptions* options, Storage* storage, StagingArena* arena,
-                 Executor* pool);
+  LocalTier(const DaemonOptions* options, Storage* storage, StagingArena* arena, Executor* pool);
 
+  // Whether a checkpoint's staged ranks may flush now: all `expected_ranks` of this daemon are
+  // staged, or the gate elapsed (GateElapsed).
+  bool GateOpen(size_t staged_ranks, size_t expected_ranks, uint64_t first_staged_unix_ms,
+                uint64_t now_unix_ms) const;
   // Whether flush_gate_ms passed since a checkpoint's first rank staged (0: none staged yet).
   bool GateElapsed(uint64_t first_staged_unix_ms, uint64_t now_unix_ms) const;
   // How often housekeeping checks the gate.

@@ -1,4 +1,4 @@
-#include "service/fair_executor.h"
+#include "common/fair_executor.h"
 
 #include <pthread.h>
 

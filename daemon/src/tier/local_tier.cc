@@ -1,6 +1,6 @@
-// The local tier's flush (flush_scheduler.h): one staged rank → one blob, written straight from
+// The local tier (local_tier.h): one staged rank → one blob, written straight from
 // the arena (or the client's region) with O_DIRECT, checksummed per block, fdatasync'd.
-#include "tier/flush_scheduler.h"
+#include "tier/local_tier.h"
 
 #include <algorithm>
 #include <cstring>
@@ -157,19 +157,24 @@ absl::Status WritePieces(Storage& storage, const std::string& path,
 
 }  // namespace
 
-FlushScheduler::FlushScheduler(const DaemonOptions* options, Storage* storage, StagingArena* arena,
-                               Executor* pool)
+LocalTier::LocalTier(const DaemonOptions* options, Storage* storage, StagingArena* arena,
+                     Executor* pool)
     : options_(options), storage_(storage), arena_(arena), pool_(pool) {}
 
-bool FlushScheduler::GateElapsed(uint64_t first_staged_unix_ms, uint64_t now_unix_ms) const {
+bool LocalTier::GateOpen(size_t staged_ranks, size_t expected_ranks, uint64_t first_staged_unix_ms,
+                         uint64_t now_unix_ms) const {
+  return staged_ranks == expected_ranks || GateElapsed(first_staged_unix_ms, now_unix_ms);
+}
+
+bool LocalTier::GateElapsed(uint64_t first_staged_unix_ms, uint64_t now_unix_ms) const {
   return first_staged_unix_ms != 0 && now_unix_ms - first_staged_unix_ms >= options_->flush_gate_ms;
 }
 
-absl::Duration FlushScheduler::GateTick() const {
+absl::Duration LocalTier::GateTick() const {
   return absl::Milliseconds(std::clamp<uint64_t>(options_->flush_gate_ms / 4, 10, 200));
 }
 
-bool FlushScheduler::Post(std::function<void()> flush) {
+bool LocalTier::Post(std::function<void()> flush) {
   return pool_->Post([this, flush = std::move(flush)] {
     if (options_->debug_flush_delay_ms > 0) {
       absl::SleepFor(absl::Milliseconds(options_->debug_flush_delay_ms));
@@ -178,9 +183,8 @@ bool FlushScheduler::Post(std::function<void()> flush) {
   });
 }
 
-const uint8_t* FlushScheduler::ShardSource(const std::string& arena_generation,
-                                           const v1::StagedShard& s,
-                                           const std::vector<RegionLease>& leases) const {
+const uint8_t* LocalTier::ShardSource(const std::string& arena_generation, const v1::StagedShard& s,
+                                      const std::vector<RegionLease>& leases) const {
   const v1::MemRef& m = s.spec().data();
   if (m.length() == 0) return nullptr;
   if (m.target_case() == v1::MemRef::kExtentId) {
@@ -197,9 +201,9 @@ const uint8_t* FlushScheduler::ShardSource(const std::string& arena_generation,
   return nullptr;
 }
 
-absl::Status FlushScheduler::WriteRankBlob(const std::string& dir,
-                                           const std::vector<RegionLease>& leases,
-                                           v1::RankRecord* rec, Storage* to) {
+absl::Status LocalTier::WriteRankBlob(const std::string& dir,
+                                      const std::vector<RegionLease>& leases, v1::RankRecord* rec,
+                                      Storage* to) {
   const absl::Time started = absl::Now();
   const uint32_t block = RankBlockBytes(*rec);
   std::vector<BlobPiece> pieces;

@@ -1,6 +1,6 @@
-// FairExecutor (service/fair_executor.h): uids served in turn, a thread kept for other uids, and
+// FairExecutor (common/fair_executor.h): uids served in turn, a thread kept for other uids, and
 // per-uid shares of calls in flight refused naming the limit and the uid.
-#include "service/fair_executor.h"
+#include "common/fair_executor.h"
 
 #include <atomic>
 #include <catch2/catch.hpp>

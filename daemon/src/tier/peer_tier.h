@@ -1,7 +1,8 @@
 // PeerTier: the peer tier as the service sees it (docs/PEERS.md "Replication"), a narrow
 // interface in the manner of RecoveryHost: the service names only what it needs, and the
 // implementation (peer/replicator.h, over the peer channel's mutual TLS) lives in the peer
-// module, which the service does not link (the service links no gRPC). Null in ServiceDeps: the
+// module, which the service does not link (the service links no gRPC). It lives in tier/, below
+// both the service and the peer module (tests/lint/check_layers.py). Null in ServiceDeps: the
 // daemon replicates nothing and reads no peer.
 //
 // What it does for the service:

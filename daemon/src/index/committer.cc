@@ -1,4 +1,4 @@
-#include "service/committer.h"
+#include "index/committer.h"
 
 #include <utility>
 
