@@ -14,13 +14,15 @@ writes:
   tensor is written by exactly one rank of the mesh. A rank outside the DTensor's mesh writes
   nothing of it (as DCP). Partial placements are refused: the local value is not the tensor's.
 - A ShardedTensor's local shards are written by the rank holding them (disjoint by definition).
-- Every other value (a plain tensor, a non-tensor object) is written by one rank: `owns(fqn)`
-  when given, else rank `writer_rank` (default 0) of the save's process group. This assumes the
+- Every other value (a plain tensor, a non-tensor object) is written by the ranks on which
+  `owns(fqn)` is true, when given, else by rank `writer_rank` (default 0) of the save's process
+  group. This assumes the
   value is the same on every rank and present on that rank, as in SPMD training (DCP's dedup
   assumes the same equality: it keeps one copy of an fqn whichever rank holds it). A value only
   some ranks hold (a pipeline stage's plain parameters, TorchTitan's per-DP-rank dataloader
   state) needs `owns`, or DCP's own planner. Where `owns` lets several ranks write a value, the
-  daemon stores it once and aborts the checkpoint if their bytes differ.
+  daemon stores it once: a tensor's copies must match (the checkpoint is aborted otherwise), of
+  an object's it keeps one.
 
 The rank and world size are read from the process group (local calls, no communication) or
 given. The plan and the Metadata DCP builds from it describe this rank's own items only: DCP's
@@ -121,6 +123,17 @@ class LocalPlanner(DefaultSavePlanner):
                 f"size {world}"
             )
         self.rank, self.world_size = int(rank), int(world)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Picklable for a process-based async_save: a process group travels as the rank and
+        world size it gives here (owns, when given, must be picklable itself)."""
+        state = self.__dict__.copy()
+        group = state.get("process_group")
+        if group is not None:
+            if state["_given"] == (None, None) and dist.is_available() and dist.is_initialized():
+                state["_given"] = (dist.get_rank(group), dist.get_world_size(group))
+            state["process_group"] = None
+        return state
 
     def _writes(self, fqn: str, obj: Any) -> bool:
         if isinstance(obj, DTensor):
