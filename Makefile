@@ -2,10 +2,10 @@
 #   make run    install what is missing, build, start ckptd on ./state (unix socket state/ckptd.sock)
 #   make test   install what is missing, then, cheapest first, the static tiers (make lint): the
 #               format check (make format-check: clang-format-15), ruff on the Python (make
-#               lint-python), the modules' layers (make check-layers), clang-tidy (make tidy:
-#               clang-tidy-15 over build-tsa/'s compile commands, which carry clang-15's
-#               -Wthread-safety) and the thread-safety analysis of the sources tidy does not lint (make
-#               check-threads); then build with ASan +
+#               lint-python), the modules' layers (make check-layers), function length (make
+#               check-function-length), clang-tidy (make tidy: clang-tidy-15 over build-tsa/'s
+#               compile commands, which carry clang-15's -Wthread-safety) and the thread-safety
+#               analysis of the sources tidy does not lint (make check-threads); then build with ASan +
 #               UBSan (build-asan/) and run every C++ test there (with the plugin seam test, seam.plugins), the Python tier
 #               against that sanitized daemon (the ckptd package, pytest), the ThreadSanitizer
 #               tier (make test-tsan: service and dataplane tests, build-tsan/) and the fuzzing
@@ -32,7 +32,7 @@ PYTHON ?= python3
 
 .PHONY: setup build build-asan build-fuzz run test test-cpp test-asan test-fuzz test-python \
 	test-python-asan test-gpu build-tsan test-tsan python bench soak clean lint format format-check \
-	lint-python check-threads tidy configure-tsa docs check-layers
+	lint-python check-threads tidy configure-tsa docs check-layers check-function-length
 
 setup:
 	@bash deploy/setup.sh
@@ -227,7 +227,12 @@ tidy: configure-tsa
 check-layers:
 	@$(PYTHON) tests/lint/check_layers.py
 
-lint: format-check lint-python check-layers tidy check-threads
+# No function body over 70 lines in daemon/, client/ and plugins/storage/ (tests exempt), as
+# TigerBeetle's tidy enforces; tests/lint/check_function_length.py names each exception and why.
+check-function-length:
+	@$(PYTHON) tests/lint/check_function_length.py
+
+lint: format-check lint-python check-layers check-function-length tidy check-threads
 
 # Every C++ test runs in the sanitized build only (the plain build is `make build` / `make run`
 # / `make bench`; `make test-cpp` runs the C++ tests there too): one full build instead of two

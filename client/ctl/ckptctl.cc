@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -121,106 +122,145 @@ int Usage(const std::string& problem) {
   return 2;
 }
 
+// One command-line flag: its name, and its value from "--flag=value" or (Take) the next
+// argument.
+struct Flag {
+  std::string name;
+  std::string value;
+  bool has_value = false;
+  int argc = 0;
+  char** argv = nullptr;
+  int* i = nullptr;  // the argument being parsed; Take moves it past the value
+
+  bool Take() {
+    if (has_value) return true;
+    if (*i + 1 >= argc) return false;
+    value = argv[++*i];
+    return true;
+  }
+};
+
+// The flag parsers of each command group: nullopt when `f` is not theirs, else an error text
+// (empty when fine).
+std::optional<std::string> ParseGeneralFlag(Flag& f, Args* args) {
+  if (f.name == "--help" || f.name == "-h") {
+    args->help = true;
+  } else if (f.name == "--json") {
+    args->json = true;
+  } else if (f.name == "--socket") {
+    if (!f.Take() || f.value.empty()) return "--socket needs a path";
+    args->socket = f.value;
+  } else if (f.name == "--timeout_ms") {
+    if (!f.Take() || !absl::SimpleAtoi(f.value, &args->timeout_ms)) {
+      return "--timeout_ms needs a number of milliseconds";
+    }
+    args->timeout_given = true;
+  } else if (f.name == "--durable") {
+    if (!f.Take() || (f.value != "committed" && f.value != "peer" && f.value != "store")) {
+      return "--durable needs committed, peer or store";
+    }
+    args->durable = f.value;
+    args->durable_given = true;
+  } else if (f.name == "--until") {
+    if (!f.Take() || (f.value != "committed" && f.value != "staged" && f.value != "remote")) {
+      return "--until needs committed, staged or remote";
+    }
+    args->until = f.value;
+    args->until_given = true;
+  } else if (f.name == "--target_job") {
+    if (!f.Take() || f.value.empty()) return "--target_job needs a job name";
+    args->target_job = f.value;
+  } else if (f.name == "--dry_run" || f.name == "--dry-run") {
+    args->dry_run = true;
+  } else {
+    return std::nullopt;
+  }
+  return "";
+}
+
+std::optional<std::string> ParseExportFlag(Flag& f, Args* args) {
+  if (f.name == "--format") {
+    if (!f.Take() || f.value != "safetensors") {
+      return "--format needs safetensors (the only export format), got \"" + f.value + "\"";
+    }
+    args->format = f.value;
+  } else if (f.name == "--max_file_bytes") {
+    if (!f.Take()) return "--max_file_bytes needs a size";
+    auto size = ckptctl::safetensors::ParseByteSize(f.value);
+    if (!size.ok()) return "--max_file_bytes: " + std::string(size.status().message());
+    if (*size < ckptctl::safetensors::kMaxFileBytesMin) {
+      return absl::StrCat("--max_file_bytes must be at least ",
+                          ckptctl::safetensors::kMaxFileBytesMin, " bytes");
+    }
+    args->max_file_bytes = *size;
+  } else if (f.name == "--force") {
+    args->force = true;
+  } else {
+    return std::nullopt;
+  }
+  args->export_flag_given = true;
+  return "";
+}
+
+std::optional<std::string> ParseWatchFlag(Flag& f, Args* args) {
+  if (f.name == "--interval_ms") {
+    if (!f.Take() || !absl::SimpleAtoi(f.value, &args->interval_ms) || args->interval_ms < 50 ||
+        args->interval_ms > 3600000) {
+      return "--interval_ms needs a number of milliseconds from 50 to 3600000";
+    }
+  } else if (f.name == "--until_idle" || f.name == "--until-idle") {
+    args->until_idle = true;
+  } else if (f.name == "--plain") {
+    args->plain = true;
+  } else {
+    return std::nullopt;
+  }
+  args->watch_flag_given = true;
+  return "";
+}
+
+std::optional<std::string> ParseVerifyFlag(Flag& f, Args* args) {
+  if (f.name == "--sample") {
+    if (!f.Take() || !absl::SimpleAtod(f.value, &args->sample) ||
+        !(args->sample > 0 && args->sample <= 1)) {
+      return "--sample needs a fraction of the blocks, 0 < F <= 1";
+    }
+  } else if (f.name == "--seed") {
+    if (!f.Take() || !absl::SimpleAtoi(f.value, &args->seed)) {
+      return "--seed needs a non-negative integer";
+    }
+  } else if (f.name == "--tier") {
+    if (!f.Take() ||
+        (f.value != "local" && f.value != "remote" && f.value != "ram" && f.value != "peer")) {
+      return "--tier needs local, remote, ram or peer";
+    }
+    args->tier = f.value;
+  } else {
+    return std::nullopt;
+  }
+  args->verify_flag_given = true;
+  return "";
+}
+
 // Flags may come before or after the command. Returns an error text, empty when fine.
 std::string Parse(int argc, char** argv, Args* args) {
   for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    std::string value;
-    bool has_value = false;
-    if (a.rfind("--", 0) == 0 && a.find('=') != std::string::npos) {
-      value = a.substr(a.find('=') + 1);
-      a = a.substr(0, a.find('='));
-      has_value = true;
+    Flag f{.name = argv[i], .argc = argc, .argv = argv, .i = &i};
+    if (f.name.rfind("--", 0) == 0 && f.name.find('=') != std::string::npos) {
+      f.value = f.name.substr(f.name.find('=') + 1);
+      f.name = f.name.substr(0, f.name.find('='));
+      f.has_value = true;
     }
-    auto take = [&](const char* flag) -> bool {
-      if (has_value) return true;
-      if (i + 1 >= argc) return false;
-      value = argv[++i];
-      (void)flag;
-      return true;
-    };
-    if (a == "--help" || a == "-h") {
-      args->help = true;
-    } else if (a == "--json") {
-      args->json = true;
-    } else if (a == "--socket") {
-      if (!take("--socket") || value.empty()) return "--socket needs a path";
-      args->socket = value;
-    } else if (a == "--timeout_ms") {
-      if (!take("--timeout_ms") || !absl::SimpleAtoi(value, &args->timeout_ms)) {
-        return "--timeout_ms needs a number of milliseconds";
-      }
-      args->timeout_given = true;
-    } else if (a == "--durable") {
-      if (!take("--durable") || (value != "committed" && value != "peer" && value != "store")) {
-        return "--durable needs committed, peer or store";
-      }
-      args->durable = value;
-      args->durable_given = true;
-    } else if (a == "--until") {
-      if (!take("--until") || (value != "committed" && value != "staged" && value != "remote")) {
-        return "--until needs committed, staged or remote";
-      }
-      args->until = value;
-      args->until_given = true;
-    } else if (a == "--format") {
-      if (!take("--format") || value != "safetensors") {
-        return "--format needs safetensors (the only export format), got \"" + value + "\"";
-      }
-      args->format = value;
-      args->export_flag_given = true;
-    } else if (a == "--max_file_bytes") {
-      if (!take("--max_file_bytes")) return "--max_file_bytes needs a size";
-      auto size = ckptctl::safetensors::ParseByteSize(value);
-      if (!size.ok()) return "--max_file_bytes: " + std::string(size.status().message());
-      if (*size < ckptctl::safetensors::kMaxFileBytesMin) {
-        return absl::StrCat("--max_file_bytes must be at least ",
-                            ckptctl::safetensors::kMaxFileBytesMin, " bytes");
-      }
-      args->max_file_bytes = *size;
-      args->export_flag_given = true;
-    } else if (a == "--target_job") {
-      if (!take("--target_job") || value.empty()) return "--target_job needs a job name";
-      args->target_job = value;
-    } else if (a == "--interval_ms") {
-      if (!take("--interval_ms") || !absl::SimpleAtoi(value, &args->interval_ms) ||
-          args->interval_ms < 50 || args->interval_ms > 3600000) {
-        return "--interval_ms needs a number of milliseconds from 50 to 3600000";
-      }
-      args->watch_flag_given = true;
-    } else if (a == "--until_idle" || a == "--until-idle") {
-      args->until_idle = true;
-      args->watch_flag_given = true;
-    } else if (a == "--plain") {
-      args->plain = true;
-      args->watch_flag_given = true;
-    } else if (a == "--sample") {
-      if (!take("--sample") || !absl::SimpleAtod(value, &args->sample) ||
-          !(args->sample > 0 && args->sample <= 1)) {
-        return "--sample needs a fraction of the blocks, 0 < F <= 1";
-      }
-      args->verify_flag_given = true;
-    } else if (a == "--seed") {
-      if (!take("--seed") || !absl::SimpleAtoi(value, &args->seed)) {
-        return "--seed needs a non-negative integer";
-      }
-      args->verify_flag_given = true;
-    } else if (a == "--tier") {
-      if (!take("--tier") ||
-          (value != "local" && value != "remote" && value != "ram" && value != "peer")) {
-        return "--tier needs local, remote, ram or peer";
-      }
-      args->tier = value;
-      args->verify_flag_given = true;
-    } else if (a == "--dry_run" || a == "--dry-run") {
-      args->dry_run = true;
-    } else if (a == "--force") {
-      args->force = true;
-      args->export_flag_given = true;
-    } else if (a.size() > 1 && a[0] == '-') {
-      return "unknown flag " + a;
+    std::optional<std::string> problem = ParseGeneralFlag(f, args);
+    if (!problem) problem = ParseExportFlag(f, args);
+    if (!problem) problem = ParseWatchFlag(f, args);
+    if (!problem) problem = ParseVerifyFlag(f, args);
+    if (problem) {
+      if (!problem->empty()) return *problem;
+    } else if (f.name.size() > 1 && f.name[0] == '-') {
+      return "unknown flag " + f.name;
     } else {
-      args->positional.push_back(a);
+      args->positional.push_back(f.name);
     }
   }
   return "";
@@ -246,7 +286,104 @@ ckptctl::Context MakeContext(const Args& args) {
   return ctx;
 }
 
-// Runs the command; -1 for a usage error (already reported), else the status.
+// A flag given to a command it does not apply to (an error text), or "".
+std::string MisappliedFlag(const Args& args, const std::string& cmd) {
+  if (args.until_given && cmd != "wait") return "--until applies to wait only";
+  if (args.durable_given && cmd != "latest") return "--durable applies to latest only";
+  if (args.timeout_given && cmd != "wait" && cmd != "verify") {
+    return "--timeout_ms applies to wait and verify only";
+  }
+  if (args.verify_flag_given && cmd != "verify") {
+    return "--sample, --seed and --tier apply to verify only";
+  }
+  if (!args.target_job.empty() && cmd != "reshard") return "--target_job applies to reshard only";
+  if (args.dry_run && cmd != "gc") return "--dry_run applies to gc only";
+  if (args.watch_flag_given && cmd != "watch") {
+    return "--interval_ms, --until_idle and --plain apply to watch only";
+  }
+  if (args.export_flag_given && cmd != "export") {
+    return "--format, --max_file_bytes and --force apply to export only";
+  }
+  return "";
+}
+
+// The exit status of a command that answered `s`: 0, or 1 with the error on stderr.
+int ExitStatus(const absl::Status& s) {
+  if (s.ok()) return 0;
+  std::cerr << "ckptctl: " << absl::StatusCodeToString(s.code()) << ": " << s.message() << "\n";
+  return 1;
+}
+
+// STEP|latest of export and verify: false (usage reported) when it is neither.
+bool ParseStepOrLatest(const std::string& text, std::optional<uint64_t>* step) {
+  if (text == "latest") return true;
+  uint64_t parsed = 0;
+  if (!absl::SimpleAtoi(text, &parsed)) {
+    Usage(absl::StrCat("STEP must be a non-negative integer or latest, got \"", text, "\""));
+    return false;
+  }
+  *step = parsed;
+  return true;
+}
+
+// The commands with more than a job and a step: their arguments checked, then run.
+int RunReshard(ckptctl::Context& ctx, const Args& args) {
+  const std::vector<std::string>& p = args.positional;
+  uint64_t step = 0;
+  uint64_t target_step = 0;
+  if (p.size() != 5) return Usage("reshard takes JOB STEP TARGET_STEP SPEC");
+  if (!absl::SimpleAtoi(p[2], &step) || !absl::SimpleAtoi(p[3], &target_step)) {
+    return Usage("STEP and TARGET_STEP must be non-negative integers");
+  }
+  return ExitStatus(ckptctl::Reshard(ctx, p[1], step, args.target_job, target_step, p[4]));
+}
+
+int RunAbort(ckptctl::Context& ctx, const Args& args) {
+  const std::vector<std::string>& p = args.positional;
+  uint64_t step = 0;
+  if (p.size() != 3 && p.size() != 4) return Usage("abort takes JOB STEP [REASON]");
+  if (!absl::SimpleAtoi(p[2], &step)) return Usage("STEP must be a non-negative integer");
+  return ExitStatus(ckptctl::Abort(ctx, p[1], step, p.size() == 4 ? p[3] : ""));
+}
+
+int RunPrefetch(ckptctl::Context& ctx, const Args& args) {
+  const std::vector<std::string>& p = args.positional;
+  if (p.size() != 2 && p.size() != 3) return Usage("prefetch takes JOB [STEP]");
+  std::optional<uint64_t> at;
+  if (p.size() == 3) {
+    uint64_t step = 0;
+    if (!absl::SimpleAtoi(p[2], &step)) return Usage("STEP must be a non-negative integer");
+    at = step;
+  }
+  return ExitStatus(ckptctl::Prefetch(ctx, p[1], at));
+}
+
+int RunExport(ckptctl::Context& ctx, const Args& args) {
+  const std::vector<std::string>& p = args.positional;
+  if (p.size() != 4) return Usage("export takes JOB STEP|latest DIR");
+  ckptctl::ExportOptions o{.job = p[1],
+                           .format = args.format,
+                           .dir = p[3],
+                           .max_file_bytes = args.max_file_bytes,
+                           .force = args.force};
+  if (!ParseStepOrLatest(p[2], &o.step)) return 2;
+  return ExitStatus(ckptctl::Export(ctx, o));
+}
+
+int RunVerify(ckptctl::Context& ctx, const Args& args) {
+  const std::vector<std::string>& p = args.positional;
+  if (p.size() != 3) return Usage("verify takes JOB STEP|latest");
+  ckptctl::VerifyOptions o{
+      .job = p[1], .sample = args.sample, .seed = args.seed, .tier = args.tier};
+  if (args.timeout_given) o.timeout_ms = args.timeout_ms;
+  if (!ParseStepOrLatest(p[2], &o.step)) return 2;
+  bool damaged = false;
+  absl::Status s = ckptctl::Verify(ctx, o, &damaged);
+  if (s.ok() && damaged) return kExitDamaged;
+  return ExitStatus(s);
+}
+
+// Runs the command; 2 for a usage error (already reported), else its exit status.
 int Run(const Args& args) {
   const std::vector<std::string>& p = args.positional;
   const std::string& cmd = p[0];
@@ -263,23 +400,8 @@ int Run(const Args& args) {
     }
     return true;
   };
-  if (args.until_given && cmd != "wait") return Usage("--until applies to wait only");
-  if (args.durable_given && cmd != "latest") return Usage("--durable applies to latest only");
-  if (args.timeout_given && cmd != "wait" && cmd != "verify") {
-    return Usage("--timeout_ms applies to wait and verify only");
-  }
-  if (args.verify_flag_given && cmd != "verify") {
-    return Usage("--sample, --seed and --tier apply to verify only");
-  }
-  if (!args.target_job.empty() && cmd != "reshard") {
-    return Usage("--target_job applies to reshard only");
-  }
-  if (args.dry_run && cmd != "gc") return Usage("--dry_run applies to gc only");
-  if (args.watch_flag_given && cmd != "watch") {
-    return Usage("--interval_ms, --until_idle and --plain apply to watch only");
-  }
-  if (args.export_flag_given && cmd != "export") {
-    return Usage("--format, --max_file_bytes and --force apply to export only");
+  if (std::string misapplied = MisappliedFlag(args, cmd); !misapplied.empty()) {
+    return Usage(misapplied);
   }
   absl::Status s;
   ckptctl::Context ctx = MakeContext(args);
@@ -311,64 +433,23 @@ int Run(const Args& args) {
   } else if (cmd == "wait") {
     if (!need(2, "JOB STEP")) return 2;
     s = ckptctl::Wait(ctx, p[1], step, args.timeout_ms, args.until);
-  } else if (cmd == "reshard") {
-    uint64_t target_step = 0;
-    if (n != 4) return Usage("reshard takes JOB STEP TARGET_STEP SPEC");
-    if (!absl::SimpleAtoi(p[2], &step) || !absl::SimpleAtoi(p[3], &target_step)) {
-      return Usage("STEP and TARGET_STEP must be non-negative integers");
-    }
-    s = ckptctl::Reshard(ctx, p[1], step, args.target_job, target_step, p[4]);
-  } else if (cmd == "abort") {
-    if (n != 2 && n != 3) return Usage("abort takes JOB STEP [REASON]");
-    if (!absl::SimpleAtoi(p[2], &step)) return Usage("STEP must be a non-negative integer");
-    s = ckptctl::Abort(ctx, p[1], step, n == 3 ? p[3] : "");
   } else if (cmd == "gc") {
     if (n > 1) return Usage("gc takes [JOB]");
     s = ckptctl::CollectGarbage(ctx, n == 1 ? p[1] : "", args.dry_run);
+  } else if (cmd == "reshard") {
+    return RunReshard(ctx, args);
+  } else if (cmd == "abort") {
+    return RunAbort(ctx, args);
   } else if (cmd == "prefetch") {
-    if (n != 1 && n != 2) return Usage("prefetch takes JOB [STEP]");
-    std::optional<uint64_t> at;
-    if (n == 2) {
-      if (!absl::SimpleAtoi(p[2], &step)) return Usage("STEP must be a non-negative integer");
-      at = step;
-    }
-    s = ckptctl::Prefetch(ctx, p[1], at);
+    return RunPrefetch(ctx, args);
   } else if (cmd == "export") {
-    if (n != 3) return Usage("export takes JOB STEP|latest DIR");
-    ckptctl::ExportOptions o{.job = p[1],
-                             .format = args.format,
-                             .dir = p[3],
-                             .max_file_bytes = args.max_file_bytes,
-                             .force = args.force};
-    if (p[2] != "latest") {
-      if (!absl::SimpleAtoi(p[2], &step)) {
-        return Usage(
-            absl::StrCat("STEP must be a non-negative integer or latest, got \"", p[2], "\""));
-      }
-      o.step = step;
-    }
-    s = ckptctl::Export(ctx, o);
+    return RunExport(ctx, args);
   } else if (cmd == "verify") {
-    if (n != 2) return Usage("verify takes JOB STEP|latest");
-    ckptctl::VerifyOptions o{
-        .job = p[1], .sample = args.sample, .seed = args.seed, .tier = args.tier};
-    if (args.timeout_given) o.timeout_ms = args.timeout_ms;
-    if (p[2] != "latest") {
-      if (!absl::SimpleAtoi(p[2], &step)) {
-        return Usage(
-            absl::StrCat("STEP must be a non-negative integer or latest, got \"", p[2], "\""));
-      }
-      o.step = step;
-    }
-    bool damaged = false;
-    s = ckptctl::Verify(ctx, o, &damaged);
-    if (s.ok() && damaged) return kExitDamaged;
+    return RunVerify(ctx, args);
   } else {
     return Usage("unknown command " + cmd);
   }
-  if (s.ok()) return 0;
-  std::cerr << "ckptctl: " << absl::StatusCodeToString(s.code()) << ": " << s.message() << "\n";
-  return 1;
+  return ExitStatus(s);
 }
 
 }  // namespace

@@ -315,16 +315,9 @@ py::dict CopyStatsDict() {
                   py::arg("gpu_fallback_bytes") = c.gpu_fallback_bytes);
 }
 
-}  // namespace
-}  // namespace ckptd::py_binding
-
-PYBIND11_MODULE(_ckptd, m) {
-  using namespace ckptd::py_binding;
-  m.doc() = "Low-level binding over libckptd-client; use the ckptd package instead.";
-  // The one dtype table; ckptd/_arrays.py builds its maps from it.
-  m.attr("DTYPES") = DTypeTable();
-
-  // ckptd::ArenaBuffer itself (it shares the arena mapping: views over it keep it mapped).
+// The buffers the binding hands out: ckptd::ArenaBuffer itself (it shares the arena mapping:
+// views over it keep it mapped) and ShmSlab.
+void BindBuffers(py::module_& m) {
   py::class_<ckptd::ArenaBuffer>(m, "ArenaBuffer", py::buffer_protocol())
       .def_buffer([](ckptd::ArenaBuffer& b) {
         return py::buffer_info(b.data, 1, py::format_descriptor<uint8_t>::format(), 1,
@@ -346,13 +339,15 @@ PYBIND11_MODULE(_ckptd, m) {
                              [](const ShmSlab& s) { return reinterpret_cast<uintptr_t>(s.data()); })
       .def_property_readonly("handle", &ShmSlab::handle)
       .def_property_readonly("name", &ShmSlab::name);
+}
 
-  py::class_<PyClient>(m, "Client")
-      .def(py::init<const std::string&, int, int, const std::string&, bool, const std::string&,
-                    uint32_t>(),
-           py::arg("socket_path"), py::arg("rpc_timeout_ms"), py::arg("connect_timeout_ms"),
-           py::arg("client_name"), py::arg("pin_cuda"), py::arg("tier_policy"),
-           py::arg("local_world_size"))
+// The client's construction and data path: slabs, staging, saves and loads.
+void BindClientData(py::class_<PyClient>& cls) {
+  cls.def(py::init<const std::string&, int, int, const std::string&, bool, const std::string&,
+                   uint32_t>(),
+          py::arg("socket_path"), py::arg("rpc_timeout_ms"), py::arg("connect_timeout_ms"),
+          py::arg("client_name"), py::arg("pin_cuda"), py::arg("tier_policy"),
+          py::arg("local_world_size"))
       .def("new_slab",
            [](PyClient& c, uint64_t bytes) { return std::make_shared<ShmSlab>(c.client(), bytes); })
       .def("stage", &PyClient::Stage)
@@ -366,11 +361,16 @@ PYBIND11_MODULE(_ckptd, m) {
       .def("load_object", &PyClient::LoadObject)
       .def("inspect", &PyClient::Inspect)
       .def("list_jobs", &PyClient::ListJobs)
-      .def("list_checkpoints", &PyClient::ListCheckpoints)
-      .def("status",
-           [](PyClient& c, const std::string& job, uint64_t step) {
-             return c.InfoCall([&] { return c.client()->GetStatus(job, step); });
-           })
+      .def("list_checkpoints", &PyClient::ListCheckpoints);
+}
+
+// The client's queries and checkpoint control: status, wait, commit, abort, latest, delete, and
+// what it reports of itself.
+void BindClientControl(py::class_<PyClient>& cls) {
+  cls.def("status",
+          [](PyClient& c, const std::string& job, uint64_t step) {
+            return c.InfoCall([&] { return c.client()->GetStatus(job, step); });
+          })
       .def("wait",
            [](PyClient& c, const std::string& job, uint64_t step, const std::string& until_name,
               uint32_t timeout_ms) {
@@ -409,6 +409,20 @@ PYBIND11_MODULE(_ckptd, m) {
            })
       .def("target", [](PyClient& c) { return c.client()->target(); })
       .def("reconnect_count", [](PyClient& c) { return c.client()->reconnect_count(); });
+}
+
+}  // namespace
+}  // namespace ckptd::py_binding
+
+PYBIND11_MODULE(_ckptd, m) {
+  using namespace ckptd::py_binding;
+  m.doc() = "Low-level binding over libckptd-client; use the ckptd package instead.";
+  // The one dtype table; ckptd/_arrays.py builds its maps from it.
+  m.attr("DTYPES") = DTypeTable();
+  BindBuffers(m);
+  py::class_<PyClient> client(m, "Client");
+  BindClientData(client);
+  BindClientControl(client);
 
   // Before finalization: from then on a thread finishing a call of ours parks instead of taking
   // the GIL back (nogil.h).

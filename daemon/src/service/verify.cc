@@ -349,6 +349,30 @@ struct StorageTier {
   absl::Status manifest;
 };
 
+// FAILED_PRECONDITION when the one tier `asked` names holds no copy to verify: the RAM tier
+// (`no_hot`), or the peer, local or remote tier (`no_storage`, of StorageTiers' answer).
+absl::Status CheckAskedTier(v1::VerifyTier asked, bool no_storage, bool no_hot,
+                            const absl::StatusOr<std::vector<Storage*>>& readable,
+                            const std::string& what) {
+  if (asked == v1::VERIFY_TIER_RAM && no_hot) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, " is not in the RAM tier (ckptctl prefetch brings it there)"));
+  }
+  if (asked == v1::VERIFY_TIER_PEER && no_storage) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what,
+                     " is not committed at the peer tier on a daemon with peers (--tier peer reads "
+                     "checkpoints of the policy local+peer across the nodes)"));
+  }
+  if ((asked == v1::VERIFY_TIER_LOCAL || asked == v1::VERIFY_TIER_REMOTE) && no_storage) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, " has no ", asked == v1::VERIFY_TIER_LOCAL ? "local" : "durable remote",
+                     " copy this daemon can read",
+                     readable.ok() ? "" : absl::StrCat(" (", readable.status().message(), ")")));
+  }
+  return absl::OkStatus();
+}
+
 // The storage tiers of `rec` to verify (`readable`: ReadTiers' answer) that `asked` names.
 // `nodes`: the checkpoint across the nodes (ReadThrough), for one committed at the peer tier.
 std::vector<StorageTier> StorageTiers(const v1::CheckpointRecord& rec,
@@ -504,9 +528,8 @@ void CheckpointService::ReleaseVerify(const Key& key) {
   if (--it->second == 0) verifying_.erase(it);
 }
 
-absl::Status CheckpointService::Verify(const Caller& caller, const v1::VerifyRequest& req,
-                                       v1::VerifyResponse* resp,
-                                       const std::function<bool()>& cancelled) {
+absl::StatusOr<uint64_t> CheckpointService::VerifyStep(const Caller& caller,
+                                                       const v1::VerifyRequest& req) {
   CKPTD_RETURN_IF_ERROR(ValidateJobName(req.job()));
   CKPTD_RETURN_IF_ERROR(CheckAccess(caller, req.job(), Access::kRead));
   if (req.sample() != 0.0) CKPTD_RETURN_IF_ERROR(BlockSample::ValidateFraction(req.sample()));
@@ -521,6 +544,13 @@ absl::Status CheckpointService::Verify(const Caller& caller, const v1::VerifyReq
   CKPTD_RETURN_IF_ERROR(ReadRecordOrAdopt(req.job(), step).status());
   // Again once adopted and found (owners.cc): the check above passes for a job with no owner.
   CKPTD_RETURN_IF_ERROR(CheckAccess(caller, req.job(), Access::kRead));
+  return step;
+}
+
+absl::Status CheckpointService::Verify(const Caller& caller, const v1::VerifyRequest& req,
+                                       v1::VerifyResponse* resp,
+                                       const std::function<bool()>& cancelled) {
+  CKPTD_ASSIGN_OR_RETURN(const uint64_t step, VerifyStep(caller, req));
   const Key key{req.job(), step};
   const std::string what = CkptName(req.job(), step);
   CKPTD_ASSIGN_OR_RETURN(v1::CheckpointRecord rec, ClaimForVerify(key));
@@ -539,22 +569,7 @@ absl::Status CheckpointService::Verify(const Caller& caller, const v1::VerifyReq
       StorageTiers(rec, readable, deps_.storage, remote_.remote(), nodes.get(), asked);
   std::shared_ptr<const HotCopy> hot;
   if (asked == v1::VERIFY_TIER_ALL || asked == v1::VERIFY_TIER_RAM) hot = ram_tier_.Pin(key);
-  if (asked == v1::VERIFY_TIER_RAM && hot == nullptr) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(what, " is not in the RAM tier (ckptctl prefetch brings it there)"));
-  }
-  if (asked == v1::VERIFY_TIER_PEER && storage.empty()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(what,
-                     " is not committed at the peer tier on a daemon with peers (--tier peer reads "
-                     "checkpoints of the policy local+peer across the nodes)"));
-  }
-  if ((asked == v1::VERIFY_TIER_LOCAL || asked == v1::VERIFY_TIER_REMOTE) && storage.empty()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(what, " has no ", asked == v1::VERIFY_TIER_LOCAL ? "local" : "durable remote",
-                     " copy this daemon can read",
-                     readable.ok() ? "" : absl::StrCat(" (", readable.status().message(), ")")));
-  }
+  CKPTD_RETURN_IF_ERROR(CheckAskedTier(asked, storage.empty(), hot == nullptr, readable, what));
   if (storage.empty() && hot == nullptr) return readable.status();
 
   bool damaged = false;

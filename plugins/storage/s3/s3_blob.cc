@@ -474,6 +474,39 @@ class PartReader {
   std::thread thread_;
 };
 
+// CopyBlobs' plan: a writer per blob and its parts of `part` bytes (none for a blob of at most
+// one part), numbered across blobs (*total_parts); *reads: the reads of them all.
+absl::Status PlanCopies(Client* client, std::span<const KeyedSource> blobs, uint64_t part,
+                        std::vector<CopyPlan>* plan, size_t* total_parts, size_t* reads) {
+  for (const KeyedSource& b : blobs) {
+    const uint64_t size = b.source->size_bytes();
+    const uint64_t parts = size <= part ? 0 : (size + part - 1) / part;
+    if (parts > s3_limits::kPartsMax) {
+      return absl::ResourceExhaustedError(absl::StrCat("S3 blob ", b.key, ": over ",
+                                                       s3_limits::kPartsMax, " parts of ", part,
+                                                       " bytes (raise part_size_bytes)"));
+    }
+    plan->push_back(
+        {std::make_unique<S3BlobWriter>(client, b.key), b.source, size, parts, *total_parts});
+    *total_parts += parts;
+    *reads += parts == 0 ? 1 : parts;
+  }
+  return absl::OkStatus();
+}
+
+// Completes every multipart upload of `plan` (the etags of its parts in `reqs`), then syncs
+// every writer.
+absl::Status FinishCopies(std::vector<CopyPlan>& plan, const std::vector<Request>& reqs) {
+  for (CopyPlan& b : plan) {
+    if (b.parts == 0) continue;
+    std::vector<std::string> etags;
+    for (uint64_t i = 0; i < b.parts; ++i) etags.push_back(reqs[b.first + i].etag);
+    CKPTD_RETURN_IF_ERROR(b.writer->PartsSent(std::move(etags), b.size));
+  }
+  for (CopyPlan& b : plan) CKPTD_RETURN_IF_ERROR(b.writer->Sync());
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status CopyBlobs(Client* client, std::span<const KeyedSource> blobs,
@@ -483,19 +516,7 @@ absl::Status CopyBlobs(Client* client, std::span<const KeyedSource> blobs,
   std::vector<CopyPlan> plan;
   size_t total_parts = 0;
   size_t reads = 0;
-  for (const KeyedSource& b : blobs) {
-    const uint64_t size = b.source->size_bytes();
-    const uint64_t parts = size <= part ? 0 : (size + part - 1) / part;
-    if (parts > s3_limits::kPartsMax) {
-      return absl::ResourceExhaustedError(absl::StrCat("S3 blob ", b.key, ": over ",
-                                                       s3_limits::kPartsMax, " parts of ", part,
-                                                       " bytes (raise part_size_bytes)"));
-    }
-    plan.push_back(
-        {std::make_unique<S3BlobWriter>(client, b.key), b.source, size, parts, total_parts});
-    total_parts += parts;
-    reads += parts == 0 ? 1 : parts;
-  }
+  CKPTD_RETURN_IF_ERROR(PlanCopies(client, blobs, part, &plan, &total_parts, &reads));
   // On any failure every writer not synced yet aborts its upload (nothing is left of it).
   auto fail = [&](absl::Status st) {
     for (CopyPlan& b : plan) b.writer->Abandon();
@@ -537,17 +558,7 @@ absl::Status CopyBlobs(Client* client, std::span<const KeyedSource> blobs,
     *progress += r->body.front().size();
   };
   if (absl::Status st = client->RunStream(next, succeeded, in_flight); !st.ok()) return fail(st);
-  for (CopyPlan& b : plan) {
-    if (b.parts == 0) continue;
-    std::vector<std::string> etags;
-    for (uint64_t i = 0; i < b.parts; ++i) etags.push_back(reqs[b.first + i].etag);
-    if (absl::Status st = b.writer->PartsSent(std::move(etags), b.size); !st.ok()) {
-      return fail(st);
-    }
-  }
-  for (CopyPlan& b : plan) {
-    if (absl::Status st = b.writer->Sync(); !st.ok()) return fail(st);
-  }
+  if (absl::Status st = FinishCopies(plan, reqs); !st.ok()) return fail(st);
   return absl::OkStatus();
 }
 

@@ -370,158 +370,215 @@ absl::Status Client::Run(std::span<Request* const> requests, uint32_t in_flight)
       nullptr, in_flight);
 }
 
+// One RunStream: its requests in flight (`active_`), backing off (`waiting_`) and due
+// (`ready_`), on one curl multi handle; the first failure for good ends it.
+class Client::Stream {
+ public:
+  Stream(Client* client, CURLM* m, const std::function<absl::StatusOr<Request*>()>& next,
+         const std::function<void(Request*)>& succeeded, uint32_t in_flight)
+      : client_(client), m_(m), next_(next), succeeded_(succeeded), in_flight_(in_flight) {}
+
+  // Runs until every request succeeded or one failed for good; then cancels what is in flight.
+  absl::Status Run();
+  // Whether the multi handle is unusable (a handle could not be removed from it).
+  bool multi_broken() const { return multi_broken_; }
+
+ private:
+  size_t Outstanding() const { return active_.size() + waiting_.size() + ready_.size(); }
+  // Moves the retries whose backoff ended to ready_; returns when the next one ends.
+  absl::Time PromoteDue();
+  // Takes new requests while fewer than in_flight are outstanding, and starts ready ones.
+  void Admit();
+  // One curl_multi_perform, and the attempts it finished.
+  void Perform();
+  void Remove(Transfer* t);
+  absl::Status Start(Request* r);
+  // The attempt `t` ended with `rc`: done, retried later, or the batch's failure.
+  absl::Status Finish(Transfer* t, CURLcode rc);
+  // Finish, once the transfer is removed: `detail` describes a curl failure.
+  absl::Status Outcome(Request* r, CURLcode rc, const std::string& detail);
+
+  Client* const client_;
+  CURLM* const m_;
+  const std::function<absl::StatusOr<Request*>()>& next_;
+  const std::function<void(Request*)>& succeeded_;
+  const uint32_t in_flight_;
+  std::deque<Request*> ready_;                            // retries due
+  std::vector<std::pair<absl::Time, Request*>> waiting_;  // backing off
+  std::vector<std::unique_ptr<Transfer>> active_;
+  bool exhausted_ = false;  // `next_` said there is no more
+  absl::Status failure_;
+  bool multi_broken_ = false;
+};
+
+void Client::Stream::Remove(Transfer* t) {
+  if (curl_multi_remove_handle(m_, t->easy) != CURLM_OK) multi_broken_ = true;
+  active_.erase(std::find_if(active_.begin(), active_.end(),
+                             [t](const std::unique_ptr<Transfer>& a) { return a.get() == t; }));
+}
+
+absl::Status Client::Stream::Start(Request* r) {
+  auto t = std::make_unique<Transfer>();
+  t->r = r;
+  r->http_status = 0;
+  r->response.clear();
+  r->etag.clear();
+  r->received = 0;
+  r->content_length = -1;
+  r->error_code.clear();
+  r->error_message.clear();
+  ++r->attempts;
+  t->easy = curl_easy_init();
+  if (t->easy == nullptr) return absl::ResourceExhaustedError("curl_easy_init failed");
+  if (CURLcode rc = Configure(*t, client_->options_, client_->credentials_, client_->sigv4_,
+                              client_->Url(*r));
+      rc != CURLE_OK) {
+    return absl::InternalError(
+        absl::StrCat(client_->What(*r), ": curl setup: ", curl_easy_strerror(rc)));
+  }
+  if (CURLMcode mc = curl_multi_add_handle(m_, t->easy); mc != CURLM_OK) {
+    return absl::InternalError(absl::StrCat(client_->What(*r), ": ", curl_multi_strerror(mc)));
+  }
+  active_.push_back(std::move(t));
+  return absl::OkStatus();
+}
+
+absl::Status Client::Stream::Finish(Transfer* t, CURLcode rc) {
+  Request* r = t->r;
+  if (curl_easy_getinfo(t->easy, CURLINFO_RESPONSE_CODE, &r->http_status) != CURLE_OK) {
+    r->http_status = 0;
+  }
+  curl_off_t length = -1;
+  if (curl_easy_getinfo(t->easy, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &length) == CURLE_OK) {
+    r->content_length = length;
+  }
+  const bool sink_overflow = t->sink_overflow;
+  const bool body_overflow = t->body_overflow;
+  const std::string detail = rc == CURLE_OK ? "" : CurlFailure(rc, t->error, client_->options_);
+  Remove(t);
+  if (sink_overflow) {
+    return absl::DataLossError(absl::StrCat(client_->What(*r), ": the answer is longer than the ",
+                                            r->sink_len, " bytes asked"));
+  }
+  if (body_overflow) {
+    return absl::ResourceExhaustedError(absl::StrCat(client_->What(*r), ": the answer is over ",
+                                                     s3_limits::kGetBytesMax, " bytes"));
+  }
+  return Outcome(r, rc, detail);
+}
+
+absl::Status Client::Stream::Outcome(Request* r, CURLcode rc, const std::string& detail) {
+  std::string last;
+  if (rc != CURLE_OK) {
+    if (!RetryableCurl(rc))
+      return absl::UnavailableError(absl::StrCat(client_->What(*r), ": ", detail));
+    last = detail;
+  } else {
+    const bool ok2xx = r->http_status >= 200 && r->http_status < 300;
+    if (!ok2xx || r->error_in_200) ParseError(r->response, &r->error_code, &r->error_message);
+    // A missing bucket is never "absent is fine".
+    const bool absent_ok =
+        r->http_status == 404 && r->not_found_ok && r->error_code != "NoSuchBucket";
+    if ((ok2xx && r->error_code.empty()) || absent_ok) {
+      if (succeeded_) succeeded_(r);
+      return absl::OkStatus();
+    }
+    if (!RetryableHttp(ok2xx ? 500 : r->http_status, r->error_code))
+      return HttpStatus(client_->What(*r), *r);
+    last = std::string(HttpStatus(client_->What(*r), *r).message());
+  }
+  if (r->attempts > client_->options_.retries_max) {
+    return absl::UnavailableError(absl::StrCat(client_->What(*r), ": gave up after ", r->attempts,
+                                               " attempts; last: ", last));
+  }
+  waiting_.emplace_back(absl::Now() + Backoff(client_->options_, r->attempts - 1), r);
+  return absl::OkStatus();
+}
+
+absl::Time Client::Stream::PromoteDue() {
+  const absl::Time now = absl::Now();
+  absl::Time next_wake = absl::InfiniteFuture();
+  for (auto it = waiting_.begin(); it != waiting_.end();) {
+    if (it->first <= now) {
+      ready_.push_back(it->second);
+      it = waiting_.erase(it);
+    } else {
+      next_wake = std::min(next_wake, it->first);
+      ++it;
+    }
+  }
+  return next_wake;
+}
+
+void Client::Stream::Admit() {
+  // New requests only while fewer than in_flight are outstanding (retries included): a request
+  // holds its memory until it succeeds.
+  while (failure_.ok() && !exhausted_ && Outstanding() < in_flight_) {
+    absl::StatusOr<Request*> r = next_();
+    if (!r.ok()) {
+      failure_ = r.status();
+    } else if (*r == nullptr) {
+      exhausted_ = true;
+    } else {
+      ready_.push_back(*r);
+    }
+  }
+  while (failure_.ok() && active_.size() < in_flight_ && !ready_.empty()) {
+    failure_ = Start(ready_.front());
+    ready_.pop_front();
+  }
+}
+
+void Client::Stream::Perform() {
+  int running = 0;
+  if (CURLMcode mc = curl_multi_perform(m_, &running); mc != CURLM_OK) {
+    failure_ = absl::InternalError(absl::StrCat("curl_multi_perform: ", curl_multi_strerror(mc)));
+    return;
+  }
+  int queued = 0;
+  while (CURLMsg* msg = curl_multi_info_read(m_, &queued)) {
+    if (msg->msg != CURLMSG_DONE) continue;
+    void* priv = nullptr;
+    if (curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, &priv) != CURLE_OK) {
+      failure_ = absl::InternalError("curl: an easy handle lost its transfer");
+      break;
+    }
+    absl::Status s = Finish(static_cast<Transfer*>(priv), msg->data.result);
+    if (!s.ok() && failure_.ok()) failure_ = s;
+  }
+}
+
+absl::Status Client::Stream::Run() {
+  while (failure_.ok()) {
+    const absl::Time next_wake = PromoteDue();
+    Admit();
+    if (!failure_.ok()) break;
+    if (exhausted_ && Outstanding() == 0) break;
+    if (active_.empty()) {
+      absl::SleepFor(std::max(absl::ZeroDuration(), next_wake - absl::Now()));
+      continue;
+    }
+    Perform();
+    if (!failure_.ok() || (exhausted_ && Outstanding() == 0)) break;
+    const int timeout_ms = static_cast<int>(
+        std::clamp<int64_t>(absl::ToInt64Milliseconds(next_wake - absl::Now()), 0, 100));
+    if (CURLMcode mc = curl_multi_poll(m_, nullptr, 0, timeout_ms, nullptr); mc != CURLM_OK) {
+      failure_ = absl::InternalError(absl::StrCat("curl_multi_poll: ", curl_multi_strerror(mc)));
+    }
+  }
+  // Cancel what is still in flight: after this no callback touches a body or a sink.
+  while (!active_.empty()) Remove(active_.back().get());
+  return failure_;
+}
+
 absl::Status Client::RunStream(const std::function<absl::StatusOr<Request*>()>& next,
                                const std::function<void(Request*)>& succeeded, uint32_t in_flight) {
   in_flight = std::clamp<uint32_t>(in_flight, 1, s3_limits::kInFlightMax);
   std::unique_ptr<Multi> multi = TakeMulti();
   if (multi == nullptr) return absl::ResourceExhaustedError("curl_multi_init failed");
-  CURLM* m = multi->handle;
-
-  std::deque<Request*> ready;                            // retries due
-  std::vector<std::pair<absl::Time, Request*>> waiting;  // backing off
-  std::vector<std::unique_ptr<Transfer>> active;
-  bool exhausted = false;  // `next` said there is no more
-  absl::Status failure;
-  bool multi_broken = false;
-
-  auto remove = [&](Transfer* t) {
-    if (curl_multi_remove_handle(m, t->easy) != CURLM_OK) multi_broken = true;
-    active.erase(std::find_if(active.begin(), active.end(),
-                              [t](const std::unique_ptr<Transfer>& a) { return a.get() == t; }));
-  };
-  auto start = [&](Request* r) -> absl::Status {
-    auto t = std::make_unique<Transfer>();
-    t->r = r;
-    r->http_status = 0;
-    r->response.clear();
-    r->etag.clear();
-    r->received = 0;
-    r->content_length = -1;
-    r->error_code.clear();
-    r->error_message.clear();
-    ++r->attempts;
-    t->easy = curl_easy_init();
-    if (t->easy == nullptr) return absl::ResourceExhaustedError("curl_easy_init failed");
-    if (CURLcode rc = Configure(*t, options_, credentials_, sigv4_, Url(*r)); rc != CURLE_OK) {
-      return absl::InternalError(absl::StrCat(What(*r), ": curl setup: ", curl_easy_strerror(rc)));
-    }
-    if (CURLMcode mc = curl_multi_add_handle(m, t->easy); mc != CURLM_OK) {
-      return absl::InternalError(absl::StrCat(What(*r), ": ", curl_multi_strerror(mc)));
-    }
-    active.push_back(std::move(t));
-    return absl::OkStatus();
-  };
-  // The attempt `t` ended with `rc`: done, retried later, or the batch's failure.
-  auto finish = [&](Transfer* t, CURLcode rc) -> absl::Status {
-    Request* r = t->r;
-    if (curl_easy_getinfo(t->easy, CURLINFO_RESPONSE_CODE, &r->http_status) != CURLE_OK) {
-      r->http_status = 0;
-    }
-    curl_off_t length = -1;
-    if (curl_easy_getinfo(t->easy, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &length) == CURLE_OK) {
-      r->content_length = length;
-    }
-    const bool sink_overflow = t->sink_overflow;
-    const bool body_overflow = t->body_overflow;
-    const std::string detail = rc == CURLE_OK ? "" : CurlFailure(rc, t->error, options_);
-    remove(t);
-    if (sink_overflow) {
-      return absl::DataLossError(
-          absl::StrCat(What(*r), ": the answer is longer than the ", r->sink_len, " bytes asked"));
-    }
-    if (body_overflow) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat(What(*r), ": the answer is over ", s3_limits::kGetBytesMax, " bytes"));
-    }
-    std::string last;
-    if (rc != CURLE_OK) {
-      if (!RetryableCurl(rc)) return absl::UnavailableError(absl::StrCat(What(*r), ": ", detail));
-      last = detail;
-    } else {
-      const bool ok2xx = r->http_status >= 200 && r->http_status < 300;
-      if (!ok2xx || r->error_in_200) ParseError(r->response, &r->error_code, &r->error_message);
-      // A missing bucket is never "absent is fine".
-      const bool absent_ok =
-          r->http_status == 404 && r->not_found_ok && r->error_code != "NoSuchBucket";
-      if ((ok2xx && r->error_code.empty()) || absent_ok) {
-        if (succeeded) succeeded(r);
-        return absl::OkStatus();
-      }
-      const bool ok = ok2xx;
-      if (!RetryableHttp(ok ? 500 : r->http_status, r->error_code)) {
-        return HttpStatus(What(*r), *r);
-      }
-      last = std::string(HttpStatus(What(*r), *r).message());
-    }
-    if (r->attempts > options_.retries_max) {
-      return absl::UnavailableError(
-          absl::StrCat(What(*r), ": gave up after ", r->attempts, " attempts; last: ", last));
-    }
-    waiting.emplace_back(absl::Now() + Backoff(options_, r->attempts - 1), r);
-    return absl::OkStatus();
-  };
-
-  auto outstanding = [&] { return active.size() + waiting.size() + ready.size(); };
-  while (failure.ok()) {
-    absl::Time now = absl::Now();
-    absl::Time next_wake = absl::InfiniteFuture();
-    for (auto it = waiting.begin(); it != waiting.end();) {
-      if (it->first <= now) {
-        ready.push_back(it->second);
-        it = waiting.erase(it);
-      } else {
-        next_wake = std::min(next_wake, it->first);
-        ++it;
-      }
-    }
-    // New requests only while fewer than in_flight are outstanding (retries included): a
-    // request holds its memory until it succeeds.
-    while (failure.ok() && !exhausted && outstanding() < in_flight) {
-      absl::StatusOr<Request*> r = next();
-      if (!r.ok()) {
-        failure = r.status();
-      } else if (*r == nullptr) {
-        exhausted = true;
-      } else {
-        ready.push_back(*r);
-      }
-    }
-    while (failure.ok() && active.size() < in_flight && !ready.empty()) {
-      failure = start(ready.front());
-      ready.pop_front();
-    }
-    if (!failure.ok()) break;
-    if (exhausted && outstanding() == 0) break;
-    if (active.empty()) {
-      absl::SleepFor(std::max(absl::ZeroDuration(), next_wake - absl::Now()));
-      continue;
-    }
-    int running = 0;
-    if (CURLMcode mc = curl_multi_perform(m, &running); mc != CURLM_OK) {
-      failure = absl::InternalError(absl::StrCat("curl_multi_perform: ", curl_multi_strerror(mc)));
-      break;
-    }
-    int queued = 0;
-    while (CURLMsg* msg = curl_multi_info_read(m, &queued)) {
-      if (msg->msg != CURLMSG_DONE) continue;
-      void* priv = nullptr;
-      if (curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, &priv) != CURLE_OK) {
-        failure = absl::InternalError("curl: an easy handle lost its transfer");
-        break;
-      }
-      absl::Status s = finish(static_cast<Transfer*>(priv), msg->data.result);
-      if (!s.ok() && failure.ok()) failure = s;
-    }
-    if (!failure.ok() || (exhausted && outstanding() == 0)) break;
-    const int timeout_ms = static_cast<int>(
-        std::clamp<int64_t>(absl::ToInt64Milliseconds(next_wake - absl::Now()), 0, 100));
-    if (CURLMcode mc = curl_multi_poll(m, nullptr, 0, timeout_ms, nullptr); mc != CURLM_OK) {
-      failure = absl::InternalError(absl::StrCat("curl_multi_poll: ", curl_multi_strerror(mc)));
-    }
-  }
-  // Cancel what is still in flight: after this no callback touches a body or a sink.
-  while (!active.empty()) remove(active.back().get());
-  if (!multi_broken) GiveBackMulti(std::move(multi));
+  Stream stream(this, multi->handle, next, succeeded, in_flight);
+  absl::Status failure = stream.Run();
+  if (!stream.multi_broken()) GiveBackMulti(std::move(multi));
   return failure;
 }
 

@@ -90,6 +90,7 @@ class Client {
 
  private:
   struct Multi;
+  class Stream;  // one RunStream's requests: in flight, backing off, ready (s3_http.cc)
   Client(const S3Options& options, S3Credentials credentials);
   std::string Url(const Request& r) const;
 
