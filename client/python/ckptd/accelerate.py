@@ -18,6 +18,12 @@ StorageWriter / StorageReader, with torch's own state_dict helpers, so plain mod
 FSDP2 models each save only their own shards and load at another world size (DCP reshards; the
 daemon commits, with no rank-0 gather of the data).
 
+Saves are planless (ckptd.torch.LocalPlanner with no_dist: no collective, no rank-0 gather of
+plans): DTensor replicas are written by the rank at coordinate 0 of their Replicate mesh dims,
+each rank's RNG item by that rank, and every other value (DDP's replicated parameters, the
+schedulers, custom objects, the step) by rank 0, as DCP's dedup would keep one rank's copy of
+them. save_state returns this rank's DCP Metadata (its own items).
+
 Async: async_save=True returns dcp.async_save's future once this rank's state is staged in the
 daemon's arena; it completes when the checkpoint is COMMITTED. Retention: Accelerate's
 ProjectConfiguration(total_limit=N) is honoured: once a save is COMMITTED, rank 0 deletes the
@@ -34,8 +40,11 @@ RNG), as accelerator.load_state does: load only checkpoints you trust.
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import random
+import warnings
+from collections.abc import Iterator
 from concurrent.futures import Future
 from typing import Any
 
@@ -50,6 +59,7 @@ import ckptd
 from .torch import _ids
 from .torch._connection import connect
 from .torch._errors import ckptd_errors as _ckptd_errors
+from .torch._planner import LocalPlanner
 from .torch._reader import StorageReader
 from .torch._storage import StorageWriter
 
@@ -121,6 +131,14 @@ def _retain(client: Any, job: str, limit: int | None, rank: int) -> None:
         client.delete(job, int(row["step"]))
 
 
+@contextlib.contextmanager
+def _no_dist_warning() -> Iterator[None]:
+    """no_dist=True warns that it assumes one process: here it is each rank's own part."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
 def save_state(
     accelerator: Any,
     job: str,
@@ -131,28 +149,31 @@ def save_state(
 ) -> Any:
     """accelerator.save_state through ckptd, as checkpoint f"{job}/step-{step}" (step default:
     accelerator.save_iteration). Every rank calls it. Blocking: returns the DCP Metadata once
-    COMMITTED. async_save=True: returns dcp.async_save's future once staged (the training may go
-    on); it completes at COMMITTED. Then ProjectConfiguration.total_limit is applied to the job."""
+    COMMITTED (of this rank's own items: the save is planless, see the module docstring).
+    async_save=True: returns dcp.async_save's future once staged (the training may go on); it
+    completes at COMMITTED. Then ProjectConfiguration.total_limit is applied to the job."""
     path = _job(job)
     step = int(accelerator.save_iteration if step is None else step)
     rank, _ = _rank()
     state = _state(accelerator)
     state[EXTRA] = pickle.dumps(_extra(accelerator), protocol=pickle.HIGHEST_PROTOCOL)
     state[f"rng.rank{rank}"] = pickle.dumps(_rng_state())  # each rank's own item
-    writer = StorageWriter(f"{path}/step-{step}", socket=socket)
+    planner = LocalPlanner(owns=lambda fqn: fqn.startswith("rng.rank") or rank == 0)
+    writer = StorageWriter(f"{path}/step-{step}", socket=socket, planner=planner)
+    planless: dict[str, Any] = {"planner": planner, "no_dist": True}
     limit = accelerator.project_configuration.total_limit
     encoded = _ids.encode_job(path)
     client = connect(socket)
     accelerator.project_configuration.iteration += 1
     if async_save:
-        with _ckptd_errors():
-            future: Future[Any] = dcp.async_save(state, storage_writer=writer)
+        with _ckptd_errors(), _no_dist_warning():
+            future: Future[Any] = dcp.async_save(state, storage_writer=writer, **planless)
         future.add_done_callback(
             lambda f: f.exception() is None and _retain(client, encoded, limit, rank)
         )
         return future
-    with _ckptd_errors():
-        metadata = dcp.save(state, storage_writer=writer)
+    with _ckptd_errors(), _no_dist_warning():
+        metadata = dcp.save(state, storage_writer=writer, **planless)
     _retain(client, encoded, limit, rank)
     return metadata
 
