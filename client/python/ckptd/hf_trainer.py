@@ -11,7 +11,9 @@ checkpoint f"{ckptd_job}/step-<global_step>" (torch's state_dict helpers and ckp
 writer: DDP and FSDP2 models save only their own shards, and load at another world size), and
 the folder checkpoint-<step> holds only trainer_state.json and ckptd.json (the job and step).
 The folder appears (renamed into place) only once the ckptd checkpoint is COMMITTED, so
-resume_from_checkpoint=True never picks a save that did not complete. save_total_limit rotates
+resume_from_checkpoint=True never picks a save that did not complete. Saves are planless
+(ckptd.torch.LocalPlanner with no_dist, as ckptd.accelerate.save_state): no collective and no
+rank-0 gather of plans; the daemon commits once every rank's part is in. save_total_limit rotates
 the folders as Trainer does and deletes the ckptd steps whose folders it removed. A folder
 without ckptd.json (a checkpoint Trainer wrote itself) loads as Trainer would load it.
 
@@ -37,9 +39,10 @@ from transformers import Trainer
 from transformers.trainer_callback import ExportableState
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from .accelerate import _ckptd_errors, _rng_state, _set_rng_state
+from .accelerate import _ckptd_errors, _no_dist_warning, _rng_state, _set_rng_state
 from .torch import _ids
 from .torch._connection import connect
+from .torch._planner import LocalPlanner
 from .torch._reader import StorageReader
 from .torch._storage import StorageWriter
 
@@ -90,9 +93,18 @@ class CkptdTrainer(Trainer):  # type: ignore[misc]
             scheduler = None if self.lr_scheduler is None else self.lr_scheduler.state_dict()
             state["trainer"] = pickle.dumps({"scheduler": scheduler})
             state[f"rng.rank{_rank()}"] = pickle.dumps(_rng_state())
-        writer = StorageWriter(f"{self.ckptd_job}/step-{step}", socket=self.ckptd_socket)
-        with _ckptd_errors():
-            dcp.save(state, storage_writer=writer)  # returns once COMMITTED
+        # Planless (as ckptd.accelerate.save_state): no collective, no rank-0 gather of plans.
+        # DTensor replicas go from the rank at coordinate 0 of their Replicate dims, each rank's
+        # rng item from that rank, every other value (DDP's replicated model and optimizer, the
+        # scheduler) from rank 0, as DCP's dedup would keep one copy.
+        rank = _rank()
+        planner = LocalPlanner(owns=lambda fqn: fqn.startswith("rng.rank") or rank == 0)
+        writer = StorageWriter(
+            f"{self.ckptd_job}/step-{step}", socket=self.ckptd_socket, planner=planner
+        )
+        with _ckptd_errors(), _no_dist_warning():
+            # returns once COMMITTED (every rank's part in: the daemon commits)
+            dcp.save(state, storage_writer=writer, planner=planner, no_dist=True)
         if not self.args.should_save:
             return
         for cb in [*self.callback_handler.callbacks, self.control]:

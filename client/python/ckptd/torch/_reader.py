@@ -7,6 +7,11 @@ a set of rank-local parts (jobs _ids.part_job(job, r), see _storage.py): read_me
 describes part r alone (DCP's rank-local load), and read_metadata() all parts together, each
 chunk as its part recorded it (_ids.DCP_CHUNKS_ITEM), so a load at any world size works too; each
 read then goes to the part that holds its chunk.
+
+A failed read_metadata() is the answer: it already looked for rank-local parts. DCP's load then
+asks read_metadata(rank=r) and, when that fails too, raises AssertionError("metadata is None"),
+losing the error. So that second call raises the first one's ckptd error wrapped in
+MetadataError, a BaseException DCP passes to its CheckpointException (ckptd_errors unwraps it).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import ckptd
 
 from . import _ids
 from ._connection import LazyClient, rank_world
+from ._errors import MetadataError
 from ._storage import StorageWriter
 
 __all__ = ["StorageReader"]
@@ -79,6 +85,7 @@ class StorageReader(LazyClient, _DcpReader):
         self._shapes: dict[str, list[int]] = {}
         # A rank-local checkpoint: (fqn, chunk offsets | None) -> (part job, chunk sizes).
         self._routes: dict[_Key, tuple[str, list[int]]] | None = None
+        self._metadata_error: ckptd.CkptdError | None = None  # of the last read_metadata()
         if checkpoint_id is not None:
             self.reset(checkpoint_id)
 
@@ -92,6 +99,7 @@ class StorageReader(LazyClient, _DcpReader):
         self.bytes_prefetched = 0
         self._dtypes = {}
         self._routes = None
+        self._metadata_error = None
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
@@ -119,13 +127,28 @@ class StorageReader(LazyClient, _DcpReader):
 
     # --- metadata ---------------------------------------------------------------------------
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        """The whole checkpoint; rank=r: rank r's rank-local part (use_collectives=False)."""
-        step = self._resolve_step()
-        assert self._id is not None
+        """The whole checkpoint; rank=r: rank r's rank-local part (use_collectives=False). After
+        a failed read_metadata(), read_metadata(rank=r) (DCP's fallback) raises MetadataError
+        holding that failure (see the module docstring)."""
         rank = kwargs.get("rank")
+        if rank is not None and self._metadata_error is not None:
+            error, self._metadata_error = self._metadata_error, None
+            raise MetadataError(error) from error
         if rank is not None:
+            step = self._resolve_step()
+            assert self._id is not None
             part = _ids.part_job(self._id.job, int(rank))
             return self._part_metadata({int(rank): part}, step)
+        self._metadata_error = None
+        try:
+            return self._read_whole_metadata()
+        except ckptd.CkptdError as e:
+            self._metadata_error = e
+            raise
+
+    def _read_whole_metadata(self) -> Metadata:
+        step = self._resolve_step()
+        assert self._id is not None
         try:
             return self._whole_metadata(self._id.job, step)
         except ckptd.NotFoundError as whole_missing:
