@@ -94,8 +94,9 @@ absl::Status CheckpointService::WriteAndJournalRank(const Key& key, uint32_t ran
 
 std::vector<uint64_t> CheckpointService::HandRankToRamTier(const Key& key,
                                                            const v1::RankRecord& rec) {
-  std::vector<uint64_t> hot_ids;
   HotParts hot = HotBytesOfRank(rec);
+  std::vector<uint64_t> hot_ids;
+  hot_ids.reserve(hot.extents.size());
   for (const HotExtent& e : hot.extents) hot_ids.push_back(e.id);
   if (!ram_tier_.AddRank(key, std::move(hot))) hot_ids.clear();
   // Not freed but now reclaimable: a reservation waiting for space may evict them, and they
