@@ -19,7 +19,7 @@ v1::CheckpointStatus StatusOf(const std::string& job, uint64_t step, v1::Checkpo
 
 }  // namespace
 
-TEST_CASE("client: the daemon's error codes and messages reach the caller unchanged", "[unit]") {
+TEST_CASE("the daemon's error codes and messages reach the caller unchanged", "[unit]") {
   const grpc::StatusCode codes[] = {
       grpc::StatusCode::INVALID_ARGUMENT,
       grpc::StatusCode::NOT_FOUND,
@@ -49,8 +49,7 @@ TEST_CASE("client: the daemon's error codes and messages reach the caller unchan
   CHECK(daemon->count("GetStatus") == static_cast<int>(std::size(codes)));
 }
 
-TEST_CASE("client: FAILED_PRECONDITION re-opens the session only with reason UNKNOWN_SESSION",
-          "[unit]") {
+TEST_CASE("FAILED_PRECONDITION re-opens the session only with reason UNKNOWN_SESSION", "[unit]") {
   auto daemon = std::make_shared<FakeDaemon>();
   auto client = ConnectTo(daemon);
   daemon->FailNext("Delete", grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
@@ -70,8 +69,7 @@ TEST_CASE("client: FAILED_PRECONDITION re-opens the session only with reason UNK
   CHECK(daemon->count("Delete") == 2);
 }
 
-TEST_CASE("client: gRPC's deadline names the call and its deadline; the daemon's text is kept",
-          "[unit]") {
+TEST_CASE("gRPC's deadline names the call and its deadline, the daemon's text is kept", "[unit]") {
   auto daemon = std::make_shared<FakeDaemon>();
   ClientOptions options;
   options.rpc_timeout_ms = 1234;
@@ -93,7 +91,7 @@ TEST_CASE("client: gRPC's deadline names the call and its deadline; the daemon's
   CHECK(got.status().message() == "checkpoint job/2: rank 3 did not stage in 600 s");
 }
 
-TEST_CASE("client: every call carries its deadline", "[unit]") {
+TEST_CASE("every call carries its deadline", "[unit]") {
   auto daemon = std::make_shared<FakeDaemon>();
   ClientOptions options;
   options.rpc_timeout_ms = 2000;
@@ -121,7 +119,7 @@ TEST_CASE("client: every call carries its deadline", "[unit]") {
   CHECK(deadline["ReleaseExtents"] == 2000);
 }
 
-TEST_CASE("client: a long Wait gets a 10 s margin, and at most the daemon's 24 h", "[unit]") {
+TEST_CASE("a long Wait gets a 10 s margin, and at most the daemon's 24 h", "[unit]") {
   auto daemon = std::make_shared<FakeDaemon>();
   auto client = ConnectTo(daemon);  // rpc_timeout_ms 60000
   daemon->SetStatus("job", 1, StatusOf("job", 1, v1::COMMITTED));
@@ -134,7 +132,7 @@ TEST_CASE("client: a long Wait gets a 10 s margin, and at most the daemon's 24 h
   CHECK(waits == std::vector<int64_t>{3000 + 10000, 24ll * 3600 * 1000 + 10000});
 }
 
-TEST_CASE("client: WaitCommitted names an abort's reason and the ranks still missing", "[unit]") {
+TEST_CASE("WaitCommitted names an abort's reason and the ranks still missing", "[unit]") {
   auto daemon = std::make_shared<FakeDaemon>();
   auto client = ConnectTo(daemon);
 
@@ -157,7 +155,7 @@ TEST_CASE("client: WaitCommitted names an abort's reason and the ranks still mis
   CHECK(client->WaitCommitted("job", 7, 100).ok());
 }
 
-TEST_CASE("client: catalog calls follow every page, and a failing page fails the call", "[unit]") {
+TEST_CASE("catalog calls follow every page, and a failing page fails the call", "[unit]") {
   auto daemon = std::make_shared<FakeDaemon>();
   auto client = ConnectTo(daemon);
   daemon->SetPageSize(2);

@@ -30,6 +30,27 @@ namespace ckptd::testing {
 namespace v1 = ::ckptd::v1;
 using internal::CallOptions;
 
+// One Attach stream's state, shared by the daemon (which ends it) and the client's stream
+// (MakeStream: it sends `attached`, then blocks in Read until the daemon or the client ends it).
+struct StreamState {
+  absl::Mutex mu;
+  bool sent_attached ABSL_GUARDED_BY(mu) = false;
+  bool ended ABSL_GUARDED_BY(mu) = false;
+  grpc::Status status ABSL_GUARDED_BY(mu);
+
+  void End(grpc::Status why) ABSL_LOCKS_EXCLUDED(mu) {
+    absl::MutexLock l(&mu);
+    if (ended) return;
+    ended = true;
+    status = std::move(why);
+  }
+  bool Ended() ABSL_LOCKS_EXCLUDED(mu) {
+    absl::MutexLock l(&mu);
+    return ended;
+  }
+};
+std::unique_ptr<internal::SessionStream> MakeStream(std::shared_ptr<StreamState> state);
+
 // One call as the daemon received it.
 struct Received {
   std::string method;
@@ -139,8 +160,6 @@ class FakeDaemon : public std::enable_shared_from_this<FakeDaemon> {
     uint64_t length = 0;
     std::string session;
   };
-  struct Stream;
-
   // Records the call and answers what the script or the daemon's state says before it is served:
   // down, a scripted failure, an unknown session (session != nullptr). OK: serve it.
   grpc::Status Enter(const std::string& method, const CallOptions& o, const std::string* session)
@@ -173,7 +192,7 @@ class FakeDaemon : public std::enable_shared_from_this<FakeDaemon> {
   std::map<Key, std::map<std::string, Item>> store_ ABSL_GUARDED_BY(mu_);
   std::map<Key, v1::CheckpointStatus> statuses_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::vector<grpc::Status>> fail_next_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::shared_ptr<Stream>> streams_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<StreamState>> streams_ ABSL_GUARDED_BY(mu_);
   std::vector<Received> calls_ ABSL_GUARDED_BY(mu_);
   std::vector<v1::SaveRequest> saves_ ABSL_GUARDED_BY(mu_);
   std::vector<v1::LoadRequest> loads_ ABSL_GUARDED_BY(mu_);

@@ -29,7 +29,7 @@ std::vector<std::string> ItemsOf(const v1::LoadRequest& req) {
 
 }  // namespace
 
-TEST_CASE("client: Load batches its targets and keeps two batches in flight", "[unit]") {
+TEST_CASE("Load batches its targets and keeps two batches in flight", "[unit]") {
   auto daemon = std::make_shared<FakeDaemon>(kArena);
   auto client = ConnectTo(daemon);
   REQUIRE(client->load_batch_bytes() == kArena / 4);
@@ -66,7 +66,7 @@ TEST_CASE("client: Load batches its targets and keeps two batches in flight", "[
   CHECK(daemon->extents_held() == 0);
 }
 
-TEST_CASE("client: Load starts a new batch at the daemon's max_load_requests", "[unit]") {
+TEST_CASE("Load starts a new batch at the daemon's max_load_requests", "[unit]") {
   auto daemon = std::make_shared<FakeDaemon>(kArena);
   v1::Limits limits;
   limits.set_max_load_requests(3);
@@ -85,7 +85,7 @@ TEST_CASE("client: Load starts a new batch at the daemon's max_load_requests", "
   for (int i = 0; i < 7; ++i) CHECK(got[i] == Pattern(16, static_cast<uint8_t>(i)));
 }
 
-TEST_CASE("client: a target larger than a batch is read in flat slices", "[unit]") {
+TEST_CASE("a target larger than a batch is read in flat slices", "[unit]") {
   auto daemon = std::make_shared<FakeDaemon>(kArena);
   auto client = ConnectTo(daemon);
   const uint64_t bytes = 600 << 10;  // 153600 floats; a batch holds 65536
@@ -109,7 +109,7 @@ TEST_CASE("client: a target larger than a batch is read in flat slices", "[unit]
         std::vector<std::pair<uint64_t, uint64_t>>{{0, 65536}, {65536, 65536}, {131072, 22528}});
 }
 
-TEST_CASE("client: Load of latest over several batches resolves the step once", "[unit]") {
+TEST_CASE("Load of latest over several batches resolves the step once", "[unit]") {
   auto daemon = std::make_shared<FakeDaemon>(kArena);
   auto client = ConnectTo(daemon);
   AddFloats(*daemon, "job", 4, "t0", kPiece, 0);
@@ -138,8 +138,7 @@ TEST_CASE("client: Load of latest over several batches resolves the step once", 
   CHECK(daemon->loads().back().latest());
 }
 
-TEST_CASE("client: a failing batch stops the load after the batch in flight, scratch returned",
-          "[unit]") {
+TEST_CASE("a failing batch stops the load after the batch in flight, scratch returned", "[unit]") {
   auto daemon = std::make_shared<FakeDaemon>(kArena);
   auto client = ConnectTo(daemon);
   std::vector<std::string> got(6, std::string(kPiece, '\0'));
@@ -158,7 +157,7 @@ TEST_CASE("client: a failing batch stops the load after the batch in flight, scr
   CHECK(daemon->count("Load") == 2);
 }
 
-TEST_CASE("client: a Load whose daemon went away names the socket and is not repeated", "[unit]") {
+TEST_CASE("a Load whose daemon went away names the socket and is not repeated", "[unit]") {
   auto daemon = std::make_shared<FakeDaemon>(kArena);
   ClientOptions options;
   options.rpc_timeout_ms = 4321;
@@ -187,7 +186,7 @@ TEST_CASE("client: a Load whose daemon went away names the socket and is not rep
   CHECK(got == Pattern(4096, 1));
 }
 
-TEST_CASE("client: LoadObject resolves latest, inspects the item, then loads it", "[unit]") {
+TEST_CASE("LoadObject resolves latest, inspects the item, then loads it", "[unit]") {
   auto daemon = std::make_shared<FakeDaemon>(kArena);
   auto client = ConnectTo(daemon);
   daemon->AddObject("job", 5, "rng", "old");

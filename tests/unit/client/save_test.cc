@@ -7,7 +7,7 @@
 using namespace ckptd;
 using namespace ckptd::testing;
 
-TEST_CASE("client: Save reserves once, copies each shard once and sends one Save", "[unit]") {
+TEST_CASE("Save reserves once, copies each shard once and sends one Save", "[unit]") {
   auto daemon = std::make_shared<FakeDaemon>();
   auto client = ConnectTo(daemon);
   const std::string a = Pattern(10000, 1), b = Pattern(4096, 2), c = Pattern(1, 3);
@@ -48,7 +48,7 @@ TEST_CASE("client: Save reserves once, copies each shard once and sends one Save
   CHECK(daemon->extents_held() == 0);  // the daemon took every extent
 }
 
-TEST_CASE("client: Save splits its reservation at the daemon's max_extents_per_reserve", "[unit]") {
+TEST_CASE("Save splits its reservation at the daemon's max_extents_per_reserve", "[unit]") {
   auto daemon = std::make_shared<FakeDaemon>();
   v1::Limits limits;
   limits.set_max_extents_per_reserve(2);
@@ -70,8 +70,7 @@ TEST_CASE("client: Save splits its reservation at the daemon's max_extents_per_r
     CHECK(daemon->Stored("job", 1, std::to_string(i)) == bytes[i]);
 }
 
-TEST_CASE("client: a reservation that fails part way gives back what it took, all or none",
-          "[unit]") {
+TEST_CASE("a reservation that fails part way gives back what it took, all or none", "[unit]") {
   auto daemon = std::make_shared<FakeDaemon>(64 << 10);  // 16 extents of 4 KiB
   v1::Limits limits;
   limits.set_max_extents_per_reserve(2);
@@ -92,8 +91,7 @@ TEST_CASE("client: a reservation that fails part way gives back what it took, al
   CHECK(daemon->count("Save") == 0);
 }
 
-TEST_CASE("client: a Save the daemon refuses is not repeated and its extents are given back",
-          "[unit]") {
+TEST_CASE("a Save the daemon refuses is not repeated and its extents are given back", "[unit]") {
   auto daemon = std::make_shared<FakeDaemon>();
   auto client = ConnectTo(daemon);
   const std::string bytes = Pattern(8192, 5);
@@ -109,7 +107,7 @@ TEST_CASE("client: a Save the daemon refuses is not repeated and its extents are
   CHECK(daemon->extents_held() == 0);
 }
 
-TEST_CASE("client: bad shards are refused before anything is sent", "[unit]") {
+TEST_CASE("bad shards are refused before anything is sent", "[unit]") {
   auto daemon = std::make_shared<FakeDaemon>();
   auto client = ConnectTo(daemon);
   const size_t sent = daemon->calls().size();
@@ -125,7 +123,7 @@ TEST_CASE("client: bad shards are refused before anything is sent", "[unit]") {
   CHECK(daemon->calls().size() == sent);
 }
 
-TEST_CASE("client: bytes in an Allocate()d buffer are saved in place, not copied", "[unit]") {
+TEST_CASE("bytes in an Allocate()d buffer are saved in place, not copied", "[unit]") {
   auto daemon = std::make_shared<FakeDaemon>();
   auto client = ConnectTo(daemon);
   absl::StatusOr<ArenaBuffer> buffer = client->Allocate(8192);

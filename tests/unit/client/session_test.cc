@@ -16,7 +16,7 @@ bool HelloAgain(FakeDaemon& daemon, Client& client, int hellos) {
 
 }  // namespace
 
-TEST_CASE("client: Connect says Hello, attaches and maps the arena, in that order", "[unit]") {
+TEST_CASE("Connect says Hello, attaches and maps the arena, in that order", "[unit]") {
   auto daemon = std::make_shared<FakeDaemon>(1 << 20);
   ClientOptions options;
   options.connect_timeout_ms = 750;
@@ -34,7 +34,7 @@ TEST_CASE("client: Connect says Hello, attaches and maps the arena, in that orde
   CHECK(daemon->open_streams() == 1);
 }
 
-TEST_CASE("client: Connect to a daemon that is down is UNAVAILABLE after one Hello", "[unit]") {
+TEST_CASE("Connect to a daemon that is down is UNAVAILABLE after one Hello", "[unit]") {
   auto daemon = std::make_shared<FakeDaemon>();
   daemon->SetDown(true);
   ClientOptions options;
@@ -48,7 +48,7 @@ TEST_CASE("client: Connect to a daemon that is down is UNAVAILABLE after one Hel
   CHECK(daemon->calls()[0].timeout_ms == 250);
 }
 
-TEST_CASE("client: options are checked before anything is sent", "[unit]") {
+TEST_CASE("options are checked before anything is sent", "[unit]") {
   auto daemon = std::make_shared<FakeDaemon>();
   ClientOptions options;
   options.rpc_timeout_ms = 0;
@@ -59,7 +59,7 @@ TEST_CASE("client: options are checked before anything is sent", "[unit]") {
   CHECK(daemon->calls().empty());
 }
 
-TEST_CASE("client: an arena the daemon refuses fails Connect and ends the session", "[unit]") {
+TEST_CASE("an arena the daemon refuses fails Connect and ends the session", "[unit]") {
   auto daemon = std::make_shared<FakeDaemon>();
   daemon->FailNext("MapArena",
                    grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
@@ -75,8 +75,7 @@ TEST_CASE("client: an arena the daemon refuses fails Connect and ends the sessio
   CHECK(daemon->open_streams() == 0);
 }
 
-TEST_CASE("client: a dropped connection opens a new session and registers regions again",
-          "[unit]") {
+TEST_CASE("a dropped connection opens a new session and registers regions again", "[unit]") {
   auto daemon = std::make_shared<FakeDaemon>();
   auto client = ConnectTo(daemon);
   absl::StatusOr<uint64_t> handle = client->RegisterShm("/trainer-shm", 8192);
@@ -96,7 +95,7 @@ TEST_CASE("client: a dropped connection opens a new session and registers region
   CHECK(daemon->open_streams() == 1);
 }
 
-TEST_CASE("client: after a daemon restart the arena is mapped again and old buffers are refused",
+TEST_CASE("after a daemon restart the arena is mapped again and old buffers are refused",
           "[unit]") {
   auto daemon = std::make_shared<FakeDaemon>();
   auto client = ConnectTo(daemon);
@@ -133,7 +132,7 @@ TEST_CASE("client: after a daemon restart the arena is mapped again and old buff
   CHECK(save.shards(0).data().offset() == 4096);
 }
 
-TEST_CASE("client: UNKNOWN_SESSION fails that call once; the next call says Hello", "[unit]") {
+TEST_CASE("UNKNOWN_SESSION fails that call once, the next call says Hello", "[unit]") {
   auto daemon = std::make_shared<FakeDaemon>();
   auto client = ConnectTo(daemon);
   const std::string bytes = Pattern(5000, 1);
@@ -156,7 +155,7 @@ TEST_CASE("client: UNKNOWN_SESSION fails that call once; the next call says Hell
   CHECK(daemon->Stored("job", 1, "w") == bytes);
 }
 
-TEST_CASE("client: a call that fails UNAVAILABLE is not repeated; the next one says Hello first",
+TEST_CASE("a call that fails UNAVAILABLE is not repeated, the next one says Hello first",
           "[unit]") {
   auto daemon = std::make_shared<FakeDaemon>();
   auto client = ConnectTo(daemon);
@@ -179,7 +178,7 @@ TEST_CASE("client: a call that fails UNAVAILABLE is not repeated; the next one s
   CHECK(daemon->Stored("job", 7, "w") == bytes);
 }
 
-TEST_CASE("client: a daemon down at the next call is UNAVAILABLE, and back up it is found again",
+TEST_CASE("a daemon down at the next call is UNAVAILABLE, and back up it is found again",
           "[unit]") {
   auto daemon = std::make_shared<FakeDaemon>();
   ClientOptions options;
@@ -207,7 +206,7 @@ TEST_CASE("client: a daemon down at the next call is UNAVAILABLE, and back up it
   CHECK(daemon->arena_maps() == 2);
 }
 
-TEST_CASE("client: Close says Goodbye, ends the stream and refuses later calls locally", "[unit]") {
+TEST_CASE("Close says Goodbye, ends the stream and refuses later calls locally", "[unit]") {
   auto daemon = std::make_shared<FakeDaemon>();
   auto client = ConnectTo(daemon);
   const std::string session = daemon->session_id();
