@@ -2,19 +2,24 @@
 by 3 (and by 4, through torchdata's own state): every sample of the epoch is seen exactly once
 across the interrupted run and the resumed one. Also: ranks that consumed different counts, a
 missing and a corrupt checkpoint (errors, never a start from the epoch's beginning), the daemon
-down (UnavailableError naming the socket)."""
+down (UnavailableError naming the socket, within a bound), and a rank killed mid-save: "latest"
+stays on the previous checkpoint, whose position loads."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from bounded import within
 
 from conftest import Daemon, free_port, run_rank, start_daemon
 
@@ -167,10 +172,62 @@ def test_corrupt_and_daemon_down() -> None:
         with pytest.raises(ckptd.DataLossError):
             cdata.load_state_dict(sampler, "data-corrupt", 1, client=client)
         d.stop()
-        with pytest.raises(ckptd.UnavailableError) as e:
+        with within(30, "a load with the daemon down"), pytest.raises(ckptd.UnavailableError) as e:
             cdata.load_state_dict(sampler, "data-corrupt", 1, client=client)
         assert d.socket in str(e.value)
     finally:
         d.stop()
         d.remove_shm()
         shutil.rmtree(d.state_dir, ignore_errors=True)
+
+
+KILLED = """
+import os, signal, sys
+import torch, torch.distributed as dist, torch.distributed.checkpoint as dcp
+import ckptd.data as cdata, ckptd.torch as ct
+import ckptd.torch._storage as storage
+
+rank, sock = int(os.environ["RANK"]), sys.argv[1]
+dist.init_process_group("gloo", rank=rank, world_size=2)
+sampler = cdata.ReshardableSampler({n}, rank=rank, world_size=2, shuffle=True, seed=5)
+it = iter(sampler)
+for step in (1, 2):
+    for _ in range(3):
+        next(it)
+    state = {{"model": {{"w": torch.full((4,), float(rank))}}, **cdata.state_dict(sampler)}}
+    if step == 2 and rank == 1:  # dies in its save of step 2, before its part is staged
+        storage.StorageWriter.write_data = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        writer = ct.StorageWriter(f"runs/data-kill/step-{{step}}", socket=sock)
+        dcp.save(state, storage_writer=writer)
+        print(f"step {{step}} saved", flush=True)
+    except BaseException as e:
+        print(f"step {{step}} failed: {{type(e).__name__}}", flush=True)
+os._exit(0)
+"""
+
+
+def test_a_rank_killed_mid_save_leaves_latest_on_the_previous(daemon: Daemon) -> None:
+    """2 ranks save step-1 (3 samples each), then step-2 (6 each) where rank 1 dies: rank 0's save
+    fails (no hang), "latest" is step-1 and a resume at 1 rank skips step-1's 6 samples only."""
+    base = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    base.update(GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-c", KILLED.format(n=N), daemon.socket]
+    procs = [
+        subprocess.Popen(cmd, env=dict(base, RANK=str(r)), stdout=subprocess.PIPE, text=True)
+        for r in range(2)
+    ]
+    try:
+        outs = [p.communicate(timeout=120)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [0, -signal.SIGKILL], outs
+    assert "step 1 saved" in outs[0] and "step 2 failed" in outs[0], outs
+    client = ckptd.connect(daemon.socket)
+    job = ct.encode_job("runs/data-kill")
+    assert client.latest(job) == 1
+    sampler = cdata.ReshardableSampler(N, rank=0, world_size=1, shuffle=True, seed=5)
+    info = cdata.load_state_dict(sampler, job, "latest", client=client)
+    assert info == {"resharded": True, "old_world_size": 2, "skipped": 6}, info
+    assert len(list(sampler)) == N - 6
