@@ -19,7 +19,7 @@ from torch.distributed.checkpoint.api import CheckpointException  # noqa: E402
 
 import ckptd  # noqa: E402
 import ckptd.torch as ct  # noqa: E402
-from ckptd.torch._errors import MetadataError, ckptd_errors  # noqa: E402
+from ckptd.torch._errors import ckptd_errors  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +49,7 @@ def test_corrupt_metadata_is_data_loss_not_assertion(corrupt: Daemon) -> None:
         load(corrupt, "err/run/step-1")
     (failure,) = e.value.failures.values()
     failure = failure[0] if isinstance(failure, tuple) else failure  # (error, traceback)
-    assert isinstance(failure, MetadataError), failure  # not AssertionError("metadata is None")
+    assert isinstance(failure, ct.MetadataError), failure  # not AssertionError("metadata is None")
     assert isinstance(failure.error, ckptd.DataLossError), failure.error
     with pytest.raises(ckptd.DataLossError, match="crc32c"), ckptd_errors():
         load(corrupt, "err/run/step-1")
@@ -61,7 +61,7 @@ def test_missing_checkpoint_is_not_found(corrupt: Daemon) -> None:
 
 
 def test_a_fresh_reader_still_reads_a_rank_local_part(corrupt: Daemon) -> None:
-    """read_metadata(rank=r) raises MetadataError only right after a failed read_metadata()."""
+    """read_metadata(rank=r) raises ct.MetadataError only right after a failed read_metadata()."""
     reader = ct.StorageReader("err/none/step-1", socket=corrupt.socket)
     with pytest.raises(ckptd.NotFoundError):
         reader.read_metadata(rank=0)  # the part job's own error, not a MetadataError

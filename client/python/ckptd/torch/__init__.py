@@ -10,10 +10,14 @@
 - LocalPlanner: the DCP SavePlanner behind it, for dcp.save(..., storage_writer=StorageWriter(id),
   planner=LocalPlanner(), no_dist=True): each rank plans and writes its own part, the daemon
   commits the checkpoint once every rank has.
+- MetadataError: what a dcp.load through StorageReader whose checkpoint is missing, corrupt or
+  unreachable holds in DCP's CheckpointException (its .error: the ckptd error), where DCP alone
+  would raise AssertionError("metadata is None").
 """
 
 from __future__ import annotations
 
+from ._errors import MetadataError
 from ._helpers import load, save
 from ._ids import CheckpointId, decode_job, encode_job, parse
 from ._planner import LocalPlanner
@@ -24,6 +28,7 @@ __all__ = [
     "DCP_VERSION",
     "CheckpointId",
     "LocalPlanner",
+    "MetadataError",
     "StorageReader",
     "StorageWriter",
     "decode_job",
