@@ -224,3 +224,58 @@ TEST_CASE("Close says Goodbye, ends the stream and refuses later calls locally",
   client->Close();  // again: nothing
   CHECK(daemon->calls().size() == sent);
 }
+
+TEST_CASE("an Attach the daemon refuses fails Connect with its code, naming the socket", "[unit]") {
+  auto daemon = std::make_shared<FakeDaemon>();
+  daemon->FailNext("Attach", grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                                          "uid 1000 holds 64 of its 64 sessions"));
+  absl::StatusOr<std::unique_ptr<Client>> client =
+      internal::ClientFactory::Create({}, daemon->Connect());
+  CHECK(client.status().code() == absl::StatusCode::kResourceExhausted);
+  CHECK(client.status().message() == "uid 1000 holds 64 of its 64 sessions");
+  CHECK(daemon->methods() == std::vector<std::string>{"Hello", "Attach"});  // no arena mapped
+
+  daemon->FailNext("Attach", grpc::Status(grpc::StatusCode::UNAVAILABLE, "Socket closed"));
+  client = internal::ClientFactory::Create({}, daemon->Connect());
+  CHECK(client.status().code() == absl::StatusCode::kUnavailable);
+  CHECK(client.status().message() ==
+        "ckptd at unix:/fake/ckptd.sock is unavailable: Socket closed");
+}
+
+TEST_CASE("saves racing a daemon restart each succeed or fail cleanly, and the client recovers",
+          "[unit]") {
+  auto daemon = std::make_shared<FakeDaemon>(4 << 20);
+  auto client = ConnectTo(daemon);
+  constexpr int kThreads = 4;
+  constexpr int kSaves = 20;
+  std::vector<std::string> bytes;
+  for (int t = 0; t < kThreads; ++t) bytes.push_back(Pattern(20000, static_cast<uint8_t>(t)));
+  std::vector<std::vector<absl::StatusCode>> codes(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::vector<TensorShard> shards = {Tensor("w", bytes[t])};
+      for (int i = 0; i < kSaves; ++i) {
+        absl::StatusOr<SaveResult> saved =
+            client->Save("job" + std::to_string(t), static_cast<uint64_t>(i), 0, 1, shards);
+        codes[t].push_back(saved.status().code());
+      }
+    });
+  }
+  daemon->Restart();                          // somewhere among the saves
+  for (std::thread& th : threads) th.join();  // none hangs
+
+  for (int t = 0; t < kThreads; ++t) {
+    for (absl::StatusCode code : codes[t]) {
+      // OK, or the session's end as the client sees it: UNKNOWN_SESSION (FAILED_PRECONDITION),
+      // UNAVAILABLE ("restarted during the call"); never INTERNAL or a wrong answer.
+      CHECK((code == absl::StatusCode::kOk || code == absl::StatusCode::kFailedPrecondition ||
+             code == absl::StatusCode::kUnavailable));
+    }
+  }
+  std::vector<TensorShard> shards = {Tensor("w", bytes[0])};
+  REQUIRE(Eventually([&] { return client->Save("after", 1, 0, 1, shards).ok(); }, [] {}));
+  CHECK(daemon->Stored("after", 1, "w") == bytes[0]);
+  CHECK(client->reconnect_count() >= 1);
+  CHECK(daemon->arena_maps() == 2);
+}
