@@ -32,7 +32,7 @@ PYTHON ?= python3
 
 .PHONY: setup build build-asan build-fuzz run test test-cpp test-asan test-fuzz test-python \
 	test-python-asan test-gpu build-tsan test-tsan python bench soak clean lint format format-check \
-	lint-python check-threads tidy configure-tsa docs check-layers check-function-length
+	lint-python check-threads tidy configure-tsa docs check-layers check-function-length mutants
 
 setup:
 	@bash deploy/setup.sh
@@ -250,5 +250,13 @@ soak: build
 	@cd $(BUILD) && CKPTD_SOAK_SECONDS=$(SOAK_SECONDS) ./tests/ckptd_integration_tests "[soak]" \
 	  --durations yes
 
+# Mutation testing (not in make test: run it when a critical path changes): plants, one at a time,
+# the bugs that matter (a checksum never compared, the COMMITTED row before the manifest, a commit
+# one rank short, a lease ignored, an owner check skipped, an upload durable before its manifest)
+# in a copy of the tree (build-mutants/), rebuilds, runs the tests that should catch each, and
+# fails naming any that survives. MUTANTS=name,name runs some (tests/mutants/run_mutants.py --list).
+mutants: setup
+	@$(PYTHON) tests/mutants/run_mutants.py --jobs $(JOBS) $(if $(MUTANTS),--only $(MUTANTS))
+
 clean:
-	rm -rf $(BUILD) $(BUILD_ASAN) $(BUILD_FUZZ) $(BUILD_RELEASE) $(BUILD_TSA)
+	rm -rf $(BUILD) $(BUILD_ASAN) $(BUILD_FUZZ) $(BUILD_RELEASE) $(BUILD_TSA) $(ROOT)/build-mutants

@@ -7,7 +7,8 @@
 //   - it starts;
 //   - at the crash (read from the killed daemon's index before anything restarts), every
 //     COMMITTED row names a checkpoint whose manifest is on the tier the row says: the index
-//     never shows a key COMMITTED before its manifest is durable;
+//     never shows a key COMMITTED before its manifest is durable; and every upload row DURABLE
+//     names one whose manifest (or its node's upload marker) is on the remote tier;
 //   - every checkpoint committed before still loads bit-exact (the one being deleted may instead
 //     be absent, with its directory gone — never DELETING, never half there);
 //   - the checkpoint in flight, from the point its manifest is durable on (`ManifestDurable`), is
@@ -332,6 +333,15 @@ std::string Check(const Daemon& d, const Expect& e, std::map<std::string, int>* 
                       PathExists(dir) ? " (its directory is still there)" : "");
 }
 
+// Whether `cluster_dir` holds a node's "<node>.uploaded" marker.
+bool HasUploadedMarker(const std::string& cluster_dir) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(cluster_dir, ec)) {
+    if (e.path().extension() == ".uploaded") return true;
+  }
+  return false;
+}
+
 // The index of the killed daemon (`state`), read before anything restarts: a COMMITTED row whose
 // manifest is not on the tier the row names ("" when none). `remote` is the remote tier's
 // directory ("" when the case has none).
@@ -351,9 +361,22 @@ std::string CommittedWithoutManifest(const std::string& state, const std::string
                           ")");
     }
   }
-  return bad.empty()
-             ? ""
-             : absl::StrCat("the index said COMMITTED before the manifest was durable:", bad);
+  // An upload row DURABLE: the manifest is on the remote tier (or, for a node's part of a
+  // checkpoint spanning nodes, the node's `cluster/<node>.uploaded` marker), or a local copy
+  // evicted as "durable elsewhere" would leave nothing to load.
+  for (const ckptd::v1::UploadRecord& u : ReadUploadRows(state + "/index", &error)) {
+    if (u.upload().state() != ckptd::v1::UPLOAD_DURABLE) continue;
+    const std::string dir = remote + "/" + u.dir();
+    if (!PathExists(dir + "/manifest.ckm") && !HasUploadedMarker(dir + "/cluster")) {
+      bad += absl::StrCat(" ", u.dir(), " (upload DURABLE, no manifest on the remote tier)");
+    }
+  }
+  if (!error.empty()) return absl::StrCat("reading the index's upload rows at the crash: ", error);
+  return bad.empty() ? ""
+                     : absl::StrCat(
+                           "the index said COMMITTED (or an upload DURABLE) before the manifest "
+                           "was durable:",
+                           bad);
 }
 
 // States `ckptctl --json ls` shows that are neither COMMITTED nor ABORTED.

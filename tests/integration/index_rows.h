@@ -1,4 +1,5 @@
-// Reads the checkpoint rows ('C' job '\0' be64(step), daemon/src/index/keys.h) of a stopped (or
+// Reads the checkpoint rows ('C' job '\0' be64(step), daemon/src/index/keys.h) and upload rows
+// ('U' job '\0' be64(step)) of a stopped (or
 // killed) daemon's RocksDB index, read-only, through RocksDB's C API loaded at run time (the test
 // binary does not link RocksDB). A read-only open replays the WAL: what a kill -9 left synced is
 // what the next start would see. For the crash matrix: "was the key COMMITTED in the index at the
@@ -15,10 +16,11 @@
 
 namespace ckptd_it {
 
-// Every checkpoint row that parses, in key order; "" or the error in *error.
-inline std::vector<ckptd::v1::CheckpointRecord> ReadCheckpointRows(const std::string& index_dir,
-                                                                   std::string* error) {
-  std::vector<ckptd::v1::CheckpointRecord> rows;
+// Every row of key tag `tag` (keys.h: 'C' checkpoint, 'U' upload, ...) that parses as a
+// `Record`, in key order; "" or the error in *error.
+template <typename Record>
+std::vector<Record> ReadRows(const std::string& index_dir, char tag, std::string* error) {
+  std::vector<Record> rows;
   void* lib = dlopen("librocksdb.so", RTLD_NOW | RTLD_LOCAL);
   if (lib == nullptr) lib = dlopen("librocksdb.so.7.8", RTLD_NOW | RTLD_LOCAL);
   if (lib == nullptr) {
@@ -59,12 +61,12 @@ inline std::vector<ckptd::v1::CheckpointRecord> ReadCheckpointRows(const std::st
   } else {
     rocksdb_readoptions_t* ro = rocksdb_readoptions_create_fn();
     rocksdb_iterator_t* it = rocksdb_create_iterator_fn(db, ro);
-    for (rocksdb_iter_seek_fn(it, "C", 1); rocksdb_iter_valid_fn(it); rocksdb_iter_next_fn(it)) {
+    for (rocksdb_iter_seek_fn(it, &tag, 1); rocksdb_iter_valid_fn(it); rocksdb_iter_next_fn(it)) {
       size_t klen = 0, vlen = 0;
       const char* key = rocksdb_iter_key_fn(it, &klen);
-      if (klen == 0 || key[0] != 'C') break;
+      if (klen == 0 || key[0] != tag) break;
       const char* value = rocksdb_iter_value_fn(it, &vlen);
-      ckptd::v1::CheckpointRecord rec;
+      Record rec;
       if (rec.ParseFromArray(value, static_cast<int>(vlen))) rows.push_back(std::move(rec));
     }
     rocksdb_iter_destroy_fn(it);
@@ -74,6 +76,18 @@ inline std::vector<ckptd::v1::CheckpointRecord> ReadCheckpointRows(const std::st
   rocksdb_options_destroy_fn(options);
   dlclose(lib);
   return rows;
+}
+
+// Every checkpoint row that parses, in key order; "" or the error in *error.
+inline std::vector<ckptd::v1::CheckpointRecord> ReadCheckpointRows(const std::string& index_dir,
+                                                                   std::string* error) {
+  return ReadRows<ckptd::v1::CheckpointRecord>(index_dir, 'C', error);
+}
+
+// Every upload row (the remote tier's state of one checkpoint's upload) that parses.
+inline std::vector<ckptd::v1::UploadRecord> ReadUploadRows(const std::string& index_dir,
+                                                           std::string* error) {
+  return ReadRows<ckptd::v1::UploadRecord>(index_dir, 'U', error);
 }
 
 }  // namespace ckptd_it
