@@ -108,10 +108,10 @@ std::vector<std::string> Replicator::RecordedHolders(const Watched& w) {
 
 bool Replicator::CopyToNextNodes(const Part& part, std::vector<std::string>* live,
                                  std::vector<std::string>* failed) {
-  absl::StatusOr<std::map<std::string, std::string>> registry = Registry();
+  absl::StatusOr<std::vector<std::string>> registry = Registry();
   std::vector<std::string> ids;
   if (registry.ok()) {
-    for (const auto& [node, address] : *registry) ids.push_back(node);
+    ids = *std::move(registry);
   } else {
     failed->push_back(std::string(registry.status().message()));
   }

@@ -284,57 +284,71 @@ absl::StatusOr<std::unique_ptr<Replicator>> Replicator::Start(ReplicatorOptions 
   return std::unique_ptr<Replicator>(new Replicator(std::move(options), local, shared));
 }
 
-absl::StatusOr<std::map<std::string, std::string>> Replicator::Registry(bool fresh) {
+absl::StatusOr<std::vector<std::string>> Replicator::Registry(bool fresh) {
   {
     absl::MutexLock lock(&mu_);
     if (!fresh && absl::Now() - registry_read_ < kRegistryRefresh) return registry_;
   }
-  CKPTD_ASSIGN_OR_RETURN(std::vector<std::string> nodes,
+  // One listing: the ids are the file names. A registration is read only for a node this daemon
+  // talks to (AddressOf), so a refresh costs each node one LIST (a page per 1,000 ids), not a
+  // GET per node — N^2 requests to the store over the cluster (bench/placement_sim_bench.cc).
+  CKPTD_ASSIGN_OR_RETURN(std::vector<std::string> listed,
                          Annotate(shared_->List(kPeerRegistryDir),
                                   absl::StrCat("listing the peers on ", shared_->Describe())));
-  std::map<std::string, std::string> found;
-  for (const std::string& node : nodes) {
+  std::vector<std::string> found;
+  for (std::string& node : listed) {
     if (found.size() >= limits::kPeerRegistryNodesMax) break;
-    if (!IsNodeId(node)) continue;  // a temporary file of PutAtomic, or not a node
-    absl::StatusOr<std::string> bytes = shared_->Get(RegistrationPath(node));
-    v1::PeerRegistration reg;
-    if (!bytes.ok() || bytes->size() > limits::kPeerRegistrationBytesMax ||
-        !reg.ParseFromString(*bytes) || reg.node_id() != node || reg.address().empty()) {
-      spdlog::warn("peer tier: {}/{} is not a peer registration; skipped", shared_->Describe(),
-                   RegistrationPath(node));
-      continue;
-    }
-    found[node] = reg.address();
+    if (IsNodeId(node)) found.push_back(std::move(node));  // not a temporary file of PutAtomic
   }
+  std::sort(found.begin(), found.end());
   absl::MutexLock lock(&mu_);
   registry_ = found;
   registry_read_ = absl::Now();
   return found;
 }
 
-absl::StatusOr<std::shared_ptr<Client>> Replicator::ClientFor(const std::string& node) {
-  CKPTD_ASSIGN_OR_RETURN(auto registry, Registry());
-  auto it = registry.find(node);
-  if (it == registry.end()) {
-    CKPTD_ASSIGN_OR_RETURN(registry, Registry(/*fresh=*/true));
-    it = registry.find(node);
-    if (it == registry.end()) {
-      return absl::UnavailableError(
-          absl::StrCat("peer ", node, " is not registered on ", shared_->Describe()));
+absl::StatusOr<std::string> Replicator::AddressOf(const std::string& node) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = addresses_.find(node);
+    if (it != addresses_.end() && absl::Now() - it->second.second < kRegistryRefresh) {
+      return it->second.first;
     }
   }
+  const std::string path = RegistrationPath(node);
+  absl::StatusOr<std::string> bytes = shared_->Get(path);
+  if (absl::IsNotFound(bytes.status())) {
+    return absl::UnavailableError(
+        absl::StrCat("peer ", node, " is not registered on ", shared_->Describe()));
+  }
+  CKPTD_RETURN_IF_ERROR(
+      Annotate(bytes.status(), absl::StrCat("reading ", path, " on ", shared_->Describe())));
+  v1::PeerRegistration reg;
+  if (bytes->size() > limits::kPeerRegistrationBytesMax || !reg.ParseFromString(*bytes) ||
+      reg.node_id() != node || reg.address().empty()) {
+    spdlog::warn("peer tier: {}/{} is not a peer registration; skipped", shared_->Describe(), path);
+    return absl::UnavailableError(absl::StrCat("peer ", node, ": ", shared_->Describe(), "/", path,
+                                               " is not a peer registration"));
+  }
   absl::MutexLock lock(&mu_);
-  auto& [address, client] = clients_[node];
-  if (client == nullptr || address != it->second) {
+  addresses_[node] = {reg.address(), absl::Now()};
+  return reg.address();
+}
+
+absl::StatusOr<std::shared_ptr<Client>> Replicator::ClientFor(const std::string& node) {
+  CKPTD_ASSIGN_OR_RETURN(std::string address, AddressOf(node));
+  absl::MutexLock lock(&mu_);
+  auto& [connected_to, client] = clients_[node];
+  if (client == nullptr || connected_to != address) {
     ClientOptions o;
-    o.address = it->second;
+    o.address = address;
     o.self_node_id = options_.node_id;
     o.peer_node_id = node;
     o.tls = options_.tls;
     o.chunk_bytes = options_.chunk_bytes;
     o.call_timeout = absl::Milliseconds(limits::kPeerCallTimeoutMs);
     CKPTD_ASSIGN_OR_RETURN(client, Client::Connect(o));
-    address = it->second;
+    connected_to = address;
   }
   return client;
 }
@@ -387,9 +401,7 @@ absl::StatusOr<std::vector<std::string>> Replicator::Replicate(
     const std::vector<std::pair<std::string, uint64_t>>& blobs, uint32_t replicas) {
   std::vector<std::string> took;
   if (replicas == 0) return took;
-  CKPTD_ASSIGN_OR_RETURN(auto registry, Registry());
-  std::vector<std::string> ids;
-  for (const auto& [node, address] : registry) ids.push_back(node);
+  CKPTD_ASSIGN_OR_RETURN(std::vector<std::string> ids, Registry());
   for (const std::string& node : PlacementOrder(ids, options_.node_id)) {
     if (took.size() >= replicas) break;
     bool local_failure = false;

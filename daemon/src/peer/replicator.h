@@ -3,7 +3,8 @@
 //
 // The registry: at Start, this daemon writes <store>/.ckptd-peers/<node_id> (a
 // v1::PeerRegistration naming its peer listener's address) on the shared tier; the other daemons
-// find it there. The registry is read at most every kRegistryRefresh (cached between).
+// find it there. The registry is listed at most every kRegistryRefresh (cached between); a
+// node's registration is read only when this daemon talks to it (its address, cached as long).
 // Placement: peer/placement.h over the registered node ids.
 //
 // Who owns what, and what ends its life:
@@ -97,10 +98,13 @@ class Replicator : public PeerTier {
   // One repair pass over every watched part, now (the repair thread's body; tests call it).
   void RepairPass() ABSL_LOCKS_EXCLUDED(mu_);
 
-  // The registered nodes (node id -> address), read again when older than kRegistryRefresh or
-  // `fresh`.
-  absl::StatusOr<std::map<std::string, std::string>> Registry(bool fresh = false)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // The registered node ids (sorted), listed again when older than kRegistryRefresh or `fresh`:
+  // one LIST of the registry, no registration read.
+  absl::StatusOr<std::vector<std::string>> Registry(bool fresh = false) ABSL_LOCKS_EXCLUDED(mu_);
+  // The address `node` registered, read from its registration when not read in the last
+  // kRegistryRefresh (a node that restarted may listen elsewhere); UNAVAILABLE when it has none
+  // or it is not a registration of that node.
+  absl::StatusOr<std::string> AddressOf(const std::string& node) ABSL_LOCKS_EXCLUDED(mu_);
   // The client of `node` (UNAVAILABLE when the registry does not name it); shared, so that one
   // replaced meanwhile (its address changed) lives until its last caller lets go.
   absl::StatusOr<std::shared_ptr<Client>> ClientFor(const std::string& node)
@@ -150,8 +154,10 @@ class Replicator : public PeerTier {
   Storage* const shared_;
   std::unique_ptr<Reader> reader_;
   mutable absl::Mutex mu_;
-  std::map<std::string, std::string> registry_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> registry_ ABSL_GUARDED_BY(mu_);
   absl::Time registry_read_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // node -> (address, when its registration was read)
+  std::map<std::string, std::pair<std::string, absl::Time>> addresses_ ABSL_GUARDED_BY(mu_);
   // node -> (address, client)
   std::map<std::string, std::pair<std::string, std::shared_ptr<Client>>> clients_
       ABSL_GUARDED_BY(mu_);

@@ -1,0 +1,90 @@
+// The peer registry's cost on the store (peer/replicator.h): a refresh is one listing of the
+// registry, and a node's registration is read only when this daemon talks to that node (its
+// address, cached for kRegistryRefresh) — not a read of every registration on every refresh,
+// which over N nodes is N^2 requests to the store (bench/placement_sim_bench.cc). A registration
+// that is missing or not one of its node is UNAVAILABLE naming the node and the file.
+#include <catch2/catch.hpp>
+#include <string>
+#include <vector>
+
+#include "ckptd/v1/peer.pb.h"
+#include "format/names.h"
+#include "peer/replicator.h"
+#include "storage/memory/memory_storage.h"
+
+namespace ckptd::peer {
+namespace {
+
+// A memory store that counts the requests a refresh makes.
+class CountingStorage : public MemoryStorage {
+ public:
+  absl::StatusOr<std::string> Get(const std::string& path) override {
+    ++gets;
+    return MemoryStorage::Get(path);
+  }
+  absl::StatusOr<std::vector<std::string>> List(const std::string& dir) override {
+    ++lists;
+    return MemoryStorage::List(dir);
+  }
+  int gets = 0;
+  int lists = 0;
+};
+
+void Register(Storage& store, const std::string& node, const std::string& address) {
+  v1::PeerRegistration reg;
+  reg.set_node_id(node);
+  reg.set_address(address);
+  REQUIRE(
+      store.PutAtomic(std::string(kPeerRegistryDir) + "/" + node, reg.SerializeAsString()).ok());
+}
+
+}  // namespace
+
+TEST_CASE("peer registry: a refresh lists the registry and reads only the nodes talked to",
+          "[unit][peer]") {
+  MemoryStorage local;
+  CountingStorage shared;
+  for (int i = 0; i < 200; ++i) {
+    Register(shared, "node-" + std::to_string(1000 + i), "127.0.0.1:" + std::to_string(20000 + i));
+  }
+  ReplicatorOptions o;
+  o.node_id = "node-0999";
+  o.advertise_addr = "127.0.0.1:19999";
+  auto r = Replicator::Start(o, &local, &shared);
+  REQUIRE(r.ok());
+  shared.gets = shared.lists = 0;
+
+  auto ids = (*r)->Registry(/*fresh=*/true);
+  REQUIRE(ids.ok());
+  CHECK(ids->size() == 201);  // this node registered itself at Start
+  CHECK(std::is_sorted(ids->begin(), ids->end()));
+  CHECK(shared.lists == 1);
+  CHECK(shared.gets == 0);  // no registration read for a refresh
+  REQUIRE((*r)->Registry().ok());
+  CHECK(shared.lists == 1);  // cached
+
+  auto address = (*r)->AddressOf("node-1007");
+  REQUIRE(address.ok());
+  CHECK(*address == "127.0.0.1:20007");
+  CHECK(shared.gets == 1);
+  REQUIRE((*r)->AddressOf("node-1007").ok());
+  CHECK(shared.gets == 1);  // cached for kRegistryRefresh
+
+  // Not registered, and a registration that names another node: UNAVAILABLE, naming it.
+  auto missing = (*r)->AddressOf("node-7777");
+  CHECK(absl::IsUnavailable(missing.status()));
+  CHECK_THAT(std::string(missing.status().message()),
+             Catch::Contains("node-7777") && Catch::Contains("not registered"));
+  Register(shared, "node-liar", "127.0.0.1:1");
+  v1::PeerRegistration other;
+  other.set_node_id("node-1000");
+  other.set_address("127.0.0.1:2");
+  REQUIRE(shared.PutAtomic(std::string(kPeerRegistryDir) + "/node-liar", other.SerializeAsString())
+              .ok());
+  auto liar = (*r)->AddressOf("node-liar");
+  CHECK(absl::IsUnavailable(liar.status()));
+  CHECK_THAT(std::string(liar.status().message()),
+             Catch::Contains("node-liar") && Catch::Contains("not a peer registration"));
+}
+
+}  // namespace ckptd::peer
