@@ -17,6 +17,39 @@
 namespace ckptd {
 namespace {
 
+// Reads blob_of[i] into ranges[i]'s arena bytes, for each i, from the first of `tiers` that has
+// it (`dir` is the checkpoint's directory on each); *read grows by each range's length.
+absl::Status ReadBlobsIntoArena(StagingArena* arena, const std::vector<Storage*>& tiers,
+                                const std::string& dir, const std::string& what,
+                                const std::vector<HotRange>& ranges,
+                                const std::vector<const v1::BlobInfo*>& blob_of, uint64_t* read) {
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    const HotRange& r = ranges[i];
+    const v1::BlobInfo* blob = blob_of[i];
+    const std::string path = absl::StrCat(dir, "/", blob->name());
+    uint8_t* dst = arena->At(r.uid, r.arena_offset);
+    absl::Status st = absl::NotFoundError("no tier");
+    for (Storage* tier : tiers) {
+      absl::StatusOr<std::unique_ptr<BlobReader>> reader = tier->OpenBlob(path);
+      if (!reader.ok()) {
+        st = reader.status();
+        continue;
+      }
+      // Blobs of older versions may end before the 4 KiB-rounded size: the rest is padding.
+      const uint64_t have = std::min((*reader)->size_bytes(), r.length);
+      std::memset(dst + have, 0, r.length - have);
+      const IoSlice slice{dst, have, 0};
+      st = have == 0 ? absl::OkStatus() : (*reader)->Read({&slice, 1});
+      if (st.ok()) break;
+      spdlog::warn("prefetch of {}: {} on {}: {}", what, blob->name(), tier->Describe(),
+                   st.ToString());
+    }
+    if (!st.ok()) return Annotate(st, absl::StrCat("prefetch of ", what, ": reading ", path));
+    *read += r.length;
+  }
+  return absl::OkStatus();
+}
+
 // Verifies every shard of `m` that `copy` holds against its checksums; with `require_all`, a
 // shard it does not hold is an error too. DATA_LOSS naming the item on a mismatch.
 absl::Status VerifyHotCopy(const HotCopy& copy, const Manifest& m, bool require_all) {
@@ -190,30 +223,8 @@ absl::Status CheckpointService::PrefetchInto(const Key& key, uint32_t caller_uid
                                     .arena_offset = e.offset});
   }
   const HotCopy copy(deps_.arena, parts.ranges, {});  // views only: frees nothing
-  for (size_t i = 0; i < parts.ranges.size(); ++i) {
-    const HotRange& r = parts.ranges[i];
-    const v1::BlobInfo* blob = blob_of[i];
-    const std::string path = absl::StrCat(CheckpointDir(job, step), "/", blob->name());
-    uint8_t* dst = deps_.arena->At(r.uid, r.arena_offset);
-    absl::Status st = absl::NotFoundError("no tier");
-    for (Storage* tier : tiers) {
-      absl::StatusOr<std::unique_ptr<BlobReader>> reader = tier->OpenBlob(path);
-      if (!reader.ok()) {
-        st = reader.status();
-        continue;
-      }
-      // Blobs of older versions may end before the 4 KiB-rounded size: the rest is padding.
-      const uint64_t have = std::min((*reader)->size_bytes(), r.length);
-      std::memset(dst + have, 0, r.length - have);
-      const IoSlice slice{dst, have, 0};
-      st = have == 0 ? absl::OkStatus() : (*reader)->Read({&slice, 1});
-      if (st.ok()) break;
-      spdlog::warn("prefetch of {}: {} on {}: {}", what, blob->name(), tier->Describe(),
-                   st.ToString());
-    }
-    if (!st.ok()) return Annotate(st, absl::StrCat("prefetch of ", what, ": reading ", path));
-    *read += r.length;
-  }
+  CKPTD_RETURN_IF_ERROR(ReadBlobsIntoArena(deps_.arena, tiers, CheckpointDir(job, step), what,
+                                           parts.ranges, blob_of, read));
   CKPTD_RETURN_IF_ERROR(
       Annotate(VerifyHotCopy(copy, m, /*require_all=*/true), absl::StrCat("prefetch of ", what)));
   if (!ram_tier_.Insert(key, std::move(parts), /*write_row=*/true)) {
