@@ -77,6 +77,36 @@ print("parent: ok", flush=True)
 """
 
 
+# The child's empty() must not carve its parent's slab: the slab is shared memory, so the parent
+# and the child would hand out the same bytes (each process's copy of the allocator thinks that
+# part is free) and the child's writes land in the parent's arrays.
+FORK_EMPTY_SHARES_NO_SLAB = """
+import os, sys
+import numpy as np
+import ckptd
+
+c = ckptd.connect(sys.argv[1])
+a = c.empty(1024)  # the slab the parent carves its arrays from
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.read(r, 1)  # the parent has its array
+    try:
+        x = c.empty(1024)
+        x[:] = 7
+        print("child: empty() in a forked child did not raise", flush=True)
+        os._exit(1)
+    except ckptd.FailedPreconditionError as e:
+        os._exit(0 if "spawn" in str(e) else 1)
+b = c.empty(1024)
+b[:] = 1
+os.write(w, b"x")
+_, status = os.waitpid(pid, 0)
+assert os.waitstatus_to_exitcode(status) == 0, status
+assert np.all(b == 1), "the child wrote into the parent's array"
+print("parent: ok", flush=True)
+"""
+
 def run(script: str, daemon: Daemon) -> str:
     r = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(script), daemon.socket],
@@ -96,3 +126,9 @@ def test_a_child_forked_after_connect_gets_a_clear_error_and_leaves_the_parent_w
 def test_a_child_forked_before_any_connect_connects_itself(daemon: Daemon) -> None:
     out = run(FORK_BEFORE_CONNECT, daemon)
     assert "parent: ok" in out, out
+
+
+def test_a_forked_childs_empty_raises_and_leaves_the_parents_slab_alone(daemon: Daemon) -> None:
+    out = run(FORK_EMPTY_SHARES_NO_SLAB, daemon)
+    assert "parent: ok" in out, out
+

@@ -125,9 +125,13 @@ class _Slabs:
 
     def allocate(self, nbytes: int) -> tuple[Any, int]:
         size = max(_ALIGN, -(-nbytes // _ALIGN) * _ALIGN)
+        # FailedPreconditionError in a forked child (before the lock, which a parent's thread
+        # may have held at the fork): the current slab is shared memory the parent carves too,
+        # so the child's arrays would be the parent's bytes.
+        native = self._client._native
         with self._lock:
             if self._current is None or self._used + size > self._current.size:
-                slab = self._client._native.new_slab(max(size, self._slab_bytes))
+                slab = native.new_slab(max(size, self._slab_bytes))
                 self._current, self._used = slab, 0
             offset = self._used
             self._used += size
