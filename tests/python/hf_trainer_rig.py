@@ -5,8 +5,9 @@ save_total_limit=1.
     train:  max_steps=4 (checkpoints at steps 2 and 4; the folder and ckptd step 2 rotated out)
     resume: max_steps=6, resume_from_checkpoint=True, a fresh model (another seed)
     kill:   as train, but rank 1 dies in step 4's save before its part is staged
-    faults: (one rank) a corrupt checkpoint resumed (its blobs flipped under CKPTD_STATE_DIR),
-            then the daemon (CKPTD_PID) killed: a save and a resume
+    faults: (one rank) a resume with no checkpoint folder, a corrupt checkpoint resumed (its
+            blobs flipped under CKPTD_STATE_DIR), then the daemon (CKPTD_PID) killed: a save
+            and a resume
 
 Rank 0 writes OUT/<tag>.json: the global step reached, the weights the first training step
 of this run started from (resume) or the weights saved at step 4 (train), the planner and
@@ -109,6 +110,8 @@ def faults(args: Any) -> dict[str, Any]:
     """One rank: a checkpoint at step 2 whose blobs are flipped, resumed; then the daemon
     killed: a save (a fresh run reaching step 2) and a resume of the saved folder."""
     out: dict[str, Any] = {}
+    empty = build(args, args.dir / "empty", f"{args.job}/empty", 2, 0, [])
+    attempt(out, "none", lambda: empty.train(resume_from_checkpoint=True))
     build(args, args.dir / "corrupt", f"{args.job}/corrupt", 2, 0, []).train()
     state_dir = Path(os.environ["CKPTD_STATE_DIR"])
     blobs = [b for b in (state_dir / "data").rglob("*.blob") if "corrupt" in str(b)]

@@ -4,8 +4,9 @@ save_total_limit=1 (the folder checkpoint-2 and ckptd step 2 are rotated out); a
 with resume_from_checkpoint=True starts its first step at global step 4 from exactly the weights
 saved there and runs on to step 6; its saves are planless (LocalPlanner, no_dist). A rank
 killed in step 4's save leaves checkpoint-2 Trainer's last checkpoint. A folder whose ckptd
-checkpoint is gone fails with NotFoundError, a corrupt one with DataLossError, the daemon down
-with UnavailableError naming the socket (a save and a resume): never a fresh start or a hang."""
+checkpoint is gone fails with NotFoundError, no folder at all with Trainer's own ValueError, a
+corrupt one with DataLossError, the daemon down with UnavailableError naming the socket (a save
+and a resume): never a fresh start or a hang."""
 
 from __future__ import annotations
 
@@ -131,6 +132,7 @@ def test_corrupt_and_daemon_down_are_clear_errors(tmp_path: Path) -> None:
         shutil.rmtree(d.state_dir, ignore_errors=True)
     assert codes == [0], log[-4000:]
     out = result(tmp_path, "faults")
+    assert out["none"].startswith("ValueError") and "No valid checkpoint" in out["none"], out
     assert out["blobs"] >= 1 and out["corrupt"].startswith("DataLossError"), out
     for case in ("down_save", "down_load"):
         assert out[case].startswith("UnavailableError") and d.socket in out[case], (case, out)
