@@ -107,6 +107,42 @@ assert np.all(b == 1), "the child wrote into the parent's array"
 print("parent: ok", flush=True)
 """
 
+# A non-blocking save (or a parent's handle's committed()) runs on the client's executor, whose
+# threads the child does not have: it must raise, not hand back a Future that never completes.
+FORK_NONBLOCKING_SAVE = """
+import os, sys
+from concurrent.futures import TimeoutError as FutureTimeout
+import numpy as np
+import ckptd
+
+c = ckptd.connect(sys.argv[1])
+# An idle executor thread in the parent (the child's executor believes it has one too).
+parent = c.save("nb-parent", 1, {"a": np.ones(4, np.float32)}, blocking=False)
+parent.staged().result()
+pid = os.fork()
+if pid == 0:
+    problems = []
+    for what, call in (
+        ("save", lambda: c.save("nb-forked", 1, {"a": np.ones(4, np.float32)}, blocking=False)
+         .staged().result(timeout=10)),
+        ("committed", lambda: parent.committed().result(timeout=10)),
+    ):
+        try:
+            call()
+            problems.append(f"{what}: no error")
+        except ckptd.FailedPreconditionError:
+            pass
+        except FutureTimeout:
+            problems.append(f"{what}: its Future never completed")
+    print("child:", "; ".join(problems) or "ok", flush=True)
+    os._exit(1 if problems else 0)
+_, status = os.waitpid(pid, 0)
+assert os.waitstatus_to_exitcode(status) == 0, status
+parent.committed().result()
+print("parent: ok", flush=True)
+"""
+
+
 def run(script: str, daemon: Daemon) -> str:
     r = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(script), daemon.socket],
@@ -132,3 +168,10 @@ def test_a_forked_childs_empty_raises_and_leaves_the_parents_slab_alone(daemon: 
     out = run(FORK_EMPTY_SHARES_NO_SLAB, daemon)
     assert "parent: ok" in out, out
 
+
+
+def test_a_forked_childs_nonblocking_save_raises_instead_of_never_completing(
+    daemon: Daemon,
+) -> None:
+    out = run(FORK_NONBLOCKING_SAVE, daemon)
+    assert "parent: ok" in out, out

@@ -108,7 +108,7 @@ class SaveHandle:
                     self._staged.result()
                     return self._client.wait(self.job, self.step, timeout_ms=wait_ms)
 
-                self._committed = self._client._executor.submit(wait)
+                self._committed = self._client._submit(wait)
             return self._committed
 
 
@@ -240,6 +240,13 @@ class Client:
         _live.add(self)
         self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ckptd")
         self._slabs = _Slabs(self, slab_bytes)
+
+    def _submit(self, fn: Any) -> Future[Any]:
+        """fn on the client's threads; FailedPreconditionError in a process forked after the
+        client was made (its executor's threads are the parent's: the work would never run)."""
+        if self._forked:
+            raise _fork_error()
+        return self._executor.submit(fn)
 
     @property
     def _native(self) -> Any:
@@ -418,7 +425,7 @@ class Client:
             staged: Future[dict[str, Any]] = Future()
             staged.set_result(run())
         else:
-            staged = self._executor.submit(run)
+            staged = self._submit(run)
         return SaveHandle(self, job, step, staged)
 
     def wait(
