@@ -107,6 +107,26 @@ assert np.all(b == 1), "the child wrote into the parent's array"
 print("parent: ok", flush=True)
 """
 
+# A slab can outlive its Python client (its arrays hold the native client): a forked child that
+# drops such an array must not destroy the native client there (its Goodbye over gRPC hangs).
+FORK_SLAB_OUTLIVES_CLIENT = """
+import gc, os, sys
+import ckptd
+
+c = ckptd.connect(sys.argv[1])
+a = c.empty(4096)  # its slab keeps the native client alive
+del c
+gc.collect()
+pid = os.fork()
+if pid == 0:
+    del a  # the slab goes; with it the child's reference to the native client
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+assert os.waitstatus_to_exitcode(status) == 0, status
+print("parent: ok", flush=True)
+"""
+
+
 # A non-blocking save (or a parent's handle's committed()) runs on the client's executor, whose
 # threads the child does not have: it must raise, not hand back a Future that never completes.
 FORK_NONBLOCKING_SAVE = """
@@ -168,6 +188,10 @@ def test_a_forked_childs_empty_raises_and_leaves_the_parents_slab_alone(daemon: 
     out = run(FORK_EMPTY_SHARES_NO_SLAB, daemon)
     assert "parent: ok" in out, out
 
+
+def test_a_forked_child_dropping_a_slab_whose_client_is_gone_exits(daemon: Daemon) -> None:
+    out = run(FORK_SLAB_OUTLIVES_CLIENT, daemon)
+    assert "parent: ok" in out, out
 
 
 def test_a_forked_childs_nonblocking_save_raises_instead_of_never_completing(

@@ -111,9 +111,12 @@ ShmSlab::ShmSlab(std::shared_ptr<Client> client, uint64_t bytes)
 ShmSlab::~ShmSlab() {
   if (getpid() != pid_) {
     // A forked child's copy: the registration and the name are the parent's (and gRPC cannot
-    // run here: ckptd._client, fork); only this process's mapping and descriptor go.
+    // run here: ckptd._client, fork); only this process's mapping and descriptor go. The client
+    // reference is leaked: it may be the last one (the Python client collected before the fork),
+    // and the client's destructor says goodbye over gRPC, which hangs in a forked child.
     munmap(data_, bytes_);
     close(fd_);
+    new std::shared_ptr<Client>(std::move(client_));  // NOLINT: never freed, on purpose
     return;
   }
   {
