@@ -1,7 +1,9 @@
 """dcp.load through ckptd.torch.StorageReader reports ckptd's error, never DCP's AssertionError
 ("metadata is None"): a failed read_metadata() makes the reader's read_metadata(rank=r) (DCP's
 fallback) raise MetadataError, which DCP passes into its CheckpointException and
-ckptd.torch._errors.ckptd_errors (used by the integrations) unwraps. One process, no_dist."""
+ckptd.torch._errors.ckptd_errors (used by the integrations) unwraps. A daemon restarting: loads
+fail with UnavailableError naming the socket (bounded), then succeed once it is back. One
+process, no_dist."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from pathlib import Path
 import pytest
 from bounded import within
 
-from conftest import Daemon, own_daemon
+from conftest import Daemon, own_daemon, start_daemon
 
 torch = pytest.importorskip("torch")
 import torch.distributed.checkpoint as dcp  # noqa: E402
@@ -74,3 +76,23 @@ def test_daemon_down_names_the_socket() -> None:
             with pytest.raises(ckptd.UnavailableError) as e, ckptd_errors():
                 load(d, "err/run/step-1")
     assert d.socket in str(e.value)
+
+
+def test_a_restarted_daemon_serves_the_checkpoint_again() -> None:
+    """Down: UnavailableError, bounded; restarted on its state dir: the same load succeeds."""
+    with own_daemon() as d:
+        state = {"w": torch.arange(64, dtype=torch.float32), "step": 3}
+        dcp.save(state, storage_writer=ct.StorageWriter("err/restart/step-1", socket=d.socket))
+        d.stop()
+        with within(30, "a load while the daemon restarts"):
+            with pytest.raises(ckptd.UnavailableError), ckptd_errors():
+                load(d, "err/restart/step-1")
+        again = start_daemon(state_dir=d.state_dir)
+        try:
+            out = {"w": torch.zeros(64), "step": 0}
+            reader = ct.StorageReader("err/restart/step-1", socket=again.socket)
+            with within(30, "a load from the restarted daemon"), ckptd_errors():
+                dcp.load(out, storage_reader=reader, no_dist=True)
+        finally:
+            again.stop()
+    assert torch.equal(out["w"], state["w"]) and out["step"] == 3, out
