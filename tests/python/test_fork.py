@@ -163,6 +163,35 @@ print("parent: ok", flush=True)
 """
 
 
+# ckptd.torch.StorageWriter(async_staging=True) stages on a pool thread of its own: in a child
+# forked after a stage(), the pool's copy has no thread, so the child's stage() must fail like any
+# ckptd call there, not return a Future that never completes.
+FORK_ASYNC_STAGING = """
+import os, sys
+from concurrent.futures import TimeoutError as FutureTimeout
+import torch
+import ckptd
+import ckptd.torch
+
+w = ckptd.torch.StorageWriter("runs/forkpool/step-1", socket=sys.argv[1], async_staging=True)
+w.stage({"a": torch.ones(4)}).result()  # the staging thread, idle now
+pid = os.fork()
+if pid == 0:
+    try:
+        w.stage({"a": torch.ones(4)}).result(timeout=10)
+        print("child: no error", flush=True)
+        os._exit(1)
+    except ckptd.FailedPreconditionError:
+        os._exit(0)
+    except FutureTimeout:
+        print("child: stage()'s Future never completed", flush=True)
+        os._exit(1)
+_, status = os.waitpid(pid, 0)
+assert os.waitstatus_to_exitcode(status) == 0, status
+print("parent: ok", flush=True)
+"""
+
+
 def run(script: str, daemon: Daemon) -> str:
     r = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(script), daemon.socket],
@@ -198,4 +227,9 @@ def test_a_forked_childs_nonblocking_save_raises_instead_of_never_completing(
     daemon: Daemon,
 ) -> None:
     out = run(FORK_NONBLOCKING_SAVE, daemon)
+    assert "parent: ok" in out, out
+
+
+def test_a_forked_childs_async_staging_fails_instead_of_never_completing(daemon: Daemon) -> None:
+    out = run(FORK_ASYNC_STAGING, daemon)
     assert "parent: ok" in out, out

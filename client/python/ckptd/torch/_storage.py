@@ -476,8 +476,12 @@ class StorageWriter(LazyClient, _DcpWriter, AsyncStager):
         self._release_staged()
         if not self.async_staging:
             return self._stage_now(state_dict)
-        if self._pool is None:
+        if self._pool is None or getattr(self, "_pool_pid", None) != os.getpid():
+            # A forked child's copy of the pool has none of its thread (and believes it has one
+            # idle): work queued there would never run. The child gets its own, whose stage()
+            # fails as any ckptd call there does (ckptd._client, fork) instead of hanging.
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptd-stage")
+            self._pool_pid = os.getpid()
         self._staging = self._pool.submit(self._stage_now, state_dict)
         return self._staging
 
