@@ -10,7 +10,8 @@
 //   * correlated loss: racks of --per_rack nodes, node ids named rack-major as host names usually
 //     are (r0000-n000, r0000-n001, ...) and rack-minor (n000-r0000, n000-r0001, ...); one whole
 //     rack fails: how many of that rack's parts lose every copy (the part's own node and all its
-//     replicas in the failed rack);
+//     replicas in the failed rack); and rack-major ids with each node's rack declared as its
+//     peer_failure_domain (the replicator's Candidates: DomainOrder over the ring);
 //   * the registry's store requests per refresh, per node and over the cluster: each node lists
 //     the registry (one LIST page per 1,000 ids) and reads one registration per node it places
 //     on or reads from (replicas + holders), every kRegistryRefresh (5 s).
@@ -23,6 +24,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -31,6 +33,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "common/limits.h"
 #include "peer/placement.h"
 
 namespace {
@@ -83,9 +86,12 @@ double MedianUs(const std::vector<std::string>& ids, uint64_t reps) {
 // walked in order. Every node's own call would sort N ids (N^2 log N for the whole cluster), so
 // the order is taken from one sorted ring by rotation — checked equal to PlacementOrder's for a
 // sample of nodes first.
+// With `domains`, each node's order is DomainOrder's over its ring (each node's rack its
+// peer_failure_domain), as the replicator's Candidates; a down node is still registered, so it
+// may be its domain's pick, and is skipped then like any node that fails.
 std::map<std::string, std::vector<std::string>> Place(const std::vector<std::string>& ids,
                                                       const std::set<std::string>& down,
-                                                      uint64_t replicas) {
+                                                      uint64_t replicas, bool domains) {
   std::vector<std::string> ring = ids;
   std::sort(ring.begin(), ring.end());
   for (size_t i = 0; i < ring.size(); i += std::max<size_t>(1, ring.size() / 16)) {
@@ -97,11 +103,28 @@ std::map<std::string, std::vector<std::string>> Place(const std::vector<std::str
     }
   }
   std::map<std::string, std::vector<std::string>> placed;
+  auto rack_of = [](const std::string& n) -> std::optional<std::string> { return RackOf(n); };
   for (size_t i = 0; i < ring.size(); ++i) {
     if (down.contains(ring[i])) continue;
     std::vector<std::string>& took = placed[ring[i]];
-    for (size_t k = 1; k < ring.size() && took.size() < replicas; ++k) {
-      const std::string& cand = ring[(i + k) % ring.size()];
+    // The node's ring as DomainOrder sees it: the next kWindow nodes, then (its tail, walked
+    // back for the node's index in its rack) the kWindow before it; the middle of the ring, which
+    // it never looks at, follows. Without domains: the ring in order.
+    const size_t n = ring.size();
+    const size_t window = std::min<size_t>(ckptd::limits::kPeerDomainLookupsMax, (n - 1) / 2);
+    auto at = [&](size_t k) -> const std::string& { return ring[(i + k) % n]; };
+    std::vector<std::string> order;
+    if (domains) {
+      for (size_t k = 1; k <= window; ++k) order.push_back(at(k));
+      for (size_t k = n - window; k < n; ++k) order.push_back(at(k));
+      order = ckptd::peer::DomainOrder(order, RackOf(ring[i]), rack_of,
+                                       ckptd::limits::kPeerDomainLookupsMax);
+      for (size_t k = window + 1; k < n - window; ++k) order.push_back(at(k));
+    } else {
+      for (size_t k = 1; k < n && k <= 64; ++k) order.push_back(at(k));  // enough for 5% down
+    }
+    for (const std::string& cand : order) {
+      if (took.size() >= replicas) break;
       if (!down.contains(cand)) took.push_back(cand);
     }
   }
@@ -109,7 +132,7 @@ std::map<std::string, std::vector<std::string>> Place(const std::vector<std::str
 }
 
 void Run(uint64_t nodes, uint64_t replicas, uint64_t down_pct, uint64_t per_rack, uint64_t reps,
-         uint64_t seed, bool rack_major) {
+         uint64_t seed, bool rack_major, bool domains) {
   const std::vector<std::string> ids = NodeIds(nodes, per_rack, rack_major);
   const double us = MedianUs(ids, reps);
 
@@ -118,7 +141,7 @@ void Run(uint64_t nodes, uint64_t replicas, uint64_t down_pct, uint64_t per_rack
   std::shuffle(shuffled.begin(), shuffled.end(), rng);
   const std::set<std::string> down(
       shuffled.begin(), shuffled.begin() + static_cast<ptrdiff_t>(nodes * down_pct / 100));
-  auto placed = Place(ids, down, replicas);
+  auto placed = Place(ids, down, replicas, domains);
   std::map<std::string, uint64_t> held;
   for (const auto& [node, took] : placed) {
     for (const std::string& t : took) ++held[t];
@@ -131,7 +154,7 @@ void Run(uint64_t nodes, uint64_t replicas, uint64_t down_pct, uint64_t per_rack
   const double mean_held = placed.empty() ? 0 : static_cast<double>(total) / placed.size();
 
   // One rack fails (every node up before): the share of its parts with no copy left.
-  auto all_up = Place(ids, {}, replicas);
+  auto all_up = Place(ids, {}, replicas, domains);
   const std::string rack = RackOf(ids[nodes / 2]);  // a rack in the middle
   uint64_t rack_parts = 0, rack_lost = 0;
   for (const auto& [node, took] : all_up) {
@@ -152,11 +175,13 @@ void Run(uint64_t nodes, uint64_t replicas, uint64_t down_pct, uint64_t per_rack
       "\"rack_parts_lost\": %llu, \"registry_requests_per_node_per_refresh\": %llu, "
       "\"registry_requests_cluster_per_s\": %.0f, \"registry_requests_if_listed_only\": %llu, "
       "\"registry_requests_cluster_per_s_if_listed_only\": %.0f}\n",
-      rack_major ? "rack-major" : "rack-minor", static_cast<unsigned long long>(nodes),
-      static_cast<unsigned long long>(replicas), static_cast<unsigned long long>(down_pct), us,
-      mean_held, static_cast<unsigned long long>(max_held),
-      static_cast<unsigned long long>(rack_parts), static_cast<unsigned long long>(rack_lost),
-      static_cast<unsigned long long>(per_node_old),
+      domains      ? "rack-major, peer_failure_domain"
+      : rack_major ? "rack-major"
+                   : "rack-minor",
+      static_cast<unsigned long long>(nodes), static_cast<unsigned long long>(replicas),
+      static_cast<unsigned long long>(down_pct), us, mean_held,
+      static_cast<unsigned long long>(max_held), static_cast<unsigned long long>(rack_parts),
+      static_cast<unsigned long long>(rack_lost), static_cast<unsigned long long>(per_node_old),
       static_cast<double>(per_node_old * nodes) / 5.0,
       static_cast<unsigned long long>(per_node_needed),
       static_cast<double>(per_node_needed * nodes) / 5.0);
@@ -199,7 +224,9 @@ int main(int argc, char** argv) {
     }
     for (uint64_t r : replicas) {
       for (uint64_t d : down) {
-        for (bool rack_major : {true, false}) Run(n, r, d, per_rack, reps, seed, rack_major);
+        Run(n, r, d, per_rack, reps, seed, /*rack_major=*/true, /*domains=*/false);
+        Run(n, r, d, per_rack, reps, seed, /*rack_major=*/false, /*domains=*/false);
+        Run(n, r, d, per_rack, reps, seed, /*rack_major=*/true, /*domains=*/true);
       }
     }
   }

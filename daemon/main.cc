@@ -381,6 +381,7 @@ absl::StatusOr<std::unique_ptr<peer::Replicator>> StartReplicator(const DaemonOp
       peer::ReplicatorOptions{
           .node_id = o.node_id,
           .advertise_addr = advertise,
+          .failure_domain = o.peer_failure_domain,
           .tls = {o.peer_tls_ca_path, o.peer_tls_cert_path, o.peer_tls_key_path},
           .repair_interval = absl::Milliseconds(o.peer_repair_interval_ms)},
       stores.storage.get(), stores.remote.get());

@@ -249,15 +249,21 @@ absl::Status ValidateNodeAndLogging(DaemonOptions& o) {
     }
     o.node_id = host;
   }
-  const bool node_id_ok =
-      o.node_id.size() <= 64 && std::all_of(o.node_id.begin(), o.node_id.end(), [](char c) {
-        return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_';
-      });
-  if (!node_id_ok) {
+  auto name_ok = [](const std::string& v) {
+    return v.size() <= 64 && std::all_of(v.begin(), v.end(), [](char c) {
+             return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_';
+           });
+  };
+  if (!name_ok(o.node_id)) {
     return absl::InvalidArgumentError(
         absl::StrCat("option node_id = \"", o.node_id,
                      "\": at most 64 letters, digits, '.', '-' or '_' (it names a file on the "
                      "shared tier)"));
+  }
+  if (!name_ok(o.peer_failure_domain)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("option peer_failure_domain = \"", o.peer_failure_domain,
+                     "\": at most 64 letters, digits, '.', '-' or '_'"));
   }
   if (o.log_format != "text" && o.log_format != "json") {
     return absl::InvalidArgumentError(

@@ -251,6 +251,10 @@ struct DaemonOptions {
   // host:port other daemons reach this one's peer listener at (registered on the shared tier);
   // empty: peer_listen_addr. Default: "" (peer_listen_addr)
   std::string peer_advertise_addr;
+  // This node's failure domain (a rack, a switch, a power feed: letters, digits, ".-_", at most
+  // 64), registered on the shared tier: this node's copies go first to nodes of other domains
+  // (docs/PEERS.md "Replication"). Default: "" (none: the ring order alone)
+  std::string peer_failure_domain;
   // How a job's owner recorded in a manifest or node part (written by a daemon on any node)
   // becomes a uid here when this daemon adopts the checkpoint (docs/SECURITY.md "Ownership"):
   // "uid" (the recorded numeric uid: every node shares one uid space) or "name" (the recorded

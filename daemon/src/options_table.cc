@@ -340,6 +340,12 @@ const std::vector<OptionDef>& OptionDefs() {
        "[peers](PEERS.md#replication): host:port other daemons reach this daemon's peer "
        "listener at, registered on the shared tier; empty: `peer_listen_addr`",
        StringField(&O::peer_advertise_addr), "(peer_listen_addr)"},
+      {"peer_failure_domain",
+       "this node's failure domain (a rack...); copies go to other domains first",
+       "[peers](PEERS.md#replication): this node's failure domain (a rack, a switch, a power "
+       "feed; letters, digits, `.-_`, at most 64), registered on the shared tier: its copies go "
+       "first to nodes of other domains, then to the rest in ring order; empty: none",
+       StringField(&O::peer_failure_domain), "(none)"},
       {"owner_map", "how an adopted checkpoint's recorded owner maps to a uid here: uid|name",
        "how the owner recorded in a checkpoint another node wrote becomes a uid here when it "
        "is adopted (docs/SECURITY.md \"Ownership\"): `uid` (the numeric uid: nodes share one uid "

@@ -637,3 +637,32 @@ TEST_CASE("peers: a part with no node to take its copy is degraded until one com
   REQUIRE(del.exit_code == 0);
   CHECK(RunCtl(*a, {"status", kJob, "1"}).output.find("this node's part") == std::string::npos);
 }
+
+TEST_CASE(
+    "peers: with failure domains a node's part goes to another domain before its ring "
+    "neighbour",
+    "[integration][peer][multinode]") {
+  TempDir dir;
+  const std::string shared = dir.path() + "/shared";
+  std::filesystem::create_directories(shared);
+  // Nodes a and b share rack1 and are ring neighbours; c is the only node of rack2.
+  auto flags = [&](const std::string& node, const std::string& rack) {
+    return Flags(shared, node, 1, "local+remote", {"--peer_failure_domain=" + rack});
+  };
+  auto a = std::make_unique<Daemon>(DaemonConfig{.extra_flags = flags("node-a", "rack1")});
+  auto b = std::make_unique<Daemon>(DaemonConfig{.extra_flags = flags("node-b", "rack1")});
+  auto c = std::make_unique<Daemon>(DaemonConfig{.extra_flags = flags("node-c", "rack2")});
+  SaveAcrossAB(*a, *b, 89, ckptd::TierPolicy::kLocalAndRemote);
+  const ckptd::v1::ManifestHeader m = ManifestHeaderOf(shared, 1);
+  REQUIRE(m.blobs_size() == 4);
+  for (const auto& blob : m.blobs()) {
+    INFO("blob " << blob.name() << " of node " << blob.node());
+    REQUIRE(blob.peers_size() == 1);
+    CHECK(blob.peers(0) == "node-c");  // not node-b (a's ring neighbour, its own rack)
+  }
+  // A domain that is not a name is refused at start, naming the option.
+  CommandResult bad =
+      RunCommand({CKPTD_BIN, "--state_dir=" + dir.path() + "/bad", "--peer_failure_domain=a/b"});
+  CHECK(bad.exit_code != 0);
+  CHECK(bad.output.find("peer_failure_domain") != std::string::npos);
+}

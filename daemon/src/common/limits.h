@@ -253,6 +253,11 @@ inline constexpr uint64_t kPeerServerThreadsMax = 128;
 inline constexpr uint64_t kPeerReplicasMax = 8;
 inline constexpr uint64_t kPeerRegistryNodesMax = 16384;
 inline constexpr uint64_t kPeerRegistrationBytesMax = 4096;
+// Registrations a node reads to order its candidates by failure domain (peer_failure_domain):
+// the first this many nodes of its ring are looked at (each read again every 10 minutes), the
+// rest keep their ring order. Enough to see several racks past its own; the nodes of one rack
+// spread their copies over the other racks' nodes in it.
+inline constexpr uint64_t kPeerDomainLookupsMax = 128;
 inline constexpr uint64_t kPeerCallTimeoutMs = uint64_t{10} * 60 * 1000;
 // Repair (peer/replicator.h): one check of what a holder holds (HeldBlobs), and the bytes of a
 // node's record of its part's holders on the shared tier.

@@ -7,6 +7,8 @@
 // the node part records the ones that did, so a load never has to guess.
 #pragma once
 
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,5 +19,22 @@ namespace ckptd::peer {
 // registered (a node that has not registered yet places as if it were).
 std::vector<std::string> PlacementOrder(std::vector<std::string> registered,
                                         const std::string& self);
+
+// Failure domains (peer_failure_domain: a rack, a switch, a power feed): `order` (PlacementOrder's
+// for a node of domain `self_domain`) reordered so that copies land in domains that fail apart,
+// spread over those domains' nodes. Let j be how many nodes of the node's own domain come just
+// before it on the ring (the tail of `order`, walked back). Walking the first `lookups_max` nodes
+// of `order`, the nodes of each other domain are grouped in the order the domains first appear;
+// from each group in turn the node at index j (modulo the group's size) is taken. So with racks
+// named in ring order (r0015-n000, r0015-n001, ...) node n of a rack sends its first copy to node
+// n of the next rack, its second to node n of the one after: every node holds about
+// `peer_replicas` copies and a rack's failure loses no part. The nodes not taken follow in ring
+// order (used once the other domains are exhausted, down or full). `domain_of` names a node's
+// domain (nullopt: unknown, e.g. a registration that could not be read: the node is not taken
+// early); it is called for at most 2 x `lookups_max` nodes. Deterministic for a given registry.
+std::vector<std::string> DomainOrder(
+    const std::vector<std::string>& order, const std::string& self_domain,
+    const std::function<std::optional<std::string>(const std::string&)>& domain_of,
+    size_t lookups_max);
 
 }  // namespace ckptd::peer

@@ -116,7 +116,7 @@ bool Replicator::CopyToNextNodes(const Part& part, std::vector<std::string>* liv
     failed->push_back(std::string(registry.status().message()));
   }
   bool moved = false;
-  for (const std::string& node : PlacementOrder(ids, options_.node_id)) {
+  for (const std::string& node : Candidates(ids)) {
     if (live->size() >= part.replicas) break;
     if (std::find(live->begin(), live->end(), node) != live->end()) continue;
     {

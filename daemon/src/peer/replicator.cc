@@ -276,6 +276,7 @@ absl::StatusOr<std::unique_ptr<Replicator>> Replicator::Start(ReplicatorOptions 
   reg.set_node_id(options.node_id);
   reg.set_address(options.advertise_addr);
   reg.set_registered_unix_ms(static_cast<uint64_t>(absl::ToUnixMillis(absl::Now())));
+  reg.set_failure_domain(options.failure_domain);
   CKPTD_RETURN_IF_ERROR(
       Annotate(shared->PutAtomic(RegistrationPath(options.node_id), reg.SerializeAsString()),
                absl::StrCat("registering this daemon's peer listener on ", shared->Describe())));
@@ -307,12 +308,13 @@ absl::StatusOr<std::vector<std::string>> Replicator::Registry(bool fresh) {
   return found;
 }
 
-absl::StatusOr<std::string> Replicator::AddressOf(const std::string& node) {
+absl::StatusOr<Replicator::PeerInfo> Replicator::Lookup(const std::string& node,
+                                                        absl::Duration max_age) {
   {
     absl::MutexLock lock(&mu_);
-    auto it = addresses_.find(node);
-    if (it != addresses_.end() && absl::Now() - it->second.second < kRegistryRefresh) {
-      return it->second.first;
+    auto it = peers_.find(node);
+    if (it != peers_.end() && absl::Now() - it->second.read < max_age) {
+      return it->second;
     }
   }
   const std::string path = RegistrationPath(node);
@@ -330,9 +332,29 @@ absl::StatusOr<std::string> Replicator::AddressOf(const std::string& node) {
     return absl::UnavailableError(absl::StrCat("peer ", node, ": ", shared_->Describe(), "/", path,
                                                " is not a peer registration"));
   }
+  PeerInfo info{
+      .address = reg.address(), .failure_domain = reg.failure_domain(), .read = absl::Now()};
   absl::MutexLock lock(&mu_);
-  addresses_[node] = {reg.address(), absl::Now()};
-  return reg.address();
+  peers_[node] = info;
+  return info;
+}
+
+absl::StatusOr<std::string> Replicator::AddressOf(const std::string& node) {
+  CKPTD_ASSIGN_OR_RETURN(PeerInfo info, Lookup(node));
+  return info.address;
+}
+
+std::vector<std::string> Replicator::Candidates(const std::vector<std::string>& registered) {
+  std::vector<std::string> order = PlacementOrder(registered, options_.node_id);
+  if (options_.failure_domain.empty()) return order;
+  return DomainOrder(
+      order, options_.failure_domain,
+      [this](const std::string& node) -> std::optional<std::string> {
+        absl::StatusOr<PeerInfo> info = Lookup(node, kDomainRefresh);
+        if (!info.ok()) return std::nullopt;
+        return info->failure_domain;
+      },
+      limits::kPeerDomainLookupsMax);
 }
 
 absl::StatusOr<std::shared_ptr<Client>> Replicator::ClientFor(const std::string& node) {
@@ -402,7 +424,7 @@ absl::StatusOr<std::vector<std::string>> Replicator::Replicate(
   std::vector<std::string> took;
   if (replicas == 0) return took;
   CKPTD_ASSIGN_OR_RETURN(std::vector<std::string> ids, Registry());
-  for (const std::string& node : PlacementOrder(ids, options_.node_id)) {
+  for (const std::string& node : Candidates(ids)) {
     if (took.size() >= replicas) break;
     bool local_failure = false;
     absl::Status st = CopyPart(node, job, step, dir, blobs, &local_failure);

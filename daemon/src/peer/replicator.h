@@ -66,6 +66,7 @@ namespace ckptd::peer {
 struct ReplicatorOptions {
   std::string node_id;         // this daemon's (a name of its certificate)
   std::string advertise_addr;  // host:port registered for the other daemons
+  std::string failure_domain;  // registered; "" none (peer_failure_domain)
   TlsFiles tls;
   uint64_t chunk_bytes = limits::kPeerChunkBytes;
   absl::Duration repair_interval = absl::ZeroDuration();  // 0: no repair thread
@@ -101,10 +102,24 @@ class Replicator : public PeerTier {
   // The registered node ids (sorted), listed again when older than kRegistryRefresh or `fresh`:
   // one LIST of the registry, no registration read.
   absl::StatusOr<std::vector<std::string>> Registry(bool fresh = false) ABSL_LOCKS_EXCLUDED(mu_);
-  // The address `node` registered, read from its registration when not read in the last
+  // What `node` registered, read from its registration when not read in the last
   // kRegistryRefresh (a node that restarted may listen elsewhere); UNAVAILABLE when it has none
   // or it is not a registration of that node.
+  struct PeerInfo {
+    std::string address;
+    std::string failure_domain;  // "" none
+    absl::Time read;             // when its registration was read
+  };
+  absl::StatusOr<PeerInfo> Lookup(const std::string& node,
+                                  absl::Duration max_age = kRegistryRefresh)
+      ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<std::string> AddressOf(const std::string& node) ABSL_LOCKS_EXCLUDED(mu_);
+  // Where this node's copies go, in the order to try: PlacementOrder over `registered`, with this
+  // node's failure domain (if it declared one) DomainOrder's reordering (the registrations of the
+  // nodes it walks are read: at most limits::kPeerDomainLookupsMax, each again only after
+  // kDomainRefresh: a node's domain changes only when it is moved).
+  std::vector<std::string> Candidates(const std::vector<std::string>& registered)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // The client of `node` (UNAVAILABLE when the registry does not name it); shared, so that one
   // replaced meanwhile (its address changed) lives until its last caller lets go.
   absl::StatusOr<std::shared_ptr<Client>> ClientFor(const std::string& node)
@@ -112,6 +127,7 @@ class Replicator : public PeerTier {
   const std::string& node_id() const { return options_.node_id; }
 
   static constexpr absl::Duration kRegistryRefresh = absl::Seconds(5);
+  static constexpr absl::Duration kDomainRefresh = absl::Minutes(10);
 
  private:
   class Reader;
@@ -156,8 +172,7 @@ class Replicator : public PeerTier {
   mutable absl::Mutex mu_;
   std::vector<std::string> registry_ ABSL_GUARDED_BY(mu_);
   absl::Time registry_read_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  // node -> (address, when its registration was read)
-  std::map<std::string, std::pair<std::string, absl::Time>> addresses_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, PeerInfo> peers_ ABSL_GUARDED_BY(mu_);  // Lookup's cache
   // node -> (address, client)
   std::map<std::string, std::pair<std::string, std::shared_ptr<Client>>> clients_
       ABSL_GUARDED_BY(mu_);

@@ -30,10 +30,12 @@ class CountingStorage : public MemoryStorage {
   int lists = 0;
 };
 
-void Register(Storage& store, const std::string& node, const std::string& address) {
+void Register(Storage& store, const std::string& node, const std::string& address,
+              const std::string& domain = "") {
   v1::PeerRegistration reg;
   reg.set_node_id(node);
   reg.set_address(address);
+  reg.set_failure_domain(domain);
   REQUIRE(
       store.PutAtomic(std::string(kPeerRegistryDir) + "/" + node, reg.SerializeAsString()).ok());
 }
@@ -85,6 +87,38 @@ TEST_CASE("peer registry: a refresh lists the registry and reads only the nodes 
   CHECK(absl::IsUnavailable(liar.status()));
   CHECK_THAT(std::string(liar.status().message()),
              Catch::Contains("node-liar") && Catch::Contains("not a peer registration"));
+}
+
+TEST_CASE("peer registry: a node with a failure domain places its copies in other domains first",
+          "[unit][peer]") {
+  MemoryStorage local;
+  CountingStorage shared;
+  // Rack-major names: the ring after node r1-a runs through its own rack first.
+  for (const char* n : {"r1-b", "r1-c", "r1-d"}) Register(shared, n, "127.0.0.1:1", "rack1");
+  for (const char* n : {"r2-a", "r2-b"}) Register(shared, n, "127.0.0.1:2", "rack2");
+  Register(shared, "r3-a", "127.0.0.1:3", "rack3");
+  ReplicatorOptions o;
+  o.node_id = "r1-a";
+  o.advertise_addr = "127.0.0.1:9";
+  o.failure_domain = "rack1";
+  auto r = Replicator::Start(o, &local, &shared);
+  REQUIRE(r.ok());
+  auto me = (*r)->Lookup("r1-a");  // what Start registered
+  REQUIRE(me.ok());
+  CHECK(me->failure_domain == "rack1");
+  auto ids = (*r)->Registry(/*fresh=*/true);
+  REQUIRE(ids.ok());
+  CHECK((*r)->Candidates(*ids) ==
+        std::vector<std::string>{"r2-a", "r3-a", "r1-b", "r1-c", "r1-d", "r2-b"});
+  // Without a domain of its own: the ring order, and no registration read for it.
+  o.node_id = "r1-z";
+  o.failure_domain = "";
+  auto plain = Replicator::Start(o, &local, &shared);
+  REQUIRE(plain.ok());
+  shared.gets = 0;
+  CHECK((*plain)->Candidates(*ids) ==
+        std::vector<std::string>{"r2-a", "r2-b", "r3-a", "r1-a", "r1-b", "r1-c", "r1-d"});
+  CHECK(shared.gets == 0);
 }
 
 }  // namespace ckptd::peer
