@@ -16,6 +16,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from conftest import Daemon
 
 FORK_AFTER_CONNECT = """
@@ -192,10 +194,73 @@ print("parent: ok", flush=True)
 """
 
 
+# ckptd.torch_checkpointing's Stager (async_staging) and Writer run their work on one-thread pools
+# made once: in a child forked after each ran a task, the pools' copies have no thread. The
+# child's stage() must fail like any ckptd call there, and its write() must run (here it fails on
+# the checkpoint info it is given), not return a Future that never completes.
+FORK_TORCH_CHECKPOINTING_POOLS = """
+import os, sys
+from concurrent.futures import Future, TimeoutError as FutureTimeout
+import torch
+import ckptd
+from ckptd import torch_checkpointing as ctc
+
+sock = sys.argv[1]
+stager = ctc.Stager(socket=sock, async_staging=True)
+stager.stage({"a": torch.ones(4)}).result()  # the staging thread, idle now
+args = ctc.CheckpointWriterArgs(
+    config=ctc._writer_config(None, sock),
+    rank_info=ctc.RankInfo(0, 1, 0, 1),
+    storage_config=ctc.StorageConfig(root="runs/forkpool-tc", socket=sock),
+)
+writer = ctc.Writer(args)
+
+
+class Sentinel(Exception):
+    pass
+
+
+def failed_info():
+    f = Future()
+    f.set_exception(Sentinel())
+    return f
+
+
+try:  # the writing thread runs once, idle now
+    writer.write(failed_info(), "runs/forkpool-tc/step-1").result()
+except Sentinel:
+    pass
+pid = os.fork()
+if pid == 0:
+    problems = []
+    for what, call, want in (
+        ("stage", lambda: stager.stage({"a": torch.ones(4)}).result(timeout=10),
+         ckptd.FailedPreconditionError),
+        ("write", lambda: writer.write(failed_info(), "runs/forkpool-tc/step-2")
+         .result(timeout=10), Sentinel),
+    ):
+        try:
+            call()
+            problems.append(f"{what}: no error")
+        except want:
+            pass
+        except FutureTimeout:
+            problems.append(f"{what}: its Future never completed")
+    print("child:", "; ".join(problems) or "ok", flush=True)
+    os._exit(1 if problems else 0)
+_, status = os.waitpid(pid, 0)
+assert os.waitstatus_to_exitcode(status) == 0, status
+stager.close()
+print("parent: ok", flush=True)
+"""
+
+
 def run(script: str, daemon: Daemon) -> str:
     r = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(script), daemon.socket],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert r.returncode == 0, r.stdout + r.stderr
     return r.stdout
@@ -232,4 +297,12 @@ def test_a_forked_childs_nonblocking_save_raises_instead_of_never_completing(
 
 def test_a_forked_childs_async_staging_fails_instead_of_never_completing(daemon: Daemon) -> None:
     out = run(FORK_ASYNC_STAGING, daemon)
+    assert "parent: ok" in out, out
+
+
+def test_a_forked_childs_torch_checkpointing_pools_run_instead_of_never_completing(
+    daemon: Daemon,
+) -> None:
+    pytest.importorskip("torch_checkpointing")
+    out = run(FORK_TORCH_CHECKPOINTING_POOLS, daemon)
     assert "parent: ok" in out, out

@@ -605,6 +605,28 @@ def _save_rank(p: _Pending, rank: int, world: int) -> None:
 
 
 # --- stager and in-process writer -------------------------------------------------------------
+class _Pool:
+    """A one-thread pool that is made again in a process that did not make it. A child forked
+    after the pool started its thread inherits the pool without the thread (and believing it has
+    one idle), so work queued there would never run and its Future never complete; the child's
+    own pool runs it, and it fails as every ckptd call there does (ckptd._client, fork:
+    FailedPreconditionError naming spawn). As ckptd.torch.StorageWriter's staging pool."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._pid = os.getpid()
+        self._pool = ThreadPoolExecutor(1, name)
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        if self._pid != os.getpid():
+            self._pool = ThreadPoolExecutor(1, self._name)  # the parent's copy is left alone
+            self._pid = os.getpid()
+        return self._pool.submit(fn, *args)
+
+    def shutdown(self, wait: bool = True) -> None:
+        self._pool.shutdown(wait=wait)
+
+
 class Stager(_tc_staging.CheckpointStager):
     """The library's CheckpointStager over ckptd: stage() copies every tensor of the payload once
     into the daemon's staging arena (GPU tensors device to arena) and returns the payload with
@@ -615,7 +637,7 @@ class Stager(_tc_staging.CheckpointStager):
 
     def __init__(self, *, socket: str | None = None, async_staging: bool = True) -> None:
         self._socket = socket
-        self._pool = ThreadPoolExecutor(1, "ckptd-stage") if async_staging else None
+        self._pool = _Pool("ckptd-stage") if async_staging else None
         self._staged: object | None = None
         self._held: list[int] = []  # arena addresses of views not (yet) handed to the daemon
         self._lock = threading.Lock()
@@ -669,7 +691,7 @@ class Writer:
         self._writer = CheckpointWriter(writer_args)
         config = writer_args.storage_config
         self._storage = config.create_storage() if isinstance(config, StorageConfig) else None
-        self._pool = ThreadPoolExecutor(1, "ckptd-write")
+        self._pool = _Pool("ckptd-write")
         # The saver sends the sharding metadata once; the writer needs it with every checkpoint.
         self._metadata: bytes | None = None
 
