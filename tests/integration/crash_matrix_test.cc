@@ -333,19 +333,29 @@ std::string Check(const Daemon& d, const Expect& e, std::map<std::string, int>* 
                       PathExists(dir) ? " (its directory is still there)" : "");
 }
 
-// Whether `cluster_dir` holds a node's "<node>.uploaded" marker.
-bool HasUploadedMarker(const std::string& cluster_dir) {
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(cluster_dir, ec)) {
-    if (e.path().extension() == ".uploaded") return true;
+// The node id a daemon started with `flags` has ("" when none: a single node, which writes no
+// upload marker and needs the manifest).
+std::string NodeIdOf(const std::vector<std::string>& flags) {
+  constexpr std::string_view kFlag = "--node_id=";
+  for (const std::string& f : flags) {
+    if (f.rfind(kFlag, 0) == 0) return f.substr(kFlag.size());
   }
-  return false;
+  return "";
+}
+
+// Whether the checkpoint directory `dir` of the remote tier holds `node`'s own upload marker
+// (daemon/src/format/names.cc NodeUploadedPath): another node's marker says nothing of this
+// node's part. Markers are written for parts committed under local+peer (remote_tier.cc
+// own_part); the kCluster cases here run local+remote, whose uploads put the manifest.
+bool HasUploadedMarker(const std::string& dir, const std::string& node) {
+  return !node.empty() && PathExists(dir + "/cluster/" + node + ".uploaded");
 }
 
 // The index of the killed daemon (`state`), read before anything restarts: a COMMITTED row whose
 // manifest is not on the tier the row names ("" when none). `remote` is the remote tier's
-// directory ("" when the case has none).
-std::string CommittedWithoutManifest(const std::string& state, const std::string& remote) {
+// directory ("" when the case has none); `node` the killed daemon's node id ("" when none).
+std::string CommittedWithoutManifest(const std::string& state, const std::string& remote,
+                                     const std::string& node) {
   std::string error;
   std::vector<ckptd::v1::CheckpointRecord> rows = ReadCheckpointRows(state + "/index", &error);
   if (!error.empty()) return absl::StrCat("reading the index at the crash: ", error);
@@ -362,13 +372,14 @@ std::string CommittedWithoutManifest(const std::string& state, const std::string
     }
   }
   // An upload row DURABLE: the manifest is on the remote tier (or, for a node's part of a
-  // checkpoint spanning nodes, the node's `cluster/<node>.uploaded` marker), or a local copy
-  // evicted as "durable elsewhere" would leave nothing to load.
+  // checkpoint spanning nodes, this node's own `cluster/<node>.uploaded` marker — not another
+  // node's), or a local copy evicted as "durable elsewhere" would leave nothing to load.
   for (const ckptd::v1::UploadRecord& u : ReadUploadRows(state + "/index", &error)) {
     if (u.upload().state() != ckptd::v1::UPLOAD_DURABLE) continue;
     const std::string dir = remote + "/" + u.dir();
-    if (!PathExists(dir + "/manifest.ckm") && !HasUploadedMarker(dir + "/cluster")) {
-      bad += absl::StrCat(" ", u.dir(), " (upload DURABLE, no manifest on the remote tier)");
+    if (!PathExists(dir + "/manifest.ckm") && !HasUploadedMarker(dir, node)) {
+      bad += absl::StrCat(" ", u.dir(), " (upload DURABLE, no manifest on the remote tier",
+                          node.empty() ? "" : absl::StrCat(" nor ", node, "'s upload marker"), ")");
     }
   }
   if (!error.empty()) return absl::StrCat("reading the index's upload rows at the crash: ", error);
@@ -423,8 +434,8 @@ int RunCase(const std::string& base_state, const Case& c, std::vector<std::strin
     d.Kill9();
     return 0;
   }
-  if (std::string bad =
-          CommittedWithoutManifest(state, remote.empty() ? "" : dir.path() + "/remote");
+  if (std::string bad = CommittedWithoutManifest(
+          state, remote.empty() ? "" : dir.path() + "/remote", NodeIdOf(remote));
       !bad.empty()) {
     problems->push_back(absl::StrCat(label, ": ", bad));
   }
