@@ -251,6 +251,46 @@ def dies_body(rank: int, world: int, sock: str) -> None:
         dist.destroy_process_group()
 
 
+def optim_state(rank: int) -> dict[str, Any]:
+    """Optimizer-like state: rank 0 holds param 0's, rank 1 param 5's (as a pipeline stage)."""
+    param = 5 * rank
+    return {
+        "optim": {"state": {param: {"step": torch.tensor(float(10 + param))}}},
+        "meta": {"ranks": [0, 1]},
+    }
+
+
+def nested_body(rank: int, world: int, sock: str) -> None:
+    """Each rank writes its own nested state (owns= everything it holds): step 1 through
+    dcp.save, step 2 through dcp.async_save (the writer's stage() hands it over)."""
+    init(rank, world)
+    try:
+        owns = lambda fqn: fqn.startswith("optim.") or rank == 0  # noqa: E731
+        planner = ct.LocalPlanner(owns=owns)
+        writer = ct.StorageWriter("planless/nested/step-1", socket=sock)
+        dcp.save(optim_state(rank), storage_writer=writer, planner=planner, no_dist=True)
+        writer = ct.StorageWriter("planless/nested/step-2", socket=sock, planner=planner)
+        fut = dcp.async_save(
+            optim_state(rank), storage_writer=writer, planner=planner, no_dist=True
+        )
+        fut.result(timeout=120)
+    finally:
+        dist.destroy_process_group()
+
+
+def unplanned_stage_body(rank: int, world: int, sock: str) -> None:
+    """dcp.async_save with a LocalPlanner through a writer built without planner=."""
+    init(rank, world)
+    try:
+        sd = {"w": torch.ones(4), "b": torch.full((2,), 3.0)}
+        writer = ct.StorageWriter("planless/unplanned/step-1", socket=sock)
+        with pytest.raises(BaseException, match=r"built without planner=.*StorageWriter\(id, "):
+            fut = dcp.async_save(sd, storage_writer=writer, planner=ct.LocalPlanner(), no_dist=True)
+            fut.result(timeout=120)
+    finally:
+        dist.destroy_process_group()
+
+
 def spawn(fn: Callable[..., None], world: int, *args: Any) -> None:
     os.environ["MASTER_PORT"] = str(free_port())
     mp.start_processes(
@@ -393,3 +433,38 @@ def test_keys_only_other_ranks_hold_load_without_a_template(daemon: Daemon) -> N
     reader = ct.StorageReader("planless/keys/step-1", socket=daemon.socket)
     got = _load_state_dict_from_keys(keys={"dl"}, storage_reader=reader)
     assert got == {"dl": {"dp_rank_0": "pos0", "dp_rank_1": "pos1"}}, got
+
+
+def test_nested_items_only_a_later_rank_holds_load_without_a_template(daemon: Daemon) -> None:
+    """Rank 1 writes optim.state.5.step, rank 0 only optim.state.0.step: the template-less load
+    (as format_utils.dcp_to_torch_save does) nests "5" under state as DCP's own save would (its
+    flattening makes dict keys str), from rank 1's own flattening mappings (rank 0's cannot tell
+    that "5.step" is two keys; DCP's unflatten then raised TypeError)."""
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+    spawn(nested_body, 2, daemon.socket)
+    steps = {"0": torch.tensor(10.0), "5": torch.tensor(15.0)}
+    for step in (1, 2):
+        reader = ct.StorageReader(f"planless/nested/step-{step}", socket=daemon.socket)
+        got = _load_state_dict_from_keys(storage_reader=reader)
+        assert got.keys() == {"optim", "meta"} and got["meta"] == {"ranks": [0, 1]}, got
+        assert got["optim"].keys() == {"state"}, got
+        state = got["optim"]["state"]
+        assert state.keys() == steps.keys(), got
+        for param, step_value in steps.items():
+            assert state[param].keys() == {"step"}, got
+            assert torch.equal(state[param]["step"], step_value), got
+
+
+def test_async_save_with_a_local_planner_needs_the_writers_planner(daemon: Daemon) -> None:
+    """StorageWriter(id) without planner= stages with DCP's planner (every rank every item):
+    the planless write_data that follows refuses it with a ValueError naming the fix."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+    spawn(unplanned_stage_body, 2, daemon.socket)
+    # One process (no process group): the same misuse, the same error.
+    writer = ct.StorageWriter("planless/unplanned1/step-1", socket=daemon.socket)
+    with pytest.raises(BaseException, match="built without planner="):
+        dcp.async_save(
+            {"w": torch.ones(2)}, storage_writer=writer, planner=ct.LocalPlanner(), no_dist=True
+        ).result(timeout=120)

@@ -20,8 +20,18 @@ from dataclasses import dataclass, field
 PREFIX = "ckptd://"
 NAME_ITEM = "__ckptd__/checkpoint_name"
 PLANNER_DATA_ITEM = "__ckptd__/dcp_planner_data"
+# A planless save's rank r > 0: the flattening mappings of the items it wrote (rank 0 saves its
+# own, all of them, as PLANNER_DATA_ITEM), so a template-less load nests items rank 0 lacks.
+RANK_MAPPINGS_PREFIX = "__ckptd__/dcp_planner_data.rank"
 DCP_CHUNKS_ITEM = "__ckptd__/dcp_chunks"  # a rank-local part's chunks: {fqn: [(offsets, sizes)]}
 RESERVED_PREFIX = "__ckptd__/"
+
+
+def rank_mappings_item(rank: int) -> str:
+    """The object item holding planless rank `rank`'s own flattening mappings."""
+    return f"{RANK_MAPPINGS_PREFIX}{int(rank)}"
+
+
 JOB_BYTES_MAX = 128
 STEP_MAX = 1 << 62
 _TRAILING_INT = re.compile(r"(\d+)$")

@@ -182,10 +182,13 @@ class StorageReader(LazyClient, _DcpReader):
         objects: dict[str, Any] = {}
         tensors: dict[str, tuple[torch.dtype, torch.Size]] = {}
         planner_data: Any = None
+        rank_mappings: list[str] = []
         for info in self.client.inspect(job, step):
             name = info["name"]
             if name == _ids.PLANNER_DATA_ITEM:
                 planner_data = self.client.load_object(job, step, name)
+            elif name.startswith(_ids.RANK_MAPPINGS_PREFIX):
+                rank_mappings.append(name)
             elif name.startswith(_ids.RESERVED_PREFIX):
                 continue
             elif info["kind"] == "object":
@@ -193,7 +196,30 @@ class StorageReader(LazyClient, _DcpReader):
             else:
                 shape = torch.Size(int(d) for d in info["shape"])
                 tensors[name] = (ckptd._arrays.torch_dtype(info["dtype"]), shape)
+        if isinstance(planner_data, dict) and rank_mappings:
+            missing = {n for n in (*objects, *tensors) if n not in planner_data}
+            planner_data = self._merge_rank_mappings(
+                job, step, planner_data, missing, rank_mappings
+            )
         return objects, tensors, planner_data
+
+    def _merge_rank_mappings(
+        self, job: str, step: int, mappings: dict[str, Any], missing: set[str], items: list[str]
+    ) -> dict[str, Any]:
+        """Rank 0's mappings plus, for the names rank 0 lacks, those of the planless ranks that
+        wrote them (their _ids.rank_mappings_item objects, in rank order, read only while some
+        name is still missing)."""
+        out = dict(mappings)
+        prefix = len(_ids.RANK_MAPPINGS_PREFIX)
+        for name in sorted(items, key=lambda n: int(n[prefix:]) if n[prefix:].isdigit() else 0):
+            if not missing:
+                break
+            own = self.client.load_object(job, step, name)
+            if isinstance(own, dict):
+                for fqn in missing & own.keys():
+                    out[fqn] = own[fqn]
+                missing -= own.keys()
+        return out
 
     def _whole_metadata(self, job: str, step: int) -> Metadata:
         objects, tensors, planner_data = self._describe(job, step)
@@ -343,10 +369,11 @@ class StorageReader(LazyClient, _DcpReader):
 
 
 def _complete_mappings(mappings: dict[str, Any], names: Any) -> dict[str, Any]:
-    """DCP's flattening mappings for every item: the saved ones (rank 0's, which a planless save
-    records) completed for items only other ranks held (e.g. "dataloader.dp_rank_1" beside
-    rank 0's "dataloader.dp_rank_0"): the longest saved prefix's path plus the rest of the name,
-    else the name itself. Template-less loads (DCP's _EmptyStateDictLoadPlanner) need one each."""
+    """DCP's flattening mappings for every item: the saved ones (rank 0's merged with each
+    planless rank's own, see _merge_rank_mappings) completed for items no saved mapping names
+    (a checkpoint saved before ranks > 0 recorded theirs): the longest saved prefix's path plus
+    the rest of the name, else the name itself. Template-less loads (DCP's
+    _EmptyStateDictLoadPlanner) need one each."""
     missing = [n for n in names if n not in mappings]
     if not missing:
         return mappings

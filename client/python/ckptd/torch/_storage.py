@@ -19,7 +19,11 @@ world_size ranks and the daemon commits once all have; finish() (the coordinator
 COMMITTED, and DCP's closing all_reduce makes every rank wait for it. Planless (write_data is
 handed a ckptd.torch.LocalPlanner and DCP planned this rank alone: no_dist=True): the rank and
 world size come from the planner, every rank stages its part of the one checkpoint as rank r of
-N with no gather, scatter or broadcast, and every rank's finish() waits for COMMITTED.
+N with no gather, scatter or broadcast, and every rank's finish() waits for COMMITTED. Rank 0
+records its flattening mappings (PLANNER_DATA_ITEM); every other rank those of the nested items it
+writes (rank_mappings_item(r)), for the names rank 0 lacks (the reader merges them). stage() must
+plan the same way: a planless write_data after a stage() planned by DCP's planner (a writer built
+without planner=) is refused.
 With use_collectives=False (and DCP's planner) each rank plans alone and saves its part as a
 checkpoint of its own (job part_job(job, rank), rank 0 of 1) which commits on its own; each
 rank's finish() waits for its part. The reader serves a part with read_metadata(rank=r) and all
@@ -85,6 +89,7 @@ class _StagedSave:
     rank: int
     world_size: int
     sizes: dict[Any, int]  # _index_key -> bytes
+    planless: bool  # planned with the writer's LocalPlanner (this rank's items only)
 
 
 def refuse_extensions(extensions: Sequence[Any] | None, what: str) -> None:
@@ -137,6 +142,19 @@ def _write_results(items: list[WriteItem], sizes: dict[Any, int]) -> list[WriteR
         )
         for i in items
     ]
+
+
+def _own_mappings(planner: SavePlanner, items: list[WriteItem]) -> dict[str, Any]:
+    """A planless rank's extra object: {rank_mappings_item(r): the flattening mappings of the
+    items it writes}, nested ones only (a flat key needs none), or {} when there are none. Rank 0
+    records all of its mappings anyway; the reader takes a name rank 0 lacks from the rank that
+    wrote it (e.g. "optim.state.5.step" -> ("optim", "state", 5, "step"), which the name alone
+    does not tell)."""
+    mappings = getattr(planner, "mappings", None) or {}
+    written = {i.index.fqn for i in items}
+    own = {k: v for k, v in mappings.items() if k in written and tuple(v) != (k,)}
+    rank = int(getattr(planner, "rank", 0))
+    return {_ids.rank_mappings_item(rank): own} if own and rank > 0 else {}
 
 
 def _chunks(items: list[WriteItem]) -> dict[str, dict[str, Any]]:
@@ -359,6 +377,17 @@ class StorageWriter(LazyClient, _DcpWriter, AsyncStager):
             problem = None
             missing = [i.index.fqn for i in plan.items if _index_key(i.index) not in staged.sizes]
             planless = isinstance(planner, LocalPlanner) and pdata.world_size == 1
+            if planless and not staged.planless:
+                fate = self._abort_staged(staged, "planless save staged with DCP's planner")
+                raise ValueError(
+                    f"ckptd StorageWriter: job {staged.job} step {staged.step}: dcp.async_save "
+                    "was given a LocalPlanner but this writer was built without planner=, so "
+                    "stage() planned with DCP's default planner and handed over every item "
+                    f"from every rank (duplicate writes); that checkpoint is {fate}. Pass the "
+                    "same planner to the writer: StorageWriter(id, planner=p) with "
+                    "dcp.async_save(..., planner=p, no_dist=True), or use "
+                    "ckptd.torch.save(..., async_save=True)"
+                )
             if planless and (planner.rank, planner.world_size) != (staged.rank, staged.world_size):
                 problem = (
                     f"stage() saved as rank {staged.rank} of {staged.world_size} but the "
@@ -376,10 +405,7 @@ class StorageWriter(LazyClient, _DcpWriter, AsyncStager):
                     "async_save needs a checkpoint_id without a step"
                 )
             if problem is not None:
-                try:  # what stage() handed over can never commit as planned
-                    self.client.abort(staged.job, staged.step, problem[:200])
-                except ckptd.CkptdError:
-                    pass
+                self._abort_staged(staged, problem)
                 raise RuntimeError(f"ckptd: job {staged.job} step {staged.step}: {problem}")
             return _write_results(plan.items, staged.sizes)
         if isinstance(planner, LocalPlanner) and pdata.world_size == 1:
@@ -397,6 +423,15 @@ class StorageWriter(LazyClient, _DcpWriter, AsyncStager):
         sizes = self._save(plan.items, planner.resolve_data, pdata, (rank, world), extra)
         return _write_results(plan.items, sizes)
 
+    def _abort_staged(self, staged: _StagedSave, why: str) -> str:
+        """Aborts what stage() handed over, which can never commit as planned (a one-rank
+        checkpoint may have committed already: then it stays). Returns its fate, in words."""
+        try:
+            self.client.abort(staged.job, staged.step, why[:200])
+            return "aborted"
+        except ckptd.CkptdError as e:
+            return f"not aborted ({e})"
+
     def _write_planless(
         self, plan: SavePlan, planner: LocalPlanner, pdata: _PlanData
     ) -> list[WriteResult]:
@@ -411,7 +446,8 @@ class StorageWriter(LazyClient, _DcpWriter, AsyncStager):
         self.job, self.step = self._id.job, self._id.step
         self.world_size = planner.world_size
         as_rank = (planner.rank, planner.world_size)
-        sizes = self._save(plan.items, planner.resolve_data, pdata, as_rank, {})
+        extra = _own_mappings(planner, plan.items)
+        sizes = self._save(plan.items, planner.resolve_data, pdata, as_rank, extra)
         return _write_results(plan.items, sizes)
 
     def _save(
@@ -424,7 +460,8 @@ class StorageWriter(LazyClient, _DcpWriter, AsyncStager):
     ) -> dict[Any, int]:
         """Saves `items` as rank `as_rank` of (self.job, self.step). `extra` (object items saved by
         rank 0) holds DCP_CHUNKS_ITEM exactly when this is a rank-local part: then each chunk is
-        stored as a whole item."""
+        stored as a whole item. Its rank_mappings_item(r) (a planless rank's own mappings) is
+        saved by that rank r > 0 alone: rank 0's are PLANNER_DATA_ITEM."""
         assert self._id is not None and self.job is not None and self.step is not None
         rank, world = as_rank  # (rank, world size) in the daemon's checkpoint
         rank_local = _ids.DCP_CHUNKS_ITEM in extra
@@ -447,8 +484,11 @@ class StorageWriter(LazyClient, _DcpWriter, AsyncStager):
             # prepended axis, several per pipeline stage): disjoint regions of one item.
             tensors.setdefault(fqn, []).append(shard)
             sizes[_index_key(item.index)] = shard.data.numel() * shard.data.element_size()
+        own = _ids.rank_mappings_item(rank)
+        if rank > 0 and own in extra:
+            objects[own] = extra[own]
         if rank == 0:
-            objects.update(extra)
+            objects.update((k, v) for k, v in extra.items() if k != own)
             if pdata.planner_data is not None:
                 objects[_ids.PLANNER_DATA_ITEM] = pdata.planner_data
             if self._id.step is None:
@@ -522,10 +562,13 @@ class StorageWriter(LazyClient, _DcpWriter, AsyncStager):
         self.job, self.step = self._id.job, self._id.step
         try:
             pdata = _PlanData(world, plan.planner_data)
-            sizes = self._save(plan.items, planner.resolve_data, pdata, (rank, world), {})
+            extra = _own_mappings(planner, plan.items) if self.planner is not None else {}
+            sizes = self._save(plan.items, planner.resolve_data, pdata, (rank, world), extra)
         finally:
             self._release_staged()
-        self._saved_at_stage = _StagedSave(self._id.job, self._id.step, rank, world, sizes)
+        self._saved_at_stage = _StagedSave(
+            self._id.job, self._id.step, rank, world, sizes, self.planner is not None
+        )
 
     def synchronize_staging(self) -> None:
         """Waits for a background stage() (async_staging); nothing to wait for otherwise."""
