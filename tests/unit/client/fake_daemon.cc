@@ -104,6 +104,11 @@ void FakeDaemon::ForgetSessions() {
   regions_.clear();
 }
 
+void FakeDaemon::OnSave(SaveHook hook) {
+  absl::MutexLock l(&mu_);
+  save_hook_ = std::move(hook);
+}
+
 void FakeDaemon::SetLimits(const v1::Limits& limits) {
   absl::MutexLock l(&mu_);
   limits_ = limits;
@@ -377,6 +382,14 @@ absl::StatusOr<uint8_t*> FakeDaemon::ExtentBytes(const std::string& session,
 
 grpc::Status FakeDaemon::Save(const CallOptions& o, const v1::SaveRequest& req,
                               v1::SaveResponse* resp) {
+  SaveHook hook;
+  int call = 0;
+  {
+    absl::MutexLock l(&mu_);
+    hook = save_hook_;
+    call = save_calls_++;
+  }
+  if (hook) hook(call, req);  // unlocked: it may block, and the test may call in meanwhile
   absl::MutexLock l(&mu_);
   saves_.push_back(req);
   if (grpc::Status s = Enter("Save", o, &req.session_id()); !s.ok()) return s;

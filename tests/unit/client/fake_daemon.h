@@ -5,7 +5,7 @@
 // load returns are real), extents, registered regions, and a store of checkpoint items that
 // Save fills and Load, Inspect and Latest read. Every call is recorded (method, deadline,
 // session, request) and any call can be scripted to fail (FailNext), as can the daemon as a
-// whole (SetDown, Restart, DropSessions, ForgetSessions).
+// whole (SetDown, Restart, DropSessions, ForgetSessions); a save can be held in flight (OnSave).
 //
 // Ownership: tests hold a shared_ptr<FakeDaemon> and hand the client Connect()'s Connection, which
 // keeps the daemon alive. Threads: every method is thread-safe (mu_); Attach streams block in Read
@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -85,6 +86,12 @@ class FakeDaemon : public std::enable_shared_from_this<FakeDaemon> {
   // A restart nobody noticed yet: sessions unknown (calls naming one answer FAILED_PRECONDITION
   // with reason UNKNOWN_SESSION), their streams left open.
   void ForgetSessions();
+  // Races at a chosen moment: `hook` runs at the start of every Save call, before the daemon
+  // serves it and outside its lock, with the call's number (0, 1, ... in order of arrival) and its
+  // request; a hook that blocks holds that save in flight (e.g. until the test has called
+  // Restart). Set it before the calls it is for; nullptr clears it.
+  using SaveHook = std::function<void(int call, const v1::SaveRequest& req)>;
+  void OnSave(SaveHook hook);
   // The limits Hello announces (extent alignment 4096 when 0).
   void SetLimits(const v1::Limits& limits);
 
@@ -195,6 +202,8 @@ class FakeDaemon : public std::enable_shared_from_this<FakeDaemon> {
   std::vector<std::shared_ptr<StreamState>> streams_ ABSL_GUARDED_BY(mu_);
   std::vector<Received> calls_ ABSL_GUARDED_BY(mu_);
   std::vector<v1::SaveRequest> saves_ ABSL_GUARDED_BY(mu_);
+  SaveHook save_hook_ ABSL_GUARDED_BY(mu_);
+  int save_calls_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<v1::LoadRequest> loads_ ABSL_GUARDED_BY(mu_);
   std::vector<v1::ReserveExtentsRequest> reserves_ ABSL_GUARDED_BY(mu_);
   std::vector<v1::ReleaseExtentsRequest> releases_ ABSL_GUARDED_BY(mu_);

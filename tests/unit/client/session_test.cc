@@ -2,6 +2,10 @@
 // arena mapped), a daemon that is down, a dropped connection, a daemon restart (new instance: the
 // arena mapped again, regions registered again, old buffers refused), a restart nobody noticed
 // (UNKNOWN_SESSION), a call that fails UNAVAILABLE (not repeated; the next call says Hello), Close.
+#include <set>
+#include <utility>
+
+#include "absl/synchronization/mutex.h"
 #include "client_rig.h"
 
 using namespace ckptd;
@@ -248,34 +252,80 @@ TEST_CASE("saves racing a daemon restart each succeed or fail cleanly, and the c
   auto client = ConnectTo(daemon);
   constexpr int kThreads = 4;
   constexpr int kSaves = 20;
-  std::vector<std::string> bytes;
-  for (int t = 0; t < kThreads; ++t) bytes.push_back(Pattern(20000, static_cast<uint8_t>(t)));
+  // Save calls kHeldFrom .. kHeldFrom + kThreads - 1 are held in the daemon until it restarted:
+  // a thread whose save is held sends no other, and each has more than kHeldFrom saves, so the
+  // held calls are one of each thread and the restart lands with all of them in flight.
+  constexpr int kHeldFrom = 8;
+  absl::Mutex mu;
+  int held = 0;
+  bool restarted = false;
+  std::set<std::pair<std::string, uint64_t>> held_saves;  // job, step
+  daemon->OnSave([&](int call, const v1::SaveRequest& req) {
+    if (call < kHeldFrom || call >= kHeldFrom + kThreads) return;
+    absl::MutexLock l(&mu);
+    ++held;
+    held_saves.insert({req.job(), req.step()});
+    mu.Await(absl::Condition(&restarted));
+  });
+  // Different bytes for every save, so a save that stored another's bytes is seen.
+  auto seed = [](int t, int i) { return static_cast<uint8_t>(t * kSaves + i); };
+  std::vector<std::vector<std::string>> bytes(kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    for (int i = 0; i < kSaves; ++i) bytes[t].push_back(Pattern(20000, seed(t, i)));
+  }
   std::vector<std::vector<absl::StatusCode>> codes(kThreads);
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
-      std::vector<TensorShard> shards = {Tensor("w", bytes[t])};
       for (int i = 0; i < kSaves; ++i) {
+        std::vector<TensorShard> shards = {Tensor("w", bytes[t][i])};
         absl::StatusOr<SaveResult> saved =
             client->Save("job" + std::to_string(t), static_cast<uint64_t>(i), 0, 1, shards);
         codes[t].push_back(saved.status().code());
       }
     });
   }
-  daemon->Restart();                          // somewhere among the saves
+  {
+    absl::MutexLock l(&mu);
+    auto all_held = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return held == kThreads; };
+    mu.Await(absl::Condition(&all_held));
+  }
+  daemon->Restart();  // with kThreads saves in flight
+  {
+    absl::MutexLock l(&mu);
+    restarted = true;
+  }
   for (std::thread& th : threads) th.join();  // none hangs
+  daemon->OnSave(nullptr);
 
+  int ok = 0;
   for (int t = 0; t < kThreads; ++t) {
-    for (absl::StatusCode code : codes[t]) {
+    const std::string job = "job" + std::to_string(t);
+    REQUIRE(codes[t].size() == kSaves);
+    for (int i = 0; i < kSaves; ++i) {
+      const absl::StatusCode code = codes[t][i];
+      INFO(job << "/" << i << ": " << absl::StatusCodeToString(code));
       // OK, or the session's end as the client sees it: UNKNOWN_SESSION (FAILED_PRECONDITION),
       // UNAVAILABLE ("restarted during the call"); never INTERNAL or a wrong answer.
       CHECK((code == absl::StatusCode::kOk || code == absl::StatusCode::kFailedPrecondition ||
              code == absl::StatusCode::kUnavailable));
+      // A save held across the restart named a session the new daemon does not know.
+      if (held_saves.count({job, static_cast<uint64_t>(i)}) > 0) {
+        CHECK(code != absl::StatusCode::kOk);
+      }
+      if (code != absl::StatusCode::kOk) continue;
+      ++ok;
+      // Every save that said OK stored exactly its bytes (compared whole, not printed).
+      const std::string stored = daemon->Stored(job, static_cast<uint64_t>(i), "w");
+      INFO("stored " << stored.size() << " bytes of " << bytes[t][i].size());
+      CHECK((stored == bytes[t][i]));
     }
   }
-  std::vector<TensorShard> shards = {Tensor("w", bytes[0])};
+  CHECK(held_saves.size() == kThreads);
+  CHECK(ok >= kHeldFrom);  // those before the hold, at least
+  std::vector<TensorShard> shards = {Tensor("w", bytes[0][0])};
   REQUIRE(Eventually([&] { return client->Save("after", 1, 0, 1, shards).ok(); }, [] {}));
-  CHECK(daemon->Stored("after", 1, "w") == bytes[0]);
+  CHECK(daemon->Stored("after", 1, "w") == bytes[0][0]);
   CHECK(client->reconnect_count() >= 1);
   CHECK(daemon->arena_maps() == 2);
 }
