@@ -195,9 +195,10 @@ TEST_CASE("peer registry: a registration that does not parse is listed but has n
   MemoryStorage shared;
   Register(shared, "node-b", "127.0.0.1:20001");
   const std::string junk_path = std::string(kPeerRegistryDir) + "/node-junk";
-  REQUIRE(shared.PutAtomic(junk_path, std::string("\xff\xff\xff\xff not a proto", 18)).ok());
+  const std::string junk = "\xff\xff\xff\xff not a proto";  // wire type 7: no parse
+  REQUIRE(shared.PutAtomic(junk_path, junk).ok());
   v1::PeerRegistration probe;
-  REQUIRE_FALSE(probe.ParseFromString(std::string("\xff\xff\xff\xff not a proto", 18)));
+  REQUIRE_FALSE(probe.ParseFromString(junk));
   ReplicatorOptions o;
   o.node_id = "node-a";
   o.advertise_addr = "127.0.0.1:20000";
