@@ -172,6 +172,18 @@ def own_daemon(flags: Sequence[str] = (), **kwargs: Any) -> Iterator[Daemon]:
         shutil.rmtree(d.state_dir, ignore_errors=True)
 
 
+def flip_blobs(blobs: Sequence[Path]) -> int:
+    """Damages each blob: one byte in every 64 flipped (so every checksum block of it, whatever
+    its padding). Returns how many; asserts there is at least one."""
+    assert blobs, "no blob to damage"
+    for blob in blobs:
+        data = bytearray(blob.read_bytes())
+        for i in range(0, len(data), 64):
+            data[i] ^= 0xFF
+        blob.write_bytes(bytes(data))
+    return len(blobs)
+
+
 def free_port() -> int:
     with socketlib.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -28,6 +28,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from conftest import flip_blobs
+
 
 class Tiny(nn.Module):
     def __init__(self) -> None:
@@ -115,12 +117,7 @@ def faults(args: Any) -> dict[str, Any]:
     build(args, args.dir / "corrupt", f"{args.job}/corrupt", 2, 0, []).train()
     state_dir = Path(os.environ["CKPTD_STATE_DIR"])
     blobs = [b for b in (state_dir / "data").rglob("*.blob") if "corrupt" in str(b)]
-    for blob in blobs:
-        data = bytearray(blob.read_bytes())
-        for i in range(0, len(data), 64):
-            data[i] ^= 0xFF
-        blob.write_bytes(bytes(data))
-    out["blobs"] = len(blobs)
+    out["blobs"] = flip_blobs(blobs)
     resume = build(args, args.dir / "corrupt", f"{args.job}/corrupt", 4, 99, [])
     attempt(out, "corrupt", lambda: resume.train(resume_from_checkpoint=True))
     os.kill(int(os.environ["CKPTD_PID"]), signal.SIGKILL)

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from bounded import within
 
-from conftest import Daemon, free_port, run_rank, start_daemon
+from conftest import Daemon, flip_blobs, free_port, run_rank, start_daemon
 
 torch = pytest.importorskip("torch")
 stateful = pytest.importorskip("torchdata.stateful_dataloader")
@@ -162,13 +162,7 @@ def test_corrupt_and_daemon_down() -> None:
             pass
         client.save("data-corrupt", 1, objects=cdata.state_dict(sampler)).committed().result(60)
         assert cdata.load_state_dict(sampler, "data-corrupt", 1, client=client)["skipped"] == 7
-        blobs = list(Path(d.state_dir, "data").glob("data-corrupt/step-*/*.blob"))
-        assert blobs
-        for blob in blobs:
-            data = bytearray(blob.read_bytes())
-            for i in range(0, len(data), 64):
-                data[i] ^= 0xFF
-            blob.write_bytes(bytes(data))
+        flip_blobs(list(Path(d.state_dir, "data").glob("data-corrupt/step-*/*.blob")))
         with pytest.raises(ckptd.DataLossError):
             cdata.load_state_dict(sampler, "data-corrupt", 1, client=client)
         d.stop()

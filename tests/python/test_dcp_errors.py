@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from bounded import within
 
-from conftest import Daemon, own_daemon, start_daemon
+from conftest import Daemon, flip_blobs, own_daemon, start_daemon
 
 torch = pytest.importorskip("torch")
 import torch.distributed.checkpoint as dcp  # noqa: E402
@@ -31,13 +31,7 @@ def corrupt() -> Iterator[Daemon]:
     with own_daemon(flags=["--ram_tier_keep_per_job=0"]) as d:
         state = {"w": torch.arange(64, dtype=torch.float32), "step": 3}
         dcp.save(state, storage_writer=ct.StorageWriter("err/run/step-1", socket=d.socket))
-        blobs = list(Path(d.state_dir, "data").rglob("*.blob"))
-        assert blobs
-        for blob in blobs:
-            data = bytearray(blob.read_bytes())
-            for i in range(0, len(data), 64):
-                data[i] ^= 0xFF
-            blob.write_bytes(bytes(data))
+        flip_blobs(list(Path(d.state_dir, "data").rglob("*.blob")))
         yield d
 
 

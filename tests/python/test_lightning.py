@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from bounded import within
 
-from conftest import Daemon, free_port, start_daemon
+from conftest import Daemon, flip_blobs, free_port, start_daemon
 
 torch = pytest.importorskip("torch")
 pl = pytest.importorskip("lightning.pytorch")
@@ -122,13 +122,7 @@ def test_missing_file_and_corrupt_checkpoint_are_errors(reference: list[Any]) ->
             )
         trainer(ckl.CheckpointIO(d.socket), "ckptd://runs/lit-c", 1).fit(Tiny())
         job = ckl.job_of("ckptd://runs/lit-c/last.ckpt")
-        blobs = list(Path(d.state_dir, "data").glob(f"{job}/step-*/*.blob"))
-        assert blobs
-        for blob in blobs:
-            data = bytearray(blob.read_bytes())
-            for i in range(0, len(data), 64):
-                data[i] ^= 0xFF
-            blob.write_bytes(bytes(data))
+        flip_blobs(list(Path(d.state_dir, "data").glob(f"{job}/step-*/*.blob")))
         with pytest.raises(ckptd.DataLossError):
             trainer(ckl.CheckpointIO(d.socket), "ckptd://runs/lit-c", 2).fit(
                 Tiny(), ckpt_path="last"
