@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "async_saves.h"
 #include "client_core.h"
 #include "client_factory.h"
 #include "convert.h"

@@ -14,6 +14,22 @@ namespace {
 
 constexpr uint64_t kExtentsPerReserveDefault = 65536;  // used if Hello's limits leave it 0
 constexpr int kGoodbyeTimeoutMs = 1000;
+constexpr uint32_t kSaveThreadsMax = 16;
+constexpr int kSaveThreadNiceMax = 19;
+constexpr uint32_t kAsyncSavesMax = 64;
+
+// SaveAsync's options (client.h).
+absl::Status CheckAsyncOptions(const ClientOptions& o) {
+  if (o.save_threads < 1 || o.save_threads > kSaveThreadsMax || o.save_thread_nice < 0 ||
+      o.save_thread_nice > kSaveThreadNiceMax || o.async_saves_max < 1 ||
+      o.async_saves_max > kAsyncSavesMax) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ClientOptions: save_threads (", o.save_threads, ") must be in [1, ", kSaveThreadsMax,
+        "], save_thread_nice (", o.save_thread_nice, ") in [0, ", kSaveThreadNiceMax,
+        "], async_saves_max (", o.async_saves_max, ") in [1, ", kAsyncSavesMax, "]"));
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -28,6 +44,7 @@ absl::StatusOr<std::unique_ptr<ClientCore>> ClientCore::Create(
                      ") and connect_timeout_ms (", options.connect_timeout_ms,
                      ") must be > 0, reserve_timeout_ms (", options.reserve_timeout_ms, ") >= 0"));
   }
+  CKPTD_CLIENT_RETURN_IF_ERROR(CheckAsyncOptions(options));
   std::unique_ptr<ClientCore> core(new ClientCore(std::move(options), std::move(connection)));
   absl::StatusOr<Session> session = core->EnsureSession();
   if (!session.ok()) return session.status();

@@ -109,6 +109,11 @@ void FakeDaemon::OnSave(SaveHook hook) {
   save_hook_ = std::move(hook);
 }
 
+void FakeDaemon::OnReserve(ReserveHook hook) {
+  absl::MutexLock l(&mu_);
+  reserve_hook_ = std::move(hook);
+}
+
 void FakeDaemon::SetLimits(const v1::Limits& limits) {
   absl::MutexLock l(&mu_);
   limits_ = limits;
@@ -287,6 +292,14 @@ absl::StatusOr<std::shared_ptr<internal::ArenaMapping>> FakeDaemon::MapArena(
 
 grpc::Status FakeDaemon::ReserveExtents(const CallOptions& o, const v1::ReserveExtentsRequest& req,
                                         v1::ReserveExtentsResponse* resp) {
+  ReserveHook hook;
+  int call = 0;
+  {
+    absl::MutexLock l(&mu_);
+    hook = reserve_hook_;
+    call = reserve_calls_++;
+  }
+  if (hook) hook(call);  // unlocked, as OnSave's
   absl::MutexLock l(&mu_);
   reserves_.push_back(req);
   if (grpc::Status s = Enter("ReserveExtents", o, &req.session_id()); !s.ok()) return s;

@@ -92,6 +92,10 @@ class FakeDaemon : public std::enable_shared_from_this<FakeDaemon> {
   // Restart). Set it before the calls it is for; nullptr clears it.
   using SaveHook = std::function<void(int call, const v1::SaveRequest& req)>;
   void OnSave(SaveHook hook);
+  // The same at the start of every ReserveExtents call (before the client copies into what it
+  // reserves): a hook that blocks holds a save before its copy.
+  using ReserveHook = std::function<void(int call)>;
+  void OnReserve(ReserveHook hook);
   // The limits Hello announces (extent alignment 4096 when 0).
   void SetLimits(const v1::Limits& limits);
 
@@ -203,6 +207,8 @@ class FakeDaemon : public std::enable_shared_from_this<FakeDaemon> {
   std::vector<Received> calls_ ABSL_GUARDED_BY(mu_);
   std::vector<v1::SaveRequest> saves_ ABSL_GUARDED_BY(mu_);
   SaveHook save_hook_ ABSL_GUARDED_BY(mu_);
+  ReserveHook reserve_hook_ ABSL_GUARDED_BY(mu_);
+  int reserve_calls_ ABSL_GUARDED_BY(mu_) = 0;
   int save_calls_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<v1::LoadRequest> loads_ ABSL_GUARDED_BY(mu_);
   std::vector<v1::ReserveExtentsRequest> reserves_ ABSL_GUARDED_BY(mu_);

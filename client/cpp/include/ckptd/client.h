@@ -53,6 +53,7 @@
 #include <iterator>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -68,6 +69,8 @@ namespace ckptd {
 
 namespace internal {
 class ClientCore;
+class AsyncSaves;
+struct AsyncSaveState;
 class ClientFactory;  // builds a Client over a given connection (tests; not part of the API)
 }  // namespace internal
 
@@ -433,6 +436,42 @@ struct ClientOptions {
   // checkpoint spans nodes, one daemon each, committed through their shared tier (needs
   // kLocalAndRemote; docs/OPERATIONS.md "Checkpoints that span nodes"). 0: all of them. Default: 0
   uint32_t local_world_size = 0;
+  // The overlapped save (SaveAsync): the threads that run its saves, at most this many at once
+  // (1..16). Default: 1
+  uint32_t save_threads = 1;
+  // The nice value (0..19) the save threads lower their CPU priority to, so the copy they make
+  // yields the cores to the training compute it overlaps; 0 keeps the caller's. Default: 10
+  int save_thread_nice = 10;
+  // How many SaveAsync saves may be queued or running at once (1..64); one more is refused with
+  // RESOURCE_EXHAUSTED naming this limit. Default: 4
+  uint32_t async_saves_max = 4;
+};
+
+// A save started by Client::SaveAsync (the overlapped save). Move-only. It reads the caller's
+// shard memory until WaitStaged() returns, so destroying (or assigning over) one that is not
+// staged yet waits for it first, as a std::future of std::async does.
+class PendingSave {
+ public:
+  PendingSave() = default;  // holds no save: WaitStaged() is FAILED_PRECONDITION
+  ~PendingSave();
+  PendingSave(PendingSave&& other) noexcept = default;
+  PendingSave& operator=(PendingSave&& other) noexcept;
+  PendingSave(const PendingSave&) = delete;
+  PendingSave& operator=(const PendingSave&) = delete;
+
+  // Blocks until this rank's save is staged (the daemon owns its bytes) and returns Save()'s
+  // answer; the same answer on every call. Only once it has returned may the caller change or
+  // free the memory of the shards it saved (with SaveAsync before optimizer.step(), call it just
+  // before the step).
+  absl::StatusOr<SaveResult> WaitStaged();
+  // Whether WaitStaged() would return at once.
+  bool staged() const;
+  bool valid() const { return state_ != nullptr; }
+
+ private:
+  friend class Client;
+  explicit PendingSave(std::shared_ptr<internal::AsyncSaveState> state);
+  std::shared_ptr<internal::AsyncSaveState> state_;
 };
 
 class Client {
@@ -462,6 +501,20 @@ class Client {
   absl::StatusOr<SaveResult> Save(const std::string& job, uint64_t step, uint32_t rank,
                                   uint32_t world_size, std::span<const TensorShard> tensors,
                                   std::span<const ObjectShard> objects = {});
+
+  // The overlapped save (docs/USER_GUIDE.md "Overlapping the save with compute"): returns at once
+  // and does what Save() does on one of this client's save threads (ClientOptions::save_threads,
+  // at the lower CPU priority save_thread_nice): the one copy of host shards into the arena, the
+  // daemon's own device-to-arena copy of GPU shards (on its low-priority streams), the Save RPC.
+  // Issue it right after the optimizer step and call WaitStaged() before the next one: the copy
+  // overlaps the forward and backward passes in between. The shards' metadata is copied here;
+  // their bytes (and borrowed object bytes) are read until WaitStaged() returns and must stay
+  // alive and unchanged until then. Saves of one client run in submission order when
+  // save_threads is 1. RESOURCE_EXHAUSTED when async_saves_max saves are already in flight;
+  // every other error (bad shards, the daemon's answers) comes from WaitStaged().
+  absl::StatusOr<PendingSave> SaveAsync(std::string job, uint64_t step, uint32_t rank,
+                                        uint32_t world_size, std::vector<TensorShard> tensors,
+                                        std::vector<ObjectShard> objects = {});
 
   // Zero-copy: reserves an arena extent of at least `bytes` for the caller to fill.
   absl::StatusOr<ArenaBuffer> Allocate(uint64_t bytes);
@@ -589,6 +642,10 @@ class Client {
   friend class internal::ClientFactory;
   explicit Client(std::unique_ptr<internal::ClientCore> core);
   std::unique_ptr<internal::ClientCore> core_;
+  // SaveAsync's threads, made by its first call; declared after core_ so that it is destroyed
+  // first: every queued save runs (against core_) before the client goes.
+  std::once_flag async_once_;
+  std::unique_ptr<internal::AsyncSaves> async_;
 };
 
 }  // namespace ckptd
