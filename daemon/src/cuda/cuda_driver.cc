@@ -58,6 +58,8 @@ Loaded Load() {
   Bind(lib, "cuMemHostRegister_v2", &a.cuMemHostRegister, &missing);
   Bind(lib, "cuMemHostUnregister", &a.cuMemHostUnregister, &missing);
   Bind(lib, "cuStreamCreate", &a.cuStreamCreate, &missing);
+  Bind(lib, "cuCtxGetStreamPriorityRange", &a.cuCtxGetStreamPriorityRange, &missing);
+  Bind(lib, "cuStreamCreateWithPriority", &a.cuStreamCreateWithPriority, &missing);
   Bind(lib, "cuStreamSynchronize", &a.cuStreamSynchronize, &missing);
   Bind(lib, "cuStreamDestroy_v2", &a.cuStreamDestroy, &missing);
   Bind(lib, "cuMemcpyDtoHAsync_v2", &a.cuMemcpyDtoHAsync, &missing);

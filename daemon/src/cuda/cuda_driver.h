@@ -56,6 +56,9 @@ struct DriverApi {
   CUresult (*cuMemHostRegister)(void*, size_t, unsigned);
   CUresult (*cuMemHostUnregister)(void*);
   CUresult (*cuStreamCreate)(CUstream*, unsigned);
+  // (leastPriority, greatestPriority) of the current context: the least is the largest number.
+  CUresult (*cuCtxGetStreamPriorityRange)(int*, int*);
+  CUresult (*cuStreamCreateWithPriority)(CUstream*, unsigned, int);
   CUresult (*cuStreamSynchronize)(CUstream);
   CUresult (*cuStreamDestroy)(CUstream);
   CUresult (*cuMemcpyDtoHAsync)(void*, CUdeviceptr, size_t, CUstream);

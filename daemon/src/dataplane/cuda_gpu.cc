@@ -141,9 +141,17 @@ class CudaGpu final : public Gpu {
         return s;
       }
     }
+    // The copies run at the device's lowest stream priority: they overlap the trainer's kernels
+    // (a save issued right after optimizer.step(), docs/USER_GUIDE.md "Overlapping the save with
+    // compute"), and the scheduler then serves the trainer's streams first.
+    int least = 0;
+    int greatest = 0;
+    absl::Status st = cuda::Check(api, api.cuCtxGetStreamPriorityRange(&least, &greatest),
+                                  "cuCtxGetStreamPriorityRange");
+    if (!st.ok()) return st;
     CUstream s = nullptr;
-    absl::Status st =
-        cuda::Check(api, api.cuStreamCreate(&s, cuda::kStreamNonBlocking), "cuStreamCreate");
+    st = cuda::Check(api, api.cuStreamCreateWithPriority(&s, cuda::kStreamNonBlocking, least),
+                     "cuStreamCreateWithPriority");
     if (!st.ok()) return st;
     return s;
   }
