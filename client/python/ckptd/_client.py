@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from . import _arrays, _ckptd
-from ._errors import FailedPreconditionError
+from ._errors import FailedPreconditionError, ResourceExhaustedError
 
 DEFAULT_SOCKET = "/var/lib/ckptd/ckptd.sock"
 _ALIGN = 4096  # slab arrays start on a page
@@ -146,6 +146,34 @@ def _contiguous_cuda(t: Any) -> Any:
     return t if t.is_contiguous() else t.contiguous()
 
 
+def _lower_priority(nice: int) -> None:
+    """A save thread's initializer: lowers this thread's CPU priority to `nice` (Linux sets a
+    thread's own nice value with PRIO_PROCESS and its native id). A refusal (a sandbox) keeps the
+    normal priority: the save is only slower to overlap."""
+    if nice > 0:
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+        except OSError:
+            pass
+
+
+def _device_events(tensors: Iterable[Any]) -> list[Any]:
+    """One CUDA event recorded on the current stream of each device these tensors are on: once
+    they completed, the work the caller queued so far (the kernels writing the tensors) is done.
+    The overlapped save waits for them on its save thread instead of synchronizing here."""
+    devices = {t.device for t in tensors}
+    if not devices:
+        return []
+    torch = _arrays.torch_module()
+    events = []
+    for device in devices:
+        with torch.cuda.device(device):
+            event = torch.cuda.Event()
+            event.record()
+            events.append(event)
+    return events
+
+
 def _sync_devices(tensors: Iterable[Any]) -> None:
     """Waits for the work queued on the devices of these CUDA tensors: the daemon's copies run on
     its own streams, unordered with this process's. Imports nothing: CUDA tensors mean torch is
@@ -205,6 +233,9 @@ class Client:
         pin_cuda: bool = False,
         tier_policy: str = "default",
         local_world_size: int = 0,
+        save_threads: int = 1,
+        save_thread_nice: int = 10,
+        async_saves_max: int = 4,
     ) -> None:
         # tier_policy: the tiers every checkpoint this client saves is made durable on —
         # "default" (the daemon's tier_policy), "local", "local+remote" (committed locally,
@@ -218,8 +249,20 @@ class Client:
         # world size makes the checkpoint span nodes, one daemon each, committed through their
         # shared tier (needs "local+remote", "remote" or "local+peer"). 0: all ranks save through
         # this daemon.
+        # save_threads, save_thread_nice, async_saves_max: the overlapped save (save(...,
+        # blocking=False)): the threads that run it (1..16; with 1, in submission order), the nice
+        # value (0..19) they lower their CPU priority to so that the copy yields the cores to the
+        # compute it overlaps (0: unchanged), and how many may be queued or running at once
+        # (1..64; one more raises ResourceExhaustedError naming the limit).
         if local_world_size < 0:
             raise ValueError(f"local_world_size {local_world_size} is negative")
+        if not (
+            1 <= save_threads <= 16 and 0 <= save_thread_nice <= 19 and 1 <= async_saves_max <= 64
+        ):
+            raise ValueError(
+                f"save_threads ({save_threads}) must be in [1, 16], save_thread_nice "
+                f"({save_thread_nice}) in [0, 19], async_saves_max ({async_saves_max}) in [1, 64]"
+            )
         path = os.fspath(socket) if socket is not None else os.environ.get("CKPTD_SOCKET", "")
         self.socket = path or DEFAULT_SOCKET
         self.wait_timeout_ms = wait_timeout_ms
@@ -240,6 +283,15 @@ class Client:
         _live.add(self)
         self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ckptd")
         self._slabs = _Slabs(self, slab_bytes)
+        self._save_pool = ThreadPoolExecutor(
+            max_workers=save_threads,
+            thread_name_prefix="ckptd-save",
+            initializer=_lower_priority,
+            initargs=(save_thread_nice,),
+        )
+        self._async_saves_max = async_saves_max
+        self._async_lock = threading.Lock()
+        self._async_in_flight = 0
 
     def _submit(self, fn: Any) -> Future[Any]:
         """fn on the client's threads; FailedPreconditionError in a process forked after the
@@ -247,6 +299,28 @@ class Client:
         if self._forked:
             raise _fork_error()
         return self._executor.submit(fn)
+
+    def _submit_save(self, fn: Any) -> Future[Any]:
+        """fn on the save threads (the overlapped save); ResourceExhaustedError when
+        async_saves_max saves are queued or running."""
+        if self._forked:
+            raise _fork_error()
+        with self._async_lock:
+            if self._async_in_flight >= self._async_saves_max:
+                raise ResourceExhaustedError(
+                    f"{self._async_in_flight} saves of this client are already in flight "
+                    f"(async_saves_max {self._async_saves_max}): wait for one's staged() first"
+                )
+            self._async_in_flight += 1
+
+        def run() -> Any:
+            try:
+                return fn()
+            finally:
+                with self._async_lock:
+                    self._async_in_flight -= 1
+
+        return self._save_pool.submit(run)
 
     @property
     def _native(self) -> Any:
@@ -359,13 +433,16 @@ class Client:
         tensor-parallel weight: ckptd.layouts). Each is copied once into the staging arena with
         the GIL released; ckptd.empty()/stage() memory is not copied at all. objects: name -> any
         picklable value (Raw(bytes) is stored unpickled); names in per_rank_objects are kept per
-        rank, others once for the job. CUDA tensors are copied by the daemon itself over CUDA IPC,
-        device to its pinned arena, before save() returns, also with blocking=False: that copy is
-        their whole stall and this process copies nothing (where the daemon cannot,
-        libckptd-client copies them, saying so once on stderr). Other device tensors are copied
-        into the arena here.
-        blocking=True returns once staged; False returns at once and stages in a thread: then wait
-        for handle.staged() before changing the tensors. The daemon commits once ranks
+        rank, others once for the job. CUDA tensors are copied by the daemon itself over CUDA
+        IPC, device to its pinned arena, on its low-priority streams: this process copies
+        nothing (where the daemon cannot, libckptd-client copies them, saying so once on
+        stderr). Other device tensors are copied into the arena here, before save() returns.
+        blocking=True returns once staged. blocking=False is the overlapped save (docs/
+        USER_GUIDE.md "Overlapping the save with compute"): it returns at once and the copy runs
+        on the client's save threads (niced: save_threads, save_thread_nice) — for CUDA tensors
+        once the kernels queued so far on their devices are done — while the caller computes.
+        Call handle.staged().result() before changing the tensors (before optimizer.step()): a
+        change before it may reach the checkpoint. The daemon commits once ranks
         0..world_size-1 have saved."""
         specs: list[tuple[Any, ...]] = []
         keep: list[Any] = []  # holds converted sources alive during the call
@@ -388,7 +465,11 @@ class Client:
             for i, (_, s) in enumerate(shards)
             if _arrays.is_cuda_tensor(s.data)
         }
-        _sync_devices(cuda.values())  # the trainer's kernels writing them are done
+        # The trainer's kernels writing them must be done before the daemon copies: now when
+        # blocking, on the save thread (events recorded now) for the overlapped save.
+        events = [] if blocking else _device_events(cuda.values())
+        if blocking:
+            _sync_devices(cuda.values())
         try:  # the device copies' buffers stay ours until the daemon takes them
             for i, (name, shard) in enumerate(shards):
                 data = device_views.get(i, cuda.get(i, shard.data))
@@ -414,6 +495,8 @@ class Client:
 
         def run() -> dict[str, Any]:
             try:
+                for event in events:
+                    event.synchronize()
                 result: dict[str, Any] = self._native.save(job, step, rank, world_size, specs, objs)
             except BaseException:
                 self.release(staged_views)
@@ -421,11 +504,15 @@ class Client:
             del keep[:]
             return result
 
-        if blocking or cuda:  # CUDA tensors: save() returns once the daemon copied them
+        if blocking:
             staged: Future[dict[str, Any]] = Future()
             staged.set_result(run())
         else:
-            staged = self._submit(run)
+            try:
+                staged = self._submit_save(run)
+            except BaseException:
+                self.release(staged_views)
+                raise
         return SaveHandle(self, job, step, staged)
 
     def wait(
@@ -531,12 +618,17 @@ class Client:
         *,
         rank: int = 0,
         prefetch: bool = False,
+        hot_direct: bool = True,
     ) -> dict[str, int]:
         """load_into, answering the daemon's counts: bytes_read (from storage),
         bytes_read_remote (of those, from the remote tier), bytes_read_peer (of those, from other
         nodes' peer stores), bytes_from_ram (copied from its RAM tier) and bytes_prefetched (read
-        into the RAM tier by this load's prefetch hint, see load())."""
-        got = self._load_into(job, step, targets, rank=rank, prefetch=prefetch)
+        into the RAM tier by this load's prefetch hint, see load()). hot_direct=False: bytes hot
+        in the RAM tier go through arena scratch (two copies) instead of being copied once
+        straight into the destinations (for comparison; see docs/USER_GUIDE.md)."""
+        got = self._load_into(
+            job, step, targets, rank=rank, prefetch=prefetch, hot_direct=hot_direct
+        )
         keys = (
             "bytes_read",
             "bytes_read_remote",
@@ -554,6 +646,7 @@ class Client:
         *,
         rank: int = 0,
         prefetch: bool = False,
+        hot_direct: bool = True,
     ) -> dict[str, Any]:
         # CUDA destinations are written by the daemon over CUDA IPC (or by the library, where IPC
         # cannot be used); a non-contiguous one through a contiguous temporary on its device.
@@ -578,7 +671,7 @@ class Client:
                 "bytes_prefetched": 0,
             }
         _sync_devices([d for _, _, d in targets if _arrays.is_cuda_tensor(d)])
-        out = self._native.load(job, step, rank, specs, prefetch)
+        out = self._native.load(job, step, rank, specs, prefetch, hot_direct)
         for dest, direct in scatter:
             dest.copy_(direct)
         for (item, _, _, n), got in zip(specs, out["item_bytes"], strict=True):
@@ -644,6 +737,7 @@ class Client:
         forked after the client was made it does nothing (the session is the parent's)."""
         if self._forked:
             return
+        self._save_pool.shutdown(wait=True)
         self._executor.shutdown(wait=True)
         self._native.close()
 

@@ -57,6 +57,7 @@ def save(
     extra: Any = None,
     socket: str | None = None,
     async_save: bool = False,
+    overlap: bool = False,
     process_group: Any = None,
     planless: bool = True,
     owns: Callable[[str], bool] | None = None,
@@ -72,7 +73,11 @@ def save(
     the group, or by the ranks `owns(fqn)` names (ckptd.torch.LocalPlanner). planless=False: DCP's
     collective planning. Blocking: returns once COMMITTED, with DCP's Metadata (planless: of
     this rank's own items). async_save=True: returns dcp.async_save's future once the state is
-    staged (copied into the daemon's arena); it completes at COMMITTED."""
+    staged (copied into the daemon's arena); it completes at COMMITTED. overlap=True (the
+    overlapped save; call it right after optimizer.step()): returns at once DCP's
+    AsyncSaveResponse — the state is staged on a background thread while forward and backward
+    run; wait for .staging_completion before the next optimizer.step() (the first change to the
+    state), and for .upload_completion (COMMITTED) before relying on the checkpoint."""
     if step is None:
         raise TypeError("ckptd.torch.save: step is required")
     if isinstance(model, Mapping):
@@ -93,6 +98,7 @@ def save(
         planner=planner,
         tier_policy=tier_policy,
         commit_timeout_ms=commit_timeout_ms,
+        async_staging=overlap,
     )
     kwargs: dict[str, Any] = {"storage_writer": writer, "process_group": process_group}
     if planless:
@@ -100,7 +106,7 @@ def save(
     with warnings.catch_warnings():
         # no_dist=True warns that it assumes one process: here it is every rank's own part
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        if async_save:
+        if async_save or overlap:
             return dcp.async_save(state, **kwargs)
         return dcp.save(state, **kwargs)
 
