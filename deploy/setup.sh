@@ -8,7 +8,7 @@ set -euo pipefail
 DEB_PKGS=(
   build-essential pkg-config cmake ninja-build
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  librocksdb-dev liburing-dev libspdlog-dev libfmt-dev catch2 libabsl-dev
+  librocksdb-dev liburing-dev libzstd-dev libspdlog-dev libfmt-dev catch2 libabsl-dev
   libcurl4-openssl-dev libssl-dev libpugixml-dev prometheus-cpp-dev
   clang-15 libfuzzer-15-dev clang-format-15 clang-tidy-15
   llvm-15  # llvm-symbolizer-15: the sanitizer tiers symbolize (and match tests/lsan.supp) with it

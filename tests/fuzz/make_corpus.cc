@@ -13,6 +13,7 @@
 #include "ckptd/v1/ckptd.pb.h"
 #include "ckptd/v1/index.pb.h"
 #include "common/align.h"
+#include "format/codec.h"
 #include "format/crc32c.h"
 #include "format/manifest.h"
 #include "format/names.h"
@@ -311,6 +312,33 @@ void LoadPlanSeeds() {
   }
 }
 
+// Codec: frames of every plane count over compressible, incompressible and short chunks (mode
+// byte 0: decode), and the chunks themselves (odd mode bytes: encode with a plane count/level).
+void CodecSeeds() {
+  ChunkEncoder encoder;
+  const std::string chunks[] = {std::string(300, '\0'), Random(257), std::string("abc"),
+                                std::string(64, '\x3c') + Random(64) + std::string(64, '\x3c')};
+  for (uint32_t planes : {1u, 2u, 4u, 8u}) {
+    for (size_t i = 0; i < std::size(chunks); ++i) {
+      std::string frame;
+      const std::string& c = chunks[i];
+      if (!encoder.Encode({reinterpret_cast<const uint8_t*>(c.data()), c.size()}, planes, &frame)
+               .ok()) {
+        std::abort();
+      }
+      const std::string tag = std::to_string(planes) + "-" + std::to_string(i);
+      Write("codec", "frame-" + tag, std::string(1, '\0') + frame);
+      Write("codec", "chunk-" + tag,
+            std::string(1, static_cast<char>(1 | ((planes == 1   ? 0
+                                                   : planes == 2 ? 1
+                                                   : planes == 4 ? 2
+                                                                 : 3)
+                                                  << 1))) +
+                c);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ckptd
 
@@ -326,5 +354,6 @@ int main(int argc, char** argv) {
   ckptd::ReshardSeeds();
   ckptd::SaveSeeds();
   ckptd::LoadPlanSeeds();
+  ckptd::CodecSeeds();
   return 0;
 }

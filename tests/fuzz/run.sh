@@ -44,7 +44,7 @@ ASAN_SYMBOLIZER_PATH=$(command -v llvm-symbolizer-15 || command -v llvm-symboliz
 export ASAN_SYMBOLIZER_PATH
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
-FUZZERS=(manifest index region reshard_spec save_request load_plan)
+FUZZERS=(manifest index region reshard_spec save_request load_plan codec)
 if printf '%s\n' "${FUZZERS[@]}" | xargs -P "$JOBS" -n 1 "$0" --one; then
   exit 0
 fi

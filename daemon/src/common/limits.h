@@ -131,6 +131,19 @@ static_assert((kChecksumBlockBytesMin & (kChecksumBlockBytesMin - 1)) == 0);
 static_assert((kChecksumBlockBytesMax & (kChecksumBlockBytesMax - 1)) == 0);
 static_assert(kChecksumBlockBytesMin <= kChecksumBlockBytesMax);
 
+// --- the chunk codec (format/codec.h: byte grouping + zstd for the remote and peer tiers) ---
+// Decoded bytes of one encoded chunk: a frame that claims more is DATA_LOSS before anything is
+// allocated. The largest checksum block, so a chunk can be one block of a shard.
+inline constexpr uint64_t kCodecChunkBytesMax = kChecksumBlockBytesMax;
+// zstd levels an operator may choose (negative levels are zstd's fastest; 19 its slowest that
+// keeps the window at or under a chunk).
+inline constexpr int kCodecZstdLevelMin = -7;
+inline constexpr int kCodecZstdLevelMax = 19;
+// Decoding refuses a zstd frame whose window is larger than 2^this (a chunk's size): memory a
+// corrupt or hostile frame can make the decoder take stays bounded.
+inline constexpr int kCodecZstdWindowLogMax = 24;
+static_assert((uint64_t{1} << kCodecZstdWindowLogMax) == kCodecChunkBytesMax);
+
 // --- bounded workers (common/worker_pool.h, io/reader_pool.h) ---
 // Every pool has a fixed number of long-lived, named threads and a bounded queue; a full queue
 // either blocks the submitter (backpressure) or answers RESOURCE_EXHAUSTED, as each use chooses.
