@@ -177,6 +177,7 @@ absl::Status ValidateRanges(const DaemonOptions& o) {
   }
   CKPTD_RETURN_IF_ERROR(Range("ram_tier_bytes_max", o.ram_tier_bytes_max, 0, o.staging_bytes_max));
   CKPTD_RETURN_IF_ERROR(Range("ram_tier_keep_per_job", o.ram_tier_keep_per_job, 0, 64));
+  CKPTD_RETURN_IF_ERROR(Range("hot_lease_ms", o.hot_lease_ms, 1, 3'600'000));
   CKPTD_RETURN_IF_ERROR(Range("stage_timeout_ms", o.stage_timeout_ms, 100, 604'800'000));  // 7 days
   CKPTD_RETURN_IF_ERROR(Range("reserve_timeout_ms", o.reserve_timeout_ms, 0, 3'600'000));
   CKPTD_RETURN_IF_ERROR(Range("io_queue_depth", o.io_queue_depth, 1, limits::kIoQueueDepthMax));

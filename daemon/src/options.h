@@ -55,6 +55,9 @@ struct DaemonOptions {
   uint64_t ram_tier_bytes_max = 0;
   // Hot checkpoints kept per job (its newest steps); 0 turns the RAM tier off. Default: 1
   uint32_t ram_tier_keep_per_job = 1;
+  // A hot lease (a load's hot bytes the client copies itself) ends this long after it was
+  // granted if the client has not released it (1 ms to 1 hour). Default: 60000
+  uint64_t hot_lease_ms = 60000;
   // mlock() the arena's resident pages (MLOCK_ONFAULT) so they are never swapped. Default: false
   bool staging_mlock = false;
   // A checkpoint still short of ranks this long after its first Save is ABORTED.

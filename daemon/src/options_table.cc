@@ -140,6 +140,11 @@ const std::vector<OptionDef>& OptionDefs() {
        "at most this many arena bytes hold hot checkpoints (0: up to the whole arena); staging "
        "always evicts them first",
        IntField(&O::ram_tier_bytes_max, "ram_tier_bytes_max")},
+      {"hot_lease_ms", "how long a client may copy hot bytes itself",
+       "a load from the RAM tier into the caller's own memory hands the client where the hot "
+       "bytes lie in its arena segment, pinned by a lease; a lease the client has not released "
+       "ends this long after it was granted (its bytes may then be reused)",
+       IntField(&O::hot_lease_ms, "hot_lease_ms")},
       {"stage_timeout_ms", "abort checkpoints short of ranks after this",
        "abort a checkpoint still short of ranks this long after its first save",
        IntField(&O::stage_timeout_ms, "stage_timeout_ms")},

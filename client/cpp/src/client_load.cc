@@ -1,6 +1,9 @@
 // Client: the load path. Load() and LoadInPlace() go through BatchedLoad: one batching policy
 // (BatchBytes), one Load RPC per batch, two in flight; the daemon writes into arena scratch (copied
-// or scattered once into the caller's memory) or straight into daemon-visible destinations.
+// or scattered once into the caller's memory) or straight into daemon-visible destinations. Bytes
+// hot in the RAM tier in this uid's own segment are not copied into scratch: the daemon answers
+// where they lie and the library copies them once into the caller's memory, verifying as it
+// copies (hot_spans.h); items whose blocks do not verify are loaded again without that.
 // LoadObject(s)/LoadAll() are built on Load.
 #include <algorithm>
 #include <memory>
@@ -10,6 +13,7 @@
 #include "ckptd/client.h"
 #include "client_core.h"
 #include "convert.h"
+#include "hot_spans.h"
 #include "shard_check.h"
 
 namespace ckptd {
@@ -120,6 +124,9 @@ struct Piece {
   const StridedView* strided = nullptr;  // strided caller memory
   int device = -1;  // >= 0: dest is GPU memory the library copies the scratch into (fallback)
   bool via_arena() const { return bytes > 0 && !in_daemon.has_value() && !gpu_dest.has_value(); }
+  // The library may copy it straight from a hot copy in the arena (LoadItemRequest.hot_direct):
+  // contiguous host memory it would otherwise copy scratch into.
+  bool direct_ok() const { return via_arena() && strided == nullptr && device < 0 && dest; }
 };
 
 // One Load RPC: its pieces, their arena scratch, the call in flight.
@@ -196,6 +203,7 @@ class BatchedLoad {
       absl::Status finished = Finish(*batches_[i]);
       if (status.ok()) status = finished;
     }
+    if (status.ok() && !again_.empty()) status = LoadAgain(target_count);
     if (!status.ok()) return status;
     return std::move(result_);
   }
@@ -258,6 +266,7 @@ class BatchedLoad {
       if (p.via_arena()) {
         item->mutable_dest()->set_extent_id(b.scratch[next++].id);
         item->mutable_dest()->set_length(p.bytes);
+        item->set_hot_direct(options_.hot_direct && p.direct_ok());
       } else if (p.gpu_dest.has_value()) {
         *item->mutable_dest() = *p.gpu_dest;
       } else if (p.in_daemon.has_value()) {
@@ -283,16 +292,28 @@ class BatchedLoad {
     if (!b.started) return absl::OkStatus();
     b.done.WaitForNotification();
     absl::Status s = core_.Convert("Load", core_.rpc_timeout_ms(), b.status);
+    if (absl::IsResourceExhausted(s) && AskedHot(b)) {
+      // The session holds its most hot leases (other threads' loads, limits.h): these pieces go
+      // the daemon's way instead (LoadAgain).
+      again_.insert(again_.end(), b.pieces.begin(), b.pieces.end());
+      ReleaseScratch(b);
+      return absl::OkStatus();
+    }
     absl::StatusOr<std::vector<uint64_t>> written =
         s.ok() ? ItemBytes(b.req, b.resp) : absl::StatusOr<std::vector<uint64_t>>(s);
+    bool hot_ok = true;
     if (written.ok()) {
+      result_.bytes_from_ram += b.resp.bytes_from_ram();
+      hot_ok = CopyHot(b);
       size_t next = 0;
       for (size_t k = 0; k < b.pieces.size(); ++k) {
         const Piece& p = pieces_[b.pieces[k]];
         const uint64_t got = (*written)[k];
-        result_.item_bytes[p.target] += got;
+        const bool hot = b.resp.items(static_cast<int>(k)).hot_direct();
+        if (hot_ok || !hot) result_.item_bytes[p.target] += got;  // else LoadAgain counts it
         if (!p.via_arena()) continue;
         const MappedExtent& e = b.scratch[next++];
+        if (hot) continue;  // CopyHot's
         if (p.device >= 0) {
           internal::CountGpuFallback(got);
           absl::Status copied = internal::GpuRegions::CopyToDevice(p.dest, e.data, got, p.device);
@@ -310,21 +331,91 @@ class BatchedLoad {
       result_.bytes_read += b.resp.bytes_read();
       result_.bytes_read_remote += b.resp.bytes_read_remote();
       result_.bytes_read_peer += b.resp.bytes_read_peer();
-      result_.bytes_from_ram += b.resp.bytes_from_ram();
       result_.bytes_prefetched += b.resp.bytes_prefetched();
       result_.bytes_needed += b.resp.bytes_needed();
       result_.bytes_needed_aligned += b.resp.bytes_needed_aligned();
     }
-    ReleaseScratch(b);
+    ReleaseScratch(b, /*hot_mismatch=*/!hot_ok);
     return written.status();
   }
 
-  void ReleaseScratch(Batch& b) {
+  void ReleaseScratch(Batch& b, bool hot_mismatch = false) {
     std::vector<uint64_t> ids;
     ids.reserve(b.scratch.size());
     for (const MappedExtent& e : b.scratch) ids.push_back(e.id);
-    core_.ReleaseQuietly(session_, ids);  // the daemon frees them at Goodbye too
     b.scratch.clear();
+    if (b.resp.hot_lease_id() == 0) {
+      core_.ReleaseQuietly(session_, ids);  // the daemon frees them at Goodbye too
+      return;
+    }
+    // The hot lease with the scratch, in one call; failing leaks nothing for long: the daemon
+    // ends the lease when the session ends or hot_lease_ms passes.
+    v1::ReleaseExtentsRequest req;
+    req.set_session_id(session_.session_id);
+    req.mutable_extent_ids()->Add(ids.begin(), ids.end());
+    if (hot_mismatch) {
+      req.add_hot_mismatch_lease_ids(b.resp.hot_lease_id());
+    } else {
+      req.add_hot_lease_ids(b.resp.hot_lease_id());
+    }
+    v1::ReleaseExtentsResponse resp;
+    (void)core_.Call("ReleaseExtents", core_.rpc_timeout_ms(),
+                     &internal::Connection::ReleaseExtents, req, &resp);
+  }
+
+  // The hot spans of a finished batch copied into the caller's memory (hot_spans.h). When a
+  // block does not verify (or the answer does not fit), every direct piece of the batch is loaded
+  // again (again_) without hot_direct, as the daemon reads a whole load from storage when its own
+  // copy from the RAM tier finds one; they leave bytes_from_ram. False when some must be.
+  bool CopyHot(const Batch& b) {
+    std::vector<internal::HotDest> dests(b.pieces.size());
+    std::vector<size_t> direct;
+    for (size_t k = 0; k < b.pieces.size(); ++k) {
+      const Piece& p = pieces_[b.pieces[k]];
+      if (!b.resp.items(static_cast<int>(k)).hot_direct()) continue;
+      direct.push_back(k);
+      if (p.direct_ok()) dests[k] = internal::HotDest{p.dest, p.bytes};  // else: refused below
+    }
+    if (direct.empty()) return true;
+    absl::StatusOr<std::vector<bool>> ok =
+        internal::CopyHotSpans(*session_.arena, b.resp, dests, internal::HotCopyThreads());
+    bool all = ok.ok();
+    for (size_t k : direct) all = all && dests[k].data != nullptr && (*ok)[k];
+    uint64_t direct_bytes = 0;
+    for (size_t k : direct) {
+      const Piece& p = pieces_[b.pieces[k]];
+      direct_bytes += p.bytes;
+      if (all) {
+        internal::CountCopy(p.bytes, /*is_load=*/true);
+      } else {
+        again_.push_back(b.pieces[k]);
+      }
+    }
+    if (!all) result_.bytes_from_ram -= std::min(result_.bytes_from_ram, direct_bytes);
+    return all;
+  }
+
+  bool AskedHot(const Batch& b) const {
+    return std::any_of(b.req.items().begin(), b.req.items().end(),
+                       [](const v1::LoadItemRequest& i) { return i.hot_direct(); });
+  }
+
+  // Loads the pieces in again_ once more through the daemon's own verified copy.
+  absl::Status LoadAgain(size_t target_count) {
+    std::vector<Piece> pieces;
+    for (size_t i : again_) pieces.push_back(pieces_[i]);
+    LoadOptions options = options_;
+    options.hot_direct = false;
+    BatchedLoad again(core_, session_, job_, step_, rank_, std::move(pieces), options);
+    absl::StatusOr<LoadResult> r = again.Run(target_count);
+    if (!r.ok()) return r.status();
+    for (size_t t = 0; t < target_count; ++t) result_.item_bytes[t] += r->item_bytes[t];
+    result_.step = r->step;
+    result_.bytes_read += r->bytes_read;
+    result_.bytes_read_remote += r->bytes_read_remote;
+    result_.bytes_read_peer += r->bytes_read_peer;
+    result_.bytes_from_ram += r->bytes_from_ram;
+    return absl::OkStatus();
   }
 
   internal::ClientCore& core_;
@@ -336,6 +427,7 @@ class BatchedLoad {
   const LoadOptions options_;
   std::vector<std::unique_ptr<Batch>> batches_;
   LoadResult result_;
+  std::vector<size_t> again_;  // pieces whose hot copy did not verify (CopyHot)
 };
 
 // The piece that is all of target `i` (its memory filled in by the caller).

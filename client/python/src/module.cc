@@ -156,7 +156,7 @@ class PyClient {
   // targets: [(item, region, view, nbytes)]; returns {step, bytes_read, item_bytes, ...}. One call
   // of the library's Load: it batches (one Load RPC per batch, two in flight) and copies.
   py::dict Load(const std::string& job, const py::object& step, uint32_t rank,
-                const py::list& targets, bool prefetch) {
+                const py::list& targets, bool prefetch, bool hot_direct) {
     std::vector<LoadTarget> ts;
     for (py::handle h : targets) {
       auto t = h.cast<py::tuple>();
@@ -176,7 +176,8 @@ class PyClient {
     absl::StatusOr<LoadResult> result;
     {
       ReleasedGil released;
-      result = client_->Load(job, s, rank, ts, LoadOptions{.prefetch = prefetch});
+      result = client_->Load(job, s, rank, ts,
+                             LoadOptions{.prefetch = prefetch, .hot_direct = hot_direct});
     }
     LoadResult r = Check(std::move(result));
     return py::dict(py::arg("step") = r.step, py::arg("bytes_read") = r.bytes_read,
@@ -357,7 +358,7 @@ void BindClientData(py::class_<PyClient>& cls) {
       .def("close", &PyClient::Close)
       .def("save", &PyClient::Save)
       .def("load", &PyClient::Load, py::arg("job"), py::arg("step"), py::arg("rank"),
-           py::arg("targets"), py::arg("prefetch") = false)
+           py::arg("targets"), py::arg("prefetch") = false, py::arg("hot_direct") = true)
       .def("load_object", &PyClient::LoadObject)
       .def("inspect", &PyClient::Inspect)
       .def("list_jobs", &PyClient::ListJobs)

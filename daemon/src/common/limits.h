@@ -49,6 +49,13 @@ inline constexpr uint64_t kSessionsPerUidMax = 1024;
 // A session must open its Attach stream within this long after Hello, or it ends.
 inline constexpr uint64_t kSessionAttachTimeoutMs = 10000;
 inline constexpr uint64_t kLoadRequestsMax = 262144;
+// Hot leases one session may hold at once (service/hot_leases.h): a client keeps two loads in
+// flight, each holding one until its bytes are copied out.
+inline constexpr uint64_t kHotLeasesPerSessionMax = 8;
+// Copies one Load may answer as hot spans (LoadResponse.hot_spans); a load with more (a finely
+// sliced region) is copied by the daemon as before, so the answer stays well under
+// kRpcMessageBytesMax.
+inline constexpr uint64_t kHotSpanCopiesMax = 262144;
 inline constexpr uint64_t kObjectBytesMax = 256 * kMiB;
 inline constexpr uint64_t kItemsPerCheckpointMax = uint64_t{16} * 1024 * 1024;
 // A tensor's element count, so byte sizes never overflow uint64.

@@ -78,6 +78,7 @@
 #include "metrics/metrics.h"
 #include "options.h"
 #include "service/checkpoints.h"
+#include "service/hot_leases.h"
 #include "service/loader.h"
 #include "service/manifest_cache.h"
 #include "service/pending_checkpoint.h"
@@ -673,6 +674,8 @@ class CheckpointService {
   RamTier ram_tier_{RamTier::Options{.bytes_max = deps_.options->ram_tier_bytes_max,
                                      .keep_per_job = deps_.options->ram_tier_keep_per_job},
                     deps_.arena, deps_.meta};
+  // Hot copies clients copy out of themselves (hot_leases.h; its own lock), per session.
+  HotLeases hot_leases_{deps_.clock, absl::Milliseconds(deps_.options->hot_lease_ms)};
   // Prefetches into the RAM tier in flight, one per checkpoint (hot.cc): a second Prefetch, or a
   // Load arriving meanwhile, waits for it instead of reading the checkpoint again.
   SingleFlight<Key> prefetches_;

@@ -32,6 +32,8 @@ void CheckpointService::Housekeeping() {
     if (n > 0)
       spdlog::info("{} sessions ended: not attached within {} ms", n,
                    limits::kSessionAttachTimeoutMs);
+    n = hot_leases_.Expire();
+    if (n > 0) spdlog::info("{} hot leases ended: not released within hot_lease_ms", n);
     MaybeCollectGarbage();
   }
 }

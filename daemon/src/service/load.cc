@@ -1,5 +1,7 @@
 // Load of CheckpointService: the catalog's side (access, "latest", the row must be COMMITTED,
 // the verified manifest from the cache or storage); the loader (loader.h) does the rest.
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "ckptd/status.h"
 #include "common/limits.h"
@@ -90,10 +92,24 @@ absl::Status CheckpointService::Load(const Caller& caller, const v1::LoadRequest
     hot = HotAfterPrefetch(key, req.prefetch(), caller.uid, tiers, *m, &prefetched);
     resp->set_bytes_prefetched(prefetched);
   }
+  // Items the client may copy out of the hot copy itself: a lease keeps it pinned until the
+  // client is done (hot_leases.h), taken first so that a session at its limit hears so before
+  // any work.
+  uint64_t lease = 0;
+  if (hot != nullptr && std::any_of(req.items().begin(), req.items().end(),
+                                    [](const v1::LoadItemRequest& i) { return i.hot_direct(); })) {
+    CKPTD_ASSIGN_OR_RETURN(lease, hot_leases_.Grant(session, key, hot));
+  }
   bool hot_failed = false;
-  absl::Status st = loader_.Load(session, *m, req, tiers, remote_.remote(),
+  absl::Status st = loader_.Load(session, caller.uid, *m, req, tiers, remote_.remote(),
                                  deps_.peers != nullptr ? deps_.peers->reader() : nullptr,
                                  hot.get(), &hot_failed, resp);
+  if (lease != 0 && (!st.ok() || resp->hot_spans_size() == 0)) {
+    (void)hot_leases_.Release(session, lease);  // nothing for the client to copy
+    resp->clear_hot_spans();
+  } else if (lease != 0) {
+    resp->set_hot_lease_id(lease);
+  }
   if (hot_failed) ram_tier_.Drop(key);  // a hot block that did not verify: never used again
   if (deps_.metrics != nullptr) {
     if (hot_failed) deps_.metrics->ChecksumFailure("ram");

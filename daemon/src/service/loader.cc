@@ -25,6 +25,7 @@
 #include "format/load_plan.h"
 #include "format/names.h"
 #include "format/region.h"
+#include "service/hot_direct.h"
 #include "spdlog/spdlog.h"
 
 namespace ckptd {
@@ -466,19 +467,53 @@ absl::Status Loader::CopyFromRam(const HotCopy& hot, const Manifest& m, const Lo
   return RunPiecesAndDeviceCopies(copy_pool_.get(), pieces, m, dst, to_device);
 }
 
-absl::Status Loader::Load(const std::string& session, const Manifest& m, const v1::LoadRequest& req,
-                          std::span<Storage* const> tiers, const Storage* remote,
-                          const Storage* peers, const HotCopy* hot, bool* hot_failed,
-                          v1::LoadResponse* resp) {
+absl::Status Loader::ServeFromRam(const HotCopy& hot, uint32_t uid, const Manifest& m,
+                                  const LoadPlan& plan, const LoadDests& dst,
+                                  const std::vector<bool>& direct_ok, LoadPlan* rest,
+                                  v1::LoadResponse* resp) const {
+  const uint32_t block = m.header.checksum_block_bytes();
+  const LoadPlan* from = &plan;
+  LoadPlan daemon_runs;
+  uint64_t direct_bytes = 0;
+  if (std::find(direct_ok.begin(), direct_ok.end(), true) != direct_ok.end()) {
+    HotDirectPlan d = PlanHotDirect(hot, uid, plan, direct_ok, block);
+    if (d.bytes > 0 && d.copies <= limits::kHotSpanCopiesMax) {
+      AddHotSpans(hot, plan, d, block, resp);
+      direct_bytes = d.bytes;
+      daemon_runs = SelectRuns(plan, 0, plan.runs.size(), [&](size_t k) { return !d.run[k]; });
+      from = &daemon_runs;
+    }
+  }
+  std::vector<bool> served;
+  uint64_t from_ram = 0;
+  absl::Status st = CopyFromRam(hot, m, *from, dst, &served, &from_ram);
+  if (!st.ok()) {
+    resp->clear_hot_spans();  // the caller reads the whole plan from storage
+    for (v1::LoadedItem& item : *resp->mutable_items()) item.set_hot_direct(false);
+    return st;
+  }
+  resp->set_bytes_from_ram(from_ram + direct_bytes);
+  *rest = SelectRuns(*from, 0, from->runs.size(), [&](size_t k) { return !served[k]; });
+  return absl::OkStatus();
+}
+
+absl::Status Loader::Load(const std::string& session, uint32_t uid, const Manifest& m,
+                          const v1::LoadRequest& req, std::span<Storage* const> tiers,
+                          const Storage* remote, const Storage* peers, const HotCopy* hot,
+                          bool* hot_failed, v1::LoadResponse* resp) {
   Storage* const own[] = {storage_};
   if (tiers.empty()) tiers = own;
   std::vector<MemoryLease> leases;  // held until the copies are done
   std::vector<PlanRequest> requests(req.items_size());
   std::vector<uint8_t*> dst(req.items_size());
   std::vector<int> device(req.items_size(), -1);
+  std::vector<bool> direct_ok(req.items_size(), false);
   for (int i = 0; i < req.items_size(); ++i) {
     CKPTD_RETURN_IF_ERROR(ResolveLoadItem(session, m, req.items(i), req.rank(), &leases,
                                           &requests[i], &dst[i], &device[i], resp->add_items()));
+    // Only scratch the client copies out of: an arena extent in host memory.
+    direct_ok[i] = req.items(i).hot_direct() && dst[i] != nullptr && device[i] < 0 &&
+                   req.items(i).dest().target_case() == v1::MemRef::kExtentId;
   }
   absl::StatusOr<LoadPlan> plan =
       PlanLoad(m, requests, LoadPlanOptions(m.header.checksum_block_bytes()));
@@ -494,12 +529,8 @@ absl::Status Loader::Load(const std::string& session, const Manifest& m, const v
   const LoadPlan* cold = &*plan;
   LoadPlan rest;
   if (hot != nullptr) {
-    std::vector<bool> served;
-    uint64_t from_ram = 0;
-    absl::Status st = CopyFromRam(*hot, m, *plan, dests, &served, &from_ram);
+    absl::Status st = ServeFromRam(*hot, uid, m, *plan, dests, direct_ok, &rest, resp);
     if (st.ok()) {
-      resp->set_bytes_from_ram(from_ram);
-      rest = SelectRuns(*plan, 0, plan->runs.size(), [&](size_t k) { return !served[k]; });
       cold = &rest;
     } else if (absl::IsDataLoss(st)) {
       // Reading storage overwrites every destination with verified bytes.

@@ -55,12 +55,15 @@ class Loader {
   // they are and copied from there (CopyFromRam), the others read from `tiers` (fastest first;
   // see ReadPlan). Fills resp's items and byte counts (not its step); bytes read from `remote` go
   // to bytes_read_remote too, from `peers` (may be null) to bytes_read_peer, those copied from
-  // `hot` to bytes_from_ram. When a hot block does
+  // `hot` (by the daemon or, for spans, the client) to bytes_from_ram. When a hot block does
   // not verify, *hot_failed is set, the error logged and the whole load read from `tiers`.
-  absl::Status Load(const std::string& session, const Manifest& m, const v1::LoadRequest& req,
-                    std::span<Storage* const> tiers, const Storage* remote, const Storage* peers,
-                    const HotCopy* hot, bool* hot_failed, v1::LoadResponse* resp)
-      ABSL_LOCKS_EXCLUDED(load_buffers_mu_);
+  // Items asking hot_direct whose bytes lie in `hot` in the segment of `uid` (the caller's) are
+  // not copied: their spans go to resp->hot_spans for the client to copy (service/hot_direct.h;
+  // the caller leases `hot` to the session while the client copies).
+  absl::Status Load(const std::string& session, uint32_t uid, const Manifest& m,
+                    const v1::LoadRequest& req, std::span<Storage* const> tiers,
+                    const Storage* remote, const Storage* peers, const HotCopy* hot,
+                    bool* hot_failed, v1::LoadResponse* resp) ABSL_LOCKS_EXCLUDED(load_buffers_mu_);
   // The runs of `plan` whose every checked block and copy lies in `hot`: their blocks verified
   // in place, then copied into `dst`; served[k] set for each (sized like plan.runs), *bytes
   // counts their bytes. DATA_LOSS when a block does not verify (destinations may then hold
@@ -87,6 +90,13 @@ class Loader {
       ABSL_LOCKS_EXCLUDED(load_buffers_mu_);
 
  private:
+  // The runs of `plan` the daemon copies from `hot` (CopyFromRam), after the client's
+  // (hot_direct items) are answered as spans; `direct_ok` per request. *rest: the runs neither
+  // serves. DATA_LOSS (no span left in resp) when a hot block does not verify.
+  absl::Status ServeFromRam(const HotCopy& hot, uint32_t uid, const Manifest& m,
+                            const LoadPlan& plan, const LoadDests& dst,
+                            const std::vector<bool>& direct_ok, LoadPlan* rest,
+                            v1::LoadResponse* resp) const;
   // Checks one requested item and its destination; fills the planner's request, the destination
   // pointer (nullptr for 0 bytes) and the answer's entry.
   absl::Status ResolveLoadItem(const std::string& session, const Manifest& m,

@@ -128,6 +128,7 @@ CheckpointService::CheckpointService(ServiceDeps deps)
             // What the session held goes; leases of operations in flight keep their memory.
             deps_.arena->ReleaseSession(id);
             deps_.regions->DropSession(id);
+            hot_leases_.DropSession(id);
           },
           deps.clock) {
   CKPTD_CHECK(deps_.clock != nullptr);

@@ -106,8 +106,28 @@ absl::Status CheckpointService::ReserveExtents(const Caller& caller,
 absl::Status CheckpointService::ReleaseExtents(const Caller& caller,
                                                const v1::ReleaseExtentsRequest& req) {
   CKPTD_ASSIGN_OR_RETURN(std::string session, SessionOf(caller, req.session_id()));
-  return deps_.arena->Release(
+  absl::Status st = deps_.arena->Release(
       session, std::span<const uint64_t>(req.extent_ids().data(), req.extent_ids().size()));
+  for (uint64_t id : req.hot_lease_ids()) {
+    absl::StatusOr<Key> key = hot_leases_.Release(session, id);
+    if (!key.ok() && st.ok()) st = key.status();
+  }
+  for (uint64_t id : req.hot_mismatch_lease_ids()) {
+    absl::StatusOr<Key> key = hot_leases_.Release(session, id);
+    if (!key.ok()) {
+      if (st.ok()) st = key.status();
+      continue;
+    }
+    // The client's copy of a hot block did not verify: never used again, as when the daemon's
+    // own copy does not (load.cc).
+    spdlog::error(
+        "{}: hot bytes {} copied did not verify (crc32c mismatch); dropped from the "
+        "RAM tier, the client is reading it from storage",
+        CkptName(key->first, key->second), DescribeCaller(caller));
+    ram_tier_.Drop(*key);
+    if (deps_.metrics != nullptr) deps_.metrics->ChecksumFailure("ram");
+  }
+  return st;
 }
 
 absl::Status CheckpointService::RegisterRegion(const Caller& caller,

@@ -36,17 +36,27 @@ HotCopy::~HotCopy() {
   arena_->Free(ids);
 }
 
-const uint8_t* HotCopy::Find(uint32_t blob, uint64_t offset, uint64_t length) const {
+size_t HotCopy::IndexOf(uint32_t blob, uint64_t offset, uint64_t length) const {
   // The last range starting at or before (blob, offset).
   auto it = std::upper_bound(ranges_.begin(), ranges_.end(), std::pair(blob, offset),
                              [](const std::pair<uint32_t, uint64_t>& k, const HotRange& r) {
                                return k < std::pair(r.blob_id, r.blob_offset);
                              });
-  if (it == ranges_.begin()) return nullptr;
+  if (it == ranges_.begin()) return ranges_.size();
   const size_t i = static_cast<size_t>(std::prev(it) - ranges_.begin());
   const HotRange& r = ranges_[i];
-  if (r.blob_id != blob || offset + length > r.blob_offset + r.length) return nullptr;
-  return at_[i] + (offset - r.blob_offset);
+  if (r.blob_id != blob || offset + length > r.blob_offset + r.length) return ranges_.size();
+  return i;
+}
+
+const uint8_t* HotCopy::Find(uint32_t blob, uint64_t offset, uint64_t length) const {
+  const size_t i = IndexOf(blob, offset, length);
+  return i < ranges_.size() ? at_[i] + (offset - ranges_[i].blob_offset) : nullptr;
+}
+
+const HotRange* HotCopy::FindRange(uint32_t blob, uint64_t offset, uint64_t length) const {
+  const size_t i = IndexOf(blob, offset, length);
+  return i < ranges_.size() ? &ranges_[i] : nullptr;
 }
 
 v1::HotRecord HotCopy::Record() const {

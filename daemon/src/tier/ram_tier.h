@@ -86,10 +86,15 @@ class HotCopy {
   // Where blob bytes [offset, offset + length) of `blob` are in the daemon's memory, when they
   // lie inside one hot range; nullptr otherwise (read them from storage).
   const uint8_t* Find(uint32_t blob, uint64_t offset, uint64_t length) const;
+  // The same as the range holding them (its uid's segment and offset), or nullptr.
+  const HotRange* FindRange(uint32_t blob, uint64_t offset, uint64_t length) const;
   uint64_t bytes() const { return bytes_; }  // of its extents
   v1::HotRecord Record() const;
 
  private:
+  // The index of the range holding the bytes; ranges_.size() when none does.
+  size_t IndexOf(uint32_t blob, uint64_t offset, uint64_t length) const;
+
   StagingArena* const arena_;
   std::vector<HotRange> ranges_;    // sorted by (blob_id, blob_offset), disjoint
   std::vector<const uint8_t*> at_;  // at_[i]: where ranges_[i]'s first byte is mapped

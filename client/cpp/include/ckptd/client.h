@@ -371,6 +371,12 @@ struct LoadOptions {
   // finds it hot. With the RAM tier off, or a checkpoint beyond its budget, the load reads
   // storage as without it. Default: false
   bool prefetch = false;
+  // Where bytes are hot in the daemon's RAM tier in this uid's own arena segment, copy them from
+  // there straight into contiguous caller memory (one copy, each checksum block verified as it
+  // is copied; blocks that do not verify are loaded again through the daemon's verified copy).
+  // false: the daemon copies them into arena scratch and the library copies that out (two
+  // copies; for comparison). Default: true
+  bool hot_direct = true;
 };
 
 struct LoadResult {
