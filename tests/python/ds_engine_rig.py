@@ -2,7 +2,7 @@
 (ckptd.deepspeed_engine.install), for test_deepspeed_engine.py. The model, batches and engine are
 deepspeed_rig.py's (ZeRO-2, AdamW, CPU over gloo).
 
-    train:  4 steps, save_checkpoint(DIR) after steps 2 and 4 (async), then steps 5-6
+    train:  4 steps, save_checkpoint(DIR) after steps 2 and 4 (overlapped), then steps 5-6
     kill:   load_checkpoint(DIR), one step, save_checkpoint(DIR): rank 1 dies before it is staged;
             rank 0 waits for the commit (aborted) and reports DIR/latest
     resume: a fresh engine (other seed), load_checkpoint(DIR) ("latest"), then steps 5-6
@@ -49,7 +49,10 @@ def main() -> None:
     seed = 0 if args.mode == "train" else 123  # a resume must load, not start fresh
     engine = rig.engine_for(2, dp, seed)
     client = ckptd.connect(connect_timeout_ms=1000) if args.mode == "faults" else None
-    ce = ckde.install(engine, args.job, client=client)
+    # train: the overlapped save (steps 3 and 5 change the state while the saves after steps 2
+    # and 4 may still be copying; the resume's losses equal the uninterrupted run's only if each
+    # checkpoint holds the state of its save_checkpoint call)
+    ce = ckde.install(engine, args.job, client=client, overlap=args.mode == "train")
     if args.mode == "train":
         for step in (1, 2):
             rig.train_step(engine, step, rank, dp)

@@ -112,7 +112,7 @@ torch = pytest.importorskip("torch")
 
 def test_torch_overlapped_save_waits_only_for_staging(daemon: Daemon) -> None:
     """ckptd.torch.save(overlap=True) right after optimizer.step(); forward and backward run while
-    it stages; staging_completion is waited for before the next step, which then changes the
+    it stages; the next step waits for staging_completion by itself, then changes the
     parameters: the checkpoint holds the state of the save's call."""
     import ckptd.torch as ct
 
@@ -131,8 +131,9 @@ def test_torch_overlapped_save_waits_only_for_staging(daemon: Daemon) -> None:
     want = {k: v.detach().clone() for k, v in model.state_dict().items()}
     resp = ct.save(model, opt, step=5, job="py-overlap-torch", overlap=True)
     forward_backward()  # overlaps the staging
-    resp.staging_completion.result(60)
-    opt.step()  # changes every parameter
+    opt.step()  # waits for the staging first (the save's step pre-hook), then changes the state
+    assert resp.staging_completion.done()
+    assert not opt._optimizer_step_pre_hooks  # the hook removed itself
     assert any(not torch.equal(want[k], v) for k, v in model.state_dict().items())
     resp.upload_completion.result(60)
     fresh = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))

@@ -4,6 +4,8 @@ CheckpointEngine installed on an engine by one call.
     import ckptd.deepspeed_engine as ckde
     engine, *_ = deepspeed.initialize(...)
     ckde.install(engine, job="run42")                     # every rank, once
+    # or install(engine, job="run42", overlap=True): save_checkpoint returns before its copy,
+    # which overlaps forward and backward; engine.step() first waits until it is staged
     engine.save_checkpoint("ckpts")                       # returns once this rank is staged
     ...
     path, client_state = engine.load_checkpoint("ckpts")  # "latest": the newest COMMITTED one
@@ -120,13 +122,23 @@ class CkptdCheckpointEngine(CheckpointEngine):  # type: ignore[misc]
     """A DeepSpeed CheckpointEngine whose bytes go to ckptd (see the module's docstring). Made by
     install(); one per DeepSpeed engine."""
 
-    def __init__(self, engine: Any, client: Client, job: str, *, async_save: bool = True) -> None:
+    def __init__(
+        self,
+        engine: Any,
+        client: Client,
+        job: str,
+        *,
+        async_save: bool = True,
+        overlap: bool = False,
+    ) -> None:
         super().__init__(None)
         self.name = "CkptdCheckpointEngine"
         self.engine = engine
         self.client = client
         self.job = job
         self.async_save = async_save
+        self.overlap = overlap
+        self._staging: Future[dict[str, Any]] | None = None  # overlap: the last save's staging
         self._info: CheckpointCommitInfo | None = None
         self._step = 0
         self._tensors: dict[str, torch.Tensor] = {}
@@ -156,6 +168,7 @@ class CkptdCheckpointEngine(CheckpointEngine):  # type: ignore[misc]
         _write_atomically(path, json.dumps(pointer))
 
     def load(self, path: str, map_location: Any = None) -> Any:
+        self.wait_staged()  # a load writes the tensors a save may still be copying
         pointer = _read_pointer(path)
         if pointer is None:  # not ours: a file DeepSpeed's torch engine wrote
             return torch.load(path, map_location=map_location, weights_only=False)
@@ -201,6 +214,7 @@ class CkptdCheckpointEngine(CheckpointEngine):  # type: ignore[misc]
         tensors, objects = self._tensors, self._objects
         self._info, self._tensors, self._objects = None, {}, {}
         step = self._step
+        self.wait_staged()
         handle = self.client.save(
             self.job,
             step,
@@ -208,8 +222,10 @@ class CkptdCheckpointEngine(CheckpointEngine):  # type: ignore[misc]
             objects,
             rank=dist.get_rank(),
             world_size=dist.get_world_size(),
-            blocking=True,
+            blocking=not self.overlap,
         )
+        if self.overlap:
+            self._staging = handle.staged()
         committed = handle.committed()
         handled = threading.Event()
         self._last = (step, committed, handled)
@@ -226,9 +242,17 @@ class CkptdCheckpointEngine(CheckpointEngine):  # type: ignore[misc]
             handled.set()
         return handle
 
+    def wait_staged(self) -> None:
+        """overlap: blocks until the last save is staged (its tensors may change from then on),
+        raising its error; install() calls it before every engine.step() and load."""
+        staging, self._staging = self._staging, None
+        if staging is not None:
+            staging.result()
+
     def wait(self, timeout: float | None = None) -> int | None:
         """Blocks until the last save is COMMITTED and returns its step (None if none): raises
         what made it fail (AbortedError naming the ranks missing, DataLossError, ...)."""
+        self.wait_staged()
         if self._last is None:
             return None
         step, committed, handled = self._last
@@ -300,15 +324,22 @@ def install(
     *,
     client: Client | None = None,
     async_save: bool = True,
+    overlap: bool = False,
 ) -> CkptdCheckpointEngine:
     """Makes engine.save_checkpoint / load_checkpoint go through ckptd checkpoint job `job`
     (every rank, after deepspeed.initialize). client: default ckptd.connect() ($CKPTD_SOCKET;
     UnavailableError naming the socket when the daemon is down). async_save: save_checkpoint
     returns once this rank is staged and `latest` follows the daemon's commit (True), or once
-    committed (False). Returns the engine also found at engine.checkpoint_engine."""
+    committed (False). overlap (with async_save): the overlapped save — save_checkpoint returns
+    before its copy, which runs on the client's save thread while forward and backward run; the
+    next engine.step() (and a load_checkpoint) first waits until it is staged, so the state the
+    checkpoint holds is the one of the save_checkpoint call. Returns the engine also found at
+    engine.checkpoint_engine."""
+    if overlap and not async_save:
+        raise ValueError("ckptd.deepspeed_engine.install: overlap=True needs async_save=True")
     if client is None:
         client = ckptd.connect()
-    ce = CkptdCheckpointEngine(engine, client, job, async_save=async_save)
+    ce = CkptdCheckpointEngine(engine, client, job, async_save=async_save, overlap=overlap)
     engine.checkpoint_engine = ce
     original = engine.save_checkpoint
 
@@ -319,4 +350,13 @@ def install(
 
     save_checkpoint.__doc__ = original.__doc__
     engine.save_checkpoint = save_checkpoint  # this engine object only
+    if overlap:
+        original_step = engine.step
+
+        def step(*args: Any, **kwargs: Any) -> Any:
+            ce.wait_staged()  # the step changes what the last save may still be copying
+            return original_step(*args, **kwargs)
+
+        step.__doc__ = original_step.__doc__
+        engine.step = step
     return ce

@@ -76,8 +76,10 @@ def save(
     staged (copied into the daemon's arena); it completes at COMMITTED. overlap=True (the
     overlapped save; call it right after optimizer.step()): returns at once DCP's
     AsyncSaveResponse — the state is staged on a background thread while forward and backward
-    run; wait for .staging_completion before the next optimizer.step() (the first change to the
-    state), and for .upload_completion (COMMITTED) before relying on the checkpoint."""
+    run. The next optimizer.step() of `optimizer` waits for .staging_completion by itself (a
+    one-shot step pre-hook); anything else that changes the state before then (a state dict
+    passed instead of a model, a manual write) must wait for it first. .upload_completion
+    resolves at COMMITTED."""
     if step is None:
         raise TypeError("ckptd.torch.save: step is required")
     if isinstance(model, Mapping):
@@ -106,9 +108,29 @@ def save(
     with warnings.catch_warnings():
         # no_dist=True warns that it assumes one process: here it is every rank's own part
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        if async_save or overlap:
+        if overlap:
+            resp = dcp.async_save(state, **kwargs)
+            if optimizer is not None:
+                _wait_before_next_step(optimizer, resp.staging_completion)
+            return resp
+        if async_save:
             return dcp.async_save(state, **kwargs)
         return dcp.save(state, **kwargs)
+
+
+def _wait_before_next_step(optimizer: torch.optim.Optimizer, staged: Any) -> None:
+    """The overlapped save's safety: the optimizer's next step() first waits until the save is
+    staged (raising its error), since that step is the first change to the state it copies; the
+    hook then removes itself."""
+    hook: Any = None
+
+    def wait(*_: Any) -> None:
+        try:
+            staged.result()
+        finally:
+            hook.remove()
+
+    hook = optimizer.register_step_pre_hook(wait)
 
 
 def load(
