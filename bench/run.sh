@@ -9,6 +9,8 @@
 #   BENCH_TRAIN_SYSTEMS=...  the training loop (default: all of train_bench.py, ckptd_zoc and
 #                            dcp_zoc included: DCP's two-future recipe, ckptd against DefaultStager)
 #   BENCH_TRAIN_ROUNDS=8 BENCH_TRAIN_EVERY=5    the training-loop overhead (blocks of 5 steps)
+#   BENCH_EVERY_ROUNDS=5 BENCH_EVERY_STEPS=10 BENCH_EVERY_SYSTEMS=...  checkpointing every step
+#                            and every 10 steps: runs of 10 steps, overhead per step (every_step)
 #   BENCH_REPS=3                               repetitions of ckptd's saves/loads and of memcpy
 #   BENCH_REMOTE_GB=1 BENCH_REMOTE_ROUNDS=3   the remote tier on S3 (bench/remote_bench.py: a local
 #                            SeaweedFS `weed` on loopback; ckptd's upload/download/resharded load
@@ -55,7 +57,7 @@
 #   BENCH_PLANNING_WORLDS=16,128,1000,10000 BENCH_PLANNING_TENSORS=16   DCP's coordination cost
 #                            per rank and on the coordinator (rank 0) at simulated world sizes, DCP's
 #                            own writer/reader against ckptd.torch's (bench/planning_scale_bench.py)
-#   BENCH_ONLY=all|planner|save_validate|reshard|ckpt|commit|restore|cold|warm|resume|replicated|train|remote|cluster|peer
+#   BENCH_ONLY=all|planner|save_validate|reshard|ckpt|commit|restore|cold|warm|resume|replicated|train|every_step|remote|cluster|peer
 #              |peer_restore|deepspeed|import|framework|planning
 #                            run one part only
 set -euo pipefail
@@ -189,6 +191,17 @@ python3 "$ROOT/bench/train_bench.py" --daemon "$BUILD/ckptd" --out "$OUT" \
   --state-dir "$STATE-train" --rounds "${BENCH_TRAIN_ROUNDS:-8}" --every "${BENCH_TRAIN_EVERY:-5}" \
   ${BENCH_TRAIN_SYSTEMS:+--systems "$BENCH_TRAIN_SYSTEMS"}
 rm -rf "$STATE-train"
+fi
+
+if [ "$ONLY" = all ] || [ "$ONLY" = every_step ]; then
+echo "bench: checkpointing every step and every 10 steps (overhead per step)"
+for every in 1 10; do
+  python3 "$ROOT/bench/train_bench.py" --daemon "$BUILD/ckptd" --out "$OUT" \
+    --state-dir "$STATE-train" --rounds "${BENCH_EVERY_ROUNDS:-5}" --every "$every" \
+    --continuous "${BENCH_EVERY_STEPS:-10}" \
+    --systems "${BENCH_EVERY_SYSTEMS:-none,ckptd,ckptd_overlap,ckptd_zoc,dcp_async,dcp_zoc}"
+  rm -rf "$STATE-train"
+done
 fi
 
 if [ "$ONLY" = all ] || [ "$ONLY" = framework ]; then

@@ -250,6 +250,44 @@ def train(rows: list[dict]) -> None:
         )
 
 
+def every_step(rows: list[dict]) -> None:
+    """train_bench.py --continuous: overhead per step of checkpointing every N steps."""
+    if not rows:
+        return
+    none = {r["round"]: r["run_s"] for r in rows if r["system"] == "none"}
+    by: dict[str, list[dict]] = defaultdict(list)
+    for r in rows:
+        if r["system"] != "none":
+            by[r["system"]].append(r)
+    first = rows[0]
+    base = statistics.median(none.values())
+    print(
+        f"Checkpoint every {first['every']} step(s): runs of {first['steps']} steps, {len(none)} "
+        f"rounds; a run without checkpoints: {base:.2f} s ({base / first['steps'] * 1000:.0f} "
+        f"ms/step); state {first['state_bytes'] / 1e6:.0f} MB."
+    )
+    print()
+    print(
+        "| system | overhead per step (median of run / same round's none - 1) "
+        "| overhead / best DCP's | save calls per step ms | wait after the steps ms |"
+    )
+    print("|---|---|---|---|---|")
+    over = {
+        system: statistics.median(r["run_s"] / none[r["round"]] - 1 for r in rs)
+        for system, rs in by.items()
+    }
+    dcp = [over[s] for s in ("dcp_async", "dcp_zoc") if s in over]
+    best = min(dcp) if dcp else None
+    for system, rs in by.items():
+        rel = over[system] / best if best else None
+        call = statistics.median(r["call_s"] for r in rs) / first["steps"]
+        wait = statistics.median(r["wait_s"] for r in rs)
+        print(
+            f"| {system} | {over[system] * 100:.1f}% | {_fmt(rel)} | {call * 1000:.0f} "
+            f"| {wait * 1000:.0f} |"
+        )
+
+
 def main() -> None:
     out = Path(sys.argv[1])
     planner(load(out / "planner.jsonl"))
@@ -259,6 +297,9 @@ def main() -> None:
     checkpoint(load(out / "ckpt.jsonl"))
     print()
     train(load(out / "train.jsonl"))
+    for every in (1, 10):
+        print()
+        every_step(load(out / f"train_every{every}.jsonl"))
     remote_rows = load(out / "remote.jsonl")
     if remote_rows:
         from remote_bench import table

@@ -10,6 +10,13 @@ checkpoint's background work: a training loop waits for it at its next checkpoin
 Overhead per checkpoint = block time - the same round's "none" block time, median over rounds.
 
 Writes one JSON line per block to --out/train.jsonl.
+
+--continuous STEPS (the every-step figures of issue 37): each system trains STEPS steps in a row,
+checkpointing every --every steps (1: every step) by its own recipe, with several checkpoints in
+flight where it allows them (--in-flight for ckptd; DCP's async_save one at a time, as its docs
+require); a run is timed from its first step to the end of its last checkpoint's background work.
+Overhead per step = (run time - the same round's "none" run) / the "none" run, median over
+rounds. Writes --out/train_every<N>.jsonl.
 """
 
 from __future__ import annotations
@@ -32,9 +39,12 @@ sys.path.insert(0, str(ROOT / "bench"))
 from ckpt_bench import fio_command, start_daemon  # noqa: E402
 
 SYSTEMS = [
-    "none", "io_floor", "ckptd", "ckptd_dcp", "ckptd_zoc", "dcp_async", "dcp_zoc", "dcp",
-    "torch_save", "bytecheckpoint"
+    "none", "io_floor", "ckptd", "ckptd_overlap", "ckptd_dcp", "ckptd_zoc", "dcp_async", "dcp_zoc",
+    "dcp", "torch_save", "bytecheckpoint"
 ]  # fmt: skip
+# ckptd_overlap: ckptd's own overlapped save (Client.save(blocking=False), issue 37 §2) issued
+# right after optimizer.step(); the copy runs on the client's niced save thread during forward and
+# backward, and the loop waits for handle.staged() only before the next optimizer.step().
 # *_zoc: DCP's "zero-overhead checkpointing" recipe. async_save returns AsyncSaveResponse; the
 # loop runs forward and backward while the state is staged and waits for staging_completion only
 # before optimizer.step(), the first thing that changes the state. ckptd_zoc stages through
@@ -86,10 +96,15 @@ def gpt(vocab: int, d: int, layers: int, heads: int, seq: int) -> Any:
 class Checkpointer:
     """One system's save, split into start (blocks the loop) and drain (waits for durability)."""
 
-    def __init__(self, system: str, base: str, sock: str, model: Any, opt: Any) -> None:
+    def __init__(
+        self, system: str, base: str, sock: str, model: Any, opt: Any, in_flight: int = 1
+    ) -> None:
         self.system, self.base, self.sock = system, base, sock
         self.model, self.opt = model, opt
-        self.pending: Any = None
+        # checkpoints whose background work is not waited for yet, oldest first; at most
+        # max_pending (ckptd: --in-flight; every other system one, its own recipe's bound)
+        self.pendings: list[Any] = []
+        self.max_pending = in_flight if system.startswith("ckptd") else 1
         self.staging: Any = None  # *_zoc: waited for before the next optimizer.step()
         self.client: Any = None
         self.stager: Any = None
@@ -99,10 +114,10 @@ class Checkpointer:
 
             cuda = torch.cuda.is_available()
             self.stager = DefaultStager(StagingOptions(cuda, True, True, cuda))
-        if system == "ckptd":
+        if system in ("ckptd", "ckptd_overlap"):
             import ckptd
 
-            self.client = ckptd.connect(sock)
+            self.client = ckptd.connect(sock, async_saves_max=max(4, in_flight))
 
     def state(self) -> dict[str, Any]:
         return {"model": self.model.state_dict(), "optim": self.opt.state_dict()}
@@ -130,11 +145,20 @@ class Checkpointer:
         import torch
         import torch.distributed.checkpoint as dcp
 
-        self.drain()
+        self.before_optimizer_step()
+        while len(self.pendings) >= self.max_pending:
+            self._finish(self.pendings.pop(0))
+        self.pending: Any = None
         path = os.path.join(self.base, self.system, f"step-{step}")
         if self.system == "ckptd":
             tensors, objects = self.flat()
             self.pending = self.client.save("train", step, tensors, objects={"rest": objects})
+        elif self.system == "ckptd_overlap":
+            tensors, objects = self.flat()
+            self.pending = self.client.save(
+                "train", step, tensors, objects={"rest": objects}, blocking=False
+            )
+            self.staging = self.pending.staged()
         elif self.system == "ckptd_dcp":
             from ckptd.torch import StorageWriter
 
@@ -174,6 +198,8 @@ class Checkpointer:
             from peers import bytecheckpoint_peer as bcp
 
             bcp.save(path, self.model, self.opt, async_save=True)
+        if self.pending is not None:
+            self.pendings.append(self.pending)
 
     def before_optimizer_step(self) -> None:
         """The zero-overhead recipe's wait: the state must be staged before it changes."""
@@ -183,16 +209,18 @@ class Checkpointer:
 
     def drain(self) -> None:
         self.before_optimizer_step()
-        if self.pending is None:
-            return
-        if self.system == "ckptd":
-            self.pending.committed().result()
+        while self.pendings:
+            self._finish(self.pendings.pop(0))
+
+    def _finish(self, pending: Any) -> None:
+        """Waits for one checkpoint's background work (durable: COMMITTED)."""
+        if self.system in ("ckptd", "ckptd_overlap"):
+            pending.committed().result()
         elif self.system == "io_floor":
-            if self.pending.wait() != 0:
+            if pending.wait() != 0:
                 raise RuntimeError("fio failed")
         else:
-            getattr(self.pending, "upload_completion", self.pending).result()
-        self.pending = None
+            getattr(pending, "upload_completion", pending).result()
 
     def close(self) -> None:
         self.drain()
@@ -276,9 +304,81 @@ def run_blocks(args: argparse.Namespace, sock: str) -> list[dict[str, Any]]:
     return rows
 
 
+def run_continuous(args: argparse.Namespace, sock: str) -> list[dict[str, Any]]:
+    """Runs of --continuous steps per system, checkpointing every --every steps (see the top);
+    the systems interleaved run by run, the order rotating every round."""
+    import torch
+
+    torch.manual_seed(0)
+    model = gpt(args.vocab, args.dim, args.layers, args.heads, args.seq)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    data = torch.randint(0, args.vocab, (16, args.batch, args.seq + 1))
+
+    def step(i: int, ck: Checkpointer | None) -> None:
+        x, y = data[i % len(data), :, :-1], data[i % len(data), :, 1:]
+        loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if ck is not None:
+            ck.before_optimizer_step()  # the overlapped recipes' one wait
+        opt.step()
+
+    for i in range(args.warmup):
+        step(i, None)
+    systems = args.systems.split(",")
+    cks = {
+        s: Checkpointer(s, args.state_dir, sock, model, opt, args.in_flight)
+        for s in systems
+        if s != "none"
+    }
+    i = args.warmup
+    for system, ck in cks.items():  # first-call costs paid once, untimed (as run_blocks)
+        ck.save(i)
+        ck.drain()
+        _cleanup(args.state_dir, sock, system)
+    rows = []
+    for r in range(args.rounds):
+        order = systems[r % len(systems) :] + systems[: r % len(systems)]
+        for system in order:
+            ck = cks.get(system)
+            t0 = time.perf_counter()
+            stall = 0.0
+            for k in range(args.continuous):
+                i += 1
+                step(i, ck)
+                if ck is not None and (k + 1) % args.every == 0:
+                    c0 = time.perf_counter()
+                    ck.save(i)  # right after optimizer.step()
+                    stall += time.perf_counter() - c0
+            steps_end = time.perf_counter()
+            if ck is not None:
+                ck.drain()
+            end = time.perf_counter()
+            row = {
+                "system": system,
+                "round": r,
+                "run_s": end - t0,
+                "call_s": stall,
+                "wait_s": end - steps_end,
+                "steps": args.continuous,
+                "every": args.every,
+                "state_bytes": state_bytes(model),
+            }
+            rows.append(row)
+            print(
+                f"  round {r} {system:<15} run {row['run_s']:6.3f} s  calls {stall:6.3f} s  "
+                f"wait after the steps {row['wait_s']:6.3f} s",
+                flush=True,
+            )
+            _cleanup(args.state_dir, sock, system)
+    for ck in cks.values():
+        ck.close()
+    return rows
+
+
 def _cleanup(state_dir: str, sock: str, system: str) -> None:
     """Removes the checkpoints a block wrote (outside the timed block)."""
-    if system in ("ckptd", "ckptd_dcp", "ckptd_zoc"):
+    if system in ("ckptd", "ckptd_overlap", "ckptd_dcp", "ckptd_zoc"):
         _delete_ckptd(sock)
     else:
         shutil.rmtree(os.path.join(state_dir, system), ignore_errors=True)
@@ -311,6 +411,8 @@ def main() -> None:
     ap.add_argument("--state-dir", default=str(ROOT / "bench" / "state-train"))
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     ap.add_argument("--daemon", default=str(ROOT / "build" / "ckptd"))
+    ap.add_argument("--continuous", type=int, default=0, help="steps per run (0: blocks)")
+    ap.add_argument("--in-flight", type=int, default=2, help="ckptd checkpoints in flight")
     args = ap.parse_args()
 
     import torch
@@ -325,12 +427,13 @@ def main() -> None:
     os.makedirs(os.path.join(args.state_dir, "ckptd"))
     daemon = start_daemon(args.daemon, os.path.join(args.state_dir, "ckptd"), 1 << 30)
     sock = os.path.join(args.state_dir, "ckptd", "ckptd.sock")
-    out = Path(args.out) / "train.jsonl"
+    name = f"train_every{args.every}.jsonl" if args.continuous else "train.jsonl"
+    out = Path(args.out) / name
     out.parent.mkdir(parents=True, exist_ok=True)
     out.unlink(missing_ok=True)
     print(f"train: torch threads {torch.get_num_threads()}", flush=True)
     try:
-        rows = run_blocks(args, sock)
+        rows = run_continuous(args, sock) if args.continuous else run_blocks(args, sock)
         with open(out, "w") as f:
             for row in rows:
                 f.write(json.dumps(row) + "\n")
