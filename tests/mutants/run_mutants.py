@@ -20,6 +20,7 @@ update the mutant here, next to the code it now plants into.
 
 Usage: tests/mutants/run_mutants.py [--only NAME[,NAME]] [--rev COMMIT] [--list] [--jobs N]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,6 +61,7 @@ UNIT_FORMAT = "tests/ckptd_unit_format"
 UNIT_DATAPLANE = "tests/ckptd_unit_dataplane"
 UNIT_SERVICE = "tests/ckptd_unit_service"
 INTEGRATION = "tests/ckptd_integration_tests"
+UNIT_CLIENT = "tests/ckptd_unit_client"
 
 MUTANTS: tuple[Mutant, ...] = (
     Mutant(
@@ -84,19 +86,19 @@ MUTANTS: tuple[Mutant, ...] = (
             Edit(
                 "daemon/src/service/commit.cc",
                 "  CKPTD_RETURN_IF_ERROR(\n"
-                "      BlobTier(policy)->PutAtomic(absl::StrCat(dir, \"/\", kManifestFileName),"
+                '      BlobTier(policy)->PutAtomic(absl::StrCat(dir, "/", kManifestFileName),'
                 " bytes));\n"
-                "  CKPTD_SYNC_POINT(\"commit.manifest_durable\");\n",
+                '  CKPTD_SYNC_POINT("commit.manifest_durable");\n',
                 "",
             ),
             Edit(
                 "daemon/src/service/commit.cc",
-                "  CKPTD_SYNC_POINT(\"commit.indexed\");\n  return absl::OkStatus();\n",
-                "  CKPTD_SYNC_POINT(\"commit.indexed\");\n"
+                '  CKPTD_SYNC_POINT("commit.indexed");\n  return absl::OkStatus();\n',
+                '  CKPTD_SYNC_POINT("commit.indexed");\n'
                 "  CKPTD_RETURN_IF_ERROR(\n"
-                "      BlobTier(policy)->PutAtomic(absl::StrCat(dir, \"/\", kManifestFileName),"
+                '      BlobTier(policy)->PutAtomic(absl::StrCat(dir, "/", kManifestFileName),'
                 " bytes));\n"
-                "  CKPTD_SYNC_POINT(\"commit.manifest_durable\");\n"
+                '  CKPTD_SYNC_POINT("commit.manifest_durable");\n'
                 "  return absl::OkStatus();\n",
             ),
         ),
@@ -123,8 +125,11 @@ MUTANTS: tuple[Mutant, ...] = (
         checks=(
             Check(UNIT_SERVICE, "lifecycle*"),
             # Catch: a comma is "or".
-            Check(INTEGRATION, "spanning nodes: a late node holding only the highest rank*,"
-                  "Client::Wait on an aborted checkpoint says why*"),
+            Check(
+                INTEGRATION,
+                "spanning nodes: a late node holding only the highest rank*,"
+                "Client::Wait on an aborted checkpoint says why*",
+            ),
         ),
     ),
     Mutant(
@@ -175,6 +180,24 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         checks=(Check(INTEGRATION, "[crash-matrix]"),),
     ),
+    Mutant(
+        name="staged-before-copy",
+        invariant="an overlapped save is staged (the caller may change its tensors) only after "
+        "its copy",
+        edits=(
+            Edit(
+                "client/cpp/src/async_saves.cc",
+                "    absl::StatusOr<SaveResult> result = entry.save();\n",
+                "    {\n"
+                "      std::lock_guard<std::mutex> early(entry.state->mu);\n"
+                "      entry.state->result = SaveResult{};\n"
+                "    }\n"
+                "    entry.state->done_cv.notify_all();\n"
+                "    absl::StatusOr<SaveResult> result = entry.save();\n",
+            ),
+        ),
+        checks=(Check(UNIT_CLIENT, "SaveAsync returns before its copy*"),),
+    ),
 )
 
 # What every mutant's checks need built (the integration tests start the daemon, ckptctl and the
@@ -187,6 +210,7 @@ TARGETS = (
     "ckptd_unit_format",
     "ckptd_unit_dataplane",
     "ckptd_unit_service",
+    "ckptd_unit_client",
 )
 CHECK_TIMEOUT_S = 900
 
@@ -199,20 +223,32 @@ def tree_files(rev: str) -> dict[str, bytes]:
     """The files to copy: the working tree as it is now (tracked + untracked-not-ignored files),
     or those of commit `rev`."""
     if rev:
-        names = subprocess.run(
-            ["git", "ls-tree", "-r", "-z", "--name-only", rev],
-            cwd=ROOT, check=True, capture_output=True,
-        ).stdout.decode().split("\0")
+        names = (
+            subprocess.run(
+                ["git", "ls-tree", "-r", "-z", "--name-only", rev],
+                cwd=ROOT,
+                check=True,
+                capture_output=True,
+            )
+            .stdout.decode()
+            .split("\0")
+        )
         out = {}
         for n in filter(None, names):
             blob = subprocess.run(["git", "show", f"{rev}:{n}"], cwd=ROOT, capture_output=True)
             if blob.returncode == 0:  # a submodule entry has no blob
                 out[n] = blob.stdout
         return out
-    listed = subprocess.run(
-        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        cwd=ROOT, check=True, capture_output=True,
-    ).stdout.decode().split("\0")
+    listed = (
+        subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     return {f: (ROOT / f).read_bytes() for f in listed if f and (ROOT / f).is_file()}
 
 
@@ -238,17 +274,28 @@ def configure(src_dir: Path, build_dir: Path) -> None:
     if (build_dir / "build.ninja").exists():
         return
     subprocess.run(
-        ["cmake", "-S", str(src_dir), "-B", str(build_dir), "-G", "Ninja",
-         "-DCMAKE_BUILD_TYPE=Release", "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG",
-         "-DCMAKE_C_FLAGS_RELEASE=-O1 -DNDEBUG"],
-        check=True, stdout=subprocess.DEVNULL,
+        [
+            "cmake",
+            "-S",
+            str(src_dir),
+            "-B",
+            str(build_dir),
+            "-G",
+            "Ninja",
+            "-DCMAKE_BUILD_TYPE=Release",
+            "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG",
+            "-DCMAKE_C_FLAGS_RELEASE=-O1 -DNDEBUG",
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
     )
 
 
 def build(build_dir: Path, jobs: int) -> None:
     r = subprocess.run(
         ["cmake", "--build", str(build_dir), "-j", str(jobs), "--target", *TARGETS],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     if r.returncode != 0:
         raise BuildError((r.stdout + r.stderr)[-4000:])
@@ -264,8 +311,11 @@ def run_check(build_dir: Path, check: Check) -> tuple[str, float]:
     try:
         r = subprocess.run(
             [str(build_dir / check.binary), check.spec],
-            cwd=build_dir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            timeout=CHECK_TIMEOUT_S, start_new_session=True,
+            cwd=build_dir,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=CHECK_TIMEOUT_S,
+            start_new_session=True,
         )
         outcome = "pass" if r.returncode == 0 else "fail"
     except subprocess.TimeoutExpired:
@@ -285,7 +335,8 @@ def apply(src_dir: Path, m: Mutant) -> dict[Path, str]:
             restore(originals)
             raise SystemExit(
                 f"mutant {m.name}: {e.path} has {found} of the text to replace, not {e.count} "
-                f"(the code moved: update tests/mutants/run_mutants.py):\n{e.old}")
+                f"(the code moved: update tests/mutants/run_mutants.py):\n{e.old}"
+            )
         p.write_text(text.replace(e.old, e.new))
     return originals
 
