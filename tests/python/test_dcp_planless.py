@@ -455,6 +455,17 @@ def test_nested_items_only_a_later_rank_holds_load_without_a_template(daemon: Da
         for param, step_value in steps.items():
             assert state[param].keys() == {"step"}, got
             assert torch.equal(state[param]["step"], step_value), got
+    # The DCP export nests the same way (its planner_data merges rank 1's mappings too).
+    import tempfile
+
+    import ckptd.formats as fmt
+    from ckptd.torch import _ids
+
+    with tempfile.TemporaryDirectory() as tmp, ckptd.connect(daemon.socket) as client:
+        fmt.export_dcp(client, _ids.encode_job("planless/nested"), 1, tmp, chunk_bytes=1 << 20)
+        got = _load_state_dict_from_keys(storage_reader=dcp.FileSystemReader(tmp))
+        assert got["optim"]["state"].keys() == steps.keys(), got
+        assert torch.equal(got["optim"]["state"]["5"]["step"], steps["5"]), got
 
 
 def test_async_save_with_a_local_planner_needs_the_writers_planner(daemon: Daemon) -> None:

@@ -14,7 +14,9 @@ Objects: torch.save bytes (what ckptd.torch and DCP imports store) are kept as t
 of plain values (client.save objects) are re-encoded with torch.save; either must load with
 torch.load(weights_only=True), because stock dcp.load unpickles byte items with
 weights_only=False. Anything else is skipped and listed. ckptd.torch's own items (__ckptd__/...)
-are not exported; its flattening mappings become the metadata's planner_data.
+are not exported; its flattening mappings become the metadata's planner_data (a planless save's
+rank 0 mappings, completed for the names only later ranks wrote from those ranks' own mappings,
+__ckptd__/dcp_planner_data.rank<r>, as ckptd.torch.StorageReader does).
 
 The export is written into a temporary directory next to DIR (each file fsync'd by the writer) and
 renamed into place once complete, so DIR never holds a partial export."""
@@ -49,7 +51,7 @@ from torch.distributed.checkpoint.planner import (
 )
 
 from .. import Client, Flat, _arrays
-from ..torch._ids import PLANNER_DATA_ITEM, RESERVED_PREFIX
+from ..torch._ids import PLANNER_DATA_ITEM, RANK_MAPPINGS_PREFIX, RESERVED_PREFIX
 from ._common import Piece, flat_start, split
 from ._dcp_metadata import METADATA_FILE
 from ._progress import Progress
@@ -192,6 +194,37 @@ def _objects(
     return objects, mappings, skipped
 
 
+def _merge_rank_mappings(
+    client: Client,
+    job: str,
+    step: int,
+    rank_items: list[str],
+    mappings: dict[str, tuple[Any, ...]],
+    missing: set[str],
+) -> None:
+    """Adds to `mappings` those of the names in `missing` that later ranks of a planless save
+    wrote, from their own mappings (rank order, read only while a name is missing). A mapping
+    object that is not plain data is passed over: its names fall back to flat ones."""
+    prefix = len(RANK_MAPPINGS_PREFIX)
+
+    def rank_of(name: str) -> int:
+        return int(name[prefix:]) if name[prefix:].isdigit() else 0
+
+    for name in sorted(rank_items, key=rank_of):
+        if not missing:
+            return
+        raw = client.load_object(job, step, name, raw=True)
+        try:
+            own = loads_plain(raw, f"job {job} step {step} object {name!r}")
+        except Exception:
+            continue
+        if isinstance(own, dict):
+            for fqn in missing & own.keys():
+                if isinstance(own[fqn], tuple):
+                    mappings[fqn] = tuple(own[fqn])
+            missing -= own.keys()
+
+
 def _check_target(target: Path, force: bool) -> None:
     if not target.exists():
         return
@@ -251,6 +284,10 @@ def export_dcp(
     items = _tensor_items(tensors, chunk_bytes)
     items += [WriteItem(index=MetadataIndex(n), type=WriteItemType.BYTE_IO) for n in objects]
     names = [r["name"] for r in tensors] + list(objects)
+    missing = {n for n in names if n not in mappings}
+    if missing:
+        ranks = [r["name"] for r in rows if r["name"].startswith(RANK_MAPPINGS_PREFIX)]
+        _merge_rank_mappings(client, job, step, ranks, mappings, missing)
     planner_data = {n: mappings.get(n, (n,)) for n in names}
     total = sum(math.prod(r["shape"]) * _arrays.ITEMSIZE[r["dtype"]] for r in tensors)
     bar = progress(total) if progress is not None else Progress("export dcp", total, quiet=True)
