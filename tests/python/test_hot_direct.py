@@ -35,14 +35,15 @@ def test_a_hot_restore_into_ordinary_arrays_and_tensors_is_exact(
     client: ckptd.Client, hot_direct: bool
 ) -> None:
     sd = state()
-    client.save("py-hot-direct", 1, sd).committed().result(60)
-    assert client.status("py-hot-direct", 1)["tiers"]["ram"]
+    job = f"py-hot-direct-{hot_direct}"
+    client.save(job, 1, sd).committed().result(60)
+    assert client.status(job, 1)["tiers"]["ram"]
     total = sum(v.nbytes for v in sd.values())
     arrays = {k: np.zeros_like(v) for k, v in sd.items()}
     tensors = {k: torch.zeros(v.shape, dtype=torch.from_numpy(v).dtype) for k, v in sd.items()}
     for dest in (arrays, tensors):
         got = client.load_into_counted(
-            "py-hot-direct", 1, [(k, None, d) for k, d in dest.items()], hot_direct=hot_direct
+            job, 1, [(k, None, d) for k, d in dest.items()], hot_direct=hot_direct
         )
         for k, v in sd.items():
             d = dest[k].numpy() if isinstance(dest[k], torch.Tensor) else dest[k]
@@ -53,7 +54,8 @@ def test_a_hot_restore_into_ordinary_arrays_and_tensors_is_exact(
 @pytest.mark.parametrize("hot_direct", [True, False])
 def test_resharded_regions_restore_exactly_from_ram(client: ckptd.Client, hot_direct: bool) -> None:
     sd = state()
-    client.save("py-hot-regions", 1, sd).committed().result(60)
+    job = f"py-hot-regions-{hot_direct}"
+    client.save(job, 1, sd).committed().result(60)
     w, big = sd["w"], sd["big"]
     box = np.zeros((100, 57), np.float32)  # rows 50..150, columns 200..257: many short runs
     flat = torch.zeros(1000, dtype=torch.float32)
@@ -63,7 +65,7 @@ def test_resharded_regions_restore_exactly_from_ram(client: ckptd.Client, hot_di
         ("w", ckptd.Flat(1234, 1000), flat),
         ("big", ckptd.Flat(len(big) - tail.size, tail.size), tail),
     ]
-    got = client.load_into_counted("py-hot-regions", 1, targets, hot_direct=hot_direct)
+    got = client.load_into_counted(job, 1, targets, hot_direct=hot_direct)
     np.testing.assert_array_equal(box, w[50:150, 200:257])
     np.testing.assert_array_equal(flat.numpy(), w.reshape(-1)[1234:2234])
     np.testing.assert_array_equal(tail, big[-tail.size :])

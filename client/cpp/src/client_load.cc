@@ -199,6 +199,11 @@ class BatchedLoad {
     result_.item_bytes.assign(target_count, 0);
     absl::Status status = Start(*batches_[0]);
     for (size_t i = 0; i < batches_.size(); ++i) {
+      // A batch that may be answered with hot spans: its answer before the next batch reserves
+      // scratch, and the scratch of its direct items (never written) released, so the next
+      // reservation never waits for hot bytes this load's own lease pins (the daemon still reads
+      // batch i+1 while the library copies batch i).
+      if (batches_[i]->started && AskedHot(*batches_[i])) ReleaseUnwritten(*batches_[i]);
       if (status.ok() && i + 1 < batches_.size()) status = Start(*batches_[i + 1]);
       absl::Status finished = Finish(*batches_[i]);
       if (status.ok()) status = finished;
@@ -339,10 +344,28 @@ class BatchedLoad {
     return written.status();
   }
 
+  // Waits for b's answer and releases the scratch of its items answered hot_direct.
+  void ReleaseUnwritten(Batch& b) {
+    b.done.WaitForNotification();
+    if (!b.status.ok() || b.resp.items_size() != b.req.items_size()) return;  // Finish's to say
+    std::vector<uint64_t> ids;
+    size_t next = 0;
+    for (size_t k = 0; k < b.pieces.size(); ++k) {
+      if (!pieces_[b.pieces[k]].via_arena()) continue;
+      MappedExtent& e = b.scratch[next++];
+      if (!b.resp.items(static_cast<int>(k)).hot_direct()) continue;
+      ids.push_back(e.id);
+      e.id = 0;  // released
+    }
+    core_.ReleaseQuietly(session_, ids);
+  }
+
   void ReleaseScratch(Batch& b, bool hot_mismatch = false) {
     std::vector<uint64_t> ids;
     ids.reserve(b.scratch.size());
-    for (const MappedExtent& e : b.scratch) ids.push_back(e.id);
+    for (const MappedExtent& e : b.scratch) {
+      if (e.id != 0) ids.push_back(e.id);
+    }
     b.scratch.clear();
     if (b.resp.hot_lease_id() == 0) {
       core_.ReleaseQuietly(session_, ids);  // the daemon frees them at Goodbye too
