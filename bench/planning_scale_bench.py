@@ -398,7 +398,10 @@ def save_planless(n: int, args: argparse.Namespace) -> dict[str, Any]:
 # --- load -------------------------------------------------------------------------------------
 def load_side(n: int, args: argparse.Namespace, tmp: str) -> list[dict[str, Any]]:
     sd1 = world(n, 1, args.tensors, args.rows, args.cols)
-    return [load_one(n, args, tmp, path, sd1) for path in ("dcp", "ckptd", "ckptd_local")]
+    paths = ("dcp", "ckptd", "ckptd_local", "ckptd_planless")
+    if not os.path.isdir(os.path.join(tmp, f"dcp-{n}")):  # --directions load: no DCP save made
+        paths = paths[1:]
+    return [load_one(n, args, tmp, path, sd1) for path in paths]
 
 
 def load_one(
@@ -453,7 +456,11 @@ def load_one(
             len(getattr(v, "chunks", [])) for v in md.state_dict_metadata.values()
         ),
     }
-    if path == "ckptd_local":  # DCP's use_collectives=False load: no gather, a barrier
+    if path in ("ckptd_local", "ckptd_planless"):
+        # ckptd_local: DCP's use_collectives=False load (rank-local parts; no gather, a barrier).
+        # ckptd_planless: ckptd.torch.load's dcp.load(..., no_dist=True) of the one manifest:
+        # each rank plans against the whole Metadata and reads its own part; no gather, no
+        # scatter, no closing all_gather.
         row.update(rank_total_ms=md_ms + local_ms, coord_total_ms=0.0, coord_gather_bytes=0)
         print(json.dumps(row), flush=True)
         return row
@@ -529,6 +536,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5, help="repetitions of each per-rank step")
     ap.add_argument("--out", default="bench/results/planning_scale.jsonl")
     ap.add_argument("--report", metavar="FILE", help="print the tables of a results file")
+    ap.add_argument("--directions", default="save,load", help="save, load or both")
     args = ap.parse_args()
     if args.report:
         with open(args.report) as f:
@@ -540,8 +548,10 @@ def main() -> None:
     start = time.process_time()
     try:
         for n in (int(x) for x in args.worlds.split(",")):
-            rows += save_side(n, args, tmp)
-            rows += load_side(n, args, tmp)
+            if "save" in args.directions:
+                rows += save_side(n, args, tmp)
+            if "load" in args.directions:
+                rows += load_side(n, args, tmp)
             shutil.rmtree(os.path.join(tmp, f"dcp-{n}"), ignore_errors=True)
     finally:
         if dist.is_initialized():

@@ -251,6 +251,42 @@ def dies_body(rank: int, world: int, sock: str) -> None:
         dist.destroy_process_group()
 
 
+def fsdp_load_body(rank: int, world: int, sock: str) -> None:
+    """ckptd.torch.save then ckptd.torch.load of an FSDP2 model and its Adam state; the load
+    (planless, the default) calls no collective: each rank plans its own reads."""
+    from torch.distributed.fsdp import fully_shard
+
+    init(rank, world)
+    try:
+        mesh = init_device_mesh("cpu", (world,))
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(
+            torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)
+        )
+        fully_shard(model, mesh=mesh)
+        opt = torch.optim.Adam(model.parameters(), lr=0.1)
+        model(torch.randn(4, 16)).sum().backward()
+        opt.step()
+        ct.save(model, opt, step=1, job="planless/fsdp", socket=sock)
+        want = {k: v.full_tensor().clone() for k, v in model.state_dict().items()}
+        want_moments = [opt.state[p]["exp_avg"].full_tensor().clone() for p in model.parameters()]
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1.0)
+        model(torch.randn(4, 16)).sum().backward()
+        opt.step()  # the optimizer state moves on too
+        with no_collectives() as called:
+            loaded = ct.load(model, opt, step=1, job="planless/fsdp", socket=sock)
+        assert called == [], called
+        assert loaded.step == 1
+        for k, v in model.state_dict().items():
+            assert torch.equal(v.full_tensor(), want[k]), k
+        for p, m in zip(model.parameters(), want_moments, strict=True):
+            assert torch.equal(opt.state[p]["exp_avg"].full_tensor(), m)
+    finally:
+        dist.destroy_process_group()
+
+
 def optim_state(rank: int) -> dict[str, Any]:
     """Optimizer-like state: rank 0 holds param 0's, rank 1 param 5's (as a pipeline stage)."""
     param = 5 * rank
@@ -343,6 +379,11 @@ def test_loads_at_another_world_size(
     saved: tuple[Daemon, Path], world: int, saved_world: int
 ) -> None:
     spawn(load_other_body, world, saved[0].socket, saved_world)
+
+
+def test_planless_load_calls_no_collective(daemon: Daemon) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+    spawn(fsdp_load_body, 2, daemon.socket)
 
 
 @pytest.mark.parametrize("saved_world", [2, 4])

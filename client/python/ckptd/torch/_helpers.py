@@ -142,11 +142,14 @@ def load(
     socket: str | None = None,
     process_group: Any = None,
     prefetch: bool = False,
+    planless: bool = True,
 ) -> Loaded:
     """Loads a checkpoint saved by save() (or by any DCP program with the same keys) into model
     and optimizer, in their current layout, and returns its step and extra. prefetch: the
     daemon's load hint (StorageReader's prefetch): the checkpoint comes into its RAM tier once
-    for all local ranks restoring it."""
+    for all local ranks restoring it. planless (the default): no collective at all — each rank
+    plans its own reads against the checkpoint's one manifest (dcp.load(..., no_dist=True));
+    planless=False: DCP's collective load planning (rank 0 gathers and scatters N plans)."""
     path = _job(job)
     client = connect(socket)  # the process-wide client the reader below uses too
     if step == "latest":
@@ -162,7 +165,9 @@ def load(
         state["optim"] = optim_sd
     if EXTRA_ITEM in names:
         state[EXTRA_ITEM] = b""
-    dcp.load(state, storage_reader=reader, process_group=process_group)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, storage_reader=reader, process_group=process_group, no_dist=planless)
     set_state_dict(
         model,
         optimizer if optimizer is not None else [],
