@@ -7,8 +7,9 @@
 // (1, 2, 4 or 8): plane p holds byte p of every whole element, so the sign+exponent bytes of
 // bf16/fp16/fp32 (highly repetitive in trained weights) sit together apart from the mantissa
 // bytes (close to random). Each plane is zstd-compressed on its own and stored compressed only
-// when that makes it smaller; otherwise raw. The n mod E bytes of a trailing partial element
-// follow the planes raw. E = 1 is plain zstd; E = 1 stored raw is the raw fallback.
+// when that makes it smaller (the encoder asks for a saving of at least 1/32); otherwise raw. The n
+// mod E bytes of a trailing partial element follow the planes raw. E = 1 is plain zstd; E = 1
+// stored raw is the raw fallback.
 //
 // Frame (all integers little-endian):
 //   0       4     magic "CKC1"
@@ -105,6 +106,9 @@ class ChunkEncoder {
   absl::Status Encode(std::span<const uint8_t> in, uint32_t planes, std::string* out);
 
  private:
+  // The plane's zstd frame written to dst (room for m bytes): its size, or 0 to store it raw.
+  absl::StatusOr<uint64_t> CompressPlane(const uint8_t* plane, uint64_t m, uint8_t* dst);
+
   struct State;
   std::unique_ptr<State> state_;
 };
