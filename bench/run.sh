@@ -199,7 +199,7 @@ for every in 1 10; do
   python3 "$ROOT/bench/train_bench.py" --daemon "$BUILD/ckptd" --out "$OUT" \
     --state-dir "$STATE-train" --rounds "${BENCH_EVERY_ROUNDS:-5}" --every "$every" \
     --continuous "${BENCH_EVERY_STEPS:-10}" \
-    --systems "${BENCH_EVERY_SYSTEMS:-none,ckptd,ckptd_overlap,ckptd_zoc,dcp_async,dcp_zoc}"
+    --systems "${BENCH_EVERY_SYSTEMS:-none,io_floor,ckptd,ckptd_overlap,ckptd_zoc,dcp_async,dcp_zoc}"
   rm -rf "$STATE-train"
 done
 fi
