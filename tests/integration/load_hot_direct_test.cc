@@ -1,7 +1,7 @@
-// One copy on restore (issue 37 §1; docs/ARCHITECTURE.md "Load"): a load from the RAM tier into
-// the caller's own memory is answered with where the hot bytes lie in the caller's arena segment
-// (LoadResponse.hot_spans) and the client copies them once, verifying as it copies. Against the
-// real daemon: exact bytes for whole items and slices; the answer's spans name the right bytes;
+// One copy on restore (issue 37 §1; docs/ARCHITECTURE.md "The load path"): a load from the RAM
+// tier into the caller's own memory is answered with where the hot bytes lie in the caller's arena
+// segment (LoadResponse.hot_spans) and the client copies them once, verifying as it copies. Against
+// the real daemon: exact bytes for whole items and slices; the answer's spans name the right bytes;
 // the lease that pins them (released, released twice, another session's, never released, past
 // the per-session limit, a delete while it is held); corrupted hot bytes are caught by the client
 // and the load still returns correct bytes.

@@ -1,7 +1,7 @@
 // Internal to libckptd-client: copying a Load answer's hot spans (LoadResponse.hot_spans; issue 37
-// §1, docs/ARCHITECTURE.md "Load") out of this process's mapping of its arena segment into the
-// caller's memory — one copy, each checksum block's crc32c computed as it is copied and compared
-// with the manifest's that the daemon sent.
+// §1, docs/ARCHITECTURE.md "The load path") out of this process's mapping of its arena segment
+// into the caller's memory — one copy, each checksum block's crc32c computed as it is copied and
+// compared with the manifest's that the daemon sent.
 //
 // The bytes read are the bytes the destination gets (a block is checksummed from the words it
 // stores, or, for a span copied in parts, from a private bounce copy the parts are then taken

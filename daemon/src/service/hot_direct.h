@@ -1,5 +1,6 @@
-// Hot bytes the client copies itself (LoadItemRequest.hot_direct; issue 37 §1; docs/ARCHITECTURE.md
-// "Load"): which runs of a load plan qualify, and the Load answer's spans for them.
+// Hot bytes the client copies itself (LoadItemRequest.hot_direct; issue 37 §1;
+// docs/ARCHITECTURE.md "The load path"): which runs of a load plan qualify, and the Load answer's
+// spans for them.
 //
 // A run qualifies when every block it checks and every byte it copies lies in one range of the
 // hot copy that is in the caller's own arena segment (`uid`: never another uid's bytes, which the

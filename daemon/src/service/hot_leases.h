@@ -1,8 +1,8 @@
 // HotLeases: the hot copies clients are copying out of themselves (issue 37 §1;
-// docs/ARCHITECTURE.md "Load"). A Load whose items ask for it (LoadItemRequest.hot_direct) answers
-// where their bytes lie in a hot copy in the caller's own arena segment instead of copying them;
-// the client then copies from its mapping of the segment. The lease keeps those bytes where they
-// are meanwhile.
+// docs/ARCHITECTURE.md "The load path"). A Load whose items ask for it
+// (LoadItemRequest.hot_direct) answers where their bytes lie in a hot copy in the caller's own
+// arena segment instead of copying them; the client then copies from its mapping of the segment.
+// The lease keeps those bytes where they are meanwhile.
 //
 // Resource: a lease holds one pin (a shared_ptr) of a RamTier HotCopy. Owner: the session that
 // loaded. What ends it, whichever comes first:
