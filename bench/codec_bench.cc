@@ -13,7 +13,7 @@
 //   adam_v    Adam's second moment: squares of such gradients (positive, wide exponents) fp32;
 //   file      --file PATH --file_dtype bf16|fp16|fp32: the raw bytes of real tensors (a model's
 //             weights written out with torch's `tensor.view(torch.uint8).numpy().tofile`).
-//   ckptd_bench_codec [--mib M] [--chunk_kib K] [--reps R] [--levels -1,1,3] [--json PATH]
+//   ckptd_bench_codec [--mib M] [--chunk_kib K] [--reps R] [--levels -1000,1] [--json PATH]
 //                     [--file PATH --file_dtype bf16]
 #include <algorithm>
 #include <chrono>
@@ -180,7 +180,7 @@ double UploadSpeedup(const Result& raw, const Result& r, double link_gbs) {
 int main(int argc, char** argv) {
   uint64_t mib = 64, chunk_kib = 4096;
   int reps = 3;
-  std::vector<int> levels = {-1, 1, 3};
+  std::vector<int> levels = {-1000, 1};
   std::string json_path, file, file_dtype = "bf16";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i], v = argv[i + 1];

@@ -48,7 +48,7 @@ void DecodeStored(std::span<const uint8_t> frame, uint8_t selector) {
 
 void EncodeChunk(std::span<const uint8_t> in, uint8_t selector) {
   const uint32_t planes = 1u << ((selector >> 1) & 3);
-  const int levels[] = {limits::kCodecZstdLevelMin, -1, 1, 3};
+  const int levels[] = {limits::kCodecZstdLevelMin, -1, 1, 3};  // min: -1000
   ChunkEncoder encoder(levels[(selector >> 3) & 3]);
   std::string frame;
   const absl::Status s = encoder.Encode(in, planes, &frame);

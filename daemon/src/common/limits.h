@@ -142,9 +142,10 @@ static_assert(kChecksumBlockBytesMin <= kChecksumBlockBytesMax);
 // Decoded bytes of one encoded chunk: a frame that claims more is DATA_LOSS before anything is
 // allocated. The largest checksum block, so a chunk can be one block of a shard.
 inline constexpr uint64_t kCodecChunkBytesMax = kChecksumBlockBytesMax;
-// zstd levels an operator may choose (negative levels are zstd's fastest; 19 its slowest that
-// keeps the window at or under a chunk).
-inline constexpr int kCodecZstdLevelMin = -7;
+// zstd levels an operator may choose: negative levels are zstd's fast ones (the codec keeps the
+// entropy coding of literals on for them, format/codec.h), 19 its slowest that keeps the window
+// at or under a chunk.
+inline constexpr int kCodecZstdLevelMin = -1000;
 inline constexpr int kCodecZstdLevelMax = 19;
 // Decoding refuses a zstd frame whose window is larger than 2^this (a chunk's size): memory a
 // corrupt or hostile frame can make the decoder take stays bounded.

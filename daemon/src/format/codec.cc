@@ -1,5 +1,8 @@
 #include "format/codec.h"
 
+// ZSTD_c_literalCompressionMode is one of zstd's experimental parameters (in the shared library;
+// its declaration needs this). Set where the library has it; ignored where it does not.
+#define ZSTD_STATIC_LINKING_ONLY
 #include <zstd.h>
 #include <zstd_errors.h>
 
@@ -201,6 +204,13 @@ ChunkEncoder::ChunkEncoder(int zstd_level) : state_(std::make_unique<State>()) {
   // The content size is what a decoder checks against its plane; our crc replaces zstd's.
   CKPTD_CHECK(!ZSTD_isError(ZSTD_CCtx_setParameter(state_->cctx, ZSTD_c_contentSizeFlag, 1)));
   CKPTD_CHECK(!ZSTD_isError(ZSTD_CCtx_setParameter(state_->cctx, ZSTD_c_checksumFlag, 0)));
+  // zstd's negative levels skip entropy coding of literals, but a byte plane's gain is in its
+  // literals (the exponent bytes' skewed histogram), not in matches: keep Huffman on, so a fast
+  // level only searches less for matches. A library without the parameter refuses it; the level
+  // then stands as zstd defines it (the frames decode the same either way).
+  if (zstd_level < 0) {
+    (void)ZSTD_CCtx_setParameter(state_->cctx, ZSTD_c_literalCompressionMode, ZSTD_ps_enable);
+  }
 }
 
 ChunkEncoder::~ChunkEncoder() { ZSTD_freeCCtx(state_->cctx); }

@@ -57,8 +57,11 @@ constexpr uint64_t CodecHeaderBytes(uint32_t planes) {
   return kCodecHeaderFixedBytes + 4 * planes + 4;
 }
 
-// The default zstd level: a fast one (bench/codec_bench.cc measures the others).
-inline constexpr int kCodecZstdLevelDefault = 1;
+// The default zstd level: a fast one (bench/codec_bench.cc measures the others). A negative level
+// keeps zstd's Huffman coding of literals (where a byte plane's gain is) and only searches less
+// for matches: on the exponent planes of bf16 weights -1000 both compresses better and encodes
+// faster than level 1 (bench/RESULTS.md "Codecs").
+inline constexpr int kCodecZstdLevelDefault = -1000;
 
 // What a frame's header says, once its checksum and limits were checked.
 struct CodecFrameInfo {
