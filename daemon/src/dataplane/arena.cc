@@ -7,6 +7,7 @@
 #include "ckptd/status.h"
 #include "common/align.h"
 #include "common/limits.h"
+#include "spdlog/spdlog.h"
 
 namespace ckptd {
 
@@ -161,8 +162,10 @@ absl::StatusOr<std::vector<ExtentInfo>> StagingArena::AllocateAllLocked(
     absl::Duration timeout) {
   const absl::Time started = absl::Now();
   absl::Time deadline = started + timeout;
-  bool waited = false;  // counted in the reservation stats when it ends
+  Budget waiting = Budget::kNone;  // the budget it waits for now (counted in waiting_*)
+  bool waited = false;             // counted in the reservation stats when it ends
   auto count_wait = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    WaitForSpaceLocked(Budget::kNone, &waiting, uid, total, deadline);  // no longer waiting
     if (!waited) return;
     ++reserve_waits_;
     reserve_wait_seconds_ += absl::ToDoubleSeconds(absl::Now() - started);
@@ -172,12 +175,12 @@ absl::StatusOr<std::vector<ExtentInfo>> StagingArena::AllocateAllLocked(
     // flush, a release), never for another uid's, and evicts nobody's hot copies.
     if (options_.uid_share_percent < 100 && charged_[uid] + total > uid_share_bytes()) {
       waited = true;
-      if (freed_.WaitWithDeadline(&mu_, deadline) && absl::Now() >= deadline) {
+      if (WaitForSpaceLocked(Budget::kUidShare, &waiting, uid, total, deadline)) {
         count_wait();
         return absl::ResourceExhaustedError(absl::StrFormat(
             "uid %d's share of the staging arena is full: it holds %d bytes reserved or staged, "
             "asked %d more, its share is %d (uid_arena_share_percent = %d of %d bytes) after "
-            "waiting %d ms",
+            "waiting %d ms (reserve_timeout_ms)",
             uid, charged_[uid], total, uid_share_bytes(), options_.uid_share_percent,
             capacity_bytes(), absl::ToInt64Milliseconds(timeout)));
       }
@@ -214,20 +217,72 @@ absl::StatusOr<std::vector<ExtentInfo>> StagingArena::AllocateAllLocked(
       if (freed_some) continue;
     }
     waited = true;
-    if (freed_.WaitWithDeadline(&mu_, deadline) && absl::Now() >= deadline) {
+    if (WaitForSpaceLocked(Budget::kArenaBytes, &waiting, uid, total, deadline)) {
       count_wait();
       return absl::ResourceExhaustedError(absl::StrFormat(
           "staging arena full: asked %d bytes in %d extents, %d bytes free of %d (largest free "
-          "range %d) after waiting %d ms",
+          "range %d) after waiting %d ms (reserve_timeout_ms); the arena holds %s",
           total, sizes.size(), free_bytes_, capacity_bytes(), LargestFreeLocked(),
-          absl::ToInt64Milliseconds(timeout)));
+          absl::ToInt64Milliseconds(timeout), HoldersTextLocked()));
     }
   }
 }
 
+bool StagingArena::WaitForSpaceLocked(Budget budget, Budget* waiting, uint32_t uid, uint64_t total,
+                                      absl::Time deadline) {
+  if (*waiting != budget) {
+    auto count = [&](Budget b, int delta) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      if (b == Budget::kArenaBytes) waiting_arena_ += delta;
+      if (b == Budget::kUidShare) waiting_share_ += delta;
+      if (b != Budget::kNone) waiting_bytes_ += delta > 0 ? total : -total;
+    };
+    count(*waiting, -1);
+    count(budget, +1);
+    *waiting = budget;
+    if (budget == Budget::kArenaBytes) {
+      spdlog::info(
+          "a reservation of {} bytes for uid {} waits for the staging arena's bytes: {} "
+          "free of {}; the arena holds {}",
+          total, uid, free_bytes_, capacity_bytes(), HoldersTextLocked());
+    } else if (budget == Budget::kUidShare) {
+      spdlog::info(
+          "a reservation of {} bytes for uid {} waits for its share of the staging "
+          "arena: it holds {} of its {} bytes (uid_arena_share_percent)",
+          total, uid, charged_[uid], uid_share_bytes());
+    }
+  }
+  if (budget == Budget::kNone) return false;
+  return freed_.WaitWithDeadline(&mu_, deadline) && absl::Now() >= deadline;
+}
+
+std::string StagingArena::HoldersText() const {
+  absl::MutexLock lock(&mu_);
+  return HoldersTextLocked();
+}
+
+std::string StagingArena::HoldersTextLocked() const {
+  uint64_t reserved = 0, staged = 0, hot = 0;
+  for (const auto& [id, e] : extents_) {
+    if (!e.daemon_owned) {
+      reserved += e.length;
+    } else if (e.charged) {
+      staged += e.length;
+    } else {
+      hot += e.length;
+    }
+  }
+  return absl::StrCat(reserved, " bytes reserved by clients, ", staged,
+                      " staged and not yet persisted (the flush queue), ", hot,
+                      " kept by the RAM tier");
+}
+
 StagingArena::ReserveWaits StagingArena::reserve_waits() const {
   absl::MutexLock lock(&mu_);
-  return ReserveWaits{.count = reserve_waits_, .seconds = reserve_wait_seconds_};
+  return ReserveWaits{.count = reserve_waits_,
+                      .seconds = reserve_wait_seconds_,
+                      .waiting_arena_bytes = waiting_arena_,
+                      .waiting_uid_share = waiting_share_,
+                      .waiting_bytes = waiting_bytes_};
 }
 
 absl::StatusOr<ExtentInfo> StagingArena::Lookup(const std::string& session, uint64_t id) const {

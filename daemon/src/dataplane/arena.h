@@ -13,8 +13,10 @@
 // Physical memory stays within staging_bytes_max: every offset range is populated in at most
 // one segment ("resident" there). A reservation makes its range resident in its uid's segment:
 // the pages are punched out of the segment that held them before (they were free, no extent
-// there) and faulted into the new one (MADV_POPULATE_WRITE), so a full /dev/shm is an error here,
-// never a SIGBUS in a client's copy. With one training uid (the usual node) the whole arena
+// there) and faulted into the new one (MADV_POPULATE_WRITE, which also zeroes them: fallocate
+// would allocate them 3x faster but leave the zeroing to the client's first write, inside its
+// save's stall), so a full /dev/shm is an error here, never a SIGBUS in a client's copy. With one
+// training uid (the usual node) the whole arena
 // becomes resident in its segment when that segment is created — what pre-faulting at start
 // did — and no reservation pays for faults again. A client may fault pages into free ranges of
 // its own segment by writing there; those are its own (charged to its memory cgroup), are
@@ -186,12 +188,26 @@ class StagingArena {
   uint64_t size_bytes() const { return options_.size_bytes; }
   uint64_t capacity_bytes() const;  // bytes extents can use
   uint64_t free_bytes() const;
-  // Reservations that had to wait for space since start (done or timed out), and their waits.
+  // Reservations that had to wait for space since start (done or timed out), and their waits;
+  // and the reservations waiting right now, by the budget that holds them back: the arena's bytes
+  // (every range is reserved, staged and not yet persisted, or hot and pinned by a load) or the
+  // uid's share (uid_arena_share_percent). A wait is never silent: it is counted here (the
+  // ckptd_reserve_waiting metric), logged once when it starts naming the budget and what holds
+  // it, and a timeout's RESOURCE_EXHAUSTED names both.
   struct ReserveWaits {
     uint64_t count = 0;
     double seconds = 0;
+    uint64_t waiting_arena_bytes = 0;  // reservations waiting now for the arena's bytes
+    uint64_t waiting_uid_share = 0;    // ... for their uid's share
+    uint64_t waiting_bytes = 0;        // the bytes they ask, together
   };
   ReserveWaits reserve_waits() const;
+  // Bytes the first segment's background faulting (Segment()) has still to fault in; 0 once it is
+  // done or when none runs. A reservation of a range it has not reached faults it itself.
+  uint64_t prefault_left_bytes() const;
+  // What holds the arena's bytes now, for a reservation's wait and its error: "<r> reserved by
+  // clients, <s> staged and not yet persisted (the flush queue), <h> kept by the RAM tier".
+  std::string HoldersText() const;
 
   // Reserves one extent per size (rounded up to 4 KiB), all or none, for `session` of `uid`, in
   // `uid`'s segment (created if needed) and resident there. Waits up to `timeout` for space; then
@@ -271,7 +287,11 @@ class StagingArena {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Punches `spans` out of the segments that held them and faults them into `uid`'s.
   absl::Status MakeResident(uint32_t uid, const std::vector<Span>& spans);
-  // The first segment's background faulting (see Segment()).
+  // MakeResident's second half: punches `spans` out of `others` and faults them into `mine`.
+  absl::Status FaultSpans(Seg* mine, const std::vector<Seg*>& others,
+                          const std::vector<Span>& spans);
+  // The first segment's background faulting (see Segment()). It pauses while a reservation faults
+  // a range in itself (reservations_faulting_), which would otherwise share the CPU with it.
   void PrefaultLoop(uint32_t uid);
   // Detaches a reserved extent from its session: freed now, or when its last lease ends.
   void ReleaseLocked(absl::flat_hash_map<uint64_t, ExtentInfo>::iterator it)
@@ -285,6 +305,12 @@ class StagingArena {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UnchargeLocked(ExtentInfo& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t LargestFreeLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string HoldersTextLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // AllocateAllLocked's wait for `budget` (kArenaBytes or kUidShare): counted in waiting_*, logged
+  // when it starts; true when the deadline passed.
+  enum class Budget { kNone, kArenaBytes, kUidShare };
+  bool WaitForSpaceLocked(Budget budget, Budget* waiting, uint32_t uid, uint64_t total,
+                          absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ArenaOptions options_;
   const SegmentJournalFn journal_;
@@ -303,6 +329,9 @@ class StagingArena {
   uint64_t free_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t reserve_waits_ ABSL_GUARDED_BY(mu_) = 0;
   double reserve_wait_seconds_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t waiting_arena_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t waiting_share_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t waiting_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // offset → (length, holder): which segment holds the pages of each range, coalesced.
   std::map<uint64_t, std::pair<uint64_t, uint32_t>> resident_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, ExtentInfo> extents_ ABSL_GUARDED_BY(mu_);
@@ -318,6 +347,7 @@ class StagingArena {
   uint32_t prefault_uid_ ABSL_GUARDED_BY(mu_) = kNobody;
   uint64_t inflight_offset_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t inflight_length_ ABSL_GUARDED_BY(mu_) = 0;
+  uint32_t reservations_faulting_ ABSL_GUARDED_BY(mu_) = 0;
   absl::CondVar inflight_done_;
 };
 

@@ -95,6 +95,21 @@ class Metrics::LevelsCollectable : public prometheus::Collectable {
     out.push_back(Total("ckptd_reserve_wait_seconds_total",
                         "Seconds reservations spent waiting for staging arena space",
                         l.reserve_wait_seconds));
+    out.push_back(GaugeFamily(
+        "ckptd_reserve_waiting",
+        "Reservations waiting for staging arena space now, by the budget that holds them back: "
+        "arena_bytes (every range reserved, staged and not yet persisted, or hot and pinned) or "
+        "uid_share (uid_arena_share_percent)",
+        {Level(static_cast<double>(l.reserve_waiting_arena_bytes), {{"budget", "arena_bytes"}}),
+         Level(static_cast<double>(l.reserve_waiting_uid_share), {{"budget", "uid_share"}})}));
+    out.push_back(GaugeFamily(
+        "ckptd_arena_prefault_left_bytes",
+        "Arena bytes the background faulting has still to fault in (0: done; a save before then "
+        "faults what it reserves itself, a slower first save)",
+        {Level(static_cast<double>(l.arena_prefault_left_bytes), {})}));
+    out.push_back(GaugeFamily("ckptd_reserve_waiting_bytes",
+                              "Bytes the reservations waiting now ask for, together",
+                              {Level(static_cast<double>(l.reserve_waiting_bytes), {})}));
     out.push_back(GaugeFamily("ckptd_sessions", "Client sessions open",
                               {Level(static_cast<double>(l.sessions), {})}));
     out.push_back(GaugeFamily("ckptd_checkpoints_in_flight",

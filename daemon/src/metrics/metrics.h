@@ -51,6 +51,11 @@ class Metrics {
     uint64_t checkpoints_in_flight = 0;
     uint64_t reserve_waits = 0;  // reservations that waited for arena space, since start
     double reserve_wait_seconds = 0;
+    // Reservations waiting now, by the budget that holds them back, and the bytes they ask.
+    uint64_t reserve_waiting_arena_bytes = 0;  // the arena's bytes
+    uint64_t reserve_waiting_uid_share = 0;    // their uid's share (uid_arena_share_percent)
+    uint64_t reserve_waiting_bytes = 0;
+    uint64_t arena_prefault_left_bytes = 0;  // the arena's background faulting, still to do
     std::vector<std::pair<std::string, uint64_t>> queued;  // (pool, calls waiting)
   };
   using LevelsFn = std::function<Levels()>;

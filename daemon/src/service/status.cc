@@ -175,6 +175,10 @@ Metrics::Levels CheckpointService::MetricLevels() const {
   const StagingArena::ReserveWaits waits = deps_.arena->reserve_waits();
   l.reserve_waits = waits.count;
   l.reserve_wait_seconds = waits.seconds;
+  l.reserve_waiting_arena_bytes = waits.waiting_arena_bytes;
+  l.reserve_waiting_uid_share = waits.waiting_uid_share;
+  l.reserve_waiting_bytes = waits.waiting_bytes;
+  l.arena_prefault_left_bytes = deps_.arena->prefault_left_bytes();
   const RamTier::Stats tier = ram_tier_.stats();
   l.ram_tier_hot_bytes = tier.hot_bytes;
   l.ram_tier_provisional_bytes = tier.provisional_bytes;
