@@ -401,7 +401,9 @@ class BatchedLoad {
     }
     if (direct.empty()) return true;
     absl::StatusOr<std::vector<bool>> ok =
-        internal::CopyHotSpans(*session_.arena, b.resp, dests, internal::HotCopyThreads());
+        session_.arena == nullptr  // never after a reservation: an answer nobody asked for
+            ? absl::InternalError("Load answered hot spans to a session with no arena mapped")
+            : internal::CopyHotSpans(*session_.arena, b.resp, dests, internal::HotCopyThreads());
     bool all = ok.ok();
     for (size_t k : direct) all = all && dests[k].data != nullptr && (*ok)[k];
     uint64_t direct_bytes = 0;
