@@ -230,55 +230,76 @@ class Checkpointer:
             self.stager.close()
 
 
+class Loop:
+    """The model, optimizer, batches and one Checkpointer per system, shared by run_blocks and
+    run_continuous: --warmup steps first (Adam state exists before the first checkpoint), then
+    one untimed checkpoint per system (first-call costs — imports, connections, thread pools,
+    mapping the arena — are paid once per job, not per checkpoint)."""
+
+    def __init__(self, args: argparse.Namespace, sock: str, in_flight: int = 1) -> None:
+        import torch
+
+        torch.manual_seed(0)
+        self.args, self.sock = args, sock
+        self.model = gpt(args.vocab, args.dim, args.layers, args.heads, args.seq)
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-4)
+        self.data = torch.randint(0, args.vocab, (16, args.batch, args.seq + 1))
+        for i in range(args.warmup):
+            self.step(i)
+        self.systems = args.systems.split(",")
+        self.cks = {
+            s: Checkpointer(s, args.state_dir, sock, self.model, self.opt, in_flight)
+            for s in self.systems
+            if s != "none"
+        }
+        if "bytecheckpoint" in self.cks:
+            from bytecheckpoint.distributed.rpc_context import setup_rpc_service
+
+            setup_rpc_service()
+        for system, ck in self.cks.items():
+            ck.save(args.warmup)
+            ck.drain()
+            _cleanup(args.state_dir, sock, system)
+
+    def step(self, i: int, ck: Checkpointer | None = None) -> None:
+        import torch
+
+        x, y = self.data[i % len(self.data), :, :-1], self.data[i % len(self.data), :, 1:]
+        loss = torch.nn.functional.cross_entropy(self.model(x).flatten(0, 1), y.flatten())
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if ck is not None:
+            ck.before_optimizer_step()  # the overlapped recipes' one wait
+        self.opt.step()
+
+    def order(self, r: int) -> list[str]:
+        """Round r's order of the systems (rotated every round)."""
+        return self.systems[r % len(self.systems) :] + self.systems[: r % len(self.systems)]
+
+    def close(self) -> None:
+        for ck in self.cks.values():
+            ck.close()
+
+
 def run_blocks(args: argparse.Namespace, sock: str) -> list[dict[str, Any]]:
     """One model and optimizer; blocks of --every steps, each block starting with one system's
     checkpoint (or none), the systems interleaved block by block so that drift on the machine
     hits all of them alike. A block is timed from the checkpoint call through the next --every
     steps to the end of that checkpoint's background work (the wait a training loop would have
     at its next checkpoint), so an asynchronous system's interference with training counts."""
-    import torch
-
-    torch.manual_seed(0)
-    model = gpt(args.vocab, args.dim, args.layers, args.heads, args.seq)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
-    data = torch.randint(0, args.vocab, (16, args.batch, args.seq + 1))
-
-    def step(i: int, ck: Checkpointer | None = None) -> None:
-        x, y = data[i % len(data), :, :-1], data[i % len(data), :, 1:]
-        loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if ck is not None:
-            ck.before_optimizer_step()
-        opt.step()
-
-    for i in range(args.warmup):  # Adam state exists before the first checkpoint
-        step(i)
-    systems = args.systems.split(",")
-    cks = {s: Checkpointer(s, args.state_dir, sock, model, opt) for s in systems if s != "none"}
-    if "bytecheckpoint" in cks:
-        from bytecheckpoint.distributed.rpc_context import setup_rpc_service
-
-        setup_rpc_service()
+    loop = Loop(args, sock)
     i = args.warmup
-    # One untimed checkpoint per system: first-call costs (imports, connections, thread pools,
-    # mapping the arena) are paid once per job, not per checkpoint.
-    for system, ck in cks.items():
-        ck.save(i)
-        ck.drain()
-        _cleanup(args.state_dir, sock, system)
     rows = []
     for r in range(args.rounds):
-        order = systems[r % len(systems) :] + systems[: r % len(systems)]
-        for system in order:
-            ck = cks.get(system)
+        for system in loop.order(r):
+            ck = loop.cks.get(system)
             i += args.every
             t0 = time.perf_counter()
             if ck is not None:
                 ck.save(i)
             call = time.perf_counter() - t0
             for k in range(args.every):
-                step(i + k, ck)
+                loop.step(i + k, ck)
             steps_end = time.perf_counter()
             if ck is not None:
                 ck.drain()
@@ -290,7 +311,7 @@ def run_blocks(args: argparse.Namespace, sock: str) -> list[dict[str, Any]]:
                 "call_s": call,
                 "wait_s": end - steps_end,
                 "steps": args.every,
-                "state_bytes": state_bytes(model),
+                "state_bytes": state_bytes(loop.model),
             }
             rows.append(row)
             print(
@@ -299,53 +320,24 @@ def run_blocks(args: argparse.Namespace, sock: str) -> list[dict[str, Any]]:
                 flush=True,
             )
             _cleanup(args.state_dir, sock, system)
-    for ck in cks.values():
-        ck.close()
+    loop.close()
     return rows
 
 
 def run_continuous(args: argparse.Namespace, sock: str) -> list[dict[str, Any]]:
     """Runs of --continuous steps per system, checkpointing every --every steps (see the top);
     the systems interleaved run by run, the order rotating every round."""
-    import torch
-
-    torch.manual_seed(0)
-    model = gpt(args.vocab, args.dim, args.layers, args.heads, args.seq)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
-    data = torch.randint(0, args.vocab, (16, args.batch, args.seq + 1))
-
-    def step(i: int, ck: Checkpointer | None) -> None:
-        x, y = data[i % len(data), :, :-1], data[i % len(data), :, 1:]
-        loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if ck is not None:
-            ck.before_optimizer_step()  # the overlapped recipes' one wait
-        opt.step()
-
-    for i in range(args.warmup):
-        step(i, None)
-    systems = args.systems.split(",")
-    cks = {
-        s: Checkpointer(s, args.state_dir, sock, model, opt, args.in_flight)
-        for s in systems
-        if s != "none"
-    }
+    loop = Loop(args, sock, args.in_flight)
     i = args.warmup
-    for system, ck in cks.items():  # first-call costs paid once, untimed (as run_blocks)
-        ck.save(i)
-        ck.drain()
-        _cleanup(args.state_dir, sock, system)
     rows = []
     for r in range(args.rounds):
-        order = systems[r % len(systems) :] + systems[: r % len(systems)]
-        for system in order:
-            ck = cks.get(system)
+        for system in loop.order(r):
+            ck = loop.cks.get(system)
             t0 = time.perf_counter()
             stall = 0.0
             for k in range(args.continuous):
                 i += 1
-                step(i, ck)
+                loop.step(i, ck)
                 # The first step of every group of --every: its checkpoint's background work then
                 # overlaps the group's other steps (as run_blocks), not just the run's end.
                 if ck is not None and k % args.every == 0:
@@ -364,7 +356,7 @@ def run_continuous(args: argparse.Namespace, sock: str) -> list[dict[str, Any]]:
                 "wait_s": end - steps_end,
                 "steps": args.continuous,
                 "every": args.every,
-                "state_bytes": state_bytes(model),
+                "state_bytes": state_bytes(loop.model),
             }
             rows.append(row)
             print(
@@ -373,8 +365,7 @@ def run_continuous(args: argparse.Namespace, sock: str) -> list[dict[str, Any]]:
                 flush=True,
             )
             _cleanup(args.state_dir, sock, system)
-    for ck in cks.values():
-        ck.close()
+    loop.close()
     return rows
 
 
