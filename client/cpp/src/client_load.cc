@@ -428,6 +428,7 @@ class BatchedLoad {
   // Loads the pieces in again_ once more through the daemon's own verified copy.
   absl::Status LoadAgain(size_t target_count) {
     std::vector<Piece> pieces;
+    pieces.reserve(again_.size());
     for (size_t i : again_) pieces.push_back(pieces_[i]);
     LoadOptions options = options_;
     options.hot_direct = false;

@@ -89,7 +89,7 @@ absl::Status ParsePlaneSizes(const uint8_t* sizes, CodecFrameInfo& info, std::st
   const uint64_t m = info.decoded_bytes / info.planes;
   uint64_t stored_total = 0;
   for (uint32_t p = 0; p < info.planes; ++p) {
-    const uint32_t stored = LoadU32(sizes + 4 * p);
+    const uint32_t stored = LoadU32(sizes + uint64_t{4} * p);
     const bool zstd = (info.zstd_planes >> p) & 1;
     if (!zstd && stored != m) {
       return FrameError(context, absl::StrFormat("raw plane %u stores %u bytes, not the %u of "
@@ -221,7 +221,7 @@ ChunkEncoder::~ChunkEncoder() { ZSTD_freeCCtx(state_->cctx); }
 // the rest when the sample does not save that much (encoding then skips most of zstd's work on
 // incompressible planes).
 constexpr uint64_t kMinSavingDivisor = 32;
-constexpr uint64_t kSampleBytes = 64 * 1024;
+constexpr uint64_t kSampleBytes = uint64_t{64} * 1024;
 constexpr uint64_t kSampleMinBytes = 8 * kSampleBytes;
 
 absl::StatusOr<uint64_t> ChunkEncoder::CompressPlane(const uint8_t* plane, uint64_t m,
@@ -279,7 +279,7 @@ absl::Status ChunkEncoder::Encode(std::span<const uint8_t> in, uint32_t planes, 
       if (m > 0) std::memcpy(frame + pos, plane, m);
     }
     zstd_planes |= compressed ? uint8_t(1u << p) : 0;
-    StoreU32(frame + kCodecHeaderFixedBytes + 4 * p, static_cast<uint32_t>(*r));
+    StoreU32(frame + kCodecHeaderFixedBytes + uint64_t{4} * p, static_cast<uint32_t>(*r));
     pos += *r;
   }
   std::memcpy(frame + pos, in.data() + m * planes, n - m * planes);  // the partial element

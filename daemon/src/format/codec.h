@@ -54,7 +54,7 @@ inline constexpr uint32_t kCodecPlanesMax = 8;
 // The fixed part of the header (before the plane sizes) and the header of a frame of E planes.
 inline constexpr uint64_t kCodecHeaderFixedBytes = 20;
 constexpr uint64_t CodecHeaderBytes(uint32_t planes) {
-  return kCodecHeaderFixedBytes + 4 * planes + 4;
+  return kCodecHeaderFixedBytes + uint64_t{4} * planes + 4;
 }
 
 // The default zstd level: a fast one (bench/codec_bench.cc measures the others). A negative level
