@@ -189,10 +189,9 @@ MUTANTS: tuple[Mutant, ...] = (
                 "client/cpp/src/async_saves.cc",
                 "    absl::StatusOr<SaveResult> result = entry.save();\n",
                 "    {\n"
-                "      std::lock_guard<std::mutex> early(entry.state->mu);\n"
+                "      absl::MutexLock early(&entry.state->mu);\n"
                 "      entry.state->result = SaveResult{};\n"
                 "    }\n"
-                "    entry.state->done_cv.notify_all();\n"
                 "    absl::StatusOr<SaveResult> result = entry.save();\n",
             ),
         ),

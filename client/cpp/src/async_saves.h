@@ -20,26 +20,25 @@
 // FAILED_PRECONDITION, so every PendingSave ends with an answer.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "ckptd/client.h"
 
 namespace ckptd::internal {
 
 // One save's answer, set once by the save thread.
 struct AsyncSaveState {
-  std::mutex mu;
-  std::condition_variable done_cv;
-  std::optional<absl::StatusOr<SaveResult>> result;  // set once: the save's answer
+  absl::Mutex mu;
+  std::optional<absl::StatusOr<SaveResult>> result ABSL_GUARDED_BY(mu);  // set once
 };
 
 class AsyncSaves {
@@ -56,27 +55,28 @@ class AsyncSaves {
       std::function<absl::StatusOr<SaveResult>()> save);
 
   // Saves queued or running now (for tests and the error message).
-  uint32_t in_flight() const;
+  uint32_t in_flight() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Entry {
     std::function<absl::StatusOr<SaveResult>()> save;
     std::shared_ptr<AsyncSaveState> state;
   };
-  void Run();
+  void Run() ABSL_LOCKS_EXCLUDED(mu_);
 
   const uint32_t threads_max_;
   const int nice_;
   const uint32_t max_in_flight_;
-  mutable std::mutex mu_;
-  std::condition_variable work_cv_;
-  std::deque<Entry> queue_;        // guarded by mu_
-  uint32_t running_ = 0;           // guarded by mu_
-  bool stopping_ = false;          // guarded by mu_
-  std::vector<std::thread> pool_;  // guarded by mu_; joined by the destructor
+  mutable absl::Mutex mu_;
+  std::deque<Entry> queue_ ABSL_GUARDED_BY(mu_);
+  uint32_t running_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::thread> pool_ ABSL_GUARDED_BY(mu_);  // joined by the destructor
 };
 
 // Blocks until `state` holds its answer, then returns it.
-absl::StatusOr<SaveResult> AwaitSave(AsyncSaveState& state);
+absl::StatusOr<SaveResult> AwaitSave(AsyncSaveState& state) ABSL_LOCKS_EXCLUDED(state.mu);
+// Whether `state` holds its answer (never blocks).
+bool SaveDone(AsyncSaveState& state) ABSL_LOCKS_EXCLUDED(state.mu);
 
 }  // namespace ckptd::internal

@@ -30,11 +30,7 @@ absl::StatusOr<SaveResult> PendingSave::WaitStaged() {
   return internal::AwaitSave(*state_);
 }
 
-bool PendingSave::staged() const {
-  if (state_ == nullptr) return false;
-  std::lock_guard<std::mutex> lock(state_->mu);
-  return state_->result.has_value();
-}
+bool PendingSave::staged() const { return state_ != nullptr && internal::SaveDone(*state_); }
 
 absl::StatusOr<PendingSave> Client::SaveAsync(std::string job, uint64_t step, uint32_t rank,
                                               uint32_t world_size, std::vector<TensorShard> tensors,

@@ -7,9 +7,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include <condition_variable>
-#include <mutex>
-
+#include "absl/synchronization/mutex.h"
 #include "client_rig.h"
 
 using namespace ckptd;
@@ -20,28 +18,27 @@ namespace {
 // Holds every ReserveExtents (so every save before its copy) until Open().
 class Gate {
  public:
-  void Wait() {
-    std::unique_lock<std::mutex> lock(mu_);
+  void Wait() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
     ++waiting_;
-    cv_.notify_all();
-    cv_.wait(lock, [this] { return open_; });
+    auto open = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return open_; };
+    mu_.Await(absl::Condition(&open));
   }
-  void Open() {
-    std::lock_guard<std::mutex> lock(mu_);
+  void Open() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
     open_ = true;
-    cv_.notify_all();
   }
   // Blocks until `n` calls are held.
-  void AwaitHeld(int n) {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return waiting_ >= n; });
+  void AwaitHeld(int n) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    auto held = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return waiting_ >= n; };
+    mu_.Await(absl::Condition(&held));
   }
 
  private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool open_ = false;
-  int waiting_ = 0;
+  absl::Mutex mu_;
+  bool open_ ABSL_GUARDED_BY(mu_) = false;
+  int waiting_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // Writes Pattern(size, seed) over `bytes` in place (the buffer the save reads stays the same).
@@ -126,10 +123,10 @@ TEST_CASE("one save thread runs SaveAsync's saves in submission order, at its lo
   options.save_thread_nice = 7;
   auto client = ConnectTo(daemon, options);
   const int base = getpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)));
-  std::mutex mu;
-  std::vector<int> nice_seen;
+  absl::Mutex mu;
+  std::vector<int> nice_seen;  // guarded by mu
   daemon->OnSave([&](int, const v1::SaveRequest&) {
-    std::lock_guard<std::mutex> lock(mu);
+    absl::MutexLock lock(&mu);
     nice_seen.push_back(getpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid))));
   });
   std::vector<std::string> bytes;
@@ -146,7 +143,7 @@ TEST_CASE("one save thread runs SaveAsync's saves in submission order, at its lo
   for (const v1::SaveRequest& req : daemon->saves()) order.push_back(req.step());
   CHECK(order == std::vector<uint64_t>{0, 1, 2, 3});
   for (uint64_t step = 0; step < 4; ++step) CHECK(daemon->Stored("job", step, "w") == bytes[step]);
-  std::lock_guard<std::mutex> lock(mu);
+  absl::MutexLock lock(&mu);
   REQUIRE(nice_seen.size() == 4);
   // The hook runs on the save thread (the fake connection calls it in place): niced to 7, or to
   // the caller's own nice value when that was already higher (setpriority never raises it here).
