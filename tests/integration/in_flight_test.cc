@@ -91,7 +91,7 @@ absl::Status SaveBig(const Daemon& d, const std::string& job, uint64_t step,
 
 }  // namespace
 
-TEST_CASE("in flight: steps 2 and 3 commit while step 1 waits; latest stays the highest step",
+TEST_CASE("in flight: steps 2 and 3 commit while step 1 waits, latest stays the highest step",
           "[integration]") {
   Daemon d;
   // Step 1 stays in flight: 3 of its 4 ranks staged (and flushed), rank 3 not yet.

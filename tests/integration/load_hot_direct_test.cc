@@ -189,7 +189,7 @@ TEST_CASE("hot direct: the answer names the hot bytes, pinned by a lease the ses
   }
 }
 
-TEST_CASE("hot direct: leases past the per-session limit are refused; unreleased ones expire",
+TEST_CASE("hot direct: leases past the per-session limit are refused, unreleased ones expire",
           "[integration]") {
   DaemonConfig config;
   config.extra_flags = {"--hot_lease_ms=1500"};
@@ -219,7 +219,7 @@ TEST_CASE("hot direct: leases past the per-session limit are refused; unreleased
   CHECK(after.hot_lease_id() != 0);
 }
 
-TEST_CASE("hot direct: corrupted hot bytes are caught by the client; the load is still exact",
+TEST_CASE("hot direct: corrupted hot bytes are caught by the client, the load is still exact",
           "[integration]") {
   Daemon d;
   const std::string job = "hot-corrupt";

@@ -309,7 +309,7 @@ class BatchedLoad {
     bool hot_ok = true;
     if (written.ok()) {
       result_.bytes_from_ram += b.resp.bytes_from_ram();
-      hot_ok = CopyHot(b);
+      hot_ok = CopyHot(b, *written);
       size_t next = 0;
       for (size_t k = 0; k < b.pieces.size(); ++k) {
         const Piece& p = pieces_[b.pieces[k]];
@@ -390,7 +390,9 @@ class BatchedLoad {
   // block does not verify (or the answer does not fit), every direct piece of the batch is loaded
   // again (again_) without hot_direct, as the daemon reads a whole load from storage when its own
   // copy from the RAM tier finds one; they leave bytes_from_ram. False when some must be.
-  bool CopyHot(const Batch& b) {
+  // `written`: the bytes the answer gives each item (what the spans copy; a destination may be
+  // larger).
+  bool CopyHot(const Batch& b, const std::vector<uint64_t>& written) {
     std::vector<internal::HotDest> dests(b.pieces.size());
     std::vector<size_t> direct;
     for (size_t k = 0; k < b.pieces.size(); ++k) {
@@ -411,7 +413,7 @@ class BatchedLoad {
       const Piece& p = pieces_[b.pieces[k]];
       direct_bytes += p.bytes;
       if (all) {
-        internal::CountCopy(p.bytes, /*is_load=*/true);
+        internal::CountCopy(written[k], /*is_load=*/true);
       } else {
         again_.push_back(b.pieces[k]);
       }

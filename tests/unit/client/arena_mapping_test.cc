@@ -66,7 +66,7 @@ TEST_CASE("arena mapping: the pages that come to exist are mapped in the backgro
   close(keep);
 }
 
-TEST_CASE("arena mapping: a populated mapping starts no thread; destroying one stops it at once",
+TEST_CASE("arena mapping: a populated mapping starts no thread, destroying one stops it at once",
           "[unit]") {
   unsetenv("CKPTD_ARENA_POPULATE");
   auto full = ArenaMapping::MapFd(Segment(), "arena-mapping-test", kArenaBytes, true, false);

@@ -79,7 +79,7 @@ std::string SaveThenOverwrite(bool wait_first) {
 
 }  // namespace
 
-TEST_CASE("SaveAsync returns before its copy; after WaitStaged the tensors may change", "[unit]") {
+TEST_CASE("SaveAsync returns before its copy, after WaitStaged the tensors may change", "[unit]") {
   CHECK(SaveThenOverwrite(/*wait_first=*/true) == Pattern(20000, 1));
 }
 

@@ -122,7 +122,7 @@ TEST_CASE("codec round-trips every dtype's plane count at odd sizes and levels",
   CHECK_FALSE(CodecPlanesFor(v1::DTYPE_UNSPECIFIED).ok());
 }
 
-TEST_CASE("codec: the largest chunk round-trips; byte grouping shrinks weights", "[unit]") {
+TEST_CASE("codec: the largest chunk round-trips, byte grouping shrinks weights", "[unit]") {
   const Bytes big = GaussianWeights(limits::kCodecChunkBytesMax / 2, 2, 3);
   REQUIRE(big.size() == limits::kCodecChunkBytesMax);
   const std::string grouped = EncodeOk(big, 2);

@@ -78,7 +78,7 @@ TEST_CASE("hot leases: releasing twice, another session's id or one never grante
   CHECK(std::string(twice.status().message()).find("hot lease") != std::string::npos);
 }
 
-TEST_CASE("hot leases: a session past the limit is refused, naming it; others are not", "[unit]") {
+TEST_CASE("hot leases: a session past the limit is refused, naming it, others are not", "[unit]") {
   Fixture f;
   std::shared_ptr<const HotCopy> hot = f.Hot(1, 1);
   std::vector<uint64_t> ids;
@@ -96,7 +96,7 @@ TEST_CASE("hot leases: a session past the limit is refused, naming it; others ar
 }
 
 TEST_CASE(
-    "hot leases: a lease never released ends after the lease time; a session's end ends "
+    "hot leases: a lease never released ends after the lease time, a session's end ends "
     "all of its own",
     "[unit]") {
   Fixture f;
