@@ -91,7 +91,7 @@ _default_lock = threading.Lock()
 
 def _reset_default_in_child() -> None:
     # A forked child: the lock may have been held by another thread of the parent, and the
-    # parent's client is not usable here (ckptd._client: fork).
+    # parent's client is not usable here (ckptd._fork).
     global _default, _default_lock
     _default = None
     _default_lock = threading.Lock()

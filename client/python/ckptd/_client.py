@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import ctypes
 import os
 import pickle
 import threading
-import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -14,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from . import _arrays, _ckptd
-from ._errors import FailedPreconditionError, ResourceExhaustedError
+from . import _arrays, _ckptd, _fork
+from ._errors import ResourceExhaustedError
 
 DEFAULT_SOCKET = "/var/lib/ckptd/ckptd.sock"
 _ALIGN = 4096  # slab arrays start on a page
@@ -185,39 +183,6 @@ def _sync_devices(tensors: Iterable[Any]) -> None:
             torch.cuda.synchronize(device)
 
 
-# --- fork ----------------------------------------------------------------------------------------
-# gRPC's C++ core is not fork-safe: a process forked after its parent used a client inherits that
-# client's channel and threads half-alive, and any gRPC call in it — the inherited client's, a new
-# client's, even the inherited client's destructor at the child's exit — hangs or crashes. So in
-# such a child every client raises FailedPreconditionError saying so (a worker started with
-# "spawn" or "forkserver", or one that connects before its parent did, works), and the inherited
-# native clients are never destroyed there (their state is the parent's; the child's copy is
-# freed by its exit).
-_grpc_pid: int | None = None  # the process whose clients own gRPC's state, once one was made
-_live: weakref.WeakSet[Client] = weakref.WeakSet()
-
-
-def _fork_error() -> FailedPreconditionError:
-    return FailedPreconditionError(
-        f"ckptd: process {os.getpid()} was forked from process {_grpc_pid}, which had already "
-        "connected to ckptd, and gRPC cannot run in such a child; start workers with "
-        "multiprocessing's 'spawn' or 'forkserver' method (torch.multiprocessing."
-        "set_start_method('spawn')), or connect in the parent only after forking them"
-    )
-
-
-def _after_fork_in_child() -> None:
-    if _grpc_pid is None:
-        return  # no client was made before the fork: the child may make its own
-    for client in list(_live):
-        client._forked = True
-        # One reference the child never drops: the destructor (gRPC calls) never runs here.
-        ctypes.pythonapi.Py_IncRef(ctypes.py_object(client._native_client))
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
 class Client:
     """One session with the local ckptd. Thread-safe. Create with ckptd.connect()."""
 
@@ -266,10 +231,8 @@ class Client:
         path = os.fspath(socket) if socket is not None else os.environ.get("CKPTD_SOCKET", "")
         self.socket = path or DEFAULT_SOCKET
         self.wait_timeout_ms = wait_timeout_ms
-        global _grpc_pid
-        if _grpc_pid is not None and _grpc_pid != os.getpid():
-            raise _fork_error()
-        self._forked = False
+        _fork.check_can_connect()
+        self._forked = False  # set in a process forked after this client was made (_fork)
         self._native_client = _ckptd.Client(
             self.socket,
             rpc_timeout_ms,
@@ -279,8 +242,7 @@ class Client:
             tier_policy,
             local_world_size,
         )
-        _grpc_pid = os.getpid()
-        _live.add(self)
+        _fork.track(self)
         self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ckptd")
         self._slabs = _Slabs(self, slab_bytes)
         self._save_pool = ThreadPoolExecutor(
@@ -297,14 +259,14 @@ class Client:
         """fn on the client's threads; FailedPreconditionError in a process forked after the
         client was made (its executor's threads are the parent's: the work would never run)."""
         if self._forked:
-            raise _fork_error()
+            raise _fork.error()
         return self._executor.submit(fn)
 
     def _submit_save(self, fn: Any) -> Future[Any]:
         """fn on the save threads (the overlapped save); ResourceExhaustedError when
         async_saves_max saves are queued or running."""
         if self._forked:
-            raise _fork_error()
+            raise _fork.error()
         with self._async_lock:
             if self._async_in_flight >= self._async_saves_max:
                 raise ResourceExhaustedError(
@@ -326,7 +288,7 @@ class Client:
     def _native(self) -> Any:
         """The native client; FailedPreconditionError in a process forked after it was made."""
         if self._forked:
-            raise _fork_error()
+            raise _fork.error()
         return self._native_client
 
     # --- memory ---------------------------------------------------------------------------------
