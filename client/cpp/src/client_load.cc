@@ -3,22 +3,23 @@
 // or scattered once into the caller's memory) or straight into daemon-visible destinations. Bytes
 // hot in the RAM tier in this uid's own segment are not copied into scratch: the daemon answers
 // where they lie and the library copies them once into the caller's memory, verifying as it
-// copies (hot_spans.h); items whose blocks do not verify are loaded again without that.
-// LoadObject(s)/LoadAll() are built on Load.
+// copies (hot_spans.h); items whose blocks do not verify are loaded again without that (that
+// part of BatchedLoad is client_load_hot.cc). LoadObject(s)/LoadAll() are built on Load.
 #include <algorithm>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
+#include "batched_load.h"
 #include "ckptd/client.h"
 #include "client_core.h"
 #include "convert.h"
-#include "hot_spans.h"
 #include "shard_check.h"
 
 namespace ckptd {
 
+using internal::BatchedLoad;
 using internal::MappedExtent;
+using internal::Piece;
 using internal::Session;
 
 namespace {
@@ -111,352 +112,192 @@ uint64_t BatchBytes(const Session& session) {
 
 uint64_t RoundUp(uint64_t bytes, uint64_t align) { return (bytes + align - 1) / align * align; }
 
-// One request item of a load: a whole target, or a flat slice of one too large for a batch.
-struct Piece {
-  size_t target = 0;  // index of the caller's target it fills
-  const std::string* item = nullptr;
-  Region region;
-  std::optional<uint32_t> object_rank;
-  uint64_t bytes = 0;
-  std::optional<BufferRef> in_daemon;    // daemon-visible destination: written in place
-  std::optional<v1::MemRef> gpu_dest;    // GPU memory the daemon writes over CUDA IPC
-  uint8_t* dest = nullptr;               // contiguous caller memory (device memory: see device)
-  const StridedView* strided = nullptr;  // strided caller memory
-  int device = -1;  // >= 0: dest is GPU memory the library copies the scratch into (fallback)
-  bool via_arena() const { return bytes > 0 && !in_daemon.has_value() && !gpu_dest.has_value(); }
-  // The library may copy it straight from a hot copy in the arena (LoadItemRequest.hot_direct):
-  // contiguous host memory it would otherwise copy scratch into.
-  bool direct_ok() const { return via_arena() && strided == nullptr && device < 0 && dest; }
-};
+}  // namespace
 
-// One Load RPC: its pieces, their arena scratch, the call in flight.
-struct Batch {
-  std::vector<size_t> pieces;
-  std::vector<MappedExtent> scratch;  // one per piece with via_arena(), in order
-  v1::LoadRequest req;
-  v1::LoadResponse resp;
-  std::unique_ptr<internal::PendingCall> call;  // the Load in flight, kept until `done`
-  grpc::Status status;
-  absl::Notification done;
-  bool started = false;
-};
+namespace internal {
 
-// The one load path (Load, LoadInPlace, LoadObject(s), LoadAll): plans pieces into batches and
-// runs them with two in flight — batch i+1's read overlaps batch i's copy out of the arena.
-class BatchedLoad {
- public:
-  BatchedLoad(internal::ClientCore& core, const Session& session, std::string job,
-              std::optional<uint64_t> step, uint32_t rank, std::vector<Piece> pieces,
-              const LoadOptions& options)
-      : core_(core),
-        session_(session),
-        job_(std::move(job)),
-        step_(step),
-        rank_(rank),
-        pieces_(std::move(pieces)),
-        options_(options) {}
-
-  // Splits caller-memory pieces larger than a batch into flat slices (whole and flat regions of
-  // tensors, contiguous destinations: the slices are consecutive bytes of the destination).
-  absl::Status SliceLarge() {
-    const uint64_t budget = BatchBytes(session_);
-    std::vector<std::string> names;
-    for (const Piece& p : pieces_) {
-      if (Sliceable(p, budget)) names.push_back(*p.item);
+absl::Status BatchedLoad::SliceLarge() {
+  const uint64_t budget = BatchBytes(session_);
+  std::vector<std::string> names;
+  for (const Piece& p : pieces_) {
+    if (Sliceable(p, budget)) names.push_back(*p.item);
+  }
+  if (names.empty()) return absl::OkStatus();
+  CKPTD_CLIENT_RETURN_IF_ERROR(Resolve());
+  absl::StatusOr<std::vector<ItemInfo>> infos = InspectItems(core_, job_, *step_, names);
+  if (!infos.ok()) return infos.status();
+  std::vector<Piece> out;
+  for (Piece& p : pieces_) {
+    auto info = std::find_if(infos->begin(), infos->end(),
+                             [&](const ItemInfo& i) { return i.name == *p.item; });
+    if (!Sliceable(p, budget) || info == infos->end() || info->kind != ItemInfo::kTensor) {
+      out.push_back(std::move(p));
+      continue;
     }
-    if (names.empty()) return absl::OkStatus();
-    CKPTD_CLIENT_RETURN_IF_ERROR(Resolve());
-    absl::StatusOr<std::vector<ItemInfo>> infos = InspectItems(core_, job_, *step_, names);
-    if (!infos.ok()) return infos.status();
-    std::vector<Piece> out;
-    for (Piece& p : pieces_) {
-      auto info = std::find_if(infos->begin(), infos->end(),
-                               [&](const ItemInfo& i) { return i.name == *p.item; });
-      if (!Sliceable(p, budget) || info == infos->end() || info->kind != ItemInfo::kTensor) {
-        out.push_back(std::move(p));
-        continue;
-      }
-      const uint64_t esize = DTypeSize(info->dtype);
-      const uint64_t first = p.region.kind == Region::kFlat ? p.region.flat_start : 0;
-      const uint64_t elements = p.bytes / esize;
-      const uint64_t per_slice = std::max<uint64_t>(budget / esize, 1);
-      for (uint64_t done = 0; done < elements; done += per_slice) {
-        Piece slice = p;
-        const uint64_t count = std::min(per_slice, elements - done);
-        slice.region = Region::Flat(first + done, count);
-        slice.bytes = count * esize;
-        slice.dest = p.dest + done * esize;
-        out.push_back(std::move(slice));
+    const uint64_t esize = DTypeSize(info->dtype);
+    const uint64_t first = p.region.kind == Region::kFlat ? p.region.flat_start : 0;
+    const uint64_t elements = p.bytes / esize;
+    const uint64_t per_slice = std::max<uint64_t>(budget / esize, 1);
+    for (uint64_t done = 0; done < elements; done += per_slice) {
+      Piece slice = p;
+      const uint64_t count = std::min(per_slice, elements - done);
+      slice.region = Region::Flat(first + done, count);
+      slice.bytes = count * esize;
+      slice.dest = p.dest + done * esize;
+      out.push_back(std::move(slice));
+    }
+  }
+  pieces_ = std::move(out);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<LoadResult> BatchedLoad::Run(size_t target_count) {
+  Plan();
+  if (batches_.size() > 1) CKPTD_CLIENT_RETURN_IF_ERROR(Resolve());  // every batch, one step
+  result_.item_bytes.assign(target_count, 0);
+  absl::Status status = Start(*batches_[0]);
+  for (size_t i = 0; i < batches_.size(); ++i) {
+    // A batch that may be answered with hot spans: its answer before the next batch reserves
+    // scratch, and the scratch of its direct items (never written) released, so the next
+    // reservation never waits for hot bytes this load's own lease pins (the daemon still reads
+    // batch i+1 while the library copies batch i).
+    if (batches_[i]->started && AskedHot(*batches_[i])) ReleaseUnwritten(*batches_[i]);
+    if (status.ok() && i + 1 < batches_.size()) status = Start(*batches_[i + 1]);
+    absl::Status finished = Finish(*batches_[i]);
+    if (status.ok()) status = finished;
+  }
+  if (status.ok() && !again_.empty()) status = LoadAgain(target_count);
+  if (!status.ok()) return status;
+  return std::move(result_);
+}
+
+bool BatchedLoad::Sliceable(const Piece& p, uint64_t budget) {
+  return p.via_arena() && p.strided == nullptr && !p.object_rank.has_value() && p.bytes > budget &&
+         p.region.kind != Region::kBox;
+}
+
+absl::Status BatchedLoad::Resolve() {
+  if (step_.has_value()) return absl::OkStatus();
+  v1::LatestRequest req;
+  req.set_job(job_);
+  v1::LatestResponse resp;
+  CKPTD_CLIENT_RETURN_IF_ERROR(
+      core_.Call("Latest", core_.rpc_timeout_ms(), &internal::Connection::Latest, req, &resp));
+  step_ = resp.step();
+  return absl::OkStatus();
+}
+
+void BatchedLoad::Plan() {
+  const uint64_t budget = BatchBytes(session_);
+  const uint64_t align = Alignment(session_);
+  uint64_t max_items = session_.limits.max_load_requests();
+  if (max_items == 0) max_items = kLoadRequestsDefault;
+  batches_.push_back(std::make_unique<Batch>());
+  uint64_t used = 0;
+  for (size_t i = 0; i < pieces_.size(); ++i) {
+    const uint64_t cost = pieces_[i].via_arena() ? RoundUp(pieces_[i].bytes, align) : 0;
+    Batch& open = *batches_.back();
+    if (!open.pieces.empty() && (used + cost > budget || open.pieces.size() >= max_items)) {
+      batches_.push_back(std::make_unique<Batch>());
+      used = 0;
+    }
+    batches_.back()->pieces.push_back(i);
+    used += cost;
+  }
+}
+
+absl::Status BatchedLoad::Start(Batch& b) {
+  std::vector<uint64_t> sizes;
+  for (size_t i : b.pieces) {
+    if (pieces_[i].via_arena()) sizes.push_back(pieces_[i].bytes);
+  }
+  absl::StatusOr<std::vector<MappedExtent>> scratch = core_.Reserve(session_, sizes);
+  if (!scratch.ok()) return scratch.status();
+  b.scratch = *std::move(scratch);
+  FillLoadHeader(session_, job_, step_, rank_, &b.req);
+  b.req.set_prefetch(options_.prefetch);
+  size_t next = 0;
+  for (size_t i : b.pieces) {
+    const Piece& p = pieces_[i];
+    v1::LoadItemRequest* item = AddItem(*p.item, p.region, p.object_rank, &b.req);
+    if (p.via_arena()) {
+      item->mutable_dest()->set_extent_id(b.scratch[next++].id);
+      item->mutable_dest()->set_length(p.bytes);
+      item->set_hot_direct(options_.hot_direct && p.direct_ok());
+    } else if (p.gpu_dest.has_value()) {
+      *item->mutable_dest() = *p.gpu_dest;
+    } else if (p.in_daemon.has_value()) {
+      absl::Status s = core_.ToMemRef(session_, *p.in_daemon, p.bytes, item->mutable_dest());
+      if (!s.ok()) {
+        ReleaseScratch(b);
+        return absl::Status(s.code(), absl::StrCat("item ", *p.item, ": ", s.message()));
       }
     }
-    pieces_ = std::move(out);
+  }
+  internal::CallOptions o;
+  o.timeout_ms = core_.rpc_timeout_ms();
+  b.started = true;
+  b.call = core_.connection().LoadAsync(o, &b.req, &b.resp, [&b](grpc::Status s) {
+    b.status = std::move(s);
+    b.done.Notify();
+  });
+  return absl::OkStatus();
+}
+
+absl::Status BatchedLoad::Finish(Batch& b) {
+  if (!b.started) return absl::OkStatus();
+  b.done.WaitForNotification();
+  absl::Status s = core_.Convert("Load", core_.rpc_timeout_ms(), b.status);
+  if (absl::IsResourceExhausted(s) && AskedHot(b)) {
+    // The session holds its most hot leases (other threads' loads, limits.h): these pieces go
+    // the daemon's way instead (LoadAgain).
+    again_.insert(again_.end(), b.pieces.begin(), b.pieces.end());
+    ReleaseScratch(b);
     return absl::OkStatus();
   }
-
-  absl::StatusOr<LoadResult> Run(size_t target_count) {
-    Plan();
-    if (batches_.size() > 1) CKPTD_CLIENT_RETURN_IF_ERROR(Resolve());  // every batch, one step
-    result_.item_bytes.assign(target_count, 0);
-    absl::Status status = Start(*batches_[0]);
-    for (size_t i = 0; i < batches_.size(); ++i) {
-      // A batch that may be answered with hot spans: its answer before the next batch reserves
-      // scratch, and the scratch of its direct items (never written) released, so the next
-      // reservation never waits for hot bytes this load's own lease pins (the daemon still reads
-      // batch i+1 while the library copies batch i).
-      if (batches_[i]->started && AskedHot(*batches_[i])) ReleaseUnwritten(*batches_[i]);
-      if (status.ok() && i + 1 < batches_.size()) status = Start(*batches_[i + 1]);
-      absl::Status finished = Finish(*batches_[i]);
-      if (status.ok()) status = finished;
-    }
-    if (status.ok() && !again_.empty()) status = LoadAgain(target_count);
-    if (!status.ok()) return status;
-    return std::move(result_);
-  }
-
- private:
-  static bool Sliceable(const Piece& p, uint64_t budget) {
-    return p.via_arena() && p.strided == nullptr && !p.object_rank.has_value() &&
-           p.bytes > budget && p.region.kind != Region::kBox;
-  }
-
-  absl::Status Resolve() {
-    if (step_.has_value()) return absl::OkStatus();
-    v1::LatestRequest req;
-    req.set_job(job_);
-    v1::LatestResponse resp;
-    CKPTD_CLIENT_RETURN_IF_ERROR(
-        core_.Call("Latest", core_.rpc_timeout_ms(), &internal::Connection::Latest, req, &resp));
-    step_ = resp.step();
-    return absl::OkStatus();
-  }
-
-  // Consecutive pieces into batches of at most BatchBytes() of scratch and the daemon's limit of
-  // items per Load; a piece larger than a batch (a box, a strided destination, an object) goes
-  // alone. Always at least one batch (an empty load still checks that the checkpoint exists).
-  void Plan() {
-    const uint64_t budget = BatchBytes(session_);
-    const uint64_t align = Alignment(session_);
-    uint64_t max_items = session_.limits.max_load_requests();
-    if (max_items == 0) max_items = kLoadRequestsDefault;
-    batches_.push_back(std::make_unique<Batch>());
-    uint64_t used = 0;
-    for (size_t i = 0; i < pieces_.size(); ++i) {
-      const uint64_t cost = pieces_[i].via_arena() ? RoundUp(pieces_[i].bytes, align) : 0;
-      Batch& open = *batches_.back();
-      if (!open.pieces.empty() && (used + cost > budget || open.pieces.size() >= max_items)) {
-        batches_.push_back(std::make_unique<Batch>());
-        used = 0;
-      }
-      batches_.back()->pieces.push_back(i);
-      used += cost;
-    }
-  }
-
-  // Reserves the batch's scratch, builds its request and sends it (async: the caller's thread goes
-  // on copying the previous batch out).
-  absl::Status Start(Batch& b) {
-    std::vector<uint64_t> sizes;
-    for (size_t i : b.pieces) {
-      if (pieces_[i].via_arena()) sizes.push_back(pieces_[i].bytes);
-    }
-    absl::StatusOr<std::vector<MappedExtent>> scratch = core_.Reserve(session_, sizes);
-    if (!scratch.ok()) return scratch.status();
-    b.scratch = *std::move(scratch);
-    FillLoadHeader(session_, job_, step_, rank_, &b.req);
-    b.req.set_prefetch(options_.prefetch);
-    size_t next = 0;
-    for (size_t i : b.pieces) {
-      const Piece& p = pieces_[i];
-      v1::LoadItemRequest* item = AddItem(*p.item, p.region, p.object_rank, &b.req);
-      if (p.via_arena()) {
-        item->mutable_dest()->set_extent_id(b.scratch[next++].id);
-        item->mutable_dest()->set_length(p.bytes);
-        item->set_hot_direct(options_.hot_direct && p.direct_ok());
-      } else if (p.gpu_dest.has_value()) {
-        *item->mutable_dest() = *p.gpu_dest;
-      } else if (p.in_daemon.has_value()) {
-        absl::Status s = core_.ToMemRef(session_, *p.in_daemon, p.bytes, item->mutable_dest());
-        if (!s.ok()) {
-          ReleaseScratch(b);
-          return absl::Status(s.code(), absl::StrCat("item ", *p.item, ": ", s.message()));
-        }
-      }
-    }
-    internal::CallOptions o;
-    o.timeout_ms = core_.rpc_timeout_ms();
-    b.started = true;
-    b.call = core_.connection().LoadAsync(o, &b.req, &b.resp, [&b](grpc::Status s) {
-      b.status = std::move(s);
-      b.done.Notify();
-    });
-    return absl::OkStatus();
-  }
-
-  // Waits for a started batch, copies its scratch out (or scatters it) and releases the scratch.
-  absl::Status Finish(Batch& b) {
-    if (!b.started) return absl::OkStatus();
-    b.done.WaitForNotification();
-    absl::Status s = core_.Convert("Load", core_.rpc_timeout_ms(), b.status);
-    if (absl::IsResourceExhausted(s) && AskedHot(b)) {
-      // The session holds its most hot leases (other threads' loads, limits.h): these pieces go
-      // the daemon's way instead (LoadAgain).
-      again_.insert(again_.end(), b.pieces.begin(), b.pieces.end());
-      ReleaseScratch(b);
-      return absl::OkStatus();
-    }
-    absl::StatusOr<std::vector<uint64_t>> written =
-        s.ok() ? ItemBytes(b.req, b.resp) : absl::StatusOr<std::vector<uint64_t>>(s);
-    bool hot_ok = true;
-    if (written.ok()) {
-      result_.bytes_from_ram += b.resp.bytes_from_ram();
-      hot_ok = CopyHot(b, *written);
-      size_t next = 0;
-      for (size_t k = 0; k < b.pieces.size(); ++k) {
-        const Piece& p = pieces_[b.pieces[k]];
-        const uint64_t got = (*written)[k];
-        const bool hot = b.resp.items(static_cast<int>(k)).hot_direct();
-        if (hot_ok || !hot) result_.item_bytes[p.target] += got;  // else LoadAgain counts it
-        if (!p.via_arena()) continue;
-        const MappedExtent& e = b.scratch[next++];
-        if (hot) continue;  // CopyHot's
-        if (p.device >= 0) {
-          internal::CountGpuFallback(got);
-          absl::Status copied = internal::GpuRegions::CopyToDevice(p.dest, e.data, got, p.device);
-          if (!copied.ok() && written.ok()) {
-            written =
-                absl::Status(copied.code(), absl::StrCat("item ", *p.item, ": ", copied.message()));
-          }
-        } else if (p.strided == nullptr) {
-          internal::CountedCopy(p.dest, e.data, got, /*is_load=*/true);
-        } else if (got == p.bytes) {  // else the caller reports the size mismatch
-          Scatter(e.data, *p.strided);
-        }
-      }
-      result_.step = b.resp.step();
-      result_.bytes_read += b.resp.bytes_read();
-      result_.bytes_read_remote += b.resp.bytes_read_remote();
-      result_.bytes_read_peer += b.resp.bytes_read_peer();
-      result_.bytes_prefetched += b.resp.bytes_prefetched();
-      result_.bytes_needed += b.resp.bytes_needed();
-      result_.bytes_needed_aligned += b.resp.bytes_needed_aligned();
-    }
-    ReleaseScratch(b, /*hot_mismatch=*/!hot_ok);
-    return written.status();
-  }
-
-  // Waits for b's answer and releases the scratch of its items answered hot_direct.
-  void ReleaseUnwritten(Batch& b) {
-    b.done.WaitForNotification();
-    if (!b.status.ok() || b.resp.items_size() != b.req.items_size()) return;  // Finish's to say
-    std::vector<uint64_t> ids;
+  absl::StatusOr<std::vector<uint64_t>> written =
+      s.ok() ? ItemBytes(b.req, b.resp) : absl::StatusOr<std::vector<uint64_t>>(s);
+  bool hot_ok = true;
+  if (written.ok()) {
+    result_.bytes_from_ram += b.resp.bytes_from_ram();
+    hot_ok = CopyHot(b, *written);
     size_t next = 0;
     for (size_t k = 0; k < b.pieces.size(); ++k) {
-      if (!pieces_[b.pieces[k]].via_arena()) continue;
-      MappedExtent& e = b.scratch[next++];
-      if (!b.resp.items(static_cast<int>(k)).hot_direct()) continue;
-      ids.push_back(e.id);
-      e.id = 0;  // released
-    }
-    core_.ReleaseQuietly(session_, ids);
-  }
-
-  void ReleaseScratch(Batch& b, bool hot_mismatch = false) {
-    std::vector<uint64_t> ids;
-    ids.reserve(b.scratch.size());
-    for (const MappedExtent& e : b.scratch) {
-      if (e.id != 0) ids.push_back(e.id);
-    }
-    b.scratch.clear();
-    if (b.resp.hot_lease_id() == 0) {
-      core_.ReleaseQuietly(session_, ids);  // the daemon frees them at Goodbye too
-      return;
-    }
-    // The hot lease with the scratch, in one call; failing leaks nothing for long: the daemon
-    // ends the lease when the session ends or hot_lease_ms passes.
-    v1::ReleaseExtentsRequest req;
-    req.set_session_id(session_.session_id);
-    req.mutable_extent_ids()->Add(ids.begin(), ids.end());
-    if (hot_mismatch) {
-      req.add_hot_mismatch_lease_ids(b.resp.hot_lease_id());
-    } else {
-      req.add_hot_lease_ids(b.resp.hot_lease_id());
-    }
-    v1::ReleaseExtentsResponse resp;
-    (void)core_.Call("ReleaseExtents", core_.rpc_timeout_ms(),
-                     &internal::Connection::ReleaseExtents, req, &resp);
-  }
-
-  // The hot spans of a finished batch copied into the caller's memory (hot_spans.h). When a
-  // block does not verify (or the answer does not fit), every direct piece of the batch is loaded
-  // again (again_) without hot_direct, as the daemon reads a whole load from storage when its own
-  // copy from the RAM tier finds one; they leave bytes_from_ram. False when some must be.
-  // `written`: the bytes the answer gives each item (what the spans copy; a destination may be
-  // larger).
-  bool CopyHot(const Batch& b, const std::vector<uint64_t>& written) {
-    std::vector<internal::HotDest> dests(b.pieces.size());
-    std::vector<size_t> direct;
-    for (size_t k = 0; k < b.pieces.size(); ++k) {
       const Piece& p = pieces_[b.pieces[k]];
-      if (!b.resp.items(static_cast<int>(k)).hot_direct()) continue;
-      direct.push_back(k);
-      if (p.direct_ok()) dests[k] = internal::HotDest{p.dest, p.bytes};  // else: refused below
-    }
-    if (direct.empty()) return true;
-    absl::StatusOr<std::vector<bool>> ok =
-        session_.arena == nullptr  // never after a reservation: an answer nobody asked for
-            ? absl::InternalError("Load answered hot spans to a session with no arena mapped")
-            : internal::CopyHotSpans(*session_.arena, b.resp, dests, internal::HotCopyThreads());
-    bool all = ok.ok();
-    for (size_t k : direct) all = all && dests[k].data != nullptr && (*ok)[k];
-    uint64_t direct_bytes = 0;
-    for (size_t k : direct) {
-      const Piece& p = pieces_[b.pieces[k]];
-      direct_bytes += p.bytes;
-      if (all) {
-        internal::CountCopy(written[k], /*is_load=*/true);
-      } else {
-        again_.push_back(b.pieces[k]);
+      const uint64_t got = (*written)[k];
+      const bool hot = b.resp.items(static_cast<int>(k)).hot_direct();
+      if (hot_ok || !hot) result_.item_bytes[p.target] += got;  // else LoadAgain counts it
+      if (!p.via_arena()) continue;
+      const MappedExtent& e = b.scratch[next++];
+      if (hot) continue;  // CopyHot's
+      if (p.device >= 0) {
+        internal::CountGpuFallback(got);
+        absl::Status copied = internal::GpuRegions::CopyToDevice(p.dest, e.data, got, p.device);
+        if (!copied.ok() && written.ok()) {
+          written =
+              absl::Status(copied.code(), absl::StrCat("item ", *p.item, ": ", copied.message()));
+        }
+      } else if (p.strided == nullptr) {
+        internal::CountedCopy(p.dest, e.data, got, /*is_load=*/true);
+      } else if (got == p.bytes) {  // else the caller reports the size mismatch
+        Scatter(e.data, *p.strided);
       }
     }
-    if (!all) result_.bytes_from_ram -= std::min(result_.bytes_from_ram, direct_bytes);
-    return all;
+    result_.step = b.resp.step();
+    result_.bytes_read += b.resp.bytes_read();
+    result_.bytes_read_remote += b.resp.bytes_read_remote();
+    result_.bytes_read_peer += b.resp.bytes_read_peer();
+    result_.bytes_prefetched += b.resp.bytes_prefetched();
+    result_.bytes_needed += b.resp.bytes_needed();
+    result_.bytes_needed_aligned += b.resp.bytes_needed_aligned();
   }
+  ReleaseScratch(b, /*hot_mismatch=*/!hot_ok);
+  return written.status();
+}
 
-  bool AskedHot(const Batch& b) const {
-    return std::any_of(b.req.items().begin(), b.req.items().end(),
-                       [](const v1::LoadItemRequest& i) { return i.hot_direct(); });
-  }
+}  // namespace internal
 
-  // Loads the pieces in again_ once more through the daemon's own verified copy.
-  absl::Status LoadAgain(size_t target_count) {
-    std::vector<Piece> pieces;
-    pieces.reserve(again_.size());
-    for (size_t i : again_) pieces.push_back(pieces_[i]);
-    LoadOptions options = options_;
-    options.hot_direct = false;
-    BatchedLoad again(core_, session_, job_, step_, rank_, std::move(pieces), options);
-    absl::StatusOr<LoadResult> r = again.Run(target_count);
-    if (!r.ok()) return r.status();
-    for (size_t t = 0; t < target_count; ++t) result_.item_bytes[t] += r->item_bytes[t];
-    result_.step = r->step;
-    result_.bytes_read += r->bytes_read;
-    result_.bytes_read_remote += r->bytes_read_remote;
-    result_.bytes_read_peer += r->bytes_read_peer;
-    result_.bytes_from_ram += r->bytes_from_ram;
-    return absl::OkStatus();
-  }
-
-  internal::ClientCore& core_;
-  const Session& session_;
-  const std::string job_;
-  std::optional<uint64_t> step_;
-  const uint32_t rank_;
-  std::vector<Piece> pieces_;
-  const LoadOptions options_;
-  std::vector<std::unique_ptr<Batch>> batches_;
-  LoadResult result_;
-  std::vector<size_t> again_;  // pieces whose hot copy did not verify (CopyHot)
-};
+namespace {
 
 // The piece that is all of target `i` (its memory filled in by the caller).
 template <typename Target>
