@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,6 +20,7 @@
 #include "absl/strings/str_split.h"
 #include "ckptd/status.h"
 #include "ckptd/storage.h"
+#include "ckptd/storage_registry.h"
 #include "ckptd/sync_point.h"
 #include "common/executor.h"
 #include "common/fair_executor.h"
@@ -43,6 +45,7 @@
 #include "rpc/peer_listener.h"
 #include "service/checkpoint_service.h"
 #include "spdlog/spdlog.h"
+#include "storage/posix/posix_storage.h"
 #include "storage/s3/s3_storage.h"
 
 namespace ckptd {
@@ -138,38 +141,65 @@ absl::Status MakeStateDirs(const DaemonOptions& o) {
   return MakeDir(o.data_dir, 0700, -1);
 }
 
-// The remote tier's storage (null without one): remote_dir through the posix plugin. The
+// Every storage plugin the daemon can open, by scheme (ckptd/storage_registry.h). This list
+// is the only place the daemon names a plugin; the core sees a Storage only. (The memory plugin
+// is for tests: a store a restart forgets is no tier.)
+absl::StatusOr<StorageRegistry> StoragePlugins() {
+  StorageRegistry registry;
+  CKPTD_RETURN_IF_ERROR(RegisterPosixStorage(registry));
+  CKPTD_RETURN_IF_ERROR(RegisterS3Storage(registry));
+  return registry;
+}
+
+// The remote tier's URI: remote_s3_bucket as "s3://bucket[/prefix]", else remote_dir (a path,
+// or a URI of any registered scheme); empty without a remote tier.
+std::string RemoteUri(const DaemonOptions& o) {
+  if (o.remote_s3_bucket.empty()) return o.remote_dir;
+  std::string uri = absl::StrCat("s3://", o.remote_s3_bucket);
+  if (!o.remote_s3_prefix.empty()) absl::StrAppend(&uri, "/", o.remote_s3_prefix);
+  return uri;
+}
+
+// The plugin settings the remote tier's options give the store of `scheme`.
+std::map<std::string, std::string> RemoteSettings(const DaemonOptions& o,
+                                                  const std::string& scheme) {
+  if (scheme != "s3") return {};
+  return {{"endpoint", o.remote_s3_endpoint},
+          {"region", o.remote_s3_region},
+          {"path_style", o.remote_s3_path_style ? "true" : "false"},
+          {"tls_verify", o.remote_s3_tls_verify ? "true" : "false"},
+          {"ca_path", o.remote_s3_ca_path},
+          {"part_size_bytes", absl::StrCat(o.remote_s3_part_size_bytes)},
+          {"parts_in_flight", absl::StrCat(o.remote_s3_parts_in_flight)}};
+}
+
+// The remote tier's storage (null without one), opened by its URI through the registry. A
 // directory must exist (a shared mount the operator set up); a missing one is an error at start
-// naming it, not a directory silently made on the local disk.
-absl::StatusOr<std::unique_ptr<Storage>> OpenRemoteTier(const DaemonOptions& o, Io* io) {
-  if (!o.remote_s3_bucket.empty()) {
-    S3Options s3;
-    s3.endpoint = o.remote_s3_endpoint;
-    s3.bucket = o.remote_s3_bucket;
-    s3.prefix = o.remote_s3_prefix;
-    s3.region = o.remote_s3_region;
-    s3.path_style = o.remote_s3_path_style;
-    s3.tls_verify = o.remote_s3_tls_verify;
-    s3.ca_path = o.remote_s3_ca_path;
-    s3.part_size_bytes = o.remote_s3_part_size_bytes;
-    s3.parts_in_flight = o.remote_s3_parts_in_flight;
-    CKPTD_ASSIGN_OR_RETURN(std::unique_ptr<Storage> remote, NewS3Storage(std::move(s3)));
-    spdlog::info("remote tier: {} (default tier policy {})", remote->Describe(), o.tier_policy);
-    return remote;
+// naming it, not a directory silently made on the local disk. An unknown scheme is an error
+// naming it and the known ones.
+absl::StatusOr<std::unique_ptr<Storage>> OpenRemoteTier(const DaemonOptions& o,
+                                                        const StorageRegistry& plugins, Io* io) {
+  const std::string uri = RemoteUri(o);
+  if (uri.empty()) return std::unique_ptr<Storage>();
+  CKPTD_ASSIGN_OR_RETURN(StorageUri parsed, ParseStorageUri(uri));
+  if (parsed.scheme == "file") {
+    std::error_code ec;
+    if (!std::filesystem::is_directory(parsed.location, ec)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("remote_dir ", parsed.location,
+                       " is not a directory (mount the shared file system first)"));
+    }
+    if (o.remote_dir_link_fallback) {
+      spdlog::info(
+          "remote tier: conditional writes take the link() fallback "
+          "(remote_dir_link_fallback)");
+    }
   }
-  if (o.remote_dir.empty()) return std::unique_ptr<Storage>();
-  std::error_code ec;
-  if (!std::filesystem::is_directory(o.remote_dir, ec)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "remote_dir ", o.remote_dir, " is not a directory (mount the shared file system first)"));
+  CKPTD_ASSIGN_OR_RETURN(std::unique_ptr<Storage> remote,
+                         plugins.Open(uri, StorageContext{io, RemoteSettings(o, parsed.scheme)}));
+  if (parsed.scheme == "file") {
+    CKPTD_RETURN_IF_ERROR(Annotate(remote->List("").status(), remote->Describe()));
   }
-  if (o.remote_dir_link_fallback) {
-    spdlog::info(
-        "remote tier: conditional writes take the link() fallback "
-        "(remote_dir_link_fallback)");
-  }
-  std::unique_ptr<Storage> remote = NewPosixStorage(o.remote_dir, io);
-  CKPTD_RETURN_IF_ERROR(Annotate(remote->List("").status(), remote->Describe()));
   spdlog::info("remote tier: {} (default tier policy {})", remote->Describe(), o.tier_policy);
   return remote;
 }
@@ -201,6 +231,7 @@ struct Stores {
 };
 
 absl::StatusOr<Stores> OpenStores(const DaemonOptions& o, const std::string& shm_prefix) {
+  CKPTD_ASSIGN_OR_RETURN(const StorageRegistry plugins, StoragePlugins());
   Stores s;
   CKPTD_RETURN_IF_ERROR(MakeStateDirs(o));
   CKPTD_ASSIGN_OR_RETURN(
@@ -210,18 +241,22 @@ absl::StatusOr<Stores> OpenStores(const DaemonOptions& o, const std::string& shm
   RemoveAbandonedSegments();
   s.io = NewUringIo(o.io_queue_depth);
   if (!o.direct_io) s.io = NewBufferedIo(std::move(s.io));
-  s.storage = NewPosixStorage(o.data_dir, s.io.get());
+  // The data dir is a local directory: the file plugin, whatever the path looks like.
+  const std::string data_uri = "file://" + o.data_dir;
+  CKPTD_ASSIGN_OR_RETURN(s.storage, plugins.Open(data_uri, StorageContext{s.io.get()}));
   if (o.load_io == "buffered" && o.direct_io) {
     s.load_io = NewBufferedIo(NewUringIo(o.io_queue_depth));
-    s.load_storage = NewPosixStorage(o.data_dir, s.load_io.get());
+    CKPTD_ASSIGN_OR_RETURN(s.load_storage, plugins.Open(data_uri, StorageContext{s.load_io.get()}));
   } else if (o.load_io == "auto" && o.direct_io) {
-    s.load_storage = NewPosixStorage(o.data_dir, s.io.get(),
-                                     PosixStorageOptions{.read_cached_through_cache = true});
+    CKPTD_ASSIGN_OR_RETURN(
+        s.load_storage,
+        plugins.Open(data_uri,
+                     StorageContext{s.io.get(), {{"read_cached_through_cache", "true"}}}));
   }
   if (o.remote_dir_link_fallback) s.remote_io = NewLinkNoReplaceIo(s.io.get());
   CKPTD_ASSIGN_OR_RETURN(
-      s.remote,
-      Annotate(OpenRemoteTier(o, s.remote_io ? s.remote_io.get() : s.io.get()), "remote tier"));
+      s.remote, Annotate(OpenRemoteTier(o, plugins, s.remote_io ? s.remote_io.get() : s.io.get()),
+                         "remote tier"));
   return s;
 }
 

@@ -9,7 +9,13 @@ and of modules in lower layers only: never one of its own layer's other modules,
 layer. So the layers run one way, and each module's unit tests link it and what is below it
 alone. (daemon/main.cc, which composes everything, sits above them all and is not checked.)
 
-Prints "path:line: <module> (layer N) includes "<header>" of <module> (layer M)" per finding;
+No module of daemon/src includes a storage plugin's header (plugins/storage/<name>/..., as
+"storage/<name>/x.h" or by a relative path into plugins/): the core sees a store only through the
+plugin API (ckptd/storage.h) and opens it by URI through the registry (ckptd/storage_registry.h);
+daemon/main.cc alone registers the plugins.
+
+Prints "path:line: <module> (layer N) includes "<header>" of <module> (layer M)" per finding
+(and "path:line: <module> includes the storage plugin header ..." per plugin include);
 exits 1 on any finding, 2 on a folder of daemon/src that LAYERS does not place.
 """
 
@@ -39,6 +45,8 @@ LAYERS = [
 ]
 
 SRC = "daemon/src"
+# The concrete storage plugins, each included as "storage/<name>/..." by who may (main.cc, tests).
+PLUGINS = "plugins"
 # Headers at daemon/src itself: the options module.
 ROOT_MODULE = "options"
 INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"')
@@ -64,6 +72,16 @@ def module_of_include(header: str, modules: set) -> str:
     return ""
 
 
+def is_plugin_header(header: str, including: str) -> bool:
+    """True if a quoted include names a file of a storage plugin: "storage/s3/s3_storage.h" as
+    the plugins' include root spells it, or any path (relative to the including file) that lies
+    under plugins/."""
+    if header.startswith("storage/") and os.path.exists(os.path.join(PLUGINS, header)):
+        return True
+    resolved = os.path.normpath(os.path.join(os.path.dirname(including), header))
+    return resolved.split(os.sep)[0] == PLUGINS or f"{PLUGINS}/" in header
+
+
 def main() -> int:
     layers = layer_of()
     out = subprocess.run(
@@ -83,6 +101,12 @@ def main() -> int:
             for n, line in enumerate(f, 1):
                 m = INCLUDE.match(line)
                 if not m:
+                    continue
+                if is_plugin_header(m.group(1), path):
+                    print(f'{path}:{n}: {mod} includes the storage plugin header "{m.group(1)}": '
+                          "the daemon core names no plugin (ckptd/storage.h, and the registry "
+                          "ckptd/storage_registry.h that daemon/main.cc fills)")
+                    failed = True
                     continue
                 inc = module_of_include(m.group(1), set(layers))
                 if inc and inc != mod and layers[inc] >= layers[mod]:

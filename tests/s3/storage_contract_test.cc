@@ -10,6 +10,7 @@
 #include "ckptd/io.h"
 #include "s3_env.h"
 #include "storage/memory/memory_storage.h"
+#include "storage/posix/posix_storage.h"
 
 namespace ckptd {
 namespace {

@@ -1,7 +1,9 @@
 // Storage: where checkpoint blobs and manifests live (local file system, S3-compatible store,
 // memory). Paths are relative to the storage root and use '/'
 // ("job/step-00000000000000000042/r00000.blob": format/names.h makes them). Plugins
-// (plugins/storage/*) are built against daemon/include/ckptd only (CMakeLists: ckptd_plugin).
+// (plugins/storage/*) are built against daemon/include/ckptd only (CMakeLists: ckptd_plugin);
+// each declares its own factory in its own header, and the daemon opens stores by URI through
+// the registry (ckptd/storage_registry.h), so its core names no plugin.
 //
 // Thread safety: a Storage may be used from several threads at once; a BlobWriter / BlobReader by
 // one thread at a time.
@@ -115,19 +117,5 @@ class Storage {
   // OK.
   virtual absl::Status RemoveAll(const std::string& path) = 0;
 };
-
-struct PosixStorageOptions {
-  // Reads take each aligned slice that the page cache holds whole (Io::CachedBytes) through the
-  // cache — a copy from memory, no device read — and every other aligned slice with O_DIRECT
-  // (the daemon's load_io = auto). Off: aligned slices always go O_DIRECT. Default: false
-  bool read_cached_through_cache = false;
-};
-// Local file system rooted at `root`, all I/O through `io` (which must outlive it).
-std::unique_ptr<Storage> NewPosixStorage(std::string root, Io* io,
-                                         PosixStorageOptions options = {});
-// In memory, for tests: Sync() marks data durable; DropUnsynced() forgets everything written or
-// created since the last Sync/PutAtomic, as a power loss would.
-class MemoryStorage;
-std::unique_ptr<MemoryStorage> NewMemoryStorage();
 
 }  // namespace ckptd

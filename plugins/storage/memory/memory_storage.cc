@@ -213,4 +213,18 @@ absl::Status MemoryStorage::ReadAt(const std::string& path, std::span<const IoSl
 
 std::unique_ptr<MemoryStorage> NewMemoryStorage() { return std::make_unique<MemoryStorage>(); }
 
+absl::Status RegisterMemoryStorage(StorageRegistry& registry) {
+  return registry.Register(
+      "memory",
+      [](const StorageUri& uri,
+         const StorageContext& context) -> absl::StatusOr<std::unique_ptr<Storage>> {
+        if (!context.settings.empty()) {
+          return absl::InvalidArgumentError(absl::StrCat("memory storage ", uri.location,
+                                                         " takes no settings (got ",
+                                                         context.settings.begin()->first, ")"));
+        }
+        return std::unique_ptr<Storage>(NewMemoryStorage());
+      });
+}
+
 }  // namespace ckptd

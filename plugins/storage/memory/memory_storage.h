@@ -22,6 +22,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "ckptd/storage.h"
+#include "ckptd/storage_registry.h"
 
 namespace ckptd {
 
@@ -63,5 +64,10 @@ class MemoryStorage : public Storage {
 };
 
 std::unique_ptr<MemoryStorage> NewMemoryStorage();
+
+// Registers scheme "memory" (tests and tools; the daemon does not register it, a store that
+// a restart forgets being no tier): every Open of "memory://<name>" is a new, empty store. It
+// takes no settings (INVALID_ARGUMENT naming one). Errors: Register's.
+absl::Status RegisterMemoryStorage(StorageRegistry& registry);
 
 }  // namespace ckptd

@@ -7,11 +7,14 @@
 // descriptor is buffered and takes every slice. With read_cached_through_cache, an aligned read
 // slice the page cache holds whole goes through the buffered descriptor too: a copy out of the
 // cache instead of a device read.
+#include "storage/posix/posix_storage.h"
+
 #include <fcntl.h>
 
 #include <random>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "ckptd/status.h"
@@ -319,6 +322,27 @@ class PosixStorage : public Storage {
 
 std::unique_ptr<Storage> NewPosixStorage(std::string root, Io* io, PosixStorageOptions options) {
   return std::make_unique<PosixStorage>(std::move(root), io, options);
+}
+
+absl::Status RegisterPosixStorage(StorageRegistry& registry) {
+  return registry.Register(
+      "file",
+      [](const StorageUri& uri,
+         const StorageContext& context) -> absl::StatusOr<std::unique_ptr<Storage>> {
+        if (context.io == nullptr) {
+          return absl::FailedPreconditionError(
+              absl::StrCat("file storage ", uri.location, " opened without an I/O engine"));
+        }
+        PosixStorageOptions options;
+        for (const auto& [name, value] : context.settings) {
+          if (name != "read_cached_through_cache" ||
+              !absl::SimpleAtob(value, &options.read_cached_through_cache)) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                "file storage ", uri.location, ": bad setting ", name, " = \"", value, "\""));
+          }
+        }
+        return NewPosixStorage(uri.location, context.io, options);
+      });
 }
 
 }  // namespace ckptd

@@ -58,6 +58,7 @@
 
 #include "absl/status/statusor.h"
 #include "ckptd/storage.h"
+#include "ckptd/storage_registry.h"
 
 namespace ckptd {
 
@@ -141,5 +142,12 @@ absl::StatusOr<S3Credentials> LoadS3Credentials();
 // (wrong credentials or no access), UNAVAILABLE (store unreachable after the retries), each
 // naming the endpoint and bucket.
 absl::StatusOr<std::unique_ptr<Storage>> NewS3Storage(S3Options options);
+
+// Registers scheme "s3" (s3_register.cc): "s3://bucket[/prefix]" opens NewS3Storage with that
+// bucket and prefix. Settings (the S3Options of the same names): "endpoint", "region",
+// "ca_path", "path_style" and "tls_verify" ("true"/"false"), "part_size_bytes",
+// "parts_in_flight"; another name, or a value that does not parse, is INVALID_ARGUMENT naming
+// it. Errors: Register's.
+absl::Status RegisterS3Storage(StorageRegistry& registry);
 
 }  // namespace ckptd

@@ -1,4 +1,6 @@
 // PosixStorage over both Io implementations, and its failure paths through FaultIo.
+#include "storage/posix/posix_storage.h"
+
 #include <fcntl.h>
 #include <unistd.h>
 

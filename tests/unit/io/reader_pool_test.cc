@@ -19,6 +19,7 @@
 #include "absl/synchronization/notification.h"
 #include "ckptd/storage.h"
 #include "io/fault_io.h"
+#include "storage/posix/posix_storage.h"
 #include "test_buffers.h"
 #include "test_dir.h"
 

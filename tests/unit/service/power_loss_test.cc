@@ -37,6 +37,7 @@
 #include "io/fault_io.h"
 #include "service/checkpoint_service.h"
 #include "spdlog/spdlog.h"
+#include "storage/posix/posix_storage.h"
 
 // The whole file needs the sync points (a build without test hooks compiles none of it).
 #if CKPTD_TEST_HOOKS

@@ -16,6 +16,7 @@
 #include "index/keys.h"
 #include "io/fault_io.h"
 #include "service/checkpoint_service.h"
+#include "storage/posix/posix_storage.h"
 
 namespace ckptd {
 namespace {

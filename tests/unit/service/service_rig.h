@@ -29,6 +29,7 @@
 #include "index/keys.h"
 #include "io/fault_io.h"
 #include "service/checkpoint_service.h"
+#include "storage/posix/posix_storage.h"
 
 namespace ckptd::testing {
 
