@@ -108,7 +108,8 @@ absl::StatusOr<std::vector<DaemonOptions::RetentionRule>> ParseRetentionRules(
         .keep_local = o.keep_local,
         .keep_remote = o.keep_remote,
         .keep_every = o.keep_every,
-        .remote_every = o.remote_every};
+        .remote_every = o.remote_every,
+        .deltas = o.deltas};
     if (r.pattern.empty()) return fail("the job pattern is empty");
     for (absl::string_view kv :
          absl::StrSplit(text.substr(colon + 1), ',', absl::SkipWhitespace())) {
@@ -128,8 +129,11 @@ absl::StatusOr<std::vector<DaemonOptions::RetentionRule>> ParseRetentionRules(
       } else if (key == "remote_every") {
         r.remote_every = v;
       } else {
+      } else if (key == "deltas") {
+        if (v > 1) return fail(absl::StrCat("deltas = ", v, " is not 0 or 1"));
+        r.deltas = v == 1;
         return fail(absl::StrCat("unknown key \"", key,
-                                 "\" (keep_local, keep_remote, keep_every, remote_every)"));
+                                 "\" (keep_local, keep_remote, keep_every, remote_every, deltas)"));
       }
     }
     rules.push_back(std::move(r));
@@ -178,6 +182,7 @@ absl::Status ValidateRanges(const DaemonOptions& o) {
   CKPTD_RETURN_IF_ERROR(Range("ram_tier_bytes_max", o.ram_tier_bytes_max, 0, o.staging_bytes_max));
   CKPTD_RETURN_IF_ERROR(Range("ram_tier_keep_per_job", o.ram_tier_keep_per_job, 0, 64));
   CKPTD_RETURN_IF_ERROR(Range("hot_lease_ms", o.hot_lease_ms, 1, 3'600'000));
+  CKPTD_RETURN_IF_ERROR(Range("delta_live_min_percent", o.delta_live_min_percent, 1, 100));
   CKPTD_RETURN_IF_ERROR(Range("stage_timeout_ms", o.stage_timeout_ms, 100, 604'800'000));  // 7 days
   CKPTD_RETURN_IF_ERROR(Range("reserve_timeout_ms", o.reserve_timeout_ms, 0, 3'600'000));
   CKPTD_RETURN_IF_ERROR(Range("io_queue_depth", o.io_queue_depth, 1, limits::kIoQueueDepthMax));
@@ -290,7 +295,8 @@ DaemonOptions::RetentionRule DaemonOptions::RetentionOf(const std::string& job) 
                        .keep_local = keep_local,
                        .keep_remote = keep_remote,
                        .keep_every = keep_every,
-                       .remote_every = remote_every};
+                       .remote_every = remote_every,
+                       .deltas = deltas};
 }
 
 bool DaemonOptions::RetentionOn() const {

@@ -208,6 +208,17 @@ struct DaemonOptions {
   struct RetentionRule {
     std::string pattern;
     uint32_t keep_local = 0;
+  // Deltas (docs/USER_GUIDE.md "Deltas"): a rank's flush compares each shard with the same
+  // shard of the job's previous committed checkpoint on this node (block checksums, then the
+  // bytes themselves, read back from that checkpoint's blob) and, where nothing changed,
+  // references it there (the blob file shared by a hard link) instead of writing it again. For
+  // fine-tuning (frozen or LoRA-only training). Per job in retention_rules (deltas=0|1).
+  // Default: false
+  bool deltas = false;
+  // Deltas: an earlier blob is shared only when the shards referenced in it are at least this
+  // percent of its bytes (else they are written again), so that a checkpoint never keeps alive
+  // much more than it uses. 1..100. Default: 50
+  uint32_t delta_live_min_percent = 50;
     uint32_t keep_remote = 0;
     uint64_t keep_every = 0;
     uint64_t remote_every = 0;
@@ -221,6 +232,7 @@ struct DaemonOptions {
   // Default: 60000
   uint64_t gc_interval_ms = 60000;
   // Checkpoints that span nodes (docs/OPERATIONS.md "Checkpoints that span nodes"): this daemon's
+    bool deltas = false;
   // name on the shared tier (its node part is <dir>/cluster/<node_id>.part; letters, digits, '.',
   // '-', '_', at most 64). Every daemon of a job needs its own. Default: the host name
   std::string node_id;

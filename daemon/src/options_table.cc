@@ -295,7 +295,7 @@ const std::vector<OptionDef>& OptionDefs() {
        IntField(&O::remote_every, "remote_every")},
       {"retention_rules", "per-job retention: PATTERN: key=N, ...; ...",
        "[retention](OPERATIONS.md#retention) per job: `PATTERN: keep_local=N, keep_remote=N, "
-       "keep_every=N, remote_every=N; "
+       "keep_every=N, remote_every=N, deltas=0|1; "
        "PATTERN2: ...` — the first rule whose shell glob matches the job name sets what it names; "
        "the rest, and jobs no rule matches, take the options above",
        StringField(&O::retention_rules), "(none)"},
@@ -317,6 +317,18 @@ const std::vector<OptionDef>& OptionDefs() {
        StringField(&O::peer_tls_ca_path)},
       {"peer_tls_cert_path", "PEM file of this daemon's peer certificate (names node_id)",
        "[peers](PEERS.md): PEM file of this daemon's certificate; its subject CN or a DNS "
+      {"deltas", "reference the shards a checkpoint did not change in the previous one",
+       "[deltas](USER_GUIDE.md#deltas): a rank's flush references the shards that did not change "
+       "since the job's previous checkpoint on this node (checked by checksum, then byte by byte "
+       "against that checkpoint's blob) instead of writing them again; per job in "
+       "`retention_rules` (`deltas=0|1`)",
+       BoolField(&O::deltas, "deltas")},
+      {"delta_live_min_percent",
+       "deltas: share an earlier blob only when this percent of it is referenced",
+       "[deltas](USER_GUIDE.md#deltas): an earlier checkpoint's blob is shared only when the "
+       "shards referenced in it are at least this percent of its bytes (1..100); else they are "
+       "written again",
+       IntField(&O::delta_live_min_percent, "delta_live_min_percent")},
        "subjectAltName is `node_id`",
        StringField(&O::peer_tls_cert_path)},
       {"peer_tls_key_path", "PEM file of the peer certificate's key",

@@ -80,6 +80,10 @@ class Io {
   // ALREADY_EXISTS if it does. Fault injection counts it as a rename.
   virtual absl::Status RenameNoReplace(const std::string& from, const std::string& to) = 0;
   virtual absl::Status FsyncDir(const std::string& dir) = 0;
+  // Gives the file `from` the new name `to` too (link(2): both names share its bytes);
+  // ALREADY_EXISTS if `to` exists. Not durable until the directory of `to` is synced.
+  // Default: link(2) itself.
+  virtual absl::Status Link(const std::string& from, const std::string& to);
   virtual absl::Status MkdirAll(const std::string& dir) = 0;
   virtual absl::Status Unlink(const std::string& path) = 0;
   // Removes a file or a directory tree; a missing path is OK.

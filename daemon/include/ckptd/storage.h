@@ -116,6 +116,17 @@ class Storage {
   // Removes `path` and everything under it, durably (the parent directory is synced); absent is
   // OK.
   virtual absl::Status RemoveAll(const std::string& path) = 0;
+  // Gives the durable blob `from` the second name `to`, sharing its bytes (a hard link; nothing
+  // is copied), replacing whatever `to` was; durable when it returns OK (the parent directories
+  // of `to` made and synced). The blob lives on until its last name is removed, so removing
+  // `from` later leaves `to` whole. Deltas (docs/USER_GUIDE.md "Deltas") share the unchanged
+  // blob of an earlier checkpoint this way. NOT_FOUND when `from` is gone. UNIMPLEMENTED (the
+  // default): the storage cannot share bytes, and the caller writes them again.
+  virtual absl::Status LinkBlob(const std::string& from, const std::string& to) {
+    (void)from;
+    (void)to;
+    return absl::UnimplementedError("this storage cannot give a blob a second name");
+  }
 };
 
 }  // namespace ckptd

@@ -104,6 +104,10 @@ inline constexpr uint64_t kConnectionsDefault = 512;
 // Zeroed bounce pages one flush holds for the partial last pages of its shards; a rank with more
 // such shards is written in batches reusing them.
 inline constexpr uint64_t kFlushBounceBytesMax = 4 * kMiB;
+// Deltas (tier/delta.h): earlier blob files one rank's flush may link into its checkpoint, and
+// the buffer one comparison of a referenced shard with its earlier bytes reads at a time.
+inline constexpr uint32_t kDeltaLinkedBlobsPerRankMax = 8;
+inline constexpr uint64_t kDeltaCompareBytes = 4 * kMiB;
 
 // How long Abort waits for the abort to be durable (its ABORTED row written) before answering
 // DEADLINE_EXCEEDED.

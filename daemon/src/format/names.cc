@@ -97,11 +97,23 @@ std::string NodeCopiesPath(const std::string& dir, const std::string& node) {
   return absl::StrCat(dir, "/cluster/", node, kNodeCopiesSuffix);
 }
 
+std::string LinkedBlobName(uint32_t rank, uint64_t step) {
+  return absl::StrFormat("r%05d-s%020d.blob", rank, step);
+}
+
 bool IsBlobFileName(std::string_view name) {
   absl::string_view digits(name.data(), name.size());
   if (!absl::ConsumePrefix(&digits, "r") || !absl::ConsumeSuffix(&digits, ".blob")) return false;
-  return digits.size() >= 5 && digits.size() <= 10 &&
-         std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
+  auto all_digits = [](absl::string_view d) {
+    return std::all_of(d.begin(), d.end(), [](char c) { return c >= '0' && c <= '9'; });
+  };
+  const size_t dash = digits.find("-s");
+  if (dash != absl::string_view::npos) {
+    const absl::string_view step = digits.substr(dash + 2);
+    if (step.size() != 20 || !all_digits(step)) return false;
+    digits = digits.substr(0, dash);
+  }
+  return digits.size() >= 5 && digits.size() <= 10 && all_digits(digits);
 }
 
 }  // namespace ckptd

@@ -51,7 +51,11 @@ std::string NodeUploadedPath(const std::string& dir, const std::string& node);
 // (v1::NodeCopies), once that node copied its part again after a peer lost it.
 std::string NodeCopiesPath(const std::string& dir, const std::string& node);
 inline constexpr char kNodeCopiesSuffix[] = ".copies";
-// `name` is exactly "r" + 5 or more digits + ".blob" (a name BlobName gives).
+// "r%05d-s%020d.blob": the blob written for `rank` by the checkpoint of `step`, linked into a
+// later checkpoint's directory that references shards in it (deltas).
+std::string LinkedBlobName(uint32_t rank, uint64_t step);
+// `name` is a name BlobName or LinkedBlobName gives: "r" + 5 to 10 digits, optionally "-s" +
+// 20 digits, then ".blob".
 bool IsBlobFileName(std::string_view name);
 
 }  // namespace ckptd

@@ -319,6 +319,13 @@ absl::StatusOr<bool> PosixIo::Exists(const std::string& path) {
 
 namespace ckptd {
 
+absl::Status Io::Link(const std::string& from, const std::string& to) {
+  if (link(from.c_str(), to.c_str()) != 0) {
+    return ErrnoStatus(errno, absl::StrCat("link ", from, " -> ", to));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status LinkNoReplace(const std::string& from, const std::string& to) {
   const std::string what = absl::StrCat("link (no replace) ", from, " -> ", to);
   if (link(from.c_str(), to.c_str()) != 0) return ErrnoStatus(errno, what);

@@ -178,7 +178,9 @@ Metrics::Metrics()
                     .Register(*registry_)),
       flush_bytes_(BuildCounter()
                        .Name("ckptd_flush_bytes_total")
-                       .Help("Bytes of rank blobs written and synced, by tier (local, remote)")
+                       .Help("Bytes of rank blobs written and synced, by tier (local, remote); "
+                             "referenced: bytes of unchanged shards that deltas referenced in an "
+                             "earlier checkpoint's blob instead of writing them")
                        .Register(*registry_)),
       flush_seconds_(BuildCounter()
                          .Name("ckptd_flush_seconds_total")

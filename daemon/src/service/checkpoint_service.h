@@ -353,6 +353,9 @@ class CheckpointService {
   absl::Status WriteAndJournalRank(const Key& key, uint32_t rank,
                                    const std::vector<RegionLease>& leases, Storage* to,
                                    v1::RankRecord* rec) ABSL_LOCKS_EXCLUDED(mu_);
+  // Deltas: the previous committed checkpoint of key's job on local storage, which a rank's
+  // flush may reference (tier/delta.h); none when there is none or it cannot be read.
+  std::optional<DeltaBase> DeltaBaseOf(const Key& key) ABSL_LOCKS_EXCLUDED(mu_);
   // Hands a persisted rank's staged bytes to the RAM tier; returns the extents it took.
   std::vector<uint64_t> HandRankToRamTier(const Key& key, const v1::RankRecord& rec)
       ABSL_LOCKS_EXCLUDED(mu_);

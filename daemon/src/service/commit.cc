@@ -74,12 +74,14 @@ absl::StatusOr<Manifest> BuildManifest(const PendingCheckpoint& p, uint64_t comm
       where[{r, i}] = {spec.item(), item.shards_size()};
       *item.add_shards() = s.stored();
       total += s.stored().length();
-      blob_bytes = std::max(blob_bytes, ShardEndInBlob(s.stored()));
+      if (s.stored().blob_id() == r) blob_bytes = std::max(blob_bytes, ShardEndInBlob(s.stored()));
     }
     v1::BlobInfo* b = h.add_blobs();
     b->set_id(r);
     b->set_name(pr.rec.blob_name());
     b->set_size_bytes(blob_bytes);
+    // Deltas: the earlier blobs this rank's unchanged shards are referenced in, linked here.
+    for (const v1::BlobInfo& linked : pr.rec.linked_blobs()) *h.add_blobs() = linked;
   }
   // Replicas: stored once; a tensor replica must carry the same bytes as the stored copy.
   for (const auto& [r, pr] : p.ranks) {

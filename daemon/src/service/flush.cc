@@ -20,7 +20,7 @@ HotParts CheckpointService::HotBytesOfRank(const v1::RankRecord& rec) const {
   for (const v1::StagedShard& s : rec.shards()) {
     const v1::MemRef& m = s.spec().data();
     if (s.replica() || m.length() == 0 || m.target_case() != v1::MemRef::kExtentId) continue;
-    hot.ranges.push_back(HotRange{.blob_id = rec.rank(),
+    hot.ranges.push_back(HotRange{.blob_id = s.stored().blob_id(),
                                   .blob_offset = s.stored().offset(),
                                   .length = s.stored().length(),
                                   .uid = seg->uid,
@@ -72,11 +72,16 @@ absl::Status CheckpointService::WriteAndJournalRank(const Key& key, uint32_t ran
                                                     const std::vector<RegionLease>& leases,
                                                     Storage* to, v1::RankRecord* rec) {
   const absl::Time started = absl::Now();
-  CKPTD_RETURN_IF_ERROR(
-      flush_.WriteRankBlob(CheckpointDir(key.first, key.second), leases, rec, to));
+  std::optional<DeltaBase> base;
+  if (to == deps_.storage && deps_.options->RetentionOf(key.first).deltas) base = DeltaBaseOf(key);
+  CKPTD_RETURN_IF_ERROR(flush_.WriteRankBlob(CheckpointDir(key.first, key.second), leases, rec, to,
+                                             base ? &*base : nullptr));
   if (deps_.metrics != nullptr) {
-    deps_.metrics->Flushed(to == deps_.storage ? "local" : "remote", rec->bytes(),
+    deps_.metrics->Flushed(to == deps_.storage ? "local" : "remote",
+                           rec->bytes() - std::min(rec->bytes(), rec->bytes_referenced()),
                            absl::ToDoubleSeconds(absl::Now() - started));
+    if (rec->bytes_referenced() > 0)
+      deps_.metrics->Flushed("referenced", rec->bytes_referenced(), 0);
   }
   CKPTD_SYNC_POINT("flush.blob_synced");
   // "Persisted" is journaled synced, outside the service lock, before the extents are freed:
@@ -90,6 +95,30 @@ absl::Status CheckpointService::WriteAndJournalRank(const Key& key, uint32_t ran
                "journaling a persisted rank"));
   CKPTD_SYNC_POINT("flush.rank_persisted");
   return absl::OkStatus();
+}
+
+std::optional<DeltaBase> CheckpointService::DeltaBaseOf(const Key& key) {
+  // The newest COMMITTED step before this one with a copy on this node's storage; its manifest
+  // verified. Anything in the way (none yet, a read error) means a full write, never a failure.
+  absl::StatusOr<std::vector<uint64_t>> steps = CommittedSteps(key.first);
+  if (!steps.ok()) return std::nullopt;
+  for (uint64_t step : *steps) {
+    if (step >= key.second) continue;
+    absl::StatusOr<std::optional<v1::CheckpointRecord>> rec = GetRecord(key.first, step);
+    if (!rec.ok() || !*rec) return std::nullopt;
+    const v1::Tiers& tiers = (*rec)->summary().tiers();
+    if ((*rec)->summary().state() != v1::COMMITTED || !(tiers.local() || tiers.local_part())) {
+      return std::nullopt;
+    }
+    absl::StatusOr<std::shared_ptr<const Manifest>> m =
+        GetManifest(key.first, step, std::vector<Storage*>{deps_.storage});
+    if (!m.ok()) return std::nullopt;
+    return DeltaBase{.step = step,
+                     .dir = (*rec)->dir().empty() ? CheckpointDir(key.first, step) : (*rec)->dir(),
+                     .manifest = *std::move(m),
+                     .live_min_percent = deps_.options->delta_live_min_percent};
+  }
+  return std::nullopt;
 }
 
 std::vector<uint64_t> CheckpointService::HandRankToRamTier(const Key& key,

@@ -16,6 +16,8 @@
 #include "format/blob_layout.h"
 #include "format/checksum_pool.h"
 #include "format/crc32c.h"
+#include "format/names.h"
+#include "spdlog/spdlog.h"
 
 namespace ckptd {
 namespace {
@@ -67,10 +69,12 @@ struct BlobPiece {
 
 // Lays out the blob of `rec` (format/blob_layout.h): fills each shard's stored entry (offset in
 // the blob), the pieces to write (replicas and empty shards have none) and the checksum jobs.
-// `source` gives a staged shard's bytes.
+// `source` gives a staged shard's bytes. Shards marked in `referenced` (deltas) keep their stored
+// entry (an earlier blob's) and take no place here.
 absl::Status LayOutRankBlob(absl::FunctionRef<const uint8_t*(const v1::StagedShard&)> source,
-                            v1::RankRecord* rec, std::vector<BlobPiece>* pieces,
-                            std::vector<ChecksumJob>* checksums, uint64_t* checksum_bytes) {
+                            const std::vector<bool>& referenced, v1::RankRecord* rec,
+                            std::vector<BlobPiece>* pieces, std::vector<ChecksumJob>* checksums,
+                            uint64_t* checksum_bytes) {
   // Extents holding exactly one shard may be written whole (tail included, zeroed first), which
   // keeps every write aligned for O_DIRECT.
   absl::flat_hash_map<uint64_t, int> shards_per_extent;
@@ -81,6 +85,7 @@ absl::Status LayOutRankBlob(absl::FunctionRef<const uint8_t*(const v1::StagedSha
   }
   BlobLayout layout;
   for (int i = 0; i < rec->shards_size(); ++i) {
+    if (!referenced.empty() && referenced[static_cast<size_t>(i)]) continue;
     v1::StagedShard* s = rec->mutable_shards(i);
     const v1::MemRef& m = s->spec().data();
     v1::ShardEntry* e = s->mutable_stored();
@@ -155,7 +160,122 @@ absl::Status WritePieces(Storage& storage, const std::string& path,
   return synced;
 }
 
+struct CompareArgs {
+  const uint8_t* staged;
+  const uint8_t* read;
+  uint64_t n;
+  bool same;
+};
+
+// Whether `length` staged bytes at `src` (client-visible memory: guarded) equal the bytes of
+// the file `r` at `offset` (4 KiB aligned). Reads through `buf` (kDeltaCompareBytes, aligned).
+absl::StatusOr<bool> SameAsFile(BlobReader& r, uint64_t offset, const uint8_t* src, uint64_t length,
+                                uint8_t* buf) {
+  for (uint64_t done = 0; done < length;) {
+    const uint64_t n = std::min(length - done, limits::kDeltaCompareBytes);
+    IoSlice slice{buf, RoundUp(n, limits::kAlignmentBytes), offset + done};
+    if (slice.offset + slice.len > r.size_bytes()) return false;  // not the file it was
+    CKPTD_RETURN_IF_ERROR(r.Read(std::span<const IoSlice>(&slice, 1)));
+    CompareArgs c{src + done, buf, n, false};
+    CKPTD_RETURN_IF_ERROR(GuardClientMemory(
+        [](void* p) {
+          auto* a = static_cast<CompareArgs*>(p);
+          a->same = std::memcmp(a->staged, a->read, a->n) == 0;
+        },
+        &c, "staged bytes being compared"));
+    if (!c.same) return false;
+    done += n;
+  }
+  return true;
+}
+
 }  // namespace
+
+absl::StatusOr<std::vector<bool>> LocalTier::ReferenceUnchanged(
+    const std::string& dir, const DeltaBase& base,
+    absl::FunctionRef<const uint8_t*(const v1::StagedShard&)> source, v1::RankRecord* rec) {
+  const uint32_t block = RankBlockBytes(*rec);
+  const uint32_t rank = rec->rank();
+  rec->clear_linked_blobs();
+  rec->set_bytes_referenced(0);
+  // Every stored shard's block checksums first: they pick the candidates. (The shards that end
+  // up written are summed again while they are written, as without deltas.)
+  std::vector<CrcRange> ranges;
+  for (int i = 0; i < rec->shards_size(); ++i) {
+    v1::StagedShard* s = rec->mutable_shards(i);
+    const v1::MemRef& m = s->spec().data();
+    v1::ShardEntry* e = s->mutable_stored();
+    e->Clear();
+    e->set_saved_by_rank(rank);
+    e->set_blob_id(rank);
+    e->set_length(m.length());
+    if (s->spec().has_tensor() && s->spec().tensor().has_region()) {
+      *e->mutable_region() = s->spec().tensor().region();
+    }
+    if (s->replica() || m.length() == 0) continue;
+    auto* crcs = e->mutable_block_crc32c();
+    crcs->Resize(static_cast<int>(BlockCount(m.length(), block)), 0);
+    ranges.push_back(CrcRange{source(*s), m.length(), crcs->mutable_data()});
+  }
+  std::vector<bool> referenced(static_cast<size_t>(rec->shards_size()), false);
+  CKPTD_RETURN_IF_ERROR(ParallelBlockCrcs(checksum_pool_, ranges, block, GuardedBlockCrcs));
+  std::vector<DeltaGroup> groups = PlanDelta(*rec, base);
+  if (groups.empty()) return referenced;
+  AlignedBuffer buf = AllocateAligned(limits::kDeltaCompareBytes);
+  if (buf == nullptr) return referenced;  // no memory to compare with: write everything
+  uint32_t slot = 0;
+  uint64_t bytes_referenced = 0;
+  for (const DeltaGroup& g : groups) {
+    const std::string name = LinkedBlobName(rank, g.written_at_step);
+    const std::string link = absl::StrCat(dir, "/", name);
+    // Linked first, then compared through the link: the bytes compared are the bytes this
+    // checkpoint keeps, whatever happens to the earlier checkpoint meanwhile.
+    absl::Status linked = storage_->LinkBlob(absl::StrCat(base.dir, "/", g.base_name), link);
+    std::vector<size_t> same;
+    if (linked.ok()) {
+      absl::StatusOr<std::unique_ptr<BlobReader>> reader = storage_->OpenBlob(link);
+      if (!reader.ok()) linked = reader.status();
+      for (size_t k = 0; linked.ok() && k < g.shards.size(); ++k) {
+        const v1::StagedShard& s = rec->shards(g.shards[k]);
+        absl::StatusOr<bool> eq =
+            SameAsFile(**reader, g.offsets[k], source(s), s.stored().length(), buf.get());
+        if (eq.ok() && *eq) {
+          same.push_back(k);
+        } else {
+          spdlog::warn("deltas: \"{}\" of rank {} does not match {} of step {} ({}); written again",
+                       s.spec().item(), rank, g.base_name, base.step,
+                       eq.ok() ? "its bytes differ" : eq.status().ToString());
+        }
+      }
+    }
+    if (!linked.ok()) {
+      spdlog::info("deltas: {} of step {} not shared ({}); its shards are written", g.base_name,
+                   base.step, linked.ToString());
+    }
+    if (same.empty()) {
+      if (linked.ok()) {
+        absl::Status removed = storage_->RemoveAll(link);
+        if (!removed.ok()) spdlog::warn("deltas: {}", removed.ToString());
+      }
+      continue;
+    }
+    v1::BlobInfo* b = rec->add_linked_blobs();
+    b->set_id(LinkedBlobId(rank, slot++));
+    b->set_name(name);
+    b->set_size_bytes(g.size_bytes);
+    b->set_written_at_step(g.written_at_step);
+    for (size_t k : same) {
+      const int i = g.shards[k];
+      v1::ShardEntry* e = rec->mutable_shards(i)->mutable_stored();
+      e->set_blob_id(b->id());
+      e->set_offset(g.offsets[k]);
+      referenced[static_cast<size_t>(i)] = true;
+      bytes_referenced += e->length();
+    }
+  }
+  rec->set_bytes_referenced(bytes_referenced);
+  return referenced;
+}
 
 LocalTier::LocalTier(const DaemonOptions* options, Storage* storage, StagingArena* arena,
                      Executor* pool)
@@ -203,16 +323,20 @@ const uint8_t* LocalTier::ShardSource(const std::string& arena_generation, const
 
 absl::Status LocalTier::WriteRankBlob(const std::string& dir,
                                       const std::vector<RegionLease>& leases, v1::RankRecord* rec,
-                                      Storage* to) {
+                                      Storage* to, const DeltaBase* base) {
   const absl::Time started = absl::Now();
   const uint32_t block = RankBlockBytes(*rec);
   std::vector<BlobPiece> pieces;
   std::vector<ChecksumJob> checksums;
   uint64_t checksum_bytes = 0;
   const std::string& generation = rec->arena_generation();
+  auto source = [&](const v1::StagedShard& s) { return ShardSource(generation, s, leases); };
+  std::vector<bool> referenced;
+  if (base != nullptr && (to == nullptr || to == storage_)) {
+    CKPTD_ASSIGN_OR_RETURN(referenced, ReferenceUnchanged(dir, *base, source, rec));
+  }
   CKPTD_RETURN_IF_ERROR(
-      LayOutRankBlob([&](const v1::StagedShard& s) { return ShardSource(generation, s, leases); },
-                     rec, &pieces, &checksums, &checksum_bytes));
+      LayOutRankBlob(source, referenced, rec, &pieces, &checksums, &checksum_bytes));
   std::vector<CrcRange> ranges = CrcRanges(checksums, block);
   if (pieces.empty() || checksum_bytes < limits::kChecksumParallelBytesMin) {
     for (const CrcRange& r : ranges) {

@@ -29,7 +29,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "ckptd/storage.h"
 #include "ckptd/v1/index.pb.h"
@@ -39,6 +41,7 @@
 #include "dataplane/arena.h"
 #include "dataplane/region_registry.h"
 #include "options.h"
+#include "tier/delta.h"
 
 namespace ckptd {
 
@@ -67,14 +70,26 @@ class LocalTier {
   // every shard's stored entry (offset, length, block checksums) and the rank's timings
   // (flush_us: laying out, checksumming and writing; fsync_us: the sync). To `to` when given (the
   // remote tier, for the policy TIER_REMOTE), else to local storage.
+  // With `base` (deltas, local storage only): the shards unchanged since `base` are referenced
+  // in its blobs, linked into `dir` (rec->linked_blobs), and only the others are written; each
+  // referenced shard's bytes were compared with the linked file's first (ReferenceUnchanged).
   absl::Status WriteRankBlob(const std::string& dir, const std::vector<RegionLease>& leases,
-                             v1::RankRecord* rec, Storage* to = nullptr);
+                             v1::RankRecord* rec, Storage* to = nullptr,
+                             const DeltaBase* base = nullptr);
 
  private:
   // Where a staged shard's bytes are: in the segment of the rank's generation (even a retired,
   // damaged one: read under the memory guard, never another segment's bytes), or a lease.
   const uint8_t* ShardSource(const std::string& arena_generation, const v1::StagedShard& s,
                              const std::vector<RegionLease>& leases) const;
+  // Deltas: checksums every shard of `rec`, links the earlier files PlanDelta picks into `dir`,
+  // compares each candidate's bytes with the file's through the link, and points the stored
+  // entry of each that matches into it. Returns which shards are referenced (the rest are
+  // written). A file that cannot be linked or read, or a shard whose bytes differ, is written
+  // instead (logged): a delta never fails a flush that writing could do.
+  absl::StatusOr<std::vector<bool>> ReferenceUnchanged(
+      const std::string& dir, const DeltaBase& base,
+      absl::FunctionRef<const uint8_t*(const v1::StagedShard&)> source, v1::RankRecord* rec);
 
   const DaemonOptions* const options_;
   Storage* const storage_;

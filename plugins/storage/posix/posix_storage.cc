@@ -262,6 +262,25 @@ class PosixStorage : public Storage {
     return names;
   }
 
+  // link(2) to a temporary name, renamed over `to`: `to` is the old file or the new link,
+  // never absent, and a crash leaves at most a temporary name that the next link removes.
+  absl::Status LinkBlob(const std::string& from, const std::string& to) override {
+    CKPTD_ASSIGN_OR_RETURN(std::string src, Full(from, false));
+    CKPTD_ASSIGN_OR_RETURN(std::string full, Full(to, false));
+    const std::string parent = ParentOf(full);
+    CKPTD_RETURN_IF_ERROR(io_->MkdirAll(parent));
+    CKPTD_RETURN_IF_ERROR(RemoveStaleTemps(parent, full.substr(parent.size() + 1)));
+    const std::string tmp = full + TempSuffix();
+    CKPTD_RETURN_IF_ERROR(io_->Link(src, tmp));
+    absl::Status status = io_->Rename(tmp, full);
+    if (!status.ok()) {
+      absl::Status removed = io_->Unlink(tmp);
+      if (!removed.ok() && !absl::IsNotFound(removed)) spdlog::warn("{}", removed.ToString());
+      return status;
+    }
+    return io_->FsyncDir(parent);
+  }
+
   absl::Status RemoveAll(const std::string& path) override {
     // Never the whole root: an empty path here is a caller's bug or bad input.
     CKPTD_ASSIGN_OR_RETURN(std::string full, Full(path, false));

@@ -69,6 +69,15 @@ TEST_CASE("Step directory and blob names", "[unit]") {
 
 TEST_CASE("IsBlobFileName: exactly the names BlobName gives, never a path", "[unit]") {
   CHECK(IsBlobFileName(BlobName(0)));
+  CHECK(LinkedBlobName(3, 42) == "r00003-s00000000000000000042.blob");
+  CHECK(IsBlobFileName(LinkedBlobName(3, 42)));
+  for (const char* bad :
+       {"r00003-s42.blob", "r00003-s0000000000000000004x.blob",
+        "r00003-s000000000000000000042.blob", "r00003-x00000000000000000042.blob",
+        "r00003-s00000000000000000042.blob/..", "r0003-s00000000000000000042.blob"}) {
+    INFO(bad);
+    CHECK_FALSE(IsBlobFileName(bad));
+  }
   CHECK(IsBlobFileName(BlobName(123456)));
   CHECK(IsBlobFileName("r4294967295.blob"));
   for (const char* bad : {"", "r.blob", "r0001.blob", "r00001.blob/..", "../r00001.blob",
