@@ -463,6 +463,35 @@ int StopAfterServing(const DaemonOptions& o, CheckpointService& svc, FairPools& 
   return 0;
 }
 
+// Run's second phase, from a recovered and started service to the exit code: the metrics'
+// levels and endpoint, the RPC front until SIGTERM or SIGINT (ServeUntilSignal), then the peer
+// channel (null without one) stopped and StopAfterServing. Everything it is given outlives it.
+int ServeAndStop(const DaemonOptions& o, CheckpointService& svc, FairPools& pools, Metrics& metrics,
+                 StagingArena* arena, peer::Server* peer_server) {
+  metrics.SetLevels([&] {
+    Metrics::Levels l = svc.MetricLevels();
+    pools.AddLevels(&l);
+    return l;
+  });
+  // Declared after what its scrapes read (the service, the pools): destroyed, so stopped, first.
+  absl::StatusOr<std::unique_ptr<MetricsServer>> metrics_server = StartMetricsServer(o, &metrics);
+  if (!metrics_server.ok()) {
+    spdlog::critical("{}", metrics_server.status().ToString());
+    return 1;
+  }
+  absl::Duration grace_left = absl::Seconds(o.shutdown_grace_s);
+  if (absl::Status st =
+          ServeUntilSignal(o, svc, pools.pools(), arena->segments().size(), &metrics, &grace_left);
+      !st.ok()) {
+    spdlog::critical("{}", st.ToString());
+    return 1;
+  }
+  if (peer_server != nullptr) peer_server->Stop();
+  return StopAfterServing(o, svc, pools, arena, grace_left);
+}
+
+// The daemon's life: options applied, the stores opened, the parts built over them and the
+// service recovered and started (this phase), then ServeAndStop. The exit code.
 int Run(const DaemonOptions& o) {
   SetUpLogging(o);
   if (absl::Status st = ArmCrashPoint(o); !st.ok()) {
@@ -514,26 +543,7 @@ int Run(const DaemonOptions& o) {
     return 1;
   }
   svc.Start();
-  metrics.SetLevels([&] {
-    Metrics::Levels l = svc.MetricLevels();
-    pools.AddLevels(&l);
-    return l;
-  });
-  // Declared after what its scrapes read (the service, the pools): destroyed, so stopped, first.
-  absl::StatusOr<std::unique_ptr<MetricsServer>> metrics_server = StartMetricsServer(o, &metrics);
-  if (!metrics_server.ok()) {
-    spdlog::critical("{}", metrics_server.status().ToString());
-    return 1;
-  }
-  absl::Duration grace_left = absl::Seconds(o.shutdown_grace_s);
-  if (absl::Status st =
-          ServeUntilSignal(o, svc, pools.pools(), arena->segments().size(), &metrics, &grace_left);
-      !st.ok()) {
-    spdlog::critical("{}", st.ToString());
-    return 1;
-  }
-  if (*peer_server != nullptr) (*peer_server)->Stop();
-  return StopAfterServing(o, svc, pools, arena, grace_left);
+  return ServeAndStop(o, svc, pools, metrics, arena, peer_server->get());
 }
 
 }  // namespace

@@ -10,6 +10,48 @@
 #include "common/limits.h"
 
 namespace ckptd {
+namespace {
+
+// Register's second phase: the client's shm object `name` opened (never through a symlink) and
+// checked before it is mapped — a regular file of the caller's uid (`owner_uid`), not one of the
+// daemon's arena segments under another name, at least size_bytes long. Its descriptor, or the
+// refusal (PERMISSION_DENIED, INVALID_ARGUMENT, or the errno's).
+absl::StatusOr<int> OpenShmRegion(const std::string& name, uint32_t owner_uid, uint64_t size_bytes,
+                                  const ForbiddenRegions& forbidden) {
+  int fd = shm_open(name.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC, 0);
+  if (fd < 0) {
+    if (errno == ELOOP) {
+      return absl::PermissionDeniedError(absl::StrCat("region ", name, " is a symlink"));
+    }
+    return ErrnoStatus(errno, absl::StrCat("region shm_open ", name));
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    int err = errno;
+    close(fd);
+    return ErrnoStatus(err, absl::StrCat("region fstat ", name));
+  }
+  absl::Status refused;
+  if (!S_ISREG(st.st_mode)) {
+    refused = absl::PermissionDeniedError(absl::StrCat("region ", name, " is not a regular file"));
+  } else if (st.st_uid != owner_uid) {
+    refused = absl::PermissionDeniedError(absl::StrCat(
+        "region ", name, " is owned by uid ", st.st_uid, ", not by the caller's uid ", owner_uid));
+  } else if (forbidden.is_arena && forbidden.is_arena(st.st_dev, st.st_ino)) {
+    refused = absl::PermissionDeniedError(
+        absl::StrCat("region ", name, " is the daemon's staging arena"));
+  } else if (static_cast<uint64_t>(st.st_size) < size_bytes) {
+    refused = absl::InvalidArgumentError(absl::StrCat(
+        "region ", name, " is ", st.st_size, " bytes, smaller than size_bytes ", size_bytes));
+  }
+  if (!refused.ok()) {
+    close(fd);
+    return refused;
+  }
+  return fd;
+}
+
+}  // namespace
 
 MappedRegion::~MappedRegion() {
   if (base != nullptr) munmap(base, size_bytes);
@@ -157,36 +199,7 @@ absl::StatusOr<uint64_t> RegionRegistry::Register(const std::string& session, ui
     return absl::PermissionDeniedError(
         absl::StrCat("region ", name, ": the daemon's own shared memory cannot be registered"));
   }
-  int fd = shm_open(name.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC, 0);
-  if (fd < 0) {
-    if (errno == ELOOP) {
-      return absl::PermissionDeniedError(absl::StrCat("region ", name, " is a symlink"));
-    }
-    return ErrnoStatus(errno, absl::StrCat("region shm_open ", name));
-  }
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
-    int err = errno;
-    close(fd);
-    return ErrnoStatus(err, absl::StrCat("region fstat ", name));
-  }
-  absl::Status refused;
-  if (!S_ISREG(st.st_mode)) {
-    refused = absl::PermissionDeniedError(absl::StrCat("region ", name, " is not a regular file"));
-  } else if (st.st_uid != owner_uid) {
-    refused = absl::PermissionDeniedError(absl::StrCat(
-        "region ", name, " is owned by uid ", st.st_uid, ", not by the caller's uid ", owner_uid));
-  } else if (forbidden_.is_arena && forbidden_.is_arena(st.st_dev, st.st_ino)) {
-    refused = absl::PermissionDeniedError(
-        absl::StrCat("region ", name, " is the daemon's staging arena"));
-  } else if (static_cast<uint64_t>(st.st_size) < req.size_bytes()) {
-    refused = absl::InvalidArgumentError(absl::StrCat(
-        "region ", name, " is ", st.st_size, " bytes, smaller than size_bytes ", req.size_bytes()));
-  }
-  if (!refused.ok()) {
-    close(fd);
-    return refused;
-  }
+  CKPTD_ASSIGN_OR_RETURN(int fd, OpenShmRegion(name, owner_uid, req.size_bytes(), forbidden_));
   void* p = mmap(nullptr, req.size_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) {
     int err = errno;
