@@ -11,6 +11,8 @@
 #   BENCH_TRAIN_ROUNDS=8 BENCH_TRAIN_EVERY=5    the training-loop overhead (blocks of 5 steps)
 #   BENCH_EVERY_ROUNDS=5 BENCH_EVERY_STEPS=10 BENCH_EVERY_SYSTEMS=...  checkpointing every step
 #                            and every 10 steps: runs of 10 steps, overhead per step (every_step)
+#   BENCH_DELTA_MIB=512 BENCH_DELTA_STEPS=8   deltas on a LoRA-style job (1% of the state changing
+#                            per step): time to committed and bytes written, on against off (delta)
 #   BENCH_REPS=3                               repetitions of ckptd's saves/loads and of memcpy
 #   BENCH_REMOTE_GB=1 BENCH_REMOTE_ROUNDS=3   the remote tier on S3 (bench/remote_bench.py: a local
 #                            SeaweedFS `weed` on loopback; ckptd's upload/download/resharded load
@@ -57,7 +59,7 @@
 #   BENCH_PLANNING_WORLDS=16,128,1000,10000 BENCH_PLANNING_TENSORS=16   DCP's coordination cost
 #                            per rank and on the coordinator (rank 0) at simulated world sizes, DCP's
 #                            own writer/reader against ckptd.torch's (bench/planning_scale_bench.py)
-#   BENCH_ONLY=all|planner|save_validate|reshard|ckpt|commit|restore|cold|warm|resume|replicated|train|every_step|remote|cluster|peer
+#   BENCH_ONLY=all|planner|save_validate|reshard|ckpt|commit|restore|cold|warm|resume|replicated|train|every_step|delta|remote|cluster|peer
 #              |peer_restore|deepspeed|import|framework|planning
 #                            run one part only
 set -euo pipefail
@@ -191,6 +193,12 @@ python3 "$ROOT/bench/train_bench.py" --daemon "$BUILD/ckptd" --out "$OUT" \
   --state-dir "$STATE-train" --rounds "${BENCH_TRAIN_ROUNDS:-8}" --every "${BENCH_TRAIN_EVERY:-5}" \
   ${BENCH_TRAIN_SYSTEMS:+--systems "$BENCH_TRAIN_SYSTEMS"}
 rm -rf "$STATE-train"
+fi
+
+if [ "$ONLY" = all ] || [ "$ONLY" = delta ]; then
+echo "bench: deltas on a LoRA-style job (bytes written, time to committed; on against off)"
+python3 "$ROOT/bench/delta_bench.py" --binary "$BUILD/ckptd" --out "$OUT" \
+  --state-mib "${BENCH_DELTA_MIB:-512}" --steps "${BENCH_DELTA_STEPS:-8}"
 fi
 
 if [ "$ONLY" = all ] || [ "$ONLY" = every_step ]; then

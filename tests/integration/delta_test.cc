@@ -200,3 +200,31 @@ TEST_CASE("deltas: a kill -9 after a delta's links and blob are synced loses not
   CheckLoads(d, "crash", 2, frozen, l2);
   CHECK(PathExists(StepPath(d, "crash", 2) + "/" + Linked(1)));
 }
+
+TEST_CASE("deltas: the remote tier gets whole checkpoints, and a fresh node loads them from it",
+          "[integration][deltas]") {
+  TempDir store;
+  const std::vector<std::string> flags = {"--deltas=true", "--remote_dir=" + store.path(),
+                                          "--tier_policy=local+remote",
+                                          "--upload_retry_max_ms=1000"};
+  const std::vector<float> frozen = Filled(kFrozen / 4, 6.0f);
+  const std::vector<float> l1 = Filled(kLora, 6.5f), l2 = Filled(kLora, 7.5f);
+  {
+    Daemon a(DaemonConfig{.extra_flags = flags});
+    Save(a, "up", 1, frozen, l1);
+    Save(a, "up", 2, frozen, l2);
+    REQUIRE(PathExists(StepPath(a, "up", 2) + "/" + Linked(1)));
+    for (uint64_t step : {1, 2}) {
+      absl::Status up = a.Connect()->Wait("up", step, ckptd::WaitFor::kRemote, 30000).status();
+      INFO(up.ToString() << "\n" << a.Log());
+      REQUIRE(up.ok());
+    }
+    // On the store every checkpoint directory holds its own copy of every blob it lists.
+    CHECK(FileBytes(store.path() + "/up/" + StepDir(2) + "/" + Linked(1)) >=
+          frozen.size() * sizeof(float));
+    REQUIRE(a.Connect()->Delete("up", 1).ok());
+  }
+  // A fresh node (empty state dir) loads step 2 from the store alone.
+  Daemon b(DaemonConfig{.extra_flags = flags});
+  CheckLoads(b, "up", 2, frozen, l2);
+}
