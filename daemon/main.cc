@@ -182,6 +182,14 @@ absl::StatusOr<std::unique_ptr<Storage>> OpenRemoteTier(const DaemonOptions& o,
   const std::string uri = RemoteUri(o);
   if (uri.empty()) return std::unique_ptr<Storage>();
   CKPTD_ASSIGN_OR_RETURN(StorageUri parsed, ParseStorageUri(uri));
+  // What only the options can say (the plugin would name its own setting, not the option).
+  if (parsed.scheme == "s3" && o.remote_s3_endpoint.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(uri, " needs option remote_s3_endpoint"));
+  }
+  if (parsed.scheme != "file" && o.remote_dir_link_fallback) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("option remote_dir_link_fallback applies to a directory, not to ", uri));
+  }
   if (parsed.scheme == "file") {
     std::error_code ec;
     if (!std::filesystem::is_directory(parsed.location, ec)) {
