@@ -53,7 +53,9 @@ build-asan: setup
 	  -DCMAKE_C_COMPILER=$(ASAN_CC) -DCMAKE_CXX_COMPILER=$(ASAN_CXX) >/dev/null
 	@$(CMAKE) --build $(BUILD_ASAN) -j $(JOBS)
 
-# The ThreadSanitizer tier: the service, tier, dataplane, metrics, options, common and client unit tests,
+# The ThreadSanitizer tier: the service, tier, dataplane, metrics, options, common, client and peer
+# unit tests (peer: the replicator, peer client and peer server over real gRPC and mutual TLS on
+# loopback, tests/unit/peer/peer_channel_test.cc),
 # the index module's committer tests and the io module's reader pool tests (the daemon's
 # concurrent core, in-process, with its real flush pool, worker pools, reader pool, committer,
 # arena and locks; the other index tests drive RocksDB, which is not instrumented; the other io
@@ -63,7 +65,8 @@ build-asan: setup
 # Any report fails the tier.
 BUILD_TSAN ?= $(ROOT)/build-tsan
 TSAN_TARGETS ?= ckptd_unit_service ckptd_unit_tier ckptd_unit_dataplane ckptd_unit_common \
-  ckptd_unit_io ckptd_unit_index ckptd_unit_metrics ckptd_unit_options ckptd_unit_client
+  ckptd_unit_io ckptd_unit_index ckptd_unit_metrics ckptd_unit_options ckptd_unit_client \
+  ckptd_unit_peer
 build-tsan: setup
 	@bash tests/tsan/build_absl.sh $(BUILD_TSAN)/absl
 	@$(CMAKE) -S . -B $(BUILD_TSAN) $(SAN_CMAKE_FLAGS) -DCKPTD_TSAN=ON \
@@ -75,7 +78,7 @@ test-tsan: build-tsan
 	@rm -rf $(BUILD_TSAN)/sanitizer && mkdir -p $(BUILD_TSAN)/sanitizer
 	@cd $(BUILD_TSAN) && \
 	  TSAN_OPTIONS=second_deadlock_stack=1:log_path=$(TSAN_LOG):suppressions=$(ROOT)/tests/tsan/tsan.supp \
-	  ctest --output-on-failure -j 2 --timeout 1200 -R 'unit\.(service|tier|dataplane|common|metrics|options|client):|unit\.io: ?reader pool|unit\.index: ?committer'
+	  ctest --output-on-failure -j 2 --timeout 1200 -R 'unit\.(service|tier|dataplane|common|metrics|options|client|peer):|unit\.io: ?reader pool|unit\.index: ?committer'
 	@if compgen -G "$(TSAN_LOG).*" >/dev/null; then \
 	  echo "ThreadSanitizer reports:"; cat $(TSAN_LOG).*; exit 1; fi
 

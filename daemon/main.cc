@@ -404,7 +404,8 @@ absl::StatusOr<std::unique_ptr<peer::Server>> StartPeerServer(const DaemonOption
                     .streams_per_node_max = o.peer_streams_per_node_max,
                     .inflight_bytes_per_node_max = o.peer_inflight_bytes_per_node_max,
                     .connections_per_node_max = limits::kPeerConnectionsPerNodeMax},
-          .local = local},
+          .local = local,
+          .stall_timeout_ms = o.peer_stall_timeout_ms},
       metrics);
 }
 
@@ -426,7 +427,8 @@ absl::StatusOr<std::unique_ptr<peer::Replicator>> StartReplicator(const DaemonOp
           .advertise_addr = advertise,
           .failure_domain = o.peer_failure_domain,
           .tls = {o.peer_tls_ca_path, o.peer_tls_cert_path, o.peer_tls_key_path},
-          .repair_interval = absl::Milliseconds(o.peer_repair_interval_ms)},
+          .repair_interval = absl::Milliseconds(o.peer_repair_interval_ms),
+          .stall_timeout = absl::Milliseconds(o.peer_stall_timeout_ms)},
       stores.storage.get(), stores.remote.get());
 }
 

@@ -185,6 +185,8 @@ absl::Status ValidateRanges(const DaemonOptions& o) {
   CKPTD_RETURN_IF_ERROR(Range("delta_live_min_percent", o.delta_live_min_percent, 1, 100));
   CKPTD_RETURN_IF_ERROR(Range("stage_timeout_ms", o.stage_timeout_ms, 100, 604'800'000));  // 7 days
   CKPTD_RETURN_IF_ERROR(Range("reserve_timeout_ms", o.reserve_timeout_ms, 0, 3'600'000));
+  CKPTD_RETURN_IF_ERROR(Range("peer_stall_timeout_ms", o.peer_stall_timeout_ms,
+                              limits::kPeerStallTimeoutMsMin, limits::kPeerCallTimeoutMs));
   CKPTD_RETURN_IF_ERROR(Range("io_queue_depth", o.io_queue_depth, 1, limits::kIoQueueDepthMax));
   CKPTD_RETURN_IF_ERROR(Range("checksum_block_bytes", o.checksum_block_bytes, 4096, 16 << 20));
   if ((o.checksum_block_bytes & (o.checksum_block_bytes - 1)) != 0) {

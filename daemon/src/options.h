@@ -273,6 +273,12 @@ struct DaemonOptions {
   // How a job's owner recorded in a manifest or node part (written by a daemon on any node)
   // becomes a uid here when this daemon adopts the checkpoint (docs/SECURITY.md "Ownership"):
   // "uid" (the recorded numeric uid: every node shares one uid space) or "name" (the recorded
+  // A call to a peer (a copy, a read, a check) that makes no progress for this long is cancelled,
+  // and the peer listener closes a connection whose pings go unanswered this long: a link or a
+  // peer that stalls without closing is given up on, the copy going to the next node
+  // (docs/PEERS.md "Failures between peers"). At least kPeerStallTimeoutMsMin (100), at most
+  // kPeerCallTimeoutMs; the default is kPeerStallTimeoutMs. Default: 30000
+  uint64_t peer_stall_timeout_ms = 30000;
   // user name, looked up in owner_map_file, then in this host's passwd database).
   // Default: uid
   std::string owner_map = "uid";

@@ -379,6 +379,11 @@ const std::vector<OptionDef>& OptionDefs() {
       {"store_discovery_wait_ms",
        "how long a question about a job waits for a scan of the store (0: at start only)",
        "how long a question about a job (Load of `latest`, Latest, List, Status, Inspect, a "
+      {"peer_stall_timeout_ms", "a peer call without progress this long is cancelled",
+       "[peers](PEERS.md#failures-between-peers): a call to a peer (a copy, a read, a check) with "
+       "no progress this long is cancelled and the copy goes to the next node; the peer listener "
+       "closes a connection whose pings go unanswered this long",
+       IntField(&O::peer_stall_timeout_ms, "peer_stall_timeout_ms")},
        "Load of an unknown step) waits for a scan of the store for checkpoints other daemons "
        "committed; the answer comes from the index either way; 0: the store is scanned at "
        "start only",

@@ -2,7 +2,8 @@
 // daemon/include/ckptd/sync_point.h in turn, a daemon started over a copy of a state dir holding
 // two committed checkpoints (known bytes) is armed with --debug_crash_at=<point>[:<nth>] and
 // driven through a workload that reaches the point (a 4-rank save, an abort, a delete, an offline
-// reshard, a cancelled reshard, or a restart with work to recover). It must kill itself there
+// reshard, a cancelled reshard, a restart with work to recover, an upload, or a save spanning two
+// nodes, committed on the store or at the peer tier). It must kill itself there
 // (SIGKILL: a kill -9 at exactly that step). It is then restarted without a crash armed, and:
 //   - it starts;
 //   - at the crash (read from the killed daemon's index before anything restarts), every
@@ -16,12 +17,18 @@
 //     it, or the test's retried ranks completed it) or ABORTED / absent with its directory gone;
 //   - `ckptctl ls` shows only COMMITTED and ABORTED checkpoints once recovery has settled them
 //     (never MISSING or CORRUPT: no manifest of the matrix is lost or damaged).
+//   - committed at the peer tier (kPeerCluster, two daemons with peer listeners under local+peer):
+//     at the crash every node part on the store names the peer that acknowledged its copy, and no
+//     blob is on the store; after the restart, once COMMITTED, node-a's status names its part on
+//     its disk and every blob on a peer, and node-b's part, whose copy died with node-a's memory,
+//     is copied to node-a again by node-b's repair (its status degraded only meanwhile);
 // Every point of kSyncPoints must appear in the matrix and be reached (a point no workload reaches
 // fails the test), so the list stays honest. Prints "crash matrix: N crash points x M
 // checkpoints checked". The power-loss variant (unsynced writes dropped) runs in-process:
 // tests/unit/service/power_loss_test.cc.
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <map>
@@ -30,9 +37,11 @@
 #include <thread>
 
 #include "ckptd/sync_point.h"
+#include "ckptd/v1/cluster.pb.h"
 #include "harness.h"
 #include "index_rows.h"
 #include "multi_node.h"
+#include "peer_certs.h"
 #include "testclient/rank_io.h"
 
 using namespace ckptd_it;
@@ -63,6 +72,12 @@ enum class Workload {
   kCluster,       // step 3 spans two nodes over that tier: the armed daemon (node-a, the
                   // coordinator) saves ranks 0 and 1, a second daemon (node-b, not armed) ranks
                   // 2 and 3; the restarted node-a must settle it with node-b still running
+  kPeerCluster,   // kCluster committed at the peer tier (local+peer): both daemons have peer
+                  // listeners (mutual TLS), each node's part is copied to the other's peer
+                  // store before it is published, and no blob goes to the store. node-b saves
+                  // first, so node-a receives node-b's copy (peer.copy_stored) before its own
+                  // ranks come; the restarted node-a (its peer store empty, its listener on a
+                  // new port) must settle it: copied again and COMMITTED, or ABORTED
 };
 
 struct Case {
@@ -110,6 +125,11 @@ const Case kCases[] = {
     {"cluster.decision_written", 1, Workload::kCluster},
     {"cluster.manifest_written", 1, Workload::kCluster},
     {"cluster.committed", 1, Workload::kCluster},
+    {"peer.copy_stored", 1, Workload::kPeerCluster},
+    {"cluster.part_replicated", 1, Workload::kPeerCluster},
+    {"cluster.part_published", 1, Workload::kPeerCluster},
+    {"cluster.manifest_written", 1, Workload::kPeerCluster},
+    {"cluster.committed", 1, Workload::kPeerCluster},
     {"recovery.rows_repaired", 1, Workload::kRecovery},
     {"recovery.deletes_finished", 1, Workload::kRecovery},
     {"recovery.manifests_adopted", 1, Workload::kRecovery},
@@ -145,6 +165,7 @@ bool ManifestDurable(const Case& c) {
     case Workload::kUpload:  // committed locally before its upload starts
       return true;
     case Workload::kCluster:
+    case Workload::kPeerCluster:
       return p == "cluster.manifest_written" || p == "cluster.committed";
     default:
       return false;
@@ -188,8 +209,9 @@ void StartReshard(const Daemon& d) {
 }
 
 // Saves `ranks` of step 3 through `d` as one node of a checkpoint spanning nodes (2 ranks here).
-void SaveNodeRanks(const Daemon& d, std::initializer_list<uint32_t> ranks) {
-  auto client = ConnectNode(d, 2);
+void SaveNodeRanks(const Daemon& d, std::initializer_list<uint32_t> ranks,
+                   ckptd::TierPolicy policy = ckptd::TierPolicy::kLocalAndRemote) {
+  auto client = ConnectNode(d, 2, policy);
   if (client == nullptr) return;
   for (uint32_t r : ranks) {
     if (!SaveRank(*client, kJob, kNewStep, r, kWorld, kSeed3).ok()) return;
@@ -204,6 +226,10 @@ void RunWorkload(Daemon& d, const Case& c, Daemon* peer) {
     case Workload::kCluster:
       SaveNodeRanks(*peer, {2, 3});
       SaveNodeRanks(d, {0, 1});
+      return;
+    case Workload::kPeerCluster:
+      SaveNodeRanks(*peer, {2, 3}, ckptd::TierPolicy::kLocalAndPeer);
+      SaveNodeRanks(d, {0, 1}, ckptd::TierPolicy::kLocalAndPeer);
       return;
     case Workload::kSave:
     case Workload::kUpload:
@@ -232,16 +258,28 @@ void RunWorkload(Daemon& d, const Case& c, Daemon* peer) {
   }
 }
 
-// The remote tier of kUpload and kCluster cases (kCluster: `node` names the daemon), kept
-// across the restart.
+bool SpansNodes(const Case& c) {
+  return c.workload == Workload::kCluster || c.workload == Workload::kPeerCluster;
+}
+
+// The remote tier of kUpload and the cluster cases (`node` names the daemon), and kPeerCluster's
+// peer channel (a listener on any port, node `node`'s certificate), kept across the restart.
 std::vector<std::string> RemoteTierFlags(const Case& c, const std::string& case_dir,
                                          const std::string& node = "node-a") {
-  if (c.workload != Workload::kUpload && c.workload != Workload::kCluster) return {};
+  if (c.workload != Workload::kUpload && !SpansNodes(c)) return {};
   std::filesystem::create_directories(case_dir + "/remote");
-  std::vector<std::string> f = {"--remote_dir=" + case_dir + "/remote",
-                                "--tier_policy=local+remote"};
-  if (c.workload == Workload::kCluster) {
-    f.insert(f.end(), {"--node_id=" + node, "--cluster_poll_ms=50"});
+  const bool at_peer = c.workload == Workload::kPeerCluster;
+  std::vector<std::string> f = {
+      "--remote_dir=" + case_dir + "/remote",
+      at_peer ? "--tier_policy=local+peer" : "--tier_policy=local+remote"};
+  if (SpansNodes(c)) f.insert(f.end(), {"--node_id=" + node, "--cluster_poll_ms=50"});
+  if (at_peer) {
+    const std::string& certs = PeerCerts();
+    f.insert(f.end(), {"--peer_listen_addr=127.0.0.1:0", "--peer_tls_ca_path=" + certs + "/ca.pem",
+                       "--peer_tls_cert_path=" + certs + "/" + node + ".pem",
+                       "--peer_tls_key_path=" + certs + "/" + node + ".key",
+                       "--peer_bytes_max=67108864", "--peer_replicas=1",
+                       "--peer_repair_interval_ms=300", "--peer_stall_timeout_ms=5000"});
   }
   return f;
 }
@@ -266,7 +304,7 @@ std::vector<Expect> Expectations(const Case& c) {
   std::vector<Expect> out = {{1, kSeed1, May::kStayCommitted}, {2, kSeed2, May::kStayCommitted}};
   if (w == Workload::kDelete || w == Workload::kRecovery) out[1].may = May::kBeDeleted;
   if (w == Workload::kSave || w == Workload::kAbort || w == Workload::kRecovery ||
-      w == Workload::kUpload || w == Workload::kCluster) {
+      w == Workload::kUpload || w == Workload::kCluster || w == Workload::kPeerCluster) {
     out.push_back({kNewStep, kSeed3, in_flight});
   }
   if (w == Workload::kReshard || w == Workload::kReshardAbort || w == Workload::kRecovery) {
@@ -405,6 +443,60 @@ std::string UnsettledInLs(const Daemon& d) {
   return bad.empty() ? "" : absl::StrCat("ckptctl ls shows", bad, ":\n", ls.output);
 }
 
+// kPeerCluster, on the store (`remote`): every node part published names the peer that took its
+// copy (a part is published only once its copies are acknowledged: never more durable than it
+// is), and no blob of step 3 is there (local+peer sends the store control files only). "" when
+// that holds.
+std::string PartsOnStore(const std::string& remote) {
+  const std::string dir = absl::StrCat(remote, "/", kJob, "/", StepDir(kNewStep));
+  std::string bad;
+  std::error_code ec;
+  for (const auto& f : std::filesystem::directory_iterator(dir, ec)) {
+    if (f.path().extension() == ".blob") bad += " " + f.path().string() + " is on the store;";
+  }
+  for (const auto& f : std::filesystem::directory_iterator(dir + "/cluster", ec)) {
+    if (f.path().extension() != ".part") continue;
+    ckptd::v1::NodePart part;
+    if (!part.ParseFromString(ReadFile(f.path().string()))) {
+      bad += " " + f.path().string() + " does not parse;";
+    } else if (part.replica_nodes().empty()) {
+      bad += " " + f.path().string() + " is published naming no peer;";
+    }
+  }
+  return bad;
+}
+
+// kPeerCluster after the restart: once step 3 is COMMITTED its status on node-a says where it
+// is — this node's part on its own disk, each blob on a peer — and the store holds no blob of
+// it. node-b's copy held in node-a's peer store was lost with node-a's memory: node-b's repair
+// (every 300 ms) must see that and copy its part to node-a again, so that its status, degraded
+// meanwhile, names node-a holding it within 15 s.
+std::string PeerTierChecks(const Daemon& a, const Daemon& b, const std::string& remote) {
+  auto st = a.Connect()->GetStatus(kJob, kNewStep);
+  if (!st.ok() || st->state != ckptd::CheckpointState::kCommitted) return PartsOnStore(remote);
+  std::string bad = PartsOnStore(remote);
+  if (!st->tiers.local_part) bad += " the status does not name this node's part on its disk;";
+  if (st->tiers.peer_nodes.empty() || st->tiers.blobs_without_peer_copy != 0) {
+    bad += absl::StrCat(" the status names ", st->tiers.peer_nodes.size(), " peers and ",
+                        st->tiers.blobs_without_peer_copy, " blobs on no peer;");
+  }
+  std::string seen;
+  for (int i = 0; i < 300; ++i) {
+    auto on_b = b.Connect()->GetStatus(kJob, kNewStep);
+    if (on_b.ok() && on_b->state == ckptd::CheckpointState::kCommitted &&
+        on_b->tiers.peer_degraded.empty() &&
+        on_b->tiers.part_peers == std::vector<std::string>{"node-a"}) {
+      return bad;
+    }
+    seen = on_b.ok() ? absl::StrCat(ckptd::CheckpointStateName(on_b->state), ", degraded: \"",
+                                    on_b->tiers.peer_degraded, "\", ",
+                                    on_b->tiers.part_peers.size(), " part peers")
+                     : on_b.status().ToString();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return absl::StrCat(bad, " node-b's part is not back on node-a after 15 s: ", seen);
+}
+
 // One case over a copy of `base_state`; appends what went wrong to *problems and returns the
 // number of checkpoints checked.
 int RunCase(const std::string& base_state, const Case& c, std::vector<std::string>* problems,
@@ -417,8 +509,8 @@ int RunCase(const std::string& base_state, const Case& c, std::vector<std::strin
   std::vector<std::string> flags = WorkloadFlags(c);
   const std::vector<std::string> remote = RemoteTierFlags(c, dir.path());
   flags.insert(flags.end(), remote.begin(), remote.end());
-  std::unique_ptr<Daemon> peer;  // kCluster's node-b: an empty state dir, never armed
-  if (c.workload == Workload::kCluster) {
+  std::unique_ptr<Daemon> peer;  // the cluster cases' node-b: an empty state dir, never armed
+  if (SpansNodes(c)) {
     peer = std::make_unique<Daemon>(
         DaemonConfig{.state_dir = dir.path() + "/peer",
                      .staging_bytes_max = 16ull << 20,
@@ -439,6 +531,11 @@ int RunCase(const std::string& base_state, const Case& c, std::vector<std::strin
       !bad.empty()) {
     problems->push_back(absl::StrCat(label, ": ", bad));
   }
+  if (c.workload == Workload::kPeerCluster) {
+    if (std::string bad = PartsOnStore(dir.path() + "/remote"); !bad.empty()) {
+      problems->push_back(absl::StrCat(label, ": at the crash:", bad));
+    }
+  }
   std::vector<std::string> restart = {"--stage_timeout_ms=10000"};
   restart.insert(restart.end(), remote.begin(), remote.end());
   d.Restart(restart);
@@ -457,6 +554,11 @@ int RunCase(const std::string& base_state, const Case& c, std::vector<std::strin
     auto st = d.Connect()->GetStatus(kJob, kNewStep);
     if (st.ok() && st->state == ckptd::CheckpointState::kCommitted) {
       problems->push_back(absl::StrCat(label, ": ", local, " is left after the commit"));
+    }
+  }
+  if (c.workload == Workload::kPeerCluster) {
+    if (std::string bad = PeerTierChecks(d, *peer, dir.path() + "/remote"); !bad.empty()) {
+      problems->push_back(absl::StrCat(label, ": ", bad));
     }
   }
   if (!problems->empty() && problems->back().rfind(label, 0) == 0) {
@@ -488,7 +590,13 @@ TEST_CASE("crash matrix: kill -9 at every named crash point, restart, nothing to
   std::vector<std::string> problems;
   int checked = 0;
   std::map<std::string, int> outcomes;  // of the checkpoints in flight or being deleted
+  // CKPTD_CRASH_MATRIX_ONLY=<text>: only the cases whose point contains it (while working on
+  // them; the full matrix is what make test runs).
+  const char* only = std::getenv("CKPTD_CRASH_MATRIX_ONLY");
   for (const Case& c : kCases) {
+    if (only != nullptr && std::string_view(c.point).find(only) == std::string_view::npos) {
+      continue;
+    }
     checked += RunCase(base.path() + "/state", c, &problems, &outcomes);
   }
   const auto seconds =

@@ -1,6 +1,6 @@
 // Named crash and race points (RocksDB's TEST_SYNC_POINT): CKPTD_SYNC_POINT("flush.blob_synced")
-// marks one step of a write, commit, delete, reshard or recovery path, so tests can stop the
-// daemon exactly between two steps instead of guessing with sleeps.
+// marks one step of a write, commit, replication, delete, reshard or recovery path, so tests can
+// stop the daemon exactly between two steps instead of guessing with sleeps.
 //
 // Compiled in only when the build sets CKPTD_TEST_HOOKS=1 (the CMake option CKPTD_TEST_HOOKS, ON
 // in the dev/test build of `make build` / `make test`, OFF in `make release`). Without it every
@@ -66,10 +66,15 @@ inline constexpr std::string_view kSyncPoints[] = {
     "upload.manifest_put",  // the manifest is durable on the store; the row is not DURABLE
     "upload.durable",       // the 'U' row is DURABLE (synced)
     // A checkpoint spanning nodes (service/cluster.cc), on each node, then on the coordinator.
+    "cluster.part_replicated",   // this node's part is on its peers (every copy acknowledged:
+                                 // their memory); the part naming them is not published yet
     "cluster.part_published",    // this node's blobs and part are durable on the shared tier
     "cluster.decision_written",  // the coordinator's commit decision is durable; no manifest yet
     "cluster.manifest_written",  // the manifest is durable on the shared tier; the row is not
     "cluster.committed",         // the COMMITTED row is synced; this node's local blobs remain
+    // The peer tier (peer/peer_server.cc), on a node receiving another node's part.
+    "peer.copy_stored",  // a copy is verified and in this node's peer store (memory only); its
+                         // sender has not heard the acknowledgement
     // Abort (save.cc RecordAbort): the ABORTED row first, then the files.
     "abort.recorded",       // the ABORTED row is synced, journal rows gone; files still there
     "abort.files_removed",  // the checkpoint's directory is removed (durably)

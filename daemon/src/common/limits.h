@@ -293,3 +293,12 @@ static_assert(kPeerChunkBytesMax + 64 * kKiB <= kPeerMessageBytesMax);
 static_assert(kPeerBlockCrcsPerBlobMax * 4 + 4 * kMiB <= kPeerMessageBytesMax);
 
 }  // namespace ckptd::limits
+// A peer call that makes no progress (no chunk sent or received, no answer) for
+// peer_stall_timeout_ms is cancelled (peer/peer_client.h), and the peer listener closes a
+// connection whose keepalive ping is not answered within it: a link that stops without closing
+// holds a copy, a stream slot and a reservation that long, not kPeerCallTimeoutMs. The option's
+// default and bounds.
+inline constexpr uint64_t kPeerStallTimeoutMs = 30'000;
+inline constexpr uint64_t kPeerStallTimeoutMsMin = 100;
+static_assert(kPeerStallTimeoutMsMin <= kPeerStallTimeoutMs &&
+              kPeerStallTimeoutMs <= kPeerCallTimeoutMs);

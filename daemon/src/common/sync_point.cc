@@ -80,11 +80,11 @@ absl::StatusOr<SyncPointCrash> ParseSyncPointCrash(std::string_view spec) {
       return out;
     }
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "\"", std::string(name),
-      "\" is no crash point; points are <area>.<step> with area save, flush, commit, "
-      "put_atomic, abort, delete, reshard or recovery (daemon/include/ckptd/sync_point.h lists "
-      "them)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("\"", std::string(name),
+                   "\" is no crash point; points are <area>.<step> with area save, flush, commit, "
+                   "put_atomic, upload, cluster, peer, abort, delete, reshard or recovery "
+                   "(daemon/include/ckptd/sync_point.h lists them)"));
 }
 
 absl::Status ArmSyncPointCrash(const SyncPointCrash& crash) {

@@ -3,8 +3,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <map>
+#include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "ckptd/v1/peer.grpc.pb.h"
 #include "format/crc32c.h"
 #include "grpcpp/grpcpp.h"
@@ -27,7 +31,104 @@ void SetDeadline(grpc::ClientContext* ctx, absl::Duration timeout) {
 
 }  // namespace
 
+// The calls of one Client in flight, and the thread that cancels those without progress for the
+// stall timeout (it sleeps until the earliest can stall; ends with the Client).
+class Client::StallWatch {
+ public:
+  explicit StallWatch(absl::Duration stall) : stall_(stall), thread_([this] { Loop(); }) {}
+  ~StallWatch() {
+    {
+      absl::MutexLock lock(&mu_);
+      stopping_ = true;
+    }
+    thread_.join();
+  }
+  StallWatch(const StallWatch&) = delete;
+  StallWatch& operator=(const StallWatch&) = delete;
+
+  uint64_t Add(grpc::ClientContext* ctx) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    calls_[next_id_] = Call{ctx, absl::Now(), false};
+    return next_id_++;
+  }
+  void Progress(uint64_t id) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    calls_.at(id).last = absl::Now();
+  }
+  bool Stalled(uint64_t id) const ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    return calls_.at(id).stalled;
+  }
+  void Remove(uint64_t id) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    calls_.erase(id);
+  }
+  absl::Duration stall() const { return stall_; }
+
+ private:
+  struct Call {
+    grpc::ClientContext* ctx;
+    absl::Time last;  // the call's last progress
+    bool stalled;     // cancelled by the watch
+  };
+  void Loop() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    while (!stopping_) {
+      const absl::Time now = absl::Now();
+      absl::Time next = now + stall_;
+      for (auto& [id, c] : calls_) {
+        if (c.stalled) continue;
+        if (now - c.last >= stall_) {
+          c.stalled = true;
+          c.ctx->TryCancel();  // thread-safe; the call's own thread sees it end
+        } else {
+          next = std::min(next, c.last + stall_);
+        }
+      }
+      mu_.AwaitWithDeadline(absl::Condition(&stopping_), next);
+    }
+  }
+
+  const absl::Duration stall_;
+  mutable absl::Mutex mu_;
+  std::map<uint64_t, Call> calls_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;  // last: started once every member it reads is built
+};
+
+// One call registered with the watch for its life (declared after its context, so it is
+// forgotten before the context goes).
+class Client::Watched {
+ public:
+  Watched(StallWatch* watch, grpc::ClientContext* ctx) : watch_(watch), id_(watch->Add(ctx)) {}
+  ~Watched() { watch_->Remove(id_); }
+  Watched(const Watched&) = delete;
+  Watched& operator=(const Watched&) = delete;
+  void Progress() { watch_->Progress(id_); }
+  bool stalled() const { return watch_->Stalled(id_); }
+
+ private:
+  StallWatch* const watch_;
+  const uint64_t id_;
+};
+
+absl::Status Client::Outcome(const grpc::Status& st, const Watched& w) const {
+  if (!st.ok() && w.stalled()) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "peer ", options_.peer_node_id, " at ", options_.address, ": no progress for ",
+        absl::ToInt64Milliseconds(watch_->stall()),
+        " ms (peer_stall_timeout_ms): the link or the peer stalled; the call was cancelled"));
+  }
+  return FromGrpc(st, options_);
+}
+
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& o) {
+  if (o.stall_timeout < absl::Milliseconds(limits::kPeerStallTimeoutMsMin)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("peer client: stall_timeout = ", absl::FormatDuration(o.stall_timeout),
+                     ": expected at least ", limits::kPeerStallTimeoutMsMin, " ms"));
+  }
   if (o.chunk_bytes == 0 || o.chunk_bytes > limits::kPeerChunkBytesMax) {
     return absl::InvalidArgumentError(
         absl::StrCat("peer client: chunk_bytes = ", o.chunk_bytes,
@@ -55,19 +156,22 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& o) 
 }
 
 Client::Client(ClientOptions options, std::shared_ptr<grpc::Channel> channel)
-    : options_(std::move(options)), channel_(std::move(channel)) {}
+    : options_(std::move(options)),
+      channel_(std::move(channel)),
+      watch_(std::make_unique<StallWatch>(options_.stall_timeout)) {}
 
 Client::~Client() = default;
 
 absl::StatusOr<v1::PeerHelloResponse> Client::Hello() {
   grpc::ClientContext ctx;
   SetDeadline(&ctx, options_.call_timeout);
+  const Watched watched(watch_.get(), &ctx);
   v1::PeerHelloRequest req;
   req.set_node_id(options_.self_node_id);
   req.set_protocol_version(1);
   v1::PeerHelloResponse resp;
   auto stub = v1::Peer::NewStub(channel_);
-  if (absl::Status st = FromGrpc(stub->Hello(&ctx, req, &resp), options_); !st.ok()) return st;
+  if (absl::Status st = Outcome(stub->Hello(&ctx, req, &resp), watched); !st.ok()) return st;
   if (resp.node_id() != options_.peer_node_id) {
     return absl::PermissionDeniedError(absl::StrCat("peer at ", options_.address,
                                                     " says it is node \"", resp.node_id(),
@@ -84,6 +188,7 @@ absl::StatusOr<PutResult> Client::PutBlob(const std::string& job, uint64_t step,
   }
   grpc::ClientContext ctx;
   SetDeadline(&ctx, options_.call_timeout);
+  Watched watched(watch_.get(), &ctx);
   v1::PeerPutResponse resp;
   auto stub = v1::Peer::NewStub(channel_);
   std::unique_ptr<grpc::ClientWriter<v1::PeerPutRequest>> writer = stub->PutBlob(&ctx, &resp);
@@ -110,11 +215,12 @@ absl::StatusOr<PutResult> Client::PutBlob(const std::string& job, uint64_t step,
     // buffer_hint lets gRPC coalesce chunks into fewer TLS records and socket writes (about 2x
     // on loopback, bench/RESULTS.md); WritesDone() flushes.
     open = writer->Write(req, grpc::WriteOptions().set_buffer_hint());
+    watched.Progress();
     at += n;
     if (options_.after_chunk) options_.after_chunk(at);
   }
   if (open) writer->WritesDone();
-  if (absl::Status st = FromGrpc(writer->Finish(), options_); !st.ok()) return st;
+  if (absl::Status st = Outcome(writer->Finish(), watched); !st.ok()) return st;
   return PutResult{resp.bytes_stored(), resp.deduplicated()};
 }
 
@@ -123,6 +229,7 @@ absl::Status Client::GetBlob(const std::string& origin_node, const std::string& 
   if (out.empty()) return absl::OkStatus();
   grpc::ClientContext ctx;
   SetDeadline(&ctx, options_.call_timeout);
+  Watched watched(watch_.get(), &ctx);
   v1::PeerGetRequest req;
   req.set_node_id(options_.self_node_id);
   req.set_origin_node(origin_node);
@@ -137,6 +244,7 @@ absl::Status Client::GetBlob(const std::string& origin_node, const std::string& 
   uint64_t got = 0;
   absl::Status bad;
   while (reader->Read(&chunk)) {
+    watched.Progress();
     if (!bad.ok()) continue;
     if (chunk.offset() != offset + got || chunk.data().size() > out.size() - got) {
       bad = absl::DataLossError(absl::StrCat("peer ", options_.peer_node_id, ": GetBlob of ", blob,
@@ -148,7 +256,7 @@ absl::Status Client::GetBlob(const std::string& origin_node, const std::string& 
     std::memcpy(out.data() + got, chunk.data().data(), chunk.data().size());
     got += chunk.data().size();
   }
-  absl::Status st = FromGrpc(reader->Finish(), options_);
+  absl::Status st = Outcome(reader->Finish(), watched);
   if (!bad.ok()) return bad;
   if (!st.ok()) return st;
   if (got != out.size()) {
@@ -161,13 +269,14 @@ absl::Status Client::GetBlob(const std::string& origin_node, const std::string& 
 absl::StatusOr<v1::PeerDropResponse> Client::DropBlobs(const std::string& job, uint64_t step) {
   grpc::ClientContext ctx;
   SetDeadline(&ctx, options_.call_timeout);
+  const Watched watched(watch_.get(), &ctx);
   v1::PeerDropRequest req;
   req.set_node_id(options_.self_node_id);
   req.set_job(job);
   req.set_step(step);
   v1::PeerDropResponse resp;
   auto stub = v1::Peer::NewStub(channel_);
-  if (absl::Status st = FromGrpc(stub->DropBlobs(&ctx, req, &resp), options_); !st.ok()) {
+  if (absl::Status st = Outcome(stub->DropBlobs(&ctx, req, &resp), watched); !st.ok()) {
     return st;
   }
   return resp;
@@ -178,13 +287,14 @@ absl::StatusOr<std::map<std::string, uint64_t>> Client::HeldBlobs(const std::str
   grpc::ClientContext ctx;
   SetDeadline(&ctx,
               std::min(options_.call_timeout, absl::Milliseconds(limits::kPeerCheckTimeoutMs)));
+  const Watched watched(watch_.get(), &ctx);
   v1::PeerHeldRequest req;
   req.set_node_id(options_.self_node_id);
   req.set_job(job);
   req.set_step(step);
   v1::PeerHeldResponse resp;
   auto stub = v1::Peer::NewStub(channel_);
-  if (absl::Status st = FromGrpc(stub->HeldBlobs(&ctx, req, &resp), options_); !st.ok()) {
+  if (absl::Status st = Outcome(stub->HeldBlobs(&ctx, req, &resp), watched); !st.ok()) {
     return st;
   }
   std::map<std::string, uint64_t> held;

@@ -1,15 +1,26 @@
 // The sender side of the peer channel (docs/PEERS.md): one daemon's connection to another's peer
-// listener (peer/peer_server.h), over mutual TLS with this daemon's certificate. The replicator
-// (not built yet) will stream blobs straight from the arena extents that hold them; PutBlob takes
-// any memory it is given and never copies it whole (it sends bounded chunks).
+// listener (peer/peer_server.h), over mutual TLS with this daemon's certificate. PutBlob takes any
+// memory it is given and never copies it whole (it sends bounded chunks).
 //
 // The server is checked to be the node the caller expects: its certificate must name
 // `peer_node_id` (gRPC's hostname check, with the target name set to it), and Hello's answer must
 // say the same.
 //
+// Stalls: a link or a peer that stops without closing (no RST, no FIN: a hung host, a black-holed
+// route) would hold a call until `call_timeout`. Every call is watched instead: one that makes no
+// progress for `stall_timeout` (no chunk written or read, no answer) is cancelled by the Client's
+// watch thread and fails DEADLINE_EXCEEDED naming peer_stall_timeout_ms. A chunk written counts as
+// progress once gRPC took it, so a link slower than the bytes gRPC buffers (the receiver's window,
+// kPeerMessageBytesMax) per stall_timeout also counts as stalled.
+//
+// Who owns what: the Client owns its channel and its watch thread (joined by the destructor, after
+// the calls: a Client must outlive its calls). A call's context lives on its caller's stack; the
+// watch only cancels it (TryCancel, thread-safe) while the call is registered.
+//
 // Thread safety: a Client may be used from several threads at once (one gRPC channel; each call
 // its own stream). Status codes: those of the Peer service (peer.proto), UNAVAILABLE when the
-// peer cannot be reached, DEADLINE_EXCEEDED past `call_timeout`.
+// peer cannot be reached, DEADLINE_EXCEEDED past `call_timeout` or after `stall_timeout` without
+// progress.
 #pragma once
 
 #include <cstdint>
@@ -28,7 +39,9 @@
 
 namespace grpc {
 class Channel;
-}
+class ClientContext;
+class Status;
+}  // namespace grpc
 
 namespace ckptd::peer {
 
@@ -39,6 +52,8 @@ struct ClientOptions {
   TlsFiles tls;
   uint64_t chunk_bytes = limits::kPeerChunkBytes;  // <= kPeerChunkBytesMax
   absl::Duration call_timeout = absl::Minutes(10);
+  // A call with no progress for this long is cancelled (option peer_stall_timeout_ms).
+  absl::Duration stall_timeout = absl::Milliseconds(limits::kPeerStallTimeoutMs);
   // Testing and benchmarks: called after each PutBlob chunk is written, with the bytes sent so
   // far (tests/integration/peer_test.cc kills or stalls a sender mid-stream with it).
   std::function<void(uint64_t bytes_sent)> after_chunk;
@@ -75,9 +90,15 @@ class Client {
   const ClientOptions& options() const { return options_; }
 
  private:
+  class StallWatch;
+  class Watched;
   Client(ClientOptions options, std::shared_ptr<grpc::Channel> channel);
+  // The error of a call that ended with `st` (DEADLINE_EXCEEDED naming the stall when the watch
+  // cancelled it).
+  absl::Status Outcome(const grpc::Status& st, const Watched& w) const;
   ClientOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<StallWatch> watch_;
 };
 
 }  // namespace ckptd::peer

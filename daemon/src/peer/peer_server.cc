@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "ckptd/sync_point.h"
 #include "ckptd/v1/peer.grpc.pb.h"
 #include "common/inflight.h"
 #include "common/limits.h"
@@ -109,6 +110,7 @@ class Service final : public v1::Peer::Service {
       return grpc::Status(grpc::StatusCode::CANCELLED, "the sender hung up");
     }
     if (absl::Status st = (*put)->Finish(); !st.ok()) return ToGrpc(st);
+    CKPTD_SYNC_POINT("peer.copy_stored");
     resp->set_bytes_stored((*put)->header().total_bytes);
     return grpc::Status::OK;
   }
@@ -277,6 +279,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& o, Me
   // after a while, so only working peers hold connections.
   builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, kHandshakeTimeoutMs);
   builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, kConnectionIdleMs);
+  // A link that stalls without closing: the pings of a connection with calls in flight go
+  // unanswered, and the connection is closed (ServerOptions::stall_timeout_ms).
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, static_cast<int>(o.stall_timeout_ms));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, static_cast<int>(o.stall_timeout_ms));
   grpc::ResourceQuota quota("ckptd-peer");
   quota.SetMaxThreads(static_cast<int>(limits::kPeerServerThreadsMax));
   builder.SetResourceQuota(quota);

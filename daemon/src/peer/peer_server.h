@@ -19,6 +19,7 @@
 
 #include "absl/status/statusor.h"
 #include "ckptd/storage.h"
+#include "common/limits.h"
 #include "peer/peer_store.h"
 #include "peer/peer_tls.h"
 
@@ -39,6 +40,11 @@ struct ServerOptions {
   // authenticated peer may read it, as it may read the copies the store holds; the reader
   // verifies every block against the manifest. Outlives the Server.
   ckptd::Storage* local = nullptr;
+  // A connection with calls in flight is pinged this often, and closed when a ping is not
+  // answered within it (its calls end, their puts store nothing): a sender whose link stalls
+  // without closing holds its stream slot and reservation about twice this long, not until its
+  // deadline (option peer_stall_timeout_ms).
+  uint64_t stall_timeout_ms = limits::kPeerStallTimeoutMs;
 };
 
 class Server {

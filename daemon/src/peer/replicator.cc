@@ -104,6 +104,7 @@ class BlobFromPeers : public BlobReader {
         if (c.ok()) {
           last = (*c)->GetBlob(holders_.origin, path_.job, path_.step, path_.blob, s.offset,
                                std::span<char>(static_cast<char*>(s.buf), s.len));
+          if (absl::IsDeadlineExceeded(last)) r_->ForgetClient(holders_.peers[next_], *c);
         } else {
           last = c.status();
         }
@@ -369,10 +370,17 @@ absl::StatusOr<std::shared_ptr<Client>> Replicator::ClientFor(const std::string&
     o.tls = options_.tls;
     o.chunk_bytes = options_.chunk_bytes;
     o.call_timeout = absl::Milliseconds(limits::kPeerCallTimeoutMs);
+    o.stall_timeout = options_.stall_timeout;
     CKPTD_ASSIGN_OR_RETURN(client, Client::Connect(o));
     connected_to = address;
   }
   return client;
+}
+
+void Replicator::ForgetClient(const std::string& node, const std::shared_ptr<Client>& client) {
+  absl::MutexLock lock(&mu_);
+  auto it = clients_.find(node);
+  if (it != clients_.end() && it->second.second == client) clients_.erase(it);
 }
 
 absl::Status Replicator::CopyPart(const std::string& node, const std::string& job, uint64_t step,
@@ -390,11 +398,13 @@ absl::Status Replicator::CopyPart(const std::string& node, const std::string& jo
       return buf.status();
     }
     if (*buf == nullptr) continue;  // a rank whose shards were all replicas wrote no blob
-    CKPTD_RETURN_IF_ERROR(
+    absl::Status st =
         c->PutBlob(job, step, name,
                    std::span<const char>(reinterpret_cast<const char*>(buf->get()), bytes),
                    kTransferBlockBytes)
-            .status());
+            .status();
+    if (absl::IsDeadlineExceeded(st)) ForgetClient(node, c);  // its connection may be stuck
+    CKPTD_RETURN_IF_ERROR(st);
   }
   return absl::OkStatus();
 }

@@ -9,8 +9,9 @@
 //
 // Who owns what, and what ends its life:
 //  - Clients (peer/peer_client.h), one per peer node, created on first use and kept (a gRPC
-//    channel reconnects by itself); an address that changed in the registry replaces the client.
-//    Owned here; they end with the Replicator.
+//    channel reconnects by itself); an address that changed in the registry replaces the client,
+//    and so does a call on it that stalled (no progress for stall_timeout: its connection may be
+//    stuck, docs/PEERS.md "Failures between peers"). Owned here; they end with the Replicator.
 //  - A copy placed on a peer: owned by that peer's store (peer/peer_store.h), keyed by this node
 //    as origin. Its life ends by Drop (this node's Delete of the checkpoint), the peer's budget
 //    eviction, or the peer's stop (the tier is memory only). A peer that dies takes its copies
@@ -70,6 +71,9 @@ struct ReplicatorOptions {
   TlsFiles tls;
   uint64_t chunk_bytes = limits::kPeerChunkBytes;
   absl::Duration repair_interval = absl::ZeroDuration();  // 0: no repair thread
+  // A call to a peer with no progress for this long is cancelled (peer/peer_client.h); the
+  // client of that peer is then replaced, so the next call opens a new connection.
+  absl::Duration stall_timeout = absl::Milliseconds(limits::kPeerStallTimeoutMs);
 };
 
 // `node`'s record of where its part of the checkpoint (job, step) is copied now, on `shared`
@@ -123,6 +127,10 @@ class Replicator : public PeerTier {
   // The client of `node` (UNAVAILABLE when the registry does not name it); shared, so that one
   // replaced meanwhile (its address changed) lives until its last caller lets go.
   absl::StatusOr<std::shared_ptr<Client>> ClientFor(const std::string& node)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Forgets `client` as `node`'s (a call on it stalled: its connection may be stuck), so the
+  // next ClientFor connects again; callers still holding it keep it until they let go.
+  void ForgetClient(const std::string& node, const std::shared_ptr<Client>& client)
       ABSL_LOCKS_EXCLUDED(mu_);
   const std::string& node_id() const { return options_.node_id; }
 

@@ -235,6 +235,7 @@ bool CheckpointService::ReplicateOwnPart(ClusterWork& w) {
   w.replicated = true;
   absl::MutexLock lock(&mu_);
   auto it = pending_.find(w.key);
+  if (!took.empty()) CKPTD_SYNC_POINT("cluster.part_replicated");
   if (it == pending_.end()) return false;
   it->second->cluster.replicated = true;
   it->second->cluster.replica_nodes = std::move(took);

@@ -194,6 +194,7 @@ TEST_CASE("options: tier policy and remote tier are validated", "[unit]") {
       {{"--tier_policy=cloud"}, "expected local, local+remote, remote or local+peer"},
       {{"--tier_policy=local+peer", "--remote_dir=/tmp"}, "needs the peer tier (peer_listen_addr"},
       {{"--remote_dir=/tmp/x/data"}, "is the local data or state dir"},
+      {{"--peer_stall_timeout_ms=50"}, "peer_stall_timeout_ms"},
       {{"--remote_dir=/mnt/s", "--upload_threads=0"}, "upload_threads"},
       {{"--remote_dir=/mnt/s", "--upload_chunk_bytes=5000"}, "not a multiple of 4096"},
       {{"--remote_dir=/mnt/s", "--upload_retry_max_ms=10"}, "upload_retry_max_ms"},
