@@ -230,8 +230,10 @@ const std::vector<OptionDef>& OptionDefs() {
        "`peer_listen_addr`); see [Tiers](OPERATIONS.md#tiers-local-and-remote) and "
        "[Committing at the peer tier](PEERS.md#committing-at-the-peer-tier)",
        StringField(&O::tier_policy)},
-      {"remote_dir", "remote tier: a directory on a shared file system",
-       "the remote tier: a directory on a shared file system; must exist at start",
+      {"remote_dir", "remote tier: a directory on a shared file system, or a storage URI",
+       "the remote tier: a directory on a shared file system (a path or a `file://` URI; must "
+       "exist at start), or another storage URI (`s3://bucket/prefix`, with the `remote_s3_*` "
+       "options); a scheme the daemon has no plugin for stops the start",
        StringField(&O::remote_dir), "(none)"},
       {"remote_dir_link_fallback", "remote tier: link(2) instead of RENAME_NOREPLACE",
        "`remote_dir`'s conditional writes (the commit of checkpoints spanning nodes) always take "
