@@ -666,3 +666,61 @@ TEST_CASE(
   CHECK(bad.exit_code != 0);
   CHECK(bad.output.find("peer_failure_domain") != std::string::npos);
 }
+
+// Deltas at the peer tier (docs/USER_GUIDE.md "Deltas"): step 2 repeats step 1's bytes, so each
+// node's step 2 shares its step-1 blobs (hard links named after step 1) and writes nothing new;
+// the shared files are copied to the peers like any blob, and a lost node's replacement loads
+// step 2 from its peers bit-exact.
+TEST_CASE("peers: a delta checkpoint's shared blobs are copied to peers and restored from them",
+          "[integration][peer][multinode][deltas]") {
+  TempDir dir;
+  std::filesystem::create_directories(dir.path() + "/shared");
+  const std::string shared = dir.path() + "/shared";
+  auto flags = [&](const std::string& node) {
+    return Flags(shared, node, 1, "local+peer", {"--deltas=true"});
+  };
+  auto a = std::make_unique<Daemon>(DaemonConfig{.extra_flags = flags("node-a")});
+  auto b = std::make_unique<Daemon>(DaemonConfig{.extra_flags = flags("node-b")});
+  auto c = std::make_unique<Daemon>(DaemonConfig{.extra_flags = flags("node-c")});
+  auto ca = ConnectNode(*a, 2, ckptd::TierPolicy::kLocalAndPeer);
+  auto cb = ConnectNode(*b, 2, ckptd::TierPolicy::kLocalAndPeer);
+  REQUIRE(ca != nullptr);
+  REQUIRE(cb != nullptr);
+  for (uint64_t step : {1u, 2u}) {
+    for (uint32_t r : {0u, 1u}) REQUIRE(SaveRank(*ca, kJob, step, r, 4, 93).ok());
+    for (uint32_t r : {2u, 3u}) REQUIRE(SaveRank(*cb, kJob, step, r, 4, 93).ok());
+    for (auto* cl : {ca.get(), cb.get()}) {
+      absl::Status committed = cl->WaitCommitted(kJob, step, 30000);
+      INFO(committed.ToString() << "\nnode a:\n" << a->Log() << "\nnode b:\n" << b->Log());
+      REQUIRE(committed.ok());
+    }
+  }
+  const ckptd::v1::ManifestHeader m = ManifestHeaderOf(shared, 2);
+  int shared_blobs = 0;
+  for (const auto& blob : m.blobs()) {
+    INFO("blob " << blob.name());
+    if (!blob.has_written_at_step()) continue;
+    ++shared_blobs;
+    CHECK(blob.written_at_step() == 1);
+    CHECK(blob.peers_size() == 1);
+  }
+  CHECK(shared_blobs >= 2);  // at least one per node
+  CHECK(std::filesystem::exists(a->data_dir() + "/" + kJob + "/" + StepDir(2) +
+                                "/r00000-s00000000000000000001.blob"));
+
+  // Node b lost; its replacement reads step 2 from the surviving nodes, nothing from the store.
+  const std::string b_state = b->state_dir();
+  REQUIRE(kill(b->pid(), SIGKILL) == 0);
+  b->WaitExit(10000);
+  b.reset();
+  std::filesystem::remove_all(b_state);
+  Daemon b2(DaemonConfig{.extra_flags = flags("node-b")});
+  WholeTensor w;
+  auto there = b2.Connect()->Load(kJob, 2, 0, w.targets);
+  INFO(b2.Log());
+  REQUIRE(there.ok());
+  CHECK(there->bytes_read_remote == 0);
+  CHECK(there->bytes_read_peer == there->bytes_read);
+  CHECK(w.got == GlobalBytes(w.t, 93));
+  CHECK(VerifyInProcess(b2, kJob, 2, 93) == "");
+}

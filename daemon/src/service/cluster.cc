@@ -118,9 +118,14 @@ std::vector<CheckpointService::ClusterWork> CheckpointService::ClusterWorkLocked
       *part.add_ranks() = pr.rec;
       uint64_t size = 0;
       for (const v1::StagedShard& s : pr.rec.shards()) {
-        if (!s.replica()) size = std::max(size, ShardEndInBlob(s.stored()));
+        if (!s.replica() && s.stored().blob_id() == r) {
+          size = std::max(size, ShardEndInBlob(s.stored()));
+        }
       }
       w.blobs.emplace_back(pr.rec.blob_name(), size);
+      // Deltas: the earlier blobs its unchanged shards are referenced in, linked beside it.
+      for (const v1::BlobInfo& b : pr.rec.linked_blobs())
+        w.blobs.emplace_back(b.name(), b.size_bytes());
     }
   }
   return work;
@@ -419,13 +424,14 @@ absl::StatusOr<Manifest> CheckpointService::BuildClusterManifest(
   CKPTD_ASSIGN_OR_RETURN(Manifest m, BuildManifest(*merged, NowMs()));
   *m.header.mutable_owner() = OwnerRecordOf(w.owner_uid);
   m.header.set_blobs_on_nodes(on_nodes);
-  // Each blob's node and the peers holding its copies (a blob is one rank's: blob id = rank).
+  // Each blob's node and the peers holding its copies (a blob is one rank's: blob id = rank, or
+  // a blob shared by deltas, RankOfBlobId).
   std::map<uint32_t, const v1::NodePart*> part_of_rank;
   for (const auto& [node, part] : parts) {
     for (const v1::RankRecord& r : part.ranks()) part_of_rank[r.rank()] = &part;
   }
   for (v1::BlobInfo& b : *m.header.mutable_blobs()) {
-    auto it = part_of_rank.find(b.id());
+    auto it = part_of_rank.find(RankOfBlobId(b.id()));
     if (it == part_of_rank.end()) continue;
     b.set_node(it->second->node());
     *b.mutable_peers() = it->second->replica_nodes();

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "ckptd/v1/index.pb.h"
+#include "common/limits.h"
 #include "format/manifest.h"
 
 namespace ckptd {
@@ -53,5 +54,7 @@ std::vector<DeltaGroup> PlanDelta(const v1::RankRecord& rec, const DeltaBase& ba
 // The id of the `slot`-th file a rank links (0 <= slot < kDeltaLinkedBlobsPerRankMax): above
 // every rank's own blob id, unique per (rank, slot) within a checkpoint.
 uint32_t LinkedBlobId(uint32_t rank, uint32_t slot);
+// The rank whose blob `id` is (its own, or one it linked).
+inline uint32_t RankOfBlobId(uint32_t id) { return id % limits::kWorldSizeMax; }
 
 }  // namespace ckptd

@@ -157,6 +157,9 @@ TEST_CASE("deltas: at most kDeltaLinkedBlobsPerRankMax files, the most reference
   CHECK(g.back().written_at_step == files - limits::kDeltaLinkedBlobsPerRankMax + 1);
   CHECK(LinkedBlobId(2, 0) != LinkedBlobId(3, 0));
   CHECK(LinkedBlobId(65535, limits::kDeltaLinkedBlobsPerRankMax - 1) > 65535);
+  CHECK(RankOfBlobId(LinkedBlobId(65535, limits::kDeltaLinkedBlobsPerRankMax - 1)) == 65535);
+  CHECK(RankOfBlobId(LinkedBlobId(7, 0)) == 7);
+  CHECK(RankOfBlobId(7) == 7);
 }
 
 }  // namespace
