@@ -205,75 +205,81 @@ absl::Status Recovery::FinishDeletes() {
 }
 
 absl::Status Recovery::AdoptManifests() {
+  return ForEachCheckpointDir(
+      *stores_.storage, "", [this](std::string what) { Problem(std::move(what)); },
+      [this](const std::string& job, uint64_t step) { return AdoptManifest(job, step); });
+}
+
+absl::Status Recovery::AdoptManifest(const std::string& job, uint64_t step) {
   Storage& storage = *stores_.storage;
   const std::string root = storage.Describe();
-  return ForEachCheckpointDir(
-      storage, "", [this](std::string what) { Problem(std::move(what)); },
-      [&](const std::string& job, uint64_t step) -> absl::Status {
-        const std::string dir = CheckpointDir(job, step);
-        const std::string path = absl::StrCat(dir, "/", kManifestFileName);
-        absl::StatusOr<bool> exists = storage.Exists(path);
-        if (!exists.ok()) {
-          Problem(absl::StrCat(root, "/", path, " cannot be checked (", exists.status().ToString(),
-                               "); skipped"));
-          return absl::OkStatus();
-        }
-        if (!*exists) return absl::OkStatus();
-        absl::StatusOr<std::optional<v1::CheckpointRecord>> rec = host_.ReadRecord(job, step);
-        if (!rec.ok()) {
-          if (!absl::IsDataLoss(rec.status())) return rec.status();
-          Problem(absl::StrCat(rec.status().message(), "; ", root, "/", dir, " skipped"));
-          return absl::OkStatus();
-        }
-        const v1::CheckpointState state =
-            *rec ? (*rec)->summary().state() : v1::CHECKPOINT_STATE_UNSPECIFIED;
-        if (state == v1::COMMITTED || state == v1::DELETING) return absl::OkStatus();
-        absl::StatusOr<Manifest> m = ReadManifest(storage, job, step);
-        if (!m.ok() && state == v1::MISSING) {
-          // Its manifest is back but does not verify: CORRUPT, files still kept.
-          v1::CheckpointRecord marked = **rec;
-          marked.mutable_summary()->set_state(v1::CORRUPT);
-          marked.mutable_summary()->set_error(
-              absl::StrCat("its manifest does not verify: ", m.status().message()).substr(0, 4096));
-          CKPTD_RETURN_IF_ERROR(host_.PutRecordSync(marked));
-          Problem(absl::StrCat(root, "/", path, " is back but does not verify: ",
-                               CkptName(job, step), " is CORRUPT: ", m.status().ToString()));
-          return absl::OkStatus();
-        }
-        if (!m.ok()) {
-          if (state != v1::CORRUPT) {
-            Problem(absl::StrCat(root, "/", path, " does not verify; ", CkptName(job, step),
-                                 " not exposed: ", m.status().ToString()));
-          } else {
-            spdlog::warn("recovery: {} stays CORRUPT: {}", CkptName(job, step),
-                         m.status().ToString());
-          }
-          return absl::OkStatus();
-        }
-        if (m->header.blobs_on_nodes()) {
-          // This node's copy of a manifest committed at the peer tier, beside its own blobs
-          // alone: never a local checkpoint (its row comes from the cluster protocol, or from the
-          // store's catalog).
-          return absl::OkStatus();
-        }
-        CommittedTiers tiers;
-        if (*rec && (*rec)->summary().tier_policy() == v1::TIER_LOCAL_AND_REMOTE) {
-          // Its journal row says it was saved local+remote (the manifest does not): its upload
-          // is recorded PENDING with COMMITTED, as the commit it finishes would have.
-          tiers.policy = v1::TIER_LOCAL_AND_REMOTE;
-        }
-        absl::Status indexed = host_.IndexCommitted(*m, dir, tiers);
-        if (absl::IsPermissionDenied(indexed)) {  // its recorded owner maps to no uid here, or
-          Problem(absl::StrCat(root, "/", path, ": ", indexed.message()));  // to another's
-          return absl::OkStatus();
-        }
-        CKPTD_RETURN_IF_ERROR(indexed);
-        spdlog::info("recovery: adopted {} from its manifest on {}{}", CkptName(job, step), root,
-                     state == v1::CORRUPT   ? " (it was CORRUPT; the manifest verifies again)"
-                     : state == v1::MISSING ? " (it was MISSING; its manifest is back and verifies)"
-                                            : "");
-        return absl::OkStatus();
-      });
+  const std::string dir = CheckpointDir(job, step);
+  const std::string path = absl::StrCat(dir, "/", kManifestFileName);
+  absl::StatusOr<bool> exists = storage.Exists(path);
+  if (!exists.ok()) {
+    Problem(absl::StrCat(root, "/", path, " cannot be checked (", exists.status().ToString(),
+                         "); skipped"));
+    return absl::OkStatus();
+  }
+  if (!*exists) return absl::OkStatus();
+  absl::StatusOr<std::optional<v1::CheckpointRecord>> rec = host_.ReadRecord(job, step);
+  if (!rec.ok()) {
+    if (!absl::IsDataLoss(rec.status())) return rec.status();
+    Problem(absl::StrCat(rec.status().message(), "; ", root, "/", dir, " skipped"));
+    return absl::OkStatus();
+  }
+  const v1::CheckpointState state =
+      *rec ? (*rec)->summary().state() : v1::CHECKPOINT_STATE_UNSPECIFIED;
+  if (state == v1::COMMITTED || state == v1::DELETING) return absl::OkStatus();
+  absl::StatusOr<Manifest> m = ReadManifest(storage, job, step);
+  if (!m.ok()) return ManifestNotVerified(job, step, *rec, m.status());
+  if (m->header.blobs_on_nodes()) {
+    // This node's copy of a manifest committed at the peer tier, beside its own blobs
+    // alone: never a local checkpoint (its row comes from the cluster protocol, or from the
+    // store's catalog).
+    return absl::OkStatus();
+  }
+  CommittedTiers tiers;
+  if (*rec && (*rec)->summary().tier_policy() == v1::TIER_LOCAL_AND_REMOTE) {
+    // Its journal row says it was saved local+remote (the manifest does not): its upload
+    // is recorded PENDING with COMMITTED, as the commit it finishes would have.
+    tiers.policy = v1::TIER_LOCAL_AND_REMOTE;
+  }
+  absl::Status indexed = host_.IndexCommitted(*m, dir, tiers);
+  if (absl::IsPermissionDenied(indexed)) {  // its recorded owner maps to no uid here, or
+    Problem(absl::StrCat(root, "/", path, ": ", indexed.message()));  // to another's
+    return absl::OkStatus();
+  }
+  CKPTD_RETURN_IF_ERROR(indexed);
+  spdlog::info("recovery: adopted {} from its manifest on {}{}", CkptName(job, step), root,
+               state == v1::CORRUPT   ? " (it was CORRUPT; the manifest verifies again)"
+               : state == v1::MISSING ? " (it was MISSING; its manifest is back and verifies)"
+                                      : "");
+  return absl::OkStatus();
+}
+
+absl::Status Recovery::ManifestNotVerified(const std::string& job, uint64_t step,
+                                           const std::optional<v1::CheckpointRecord>& rec,
+                                           const absl::Status& why) {
+  const std::string path = absl::StrCat(stores_.storage->Describe(), "/", CheckpointDir(job, step),
+                                        "/", kManifestFileName);
+  const v1::CheckpointState state = rec ? rec->summary().state() : v1::CHECKPOINT_STATE_UNSPECIFIED;
+  if (state == v1::MISSING) {
+    // Its manifest is back but does not verify: CORRUPT, files still kept.
+    v1::CheckpointRecord marked = *rec;
+    marked.mutable_summary()->set_state(v1::CORRUPT);
+    marked.mutable_summary()->set_error(
+        absl::StrCat("its manifest does not verify: ", why.message()).substr(0, 4096));
+    CKPTD_RETURN_IF_ERROR(host_.PutRecordSync(marked));
+    Problem(absl::StrCat(path, " is back but does not verify: ", CkptName(job, step),
+                         " is CORRUPT: ", why.ToString()));
+  } else if (state != v1::CORRUPT) {
+    Problem(absl::StrCat(path, " does not verify; ", CkptName(job, step),
+                         " not exposed: ", why.ToString()));
+  } else {
+    spdlog::warn("recovery: {} stays CORRUPT: {}", CkptName(job, step), why.ToString());
+  }
+  return absl::OkStatus();
 }
 
 void Recovery::AbortRecovered(const v1::CheckpointRecord& rec, const std::string& reason) {

@@ -119,6 +119,15 @@ class Recovery {
   // From local storage (the remote tier's are RecoveryHost::ScanStore's: only checkpoints this
   // node has no row of, recorded on the remote tier alone, as while it runs).
   absl::Status AdoptManifests();
+  // AdoptManifests for one checkpoint dir: its manifest, when it verifies and the checkpoint's
+  // row is neither COMMITTED nor DELETING, indexed COMMITTED (a manifest of a part committed at
+  // the peer tier excepted). What cannot be read is a Problem, skipped; errors are the index's.
+  absl::Status AdoptManifest(const std::string& job, uint64_t step);
+  // AdoptManifest's answer to a manifest that does not verify (`why`): a MISSING row becomes
+  // CORRUPT (files kept), a CORRUPT one stays so; any other is a Problem, never exposed.
+  absl::Status ManifestNotVerified(const std::string& job, uint64_t step,
+                                   const std::optional<v1::CheckpointRecord>& rec,
+                                   const absl::Status& why);
   absl::Status ResumePending();
   // Rebuilds one journaled checkpoint from its rows and enters it into the lifecycle.
   absl::Status ResumeOne(const v1::CheckpointRecord& rec, const std::vector<v1::RankRecord>& ranks);
