@@ -9,7 +9,9 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "ckptd/status.h"
 #include "ckptd/v1/peer.grpc.pb.h"
+#include "common/align.h"
 #include "format/crc32c.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/security/credentials.h"
@@ -186,6 +188,54 @@ absl::StatusOr<PutResult> Client::PutBlob(const std::string& job, uint64_t step,
   if (spans.empty() && !data.empty() && block_bytes > 0) {
     spans.push_back(Span{0, data.size(), BlockCrcs(data.data(), data.size(), block_bytes)});
   }
+  return Put(job, step, blob, data.size(), block_bytes, spans,
+             [data](uint64_t at, uint64_t n) -> absl::StatusOr<std::span<const char>> {
+               return data.subspan(at, n);
+             });
+}
+
+absl::StatusOr<PutResult> Client::PutBlobFrom(const std::string& job, uint64_t step,
+                                              const std::string& blob, BlobReader& source,
+                                              uint64_t size, uint32_t block_bytes,
+                                              bool* source_failed) {
+  *source_failed = false;
+  // Whole checksum blocks per chunk, so that each chunk's crcs are the blob's.
+  const uint64_t chunk = std::max<uint64_t>(
+      block_bytes,
+      options_.chunk_bytes - options_.chunk_bytes % std::max<uint32_t>(block_bytes, 1));
+  AlignedBuffer buf = AllocateAligned(RoundUp(std::min(chunk, std::max<uint64_t>(size, 1)), 4096));
+  if (buf == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("peer put of ", blob, ": no memory for a ", chunk, "-byte chunk"));
+  }
+  char* const mem = reinterpret_cast<char*>(buf.get());
+  auto read = [&](uint64_t at, uint64_t n) -> absl::StatusOr<std::span<const char>> {
+    const IoSlice slice{mem, n, at};
+    if (absl::Status st = source.Read({&slice, 1}); !st.ok()) {
+      *source_failed = true;
+      return st;
+    }
+    return std::span<const char>(mem, n);
+  };
+  std::vector<Span> spans;
+  if (size > 0 && block_bytes > 0) {
+    Span whole{0, size, {}};
+    for (uint64_t at = 0; at < size; at += chunk) {
+      CKPTD_ASSIGN_OR_RETURN(std::span<const char> c, read(at, std::min(chunk, size - at)));
+      std::vector<uint32_t> crcs = BlockCrcs(c.data(), c.size(), block_bytes);
+      whole.crcs.insert(whole.crcs.end(), crcs.begin(), crcs.end());
+    }
+    spans.push_back(std::move(whole));
+  }
+  // Sent in chunks of `chunk` too: each read fills the one buffer gRPC has copied from by then.
+  return Put(job, step, blob, size, block_bytes, spans,
+             [&](uint64_t at, uint64_t n) { return read(at, std::min(n, chunk)); });
+}
+
+absl::StatusOr<PutResult> Client::Put(const std::string& job, uint64_t step,
+                                      const std::string& blob, uint64_t total_bytes,
+                                      uint32_t block_bytes, const std::vector<Span>& spans,
+                                      const NextChunk& next) {
   grpc::ClientContext ctx;
   SetDeadline(&ctx, options_.call_timeout);
   Watched watched(watch_.get(), &ctx);
@@ -198,7 +248,7 @@ absl::StatusOr<PutResult> Client::PutBlob(const std::string& job, uint64_t step,
   h->set_job(job);
   h->set_step(step);
   h->set_blob(blob);
-  h->set_total_bytes(data.size());
+  h->set_total_bytes(total_bytes);
   h->set_checksum_block_bytes(block_bytes);
   for (const Span& s : spans) {
     v1::PeerSpan* p = h->add_spans();
@@ -209,14 +259,21 @@ absl::StatusOr<PutResult> Client::PutBlob(const std::string& job, uint64_t step,
   bool open = writer->Write(req);
   // A stream the server ended early (refused, or deduplicated) stops taking writes: Finish()
   // then says why.
-  for (uint64_t at = 0; open && at < data.size();) {
-    const uint64_t n = std::min<uint64_t>(options_.chunk_bytes, data.size() - at);
-    req.set_chunk(data.data() + at, n);
+  for (uint64_t at = 0; open && at < total_bytes;) {
+    absl::StatusOr<std::span<const char>> c =
+        next(at, std::min<uint64_t>(options_.chunk_bytes, total_bytes - at));
+    if (!c.ok()) {
+      ctx.TryCancel();   // the peer drops what it received
+      writer->Finish();  // CANCELLED: the error is the source's
+      return c.status();
+    }
+    req.set_chunk(c->data(), c->size());
     // buffer_hint lets gRPC coalesce chunks into fewer TLS records and socket writes (about 2x
-    // on loopback, bench/RESULTS.md); WritesDone() flushes.
+    // on loopback, bench/RESULTS.md); WritesDone() flushes. The chunk is serialized (copied) by
+    // Write, so the caller's buffer may be refilled once it returns.
     open = writer->Write(req, grpc::WriteOptions().set_buffer_hint());
     watched.Progress();
-    at += n;
+    at += c->size();
     if (options_.after_chunk) options_.after_chunk(at);
   }
   if (open) writer->WritesDone();

@@ -32,6 +32,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "ckptd/storage.h"
 #include "ckptd/v1/peer.pb.h"
 #include "common/limits.h"
 #include "peer/peer_store.h"
@@ -79,6 +80,13 @@ class Client {
   absl::StatusOr<PutResult> PutBlob(const std::string& job, uint64_t step, const std::string& blob,
                                     std::span<const char> data, uint32_t block_bytes,
                                     std::vector<Span> spans = {});
+  // Copies `size` bytes read from `source` as blob `blob` of (job, step), never holding more than
+  // one chunk of it: a first pass reads it chunk by chunk for the block checksums of the header
+  // (one span over the whole blob), a second sends it. A read of `source` that fails ends the put
+  // (the peer stores nothing) with that error and sets *source_failed.
+  absl::StatusOr<PutResult> PutBlobFrom(const std::string& job, uint64_t step,
+                                        const std::string& blob, BlobReader& source, uint64_t size,
+                                        uint32_t block_bytes, bool* source_failed);
   // Reads bytes [offset, offset + out.size()) of a copy `origin_node` placed on the peer into out.
   absl::Status GetBlob(const std::string& origin_node, const std::string& job, uint64_t step,
                        const std::string& blob, uint64_t offset, std::span<char> out);
@@ -96,6 +104,13 @@ class Client {
   // The error of a call that ended with `st` (DEADLINE_EXCEEDED naming the stall when the watch
   // cancelled it).
   absl::Status Outcome(const grpc::Status& st, const Watched& w) const;
+  // The chunk of bytes [at, at + n) of the blob being put, or why it cannot be had.
+  using NextChunk = std::function<absl::StatusOr<std::span<const char>>(uint64_t at, uint64_t n)>;
+  // PutBlob's body: the header, then chunks of chunk_bytes from `next` (its error ends the put,
+  // cancelled, and is returned as is).
+  absl::StatusOr<PutResult> Put(const std::string& job, uint64_t step, const std::string& blob,
+                                uint64_t total_bytes, uint32_t block_bytes,
+                                const std::vector<Span>& spans, const NextChunk& next);
   ClientOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<StallWatch> watch_;

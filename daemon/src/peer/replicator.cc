@@ -391,41 +391,27 @@ absl::Status Replicator::CopyPart(const std::string& node, const std::string& jo
   CKPTD_ASSIGN_OR_RETURN(std::shared_ptr<Client> c, ClientFor(node));
   for (const auto& [name, size] : blobs) {
     const std::string path = absl::StrCat(dir, "/", name);
-    uint64_t bytes = 0;
-    absl::StatusOr<AlignedBuffer> buf = ReadLocalBlob(path, size, &bytes);
-    if (!buf.ok()) {
+    absl::StatusOr<std::unique_ptr<BlobReader>> r = local_->OpenBlob(path);
+    // A rank whose shards were all replicas wrote no blob.
+    if (!r.ok() && absl::IsNotFound(r.status()) && size == 0) continue;
+    if (!r.ok()) {
       *local_failure = true;
-      return buf.status();
+      return Annotate(r.status(), absl::StrCat("reading ", path));
     }
-    if (*buf == nullptr) continue;  // a rank whose shards were all replicas wrote no blob
-    absl::Status st =
-        c->PutBlob(job, step, name,
-                   std::span<const char>(reinterpret_cast<const char*>(buf->get()), bytes),
-                   kTransferBlockBytes)
-            .status();
+    // Streamed from local storage a chunk at a time (peer/peer_client.h PutBlobFrom): a copy
+    // holds one chunk in memory, whatever the blob's size.
+    bool source_failed = false;
+    absl::Status st = c->PutBlobFrom(job, step, name, **r, (*r)->size_bytes(), kTransferBlockBytes,
+                                     &source_failed)
+                          .status();
+    if (source_failed) {
+      *local_failure = true;
+      return Annotate(st, absl::StrCat("reading ", path));
+    }
     if (absl::IsDeadlineExceeded(st)) ForgetClient(node, c);  // its connection may be stuck
     CKPTD_RETURN_IF_ERROR(st);
   }
   return absl::OkStatus();
-}
-
-absl::StatusOr<AlignedBuffer> Replicator::ReadLocalBlob(const std::string& path, uint64_t size,
-                                                        uint64_t* bytes) {
-  absl::StatusOr<std::unique_ptr<BlobReader>> r = local_->OpenBlob(path);
-  if (!r.ok() && absl::IsNotFound(r.status()) && size == 0) return AlignedBuffer();
-  CKPTD_RETURN_IF_ERROR(Annotate(r.status(), absl::StrCat("reading ", path)));
-  *bytes = (*r)->size_bytes();
-  AlignedBuffer buf = AllocateAligned(*bytes);
-  if (buf == nullptr) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("replicating ", path, ": no memory for its ", *bytes, " bytes"));
-  }
-  IoSlice slice{buf.get(), *bytes, 0};
-  if (*bytes > 0) {
-    CKPTD_RETURN_IF_ERROR(
-        Annotate((*r)->Read(std::span<const IoSlice>(&slice, 1)), absl::StrCat("reading ", path)));
-  }
-  return buf;
 }
 
 absl::StatusOr<std::vector<std::string>> Replicator::Replicate(

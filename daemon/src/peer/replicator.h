@@ -16,8 +16,10 @@
 //    as origin. Its life ends by Drop (this node's Delete of the checkpoint), the peer's budget
 //    eviction, or the peer's stop (the tier is memory only). A peer that dies takes its copies
 //    with it: the load goes to the next holder, then the store.
-//  - A Replicate in flight holds one blob's bytes in memory at a time (read from local storage,
-//    size of the blob), sent in chunks; a peer that fails mid-blob gets nothing of it (its put is
+//  - A copy in flight (a Replicate, from the cluster thread, or a repair, from the repair thread:
+//    at most these two at once) holds one chunk of one blob in memory (kPeerChunkBytes), read from
+//    local storage twice - once for the block checksums of the put's header, once to send it - and
+//    gRPC's window of it in flight; a peer that fails mid-blob gets nothing of it (its put is
 //    dropped, peer/peer_store.h) and the next candidate is tried from that blob's first byte on.
 //  - Readers (reader()'s BlobReaders) hold their peer's client; a peer that dies mid-read fails
 //    that read (UNAVAILABLE) and the reader moves to the next holder of the blob.
@@ -151,10 +153,6 @@ class Replicator : public PeerTier {
                         const std::string& dir,
                         const std::vector<std::pair<std::string, uint64_t>>& blobs,
                         bool* local_failure);
-  // A blob of this node's part, read whole from local storage into memory (*bytes of it); a
-  // null buffer for a blob of `size` 0 that was never written (its rank stored only replicas).
-  absl::StatusOr<AlignedBuffer> ReadLocalBlob(const std::string& path, uint64_t size,
-                                              uint64_t* bytes);
   // Repair of one part (a snapshot of its entry): its copies as they are after the pass.
   Copies Repair(const Watched& w);
   // The holders of `part` among `holders` that hold every blob of it whole; why the others do not

@@ -14,6 +14,7 @@
 // bit-exact.
 #include <unistd.h>
 
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdlib>
@@ -92,6 +93,39 @@ std::unique_ptr<Server> StartServer(const std::string& node, uint64_t stall_time
   REQUIRE(s.ok());
   return *std::move(s);
 }
+
+// Node a's local storage: a memory store whose blob readers record the largest read asked of
+// them (a copy streams its blob: no read is larger than a chunk).
+class LocalStore : public MemoryStorage {
+ public:
+  absl::StatusOr<std::unique_ptr<BlobReader>> OpenBlob(const std::string& path) override {
+    absl::StatusOr<std::unique_ptr<BlobReader>> r = MemoryStorage::OpenBlob(path);
+    if (!r.ok()) return r;
+    return std::unique_ptr<BlobReader>(new Counted(*std::move(r), &largest_read_));
+  }
+  uint64_t largest_read() const { return largest_read_.load(); }
+
+ private:
+  class Counted : public BlobReader {
+   public:
+    Counted(std::unique_ptr<BlobReader> r, std::atomic<uint64_t>* largest)
+        : r_(std::move(r)), largest_(largest) {}
+    absl::Status Read(std::span<const IoSlice> slices) override {
+      for (const IoSlice& s : slices) {
+        uint64_t seen = largest_->load();
+        while (s.len > seen && !largest_->compare_exchange_weak(seen, s.len)) {
+        }
+      }
+      return r_->Read(slices);
+    }
+    uint64_t size_bytes() const override { return r_->size_bytes(); }
+
+   private:
+    std::unique_ptr<BlobReader> r_;
+    std::atomic<uint64_t>* largest_;
+  };
+  std::atomic<uint64_t> largest_read_{0};
+};
 
 // Bytes of blob `name` of `step`: a pattern of its own.
 std::string BlobBytes(uint64_t step, const std::string& name, size_t size) {
@@ -175,7 +209,7 @@ struct Rig {
   }
 
   const size_t blob_bytes;
-  MemoryStorage local;
+  LocalStore local;
   MemoryStorage shared;
   std::unique_ptr<Server> b;
   std::unique_ptr<Server> c;
@@ -338,6 +372,22 @@ TEST_CASE("peer channel: a stalled link - the call is abandoned after peer_stall
   } while (Clock::now() < until);
   CHECK(*took == std::vector<std::string>{"node-b"});
   CHECK(rig.ReadBack("node-b", 2) == "");
+}
+
+}  // namespace ckptd::peer
+
+namespace ckptd::peer {
+
+TEST_CASE("peer channel: a copy streams its blob - memory for one chunk, whatever its size",
+          "[unit][peer]") {
+  Rig rig(/*proxy_b=*/false, 30'000, /*blob_bytes=*/5 * limits::kPeerChunkBytes + 12345);
+  rig.WriteParts(1);
+  absl::StatusOr<std::vector<std::string>> took = rig.Replicate(1, 2);
+  REQUIRE(took.ok());
+  CHECK(took->size() == 2);
+  CHECK(rig.local.largest_read() <= limits::kPeerChunkBytes);
+  CHECK(rig.ReadBack("node-b", 1) == "");
+  CHECK(rig.ReadBack("node-c", 1) == "");
 }
 
 }  // namespace ckptd::peer
