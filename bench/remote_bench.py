@@ -20,6 +20,11 @@ One run, every system side by side on the same machine, store and bytes, in inte
   download  a fresh daemon (empty state dir, same bucket and prefix) adopts the checkpoint from
             the store; ckptd loads every item into pre-faulted numpy arrays; s3transfer downloads
             the same blob objects with download (same part size and concurrency) to files.
+  codec     with --systems ckptd_zstd: a second daemon with remote_codec=zstd (prefix "zstd")
+            uploads the same checkpoint in the same rounds, interleaved with the others; its
+            row adds the bytes stored (the blob objects on the store, against `ckptd`'s raw
+            ones), and a fresh daemon on its prefix loads it whole (decoding; checked bit-exact in
+            round 0).
   reshard   the fresh daemon loads a slice in another layout (a column block of a 4-way column
             split, an unaligned third of the columns, the middle third of the rows across the
             saved 2-rank boundary): bytes read (all from the store) against the needed bytes with
@@ -380,6 +385,13 @@ def ckptd_upload(d: Daemon, step: int, tensors: dict[str, Any]) -> tuple[float, 
     return elapsed, int(up.get("bytes_total", 0)), up | cpu_since(cpu, d.proc.pid)
 
 
+def stored_bytes(client: Any, prefix: str, step: int) -> int:
+    """Bytes of the blob objects of `step` under `prefix` on the store (the manifest not
+    counted)."""
+    listed = client.list_objects_v2(Bucket=BUCKET, Prefix=f"{prefix}/{JOB}/step-{step:020d}/")
+    return sum(int(o["Size"]) for o in listed.get("Contents", []) if o["Key"].endswith(".blob"))
+
+
 def delete_step(d: Daemon, step: int) -> None:
     import ckptd
 
@@ -441,6 +453,16 @@ def run(args: Any) -> list[dict[str, Any]]:
             daemons["ckptd"] = Daemon(
                 args.daemon, work / "ckptd", endpoint, "default", args, staging, []
             )
+            if "ckptd_zstd" in args.systems:
+                daemons["ckptd_zstd"] = Daemon(
+                    args.daemon,
+                    work / "ckptd_zstd",
+                    endpoint,
+                    "zstd",
+                    args,
+                    staging,
+                    ["--remote_codec=zstd"],
+                )
             # The blob files s3transfer and dd read: a copy of a daemon's own files of the same
             # bytes (its upload is cancelled by the delete).
             save(daemons["ckptd"].sock, 1, tensors)
@@ -504,6 +526,7 @@ def one_round(
         def go() -> None:
             s, n, st = ckptd_upload(daemons[name], step, tensors)
             cpu = {k: v for k, v in st.items() if k.startswith("cpu_")}
+            prefix = "zstd" if name == "ckptd_zstd" else "default"
             out.add(
                 part="upload",
                 system=name,
@@ -511,6 +534,7 @@ def one_round(
                 bytes=n,
                 seconds=s,
                 state=st.get("state"),
+                stored_bytes=stored_bytes(fair, prefix, step),
                 **cpu,
             )
 
@@ -536,6 +560,8 @@ def one_round(
         out.add(part="upload", system="disk_read", round=r, bytes=blob_bytes, seconds=s)
 
     uploads["ckptd"] = up_ckptd("ckptd")
+    if "ckptd_zstd" in daemons:
+        uploads["ckptd_zstd"] = up_ckptd("ckptd_zstd")
     uploads["s3transfer"] = up_s3t("s3transfer", fair)
     if signed is not None:
         uploads["s3transfer_signed"] = up_s3t("s3transfer_signed", signed)
@@ -593,10 +619,54 @@ def one_round(
             reshard(out, r, c, step, tensors, args, fair, keys[0])
     finally:
         fresh.stop()
+    if "ckptd_zstd" in daemons:
+        download_encoded(out, r, step, tensors, dests, args, endpoint, work)
     for name in ("s3transfer", "s3transfer_signed"):
         listed = fair.list_objects_v2(Bucket=BUCKET, Prefix=f"{name}/r{r}/").get("Contents", [])
         for o in listed:
             fair.delete_object(Bucket=BUCKET, Key=o["Key"])
+
+
+def download_encoded(
+    out: Rows,
+    r: int,
+    step: int,
+    tensors: dict[str, Any],
+    dests: dict[str, Any],
+    args: Any,
+    endpoint: str,
+    work: Path,
+) -> None:
+    """A fresh daemon on the prefix of `ckptd_zstd` adopts `step` and loads it whole (every blob
+    decoded); bit-exact checked in round 0."""
+    import numpy as np
+
+    import ckptd
+
+    fresh = Daemon(args.daemon, work / "fresh_zstd", endpoint, "zstd", args, 512 * MiB, [])
+    try:
+        with ckptd.connect(fresh.sock, rpc_timeout_ms=600_000) as c:
+            cpu = cpu_now(fresh.proc.pid)
+            t0 = time.perf_counter()
+            res = c.load(JOB, step, into=dests)
+            s = time.perf_counter() - t0
+            out.add(
+                part="download",
+                system="ckptd_zstd",
+                round=r,
+                bytes=res.bytes_read,
+                bytes_read_remote=res.bytes_read_remote,
+                seconds=s,
+                **cpu_since(cpu, fresh.proc.pid),
+            )
+            if r == 0:
+                for n, t in tensors.items():
+                    if not np.array_equal(dests[n], t):
+                        raise RuntimeError(f"{n} loaded from the encoded copy differs")
+            for d in dests.values():
+                d.fill(0)
+    finally:
+        fresh.stop()
 
 
 def reshard(
@@ -715,6 +785,18 @@ def table(rows: list[dict[str, Any]]) -> None:
             for k in ("cpu_client_s", "cpu_store_s")
         ]
         print(f"| {part} | {system} | {g:.3f} | {vs} | {vd} | {cpu[0]} | {cpu[1]} |")
+    ups = {
+        sys_: rs for (part, sys_), rs in by.items() if part == "upload" and "stored_bytes" in rs[0]
+    }
+    if "ckptd" in ups and "ckptd_zstd" in ups:
+        raw = statistics.median(x["stored_bytes"] for x in ups["ckptd"])
+        print("\n| system | bytes on the store | raw / stored | median upload s | / ckptd |")
+        print("|---|---|---|---|---|")
+        base = statistics.median(x["seconds"] for x in ups["ckptd"])
+        for sys_ in ("ckptd", "ckptd_zstd"):
+            st = statistics.median(x["stored_bytes"] for x in ups[sys_])
+            sec = statistics.median(x["seconds"] for x in ups[sys_])
+            print(f"| {sys_} | {st:.0f} | {raw / st:.3f} | {sec:.2f} | {base / sec:.2f} |")
     re: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
         if row["part"] == "reshard":
@@ -749,7 +831,8 @@ def main() -> None:
     ap.add_argument(
         "--systems",
         default="ckptd,s3transfer,disk_read",
-        help="also: s3transfer_signed (boto3's default config over http)",
+        help="also: s3transfer_signed (boto3's default config over http), ckptd_zstd (a daemon "
+        "with remote_codec=zstd)",
     )
     ap.add_argument("--keep", action="store_true", help="keep the work dir (logs, store)")
     ap.add_argument("--table", metavar="JSONL", help="only print the table of a results file")

@@ -167,6 +167,21 @@ absl::Status ValidatePaths(DaemonOptions& o) {
   return absl::OkStatus();
 }
 
+// remote_codec and its level.
+absl::Status ValidateRemoteCodec(const DaemonOptions& o) {
+  if (o.remote_codec != "none" && o.remote_codec != "zstd") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("option remote_codec = \"", o.remote_codec, "\": expected none or zstd"));
+  }
+  if (o.remote_codec_level < limits::kCodecZstdLevelMin ||
+      o.remote_codec_level > limits::kCodecZstdLevelMax) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("option remote_codec_level = ", o.remote_codec_level, ": a zstd level is ",
+                     limits::kCodecZstdLevelMin, "..", limits::kCodecZstdLevelMax));
+  }
+  return absl::OkStatus();
+}
+
 // Every numeric option within its range (and the sizes' alignment).
 absl::Status ValidateRanges(const DaemonOptions& o) {
   CKPTD_RETURN_IF_ERROR(Range("staging_bytes_max", o.staging_bytes_max, limits::kStagingBytesMin,
@@ -398,6 +413,7 @@ absl::Status DaemonOptions::ValidateTiers() const {
     return absl::InvalidArgumentError(absl::StrCat(
         "option upload_chunk_bytes = ", upload_chunk_bytes, " is not a multiple of 4096"));
   }
+  CKPTD_RETURN_IF_ERROR(ValidateRemoteCodec(*this));
   if (keep_remote > 0 && remote_dir.empty() && remote_s3_bucket.empty()) {
     return absl::InvalidArgumentError("option keep_remote needs a remote tier");
   }

@@ -182,6 +182,16 @@ struct DaemonOptions {
   // A failed upload is retried after a backoff doubling from 1 s up to this, forever (the store
   // may be down for hours; the checkpoint stays COMMITTED locally meanwhile). Default: 60000
   uint64_t upload_retry_max_ms = 60000;
+  // The remote tier's codec (docs/BLOB_FORMAT.md "Encoded blobs on the store"): "zstd" stores
+  // each blob the remote tier uploads encoded (chunk by chunk: byte planes of the item's dtype,
+  // then zstd) and records the encoding in the store's manifest, which every reader of the store
+  // decodes; "none" stores the raw bytes. The local and RAM tiers never encode, nor do the remote
+  // policy's flush and the node uploads of checkpoints committed at the peer tier (remote_every).
+  // Default: "none"
+  std::string remote_codec = "none";
+  // The zstd level of remote_codec = zstd, -1000..19 (negative: zstd's fast levels; the default
+  // is format/codec.h's kCodecZstdLevelDefault). Default: -1000
+  int32_t remote_codec_level = -1000;
   // Retention (docs/OPERATIONS.md "Tiers"): per job, keep the local copies of the newest keep_local
   // checkpoints that have one and the remote copies of the newest keep_remote; older copies go
   // (a checkpoint whose only durable copy goes is deleted; a local copy whose upload is under

@@ -55,6 +55,19 @@ Field IntField(T DaemonOptions::*field, std::string name) {
           }};
 }
 
+Field SignedIntField(int32_t DaemonOptions::*field, std::string name) {
+  return {[field, name = std::move(name)](DaemonOptions& o, absl::string_view v) {
+            int32_t parsed = 0;
+            if (!absl::SimpleAtoi(v, &parsed)) {
+              return absl::InvalidArgumentError(
+                  absl::StrCat("option ", name, ": \"", v, "\" is not an integer in range"));
+            }
+            o.*field = parsed;
+            return absl::OkStatus();
+          },
+          [field](const DaemonOptions& o) { return absl::StrCat(o.*field); }};
+}
+
 Setter OctalSetter(uint32_t DaemonOptions::*field) {
   return [field](DaemonOptions& o, absl::string_view v) {
     uint32_t parsed = 0;
@@ -252,6 +265,17 @@ const std::vector<OptionDef>& OptionDefs() {
       {"upload_retry_max_ms", "longest backoff between upload attempts",
        "a failed upload is retried forever, after a backoff doubling from 1 s up to this",
        IntField(&O::upload_retry_max_ms, "upload_retry_max_ms")},
+      {"remote_codec", "remote tier: none, or zstd (uploads stored encoded)",
+       "`none`, or `zstd`: each blob the remote tier uploads is stored encoded, chunk by chunk "
+       "(byte planes of its dtype, then zstd), and the store's manifest records where each chunk's "
+       "frame lies; every reader of the store decodes it "
+       "([BLOB_FORMAT.md](BLOB_FORMAT.md#encoded-blobs-on-the-store)). The local and RAM tiers, "
+       "the `remote` policy's flush and `local+peer` node uploads store raw bytes",
+       StringField(&O::remote_codec)},
+      {"remote_codec_level", "remote tier: zstd level of remote_codec=zstd (-1000..19)",
+       "the zstd level of `remote_codec = zstd`, -1000..19; negative levels are zstd's fast "
+       "ones (bench/RESULTS.md \"Codecs\")",
+       SignedIntField(&O::remote_codec_level, "remote_codec_level")},
       {"remote_s3_bucket", "remote tier: an S3 bucket (with remote_s3_endpoint)",
        "the remote tier: an S3 bucket (exclusive with `remote_dir`; needs `remote_s3_endpoint`)",
        StringField(&O::remote_s3_bucket), "(none)"},

@@ -155,6 +155,19 @@ inline constexpr int kCodecZstdLevelMax = 19;
 // corrupt or hostile frame can make the decoder take stays bounded.
 inline constexpr int kCodecZstdWindowLogMax = 24;
 static_assert((uint64_t{1} << kCodecZstdWindowLogMax) == kCodecChunkBytesMax);
+// Encoded blobs on the store (format/blob_encoding.h): a chunk is at least this many bytes (the
+// checksum block when that is larger; zstd gains little on smaller planes), and a manifest
+// records at most this many frames (about 4 bytes each in its header record, which holds at most
+// kManifestRecordBytesMax): past it the chunks grow, and past kCodecChunkBytesMax chunks the
+// blobs are stored raw.
+inline constexpr uint64_t kEncodedChunkBytesMin = 4 * kMiB;
+inline constexpr uint64_t kEncodedFramesPerManifestMax = uint64_t{4} << 20;
+static_assert(kEncodedChunkBytesMin <= kCodecChunkBytesMax);
+// A reader of encoded blobs (tier/encoded_store.h) fetches at most this many bytes of frames per
+// read of the object, and caches the encodings of at most this many checkpoints' blobs.
+inline constexpr uint64_t kEncodedFetchBytesMax = 64 * kMiB;
+inline constexpr uint64_t kEncodedStoreDirsCachedMax = 256;
+static_assert(kEncodedFramesPerManifestMax * 5 < kManifestRecordBytesMax / 2);
 
 // --- bounded workers (common/worker_pool.h, io/reader_pool.h) ---
 // Every pool has a fixed number of long-lived, named threads and a bounded queue; a full queue

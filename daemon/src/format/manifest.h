@@ -33,7 +33,8 @@ struct Manifest {
 // OK iff the manifest is self-consistent:
 //  - header: job name valid, step <= limits::kStepMax, 1 <= world_size <= limits::kWorldSizeMax,
 //    ranks_present < world_size, checksum_block_bytes > 0, blob ids unique and blob names plain
-//    file names, item_count == items.size() <= limits::kItemsPerCheckpointMax;
+//    file names, each blob's encoding (if any) consistent (ValidateBlobEncoding,
+//    format/blob_encoding.h), item_count == items.size() <= limits::kItemsPerCheckpointMax;
 //  - items: names valid, sorted and unique; kind TENSOR or OBJECT;
 //  - every shard: blob_id in header.blobs, offset limits::kAlignmentBytes-aligned,
 //    offset + length <= blob size, block_crc32c.size() == BlockCount(length,

@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "ckptd/status.h"
 #include "common/limits.h"
+#include "format/blob_encoding.h"
 #include "format/crc32c.h"
 #include "format/dtype.h"
 #include "format/manifest.h"
@@ -53,6 +54,7 @@ absl::Status ValidateHeader(const Manifest& m, BlobSizes* blob_sizes) {
   }
   for (const v1::BlobInfo& blob : h.blobs()) {
     CKPTD_RETURN_IF_ERROR(ValidateBlobName(blob.name()));
+    CKPTD_RETURN_IF_ERROR(ValidateBlobEncoding(blob));  // the store's copy only
     if (!blob_sizes->emplace(blob.id(), blob.size_bytes()).second) {
       return Invalid(absl::StrFormat("blob id %d appears twice", blob.id()));
     }

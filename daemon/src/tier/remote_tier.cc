@@ -12,6 +12,7 @@
 #include "common/limits.h"
 #include "common/log.h"
 #include "common/owner_map.h"
+#include "format/blob_encoding.h"
 #include "format/manifest.h"
 #include "format/names.h"
 #include "index/keys.h"
@@ -42,7 +43,12 @@ MetaStore::Write RowWrite(const std::string& job, uint64_t step, const std::stri
 
 RemoteTier::RemoteTier(const DaemonOptions* options, MetaStore* meta, Committer* committer,
                        Storage* local, Storage* remote)
-    : options_(options), meta_(meta), committer_(committer), local_(local), remote_(remote) {
+    : options_(options),
+      meta_(meta),
+      committer_(committer),
+      local_(local),
+      store_(remote != nullptr ? std::make_unique<EncodedStore>(remote) : nullptr),
+      remote_(store_.get()) {
   // One read in flight per upload thread and for the cluster thread's CopyBlobs.
   if (enabled()) {
     const size_t n = options_->upload_threads + 1;
@@ -480,7 +486,7 @@ absl::Status RemoteTier::Attempt(Upload& u) {
   }
   // The job's owner on the store first: nothing of another owner's job is overwritten.
   if (m.header.has_owner()) CKPTD_RETURN_IF_ERROR(ClaimStoreOwner(u.job, m.header.owner()));
-  CKPTD_RETURN_IF_ERROR(CopyAll(u, u.dir, blobs));
+  CKPTD_RETURN_IF_ERROR(StoreBlobs(u, own_part, blobs, &m, &manifest));
   CKPTD_SYNC_POINT("upload.blobs_copied");
   if (u.cancel || stop_) return absl::CancelledError(absl::StrCat("upload of ", name, " stopped"));
   if (!own_part) {
@@ -549,6 +555,55 @@ absl::Status RemoteTier::CopyAll(Upload& u, const std::string& dir,
     CKPTD_RETURN_IF_ERROR(Annotate(st, absl::StrCat("copying ", copies.size(), " blobs of ", dir,
                                                     " to ", remote_->Describe())));
   }
+  return absl::OkStatus();
+}
+
+absl::Status RemoteTier::StoreBlobs(Upload& u, bool own_part,
+                                    const std::vector<std::pair<std::string, uint64_t>>& blobs,
+                                    Manifest* m, std::string* manifest) {
+  // remote_codec: blobs stored encoded and the store's manifest records how. Not for a node's
+  // own part (the manifest on the store is shared by every node and written before: its blobs
+  // stay raw), nor for a checkpoint whose frames would not fit one manifest header.
+  const std::optional<uint64_t> chunk =
+      options_->remote_codec == "zstd" && !own_part ? EncodedChunkBytes(*m) : std::nullopt;
+  if (!chunk.has_value()) return CopyAll(u, u.dir, blobs);
+  CKPTD_RETURN_IF_ERROR(EncodeAll(u, u.dir, *chunk, m));
+  CKPTD_ASSIGN_OR_RETURN(
+      *manifest,
+      Annotate(EncodeManifest(*m), absl::StrCat("the store's manifest of ", Name(u.job, u.step))));
+  return absl::OkStatus();
+}
+
+absl::Status RemoteTier::EncodeAll(Upload& u, const std::string& dir, uint64_t chunk, Manifest* m) {
+  uint64_t raw = 0, stored = 0;
+  for (v1::BlobInfo& b : *m->header.mutable_blobs()) {
+    if (b.size_bytes() == 0) continue;  // no object: nothing to encode
+    const std::string path = absl::StrCat(dir, "/", b.name());
+    CKPTD_ASSIGN_OR_RETURN(
+        std::unique_ptr<BlobReader> reader,
+        Annotate(local_->OpenBlob(path), absl::StrCat("reading ", path, " from local storage")));
+    CKPTD_ASSIGN_OR_RETURN(std::unique_ptr<BlobWriter> writer,
+                           Annotate(remote_->CreateBlob(path),
+                                    absl::StrCat("creating ", path, " on ", remote_->Describe())));
+    const std::vector<uint8_t> planes = ChunkPlanes(*m, b.id(), b.size_bytes(), chunk);
+    const EncodeBlobJob job{
+        .path = path,
+        .size_bytes = b.size_bytes(),
+        .chunk_bytes = chunk,
+        .planes = planes,
+        .zstd_level = options_->remote_codec_level,
+        .piece_bytes = std::max(chunk, options_->upload_chunk_bytes / chunk * chunk)};
+    CKPTD_ASSIGN_OR_RETURN(
+        *b.mutable_encoding(),
+        Annotate(EncodeBlob(job, *reader, *writer, readers_.get(), &u.bytes_done,
+                            [&] { return u.cancel || stop_; }),
+                 absl::StrCat("storing ", path, " encoded on ", remote_->Describe())));
+    raw += b.size_bytes();
+    stored += b.encoding().encoded_bytes();
+  }
+  spdlog::info("remote tier: {} stored encoded on {}: {} of {} bytes ({:.3f}x)", dir,
+               remote_->Describe(), stored, raw,
+               stored == 0 ? 1.0 : static_cast<double>(raw) / static_cast<double>(stored));
   return absl::OkStatus();
 }
 

@@ -55,15 +55,19 @@
 #include "ckptd/storage.h"
 #include "ckptd/v1/index.pb.h"
 #include "common/worker_pool.h"
+#include "format/manifest.h"
 #include "index/committer.h"
 #include "index/meta_store.h"
 #include "options.h"
+#include "tier/encoded_store.h"
 
 namespace ckptd {
 
 class RemoteTier {
  public:
   // `remote` null: no remote tier (enabled() false; Track is a bug, the reads answer "none").
+  // remote() is `remote` seen through an EncodedStore (tier/encoded_store.h): its readers decode
+  // the blobs this tier stored encoded (remote_codec).
   RemoteTier(const DaemonOptions* options, MetaStore* meta, Committer* committer, Storage* local,
              Storage* remote);
   ~RemoteTier();
@@ -175,6 +179,14 @@ class RemoteTier {
   // One blob through CreateBlob, Write and Sync: chunks of upload_chunk_bytes, the next read
   // (on the read pool) while this one is written.
   absl::Status CopyBlob(Upload& u, const std::string& path, BlobReader& reader);
+  // The blobs of an attempt to the store: CopyAll, or with remote_codec (not for `own_part`)
+  // EncodeAll, *manifest then being the store's manifest (m with the encodings).
+  absl::Status StoreBlobs(Upload& u, bool own_part,
+                          const std::vector<std::pair<std::string, uint64_t>>& blobs, Manifest* m,
+                          std::string* manifest);
+  // remote_codec: every blob of `m` with bytes stored encoded (EncodeBlob, chunks of `chunk`
+  // bytes) in `dir` on the store; the record of each set in m->header's BlobInfo.encoding.
+  absl::Status EncodeAll(Upload& u, const std::string& dir, uint64_t chunk, Manifest* m);
   absl::Status WriteRow(const Upload& u, const v1::Upload& state);
   // After an attempt: forget it (durable or cancelled) or schedule its retry.
   void Finished(const std::shared_ptr<Upload>& u, const absl::Status& st)
@@ -184,7 +196,9 @@ class RemoteTier {
   MetaStore* const meta_;
   Committer* const committer_;
   Storage* const local_;
-  Storage* const remote_;
+  // The store's plugin behind the decoding view every reader gets (null without a remote tier).
+  const std::unique_ptr<EncodedStore> store_;
+  Storage* const remote_;  // store_, or null
 
   mutable absl::Mutex mu_;
   absl::CondVar changed_;  // an upload became runnable, finished, or let go; stopping
