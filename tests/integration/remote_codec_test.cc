@@ -257,3 +257,49 @@ TEST_CASE("remote codec: on S3 the encoded upload restores bit-exact on a fresh 
   CHECK(VerifyInProcess(c, kJob, 2, 71) == "");
   CHECK(CheckPartialLoadFromStore(c, kJob, 2, 71) == "");
 }
+
+// The upload's failure paths with the codec on: a store that refuses the writes is retried until
+// it takes them, and a daemon killed after the encoded blobs are on the store but before the
+// manifest resumes the upload at restart; both end with a store copy a fresh node loads
+// bit-exact.
+TEST_CASE("remote codec: a failing store is retried and a killed upload resumes, encoded",
+          "[integration][remote][codec][fault]") {
+  TempDir shared;
+  const std::string remote = shared.path() + "/store";
+  std::filesystem::create_directories(remote);
+  { std::ofstream(remote + "/" + kJob) << "in the way"; }  // every attempt fails
+  std::vector<std::string> flags = {"--remote_dir=" + remote, "--remote_codec=zstd",
+                                    "--upload_retry_max_ms=1000"};
+#if CKPTD_TEST_HOOKS
+  flags.push_back("--debug_crash_at=upload.blobs_copied");
+#endif
+  Daemon a(DaemonConfig{.extra_flags = flags});
+  {
+    ckptd::ClientOptions o;
+    o.socket_path = a.socket();
+    o.tier_policy = ckptd::TierPolicy::kLocalAndRemote;
+    auto client = ckptd::Client::Connect(o);
+    REQUIRE(client.ok());
+    for (uint32_t r = 0; r < 4; ++r) REQUIRE(SaveRank(**client, kJob, 1, r, 4, 81).ok());
+    REQUIRE((*client)->WaitCommitted(kJob, 1, 30000).ok());
+    auto first = (*client)->Wait(kJob, 1, ckptd::WaitFor::kRemote, 2500);
+    INFO(first.status().ToString());
+    CHECK(first.status().code() == absl::StatusCode::kDeadlineExceeded);
+    CHECK(first.status().message().find("last attempt failed") != std::string::npos);
+  }
+  std::filesystem::remove(remote + "/" + kJob);  // the store is back
+#if CKPTD_TEST_HOOKS
+  REQUIRE(a.WaitExit(30000) >= 0);  // killed with the encoded blobs there, no manifest
+  CHECK(!std::filesystem::exists(StepPath(remote) + "/manifest.ckm"));
+  CHECK(std::filesystem::exists(StepPath(remote) + "/r00000.blob"));
+  flags.pop_back();
+  a.Restart(flags);
+#endif
+  auto durable = a.Connect()->Wait(kJob, 1, ckptd::WaitFor::kRemote, 30000);
+  INFO(durable.status().ToString() << "\nlog:\n" << a.Log());
+  REQUIRE(durable.ok());
+  CHECK(RecordsEncoding(StepPath(remote)));
+  Daemon b(DaemonConfig{.extra_flags = {"--remote_dir=" + remote}});
+  CHECK(VerifyInProcess(b, kJob, 1, 81) == "");
+  CHECK(CheckPartialLoadFromStore(b, kJob, 1, 81) == "");
+}
