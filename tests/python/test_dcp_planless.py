@@ -315,12 +315,18 @@ def nested_body(rank: int, world: int, sock: str) -> None:
 
 
 def unplanned_stage_body(rank: int, world: int, sock: str) -> None:
-    """dcp.async_save with a LocalPlanner through a writer built without planner=."""
+    """dcp.async_save with a LocalPlanner through a writer built without planner=. The first
+    rank to plan aborts the checkpoint naming the fix; a rank still staging then finds it
+    ABORTED (the one-process case below checks the message alone)."""
     init(rank, world)
     try:
         sd = {"w": torch.ones(4), "b": torch.full((2,), 3.0)}
         writer = ct.StorageWriter("planless/unplanned/step-1", socket=sock)
-        with pytest.raises(BaseException, match=r"built without planner=.*StorageWriter\(id, "):
+        fix = (
+            r"built without planner=.*StorageWriter\(id, "
+            r"|unplanned/1 is (already ABORTED|being aborted)"
+        )
+        with pytest.raises(BaseException, match=fix):
             fut = dcp.async_save(sd, storage_writer=writer, planner=ct.LocalPlanner(), no_dist=True)
             fut.result(timeout=120)
     finally:
@@ -368,6 +374,10 @@ def test_each_item_written_once(saved: tuple[Daemon, Path], world: int) -> None:
         assert info["model.grid"]["shard_count"] == world
         assert info["model.rows"]["shard_count"] == world
         assert info["plain"]["shard_count"] == 1 and info["step"]["shard_count"] == 1
+        # Replicated plain tensors are balanced across the ranks, not all written by rank 0:
+        # "plain" (60 bytes) goes to rank 0, then "step" (8 bytes) to the least loaded, rank 1.
+        by_name = {name: ranks for (name, _), ranks in sends.items()}
+        assert by_name["plain"] == [0] and by_name["step"] == [1], by_name
         for name in ("meta.epoch", "meta.name"):  # replicated objects, sent by rank 0 alone
             assert info[name]["kind"] == "object" and not info[name]["per_rank"]
             assert sends[(name, json.dumps("object"))] == [0]
@@ -432,6 +442,38 @@ def test_local_planner_rules_without_a_process_group() -> None:
         ct.LocalPlanner(rank=2, world_size=2).set_up_planner(sd)
     with pytest.raises(ValueError, match="both rank and world_size"):
         ct.LocalPlanner(rank=1)
+
+
+def test_balanced_owners_share_the_writes() -> None:
+    """Every value is written by exactly one rank, the same assignment on every rank, and no rank
+    writes more than its share by more than one value (the longest-processing-time rule)."""
+    sizes = {f"layer.{i}.w": (i % 7 + 1) * 1000 + i for i in range(50)}
+    for count in (1, 2, 3, 8, 64):
+        owners = ct.balanced_owners(sizes, count)
+        assert set(owners) == set(sizes) and owners == ct.balanced_owners(dict(sizes), count)
+        loads = [0] * count
+        for fqn, rank in owners.items():
+            loads[rank] += sizes[fqn]
+        assert max(loads) <= sum(sizes.values()) / count + max(sizes.values()), (count, loads)
+    assert ct.balanced_owners({}, 4) == {}
+    # Through the planner: 8 ranks, a DDP-like model of plain tensors and one object.
+    sd = {f"w{i}": torch.ones(100 + i) for i in range(16)}
+    sd["obj"] = {"a": 1}
+    written: dict[str, list[int]] = {}
+    for rank in range(8):
+        p = ct.LocalPlanner(rank=rank, world_size=8)
+        p.set_up_planner(sd, is_coordinator=True)
+        for item in p.create_local_plan().items:
+            written.setdefault(item.index.fqn, []).append(rank)
+    assert all(len(r) == 1 for r in written.values()) and set(written) == set(sd) - {"obj"} | {
+        "obj.a"
+    }
+    assert {r[0] for fqn, r in written.items() if fqn.startswith("w")} == set(range(8))
+    assert written["obj.a"] == [0]  # non-tensor values: rank 0
+    # writer_rank given: that rank writes every plain value, as before.
+    p = ct.LocalPlanner(rank=0, world_size=8, writer_rank=0)
+    p.set_up_planner(sd, is_coordinator=True)
+    assert len(p.create_local_plan().items) == 17
 
 
 def test_plan_caching_saves_each_step(daemon: Daemon) -> None:

@@ -168,9 +168,10 @@ struct CompareArgs {
 };
 
 // Whether `length` staged bytes at `src` (client-visible memory: guarded) equal the bytes of
-// the file `r` at `offset` (4 KiB aligned). Reads through `buf` (kDeltaCompareBytes, aligned).
+// the file `r` at `offset` (4 KiB aligned). Reads through `buf` (kDeltaCompareBytes, aligned),
+// which it fills through an IoSlice (clang-tidy does not follow it).
 absl::StatusOr<bool> SameAsFile(BlobReader& r, uint64_t offset, const uint8_t* src, uint64_t length,
-                                uint8_t* buf) {
+                                uint8_t* buf) {  // NOLINT(readability-non-const-parameter)
   for (uint64_t done = 0; done < length;) {
     const uint64_t n = std::min(length - done, limits::kDeltaCompareBytes);
     IoSlice slice{buf, RoundUp(n, limits::kAlignmentBytes), offset + done};
@@ -189,7 +190,64 @@ absl::StatusOr<bool> SameAsFile(BlobReader& r, uint64_t offset, const uint8_t* s
   return true;
 }
 
+// Resets every stored entry of `rec` to the rank's own blob and sizes its block crcs; returns
+// where each stored shard's crcs go (replicas and empty shards have none).
+std::vector<CrcRange> EntriesToSum(absl::FunctionRef<const uint8_t*(const v1::StagedShard&)> source,
+                                   uint32_t block, v1::RankRecord* rec) {
+  std::vector<CrcRange> ranges;
+  for (int i = 0; i < rec->shards_size(); ++i) {
+    v1::StagedShard* s = rec->mutable_shards(i);
+    const v1::MemRef& m = s->spec().data();
+    v1::ShardEntry* e = s->mutable_stored();
+    e->Clear();
+    e->set_saved_by_rank(rec->rank());
+    e->set_blob_id(rec->rank());
+    e->set_length(m.length());
+    if (s->spec().has_tensor() && s->spec().tensor().has_region()) {
+      *e->mutable_region() = s->spec().tensor().region();
+    }
+    if (s->replica() || m.length() == 0) continue;
+    auto* crcs = e->mutable_block_crc32c();
+    crcs->Resize(static_cast<int>(BlockCount(m.length(), block)), 0);
+    ranges.push_back(CrcRange{source(*s), m.length(), crcs->mutable_data()});
+  }
+  return ranges;
+}
+
 }  // namespace
+
+std::vector<size_t> LocalTier::LinkAndCompare(
+    const std::string& link, const DeltaBase& base, const DeltaGroup& g,
+    absl::FunctionRef<const uint8_t*(const v1::StagedShard&)> source, const v1::RankRecord& rec,
+    uint8_t* buf) {
+  // Linked first, then compared through the link: the bytes compared are the bytes this
+  // checkpoint keeps, whatever happens to the earlier checkpoint meanwhile.
+  std::vector<size_t> same;
+  absl::Status linked = storage_->LinkBlob(absl::StrCat(base.dir, "/", g.base_name), link);
+  absl::StatusOr<std::unique_ptr<BlobReader>> reader =
+      linked.ok() ? storage_->OpenBlob(link) : linked;
+  if (!reader.ok()) {
+    spdlog::info("deltas: {} of step {} not shared ({}); its shards are written", g.base_name,
+                 base.step, reader.status().ToString());
+  }
+  for (size_t k = 0; reader.ok() && k < g.shards.size(); ++k) {
+    const v1::StagedShard& s = rec.shards(g.shards[k]);
+    absl::StatusOr<bool> eq =
+        SameAsFile(**reader, g.offsets[k], source(s), s.stored().length(), buf);
+    if (eq.ok() && *eq) {
+      same.push_back(k);
+      continue;
+    }
+    spdlog::warn("deltas: \"{}\" of rank {} does not match {} of step {} ({}); written again",
+                 s.spec().item(), rec.rank(), g.base_name, base.step,
+                 eq.ok() ? "its bytes differ" : eq.status().ToString());
+  }
+  if (same.empty() && linked.ok()) {
+    absl::Status removed = storage_->RemoveAll(link);
+    if (!removed.ok()) spdlog::warn("deltas: {}", removed.ToString());
+  }
+  return same;
+}
 
 absl::StatusOr<std::vector<bool>> LocalTier::ReferenceUnchanged(
     const std::string& dir, const DeltaBase& base,
@@ -200,23 +258,7 @@ absl::StatusOr<std::vector<bool>> LocalTier::ReferenceUnchanged(
   rec->set_bytes_referenced(0);
   // Every stored shard's block checksums first: they pick the candidates. (The shards that end
   // up written are summed again while they are written, as without deltas.)
-  std::vector<CrcRange> ranges;
-  for (int i = 0; i < rec->shards_size(); ++i) {
-    v1::StagedShard* s = rec->mutable_shards(i);
-    const v1::MemRef& m = s->spec().data();
-    v1::ShardEntry* e = s->mutable_stored();
-    e->Clear();
-    e->set_saved_by_rank(rank);
-    e->set_blob_id(rank);
-    e->set_length(m.length());
-    if (s->spec().has_tensor() && s->spec().tensor().has_region()) {
-      *e->mutable_region() = s->spec().tensor().region();
-    }
-    if (s->replica() || m.length() == 0) continue;
-    auto* crcs = e->mutable_block_crc32c();
-    crcs->Resize(static_cast<int>(BlockCount(m.length(), block)), 0);
-    ranges.push_back(CrcRange{source(*s), m.length(), crcs->mutable_data()});
-  }
+  std::vector<CrcRange> ranges = EntriesToSum(source, block, rec);
   std::vector<bool> referenced(static_cast<size_t>(rec->shards_size()), false);
   CKPTD_RETURN_IF_ERROR(ParallelBlockCrcs(checksum_pool_, ranges, block, GuardedBlockCrcs));
   std::vector<DeltaGroup> groups = PlanDelta(*rec, base);
@@ -227,38 +269,9 @@ absl::StatusOr<std::vector<bool>> LocalTier::ReferenceUnchanged(
   uint64_t bytes_referenced = 0;
   for (const DeltaGroup& g : groups) {
     const std::string name = LinkedBlobName(rank, g.written_at_step);
-    const std::string link = absl::StrCat(dir, "/", name);
-    // Linked first, then compared through the link: the bytes compared are the bytes this
-    // checkpoint keeps, whatever happens to the earlier checkpoint meanwhile.
-    absl::Status linked = storage_->LinkBlob(absl::StrCat(base.dir, "/", g.base_name), link);
-    std::vector<size_t> same;
-    if (linked.ok()) {
-      absl::StatusOr<std::unique_ptr<BlobReader>> reader = storage_->OpenBlob(link);
-      if (!reader.ok()) linked = reader.status();
-      for (size_t k = 0; linked.ok() && k < g.shards.size(); ++k) {
-        const v1::StagedShard& s = rec->shards(g.shards[k]);
-        absl::StatusOr<bool> eq =
-            SameAsFile(**reader, g.offsets[k], source(s), s.stored().length(), buf.get());
-        if (eq.ok() && *eq) {
-          same.push_back(k);
-        } else {
-          spdlog::warn("deltas: \"{}\" of rank {} does not match {} of step {} ({}); written again",
-                       s.spec().item(), rank, g.base_name, base.step,
-                       eq.ok() ? "its bytes differ" : eq.status().ToString());
-        }
-      }
-    }
-    if (!linked.ok()) {
-      spdlog::info("deltas: {} of step {} not shared ({}); its shards are written", g.base_name,
-                   base.step, linked.ToString());
-    }
-    if (same.empty()) {
-      if (linked.ok()) {
-        absl::Status removed = storage_->RemoveAll(link);
-        if (!removed.ok()) spdlog::warn("deltas: {}", removed.ToString());
-      }
-      continue;
-    }
+    const std::vector<size_t> same =
+        LinkAndCompare(absl::StrCat(dir, "/", name), base, g, source, *rec, buf.get());
+    if (same.empty()) continue;
     v1::BlobInfo* b = rec->add_linked_blobs();
     b->set_id(LinkedBlobId(rank, slot++));
     b->set_name(name);

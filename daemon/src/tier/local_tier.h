@@ -90,6 +90,13 @@ class LocalTier {
   absl::StatusOr<std::vector<bool>> ReferenceUnchanged(
       const std::string& dir, const DeltaBase& base,
       absl::FunctionRef<const uint8_t*(const v1::StagedShard&)> source, v1::RankRecord* rec);
+  // ReferenceUnchanged's step for one earlier file: links it at `link`, compares each of the
+  // group's shards with it through `buf`, and returns the indexes (into g.shards) that match; the
+  // link is removed again when none does.
+  std::vector<size_t> LinkAndCompare(
+      const std::string& link, const DeltaBase& base, const DeltaGroup& g,
+      absl::FunctionRef<const uint8_t*(const v1::StagedShard&)> source, const v1::RankRecord& rec,
+      uint8_t* buf);
 
   const DaemonOptions* const options_;
   Storage* const storage_;

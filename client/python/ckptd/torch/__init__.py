@@ -20,7 +20,7 @@ from __future__ import annotations
 from ._errors import MetadataError
 from ._helpers import load, save
 from ._ids import CheckpointId, decode_job, encode_job, parse
-from ._planner import LocalPlanner
+from ._planner import LocalPlanner, balanced_owners
 from ._reader import StorageReader
 from ._storage import DCP_VERSION, StorageWriter
 
@@ -31,6 +31,7 @@ __all__ = [
     "MetadataError",
     "StorageReader",
     "StorageWriter",
+    "balanced_owners",
     "decode_job",
     "encode_job",
     "load",
