@@ -36,8 +36,15 @@ class DecodingBlobReader : public BlobReader {
 
   absl::Status Read(std::span<const IoSlice> slices) override {
     absl::MutexLock lock(&mu_);
-    for (const IoSlice& s : slices) CKPTD_RETURN_IF_ERROR(ReadSlice(s));
-    return absl::OkStatus();
+    absl::Status st;
+    for (const IoSlice& s : slices) {
+      st = ReadSlice(s);
+      if (!st.ok()) break;
+    }
+    // The fetched frames (up to kEncodedFetchBytesMax) are not kept between reads: an open
+    // reader holds only its cached chunk.
+    std::vector<uint8_t>().swap(frames_buf_);
+    return st;
   }
 
  private:

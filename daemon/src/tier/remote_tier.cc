@@ -568,9 +568,12 @@ absl::Status RemoteTier::StoreBlobs(Upload& u, bool own_part,
       options_->remote_codec == "zstd" && !own_part ? EncodedChunkBytes(*m) : std::nullopt;
   if (!chunk.has_value()) return CopyAll(u, u.dir, blobs);
   CKPTD_RETURN_IF_ERROR(EncodeAll(u, u.dir, *chunk, m));
+  const uint64_t raw_manifest_bytes = manifest->size();
   CKPTD_ASSIGN_OR_RETURN(
       *manifest,
       Annotate(EncodeManifest(*m), absl::StrCat("the store's manifest of ", Name(u.job, u.step))));
+  absl::MutexLock lock(&mu_);  // the total counted the local manifest
+  u.state.set_bytes_total(u.state.bytes_total() - raw_manifest_bytes + manifest->size());
   return absl::OkStatus();
 }
 

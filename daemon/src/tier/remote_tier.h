@@ -183,7 +183,7 @@ class RemoteTier {
   // EncodeAll, *manifest then being the store's manifest (m with the encodings).
   absl::Status StoreBlobs(Upload& u, bool own_part,
                           const std::vector<std::pair<std::string, uint64_t>>& blobs, Manifest* m,
-                          std::string* manifest);
+                          std::string* manifest) ABSL_LOCKS_EXCLUDED(mu_);
   // remote_codec: every blob of `m` with bytes stored encoded (EncodeBlob, chunks of `chunk`
   // bytes) in `dir` on the store; the record of each set in m->header's BlobInfo.encoding.
   absl::Status EncodeAll(Upload& u, const std::string& dir, uint64_t chunk, Manifest* m);
