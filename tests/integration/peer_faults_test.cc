@@ -148,10 +148,10 @@ TEST_CASE(
   SaveAndCheck(a, b, shared, 2, "node-c");
   CHECK(proxy.resets() >= 1);
 
-  // 3. Slow: the copy completes on node b (once node a's channel to b is past the reconnect
-  // backoff the resets left it in).
+  // 3. Slow: the copy completes on node b. Node a restarts first, so that its channel to b is
+  // a new one, not one still backing off the resets above (which would fail the copy at once).
   proxy.Disarm();
-  std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  a.Restart(Flags(shared, "node-a", "127.0.0.1:0"));
   proxy.SetBandwidth(128 << 10);
   proxy.SetDelay(std::chrono::milliseconds(5));
   SaveAndCheck(a, b, shared, 3, "node-b");
