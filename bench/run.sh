@@ -13,6 +13,8 @@
 #                            and every 10 steps: runs of 10 steps, overhead per step (every_step)
 #   BENCH_DELTA_MIB=512 BENCH_DELTA_STEPS=8   deltas on a LoRA-style job (1% of the state changing
 #                            per step): time to committed and bytes written, on against off (delta)
+#   BENCH_BALANCED_MIB=256 BENCH_BALANCED_WORLD=4   planless saves of replicated state: balanced
+#                            writers against rank 0 writing it all (balanced)
 #   BENCH_REPS=3                               repetitions of ckptd's saves/loads and of memcpy
 #   BENCH_REMOTE_GB=1 BENCH_REMOTE_ROUNDS=3   the remote tier on S3 (bench/remote_bench.py: a local
 #                            SeaweedFS `weed` on loopback; ckptd's upload/download/resharded load
@@ -59,7 +61,7 @@
 #   BENCH_PLANNING_WORLDS=16,128,1000,10000 BENCH_PLANNING_TENSORS=16   DCP's coordination cost
 #                            per rank and on the coordinator (rank 0) at simulated world sizes, DCP's
 #                            own writer/reader against ckptd.torch's (bench/planning_scale_bench.py)
-#   BENCH_ONLY=all|planner|save_validate|reshard|ckpt|commit|restore|cold|warm|resume|replicated|train|every_step|delta|remote|cluster|peer
+#   BENCH_ONLY=all|planner|save_validate|reshard|ckpt|commit|restore|cold|warm|resume|replicated|train|every_step|delta|balanced|remote|cluster|peer
 #              |peer_restore|deepspeed|import|framework|planning
 #                            run one part only
 set -euo pipefail
@@ -199,6 +201,12 @@ if [ "$ONLY" = all ] || [ "$ONLY" = delta ]; then
 echo "bench: deltas on a LoRA-style job (bytes written, time to committed; on against off)"
 python3 "$ROOT/bench/delta_bench.py" --binary "$BUILD/ckptd" --out "$OUT" \
   --state-mib "${BENCH_DELTA_MIB:-512}" --steps "${BENCH_DELTA_STEPS:-8}"
+fi
+
+if [ "$ONLY" = all ] || [ "$ONLY" = balanced ]; then
+echo "bench: planless saves of replicated state (balanced writers against rank 0)"
+python3 "$ROOT/bench/balanced_save_bench.py" --binary "$BUILD/ckptd" --out "$OUT" \
+  --state-mib "${BENCH_BALANCED_MIB:-256}" --world "${BENCH_BALANCED_WORLD:-4}"
 fi
 
 if [ "$ONLY" = all ] || [ "$ONLY" = every_step ]; then
