@@ -128,10 +128,10 @@ absl::StatusOr<std::vector<DaemonOptions::RetentionRule>> ParseRetentionRules(
         r.keep_every = v;
       } else if (key == "remote_every") {
         r.remote_every = v;
-      } else {
       } else if (key == "deltas") {
         if (v > 1) return fail(absl::StrCat("deltas = ", v, " is not 0 or 1"));
         r.deltas = v == 1;
+      } else {
         return fail(absl::StrCat("unknown key \"", key,
                                  "\" (keep_local, keep_remote, keep_every, remote_every, deltas)"));
       }
@@ -196,12 +196,12 @@ absl::Status ValidateRanges(const DaemonOptions& o) {
   }
   CKPTD_RETURN_IF_ERROR(Range("ram_tier_bytes_max", o.ram_tier_bytes_max, 0, o.staging_bytes_max));
   CKPTD_RETURN_IF_ERROR(Range("ram_tier_keep_per_job", o.ram_tier_keep_per_job, 0, 64));
-  CKPTD_RETURN_IF_ERROR(Range("hot_lease_ms", o.hot_lease_ms, 1, 3'600'000));
   CKPTD_RETURN_IF_ERROR(Range("delta_live_min_percent", o.delta_live_min_percent, 1, 100));
+  CKPTD_RETURN_IF_ERROR(Range("hot_lease_ms", o.hot_lease_ms, 1, 3'600'000));
   CKPTD_RETURN_IF_ERROR(Range("stage_timeout_ms", o.stage_timeout_ms, 100, 604'800'000));  // 7 days
-  CKPTD_RETURN_IF_ERROR(Range("reserve_timeout_ms", o.reserve_timeout_ms, 0, 3'600'000));
   CKPTD_RETURN_IF_ERROR(Range("peer_stall_timeout_ms", o.peer_stall_timeout_ms,
                               limits::kPeerStallTimeoutMsMin, limits::kPeerCallTimeoutMs));
+  CKPTD_RETURN_IF_ERROR(Range("reserve_timeout_ms", o.reserve_timeout_ms, 0, 3'600'000));
   CKPTD_RETURN_IF_ERROR(Range("io_queue_depth", o.io_queue_depth, 1, limits::kIoQueueDepthMax));
   CKPTD_RETURN_IF_ERROR(Range("checksum_block_bytes", o.checksum_block_bytes, 4096, 16 << 20));
   if ((o.checksum_block_bytes & (o.checksum_block_bytes - 1)) != 0) {

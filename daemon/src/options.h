@@ -208,16 +208,6 @@ struct DaemonOptions {
   // picks the same checkpoints without asking). 0: none goes to the store.
   // Default: 0
   uint64_t remote_every = 0;
-  // Per-job retention: "PATTERN: key=N, key=N; PATTERN2: ..." — a job matching PATTERN (a shell
-  // glob over the job name, fnmatch(3)) takes these keep_local, keep_remote, keep_every and
-  // remote_every; a key
-  // a rule does not name, and a job no rule matches, takes the option's value. The first
-  // matching rule wins. Default: ""
-  std::string retention_rules;
-  // Parsed from retention_rules by Validate(), in order.
-  struct RetentionRule {
-    std::string pattern;
-    uint32_t keep_local = 0;
   // Deltas (docs/USER_GUIDE.md "Deltas"): a rank's flush compares each shard with the same
   // shard of the job's previous committed checkpoint on this node (block checksums, then the
   // bytes themselves, read back from that checkpoint's blob) and, where nothing changed,
@@ -229,9 +219,20 @@ struct DaemonOptions {
   // percent of its bytes (else they are written again), so that a checkpoint never keeps alive
   // much more than it uses. 1..100. Default: 50
   uint32_t delta_live_min_percent = 50;
+  // Per-job retention: "PATTERN: key=N, key=N; PATTERN2: ..." — a job matching PATTERN (a shell
+  // glob over the job name, fnmatch(3)) takes these keep_local, keep_remote, keep_every and
+  // remote_every; a key
+  // a rule does not name, and a job no rule matches, takes the option's value. The first
+  // matching rule wins. Default: ""
+  std::string retention_rules;
+  // Parsed from retention_rules by Validate(), in order.
+  struct RetentionRule {
+    std::string pattern;
+    uint32_t keep_local = 0;
     uint32_t keep_remote = 0;
     uint64_t keep_every = 0;
     uint64_t remote_every = 0;
+    bool deltas = false;
   };
   std::vector<RetentionRule> retention;
   // The retention of `job`: the first rule matching it, else keep_local, keep_remote, keep_every.
@@ -242,7 +243,6 @@ struct DaemonOptions {
   // Default: 60000
   uint64_t gc_interval_ms = 60000;
   // Checkpoints that span nodes (docs/OPERATIONS.md "Checkpoints that span nodes"): this daemon's
-    bool deltas = false;
   // name on the shared tier (its node part is <dir>/cluster/<node_id>.part; letters, digits, '.',
   // '-', '_', at most 64). Every daemon of a job needs its own. Default: the host name
   std::string node_id;
@@ -273,6 +273,12 @@ struct DaemonOptions {
   // of each job's newest checkpoint committed at the peer tier still hold it, and copies it to
   // the next nodes when one lost it (0: never). Default: 5000
   uint64_t peer_repair_interval_ms = 5000;
+  // A call to a peer (a copy, a read, a check) that makes no progress for this long is cancelled,
+  // and the peer listener closes a connection whose pings go unanswered this long: a link or a
+  // peer that stalls without closing is given up on, the copy going to the next node
+  // (docs/PEERS.md "Failures between peers"). At least kPeerStallTimeoutMsMin (100), at most
+  // kPeerCallTimeoutMs; the default is kPeerStallTimeoutMs. Default: 30000
+  uint64_t peer_stall_timeout_ms = 30000;
   // host:port other daemons reach this one's peer listener at (registered on the shared tier);
   // empty: peer_listen_addr. Default: "" (peer_listen_addr)
   std::string peer_advertise_addr;
@@ -283,12 +289,6 @@ struct DaemonOptions {
   // How a job's owner recorded in a manifest or node part (written by a daemon on any node)
   // becomes a uid here when this daemon adopts the checkpoint (docs/SECURITY.md "Ownership"):
   // "uid" (the recorded numeric uid: every node shares one uid space) or "name" (the recorded
-  // A call to a peer (a copy, a read, a check) that makes no progress for this long is cancelled,
-  // and the peer listener closes a connection whose pings go unanswered this long: a link or a
-  // peer that stalls without closing is given up on, the copy going to the next node
-  // (docs/PEERS.md "Failures between peers"). At least kPeerStallTimeoutMsMin (100), at most
-  // kPeerCallTimeoutMs; the default is kPeerStallTimeoutMs. Default: 30000
-  uint64_t peer_stall_timeout_ms = 30000;
   // user name, looked up in owner_map_file, then in this host's passwd database).
   // Default: uid
   std::string owner_map = "uid";

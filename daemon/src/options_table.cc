@@ -319,6 +319,18 @@ const std::vector<OptionDef>& OptionDefs() {
        "remote tier after its commit, in the background, each node its own blobs; 0: none goes "
        "to the store",
        IntField(&O::remote_every, "remote_every")},
+      {"deltas", "reference the shards a checkpoint did not change in the previous one",
+       "[deltas](USER_GUIDE.md#deltas): a rank's flush references the shards that did not change "
+       "since the job's previous checkpoint on this node (checked by checksum, then byte by byte "
+       "against that checkpoint's blob) instead of writing them again; per job in "
+       "`retention_rules` (`deltas=0|1`)",
+       BoolField(&O::deltas, "deltas")},
+      {"delta_live_min_percent",
+       "deltas: share an earlier blob only when this percent of it is referenced",
+       "[deltas](USER_GUIDE.md#deltas): an earlier checkpoint's blob is shared only when the "
+       "shards referenced in it are at least this percent of its bytes (1..100); else they are "
+       "written again",
+       IntField(&O::delta_live_min_percent, "delta_live_min_percent")},
       {"retention_rules", "per-job retention: PATTERN: key=N, ...; ...",
        "[retention](OPERATIONS.md#retention) per job: `PATTERN: keep_local=N, keep_remote=N, "
        "keep_every=N, remote_every=N, deltas=0|1; "
@@ -343,18 +355,6 @@ const std::vector<OptionDef>& OptionDefs() {
        StringField(&O::peer_tls_ca_path)},
       {"peer_tls_cert_path", "PEM file of this daemon's peer certificate (names node_id)",
        "[peers](PEERS.md): PEM file of this daemon's certificate; its subject CN or a DNS "
-      {"deltas", "reference the shards a checkpoint did not change in the previous one",
-       "[deltas](USER_GUIDE.md#deltas): a rank's flush references the shards that did not change "
-       "since the job's previous checkpoint on this node (checked by checksum, then byte by byte "
-       "against that checkpoint's blob) instead of writing them again; per job in "
-       "`retention_rules` (`deltas=0|1`)",
-       BoolField(&O::deltas, "deltas")},
-      {"delta_live_min_percent",
-       "deltas: share an earlier blob only when this percent of it is referenced",
-       "[deltas](USER_GUIDE.md#deltas): an earlier checkpoint's blob is shared only when the "
-       "shards referenced in it are at least this percent of its bytes (1..100); else they are "
-       "written again",
-       IntField(&O::delta_live_min_percent, "delta_live_min_percent")},
        "subjectAltName is `node_id`",
        StringField(&O::peer_tls_cert_path)},
       {"peer_tls_key_path", "PEM file of the peer certificate's key",
@@ -379,6 +379,11 @@ const std::vector<OptionDef>& OptionDefs() {
        "of each job's newest checkpoint committed at the peer tier still hold it, and copies "
        "it to the next nodes when one lost it; 0: never",
        IntField(&O::peer_repair_interval_ms, "peer_repair_interval_ms")},
+      {"peer_stall_timeout_ms", "a peer call without progress this long is cancelled",
+       "[peers](PEERS.md#failures-between-peers): a call to a peer (a copy, a read, a check) with "
+       "no progress this long is cancelled and the copy goes to the next node; the peer listener "
+       "closes a connection whose pings go unanswered this long",
+       IntField(&O::peer_stall_timeout_ms, "peer_stall_timeout_ms")},
       {"peer_advertise_addr", "host:port other daemons reach this peer listener at",
        "[peers](PEERS.md#replication): host:port other daemons reach this daemon's peer "
        "listener at, registered on the shared tier; empty: `peer_listen_addr`",
@@ -405,11 +410,6 @@ const std::vector<OptionDef>& OptionDefs() {
       {"store_discovery_wait_ms",
        "how long a question about a job waits for a scan of the store (0: at start only)",
        "how long a question about a job (Load of `latest`, Latest, List, Status, Inspect, a "
-      {"peer_stall_timeout_ms", "a peer call without progress this long is cancelled",
-       "[peers](PEERS.md#failures-between-peers): a call to a peer (a copy, a read, a check) with "
-       "no progress this long is cancelled and the copy goes to the next node; the peer listener "
-       "closes a connection whose pings go unanswered this long",
-       IntField(&O::peer_stall_timeout_ms, "peer_stall_timeout_ms")},
        "Load of an unknown step) waits for a scan of the store for checkpoints other daemons "
        "committed; the answer comes from the index either way; 0: the store is scanned at "
        "start only",

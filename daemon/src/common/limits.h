@@ -297,15 +297,6 @@ inline constexpr uint64_t kPeerRegistrationBytesMax = 4096;
 // spread their copies over the other racks' nodes in it.
 inline constexpr uint64_t kPeerDomainLookupsMax = 128;
 inline constexpr uint64_t kPeerCallTimeoutMs = uint64_t{10} * 60 * 1000;
-// Repair (peer/replicator.h): one check of what a holder holds (HeldBlobs), and the bytes of a
-// node's record of its part's holders on the shared tier.
-inline constexpr uint64_t kPeerCheckTimeoutMs = 5000;
-inline constexpr uint64_t kNodeCopiesBytesMax = 4096;
-static_assert(kPeerChunkBytes <= kPeerChunkBytesMax);
-static_assert(kPeerChunkBytesMax + 64 * kKiB <= kPeerMessageBytesMax);
-static_assert(kPeerBlockCrcsPerBlobMax * 4 + 4 * kMiB <= kPeerMessageBytesMax);
-
-}  // namespace ckptd::limits
 // A peer call that makes no progress (no chunk sent or received, no answer) for
 // peer_stall_timeout_ms is cancelled (peer/peer_client.h), and the peer listener closes a
 // connection whose keepalive ping is not answered within it: a link that stops without closing
@@ -313,5 +304,14 @@ static_assert(kPeerBlockCrcsPerBlobMax * 4 + 4 * kMiB <= kPeerMessageBytesMax);
 // default and bounds.
 inline constexpr uint64_t kPeerStallTimeoutMs = 30'000;
 inline constexpr uint64_t kPeerStallTimeoutMsMin = 100;
+// Repair (peer/replicator.h): one check of what a holder holds (HeldBlobs), and the bytes of a
+// node's record of its part's holders on the shared tier.
+inline constexpr uint64_t kPeerCheckTimeoutMs = 5000;
+inline constexpr uint64_t kNodeCopiesBytesMax = 4096;
+static_assert(kPeerChunkBytes <= kPeerChunkBytesMax);
 static_assert(kPeerStallTimeoutMsMin <= kPeerStallTimeoutMs &&
               kPeerStallTimeoutMs <= kPeerCallTimeoutMs);
+static_assert(kPeerChunkBytesMax + 64 * kKiB <= kPeerMessageBytesMax);
+static_assert(kPeerBlockCrcsPerBlobMax * 4 + 4 * kMiB <= kPeerMessageBytesMax);
+
+}  // namespace ckptd::limits

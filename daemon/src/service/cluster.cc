@@ -235,12 +235,12 @@ bool CheckpointService::ReplicateOwnPart(ClusterWork& w) {
     spdlog::warn("{}: copying this node's part to its peers failed: {}",
                  CkptName(w.key.first, w.key.second), failed.ToString());
   }
+  if (!took.empty()) CKPTD_SYNC_POINT("cluster.part_replicated");
   w.part.clear_replica_nodes();
   for (const std::string& n : took) w.part.add_replica_nodes(n);
   w.replicated = true;
   absl::MutexLock lock(&mu_);
   auto it = pending_.find(w.key);
-  if (!took.empty()) CKPTD_SYNC_POINT("cluster.part_replicated");
   if (it == pending_.end()) return false;
   it->second->cluster.replicated = true;
   it->second->cluster.replica_nodes = std::move(took);
