@@ -114,7 +114,7 @@ TEST_CASE("deltas: only exact matches in the rank's own files are referenced", "
             .empty());
 }
 
-TEST_CASE("deltas: a file linked before keeps the step that wrote it; other files are refused",
+TEST_CASE("deltas: a file linked before keeps the step that wrote it, other files are refused",
           "[unit]") {
   v1::BlobInfo linked = Blob(LinkedBlobId(0, 0), LinkedBlobName(0, 3), kPage);
   linked.set_written_at_step(3);
