@@ -59,6 +59,20 @@ std::vector<CrcRange> CrcRanges(const std::vector<ChecksumJob>& jobs, uint32_t b
   return ranges;
 }
 
+// The stored entry of `s`, saved by `rank`, reset to its place in the rank's own blob (offset and
+// block crcs still to fill).
+v1::ShardEntry* ResetStoredEntry(uint32_t rank, v1::StagedShard* s) {
+  v1::ShardEntry* e = s->mutable_stored();
+  e->Clear();
+  e->set_saved_by_rank(rank);
+  e->set_blob_id(rank);
+  e->set_length(s->spec().data().length());
+  if (s->spec().has_tensor() && s->spec().tensor().has_region()) {
+    *e->mutable_region() = s->spec().tensor().region();
+  }
+  return e;
+}
+
 // A staged shard's bytes and where they go in the blob (length rounded up to whole pages when
 // the tail in the arena may be written too).
 struct BlobPiece {
@@ -88,14 +102,7 @@ absl::Status LayOutRankBlob(absl::FunctionRef<const uint8_t*(const v1::StagedSha
     if (!referenced.empty() && referenced[static_cast<size_t>(i)]) continue;
     v1::StagedShard* s = rec->mutable_shards(i);
     const v1::MemRef& m = s->spec().data();
-    v1::ShardEntry* e = s->mutable_stored();
-    e->Clear();
-    e->set_saved_by_rank(rec->rank());
-    e->set_blob_id(rec->rank());
-    e->set_length(m.length());
-    if (s->spec().has_tensor() && s->spec().tensor().has_region()) {
-      *e->mutable_region() = s->spec().tensor().region();
-    }
+    v1::ShardEntry* e = ResetStoredEntry(rec->rank(), s);
     const uint8_t* src = m.length() == 0 ? nullptr : source(*s);
     checksums->push_back(ChecksumJob{e, src, m.length()});
     *checksum_bytes += m.length();
@@ -198,14 +205,7 @@ std::vector<CrcRange> EntriesToSum(absl::FunctionRef<const uint8_t*(const v1::St
   for (int i = 0; i < rec->shards_size(); ++i) {
     v1::StagedShard* s = rec->mutable_shards(i);
     const v1::MemRef& m = s->spec().data();
-    v1::ShardEntry* e = s->mutable_stored();
-    e->Clear();
-    e->set_saved_by_rank(rec->rank());
-    e->set_blob_id(rec->rank());
-    e->set_length(m.length());
-    if (s->spec().has_tensor() && s->spec().tensor().has_region()) {
-      *e->mutable_region() = s->spec().tensor().region();
-    }
+    v1::ShardEntry* e = ResetStoredEntry(rec->rank(), s);
     if (s->replica() || m.length() == 0) continue;
     auto* crcs = e->mutable_block_crc32c();
     crcs->Resize(static_cast<int>(BlockCount(m.length(), block)), 0);
